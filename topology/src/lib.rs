@@ -1,0 +1,17 @@
+//! The fumarole topology model: what a node's hardware looks like, as pure data.
+//!
+//! Start at [`NodeTopology`] (CPUs, NUMA nodes, accelerators, the link matrix, the
+//! super-node). [`link`] explains link classes and their weights; [`cpuset`] the Linux list
+//! format used wherever CPUs are written down. Nothing here does I/O or async work: discovery
+//! lives in `fumarole-exporter`, and every function here is a pure function of its inputs.
+
+pub mod cpuset;
+pub mod link;
+pub mod model;
+
+pub use cpuset::{CpuSet, CpuSetError};
+pub use link::{Link, LinkClass, LinkMatrix, LinkMatrixError};
+pub use model::{
+    Device, DeviceKind, Health, NodeTopology, NumaNode, PciId, ProcessingUnit, Summary, SuperNode,
+    SuperNodeSource, TopologyError, Vendor,
+};
