@@ -1,1 +1,8 @@
-//! placeholder
+//! fumarole's node-side view of the hardware.
+//!
+//! [`discover`] builds a `fumarole_topology::NodeTopology` from a filesystem root (this host,
+//! a dump, a fixture) or an hwloc XML file. [`fixtures`] holds the accelerator nodes the
+//! project ships for tests and demos. Publishing to the API server comes in a later module.
+
+pub mod discover;
+pub mod fixtures;

@@ -10,7 +10,7 @@ pub mod link;
 pub mod model;
 
 pub use cpuset::{CpuSet, CpuSetError};
-pub use link::{Link, LinkClass, LinkMatrix, LinkMatrixError};
+pub use link::{Link, LinkClass, LinkMatrix, LinkMatrixError, pcie_class};
 pub use model::{
     Device, DeviceKind, Health, NodeTopology, NumaNode, PciId, ProcessingUnit, Summary, SuperNode,
     SuperNodeSource, TopologyError, Vendor,

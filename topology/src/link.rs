@@ -101,6 +101,31 @@ impl LinkClass {
     }
 }
 
+/// The PCIe / system class between two devices from their PCIe paths (host bridge first, then
+/// bridges, see `Device::pci_path`) and NUMA nodes, with the rules of `nvidia-smi topo -m`:
+/// no common host bridge -> `NODE` when both sit on the same NUMA node, else `SYS`; only the
+/// host bridge in common -> `PHB`; a common PCI bridge with at most one bridge below it on
+/// either side -> `PIX`, more -> `PXB`.
+pub fn pcie_class(
+    a_path: &[String],
+    a_numa: Option<u32>,
+    b_path: &[String],
+    b_numa: Option<u32>,
+) -> LinkClass {
+    let common = a_path.iter().zip(b_path).take_while(|(x, y)| x == y).count();
+    match common {
+        0 => match (a_numa, b_numa) {
+            (Some(x), Some(y)) if x == y => LinkClass::SameNuma,
+            _ => LinkClass::CrossNuma,
+        },
+        1 => LinkClass::PcieHostBridge,
+        _ => {
+            let below = (a_path.len() - common).max(b_path.len() - common);
+            if below <= 1 { LinkClass::PcieSwitch } else { LinkClass::PcieMultiSwitch }
+        }
+    }
+}
+
 /// One unordered device pair and its connection, as serialized. `a < b`, both indices into
 /// `NodeTopology::devices`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -304,6 +329,30 @@ mod tests {
             LinkMatrix::from_links(2, &m.links()),
             Err(LinkMatrixError::OutOfRange { .. })
         ));
+    }
+
+    fn path(p: &[&str]) -> Vec<String> {
+        p.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn pcie_classes_follow_nvidia_smi_rules() {
+        // Two GPUs behind one switch: root port, switch upstream port, one downstream port each.
+        let a = path(&["pci0000:00", "0000:00:01.0", "0000:01:00.0", "0000:02:00.0"]);
+        let b = path(&["pci0000:00", "0000:00:01.0", "0000:01:00.0", "0000:02:01.0"]);
+        assert_eq!(pcie_class(&a, Some(0), &b, Some(0)), LinkClass::PcieSwitch);
+        // Two levels of switch below the common bridge.
+        let c = path(&["pci0000:00", "0000:00:01.0", "0000:01:00.0", "0000:02:02.0", "0000:05:00.0"]);
+        assert_eq!(pcie_class(&a, Some(0), &c, Some(0)), LinkClass::PcieMultiSwitch);
+        // Different root ports of one host bridge.
+        let d = path(&["pci0000:00", "0000:00:02.0"]);
+        assert_eq!(pcie_class(&a, Some(0), &d, Some(0)), LinkClass::PcieHostBridge);
+        // Different host bridges, same or other NUMA node, or unknown.
+        let e = path(&["pci0000:17", "0000:17:01.0"]);
+        assert_eq!(pcie_class(&a, Some(0), &e, Some(0)), LinkClass::SameNuma);
+        assert_eq!(pcie_class(&a, Some(0), &e, Some(1)), LinkClass::CrossNuma);
+        assert_eq!(pcie_class(&a, None, &e, None), LinkClass::CrossNuma);
+        assert_eq!(pcie_class(&[], Some(0), &[], Some(0)), LinkClass::SameNuma);
     }
 
     #[test]

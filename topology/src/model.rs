@@ -145,6 +145,12 @@ pub struct Device {
     pub model: String,
     /// `dddd:bb:dd.f`, lower case.
     pub pci_bus_id: String,
+    /// The PCIe path from the CPU down to the device: the host bridge as `pciDDDD:BB` (its
+    /// root bus, as in `/sys/devices`), then the bus id of every PCI bridge, top first. Empty
+    /// when unknown. Link classes between PCIe devices are derived from it
+    /// ([`crate::link::pcie_class`]).
+    #[serde(default)]
+    pub pci_path: Vec<String>,
     pub pci_id: PciId,
     /// NUMA node the device is attached to.
     pub numa_node: Option<u32>,
@@ -334,6 +340,7 @@ mod tests {
             kind: DeviceKind::Gpu,
             model: "H100".into(),
             pci_bus_id: format!("0000:{:02x}:00.0", i + 1),
+            pci_path: vec!["pci0000:00".into()],
             pci_id: PciId { vendor: 0x10de, device: 0x2330, class: 0x0302 },
             numa_node: Some(0),
             local_cpus: CpuSet::parse("0-3").unwrap(),

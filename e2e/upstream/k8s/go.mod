@@ -4,7 +4,6 @@ go 1.24.0
 
 require (
 	go.etcd.io/etcd/server/v3 v3.5.21
-	k8s.io/component-base v0.33.13
 	k8s.io/kubelet v0.33.13
 	k8s.io/kubernetes v1.33.13
 )
@@ -125,6 +124,7 @@ require (
 	k8s.io/client-go v0.33.13 // indirect
 	k8s.io/cloud-provider v0.0.0 // indirect
 	k8s.io/cluster-bootstrap v0.0.0 // indirect
+	k8s.io/component-base v0.33.13 // indirect
 	k8s.io/component-helpers v0.33.13 // indirect
 	k8s.io/controller-manager v0.33.13 // indirect
 	k8s.io/cri-api v0.33.13 // indirect

@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Builds the upstream control plane used by the e2e tests, from Go modules only:
+#   etcd, kube-apiserver, kube-scheduler, kubelet-dm   (e2e/upstream/k8s)
+#   vc-scheduler, vc-controller-manager                (e2e/upstream/volcano)
+# and copies Volcano's CRDs out of the module cache.
+#
+# Output goes to a cache keyed by the pinned versions and a hash of the wrapper
+# modules' sources:
+#   ${FUMAROLE_UPSTREAM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/fumarole/upstream}/<key>/{bin,crds/volcano}
+# A warm run (binaries and stamp present) builds nothing and takes well under a second.
+#
+# The last line on stdout is always `FUMAROLE_UPSTREAM_DIR=<dir>`, so callers can
+#   eval "$(e2e/build-upstream.sh | tail -n1)"; export FUMAROLE_UPSTREAM_DIR
+# Everything else goes to stderr.
+set -euo pipefail
+
+E2E_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+K8S_MOD="$E2E_DIR/upstream/k8s"
+VC_MOD="$E2E_DIR/upstream/volcano"
+
+need() { command -v "$1" >/dev/null 2>&1 || { echo "build-upstream: '$1' not found" >&2; exit 1; }; }
+need go
+need sha256sum
+
+modver() { # modver <go.mod> <module path>
+  awk -v m="$2" '$1 == "require" { $1 = ""; $0 = $0 } $1 == m && $2 ~ /^v/ { print $2; exit }' "$1"
+}
+K8S_VERSION="$(modver "$K8S_MOD/go.mod" k8s.io/kubernetes)"
+ETCD_VERSION="$(modver "$K8S_MOD/go.mod" go.etcd.io/etcd/server/v3)"
+VC_VERSION="$(modver "$VC_MOD/go.mod" volcano.sh/volcano)"
+for v in K8S_VERSION ETCD_VERSION VC_VERSION; do
+  [[ -n "${!v}" ]] || { echo "build-upstream: could not read $v from go.mod" >&2; exit 1; }
+done
+
+SRC_HASH="$(cd "$E2E_DIR/upstream" && find . -type f \( -name '*.go' -o -name go.mod -o -name go.sum \) -print0 \
+  | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -c1-12)"
+GO_VERSION="$(go env GOVERSION)"
+KEY="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_volcano-${VC_VERSION}_${GO_VERSION}_${SRC_HASH}"
+CACHE_ROOT="${FUMAROLE_UPSTREAM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/fumarole/upstream}"
+OUT="$CACHE_ROOT/$KEY"
+STAMP="$OUT/stamp"
+BINS=(etcd kube-apiserver kube-scheduler kubelet-dm vc-scheduler vc-controller-manager)
+
+warm() {
+  [[ -f "$STAMP" ]] || return 1
+  local b
+  for b in "${BINS[@]}"; do [[ -x "$OUT/bin/$b" ]] || return 1; done
+  [[ -d "$OUT/crds/volcano" ]] || return 1
+}
+
+mkdir -p "$CACHE_ROOT"
+# One builder at a time (tests may call this script concurrently).
+exec 9>"$CACHE_ROOT/.lock"
+if command -v flock >/dev/null 2>&1; then flock 9; fi
+
+if warm; then
+  echo "build-upstream: warm cache $OUT" >&2
+else
+  start=$(date +%s)
+  echo "build-upstream: building into $OUT (cold builds take a long while)" >&2
+  rm -rf "$OUT.tmp"
+  mkdir -p "$OUT.tmp/bin" "$OUT.tmp/crds/volcano"
+  export CGO_ENABLED=0
+
+  # Same ldflags as upstream's hack/lib/version.sh, so /version is right.
+  k8s_minor="${K8S_VERSION#v1.}"; k8s_minor="${k8s_minor%%.*}"
+  ldv=""
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ldv+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$k8s_minor"
+    ldv+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+  done
+
+  (
+    cd "$K8S_MOD"
+    go mod download
+    echo "build-upstream: etcd $ETCD_VERSION, kubelet-dm" >&2
+    go build -trimpath -ldflags "-s -w" -o "$OUT.tmp/bin/" ./cmd/etcd ./cmd/kubelet-dm
+    echo "build-upstream: kube-apiserver, kube-scheduler $K8S_VERSION" >&2
+    go build -trimpath -ldflags "-s -w $ldv" -o "$OUT.tmp/bin/" \
+      k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-scheduler
+  )
+  (
+    cd "$VC_MOD"
+    go mod download
+    vc_dir="$(go list -m -f '{{.Dir}}' volcano.sh/volcano)"
+    vpkg=volcano.sh/volcano/pkg/version
+    vld="-s -w -X $vpkg.GitSHA=$VC_VERSION -X $vpkg.Built=1970-01-01T00:00:00Z -X $vpkg.Version=$VC_VERSION"
+    echo "build-upstream: vc-scheduler, vc-controller-manager $VC_VERSION" >&2
+    go build -trimpath -ldflags "$vld" -o "$OUT.tmp/bin/vc-scheduler" volcano.sh/volcano/cmd/scheduler
+    go build -trimpath -ldflags "$vld" -o "$OUT.tmp/bin/vc-controller-manager" volcano.sh/volcano/cmd/controller-manager
+    cp "$vc_dir"/installer/helm/chart/volcano/crd/bases/*.yaml "$OUT.tmp/crds/volcano/"
+    chmod -R u+w "$OUT.tmp/crds"
+  )
+  rm -rf "$OUT"
+  mv "$OUT.tmp" "$OUT"
+  {
+    echo "key=$KEY"
+    echo "built=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    echo "seconds=$(( $(date +%s) - start ))"
+  } >"$STAMP"
+  echo "build-upstream: built in $(( $(date +%s) - start ))s" >&2
+fi
+
+for b in "${BINS[@]}"; do echo "  $OUT/bin/$b" >&2; done
+echo "FUMAROLE_UPSTREAM_DIR=$OUT"

@@ -1,0 +1,645 @@
+//! [`TestCluster`]: etcd + kube-apiserver on loopback, plus optional
+//! kube-scheduler, Volcano and `kubelet-dm`, all torn down on drop.
+
+use std::collections::BTreeMap;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow, bail};
+use k8s_openapi::api::core::v1::{Namespace, Node};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tempfile::TempDir;
+
+use crate::kubelet_dm::KubeletDm;
+use crate::pki::Pki;
+use crate::process::Proc;
+use crate::upstream::{Upstream, e2e_dir};
+
+/// Set to keep the temp dir (certs, logs, etcd data) after the test.
+pub const ENV_KEEP: &str = "FUMAROLE_E2E_KEEP";
+
+/// The server-side-apply field manager the helper uses.
+pub const FIELD_MANAGER: &str = "fumarole-e2e";
+
+/// Volcano controllers started by [`TestCluster::start_volcano`]; the others
+/// (jobflow, jobtemplate) need CRDs Volcano ships separately.
+pub const VOLCANO_CONTROLLERS: &str = "pg-controller,queue-controller,job-controller,gc-controller";
+
+/// A Node object to create: no kubelet behind it, just the API object with
+/// capacity (= allocatable), labels and a `Ready` condition.
+#[derive(Debug, Clone, Default)]
+pub struct NodeSpec {
+    /// Node name; also the `kubernetes.io/hostname` label.
+    pub name: String,
+    /// Resource name to quantity, e.g. `cpu` => `4`. `pods` defaults to `110`.
+    pub capacity: BTreeMap<String, String>,
+    /// Labels.
+    pub labels: BTreeMap<String, String>,
+}
+
+impl NodeSpec {
+    /// A node with no resources beyond `pods: 110`.
+    pub fn new(name: &str) -> Self {
+        NodeSpec {
+            name: name.to_string(),
+            ..Default::default()
+        }
+    }
+
+    /// Adds one capacity entry.
+    pub fn capacity(mut self, resource: &str, quantity: &str) -> Self {
+        self.capacity
+            .insert(resource.to_string(), quantity.to_string());
+        self
+    }
+
+    /// Adds one label.
+    pub fn label(mut self, key: &str, value: &str) -> Self {
+        self.labels.insert(key.to_string(), value.to_string());
+        self
+    }
+}
+
+/// A real control plane for one test. See the crate docs.
+pub struct TestCluster {
+    procs: Mutex<Vec<Proc>>,
+    dir: Option<TempDir>,
+    root: PathBuf,
+    server: String,
+    admin_token: String,
+    admin_kubeconfig: PathBuf,
+    client: Client,
+}
+
+impl std::fmt::Debug for TestCluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TestCluster")
+            .field("root", &self.root)
+            .field("server", &self.server)
+            .finish()
+    }
+}
+
+/// A free TCP port on 127.0.0.1 (free when this returns).
+pub fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+fn random_hex(bytes: usize) -> Result<String> {
+    use std::io::Read;
+    let mut buf = vec![0u8; bytes];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut buf)?;
+    Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Polls `f` every 100 ms until it yields `Some`, or fails after `timeout`
+/// with the last error (if any).
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<Option<T>>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut last_err = None;
+    loop {
+        match f().await {
+            Ok(Some(v)) => return Ok(v),
+            Ok(None) => {}
+            Err(e) => last_err = Some(e),
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(match last_err {
+                Some(e) => e.context(format!("timed out after {timeout:?} waiting for {what}")),
+                None => anyhow!("timed out after {timeout:?} waiting for {what}"),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+impl TestCluster {
+    /// Starts etcd and kube-apiserver and waits until the apiserver is ready.
+    pub async fn start() -> Result<TestCluster> {
+        let up = Upstream::get()?;
+        let dir = tempfile::Builder::new()
+            .prefix("fumarole-e2e-")
+            .tempdir()
+            .context("creating the cluster temp dir")?;
+        let root = dir.path().to_path_buf();
+        let logs = root.join("logs");
+        let pki = Pki::write(&root.join("pki"))?;
+
+        let etcd_port = free_port()?;
+        let peer_port = free_port()?;
+        let api_port = free_port()?;
+        let etcd_url = format!("http://127.0.0.1:{etcd_port}");
+        let peer_url = format!("http://127.0.0.1:{peer_port}");
+
+        let mut procs = Vec::new();
+        procs.push(Proc::spawn(
+            "etcd",
+            &up.bin("etcd"),
+            &[
+                "--name=e2e".to_string(),
+                format!("--data-dir={}", root.join("etcd").display()),
+                format!("--listen-client-urls={etcd_url}"),
+                format!("--advertise-client-urls={etcd_url}"),
+                format!("--listen-peer-urls={peer_url}"),
+                format!("--initial-advertise-peer-urls={peer_url}"),
+                format!("--initial-cluster=e2e={peer_url}"),
+                "--unsafe-no-fsync=true".to_string(),
+                "--log-level=warn".to_string(),
+            ],
+            &logs,
+        )?);
+
+        let admin_token = random_hex(24)?;
+        let tokens = root.join("tokens.csv");
+        std::fs::write(
+            &tokens,
+            format!("{admin_token},fumarole-e2e-admin,fumarole-e2e-admin,\"system:masters\"\n"),
+        )?;
+        let issuer = "https://kubernetes.default.svc.cluster.local";
+        procs.push(Proc::spawn(
+            "kube-apiserver",
+            &up.bin("kube-apiserver"),
+            &[
+                format!("--etcd-servers={etcd_url}"),
+                "--bind-address=127.0.0.1".to_string(),
+                "--advertise-address=127.0.0.1".to_string(),
+                format!("--secure-port={api_port}"),
+                format!("--cert-dir={}", root.join("apiserver-certs").display()),
+                format!("--tls-cert-file={}", pki.serving_cert.display()),
+                format!("--tls-private-key-file={}", pki.serving_key.display()),
+                format!("--client-ca-file={}", pki.ca_cert.display()),
+                format!("--token-auth-file={}", tokens.display()),
+                "--authorization-mode=RBAC".to_string(),
+                format!("--service-account-issuer={issuer}"),
+                format!("--service-account-key-file={}", pki.sa_key.display()),
+                format!("--service-account-signing-key-file={}", pki.sa_key.display()),
+                "--service-cluster-ip-range=10.96.0.0/16".to_string(),
+                // No kubelets and no node-lifecycle controller: created nodes must
+                // not get the not-ready taint; no token controller: pods must not
+                // need the default ServiceAccount to exist.
+                "--disable-admission-plugins=TaintNodesByCondition,ServiceAccount".to_string(),
+                "--allow-privileged=true".to_string(),
+                "--profiling=false".to_string(),
+            ],
+            &logs,
+        )?);
+
+        let server = format!("https://127.0.0.1:{api_port}");
+        let admin_kubeconfig = root.join("admin.kubeconfig");
+        std::fs::write(
+            &admin_kubeconfig,
+            kubeconfig_yaml(&server, &pki.ca_cert, &admin_token, None),
+        )?;
+
+        let mut cluster = TestCluster {
+            procs: Mutex::new(procs),
+            dir: Some(dir),
+            root,
+            server,
+            admin_token,
+            admin_kubeconfig,
+            client: Client::try_from(Config::new("http://127.0.0.1:1".parse()?))?,
+        };
+        cluster.client = cluster.make_client(None).await?;
+        cluster.wait_ready().await?;
+        Ok(cluster)
+    }
+
+    async fn wait_ready(&self) -> Result<()> {
+        let client = self.client.clone();
+        eventually("kube-apiserver /readyz", Duration::from_secs(120), || {
+            let client = client.clone();
+            async move {
+                self.check_processes()?;
+                let req = http::Request::get("/readyz").body(Vec::new())?;
+                Ok(match client.request_text(req).await {
+                    Ok(body) if body.trim() == "ok" => Some(()),
+                    _ => None,
+                })
+            }
+        })
+        .await?;
+        let ns: Api<Namespace> = Api::all(self.client.clone());
+        eventually("namespace default", Duration::from_secs(60), || {
+            let ns = ns.clone();
+            async move { Ok(ns.get_opt("default").await?.map(|_| ())) }
+        })
+        .await
+    }
+
+    /// Fails if any started process has exited, with its log tail.
+    pub fn check_processes(&self) -> Result<()> {
+        let mut procs = self
+            .procs
+            .lock()
+            .map_err(|_| anyhow!("process list poisoned"))?;
+        for p in procs.iter_mut() {
+            p.check_running()?;
+        }
+        Ok(())
+    }
+
+    async fn make_client(&self, user: Option<(&str, &[&str])>) -> Result<Client> {
+        let yaml = kubeconfig_yaml(&self.server, &self.ca_cert(), &self.admin_token, user);
+        let kc = Kubeconfig::from_yaml(&yaml)?;
+        let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
+        Ok(Client::try_from(config)?)
+    }
+
+    fn ca_cert(&self) -> PathBuf {
+        self.root.join("pki").join("ca.crt")
+    }
+
+    /// The cluster-admin client (group `system:masters`).
+    pub fn client(&self) -> Client {
+        self.client.clone()
+    }
+
+    /// `https://127.0.0.1:<port>`
+    pub fn server(&self) -> &str {
+        &self.server
+    }
+
+    /// The temp dir holding certs, logs (`logs/`) and etcd data.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// A kubeconfig file with the admin token, for other processes.
+    pub fn admin_kubeconfig(&self) -> &Path {
+        &self.admin_kubeconfig
+    }
+
+    /// A client that acts as `user` in `groups` (impersonation), so RBAC
+    /// decides what it may do. `system:authenticated` is added by the apiserver.
+    pub async fn client_as(&self, user: &str, groups: &[&str]) -> Result<Client> {
+        self.make_client(Some((user, groups))).await
+    }
+
+    /// A client acting as ServiceAccount `namespace/name`, with the groups a
+    /// real ServiceAccount token carries.
+    pub async fn service_account_client(&self, namespace: &str, name: &str) -> Result<Client> {
+        let user = format!("system:serviceaccount:{namespace}:{name}");
+        let ns_group = format!("system:serviceaccounts:{namespace}");
+        self.client_as(&user, &["system:serviceaccounts", &ns_group])
+            .await
+    }
+
+    /// Writes a kubeconfig for `user`/`groups` (impersonated by the admin
+    /// token) into the temp dir, for a process under test.
+    pub fn kubeconfig_as(&self, file_name: &str, user: &str, groups: &[&str]) -> Result<PathBuf> {
+        let path = self.root.join(file_name);
+        std::fs::write(
+            &path,
+            kubeconfig_yaml(
+                &self.server,
+                &self.ca_cert(),
+                &self.admin_token,
+                Some((user, groups)),
+            ),
+        )?;
+        Ok(path)
+    }
+
+    /// Creates a namespace (no-op if it exists).
+    pub async fn create_namespace(&self, name: &str) -> Result<()> {
+        let api: Api<Namespace> = Api::all(self.client());
+        let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}}))?;
+        match api.create(&PostParams::default(), &ns).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Installs (server-side applies) every CRD in a YAML text (multi-document
+    /// allowed) and waits until each is `Established`. Returns the CRD names.
+    pub async fn install_crds_yaml(&self, yaml: &str) -> Result<Vec<String>> {
+        let api: Api<CustomResourceDefinition> = Api::all(self.client());
+        let mut names = Vec::new();
+        for doc in serde_norway::Deserializer::from_str(yaml) {
+            let v = Value::deserialize(doc)?;
+            if v.is_null() {
+                continue;
+            }
+            let crd: CustomResourceDefinition = serde_json::from_value(v)?;
+            let name = crd
+                .metadata
+                .name
+                .clone()
+                .ok_or_else(|| anyhow!("CRD without a name"))?;
+            api.patch(
+                &name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&crd),
+            )
+            .await
+            .with_context(|| format!("applying CRD {name}"))?;
+            names.push(name);
+        }
+        for name in &names {
+            let api = api.clone();
+            eventually(
+                &format!("CRD {name} Established"),
+                Duration::from_secs(30),
+                || {
+                    let api = api.clone();
+                    async move {
+                        let crd = api.get(name).await?;
+                        let established = crd
+                            .status
+                            .and_then(|s| s.conditions)
+                            .unwrap_or_default()
+                            .iter()
+                            .any(|c| c.type_ == "Established" && c.status == "True");
+                        Ok(established.then_some(()))
+                    }
+                },
+            )
+            .await?;
+        }
+        Ok(names)
+    }
+
+    /// Installs the CRDs in one file.
+    pub async fn install_crd_file(&self, path: &Path) -> Result<Vec<String>> {
+        let yaml = std::fs::read_to_string(path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        self.install_crds_yaml(&yaml).await
+    }
+
+    /// Volcano's CRDs: those of the pinned Volcano module, except that files
+    /// in `e2e/crds/volcano-overrides/` (copied from `shared/reference/`:
+    /// the newer `numatopologies` and `hypernodes` schemas) replace or add to them.
+    pub async fn install_volcano_crds(&self) -> Result<Vec<String>> {
+        let overrides = e2e_dir().join("crds").join("volcano-overrides");
+        let mut files: BTreeMap<String, PathBuf> = BTreeMap::new();
+        for d in [Upstream::get()?.volcano_crds(), overrides] {
+            for entry in std::fs::read_dir(&d).with_context(|| format!("reading {}", d.display()))? {
+                let path = entry?.path();
+                if path.extension().is_some_and(|e| e == "yaml") {
+                    if let Some(name) = path.file_name().and_then(|n| n.to_str()) {
+                        files.insert(name.to_string(), path.clone());
+                    }
+                }
+            }
+        }
+        let mut names = Vec::new();
+        for path in files.values() {
+            names.extend(self.install_crd_file(path).await?);
+        }
+        Ok(names)
+    }
+
+    /// The `NodeResourceTopology` CRD (topology.node.k8s.io/v1alpha2).
+    pub async fn install_nrt_crd(&self) -> Result<Vec<String>> {
+        self.install_crd_file(
+            &e2e_dir()
+                .join("crds")
+                .join("noderesourcetopology-v1alpha2.crd.yaml"),
+        )
+        .await
+    }
+
+    /// Creates a Node with capacity = allocatable, the given labels, and a
+    /// `Ready` condition, as a kubelet would.
+    pub async fn create_node(&self, spec: &NodeSpec) -> Result<Node> {
+        let mut labels = spec.labels.clone();
+        labels
+            .entry("kubernetes.io/hostname".to_string())
+            .or_insert_with(|| spec.name.clone());
+        labels
+            .entry("kubernetes.io/os".to_string())
+            .or_insert_with(|| "linux".to_string());
+        let mut capacity = spec.capacity.clone();
+        capacity
+            .entry("pods".to_string())
+            .or_insert_with(|| "110".to_string());
+        let now = k8s_openapi::jiff::Timestamp::now().to_string();
+        let status = json!({
+            "capacity": capacity,
+            "allocatable": capacity,
+            "conditions": [{
+                "type": "Ready", "status": "True", "reason": "KubeletReady",
+                "message": "fumarole-e2e node object", "lastHeartbeatTime": now, "lastTransitionTime": now,
+            }],
+        });
+        let node: Node = serde_json::from_value(json!({
+            "metadata": {"name": spec.name, "labels": labels},
+            "status": status,
+        }))?;
+        let api: Api<Node> = Api::all(self.client());
+        api.create(&PostParams::default(), &node)
+            .await
+            .with_context(|| format!("creating node {}", spec.name))?;
+        let node = api
+            .patch_status(
+                &spec.name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": status})),
+            )
+            .await
+            .with_context(|| format!("setting status of node {}", spec.name))?;
+        Ok(node)
+    }
+
+    fn spawn(&self, name: &str, bin: &str, args: &[String]) -> Result<()> {
+        let p = Proc::spawn(
+            name,
+            &Upstream::get()?.bin(bin),
+            args,
+            &self.root.join("logs"),
+        )?;
+        self.procs
+            .lock()
+            .map_err(|_| anyhow!("process list poisoned"))?
+            .push(p);
+        Ok(())
+    }
+
+    async fn wait_healthz(&self, what: &str, url: &str) -> Result<()> {
+        let mut config = Config::new(url.parse()?);
+        config.accept_invalid_certs = true;
+        config.auth_info.token = Some(self.admin_token.clone().into());
+        let client = Client::try_from(config)?;
+        eventually(&format!("{what} healthz"), Duration::from_secs(60), || {
+            let client = client.clone();
+            async move {
+                self.check_processes()?;
+                let req = http::Request::get("/healthz").body(Vec::new())?;
+                Ok(client.request_text(req).await.ok().map(|_| ()))
+            }
+        })
+        .await
+    }
+
+    /// Starts kube-scheduler with a `KubeSchedulerConfiguration` (YAML; empty
+    /// for the default). `clientConnection.kubeconfig` is set to the admin
+    /// kubeconfig and leader election is turned off. Waits for `/healthz`.
+    pub async fn start_kube_scheduler(&self, config_yaml: &str) -> Result<()> {
+        let mut cfg: Value = if config_yaml.trim().is_empty() {
+            json!({})
+        } else {
+            serde_norway::from_str(config_yaml).context("parsing KubeSchedulerConfiguration")?
+        };
+        let obj = cfg
+            .as_object_mut()
+            .ok_or_else(|| anyhow!("KubeSchedulerConfiguration must be a mapping"))?;
+        obj.entry("apiVersion")
+            .or_insert_with(|| json!("kubescheduler.config.k8s.io/v1"));
+        obj.entry("kind")
+            .or_insert_with(|| json!("KubeSchedulerConfiguration"));
+        let kubeconfig = self.admin_kubeconfig.display().to_string();
+        merge(
+            obj,
+            "clientConnection",
+            json!({ "kubeconfig": kubeconfig }),
+        );
+        merge(obj, "leaderElection", json!({ "leaderElect": false }));
+        let path = self.root.join("kube-scheduler.yaml");
+        std::fs::write(&path, serde_norway::to_string(&cfg)?)?;
+        let port = free_port()?;
+        self.spawn(
+            "kube-scheduler",
+            "kube-scheduler",
+            &[
+                format!("--config={}", path.display()),
+                "--bind-address=127.0.0.1".to_string(),
+                format!("--secure-port={port}"),
+                format!("--authentication-kubeconfig={kubeconfig}"),
+                format!("--authorization-kubeconfig={kubeconfig}"),
+            ],
+        )?;
+        self.wait_healthz("kube-scheduler", &format!("https://127.0.0.1:{port}"))
+            .await
+    }
+
+    /// Installs Volcano's CRDs, then starts vc-controller-manager (the
+    /// [`VOLCANO_CONTROLLERS`]) and vc-scheduler with `scheduler_conf` (the
+    /// `actions:`/`tiers:` YAML of `--scheduler-conf`; empty for Volcano's
+    /// built-in default). Waits for both `/healthz`.
+    pub async fn start_volcano(&self, scheduler_conf: &str) -> Result<()> {
+        self.install_volcano_crds().await?;
+        let kubeconfig = self.admin_kubeconfig.display().to_string();
+        let cm_health = free_port()?;
+        self.spawn(
+            "vc-controller-manager",
+            "vc-controller-manager",
+            &[
+                format!("--kubeconfig={kubeconfig}"),
+                "--leader-elect=false".to_string(),
+                format!("--controllers={VOLCANO_CONTROLLERS}"),
+                "--enable-healthz=true".to_string(),
+                format!("--healthz-address=127.0.0.1:{cm_health}"),
+            ],
+        )?;
+        let mut args = vec![
+            format!("--kubeconfig={kubeconfig}"),
+            "--leader-elect=false".to_string(),
+            format!("--listen-address=127.0.0.1:{}", free_port()?),
+            "--enable-healthz=true".to_string(),
+            "--cache-dumper=false".to_string(),
+        ];
+        let sched_health = free_port()?;
+        args.push(format!("--healthz-address=127.0.0.1:{sched_health}"));
+        if !scheduler_conf.trim().is_empty() {
+            let path = self.root.join("volcano-scheduler.conf");
+            std::fs::write(&path, scheduler_conf)?;
+            args.push(format!("--scheduler-conf={}", path.display()));
+        }
+        self.spawn("vc-scheduler", "vc-scheduler", &args)?;
+        self.wait_healthz(
+            "vc-controller-manager",
+            &format!("http://127.0.0.1:{cm_health}"),
+        )
+        .await?;
+        self.wait_healthz("vc-scheduler", &format!("http://127.0.0.1:{sched_health}"))
+            .await
+    }
+
+    /// Starts `kubelet-dm` serving `kubelet.sock` in `socket_dir`. The
+    /// returned handle stops it when dropped.
+    pub async fn start_kubelet_dm(&self, socket_dir: &Path) -> Result<KubeletDm> {
+        KubeletDm::start(socket_dir, &self.root.join("logs")).await
+    }
+
+    /// The last `n` log lines of a started process (by name).
+    pub fn log_tail(&self, name: &str, n: usize) -> Result<String> {
+        let procs = self
+            .procs
+            .lock()
+            .map_err(|_| anyhow!("process list poisoned"))?;
+        match procs.iter().find(|p| p.name() == name) {
+            Some(p) => Ok(p.log_tail(n)),
+            None => bail!("no process named {name}"),
+        }
+    }
+}
+
+fn merge(obj: &mut serde_json::Map<String, Value>, key: &str, add: Value) {
+    let slot = obj.entry(key).or_insert_with(|| json!({}));
+    if let (Some(slot), Value::Object(add)) = (slot.as_object_mut(), add) {
+        for (k, v) in add {
+            slot.insert(k, v);
+        }
+    }
+}
+
+fn kubeconfig_yaml(server: &str, ca: &Path, token: &str, user: Option<(&str, &[&str])>) -> String {
+    let mut user_entry = json!({ "token": token });
+    if let Some((name, groups)) = user {
+        user_entry["as"] = json!(name);
+        if !groups.is_empty() {
+            user_entry["as-groups"] = json!(groups);
+        }
+    }
+    let kc = json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "e2e", "cluster": {"server": server, "certificate-authority": ca.display().to_string()}}],
+        "users": [{"name": "e2e", "user": user_entry}],
+        "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": "e2e"}}],
+        "current-context": "e2e",
+    });
+    // JSON is YAML.
+    kc.to_string()
+}
+
+impl Drop for TestCluster {
+    fn drop(&mut self) {
+        let mut procs = match self.procs.lock() {
+            Ok(mut p) => std::mem::take(&mut *p),
+            Err(poisoned) => std::mem::take(&mut *poisoned.into_inner()),
+        };
+        if std::thread::panicking() {
+            for p in &procs {
+                eprintln!(
+                    "---- {} ({}) last log lines ----\n{}",
+                    p.name(),
+                    p.log_path().display(),
+                    p.log_tail(30)
+                );
+            }
+        }
+        // Newest first: schedulers before the apiserver before etcd.
+        while let Some(mut p) = procs.pop() {
+            p.stop();
+        }
+        if let Some(dir) = self.dir.take() {
+            if std::env::var_os(ENV_KEEP).is_some() {
+                eprintln!("{ENV_KEEP}: keeping {}", dir.keep().display());
+            }
+        }
+    }
+}

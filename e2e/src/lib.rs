@@ -1,0 +1,21 @@
+//! End-to-end test support: a real control plane on loopback, started per test.
+//!
+//! Start with [`TestCluster::start`]: it runs etcd and kube-apiserver (TLS with a
+//! throwaway CA, RBAC, a static admin token) in a temp dir and hands back a
+//! [`kube::Client`]. From there a test can install CRDs, create Node objects,
+//! act as any user or ServiceAccount, and start kube-scheduler, Volcano, and
+//! `kubelet-dm` (the kubelet's own device-plugin code, driven over HTTP; see
+//! [`KubeletDm`]). Everything stops and the temp dir goes away when the
+//! cluster is dropped, also when the test panics.
+//!
+//! The binaries come from `e2e/build-upstream.sh` (see [`upstream`]).
+
+pub mod cluster;
+pub mod kubelet_dm;
+pub mod pki;
+pub mod process;
+pub mod upstream;
+
+pub use cluster::{NodeSpec, TestCluster};
+pub use kubelet_dm::KubeletDm;
+pub use upstream::Upstream;

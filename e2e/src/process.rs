@@ -1,0 +1,126 @@
+//! Child processes that cannot outlive the test.
+//!
+//! Each [`Proc`] runs in its own process group, with stdout and stderr in files
+//! under the cluster's temp dir. Dropping it sends SIGTERM to the whole group,
+//! waits up to five seconds, then sends SIGKILL. The child also gets
+//! `PR_SET_PDEATHSIG = SIGKILL`, so it dies with the test process even when
+//! drop never runs (the test binary is killed).
+
+use std::fs::File;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+
+/// A running child process group.
+#[derive(Debug)]
+pub struct Proc {
+    name: String,
+    child: Child,
+    stdout: PathBuf,
+    log: PathBuf,
+    stopped: bool,
+}
+
+impl Proc {
+    /// Starts `program args...`; stdout goes to `<logs>/<name>.stdout`, stderr to `<logs>/<name>.log`.
+    pub fn spawn(name: &str, program: &Path, args: &[String], logs: &Path) -> Result<Proc> {
+        std::fs::create_dir_all(logs)?;
+        let stdout = logs.join(format!("{name}.stdout"));
+        let log = logs.join(format!("{name}.log"));
+        let mut cmd = Command::new(program);
+        cmd.args(args)
+            .stdin(Stdio::null())
+            .stdout(File::create(&stdout)?)
+            .stderr(File::create(&log)?)
+            .process_group(0);
+        // SAFETY: the closure runs in the forked child before exec and only makes
+        // one prctl(2) system call, which is async-signal-safe.
+        unsafe {
+            cmd.pre_exec(|| {
+                nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)
+            });
+        }
+        let child = cmd
+            .spawn()
+            .with_context(|| format!("starting {name} ({})", program.display()))?;
+        Ok(Proc {
+            name: name.to_string(),
+            child,
+            stdout,
+            log,
+            stopped: false,
+        })
+    }
+
+    /// The name given at spawn.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Process id (also the process group id).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Path of the stdout file.
+    pub fn stdout_path(&self) -> &Path {
+        &self.stdout
+    }
+
+    /// Path of the stderr log.
+    pub fn log_path(&self) -> &Path {
+        &self.log
+    }
+
+    /// `Ok(())` while running; an error with the log tail once it has exited.
+    pub fn check_running(&mut self) -> Result<()> {
+        match self.child.try_wait()? {
+            None => Ok(()),
+            Some(status) => anyhow::bail!(
+                "{} exited ({status}); last log lines:\n{}",
+                self.name,
+                self.log_tail(40)
+            ),
+        }
+    }
+
+    /// The last `n` lines of the stderr log.
+    pub fn log_tail(&self, n: usize) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+
+    /// SIGTERM to the group, up to 5 s grace, then SIGKILL; reaps the child.
+    pub fn stop(&mut self) {
+        if self.stopped {
+            return;
+        }
+        self.stopped = true;
+        let pgid = Pid::from_raw(self.child.id() as i32);
+        if let Ok(None) = self.child.try_wait() {
+            let _ = killpg(pgid, Signal::SIGTERM);
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = self.child.try_wait() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(25));
+            }
+        }
+        // The leader may be gone while others in its group are not.
+        let _ = killpg(pgid, Signal::SIGKILL);
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

@@ -1,0 +1,328 @@
+//! NVIDIA facts that only the driver's management library knows: uuids, NVLink lanes and the
+//! NVLink fabric (cluster uuid + clique id of NVL72-class systems).
+//!
+//! [`NvmlProbe`] is the seam: [`LibraryProbe`] loads `libnvidia-ml.so.1` at run time through
+//! `nvml-wrapper` (a missing library is an answer, not an error: the node simply has no NVML),
+//! and [`RecordedProbe`] reads an [`NvmlReport`] saved as JSON, so fixtures and tests stand in
+//! for the library without a GPU.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// Everything discovery asks NVML, per GPU.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NvmlReport {
+    #[serde(default)]
+    pub driver_version: Option<String>,
+    pub gpus: Vec<NvmlGpu>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NvmlGpu {
+    /// `dddd:bb:dd.f`, any case; NVML writes `00000000:1B:00.0`, which is normalised.
+    pub pci_bus_id: String,
+    pub index: u32,
+    pub uuid: String,
+    pub name: String,
+    #[serde(default)]
+    pub serial: Option<String>,
+    #[serde(default)]
+    pub minor: Option<u32>,
+    /// Active NVLink lanes, one entry per lane.
+    #[serde(default)]
+    pub nvlinks: Vec<NvlinkLane>,
+    #[serde(default)]
+    pub fabric: Option<FabricInfo>,
+}
+
+/// The far end of one active NVLink lane.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NvlinkLane {
+    pub remote_pci_bus_id: String,
+    pub remote: RemoteKind,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RemoteKind {
+    Gpu,
+    /// An NVSwitch: every GPU with lanes into the switch fabric reaches every other one.
+    Switch,
+    /// Anything else (IBM NPU, unknown).
+    Other,
+}
+
+/// NVLink fabric membership (`nvmlDeviceGetGpuFabricInfo`), present on NVL72-class systems.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FabricInfo {
+    pub cluster_uuid: String,
+    pub clique_id: u32,
+}
+
+/// Why NVML could not be asked. A missing library is not an error (see [`NvmlProbe::probe`]).
+#[derive(Debug, thiserror::Error)]
+pub enum NvmlError {
+    #[error("reading recorded NVML answers {path}: {source}")]
+    ReadRecording { path: PathBuf, source: std::io::Error },
+    #[error("recorded NVML answers {path} are not valid: {source}")]
+    ParseRecording { path: PathBuf, source: serde_json::Error },
+    #[error("NVML call {call} failed: {message}")]
+    Call { call: &'static str, message: String },
+}
+
+/// A source of [`NvmlReport`]s.
+pub trait NvmlProbe {
+    /// `Ok(None)` when there is no NVML on this node (library not installed): discovery then
+    /// derives NVIDIA links from PCIe only.
+    fn probe(&self) -> Result<Option<NvmlReport>, NvmlError>;
+}
+
+/// Answers recorded in a JSON file (the serialized [`NvmlReport`]).
+pub struct RecordedProbe(pub PathBuf);
+
+impl NvmlProbe for RecordedProbe {
+    fn probe(&self) -> Result<Option<NvmlReport>, NvmlError> {
+        let text = std::fs::read_to_string(&self.0)
+            .map_err(|source| NvmlError::ReadRecording { path: self.0.clone(), source })?;
+        let report = serde_json::from_str(&text)
+            .map_err(|source| NvmlError::ParseRecording { path: self.0.clone(), source })?;
+        Ok(Some(report))
+    }
+}
+
+/// No NVML at all (XML input, nodes without NVIDIA devices).
+pub struct NoProbe;
+
+impl NvmlProbe for NoProbe {
+    fn probe(&self) -> Result<Option<NvmlReport>, NvmlError> {
+        Ok(None)
+    }
+}
+
+/// The real library, loaded at run time. `lib_path` overrides the default
+/// `libnvidia-ml.so.1` lookup.
+#[derive(Default)]
+pub struct LibraryProbe {
+    pub lib_path: Option<PathBuf>,
+}
+
+impl NvmlProbe for LibraryProbe {
+    fn probe(&self) -> Result<Option<NvmlReport>, NvmlError> {
+        use nvml_wrapper::Nvml;
+        use nvml_wrapper::error::NvmlError as E;
+
+        let mut builder = Nvml::builder();
+        if let Some(p) = &self.lib_path {
+            builder.lib_path(p.as_os_str());
+        }
+        let nvml = match builder.init() {
+            Ok(nvml) => nvml,
+            Err(E::LibloadingError(e)) => {
+                tracing::info!(
+                    error = %e,
+                    "NVML library not found: NVIDIA links come from the PCI tree only"
+                );
+                return Ok(None);
+            }
+            Err(E::DriverNotLoaded) => {
+                tracing::info!("NVIDIA driver not loaded: NVIDIA links come from the PCI tree only");
+                return Ok(None);
+            }
+            Err(e) => return Err(call("nvmlInit", e)),
+        };
+        read_report(&nvml).map(Some)
+    }
+}
+
+fn call(call: &'static str, e: nvml_wrapper::error::NvmlError) -> NvmlError {
+    NvmlError::Call { call, message: e.to_string() }
+}
+
+fn read_report(nvml: &nvml_wrapper::Nvml) -> Result<NvmlReport, NvmlError> {
+    let count = nvml.device_count().map_err(|e| call("nvmlDeviceGetCount", e))?;
+    let mut gpus = Vec::new();
+    for index in 0..count {
+        let dev = nvml.device_by_index(index).map_err(|e| call("nvmlDeviceGetHandleByIndex", e))?;
+        let pci = dev.pci_info().map_err(|e| call("nvmlDeviceGetPciInfo", e))?;
+        let mut nvlinks = Vec::new();
+        // NVML_NVLINK_MAX_LINKS is 18 on Hopper; unsupported lanes answer NotSupported.
+        for lane in 0..18 {
+            let link = dev.link_wrapper_for(lane);
+            if !link.is_active().unwrap_or(false) {
+                continue;
+            }
+            let Ok(remote_pci) = link.remote_pci_info() else { continue };
+            let remote = remote_kind(nvml, &dev, lane);
+            nvlinks.push(NvlinkLane { remote_pci_bus_id: remote_pci.bus_id, remote });
+        }
+        gpus.push(NvmlGpu {
+            pci_bus_id: pci.bus_id,
+            index,
+            uuid: dev.uuid().map_err(|e| call("nvmlDeviceGetUUID", e))?,
+            name: dev.name().map_err(|e| call("nvmlDeviceGetName", e))?,
+            serial: dev.serial().ok(),
+            minor: dev.minor_number().ok(),
+            nvlinks,
+            fabric: fabric_info(nvml, &dev),
+        });
+    }
+    Ok(NvmlReport { driver_version: nvml.sys_driver_version().ok(), gpus })
+}
+
+/// `nvmlDeviceGetNvLinkRemoteDeviceType`, called directly: nvml-wrapper 0.13's wrapper reads
+/// its answer from a temporary and always reports `Unknown`.
+fn remote_kind(nvml: &nvml_wrapper::Nvml, dev: &nvml_wrapper::Device<'_>, lane: u32) -> RemoteKind {
+    use nvml_wrapper_sys::bindings as sys;
+    let Ok(get) = nvml.lib().nvmlDeviceGetNvLinkRemoteDeviceType.as_ref() else {
+        return RemoteKind::Other;
+    };
+    let mut kind: sys::nvmlIntNvLinkDeviceType_t =
+        sys::nvmlIntNvLinkDeviceType_enum_NVML_NVLINK_DEVICE_TYPE_UNKNOWN;
+    // SAFETY: live handle of this `nvml`, `kind` is writable for the duration of the call.
+    let ret = unsafe { get(dev.handle(), lane, &mut kind) };
+    if ret != sys::nvmlReturn_enum_NVML_SUCCESS {
+        return RemoteKind::Other;
+    }
+    match kind {
+        sys::nvmlIntNvLinkDeviceType_enum_NVML_NVLINK_DEVICE_TYPE_GPU => RemoteKind::Gpu,
+        sys::nvmlIntNvLinkDeviceType_enum_NVML_NVLINK_DEVICE_TYPE_SWITCH => RemoteKind::Switch,
+        _ => RemoteKind::Other,
+    }
+}
+
+/// `nvmlDeviceGetGpuFabricInfo`, which nvml-wrapper does not wrap. `None` when the driver
+/// lacks the call or the GPU is not part of a fabric.
+fn fabric_info(nvml: &nvml_wrapper::Nvml, dev: &nvml_wrapper::Device<'_>) -> Option<FabricInfo> {
+    use nvml_wrapper_sys::bindings::{nvmlGpuFabricInfo_t, nvmlReturn_enum_NVML_SUCCESS};
+    let get = nvml.lib().nvmlDeviceGetGpuFabricInfo.as_ref().ok()?;
+    // SAFETY: the struct is plain old data that NVML fills; a zeroed value is a valid input.
+    let mut info: nvmlGpuFabricInfo_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `dev.handle()` is a live handle of this `nvml` instance, `info` is writable and
+    // outlives the call, and the function pointer was resolved from the loaded library.
+    let ret = unsafe { get(dev.handle(), &mut info) };
+    // state 3 = NVML_GPU_FABRIC_STATE_COMPLETED; the status must be success too.
+    if ret != nvmlReturn_enum_NVML_SUCCESS || info.state != 3 || info.status != nvmlReturn_enum_NVML_SUCCESS
+    {
+        return None;
+    }
+    if info.clusterUuid.iter().all(|b| *b == 0) {
+        return None;
+    }
+    let hex: String = info.clusterUuid.iter().map(|b| format!("{b:02x}")).collect();
+    let uuid = format!(
+        "{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    );
+    Some(FabricInfo { cluster_uuid: uuid, clique_id: info.cliqueId })
+}
+
+/// Normalises NVML's `00000000:1B:00.0` to sysfs' `0000:1b:00.0`.
+pub fn normalize_bus_id(id: &str) -> String {
+    let id = id.trim().to_ascii_lowercase();
+    match id.split_once(':') {
+        Some((domain, rest)) if domain.len() > 4 => {
+            format!("{}:{rest}", &domain[domain.len() - 4..])
+        }
+        _ => id,
+    }
+}
+
+/// NVLink lane counts between GPU pairs (by normalised bus id). Direct lanes count as they
+/// are; lanes into NVSwitches join every pair of switch-attached GPUs with the smaller of
+/// their two switch-lane counts (all-to-all through the switch fabric).
+pub fn nvlink_counts(report: &NvmlReport) -> BTreeMap<(String, String), u32> {
+    let mut direct: BTreeMap<(String, String), u32> = BTreeMap::new();
+    let mut switch_lanes: BTreeMap<String, u32> = BTreeMap::new();
+    for gpu in &report.gpus {
+        let me = normalize_bus_id(&gpu.pci_bus_id);
+        for lane in &gpu.nvlinks {
+            match lane.remote {
+                RemoteKind::Gpu => {
+                    let peer = normalize_bus_id(&lane.remote_pci_bus_id);
+                    // Each direct lane is reported by both ends; count it from the lower id.
+                    if me < peer {
+                        *direct.entry((me.clone(), peer)).or_default() += 1;
+                    }
+                }
+                RemoteKind::Switch => *switch_lanes.entry(me.clone()).or_default() += 1,
+                RemoteKind::Other => {}
+            }
+        }
+    }
+    let switched: Vec<(&String, &u32)> = switch_lanes.iter().collect();
+    for (i, (a, na)) in switched.iter().enumerate() {
+        for (b, nb) in &switched[i + 1..] {
+            *direct.entry(((*a).clone(), (*b).clone())).or_default() += (**na).min(**nb);
+        }
+    }
+    direct
+}
+
+/// Reads a recorded report if `path` exists, for fixtures that ship one.
+pub fn recorded_if_present(path: &Path) -> Option<RecordedProbe> {
+    path.is_file().then(|| RecordedProbe(path.to_path_buf()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lane(peer: &str, remote: RemoteKind) -> NvlinkLane {
+        NvlinkLane { remote_pci_bus_id: peer.into(), remote }
+    }
+
+    #[test]
+    fn normalises_nvml_bus_ids() {
+        assert_eq!(normalize_bus_id("00000000:1B:00.0"), "0000:1b:00.0");
+        assert_eq!(normalize_bus_id("0000:1b:00.0"), "0000:1b:00.0");
+    }
+
+    #[test]
+    fn counts_direct_and_switched_lanes() {
+        let gpu = |bus: &str, nvlinks| NvmlGpu {
+            pci_bus_id: bus.into(),
+            uuid: format!("GPU-{bus}"),
+            name: "x".into(),
+            nvlinks,
+            ..Default::default()
+        };
+        let report = NvmlReport {
+            driver_version: None,
+            gpus: vec![
+                gpu("0000:01:00.0", vec![lane("0000:02:00.0", RemoteKind::Gpu); 4]),
+                gpu("0000:02:00.0", vec![lane("0000:01:00.0", RemoteKind::Gpu); 4]),
+                gpu("0000:03:00.0", vec![lane("0000:f0:00.0", RemoteKind::Switch); 18]),
+                gpu("0000:04:00.0", vec![lane("0000:f1:00.0", RemoteKind::Switch); 12]),
+            ],
+        };
+        let counts = nvlink_counts(&report);
+        assert_eq!(counts[&("0000:01:00.0".into(), "0000:02:00.0".into())], 4);
+        assert_eq!(counts[&("0000:03:00.0".into(), "0000:04:00.0".into())], 12);
+        assert_eq!(counts.len(), 2);
+    }
+
+    #[test]
+    fn missing_library_is_no_report_not_an_error() {
+        let probe = LibraryProbe { lib_path: Some("/nonexistent/libnvidia-ml.so.1".into()) };
+        assert!(probe.probe().unwrap().is_none());
+    }
+
+    #[test]
+    fn bad_recording_names_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("nvml.json");
+        std::fs::write(&path, "{not json").unwrap();
+        let err = RecordedProbe(path.clone()).probe().unwrap_err();
+        assert!(err.to_string().contains(&path.display().to_string()), "{err}");
+    }
+}
