@@ -183,7 +183,10 @@ impl TestCluster {
                 "--authorization-mode=RBAC".to_string(),
                 format!("--service-account-issuer={issuer}"),
                 format!("--service-account-key-file={}", pki.sa_key.display()),
-                format!("--service-account-signing-key-file={}", pki.sa_key.display()),
+                format!(
+                    "--service-account-signing-key-file={}",
+                    pki.sa_key.display()
+                ),
                 "--service-cluster-ip-range=10.96.0.0/16".to_string(),
                 // No kubelets and no node-lifecycle controller: created nodes must
                 // not get the not-ready taint; no token controller: pods must not
@@ -202,16 +205,16 @@ impl TestCluster {
             kubeconfig_yaml(&server, &pki.ca_cert, &admin_token, None),
         )?;
 
-        let mut cluster = TestCluster {
+        let client = make_client(&server, &pki.ca_cert, &admin_token, None).await?;
+        let cluster = TestCluster {
             procs: Mutex::new(procs),
             dir: Some(dir),
             root,
             server,
             admin_token,
             admin_kubeconfig,
-            client: Client::try_from(Config::new("http://127.0.0.1:1".parse()?))?,
+            client,
         };
-        cluster.client = cluster.make_client(None).await?;
         cluster.wait_ready().await?;
         Ok(cluster)
     }
@@ -250,13 +253,6 @@ impl TestCluster {
         Ok(())
     }
 
-    async fn make_client(&self, user: Option<(&str, &[&str])>) -> Result<Client> {
-        let yaml = kubeconfig_yaml(&self.server, &self.ca_cert(), &self.admin_token, user);
-        let kc = Kubeconfig::from_yaml(&yaml)?;
-        let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
-        Ok(Client::try_from(config)?)
-    }
-
     fn ca_cert(&self) -> PathBuf {
         self.root.join("pki").join("ca.crt")
     }
@@ -284,7 +280,13 @@ impl TestCluster {
     /// A client that acts as `user` in `groups` (impersonation), so RBAC
     /// decides what it may do. `system:authenticated` is added by the apiserver.
     pub async fn client_as(&self, user: &str, groups: &[&str]) -> Result<Client> {
-        self.make_client(Some((user, groups))).await
+        make_client(
+            &self.server,
+            &self.ca_cert(),
+            &self.admin_token,
+            Some((user, groups)),
+        )
+        .await
     }
 
     /// A client acting as ServiceAccount `namespace/name`, with the groups a
@@ -374,8 +376,8 @@ impl TestCluster {
 
     /// Installs the CRDs in one file.
     pub async fn install_crd_file(&self, path: &Path) -> Result<Vec<String>> {
-        let yaml = std::fs::read_to_string(path)
-            .with_context(|| format!("reading {}", path.display()))?;
+        let yaml =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         self.install_crds_yaml(&yaml).await
     }
 
@@ -386,12 +388,14 @@ impl TestCluster {
         let overrides = e2e_dir().join("crds").join("volcano-overrides");
         let mut files: BTreeMap<String, PathBuf> = BTreeMap::new();
         for d in [Upstream::get()?.volcano_crds(), overrides] {
-            for entry in std::fs::read_dir(&d).with_context(|| format!("reading {}", d.display()))? {
+            for entry in
+                std::fs::read_dir(&d).with_context(|| format!("reading {}", d.display()))?
+            {
                 let path = entry?.path();
-                if path.extension().is_some_and(|e| e == "yaml") {
-                    if let Some(name) = path.file_name().and_then(|n| n.to_str()) {
-                        files.insert(name.to_string(), path.clone());
-                    }
+                if path.extension().is_some_and(|e| e == "yaml")
+                    && let Some(name) = path.file_name().and_then(|n| n.to_str())
+                {
+                    files.insert(name.to_string(), path.clone());
                 }
             }
         }
@@ -501,11 +505,7 @@ impl TestCluster {
         obj.entry("kind")
             .or_insert_with(|| json!("KubeSchedulerConfiguration"));
         let kubeconfig = self.admin_kubeconfig.display().to_string();
-        merge(
-            obj,
-            "clientConnection",
-            json!({ "kubeconfig": kubeconfig }),
-        );
+        merge(obj, "clientConnection", json!({ "kubeconfig": kubeconfig }));
         merge(obj, "leaderElection", json!({ "leaderElect": false }));
         let path = self.root.join("kube-scheduler.yaml");
         std::fs::write(&path, serde_norway::to_string(&cfg)?)?;
@@ -587,6 +587,17 @@ impl TestCluster {
     }
 }
 
+async fn make_client(
+    server: &str,
+    ca: &Path,
+    token: &str,
+    user: Option<(&str, &[&str])>,
+) -> Result<Client> {
+    let kc = Kubeconfig::from_yaml(&kubeconfig_yaml(server, ca, token, user))?;
+    let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
+    Ok(Client::try_from(config)?)
+}
+
 fn merge(obj: &mut serde_json::Map<String, Value>, key: &str, add: Value) {
     let slot = obj.entry(key).or_insert_with(|| json!({}));
     if let (Some(slot), Value::Object(add)) = (slot.as_object_mut(), add) {
@@ -636,10 +647,10 @@ impl Drop for TestCluster {
         while let Some(mut p) = procs.pop() {
             p.stop();
         }
-        if let Some(dir) = self.dir.take() {
-            if std::env::var_os(ENV_KEEP).is_some() {
-                eprintln!("{ENV_KEEP}: keeping {}", dir.keep().display());
-            }
+        if let Some(dir) = self.dir.take()
+            && std::env::var_os(ENV_KEEP).is_some()
+        {
+            eprintln!("{ENV_KEEP}: keeping {}", dir.keep().display());
         }
     }
 }

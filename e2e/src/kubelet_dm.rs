@@ -1,0 +1,259 @@
+//! [`KubeletDm`]: a handle on a running `kubelet-dm`, the kubelet's own
+//! device-manager registration server and plugin client, driven over its
+//! loopback JSON API (documented in `e2e/README.md`).
+//!
+//! Requests and responses use the device-plugin proto field names
+//! (`devices_ids`, `container_requests`, `ID`, `health`, ...), as JSON values.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow, bail};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::cluster::eventually;
+use crate::process::Proc;
+use crate::upstream::Upstream;
+
+/// One recorded event (see `e2e/README.md`).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+pub struct Event {
+    /// 1, 2, ... in order of happening.
+    pub seq: u64,
+    /// `registered`, `disconnected` or `list_and_watch`.
+    pub kind: String,
+    /// The plugin's resource name.
+    pub resource: String,
+    /// Plugin socket path (`registered`).
+    #[serde(default)]
+    pub endpoint: Option<String>,
+    /// `GetDevicePluginOptions` at registration (`registered`).
+    #[serde(default)]
+    pub options: Option<Value>,
+    /// The full device list of one `ListAndWatch` response (`list_and_watch`).
+    #[serde(default)]
+    pub devices: Option<Vec<Value>>,
+    /// Kubelet generation: 1, then +1 per simulated restart.
+    pub generation: u64,
+}
+
+/// A running `kubelet-dm`; stopped when dropped.
+#[derive(Debug)]
+pub struct KubeletDm {
+    proc: Proc,
+    addr: String,
+    socket: PathBuf,
+}
+
+impl KubeletDm {
+    /// Starts `kubelet-dm --socket-dir <socket_dir>`, logs under `logs`, and
+    /// waits until it serves `kubelet.sock` and its HTTP API.
+    pub async fn start(socket_dir: &Path, logs: &Path) -> Result<KubeletDm> {
+        std::fs::create_dir_all(socket_dir)?;
+        let mut proc = Proc::spawn(
+            "kubelet-dm",
+            &Upstream::get()?.bin("kubelet-dm"),
+            &[format!("--socket-dir={}", socket_dir.display())],
+            logs,
+        )?;
+        let stdout = proc.stdout_path().to_path_buf();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        let hello: Value = loop {
+            let text = std::fs::read_to_string(&stdout).unwrap_or_default();
+            if let Some(line) = text.lines().next().filter(|_| text.contains('\n')) {
+                break serde_json::from_str(line)
+                    .with_context(|| format!("kubelet-dm hello line {line:?}"))?;
+            }
+            proc.check_running()?;
+            if tokio::time::Instant::now() > deadline {
+                bail!("kubelet-dm printed nothing in 30 s");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let addr = hello["addr"]
+            .as_str()
+            .ok_or_else(|| anyhow!("no addr in {hello}"))?
+            .to_string();
+        let socket = PathBuf::from(
+            hello["socket"]
+                .as_str()
+                .ok_or_else(|| anyhow!("no socket in {hello}"))?,
+        );
+        Ok(KubeletDm { proc, addr, socket })
+    }
+
+    /// The `kubelet.sock` path it serves Registration on.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// `127.0.0.1:<port>` of the JSON API.
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// The last `n` lines of its log.
+    pub fn log_tail(&self, n: usize) -> String {
+        self.proc.log_tail(n)
+    }
+
+    /// One HTTP/1.0 request to the API; returns the status and JSON body.
+    pub async fn request(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<(u16, Value)> {
+        let body = body.map(|b| b.to_string()).unwrap_or_default();
+        let mut stream = TcpStream::connect(&self.addr)
+            .await
+            .with_context(|| format!("connecting to kubelet-dm at {}", self.addr))?;
+        let head = format!(
+            "{method} {path} HTTP/1.0\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            self.addr,
+            body.len()
+        );
+        stream.write_all(head.as_bytes()).await?;
+        stream.write_all(body.as_bytes()).await?;
+        let mut buf = Vec::new();
+        stream.read_to_end(&mut buf).await?;
+        let text = String::from_utf8(buf)?;
+        let (head, body) = text
+            .split_once("\r\n\r\n")
+            .ok_or_else(|| anyhow!("malformed HTTP response from kubelet-dm: {text:?}"))?;
+        let status: u16 = head
+            .split_whitespace()
+            .nth(1)
+            .ok_or_else(|| anyhow!("no status in {head:?}"))?
+            .parse()?;
+        let value = if body.trim().is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(body)
+                .with_context(|| format!("kubelet-dm {path} returned {body:?}"))?
+        };
+        Ok((status, value))
+    }
+
+    async fn ok(&self, method: &str, path: &str, body: Option<&Value>) -> Result<Value> {
+        let (status, value) = self.request(method, path, body).await?;
+        if status != 200 {
+            bail!("kubelet-dm {method} {path}: HTTP {status}: {value}");
+        }
+        Ok(value)
+    }
+
+    /// Events with `seq > since`, waiting up to `wait` for at least one.
+    pub async fn events(&self, since: u64, wait: Duration) -> Result<Vec<Event>> {
+        let v = self
+            .ok(
+                "GET",
+                &format!("/events?since={since}&wait={}", wait.as_secs_f64()),
+                None,
+            )
+            .await?;
+        Ok(serde_json::from_value(v)?)
+    }
+
+    /// Waits until an event with `seq > since` matches `pred`; returns it.
+    pub async fn wait_event(
+        &self,
+        since: u64,
+        timeout: Duration,
+        pred: impl Fn(&Event) -> bool,
+    ) -> Result<Event> {
+        let mut seen = since;
+        let mut all = Vec::new();
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                bail!(
+                    "no matching kubelet-dm event in {timeout:?}; events since {since}: {all:#?}\nlog:\n{}",
+                    self.log_tail(30)
+                );
+            }
+            for e in self.events(seen, left.min(Duration::from_secs(5))).await? {
+                seen = seen.max(e.seq);
+                if pred(&e) {
+                    return Ok(e);
+                }
+                all.push(e);
+            }
+        }
+    }
+
+    /// `GET /state`: connected plugins, latest devices, generation.
+    pub async fn state(&self) -> Result<Value> {
+        self.ok("GET", "/state", None).await
+    }
+
+    /// `GetDevicePluginOptions` through the kubelet's client.
+    pub async fn options(&self, resource: &str) -> Result<Value> {
+        self.ok("POST", "/options", Some(&json!({"resource": resource})))
+            .await
+    }
+
+    /// `GetPreferredAllocation`; `request` is a `PreferredAllocationRequest`.
+    pub async fn preferred(&self, resource: &str, request: Value) -> Result<Value> {
+        self.ok(
+            "POST",
+            "/preferred",
+            Some(&json!({"resource": resource, "request": request})),
+        )
+        .await
+    }
+
+    /// `Allocate`; `request` is an `AllocateRequest`.
+    pub async fn allocate(&self, resource: &str, request: Value) -> Result<Value> {
+        self.ok(
+            "POST",
+            "/allocate",
+            Some(&json!({"resource": resource, "request": request})),
+        )
+        .await
+    }
+
+    /// `PreStartContainer`; `request` is a `PreStartContainerRequest`.
+    pub async fn prestart(&self, resource: &str, request: Value) -> Result<Value> {
+        self.ok(
+            "POST",
+            "/prestart",
+            Some(&json!({"resource": resource, "request": request})),
+        )
+        .await
+    }
+
+    /// Simulates a kubelet restart; returns the new generation.
+    pub async fn restart(&self) -> Result<u64> {
+        let v = self.ok("POST", "/restart", None).await?;
+        v["generation"]
+            .as_u64()
+            .ok_or_else(|| anyhow!("no generation in {v}"))
+    }
+
+    /// Waits until the latest device list of `resource` satisfies `pred`.
+    pub async fn wait_devices(
+        &self,
+        resource: &str,
+        timeout: Duration,
+        pred: impl Fn(&[Value]) -> bool,
+    ) -> Result<Vec<Value>> {
+        eventually(
+            &format!("kubelet-dm devices of {resource}"),
+            timeout,
+            || async {
+                let st = self.state().await?;
+                let devs: Vec<Value> = st["devices"][resource]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default();
+                Ok(pred(&devs).then_some(devs))
+            },
+        )
+        .await
+    }
+}
