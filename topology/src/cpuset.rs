@@ -38,11 +38,12 @@ impl CpuSet {
         Self::default()
     }
 
-    /// Parses the Linux list format. Whitespace around tokens and a trailing newline (as read
-    /// from sysfs) are accepted; an empty string is the empty set.
+    /// Parses the Linux list format. Whitespace around tokens and trailing newlines or NUL
+    /// bytes (as read from sysfs) are accepted; an empty string is the empty set.
     pub fn parse(input: &str) -> Result<Self, CpuSetError> {
         let mut set = BTreeSet::new();
-        for token in input.trim().split(',').map(str::trim).filter(|t| !t.is_empty()) {
+        let trimmed = input.trim_matches(|c: char| c.is_whitespace() || c == '\0');
+        for token in trimmed.split(',').map(str::trim).filter(|t| !t.is_empty()) {
             let bad = || CpuSetError::BadToken { input: input.to_owned(), token: token.to_owned() };
             let id = |s: &str| -> Result<u32, CpuSetError> {
                 let n: u64 = s.trim().parse().map_err(|_| bad())?;
@@ -74,7 +75,8 @@ impl CpuSet {
     /// (`"00000000,0000ffff"`: comma-separated 32-bit words, most significant first).
     pub fn parse_mask(input: &str) -> Result<Self, CpuSetError> {
         let mut set = BTreeSet::new();
-        let words: Vec<&str> = input.trim().split(',').collect();
+        let words: Vec<&str> =
+            input.trim_matches(|c: char| c.is_whitespace() || c == '\0').split(',').collect();
         for (i, word) in words.iter().rev().enumerate() {
             let word = word.trim().trim_start_matches("0x");
             let bits = u32::from_str_radix(word, 16).map_err(|_| CpuSetError::BadToken {
@@ -192,7 +194,7 @@ mod tests {
 
     #[test]
     fn parses_and_formats_canonically() {
-        let set = CpuSet::parse("8, 0-3,2,10-11\n").unwrap();
+        let set = CpuSet::parse("8, 0-3,2,10-11\n\0").unwrap();
         assert_eq!(set.iter().collect::<Vec<_>>(), vec![0, 1, 2, 3, 8, 10, 11]);
         assert_eq!(set.to_string(), "0-3,8,10-11");
         assert_eq!(CpuSet::parse("").unwrap(), CpuSet::new());

@@ -15,6 +15,8 @@ use crate::link::{Link, LinkMatrix, LinkMatrixError};
 #[serde(rename_all = "camelCase", try_from = "NodeTopologyWire", into = "NodeTopologyWire")]
 pub struct NodeTopology {
     pub hostname: String,
+    /// Physical packages (sockets), in hwloc's logical order.
+    pub packages: Vec<Package>,
     /// Online processing units (hardware threads), ascending by `os_index`.
     pub processing_units: Vec<ProcessingUnit>,
     /// CPUs this process may use (the cgroup cpuset); a subset of all PUs. Describes the
@@ -27,6 +29,17 @@ pub struct NodeTopology {
     /// Symmetric link matrix over `devices` (same indices).
     pub links: LinkMatrix,
     pub super_node: Option<SuperNode>,
+}
+
+/// One physical package (socket).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Package {
+    /// The kernel's `physical_package_id`, when the OS reports one (s390 does not).
+    pub id: Option<u32>,
+    /// Online CPUs in the package (may be empty in a view restricted to the allowed CPUs,
+    /// where a package is kept for its memory).
+    pub cpus: CpuSet,
 }
 
 /// One hardware thread.
@@ -210,15 +223,13 @@ pub enum TopologyError {
 }
 
 impl NodeTopology {
-    /// Headline counts: distinct packages and cores among online PUs, all NUMA nodes,
-    /// all accelerators.
+    /// Headline counts: packages, distinct cores among online PUs, all NUMA nodes, all
+    /// accelerators.
     pub fn summary(&self) -> Summary {
         use std::collections::BTreeSet;
-        let packages: BTreeSet<u32> =
-            self.processing_units.iter().filter_map(|p| p.package_id).collect();
         let cores: BTreeSet<u32> = self.processing_units.iter().filter_map(|p| p.core).collect();
         Summary {
-            packages: packages.len(),
+            packages: self.packages.len(),
             numa_nodes: self.numa_nodes.len(),
             cores: cores.len(),
             pus: self.processing_units.len(),
@@ -271,6 +282,7 @@ impl NodeTopology {
 #[serde(rename_all = "camelCase")]
 struct NodeTopologyWire {
     hostname: String,
+    packages: Vec<Package>,
     processing_units: Vec<ProcessingUnit>,
     allowed_cpus: CpuSet,
     numa_nodes: Vec<NumaNode>,
@@ -286,6 +298,7 @@ impl TryFrom<NodeTopologyWire> for NodeTopology {
         let links = LinkMatrix::from_links(w.devices.len(), &w.links)?;
         let t = NodeTopology {
             hostname: w.hostname,
+            packages: w.packages,
             processing_units: w.processing_units,
             allowed_cpus: w.allowed_cpus,
             numa_nodes: w.numa_nodes,
@@ -302,6 +315,7 @@ impl From<NodeTopology> for NodeTopologyWire {
     fn from(t: NodeTopology) -> Self {
         NodeTopologyWire {
             hostname: t.hostname,
+            packages: t.packages,
             processing_units: t.processing_units,
             allowed_cpus: t.allowed_cpus,
             numa_nodes: t.numa_nodes,
@@ -364,6 +378,7 @@ mod tests {
             .collect();
         NodeTopology {
             hostname: "n1".into(),
+            packages: vec![Package { id: Some(0), cpus: CpuSet::parse("0-3").unwrap() }],
             processing_units: pus,
             allowed_cpus: CpuSet::parse("0-3").unwrap(),
             numa_nodes: vec![NumaNode {

@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
-use fumarole_topology::{CpuSet, NumaNode, ProcessingUnit};
+use fumarole_topology::{CpuSet, NumaNode, Package, ProcessingUnit};
 use hwlocality::Topology;
 use hwlocality::object::TopologyObject;
 use hwlocality::object::attributes::{DownstreamAttributes, ObjectAttributes, UpstreamAttributes};
@@ -88,6 +88,7 @@ pub struct PciFunction {
 /// What hwloc tells us about the node.
 #[derive(Clone, Debug, Default)]
 pub struct HwlocFacts {
+    pub packages: Vec<Package>,
     pub processing_units: Vec<ProcessingUnit>,
     pub allowed_cpus: CpuSet,
     pub numa_nodes: Vec<NumaNode>,
@@ -264,7 +265,13 @@ fn extract(topology: &Topology) -> HwlocFacts {
         })
         .collect();
 
+    let packages = topology
+        .objects_with_type(ObjectType::Package)
+        .map(|p| Package { id: os_index(p), cpus: cpuset_of(p).intersection(&online) })
+        .collect();
+
     HwlocFacts {
+        packages,
         allowed_cpus: topology
             .allowed_cpuset()
             .iter_set()

@@ -128,6 +128,7 @@ pub fn discover(opts: &DiscoverOptions, nvml: &dyn NvmlProbe) -> Result<NodeTopo
 
     Ok(NodeTopology {
         hostname,
+        packages: facts.packages,
         processing_units: facts.processing_units,
         allowed_cpus: facts.allowed_cpus,
         numa_nodes: facts.numa_nodes,
