@@ -60,7 +60,10 @@ pub fn run(args: DiscoverArgs) -> Result<()> {
     let source = match (&args.root, &args.fixture, &args.from_xml) {
         (_, Some(name), _) => {
             let Some(fixture) = fixtures::get(name) else {
-                bail!("unknown fixture {name:?}; bundled fixtures: {}", fixtures::NAMES.join(", "));
+                bail!(
+                    "unknown fixture {name:?}; bundled fixtures: {}",
+                    fixtures::NAMES.join(", ")
+                );
             };
             let dir = tempfile::Builder::new()
                 .prefix(&format!("fumarole-{name}-"))
@@ -93,7 +96,11 @@ pub fn run(args: DiscoverArgs) -> Result<()> {
         (None, Source::Host) => Box::new(LibraryProbe::default()),
         (None, Source::FsRoot(root)) => {
             let recorded = root.join(RECORDED_NVML_FILE.trim_start_matches('/'));
-            if recorded.is_file() { Box::new(RecordedProbe(recorded)) } else { Box::new(NoProbe) }
+            if recorded.is_file() {
+                Box::new(RecordedProbe(recorded))
+            } else {
+                Box::new(NoProbe)
+            }
         }
         (None, Source::Xml(_)) => Box::new(NoProbe),
     };
@@ -102,7 +109,10 @@ pub fn run(args: DiscoverArgs) -> Result<()> {
     opts.restrict_to_allowed = args.restrict_to_allowed;
     opts.override_file = args.override_file;
     opts.hostname = args.hostname;
-    opts.super_node = args.super_node.map(|id| SuperNode { id, source: SuperNodeSource::Config });
+    opts.super_node = args.super_node.map(|id| SuperNode {
+        id,
+        source: SuperNodeSource::Config,
+    });
     let topology = discover::discover(&opts, nvml.as_ref())?;
 
     let text = match args.format {

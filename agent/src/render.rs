@@ -16,13 +16,19 @@ struct Document<'a> {
 }
 
 pub fn json(t: &NodeTopology) -> Result<String> {
-    let mut s = serde_json::to_string_pretty(&Document { summary: t.summary(), topology: t })?;
+    let mut s = serde_json::to_string_pretty(&Document {
+        summary: t.summary(),
+        topology: t,
+    })?;
     s.push('\n');
     Ok(s)
 }
 
 pub fn yaml(t: &NodeTopology) -> Result<String> {
-    Ok(serde_norway::to_string(&Document { summary: t.summary(), topology: t })?)
+    Ok(serde_norway::to_string(&Document {
+        summary: t.summary(),
+        topology: t,
+    })?)
 }
 
 fn label(t: &NodeTopology, i: usize) -> String {
@@ -49,19 +55,30 @@ pub fn table(t: &NodeTopology) -> String {
     let _ = writeln!(
         out,
         "Super-node: {}",
-        t.super_node.as_ref().map_or("-".to_string(), |sn| format!("{} (from {:?})", sn.id, sn.source))
+        t.super_node.as_ref().map_or("-".to_string(), |sn| format!(
+            "{} (from {:?})",
+            sn.id, sn.source
+        ))
     );
     if t.allowed_cpus != t.cpus() {
         let _ = writeln!(out, "CPUs allowed to this process: {}", t.allowed_cpus);
     }
-    let _ = writeln!(out, "\n{:<6} {:<24} {:>10}  {:<10} DISTANCES", "NUMA", "CPUS", "MEMORY", "KIND");
+    let _ = writeln!(
+        out,
+        "\n{:<6} {:<24} {:>10}  {:<10} DISTANCES",
+        "NUMA", "CPUS", "MEMORY", "KIND"
+    );
     for n in &t.numa_nodes {
         let distances: Vec<String> = n.distances.iter().map(u32::to_string).collect();
         let _ = writeln!(
             out,
             "{:<6} {:<24} {:>10}  {:<10} {}",
             n.id,
-            if n.cpus.is_empty() { "-".to_string() } else { n.cpus.to_string() },
+            if n.cpus.is_empty() {
+                "-".to_string()
+            } else {
+                n.cpus.to_string()
+            },
             gib(n.memory_bytes),
             n.kind.as_deref().unwrap_or("-"),
             distances.join(" ")
@@ -97,9 +114,13 @@ pub fn table(t: &NodeTopology) -> String {
         }
     }
     classes.sort_by_key(|(c, _)| std::cmp::Reverse(c.weight()));
-    let pairs: Vec<String> =
-        classes.iter().map(|(c, n)| format!("{} x{n}", c.short_name())).collect();
-    let _ = writeln!(out, "\nLinks between device pairs: {}", pairs.join(", "));
+    let pairs: Vec<String> = classes
+        .iter()
+        .map(|(c, n)| format!("{} x{n}", c.short_name()))
+        .collect();
+    if !pairs.is_empty() {
+        let _ = writeln!(out, "\nLinks between device pairs: {}", pairs.join(", "));
+    }
     out
 }
 
@@ -119,7 +140,10 @@ pub fn matrix(t: &NodeTopology) -> String {
     for a in 0..n {
         let _ = write!(out, "{:<width$}", label(t, a));
         for b in 0..n {
-            let cell = t.links.class(a, b).map_or("X".to_string(), LinkClass::short_name);
+            let cell = t
+                .links
+                .class(a, b)
+                .map_or("X".to_string(), LinkClass::short_name);
             let _ = write!(out, "{cell:<width$}");
         }
         let d = &t.devices[a];

@@ -11,6 +11,8 @@
 //! the whole-machine view must equal counts read straight from the dump's sysfs, independent
 //! of hwloc.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -44,10 +46,16 @@ fn expected_counts(output: &str) -> Counts {
         return c;
     }
     for line in output.lines() {
-        let Some((_, rest)) = line.split_once("depth") else { continue };
-        let Some((_, rest)) = rest.split_once(':') else { continue };
+        let Some((_, rest)) = line.split_once("depth") else {
+            continue;
+        };
+        let Some((_, rest)) = rest.split_once(':') else {
+            continue;
+        };
         let mut words = rest.split_whitespace();
-        let (Some(n), Some(ty)) = (words.next(), words.next()) else { continue };
+        let (Some(n), Some(ty)) = (words.next(), words.next()) else {
+            continue;
+        };
         let Ok(n) = n.parse::<u64>() else { continue };
         match ty {
             "Package" => c.packages = n,
@@ -72,8 +80,15 @@ fn sysfs_counts(root: &Path) -> Counts {
         }
         std::fs::read_dir(root.join(dir))
             .map(|rd| {
-                rd.filter_map(|e| e.ok()?.file_name().to_str()?.strip_prefix(prefix)?.parse().ok())
-                    .collect()
+                rd.filter_map(|e| {
+                    e.ok()?
+                        .file_name()
+                        .to_str()?
+                        .strip_prefix(prefix)?
+                        .parse()
+                        .ok()
+                })
+                .collect()
             })
             .unwrap_or_default()
     };
@@ -81,13 +96,19 @@ fn sysfs_counts(root: &Path) -> Counts {
     let mut packages = BTreeSet::new();
     let mut cores = BTreeSet::new();
     for cpu in online.iter() {
-        let pkg = read(&format!("sys/devices/system/cpu/cpu{cpu}/topology/physical_package_id"));
+        let pkg = read(&format!(
+            "sys/devices/system/cpu/cpu{cpu}/topology/physical_package_id"
+        ));
         // Newer kernels write core_cpus*, older ones thread_siblings*; lists or masks.
         let topo = |f: &str| read(&format!("sys/devices/system/cpu/cpu{cpu}/topology/{f}"));
         let siblings = topo("core_cpus_list")
             .or_else(|| topo("thread_siblings_list"))
             .map(|l| CpuSet::parse(&l).unwrap())
-            .or_else(|| topo("core_cpus").or_else(|| topo("thread_siblings")).map(|m| CpuSet::parse_mask(&m).unwrap()))
+            .or_else(|| {
+                topo("core_cpus")
+                    .or_else(|| topo("thread_siblings"))
+                    .map(|m| CpuSet::parse_mask(&m).unwrap())
+            })
             .map(|set| set.intersection(&online));
         packages.insert(pkg);
         if let Some(siblings) = siblings {
@@ -104,7 +125,9 @@ fn sysfs_counts(root: &Path) -> Counts {
 
 /// `VAR=value` / `VAR="value"` lines of a `NAME.env` file (the `export` lines are implied).
 fn env_file(path: &Path) -> BTreeMap<String, String> {
-    let Ok(text) = std::fs::read_to_string(path) else { return BTreeMap::new() };
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return BTreeMap::new();
+    };
     text.lines()
         .filter_map(|l| l.split_once('='))
         .filter(|(k, _)| !k.trim().starts_with('#') && !k.contains(' '))
@@ -114,16 +137,27 @@ fn env_file(path: &Path) -> BTreeMap<String, String> {
 
 fn unpack(tarball: &Path, into: &Path) -> PathBuf {
     let file = std::fs::File::open(tarball).unwrap();
-    tar::Archive::new(bzip2::read::BzDecoder::new(file)).unpack(into).unwrap();
-    let mut entries: Vec<PathBuf> =
-        std::fs::read_dir(into).unwrap().map(|e| e.unwrap().path()).collect();
-    assert_eq!(entries.len(), 1, "{} should hold one top directory", tarball.display());
+    tar::Archive::new(bzip2::read::BzDecoder::new(file))
+        .unpack(into)
+        .unwrap();
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(into)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(
+        entries.len(),
+        1,
+        "{} should hold one top directory",
+        tarball.display()
+    );
     entries.pop().unwrap()
 }
 
 fn discover(root: &Path, env: &BTreeMap<String, String>, restrict: bool) -> Counts {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_fumarole-agent"));
-    cmd.args(["discover", "--format", "json", "--root"]).arg(root).envs(env);
+    cmd.args(["discover", "--format", "json", "--root"])
+        .arg(root)
+        .envs(env);
     if restrict {
         cmd.arg("--restrict-to-allowed");
     }
@@ -148,7 +182,12 @@ fn discover(root: &Path, env: &BTreeMap<String, String>, restrict: bool) -> Coun
 fn every_corpus_machine_matches_hwloc() {
     let dir = corpus_dir();
     let mut tarballs: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("hwloc corpus {}: {e} (set FUMAROLE_HWLOC_CORPUS)", dir.display()))
+        .unwrap_or_else(|e| {
+            panic!(
+                "hwloc corpus {}: {e} (set FUMAROLE_HWLOC_CORPUS)",
+                dir.display()
+            )
+        })
         .map(|e| e.unwrap().path())
         .filter(|p| p.to_string_lossy().ends_with(".tar.bz2"))
         .collect();
@@ -157,7 +196,12 @@ fn every_corpus_machine_matches_hwloc() {
 
     let mut failures = Vec::new();
     for tarball in &tarballs {
-        let name = tarball.file_name().unwrap().to_string_lossy().trim_end_matches(".tar.bz2").to_owned();
+        let name = tarball
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .trim_end_matches(".tar.bz2")
+            .to_owned();
         let Ok(output) = std::fs::read_to_string(dir.join(format!("{name}.output"))) else {
             failures.push(format!("{name}: no {name}.output beside the tarball"));
             continue;
@@ -168,23 +212,53 @@ fn every_corpus_machine_matches_hwloc() {
         let expected = expected_counts(&output);
         let restricted = discover(&root, &env, true);
         if restricted != expected {
-            failures.push(format!("{name} (restricted): hwloc says {expected:?}, got {restricted:?}"));
+            failures.push(format!(
+                "{name} (restricted): hwloc says {expected:?}, got {restricted:?}"
+            ));
         }
         let whole = discover(&root, &env, false);
         let cgroup_hides_something = whole != restricted;
-        let want = if cgroup_hides_something { sysfs_counts(&root) } else { expected };
+        let want = if cgroup_hides_something {
+            sysfs_counts(&root)
+        } else {
+            expected
+        };
         if whole != want {
-            failures.push(format!("{name} (whole machine): expected {want:?}, got {whole:?}"));
+            failures.push(format!(
+                "{name} (whole machine): expected {want:?}, got {whole:?}"
+            ));
         }
         eprintln!("{name}: hwloc {expected:?}; restricted {restricted:?}; whole {whole:?}");
     }
-    assert!(failures.is_empty(), "{} of {} machines differ:\n{}", failures.len(), tarballs.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {} machines differ:\n{}",
+        failures.len(),
+        tarballs.len(),
+        failures.join("\n")
+    );
 }
 
 #[test]
 fn expected_counts_reads_both_output_forms() {
     let console = "depth 0: 1 Machine\n depth 1:  2 Package (type #1)\n   depth 3: 4 Core (type #2)\n    depth 4: 8 PU (type #3)\nSpecial depth -3:  2 NUMANode (type #13)\n";
-    assert_eq!(expected_counts(console), Counts { packages: 2, numa_nodes: 2, cores: 4, pus: 8 });
+    assert_eq!(
+        expected_counts(console),
+        Counts {
+            packages: 2,
+            numa_nodes: 2,
+            cores: 4,
+            pus: 8
+        }
+    );
     let xml = "<?xml version=\"1.0\"?>\n<object type=\"Machine\"><object type=\"Package\"><object type=\"NUMANode\"/><object type=\"Core\"><object type=\"PU\"/></object></object>";
-    assert_eq!(expected_counts(xml), Counts { packages: 1, numa_nodes: 1, cores: 1, pus: 1 });
+    assert_eq!(
+        expected_counts(xml),
+        Counts {
+            packages: 1,
+            numa_nodes: 1,
+            cores: 1,
+            pus: 1
+        }
+    );
 }

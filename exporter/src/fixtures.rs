@@ -33,8 +33,14 @@ pub struct Fixture {
 }
 
 /// Names of all bundled fixtures.
-pub const NAMES: &[&str] =
-    &["dgx-h100", "atlas-800t-a2", "atlas-800-910", "metax-c500-8", "pcie-4gpu", "cpu-only"];
+pub const NAMES: &[&str] = &[
+    "dgx-h100",
+    "atlas-800t-a2",
+    "atlas-800-910",
+    "metax-c500-8",
+    "pcie-4gpu",
+    "cpu-only",
+];
 
 /// The fixture called `name`.
 pub fn get(name: &str) -> Option<Fixture> {
@@ -101,7 +107,12 @@ enum FnKind {
 }
 
 fn f(vendor: u16, device: u16, class: u32, kind: FnKind) -> Pci {
-    Pci::Function(Function { vendor, device, class, kind })
+    Pci::Function(Function {
+        vendor,
+        device,
+        class,
+        kind,
+    })
 }
 
 /// A root port or switch port (vendor-neutral ids: the tree shape is what matters).
@@ -114,7 +125,10 @@ fn switch(children: Vec<Pci>) -> Pci {
     Pci::Bridge(
         0x1000,
         0xc030,
-        children.into_iter().map(|c| Pci::Bridge(0x1000, 0xc030, vec![c])).collect(),
+        children
+            .into_iter()
+            .map(|c| Pci::Bridge(0x1000, 0xc030, vec![c]))
+            .collect(),
     )
 }
 
@@ -132,7 +146,14 @@ fn plain(ids: (u16, u16, u32)) -> Pci {
 }
 
 fn dgx_h100() -> Fixture {
-    let gpu = || f(H100.0, H100.1, H100.2, FnKind::NvidiaGpu("NVIDIA H100 80GB HBM3"));
+    let gpu = || {
+        f(
+            H100.0,
+            H100.1,
+            H100.2,
+            FnKind::NvidiaGpu("NVIDIA H100 80GB HBM3"),
+        )
+    };
     let sw = || bridge(vec![switch(vec![gpu(), gpu(), plain(CX7)])]);
     Fixture {
         name: "dgx-h100",
@@ -150,7 +171,11 @@ fn dgx_h100() -> Fixture {
                 (0x30, 0, vec![sw()]),
                 (0x90, 1, vec![sw()]),
                 (0xb0, 1, vec![sw()]),
-                (0xd0, 1, vec![bridge((0..4).map(|_| plain(NVSWITCH)).collect())]),
+                (
+                    0xd0,
+                    1,
+                    vec![bridge((0..4).map(|_| plain(NVSWITCH)).collect())],
+                ),
             ],
             nvml_switch_lanes: Some(18),
             overrides: None,
@@ -189,7 +214,13 @@ fn metax_c500_8() -> Fixture {
     let sw = || bridge(vec![switch(vec![gpu(), gpu()])]);
     fn overrides(bus_ids: &[String]) -> String {
         let zone = |ids: &[String]| {
-            format!("[{}]", ids.iter().map(|b| format!("\"{b}\"")).collect::<Vec<_>>().join(", "))
+            format!(
+                "[{}]",
+                ids.iter()
+                    .map(|b| format!("\"{b}\""))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
         };
         format!(
             "# MetaXLink zones of this board (metax-c500-8 fixture)\nsuperNode: metax-sn-a\nmodels:\n  \"9999:4000\": MetaX C500\nlinkZones:\n  class: metaxLink\n  zones:\n    - {}\n    - {}\n",
@@ -235,7 +266,14 @@ fn pcie_4gpu() -> Fixture {
             memory_gib_per_numa: 512,
             host_bridges: vec![
                 (0x00, 0, vec![plain(ASPEED), plain(INTEL_NIC)]),
-                (0x40, 0, vec![bridge(vec![switch(vec![gpu(), gpu()])]), bridge(vec![switch(vec![gpu(), gpu()])])]),
+                (
+                    0x40,
+                    0,
+                    vec![
+                        bridge(vec![switch(vec![gpu(), gpu()])]),
+                        bridge(vec![switch(vec![gpu(), gpu()])]),
+                    ],
+                ),
             ],
             nvml_switch_lanes: None,
             overrides: None,
@@ -285,11 +323,18 @@ fn mask(cpus: impl IntoIterator<Item = u32>, total: u32) -> String {
             *word |= 1 << (c % 32);
         }
     }
-    w.iter().rev().map(|x| format!("{x:08x}")).collect::<Vec<_>>().join(",")
+    w.iter()
+        .rev()
+        .map(|x| format!("{x:08x}"))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 fn list(cpus: &[u32]) -> String {
-    cpus.iter().copied().collect::<fumarole_topology::CpuSet>().to_string()
+    cpus.iter()
+        .copied()
+        .collect::<fumarole_topology::CpuSet>()
+        .to_string()
 }
 
 impl Fixture {
@@ -305,9 +350,18 @@ impl Fixture {
         let cpu = |t: u32, socket: u32, core: u32| t * cores + socket * s.cores_per_socket + core;
         let numa_of = |socket: u32, core: u32| socket * s.numa_per_socket + core / cores_per_numa;
 
-        out.text("/sys/devices/system/cpu/online", format!("0-{}\n", total - 1));
-        out.text("/sys/devices/system/cpu/possible", format!("0-{}\n", total - 1));
-        out.text("/sys/devices/system/cpu/present", format!("0-{}\n", total - 1));
+        out.text(
+            "/sys/devices/system/cpu/online",
+            format!("0-{}\n", total - 1),
+        );
+        out.text(
+            "/sys/devices/system/cpu/possible",
+            format!("0-{}\n", total - 1),
+        );
+        out.text(
+            "/sys/devices/system/cpu/present",
+            format!("0-{}\n", total - 1),
+        );
         let mut numa_cpus: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
         let mut cpuinfo = String::new();
         for socket in 0..s.sockets {
@@ -316,41 +370,90 @@ impl Fixture {
                 .map(|(t, c)| cpu(t, socket, c))
                 .collect();
             for core in 0..s.cores_per_socket {
-                let threads: Vec<u32> = (0..s.threads_per_core).map(|t| cpu(t, socket, core)).collect();
+                let threads: Vec<u32> = (0..s.threads_per_core)
+                    .map(|t| cpu(t, socket, core))
+                    .collect();
                 for &id in &threads {
                     let base = format!("/sys/devices/system/cpu/cpu{id}");
                     out.text(format!("{base}/online"), "1\n");
-                    out.text(format!("{base}/topology/physical_package_id"), format!("{socket}\n"));
+                    out.text(
+                        format!("{base}/topology/physical_package_id"),
+                        format!("{socket}\n"),
+                    );
                     out.text(format!("{base}/topology/core_id"), format!("{core}\n"));
                     out.text(format!("{base}/topology/die_id"), "0\n");
-                    out.text(format!("{base}/topology/core_cpus"), format!("{}\n", mask(threads.iter().copied(), total)));
-                    out.text(format!("{base}/topology/core_cpus_list"), format!("{}\n", list(&threads)));
-                    out.text(format!("{base}/topology/thread_siblings"), format!("{}\n", mask(threads.iter().copied(), total)));
-                    out.text(format!("{base}/topology/thread_siblings_list"), format!("{}\n", list(&threads)));
-                    out.text(format!("{base}/topology/package_cpus"), format!("{}\n", mask(package.iter().copied(), total)));
-                    out.text(format!("{base}/topology/package_cpus_list"), format!("{}\n", list(&package)));
-                    out.text(format!("{base}/topology/core_siblings"), format!("{}\n", mask(package.iter().copied(), total)));
-                    out.text(format!("{base}/topology/core_siblings_list"), format!("{}\n", list(&package)));
+                    out.text(
+                        format!("{base}/topology/core_cpus"),
+                        format!("{}\n", mask(threads.iter().copied(), total)),
+                    );
+                    out.text(
+                        format!("{base}/topology/core_cpus_list"),
+                        format!("{}\n", list(&threads)),
+                    );
+                    out.text(
+                        format!("{base}/topology/thread_siblings"),
+                        format!("{}\n", mask(threads.iter().copied(), total)),
+                    );
+                    out.text(
+                        format!("{base}/topology/thread_siblings_list"),
+                        format!("{}\n", list(&threads)),
+                    );
+                    out.text(
+                        format!("{base}/topology/package_cpus"),
+                        format!("{}\n", mask(package.iter().copied(), total)),
+                    );
+                    out.text(
+                        format!("{base}/topology/package_cpus_list"),
+                        format!("{}\n", list(&package)),
+                    );
+                    out.text(
+                        format!("{base}/topology/core_siblings"),
+                        format!("{}\n", mask(package.iter().copied(), total)),
+                    );
+                    out.text(
+                        format!("{base}/topology/core_siblings_list"),
+                        format!("{}\n", list(&package)),
+                    );
                     numa_cpus.entry(numa_of(socket, core)).or_default().push(id);
                 }
             }
         }
         for id in 0..total {
-            cpuinfo.push_str(&format!("processor\t: {id}\nmodel name\t: fumarole fixture CPU\n\n"));
+            cpuinfo.push_str(&format!(
+                "processor\t: {id}\nmodel name\t: fumarole fixture CPU\n\n"
+            ));
         }
         out.text("/proc/cpuinfo", cpuinfo);
         let kib_per_numa = s.memory_gib_per_numa * 1024 * 1024;
-        out.text("/proc/meminfo", format!("MemTotal:       {} kB\n", kib_per_numa * u64::from(numa_count)));
+        out.text(
+            "/proc/meminfo",
+            format!(
+                "MemTotal:       {} kB\n",
+                kib_per_numa * u64::from(numa_count)
+            ),
+        );
         out.text("/proc/sys/kernel/hostname", format!("{}\n", s.hostname));
-        out.text("/sys/devices/system/node/online", format!("0-{}\n", numa_count - 1));
-        out.text("/sys/devices/system/node/possible", format!("0-{}\n", numa_count - 1));
+        out.text(
+            "/sys/devices/system/node/online",
+            format!("0-{}\n", numa_count - 1),
+        );
+        out.text(
+            "/sys/devices/system/node/possible",
+            format!("0-{}\n", numa_count - 1),
+        );
         for n in 0..numa_count {
             let mut cpus = numa_cpus.remove(&n).unwrap_or_default();
             cpus.sort_unstable();
             let base = format!("/sys/devices/system/node/node{n}");
-            out.text(format!("{base}/cpumap"), format!("{}\n", mask(cpus.iter().copied(), total)));
+            out.text(
+                format!("{base}/cpumap"),
+                format!("{}\n", mask(cpus.iter().copied(), total)),
+            );
             out.text(format!("{base}/cpulist"), format!("{}\n", list(&cpus)));
-            out.text(format!("{base}/meminfo"), format!("Node {n} MemTotal:       {kib_per_numa} kB\n"));
+            out.text(
+                format!("{base}/meminfo"),
+                format!("Node {n} MemTotal:       {kib_per_numa} kB\n"),
+            );
             let row: Vec<String> = (0..numa_count)
                 .map(|m| {
                     let d = if m == n {
@@ -367,12 +470,19 @@ impl Fixture {
         }
 
         // PCI functions, depth first; accelerators collected in bus order per vendor.
-        let mut placed = Placement { out: &mut out, total, numa_cpus: BTreeMap::new(), accelerators: Vec::new() };
+        let mut placed = Placement {
+            out: &mut out,
+            total,
+            numa_cpus: BTreeMap::new(),
+            accelerators: Vec::new(),
+        };
         for n in 0..numa_count {
-            let cpus: Vec<u32> = (0..total).filter(|c| {
-                let t_core = c % cores;
-                numa_of(t_core / s.cores_per_socket, t_core % s.cores_per_socket) == n
-            }).collect();
+            let cpus: Vec<u32> = (0..total)
+                .filter(|c| {
+                    let t_core = c % cores;
+                    numa_of(t_core / s.cores_per_socket, t_core % s.cores_per_socket) == n
+                })
+                .collect();
             placed.numa_cpus.insert(n, cpus);
         }
         for (root_bus, numa, tree) in &s.host_bridges {
@@ -386,13 +496,25 @@ impl Fixture {
         let mut nvidia_minor = 0u32;
         let mut ascend_minor = 0u32;
         let mut drm_minor = 0u32;
-        let mut nvml = NvmlReport { driver_version: Some("550.90.07".into()), gpus: Vec::new() };
-        for Placed { bus_id, kind, sysfs } in &accelerators {
+        let mut nvml = NvmlReport {
+            driver_version: Some("550.90.07".into()),
+            gpus: Vec::new(),
+        };
+        for Placed {
+            bus_id,
+            kind,
+            sysfs,
+        } in &accelerators
+        {
             match kind {
                 FnKind::NvidiaGpu(model) => {
                     let minor = nvidia_minor;
                     nvidia_minor += 1;
-                    let uuid = format!("GPU-{:08x}-0000-4000-8000-{:012x}", fxhash(self.name), minor);
+                    let uuid = format!(
+                        "GPU-{:08x}-0000-4000-8000-{:012x}",
+                        fxhash(self.name),
+                        minor
+                    );
                     out.text(
                         format!("/proc/driver/nvidia/gpus/{bus_id}/information"),
                         format!("Model: \t\t {model}\nIRQ:   \t\t {}\nGPU UUID: \t {uuid}\nVideo BIOS: \t ??.??.??.??.??\nBus Type: \t PCIe\nDMA Size: \t 52 bits\nDMA Mask: \t 0xfffffffffffff\nBus Location: \t {bus_id}\nDevice Minor: \t {minor}\nGPU Excluded:\t No\n", 100 + minor),
@@ -404,11 +526,17 @@ impl Fixture {
                             index: minor,
                             uuid,
                             name: (*model).into(),
-                            serial: Some(format!("{:013}", 1_650_000_000_000u64 + u64::from(minor))),
+                            serial: Some(format!(
+                                "{:013}",
+                                1_650_000_000_000u64 + u64::from(minor)
+                            )),
                             minor: Some(minor),
                             nvlinks: (0..lanes)
                                 .map(|l| NvlinkLane {
-                                    remote_pci_bus_id: format!("00000000:{:02X}:00.0", 0xd2 + l % 4),
+                                    remote_pci_bus_id: format!(
+                                        "00000000:{:02X}:00.0",
+                                        0xd2 + l % 4
+                                    ),
                                     remote: RemoteKind::Switch,
                                 })
                                 .collect(),
@@ -423,8 +551,14 @@ impl Fixture {
                 FnKind::Drm => {
                     let card = drm_minor;
                     drm_minor += 1;
-                    out.text(format!("{sysfs}/drm/card{card}/dev"), format!("226:{card}\n"));
-                    out.text(format!("{sysfs}/drm/renderD{}/dev", 128 + card), format!("226:{}\n", 128 + card));
+                    out.text(
+                        format!("{sysfs}/drm/card{card}/dev"),
+                        format!("226:{card}\n"),
+                    );
+                    out.text(
+                        format!("{sysfs}/drm/renderD{}/dev", 128 + card),
+                        format!("226:{}\n", 128 + card),
+                    );
                     out.text(format!("/dev/dri/card{card}"), "");
                     out.text(format!("/dev/dri/renderD{}", 128 + card), "");
                 }
@@ -501,19 +635,36 @@ impl Placement<'_> {
                 config[0x1a] = *next_bus;
             }
             let cpus = self.numa_cpus.get(&numa).cloned().unwrap_or_default();
-            self.out.text(format!("{path}/vendor"), format!("0x{vendor:04x}\n"));
-            self.out.text(format!("{path}/device"), format!("0x{device:04x}\n"));
-            self.out.text(format!("{path}/class"), format!("0x{class:06x}\n"));
+            self.out
+                .text(format!("{path}/vendor"), format!("0x{vendor:04x}\n"));
+            self.out
+                .text(format!("{path}/device"), format!("0x{device:04x}\n"));
+            self.out
+                .text(format!("{path}/class"), format!("0x{class:06x}\n"));
             self.out.files.insert(format!("{path}/config"), config);
-            self.out.text(format!("{path}/numa_node"), format!("{numa}\n"));
-            self.out.text(format!("{path}/local_cpus"), format!("{}\n", mask(cpus.iter().copied(), self.total)));
-            self.out.text(format!("{path}/local_cpulist"), format!("{}\n", list(&cpus)));
+            self.out
+                .text(format!("{path}/numa_node"), format!("{numa}\n"));
+            self.out.text(
+                format!("{path}/local_cpus"),
+                format!("{}\n", mask(cpus.iter().copied(), self.total)),
+            );
+            self.out.text(
+                format!("{path}/local_cpulist"),
+                format!("{}\n", list(&cpus)),
+            );
             let rel = path.trim_start_matches("/sys/devices/");
-            self.out.links.push((format!("/sys/bus/pci/devices/{bdf}"), format!("../../../devices/{rel}")));
+            self.out.links.push((
+                format!("/sys/bus/pci/devices/{bdf}"),
+                format!("../../../devices/{rel}"),
+            ));
             if let Pci::Function(func) = child
                 && !matches!(func.kind, FnKind::Plain)
             {
-                self.accelerators.push(Placed { bus_id: bdf, kind: func.kind, sysfs: path.clone() });
+                self.accelerators.push(Placed {
+                    bus_id: bdf,
+                    kind: func.kind,
+                    sysfs: path.clone(),
+                });
             }
         }
     }
@@ -521,7 +672,9 @@ impl Placement<'_> {
 
 /// A small stable hash for fixture uuids.
 fn fxhash(s: &str) -> u32 {
-    s.bytes().fold(0x811c_9dc5u32, |h, b| (h ^ u32::from(b)).wrapping_mul(0x0100_0193))
+    s.bytes().fold(0x811c_9dc5u32, |h, b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    })
 }
 
 #[cfg(test)]
@@ -534,7 +687,12 @@ mod tests {
             let fixture = get(name).unwrap();
             let dir = tempfile::tempdir().unwrap();
             fixture.materialize(dir.path()).unwrap();
-            assert!(dir.path().join("sys/devices/system/cpu/cpu0/topology/core_id").is_file(), "{name}");
+            assert!(
+                dir.path()
+                    .join("sys/devices/system/cpu/cpu0/topology/core_id")
+                    .is_file(),
+                "{name}"
+            );
         }
         assert!(get("no-such-node").is_none());
     }

@@ -44,11 +44,17 @@ impl CpuSet {
         let mut set = BTreeSet::new();
         let trimmed = input.trim_matches(|c: char| c.is_whitespace() || c == '\0');
         for token in trimmed.split(',').map(str::trim).filter(|t| !t.is_empty()) {
-            let bad = || CpuSetError::BadToken { input: input.to_owned(), token: token.to_owned() };
+            let bad = || CpuSetError::BadToken {
+                input: input.to_owned(),
+                token: token.to_owned(),
+            };
             let id = |s: &str| -> Result<u32, CpuSetError> {
                 let n: u64 = s.trim().parse().map_err(|_| bad())?;
                 if n > u64::from(MAX_CPU_ID) {
-                    return Err(CpuSetError::TooLarge { input: input.to_owned(), id: n });
+                    return Err(CpuSetError::TooLarge {
+                        input: input.to_owned(),
+                        id: n,
+                    });
                 }
                 u32::try_from(n).map_err(|_| bad())
             };
@@ -75,8 +81,10 @@ impl CpuSet {
     /// (`"00000000,0000ffff"`: comma-separated 32-bit words, most significant first).
     pub fn parse_mask(input: &str) -> Result<Self, CpuSetError> {
         let mut set = BTreeSet::new();
-        let words: Vec<&str> =
-            input.trim_matches(|c: char| c.is_whitespace() || c == '\0').split(',').collect();
+        let words: Vec<&str> = input
+            .trim_matches(|c: char| c.is_whitespace() || c == '\0')
+            .split(',')
+            .collect();
         for (i, word) in words.iter().rev().enumerate() {
             let word = word.trim().trim_start_matches("0x");
             let bits = u32::from_str_radix(word, 16).map_err(|_| CpuSetError::BadToken {
@@ -85,11 +93,15 @@ impl CpuSet {
             })?;
             for bit in 0..32u32 {
                 if bits & (1 << bit) != 0 {
-                    let id = u64::try_from(i).unwrap_or(u64::MAX).saturating_mul(32) + u64::from(bit);
+                    let id =
+                        u64::try_from(i).unwrap_or(u64::MAX).saturating_mul(32) + u64::from(bit);
                     let id = u32::try_from(id)
                         .ok()
                         .filter(|id| *id <= MAX_CPU_ID)
-                        .ok_or_else(|| CpuSetError::TooLarge { input: input.to_owned(), id })?;
+                        .ok_or_else(|| CpuSetError::TooLarge {
+                            input: input.to_owned(),
+                            id,
+                        })?;
                     set.insert(id);
                 }
             }
@@ -205,9 +217,18 @@ mod tests {
     fn rejects_bad_input_with_the_token() {
         let err = CpuSet::parse("0-3,x").unwrap_err();
         assert!(err.to_string().contains("\"x\""), "{err}");
-        assert!(matches!(CpuSet::parse("5-2"), Err(CpuSetError::ReversedRange { .. })));
-        assert!(matches!(CpuSet::parse("0-99999999"), Err(CpuSetError::TooLarge { .. })));
-        assert!(matches!(CpuSet::parse("1--2"), Err(CpuSetError::BadToken { .. })));
+        assert!(matches!(
+            CpuSet::parse("5-2"),
+            Err(CpuSetError::ReversedRange { .. })
+        ));
+        assert!(matches!(
+            CpuSet::parse("0-99999999"),
+            Err(CpuSetError::TooLarge { .. })
+        ));
+        assert!(matches!(
+            CpuSet::parse("1--2"),
+            Err(CpuSetError::BadToken { .. })
+        ));
     }
 
     #[test]

@@ -12,6 +12,6 @@ pub mod model;
 pub use cpuset::{CpuSet, CpuSetError};
 pub use link::{Link, LinkClass, LinkMatrix, LinkMatrixError, pcie_class};
 pub use model::{
-    Device, DeviceKind, Health, NodeTopology, NumaNode, Package, PciId, ProcessingUnit, Summary, SuperNode,
-    SuperNodeSource, TopologyError, Vendor,
+    Device, DeviceKind, Health, NodeTopology, NumaNode, Package, PciId, ProcessingUnit, Summary,
+    SuperNode, SuperNodeSource, TopologyError, Vendor,
 };

@@ -112,7 +112,11 @@ pub fn pcie_class(
     b_path: &[String],
     b_numa: Option<u32>,
 ) -> LinkClass {
-    let common = a_path.iter().zip(b_path).take_while(|(x, y)| x == y).count();
+    let common = a_path
+        .iter()
+        .zip(b_path)
+        .take_while(|(x, y)| x == y)
+        .count();
     match common {
         0 => match (a_numa, b_numa) {
             (Some(x), Some(y)) if x == y => LinkClass::SameNuma,
@@ -121,7 +125,11 @@ pub fn pcie_class(
         1 => LinkClass::PcieHostBridge,
         _ => {
             let below = (a_path.len() - common).max(b_path.len() - common);
-            if below <= 1 { LinkClass::PcieSwitch } else { LinkClass::PcieMultiSwitch }
+            if below <= 1 {
+                LinkClass::PcieSwitch
+            } else {
+                LinkClass::PcieMultiSwitch
+            }
         }
     }
 }
@@ -150,7 +158,12 @@ pub enum LinkMatrixError {
     #[error("the pair {a}-{b} has no link; every pair of devices needs one")]
     Missing { a: usize, b: usize },
     #[error("link {a}-{b} has weight {got}, but its class has weight {want}")]
-    WrongWeight { a: usize, b: usize, got: u32, want: u32 },
+    WrongWeight {
+        a: usize,
+        b: usize,
+        got: u32,
+        want: u32,
+    },
 }
 
 /// Symmetric matrix of [`LinkClass`] over `n` devices, dense (n is at most a few dozen).
@@ -215,7 +228,9 @@ impl LinkMatrix {
 
     /// Dense weight matrix, row-major, zeros on the diagonal: the form `select` consumes.
     pub fn weights(&self) -> Vec<Vec<u32>> {
-        (0..self.n).map(|a| (0..self.n).map(|b| self.weight(a, b)).collect()).collect()
+        (0..self.n)
+            .map(|a| (0..self.n).map(|b| self.weight(a, b)).collect())
+            .collect()
     }
 
     /// Every pair `a < b` in order.
@@ -224,7 +239,12 @@ impl LinkMatrix {
         for a in 0..self.n {
             for b in a + 1..self.n {
                 let class = self.classes[a * self.n + b];
-                out.push(Link { a, b, class, weight: class.weight() });
+                out.push(Link {
+                    a,
+                    b,
+                    class,
+                    weight: class.weight(),
+                });
             }
         }
         out
@@ -280,8 +300,12 @@ mod tests {
             LinkClass::SameNuma,
             LinkClass::CrossNuma,
         ];
-        let fabric =
-            [LinkClass::Nvlink { count: 1 }, LinkClass::Hccs, LinkClass::MetaxLink, LinkClass::Fabric];
+        let fabric = [
+            LinkClass::Nvlink { count: 1 },
+            LinkClass::Hccs,
+            LinkClass::MetaxLink,
+            LinkClass::Fabric,
+        ];
         for f in fabric {
             assert!(f.is_fabric());
             for p in pcie {
@@ -298,7 +322,11 @@ mod tests {
     #[test]
     fn matrix_is_symmetric_and_round_trips_through_links() {
         let m = LinkMatrix::from_fn(4, |a, b| {
-            if a / 2 == b / 2 { LinkClass::Nvlink { count: 2 } } else { LinkClass::CrossNuma }
+            if a / 2 == b / 2 {
+                LinkClass::Nvlink { count: 2 }
+            } else {
+                LinkClass::CrossNuma
+            }
         });
         assert_eq!(m.weight(0, 1), m.weight(1, 0));
         assert_eq!(m.weight(0, 1), 120);
@@ -315,10 +343,16 @@ mod tests {
         let m = LinkMatrix::filled(3, LinkClass::SameNuma);
         let mut links = m.links();
         links.pop();
-        assert!(matches!(LinkMatrix::from_links(3, &links), Err(LinkMatrixError::Missing { .. })));
+        assert!(matches!(
+            LinkMatrix::from_links(3, &links),
+            Err(LinkMatrixError::Missing { .. })
+        ));
         let mut links = m.links();
         links.push(links[0]);
-        assert!(matches!(LinkMatrix::from_links(3, &links), Err(LinkMatrixError::Duplicate { .. })));
+        assert!(matches!(
+            LinkMatrix::from_links(3, &links),
+            Err(LinkMatrixError::Duplicate { .. })
+        ));
         let mut links = m.links();
         links[0].weight = 7;
         assert!(matches!(
@@ -342,11 +376,23 @@ mod tests {
         let b = path(&["pci0000:00", "0000:00:01.0", "0000:01:00.0", "0000:02:01.0"]);
         assert_eq!(pcie_class(&a, Some(0), &b, Some(0)), LinkClass::PcieSwitch);
         // Two levels of switch below the common bridge.
-        let c = path(&["pci0000:00", "0000:00:01.0", "0000:01:00.0", "0000:02:02.0", "0000:05:00.0"]);
-        assert_eq!(pcie_class(&a, Some(0), &c, Some(0)), LinkClass::PcieMultiSwitch);
+        let c = path(&[
+            "pci0000:00",
+            "0000:00:01.0",
+            "0000:01:00.0",
+            "0000:02:02.0",
+            "0000:05:00.0",
+        ]);
+        assert_eq!(
+            pcie_class(&a, Some(0), &c, Some(0)),
+            LinkClass::PcieMultiSwitch
+        );
         // Different root ports of one host bridge.
         let d = path(&["pci0000:00", "0000:00:02.0"]);
-        assert_eq!(pcie_class(&a, Some(0), &d, Some(0)), LinkClass::PcieHostBridge);
+        assert_eq!(
+            pcie_class(&a, Some(0), &d, Some(0)),
+            LinkClass::PcieHostBridge
+        );
         // Different host bridges, same or other NUMA node, or unknown.
         let e = path(&["pci0000:17", "0000:17:01.0"]);
         assert_eq!(pcie_class(&a, Some(0), &e, Some(0)), LinkClass::SameNuma);
@@ -357,9 +403,17 @@ mod tests {
 
     #[test]
     fn link_json_is_flat() {
-        let l = Link { a: 0, b: 1, class: LinkClass::Nvlink { count: 18 }, weight: 280 };
+        let l = Link {
+            a: 0,
+            b: 1,
+            class: LinkClass::Nvlink { count: 18 },
+            weight: 280,
+        };
         let json = serde_json::to_string(&l).unwrap();
-        assert_eq!(json, r#"{"a":0,"b":1,"kind":"nvlink","count":18,"weight":280}"#);
+        assert_eq!(
+            json,
+            r#"{"a":0,"b":1,"kind":"nvlink","count":18,"weight":280}"#
+        );
         let back: Link = serde_json::from_str(&json).unwrap();
         assert_eq!(back, l);
     }

@@ -12,7 +12,11 @@ use crate::link::{Link, LinkMatrix, LinkMatrixError};
 /// One node's hardware: CPUs, NUMA nodes, accelerators, the links between accelerators and the
 /// super-node the node belongs to.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", try_from = "NodeTopologyWire", into = "NodeTopologyWire")]
+#[serde(
+    rename_all = "camelCase",
+    try_from = "NodeTopologyWire",
+    into = "NodeTopologyWire"
+)]
 pub struct NodeTopology {
     pub hostname: String,
     /// Physical packages (sockets), in hwloc's logical order.
@@ -227,7 +231,11 @@ impl NodeTopology {
     /// accelerators.
     pub fn summary(&self) -> Summary {
         use std::collections::BTreeSet;
-        let cores: BTreeSet<u32> = self.processing_units.iter().filter_map(|p| p.core).collect();
+        let cores: BTreeSet<u32> = self
+            .processing_units
+            .iter()
+            .filter_map(|p| p.core)
+            .collect();
         Summary {
             packages: self.packages.len(),
             numa_nodes: self.numa_nodes.len(),
@@ -355,7 +363,11 @@ mod tests {
             model: "H100".into(),
             pci_bus_id: format!("0000:{:02x}:00.0", i + 1),
             pci_path: vec!["pci0000:00".into()],
-            pci_id: PciId { vendor: 0x10de, device: 0x2330, class: 0x0302 },
+            pci_id: PciId {
+                vendor: 0x10de,
+                device: 0x2330,
+                class: 0x0302,
+            },
             numa_node: Some(0),
             local_cpus: CpuSet::parse("0-3").unwrap(),
             dev_nodes: vec![format!("/dev/nvidia{i}")],
@@ -378,7 +390,10 @@ mod tests {
             .collect();
         NodeTopology {
             hostname: "n1".into(),
-            packages: vec![Package { id: Some(0), cpus: CpuSet::parse("0-3").unwrap() }],
+            packages: vec![Package {
+                id: Some(0),
+                cpus: CpuSet::parse("0-3").unwrap(),
+            }],
             processing_units: pus,
             allowed_cpus: CpuSet::parse("0-3").unwrap(),
             numa_nodes: vec![NumaNode {
@@ -390,7 +405,10 @@ mod tests {
             }],
             devices: vec![gpu(0), gpu(1)],
             links: LinkMatrix::filled(2, LinkClass::Nvlink { count: 18 }),
-            super_node: Some(SuperNode { id: "sn-1".into(), source: SuperNodeSource::Config }),
+            super_node: Some(SuperNode {
+                id: "sn-1".into(),
+                source: SuperNodeSource::Config,
+            }),
         }
     }
 
@@ -427,7 +445,16 @@ mod tests {
     #[test]
     fn summary_counts_distinct_packages_and_cores() {
         let s = sample().summary();
-        assert_eq!(s, Summary { packages: 1, numa_nodes: 1, cores: 2, pus: 4, accelerators: 2 });
+        assert_eq!(
+            s,
+            Summary {
+                packages: 1,
+                numa_nodes: 1,
+                cores: 2,
+                pus: 4,
+                accelerators: 2
+            }
+        );
         let v = serde_json::to_value(s).unwrap();
         for key in ["packages", "numa_nodes", "cores", "pus", "accelerators"] {
             assert!(v[key].is_u64(), "{key}");

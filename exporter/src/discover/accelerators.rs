@@ -96,7 +96,10 @@ pub fn known_model(vendor: u16, device: u16) -> Option<&'static str> {
 
 /// A readable fallback model name from the PCI ids.
 pub fn fallback_model(vendor: u16, device: u16) -> String {
-    format!("{} {vendor:04x}:{device:04x}", Vendor::from_pci(vendor).as_str())
+    format!(
+        "{} {vendor:04x}:{device:04x}",
+        Vendor::from_pci(vendor).as_str()
+    )
 }
 
 #[cfg(test)]
@@ -128,6 +131,9 @@ mod tests {
         assert_eq!(b.hccs(0, 7), Some(LinkClass::Hccs));
         assert_eq!(b.hccs(7, 8), None);
         assert_eq!(AscendFamily::A310P.hccs(0, 1), None);
-        assert_eq!(AscendFamily::from_device_id(0xd802), Some(AscendFamily::A910B));
+        assert_eq!(
+            AscendFamily::from_device_id(0xd802),
+            Some(AscendFamily::A910B)
+        );
     }
 }

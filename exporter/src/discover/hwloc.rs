@@ -45,11 +45,17 @@ pub enum HwlocError {
     #[error(
         "filesystem root {path} is not the one in force (HWLOC_FSROOT={current:?}); call use_fsroot before starting threads"
     )]
-    RootNotSet { path: PathBuf, current: Option<String> },
+    RootNotSet {
+        path: PathBuf,
+        current: Option<String>,
+    },
     #[error("{path}: cannot be read as hwloc XML: {message}")]
     Xml { path: PathBuf, message: String },
     #[error("hwloc could not build the topology{}: {message}", at.as_ref().map(|p| format!(" of {}", p.display())).unwrap_or_default())]
-    Build { at: Option<PathBuf>, message: String },
+    Build {
+        at: Option<PathBuf>,
+        message: String,
+    },
 }
 
 /// Points hwloc at `root` for the rest of this process (`HWLOC_FSROOT`), and, for a root
@@ -100,22 +106,33 @@ pub struct HwlocFacts {
 /// machine is described.
 pub fn load(source: &Source, restrict_to_allowed: bool) -> Result<HwlocFacts, HwlocError> {
     let at = source.root().map(Path::to_path_buf);
-    let build_err = |message: String| HwlocError::Build { at: at.clone(), message };
+    let build_err = |message: String| HwlocError::Build {
+        at: at.clone(),
+        message,
+    };
     match source {
         Source::Host | Source::FsRoot(_) => {
             let root = source.root().unwrap_or(Path::new("/"));
             if !root.is_dir() {
-                return Err(HwlocError::MissingRoot { path: root.to_path_buf() });
+                return Err(HwlocError::MissingRoot {
+                    path: root.to_path_buf(),
+                });
             }
             let current = std::env::var("HWLOC_FSROOT").ok();
             let in_force = current.as_deref().map(Path::new).unwrap_or(Path::new("/"));
             if in_force != root {
-                return Err(HwlocError::RootNotSet { path: root.to_path_buf(), current });
+                return Err(HwlocError::RootNotSet {
+                    path: root.to_path_buf(),
+                    current,
+                });
             }
         }
         Source::Xml(path) => {
             if !path.is_file() {
-                return Err(HwlocError::Xml { path: path.clone(), message: "no such file".into() });
+                return Err(HwlocError::Xml {
+                    path: path.clone(),
+                    message: "no such file".into(),
+                });
             }
         }
     }
@@ -132,12 +149,16 @@ pub fn load(source: &Source, restrict_to_allowed: bool) -> Result<HwlocFacts, Hw
         .with_type_filter(ObjectType::OSDevice, TypeFilter::KeepNone)
         .map_err(|e| build_err(e.to_string()))?;
     if let Source::Xml(path) = source {
-        builder = builder
-            .from_xml_file(path)
-            .map_err(|e| HwlocError::Xml { path: path.clone(), message: e.to_string() })?;
+        builder = builder.from_xml_file(path).map_err(|e| HwlocError::Xml {
+            path: path.clone(),
+            message: e.to_string(),
+        })?;
     }
     let topology = builder.build().map_err(|e| match source {
-        Source::Xml(path) => HwlocError::Xml { path: path.clone(), message: e.to_string() },
+        Source::Xml(path) => HwlocError::Xml {
+            path: path.clone(),
+            message: e.to_string(),
+        },
         _ => build_err(e.to_string()),
     })?;
     Ok(extract(&topology))
@@ -145,7 +166,11 @@ pub fn load(source: &Source, restrict_to_allowed: bool) -> Result<HwlocFacts, Hw
 
 fn cpuset_of(obj: &TopologyObject) -> CpuSet {
     obj.cpuset()
-        .map(|set| set.iter_set().filter_map(|i| u32::try_from(usize::from(i)).ok()).collect())
+        .map(|set| {
+            set.iter_set()
+                .filter_map(|i| u32::try_from(usize::from(i)).ok())
+                .collect()
+        })
         .unwrap_or_default()
 }
 
@@ -154,7 +179,9 @@ fn single_node(obj: &TopologyObject) -> Option<u32> {
     if nodes.weight() != Some(1) {
         return None;
     }
-    nodes.first_set().and_then(|i| u32::try_from(usize::from(i)).ok())
+    nodes
+        .first_set()
+        .and_then(|i| u32::try_from(usize::from(i)).ok())
 }
 
 fn os_index(obj: &TopologyObject) -> Option<u32> {
@@ -170,8 +197,12 @@ fn extract(topology: &Topology) -> HwlocFacts {
                 os_index: os_index(pu)?,
                 core: core.and_then(|c| u32::try_from(c.logical_index()).ok()),
                 core_id: core.and_then(os_index),
-                package_id: pu.first_ancestor_with_type(ObjectType::Package).and_then(os_index),
-                die_id: pu.first_ancestor_with_type(ObjectType::Die).and_then(os_index),
+                package_id: pu
+                    .first_ancestor_with_type(ObjectType::Package)
+                    .and_then(os_index),
+                die_id: pu
+                    .first_ancestor_with_type(ObjectType::Die)
+                    .and_then(os_index),
                 numa_node: pu
                     .nodeset()
                     .and_then(|n| n.first_set())
@@ -182,7 +213,8 @@ fn extract(topology: &Topology) -> HwlocFacts {
     pus.sort_by_key(|p| p.os_index);
     let online: CpuSet = pus.iter().map(|p| p.os_index).collect();
 
-    let numa_objects: Vec<&TopologyObject> = topology.objects_with_type(ObjectType::NUMANode).collect();
+    let numa_objects: Vec<&TopologyObject> =
+        topology.objects_with_type(ObjectType::NUMANode).collect();
     let distances = numa_distances(topology, &numa_objects);
     let mut numa_nodes: Vec<NumaNode> = numa_objects
         .iter()
@@ -224,7 +256,9 @@ fn extract(topology: &Topology) -> HwlocFacts {
     let pci = topology
         .objects_with_type(ObjectType::PCIDevice)
         .filter_map(|dev| {
-            let Some(ObjectAttributes::PCIDevice(a)) = dev.attributes() else { return None };
+            let Some(ObjectAttributes::PCIDevice(a)) = dev.attributes() else {
+                return None;
+            };
             let bus_id = format!(
                 "{:04x}:{:02x}:{:02x}.{:x}",
                 a.domain(),
@@ -235,7 +269,9 @@ fn extract(topology: &Topology) -> HwlocFacts {
             let mut path = Vec::new();
             let mut parent = dev.parent();
             while let Some(p) = parent {
-                let Some(ObjectAttributes::Bridge(b)) = p.attributes() else { break };
+                let Some(ObjectAttributes::Bridge(b)) = p.attributes() else {
+                    break;
+                };
                 match (b.upstream_attributes(), b.downstream_attributes()) {
                     (Some(UpstreamAttributes::PCI(up)), _) => path.push(format!(
                         "{:04x}:{:02x}:{:02x}.{:x}",
@@ -244,9 +280,11 @@ fn extract(topology: &Topology) -> HwlocFacts {
                         up.bus_device(),
                         up.function()
                     )),
-                    (None, Some(DownstreamAttributes::PCI(down))) => {
-                        path.push(format!("pci{:04x}:{:02x}", down.domain(), down.secondary_bus()))
-                    }
+                    (None, Some(DownstreamAttributes::PCI(down))) => path.push(format!(
+                        "pci{:04x}:{:02x}",
+                        down.domain(),
+                        down.secondary_bus()
+                    )),
                     (None, None) => {}
                 }
                 parent = p.parent();
@@ -259,7 +297,10 @@ fn extract(topology: &Topology) -> HwlocFacts {
                 device: a.device_id(),
                 class: a.class_id(),
                 path,
-                local_cpus: cpu_side.map(cpuset_of).unwrap_or_default().intersection(&online),
+                local_cpus: cpu_side
+                    .map(cpuset_of)
+                    .unwrap_or_default()
+                    .intersection(&online),
                 numa_node: cpu_side.and_then(single_node),
             })
         })
@@ -267,7 +308,10 @@ fn extract(topology: &Topology) -> HwlocFacts {
 
     let packages = topology
         .objects_with_type(ObjectType::Package)
-        .map(|p| Package { id: os_index(p), cpus: cpuset_of(p).intersection(&online) })
+        .map(|p| Package {
+            id: os_index(p),
+            cpus: cpuset_of(p).intersection(&online),
+        })
         .collect();
 
     HwlocFacts {
@@ -286,7 +330,9 @@ fn extract(topology: &Topology) -> HwlocFacts {
 
 /// NUMA distance rows in the order of `nodes`, from the OS-provided latency matrix.
 fn numa_distances(topology: &Topology, nodes: &[&TopologyObject]) -> Vec<Vec<u32>> {
-    let Ok(all) = topology.distances(None) else { return Vec::new() };
+    let Ok(all) = topology.distances(None) else {
+        return Vec::new();
+    };
     let Some(matrix) = all.iter().find(|d| {
         d.num_objects() == nodes.len() && nodes.iter().all(|n| d.object_idx(n).is_some())
     }) else {

@@ -22,8 +22,8 @@ use fumarole_topology::{
 };
 
 use accelerators::AscendFamily;
-pub use hwloc::{Source, use_fsroot};
 use hwloc::{HwlocError, PciFunction};
+pub use hwloc::{Source, use_fsroot};
 use nvml::{NvmlError, NvmlProbe, NvmlReport};
 use overrides::{OverrideError, Overrides};
 use sysfs::Root;
@@ -73,12 +73,17 @@ pub enum DiscoverError {
 }
 
 /// Discovers the node described by `opts`. `nvml` is asked only when NVIDIA devices exist.
-pub fn discover(opts: &DiscoverOptions, nvml: &dyn NvmlProbe) -> Result<NodeTopology, DiscoverError> {
+pub fn discover(
+    opts: &DiscoverOptions,
+    nvml: &dyn NvmlProbe,
+) -> Result<NodeTopology, DiscoverError> {
     let facts = hwloc::load(&opts.source, opts.restrict_to_allowed)?;
     let root = opts.source.root().map(Root::new);
 
     let override_path = opts.override_file.clone().or_else(|| {
-        root.as_ref().map(|r| r.join(OVERRIDE_FILE)).filter(|p| p.is_file())
+        root.as_ref()
+            .map(|r| r.join(OVERRIDE_FILE))
+            .filter(|p| p.is_file())
     });
     let overrides = match &override_path {
         Some(p) => Some(Overrides::load(p)?),
@@ -91,7 +96,10 @@ pub fn discover(opts: &DiscoverOptions, nvml: &dyn NvmlProbe) -> Result<NodeTopo
         .filter_map(|f| accelerators::classify(f.vendor, f.class).map(|k| (f, k)))
         .collect();
 
-    let report = if candidates.iter().any(|(f, _)| Vendor::from_pci(f.vendor) == Vendor::Nvidia) {
+    let report = if candidates
+        .iter()
+        .any(|(f, _)| Vendor::from_pci(f.vendor) == Vendor::Nvidia)
+    {
         match nvml.probe() {
             Ok(r) => r,
             Err(e @ NvmlError::Call { .. }) => {
@@ -104,19 +112,32 @@ pub fn discover(opts: &DiscoverOptions, nvml: &dyn NvmlProbe) -> Result<NodeTopo
         None
     };
 
-    let mut devices = build_devices(&candidates, root.as_ref(), report.as_ref(), overrides.as_ref());
-    devices.sort_by(|a, b| (a.vendor, a.index).cmp(&(b.vendor, b.index)));
+    let mut devices = build_devices(
+        &candidates,
+        root.as_ref(),
+        report.as_ref(),
+        overrides.as_ref(),
+    );
+    devices.sort_by_key(|d| (d.vendor, d.index));
 
-    let links = build_links(&devices, report.as_ref(), overrides.as_ref(), override_path.as_deref())?;
+    let links = build_links(
+        &devices,
+        report.as_ref(),
+        overrides.as_ref(),
+        override_path.as_deref(),
+    )?;
 
     let super_node = opts
         .super_node
         .clone()
         .or_else(|| {
-            overrides.as_ref().and_then(|o| o.super_node.clone()).map(|id| SuperNode {
-                id,
-                source: SuperNodeSource::OverrideFile,
-            })
+            overrides
+                .as_ref()
+                .and_then(|o| o.super_node.clone())
+                .map(|id| SuperNode {
+                    id,
+                    source: SuperNodeSource::OverrideFile,
+                })
         })
         .or_else(|| report.as_ref().and_then(nvlink_clique));
 
@@ -145,13 +166,21 @@ fn build_devices(
     overrides: Option<&Overrides>,
 ) -> Vec<Device> {
     let nvml_by_bus: BTreeMap<String, &nvml::NvmlGpu> = report
-        .map(|r| r.gpus.iter().map(|g| (nvml::normalize_bus_id(&g.pci_bus_id), g)).collect())
+        .map(|r| {
+            r.gpus
+                .iter()
+                .map(|g| (nvml::normalize_bus_id(&g.pci_bus_id), g))
+                .collect()
+        })
         .unwrap_or_default();
 
     // Position within the vendor, in PCI bus order: the order drivers number devices.
     let mut by_vendor: BTreeMap<Vendor, Vec<(&PciFunction, DeviceKind)>> = BTreeMap::new();
     for (f, kind) in candidates {
-        by_vendor.entry(Vendor::from_pci(f.vendor)).or_default().push((f, *kind));
+        by_vendor
+            .entry(Vendor::from_pci(f.vendor))
+            .or_default()
+            .push((f, *kind));
     }
     let mut devices = Vec::new();
     for (vendor, mut list) in by_vendor {
@@ -215,7 +244,9 @@ fn build_devices(
                 }
             }
 
-            let numa_node = root.and_then(|r| r.pci_numa_node(&f.bus_id)).or(f.numa_node);
+            let numa_node = root
+                .and_then(|r| r.pci_numa_node(&f.bus_id))
+                .or(f.numa_node);
             let local_cpus = root
                 .and_then(|r| r.pci_local_cpus(&f.bus_id))
                 .unwrap_or_else(|| f.local_cpus.clone());
@@ -227,7 +258,11 @@ fn build_devices(
                 model,
                 pci_bus_id: f.bus_id.clone(),
                 pci_path: f.path.clone(),
-                pci_id: PciId { vendor: f.vendor, device: f.device, class: f.class },
+                pci_id: PciId {
+                    vendor: f.vendor,
+                    device: f.device,
+                    class: f.class,
+                },
                 numa_node,
                 local_cpus,
                 dev_nodes,
@@ -250,8 +285,11 @@ fn build_links(
         let (a, b) = (&devices[a], &devices[b]);
         pcie_class(&a.pci_path, a.numa_node, &b.pci_path, b.numa_node)
     });
-    let position: BTreeMap<&str, usize> =
-        devices.iter().enumerate().map(|(i, d)| (d.pci_bus_id.as_str(), i)).collect();
+    let position: BTreeMap<&str, usize> = devices
+        .iter()
+        .enumerate()
+        .map(|(i, d)| (d.pci_bus_id.as_str(), i))
+        .collect();
 
     if let Some(report) = report {
         for ((a, b), count) in nvml::nvlink_counts(report) {
@@ -299,9 +337,15 @@ fn nvlink_clique(report: &NvmlReport) -> Option<SuperNode> {
     cliques.sort();
     cliques.dedup();
     if cliques.len() > 1 {
-        tracing::warn!(?cliques, "GPUs report different NVLink cliques; using the first");
+        tracing::warn!(
+            ?cliques,
+            "GPUs report different NVLink cliques; using the first"
+        );
     }
-    cliques.into_iter().next().map(|id| SuperNode { id, source: SuperNodeSource::NvlinkClique })
+    cliques.into_iter().next().map(|id| SuperNode {
+        id,
+        source: SuperNodeSource::NvlinkClique,
+    })
 }
 
 #[cfg(test)]
@@ -312,10 +356,16 @@ mod tests {
     #[test]
     fn clique_becomes_the_super_node() {
         let gpu = |clique| NvmlGpu {
-            fabric: Some(FabricInfo { cluster_uuid: "c0ffee".into(), clique_id: clique }),
+            fabric: Some(FabricInfo {
+                cluster_uuid: "c0ffee".into(),
+                clique_id: clique,
+            }),
             ..Default::default()
         };
-        let report = NvmlReport { driver_version: None, gpus: vec![gpu(7), gpu(7)] };
+        let report = NvmlReport {
+            driver_version: None,
+            gpus: vec![gpu(7), gpu(7)],
+        };
         let sn = nvlink_clique(&report).unwrap();
         assert_eq!(sn.id, "c0ffee.7");
         assert_eq!(sn.source, SuperNodeSource::NvlinkClique);

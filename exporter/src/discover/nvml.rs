@@ -68,10 +68,16 @@ pub struct FabricInfo {
 /// Why NVML could not be asked. A missing library is not an error (see [`NvmlProbe::probe`]).
 #[derive(Debug, thiserror::Error)]
 pub enum NvmlError {
-    #[error("reading recorded NVML answers {path}: {source}")]
-    ReadRecording { path: PathBuf, source: std::io::Error },
-    #[error("recorded NVML answers {path} are not valid: {source}")]
-    ParseRecording { path: PathBuf, source: serde_json::Error },
+    #[error("reading recorded NVML answers {path}: {reason}")]
+    ReadRecording {
+        path: PathBuf,
+        reason: std::io::Error,
+    },
+    #[error("recorded NVML answers {path} are not valid: {reason}")]
+    ParseRecording {
+        path: PathBuf,
+        reason: serde_json::Error,
+    },
     #[error("NVML call {call} failed: {message}")]
     Call { call: &'static str, message: String },
 }
@@ -88,10 +94,14 @@ pub struct RecordedProbe(pub PathBuf);
 
 impl NvmlProbe for RecordedProbe {
     fn probe(&self) -> Result<Option<NvmlReport>, NvmlError> {
-        let text = std::fs::read_to_string(&self.0)
-            .map_err(|source| NvmlError::ReadRecording { path: self.0.clone(), source })?;
-        let report = serde_json::from_str(&text)
-            .map_err(|source| NvmlError::ParseRecording { path: self.0.clone(), source })?;
+        let text = std::fs::read_to_string(&self.0).map_err(|reason| NvmlError::ReadRecording {
+            path: self.0.clone(),
+            reason,
+        })?;
+        let report = serde_json::from_str(&text).map_err(|reason| NvmlError::ParseRecording {
+            path: self.0.clone(),
+            reason,
+        })?;
         Ok(Some(report))
     }
 }
@@ -131,7 +141,9 @@ impl NvmlProbe for LibraryProbe {
                 return Ok(None);
             }
             Err(E::DriverNotLoaded) => {
-                tracing::info!("NVIDIA driver not loaded: NVIDIA links come from the PCI tree only");
+                tracing::info!(
+                    "NVIDIA driver not loaded: NVIDIA links come from the PCI tree only"
+                );
                 return Ok(None);
             }
             Err(e) => return Err(call("nvmlInit", e)),
@@ -141,15 +153,24 @@ impl NvmlProbe for LibraryProbe {
 }
 
 fn call(call: &'static str, e: nvml_wrapper::error::NvmlError) -> NvmlError {
-    NvmlError::Call { call, message: e.to_string() }
+    NvmlError::Call {
+        call,
+        message: e.to_string(),
+    }
 }
 
 fn read_report(nvml: &nvml_wrapper::Nvml) -> Result<NvmlReport, NvmlError> {
-    let count = nvml.device_count().map_err(|e| call("nvmlDeviceGetCount", e))?;
+    let count = nvml
+        .device_count()
+        .map_err(|e| call("nvmlDeviceGetCount", e))?;
     let mut gpus = Vec::new();
     for index in 0..count {
-        let dev = nvml.device_by_index(index).map_err(|e| call("nvmlDeviceGetHandleByIndex", e))?;
-        let pci = dev.pci_info().map_err(|e| call("nvmlDeviceGetPciInfo", e))?;
+        let dev = nvml
+            .device_by_index(index)
+            .map_err(|e| call("nvmlDeviceGetHandleByIndex", e))?;
+        let pci = dev
+            .pci_info()
+            .map_err(|e| call("nvmlDeviceGetPciInfo", e))?;
         let mut nvlinks = Vec::new();
         // NVML_NVLINK_MAX_LINKS is 18 on Hopper; unsupported lanes answer NotSupported.
         for lane in 0..18 {
@@ -157,9 +178,14 @@ fn read_report(nvml: &nvml_wrapper::Nvml) -> Result<NvmlReport, NvmlError> {
             if !link.is_active().unwrap_or(false) {
                 continue;
             }
-            let Ok(remote_pci) = link.remote_pci_info() else { continue };
+            let Ok(remote_pci) = link.remote_pci_info() else {
+                continue;
+            };
             let remote = remote_kind(nvml, &dev, lane);
-            nvlinks.push(NvlinkLane { remote_pci_bus_id: remote_pci.bus_id, remote });
+            nvlinks.push(NvlinkLane {
+                remote_pci_bus_id: remote_pci.bus_id,
+                remote,
+            });
         }
         gpus.push(NvmlGpu {
             pci_bus_id: pci.bus_id,
@@ -172,7 +198,10 @@ fn read_report(nvml: &nvml_wrapper::Nvml) -> Result<NvmlReport, NvmlError> {
             fabric: fabric_info(nvml, &dev),
         });
     }
-    Ok(NvmlReport { driver_version: nvml.sys_driver_version().ok(), gpus })
+    Ok(NvmlReport {
+        driver_version: nvml.sys_driver_version().ok(),
+        gpus,
+    })
 }
 
 /// `nvmlDeviceGetNvLinkRemoteDeviceType`, called directly: nvml-wrapper 0.13's wrapper reads
@@ -207,14 +236,20 @@ fn fabric_info(nvml: &nvml_wrapper::Nvml, dev: &nvml_wrapper::Device<'_>) -> Opt
     // outlives the call, and the function pointer was resolved from the loaded library.
     let ret = unsafe { get(dev.handle(), &mut info) };
     // state 3 = NVML_GPU_FABRIC_STATE_COMPLETED; the status must be success too.
-    if ret != nvmlReturn_enum_NVML_SUCCESS || info.state != 3 || info.status != nvmlReturn_enum_NVML_SUCCESS
+    if ret != nvmlReturn_enum_NVML_SUCCESS
+        || info.state != 3
+        || info.status != nvmlReturn_enum_NVML_SUCCESS
     {
         return None;
     }
     if info.clusterUuid.iter().all(|b| *b == 0) {
         return None;
     }
-    let hex: String = info.clusterUuid.iter().map(|b| format!("{b:02x}")).collect();
+    let hex: String = info
+        .clusterUuid
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
     let uuid = format!(
         "{}-{}-{}-{}-{}",
         &hex[0..8],
@@ -223,7 +258,10 @@ fn fabric_info(nvml: &nvml_wrapper::Nvml, dev: &nvml_wrapper::Device<'_>) -> Opt
         &hex[16..20],
         &hex[20..32]
     );
-    Some(FabricInfo { cluster_uuid: uuid, clique_id: info.cliqueId })
+    Some(FabricInfo {
+        cluster_uuid: uuid,
+        clique_id: info.cliqueId,
+    })
 }
 
 /// Normalises NVML's `00000000:1B:00.0` to sysfs' `0000:1b:00.0`.
@@ -278,7 +316,10 @@ mod tests {
     use super::*;
 
     fn lane(peer: &str, remote: RemoteKind) -> NvlinkLane {
-        NvlinkLane { remote_pci_bus_id: peer.into(), remote }
+        NvlinkLane {
+            remote_pci_bus_id: peer.into(),
+            remote,
+        }
     }
 
     #[test]
@@ -299,10 +340,22 @@ mod tests {
         let report = NvmlReport {
             driver_version: None,
             gpus: vec![
-                gpu("0000:01:00.0", vec![lane("0000:02:00.0", RemoteKind::Gpu); 4]),
-                gpu("0000:02:00.0", vec![lane("0000:01:00.0", RemoteKind::Gpu); 4]),
-                gpu("0000:03:00.0", vec![lane("0000:f0:00.0", RemoteKind::Switch); 18]),
-                gpu("0000:04:00.0", vec![lane("0000:f1:00.0", RemoteKind::Switch); 12]),
+                gpu(
+                    "0000:01:00.0",
+                    vec![lane("0000:02:00.0", RemoteKind::Gpu); 4],
+                ),
+                gpu(
+                    "0000:02:00.0",
+                    vec![lane("0000:01:00.0", RemoteKind::Gpu); 4],
+                ),
+                gpu(
+                    "0000:03:00.0",
+                    vec![lane("0000:f0:00.0", RemoteKind::Switch); 18],
+                ),
+                gpu(
+                    "0000:04:00.0",
+                    vec![lane("0000:f1:00.0", RemoteKind::Switch); 12],
+                ),
             ],
         };
         let counts = nvlink_counts(&report);
@@ -313,7 +366,9 @@ mod tests {
 
     #[test]
     fn missing_library_is_no_report_not_an_error() {
-        let probe = LibraryProbe { lib_path: Some("/nonexistent/libnvidia-ml.so.1".into()) };
+        let probe = LibraryProbe {
+            lib_path: Some("/nonexistent/libnvidia-ml.so.1".into()),
+        };
         assert!(probe.probe().unwrap().is_none());
     }
 
@@ -323,6 +378,9 @@ mod tests {
         let path = dir.path().join("nvml.json");
         std::fs::write(&path, "{not json").unwrap();
         let err = RecordedProbe(path.clone()).probe().unwrap_err();
-        assert!(err.to_string().contains(&path.display().to_string()), "{err}");
+        assert!(
+            err.to_string().contains(&path.display().to_string()),
+            "{err}"
+        );
     }
 }

@@ -66,8 +66,11 @@ pub struct ExplicitMatrix {
 /// What is wrong with an override file; always names the file.
 #[derive(Debug, thiserror::Error)]
 pub enum OverrideError {
-    #[error("override file {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    #[error("override file {path}: {reason}")]
+    Read {
+        path: PathBuf,
+        reason: std::io::Error,
+    },
     #[error("override file {path}: {message}")]
     Invalid { path: PathBuf, message: String },
 }
@@ -76,10 +79,16 @@ impl Overrides {
     /// Reads and checks the file's own consistency (device references are checked against
     /// the node by [`Overrides::link_classes`]).
     pub fn load(path: &Path) -> Result<Self, OverrideError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|source| OverrideError::Read { path: path.to_path_buf(), source })?;
-        let invalid = |message: String| OverrideError::Invalid { path: path.to_path_buf(), message };
-        let parsed: Overrides = serde_norway::from_str(&text).map_err(|e| invalid(e.to_string()))?;
+        let text = std::fs::read_to_string(path).map_err(|reason| OverrideError::Read {
+            path: path.to_path_buf(),
+            reason,
+        })?;
+        let invalid = |message: String| OverrideError::Invalid {
+            path: path.to_path_buf(),
+            message,
+        };
+        let parsed: Overrides =
+            serde_norway::from_str(&text).map_err(|e| invalid(e.to_string()))?;
         if let Some(m) = &parsed.matrix {
             let n = m.devices.len();
             if m.classes.len() != n || m.classes.iter().any(|row| row.len() != n) {
@@ -92,7 +101,8 @@ impl Overrides {
                     if i == j {
                         continue;
                     }
-                    let class = parse_short_class(cell).map_err(|e| invalid(format!("matrix[{i}][{j}]: {e}")))?;
+                    let class = parse_short_class(cell)
+                        .map_err(|e| invalid(format!("matrix[{i}][{j}]: {e}")))?;
                     let mirror = parse_short_class(&m.classes[j][i])
                         .map_err(|e| invalid(format!("matrix[{j}][{i}]: {e}")))?;
                     if class != mirror {
@@ -108,7 +118,9 @@ impl Overrides {
             && z.class == ZoneClass::Nvlink
             && z.nvlink_count == 0
         {
-            return Err(invalid("linkZones: class nvlink needs nvlinkCount > 0".into()));
+            return Err(invalid(
+                "linkZones: class nvlink needs nvlinkCount > 0".into(),
+            ));
         }
         Ok(parsed)
     }
@@ -122,10 +134,16 @@ impl Overrides {
     ) -> Result<Vec<(usize, usize, LinkClass)>, OverrideError> {
         let position = |id: &str| -> Result<usize, OverrideError> {
             let want = id.trim().to_ascii_lowercase();
-            bus_ids.iter().position(|b| *b == want).ok_or_else(|| OverrideError::Invalid {
-                path: path.to_path_buf(),
-                message: format!("device {id:?} is not an accelerator on this node (known: {})", bus_ids.join(", ")),
-            })
+            bus_ids
+                .iter()
+                .position(|b| *b == want)
+                .ok_or_else(|| OverrideError::Invalid {
+                    path: path.to_path_buf(),
+                    message: format!(
+                        "device {id:?} is not an accelerator on this node (known: {})",
+                        bus_ids.join(", ")
+                    ),
+                })
         };
         let mut out = Vec::new();
         if let Some(z) = &self.link_zones {
@@ -133,10 +151,15 @@ impl Overrides {
                 ZoneClass::MetaxLink => LinkClass::MetaxLink,
                 ZoneClass::Hccs => LinkClass::Hccs,
                 ZoneClass::Fabric => LinkClass::Fabric,
-                ZoneClass::Nvlink => LinkClass::Nvlink { count: z.nvlink_count },
+                ZoneClass::Nvlink => LinkClass::Nvlink {
+                    count: z.nvlink_count,
+                },
             };
             for zone in &z.zones {
-                let members = zone.iter().map(|id| position(id)).collect::<Result<Vec<_>, _>>()?;
+                let members = zone
+                    .iter()
+                    .map(|id| position(id))
+                    .collect::<Result<Vec<_>, _>>()?;
                 for (i, a) in members.iter().enumerate() {
                     for b in &members[i + 1..] {
                         out.push((*a, *b, class));
@@ -145,7 +168,11 @@ impl Overrides {
             }
         }
         if let Some(m) = &self.matrix {
-            let members = m.devices.iter().map(|id| position(id)).collect::<Result<Vec<_>, _>>()?;
+            let members = m
+                .devices
+                .iter()
+                .map(|id| position(id))
+                .collect::<Result<Vec<_>, _>>()?;
             for (i, row) in m.classes.iter().enumerate() {
                 for (j, cell) in row.iter().enumerate().skip(i + 1) {
                     // Checked in `load`.
@@ -208,13 +235,21 @@ mod tests {
         );
         let o = Overrides::load(&path).unwrap();
         assert_eq!(o.super_node.as_deref(), Some("rack-7"));
-        assert_eq!(o.model_for("0000:01:00.0", 0x9999, 0x4000), Some("MetaX C500"));
-        let ids: Vec<String> =
-            ["0000:01:00.0", "0000:02:00.0", "0000:03:00.0"].iter().map(|s| s.to_string()).collect();
+        assert_eq!(
+            o.model_for("0000:01:00.0", 0x9999, 0x4000),
+            Some("MetaX C500")
+        );
+        let ids: Vec<String> = ["0000:01:00.0", "0000:02:00.0", "0000:03:00.0"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
         let classes = o.link_classes(&path, &ids).unwrap();
         assert_eq!(
             classes,
-            vec![(0, 1, LinkClass::MetaxLink), (1, 2, LinkClass::Nvlink { count: 4 })]
+            vec![
+                (0, 1, LinkClass::MetaxLink),
+                (1, 2, LinkClass::Nvlink { count: 4 })
+            ]
         );
     }
 
@@ -223,8 +258,14 @@ mod tests {
         let cases = [
             ("linkZones: {class: warp, zones: []}", "unknown variant"),
             ("matrix: {devices: [a, b], classes: [[X]]}", "2 rows"),
-            ("matrix: {devices: [a, b], classes: [[X, PIX], [SYS, X]]}", "not symmetric"),
-            ("matrix: {devices: [a, b], classes: [[X, WARP], [WARP, X]]}", "not a link class"),
+            (
+                "matrix: {devices: [a, b], classes: [[X, PIX], [SYS, X]]}",
+                "not symmetric",
+            ),
+            (
+                "matrix: {devices: [a, b], classes: [[X, WARP], [WARP, X]]}",
+                "not a link class",
+            ),
             ("linkZones: {class: nvlink, zones: []}", "nvlinkCount"),
             ("colour: blue", "unknown field"),
             ("{{{{", ""),

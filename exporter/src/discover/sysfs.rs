@@ -29,7 +29,9 @@ impl Root {
 
     /// A text file's content, trimmed; `None` when missing or not UTF-8.
     pub fn read(&self, rel: &str) -> Option<String> {
-        std::fs::read_to_string(self.join(rel)).ok().map(|s| s.trim().to_owned())
+        std::fs::read_to_string(self.join(rel))
+            .ok()
+            .map(|s| s.trim().to_owned())
     }
 
     pub fn exists(&self, rel: &str) -> bool {
@@ -38,7 +40,8 @@ impl Root {
 
     /// The node's hostname as the kernel reports it.
     pub fn hostname(&self) -> Option<String> {
-        self.read("/proc/sys/kernel/hostname").filter(|h| !h.is_empty())
+        self.read("/proc/sys/kernel/hostname")
+            .filter(|h| !h.is_empty())
     }
 
     fn pci_attr(&self, bus_id: &str, attr: &str) -> Option<String> {
@@ -47,7 +50,10 @@ impl Root {
 
     /// `numa_node` of a PCI device; `-1` (no affinity) and bad content are `None`.
     pub fn pci_numa_node(&self, bus_id: &str) -> Option<u32> {
-        self.pci_attr(bus_id, "numa_node")?.parse::<i64>().ok().and_then(|n| u32::try_from(n).ok())
+        self.pci_attr(bus_id, "numa_node")?
+            .parse::<i64>()
+            .ok()
+            .and_then(|n| u32::try_from(n).ok())
     }
 
     /// `local_cpulist` of a PCI device; bad content is logged and ignored.
@@ -66,7 +72,10 @@ impl Root {
     pub fn pci_children(&self, bus_id: &str, sub: &str) -> Vec<String> {
         let dir = self.join(&format!("/sys/bus/pci/devices/{bus_id}/{sub}"));
         let mut names: Vec<String> = std::fs::read_dir(dir)
-            .map(|rd| rd.filter_map(|e| e.ok()?.file_name().into_string().ok()).collect())
+            .map(|rd| {
+                rd.filter_map(|e| e.ok()?.file_name().into_string().ok())
+                    .collect()
+            })
             .unwrap_or_default();
         names.sort();
         names
@@ -114,7 +123,10 @@ mod tests {
         std::fs::write(dev.join("numa_node"), "1\n").unwrap();
         std::fs::write(dev.join("local_cpulist"), "8-15\n").unwrap();
         assert_eq!(root.pci_numa_node("0000:1b:00.0"), Some(1));
-        assert_eq!(root.pci_local_cpus("0000:1b:00.0").unwrap().to_string(), "8-15");
+        assert_eq!(
+            root.pci_local_cpus("0000:1b:00.0").unwrap().to_string(),
+            "8-15"
+        );
         assert_eq!(root.pci_numa_node("0000:ff:00.0"), None);
 
         let info = dir.path().join("proc/driver/nvidia/gpus/0000:1b:00.0");
