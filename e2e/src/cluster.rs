@@ -99,8 +99,20 @@ fn random_hex(bytes: usize) -> Result<String> {
     Ok(buf.iter().map(|b| format!("{b:02x}")).collect())
 }
 
+/// Marks an error as final for [`eventually`]: it stops polling at once.
+#[derive(Debug)]
+pub struct Fatal(pub String);
+
+impl std::fmt::Display for Fatal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Fatal {}
+
 /// Polls `f` every 100 ms until it yields `Some`, or fails after `timeout`
-/// with the last error (if any).
+/// with the last error (if any). An error that is a [`Fatal`] ends it at once.
 pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> Result<T>
 where
     F: FnMut() -> Fut,
@@ -112,6 +124,7 @@ where
         match f().await {
             Ok(Some(v)) => return Ok(v),
             Ok(None) => {}
+            Err(e) if e.is::<Fatal>() => return Err(e.context(format!("waiting for {what}"))),
             Err(e) => last_err = Some(e),
         }
         if tokio::time::Instant::now() >= deadline {
@@ -182,7 +195,7 @@ impl TestCluster {
                 format!("--token-auth-file={}", tokens.display()),
                 "--authorization-mode=RBAC".to_string(),
                 format!("--service-account-issuer={issuer}"),
-                format!("--service-account-key-file={}", pki.sa_key.display()),
+                format!("--service-account-key-file={}", pki.sa_pub.display()),
                 format!(
                     "--service-account-signing-key-file={}",
                     pki.sa_key.display()
@@ -194,6 +207,9 @@ impl TestCluster {
                 "--disable-admission-plugins=TaintNodesByCondition,ServiceAccount".to_string(),
                 "--allow-privileged=true".to_string(),
                 "--profiling=false".to_string(),
+                // Endpoints may not be loopback; nothing here needs the
+                // `kubernetes` service endpoints.
+                "--endpoint-reconciler-type=none".to_string(),
             ],
             &logs,
         )?);
@@ -241,14 +257,16 @@ impl TestCluster {
         .await
     }
 
-    /// Fails if any started process has exited, with its log tail.
+    /// Fails (with a [`Fatal`] error) if any started process has exited,
+    /// with its log tail.
     pub fn check_processes(&self) -> Result<()> {
         let mut procs = self
             .procs
             .lock()
             .map_err(|_| anyhow!("process list poisoned"))?;
         for p in procs.iter_mut() {
-            p.check_running()?;
+            p.check_running()
+                .map_err(|e| anyhow::Error::new(Fatal(format!("{e:#}"))))?;
         }
         Ok(())
     }

@@ -21,8 +21,10 @@ pub struct Pki {
     pub serving_cert: PathBuf,
     /// `apiserver.key`
     pub serving_key: PathBuf,
-    /// `sa.key`: signs and verifies ServiceAccount tokens.
+    /// `sa.key`: signs ServiceAccount tokens.
     pub sa_key: PathBuf,
+    /// `sa.pub`: verifies them.
+    pub sa_pub: PathBuf,
 }
 
 impl Pki {
@@ -64,11 +66,13 @@ impl Pki {
             serving_cert: dir.join("apiserver.crt"),
             serving_key: dir.join("apiserver.key"),
             sa_key: dir.join("sa.key"),
+            sa_pub: dir.join("sa.pub"),
         };
         std::fs::write(&pki.ca_cert, &pki.ca_pem)?;
         std::fs::write(&pki.serving_cert, serving.pem())?;
         std::fs::write(&pki.serving_key, serving_key.serialize_pem())?;
         std::fs::write(&pki.sa_key, sa_key.serialize_pem())?;
+        std::fs::write(&pki.sa_pub, sa_key.public_key_pem())?;
         Ok(pki)
     }
 }

@@ -1,10 +1,13 @@
 //! The control plane itself: version, RBAC through impersonation, Node objects.
 
+// Test code: helpers outside #[test] fns may unwrap and panic too.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use std::time::Duration;
 
 use fumarole_e2e::{NodeSpec, TestCluster};
 use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kube::api::{Api, PostParams};
 use serde_json::json;
 
@@ -15,7 +18,10 @@ async fn apiserver_version_rbac_and_nodes() {
 
     let version = client.apiserver_version().await.unwrap();
     assert_eq!(version.git_version, "v1.33.13");
-    assert_eq!((version.major.as_str(), version.minor.as_str()), ("1", "33"));
+    assert_eq!(
+        (version.major.as_str(), version.minor.as_str()),
+        ("1", "33")
+    );
 
     let node = cluster
         .create_node(
@@ -39,15 +45,27 @@ async fn apiserver_version_rbac_and_nodes() {
     assert!(node.spec.unwrap().taints.unwrap_or_default().is_empty());
 
     // A ServiceAccount may not list nodes until RBAC says so.
-    let sa = cluster.service_account_client("default", "reader").await.unwrap();
+    let sa = cluster
+        .service_account_client("default", "reader")
+        .await
+        .unwrap();
     let sa_nodes: Api<Node> = Api::all(sa);
     match sa_nodes.list(&Default::default()).await {
         Err(kube::Error::Api(e)) => assert_eq!(e.code, 403, "{e:?}"),
         other => panic!("expected 403, got {other:?}"),
     }
+    let role: ClusterRole = serde_json::from_value(json!({
+        "metadata": {"name": "node-lister"},
+        "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list"]}],
+    }))
+    .unwrap();
+    Api::<ClusterRole>::all(client.clone())
+        .create(&PostParams::default(), &role)
+        .await
+        .unwrap();
     let crb: ClusterRoleBinding = serde_json::from_value(json!({
-        "metadata": {"name": "reader-view-nodes"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "system:node-reader"},
+        "metadata": {"name": "reader-lists-nodes"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "node-lister"},
         "subjects": [{"kind": "ServiceAccount", "name": "reader", "namespace": "default"}],
     }))
     .unwrap();
@@ -70,7 +88,18 @@ async fn apiserver_version_rbac_and_nodes() {
     .unwrap();
     assert_eq!(names, vec!["n1".to_string()]);
 
-    // A plain user in no group gets nothing.
-    let nobody: Api<Node> = Api::all(cluster.client_as("nobody", &[]).await.unwrap());
-    assert!(nobody.get("n1").await.is_err());
+    // The binding is for that ServiceAccount only: another one, and a plain
+    // user, still get 403.
+    for client in [
+        cluster
+            .service_account_client("default", "other")
+            .await
+            .unwrap(),
+        cluster.client_as("nobody", &["some-group"]).await.unwrap(),
+    ] {
+        match Api::<Node>::all(client).get("n1").await {
+            Err(kube::Error::Api(e)) => assert_eq!(e.code, 403, "{e:?}"),
+            other => panic!("expected 403, got {other:?}"),
+        }
+    }
 }

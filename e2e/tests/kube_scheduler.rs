@@ -1,5 +1,8 @@
 //! kube-scheduler (upstream, unmodified) binds to the only node that fits.
 
+// Test code: helpers outside #[test] fns may unwrap and panic too.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use std::time::Duration;
 
 use fumarole_e2e::cluster::eventually;
@@ -11,7 +14,11 @@ use serde_json::json;
 #[tokio::test]
 async fn kube_scheduler_binds_pod_to_only_node_that_fits() {
     let cluster = TestCluster::start().await.unwrap();
-    for (name, cpu, gpus) in [("small-1", "2", "0"), ("big", "16", "4"), ("small-2", "2", "8")] {
+    for (name, cpu, gpus) in [
+        ("small-1", "2", "0"),
+        ("big", "16", "4"),
+        ("small-2", "2", "8"),
+    ] {
         cluster
             .create_node(
                 &NodeSpec::new(name)
@@ -61,20 +68,24 @@ async fn kube_scheduler_binds_pod_to_only_node_that_fits() {
     .unwrap();
     assert_eq!(node, "big");
 
-    let unschedulable = eventually("too-big to be marked unschedulable", Duration::from_secs(60), || {
-        let pods = pods.clone();
-        async move {
-            let p = pods.get("too-big").await?;
-            assert_eq!(p.spec.as_ref().and_then(|s| s.node_name.clone()), None);
-            let cond = p
-                .status
-                .and_then(|s| s.conditions)
-                .unwrap_or_default()
-                .into_iter()
-                .find(|c| c.type_ == "PodScheduled" && c.status == "False");
-            Ok(cond.and_then(|c| c.reason))
-        }
-    })
+    let unschedulable = eventually(
+        "too-big to be marked unschedulable",
+        Duration::from_secs(60),
+        || {
+            let pods = pods.clone();
+            async move {
+                let p = pods.get("too-big").await?;
+                assert_eq!(p.spec.as_ref().and_then(|s| s.node_name.clone()), None);
+                let cond = p
+                    .status
+                    .and_then(|s| s.conditions)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .find(|c| c.type_ == "PodScheduled" && c.status == "False");
+                Ok(cond.and_then(|c| c.reason))
+            }
+        },
+    )
     .await
     .unwrap();
     assert_eq!(unschedulable, "Unschedulable");

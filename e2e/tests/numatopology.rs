@@ -1,5 +1,8 @@
 //! Volcano's Numatopology CRD schema is enforced by the apiserver.
 
+// Test code: helpers outside #[test] fns may unwrap and panic too.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use fumarole_e2e::TestCluster;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
 use serde_json::{Value, json};
@@ -27,7 +30,10 @@ async fn numatopology_schema_rejects_invalid_and_round_trips_valid() {
         assert!(names.iter().any(|n| n == crd), "{crd} not in {names:?}");
     }
     let nrt = cluster.install_nrt_crd().await.unwrap();
-    assert_eq!(nrt, vec!["noderesourcetopologies.topology.node.k8s.io".to_string()]);
+    assert_eq!(
+        nrt,
+        vec!["noderesourcetopologies.topology.node.k8s.io".to_string()]
+    );
 
     let gvk = GroupVersionKind::gvk("nodeinfo.volcano.sh", "v1alpha1", "Numatopology");
     let ar = ApiResource::from_gvk_with_plural(&gvk, "numatopologies");
@@ -41,7 +47,7 @@ async fn numatopology_schema_rejects_invalid_and_round_trips_valid() {
     match api.create(&PostParams::default(), &bad).await {
         Err(kube::Error::Api(e)) => {
             assert_eq!(e.code, 422, "{e:?}");
-            assert!(e.message.contains("spec.cpuDetail[0].numa"), "{}", e.message);
+            assert!(e.message.contains("spec.cpuDetail.0.numa"), "{}", e.message);
         }
         other => panic!("negative numa id accepted: {other:?}"),
     }
@@ -53,7 +59,11 @@ async fn numatopology_schema_rejects_invalid_and_round_trips_valid() {
     match api.create(&PostParams::default(), &bad).await {
         Err(kube::Error::Api(e)) => {
             assert_eq!(e.code, 422, "{e:?}");
-            assert!(e.message.contains("spec.numares.cpu.capacity"), "{}", e.message);
+            assert!(
+                e.message.contains("spec.numares.cpu.capacity"),
+                "{}",
+                e.message
+            );
         }
         other => panic!("string capacity accepted: {other:?}"),
     }
@@ -70,9 +80,12 @@ async fn numatopology_schema_rejects_invalid_and_round_trips_valid() {
             "4": {"core": 0, "socket": 1, "numa": 1}
         }
     });
-    api.create(&PostParams::default(), &numatopology("node-a", spec.clone()))
-        .await
-        .unwrap();
+    api.create(
+        &PostParams::default(),
+        &numatopology("node-a", spec.clone()),
+    )
+    .await
+    .unwrap();
     let got = api.get("node-a").await.unwrap();
     assert_eq!(got.data["spec"], spec);
 }

@@ -1,6 +1,9 @@
 //! Volcano (scheduler + controller-manager) binds a plain pod with
 //! `schedulerName: volcano`; its controller makes the PodGroup.
 
+// Test code: helpers outside #[test] fns may unwrap and panic too.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use std::time::Duration;
 
 use fumarole_e2e::cluster::eventually;
@@ -28,11 +31,19 @@ tiers:
 async fn volcano_binds_plain_pod_via_podgroup() {
     let cluster = TestCluster::start().await.unwrap();
     cluster
-        .create_node(&NodeSpec::new("tiny").capacity("cpu", "1").capacity("memory", "4Gi"))
+        .create_node(
+            &NodeSpec::new("tiny")
+                .capacity("cpu", "1")
+                .capacity("memory", "4Gi"),
+        )
         .await
         .unwrap();
     cluster
-        .create_node(&NodeSpec::new("roomy").capacity("cpu", "16").capacity("memory", "64Gi"))
+        .create_node(
+            &NodeSpec::new("roomy")
+                .capacity("cpu", "16")
+                .capacity("memory", "64Gi"),
+        )
         .await
         .unwrap();
     cluster.start_volcano(SCHEDULER_CONF).await.unwrap();
@@ -63,13 +74,18 @@ async fn volcano_binds_plain_pod_via_podgroup() {
         let pgs = pgs.clone();
         let uid = uid.clone();
         async move {
-            Ok(pgs.list(&Default::default()).await?.items.into_iter().find(|pg| {
-                pg.metadata
-                    .owner_references
-                    .iter()
-                    .flatten()
-                    .any(|o| o.uid == uid && o.kind == "Pod")
-            }))
+            Ok(pgs
+                .list(&Default::default())
+                .await?
+                .items
+                .into_iter()
+                .find(|pg| {
+                    pg.metadata
+                        .owner_references
+                        .iter()
+                        .flatten()
+                        .any(|o| o.uid == uid && o.kind == "Pod")
+                }))
         }
     })
     .await

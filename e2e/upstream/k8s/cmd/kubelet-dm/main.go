@@ -240,7 +240,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "kubelet-dm:", err)
 		os.Exit(1)
 	}
-	k := &kubelet{st: newState(), socket: filepath.Join(dir, pluginapi.KubeletSocket)}
+	k := &kubelet{st: newState(), socket: filepath.Join(dir, filepath.Base(pluginapi.KubeletSocket))}
 	if err := k.start(); err != nil {
 		fmt.Fprintln(os.Stderr, "kubelet-dm: start:", err)
 		os.Exit(1)
