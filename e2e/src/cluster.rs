@@ -592,6 +592,18 @@ impl TestCluster {
         KubeletDm::start(socket_dir, &self.root.join("logs")).await
     }
 
+    /// Name and pid (= process group id) of every process started so far.
+    pub fn pids(&self) -> Result<Vec<(String, u32)>> {
+        let procs = self
+            .procs
+            .lock()
+            .map_err(|_| anyhow!("process list poisoned"))?;
+        Ok(procs
+            .iter()
+            .map(|p| (p.name().to_string(), p.pid()))
+            .collect())
+    }
+
     /// The last `n` log lines of a started process (by name).
     pub fn log_tail(&self, name: &str, n: usize) -> Result<String> {
         let procs = self

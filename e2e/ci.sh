@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# The e2e step of CI, called from .ci/run: build the upstream control plane (cached
+# by pinned versions; seconds when warm) and run the e2e tests against it.
+#
+# Needs Go >= 1.24 with GOPROXY reachable, protoc (Debian: protobuf-compiler),
+# flock (util-linux). Extra cargo args are passed through, e.g. `e2e/ci.sh --locked`.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+if ! command -v protoc >/dev/null 2>&1; then
+  if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
+    apt-get update -qq && apt-get install -y -qq protobuf-compiler >/dev/null
+  else
+    echo "e2e/ci.sh: protoc not found (Debian: apt-get install protobuf-compiler)" >&2
+    exit 1
+  fi
+fi
+
+start=$(date +%s)
+line="$(e2e/build-upstream.sh | tail -n1)"
+export "${line?}"
+echo "e2e/ci.sh: upstream ready in $(( $(date +%s) - start ))s at $FUMAROLE_UPSTREAM_DIR" >&2
+
+cargo test -p fumarole-e2e "$@"
