@@ -270,4 +270,30 @@ async fn kubelet_dm_registers_plugin_and_sees_devices() {
     let state = kdm.state().await.unwrap();
     assert_eq!(state["generation"], 2);
     assert_eq!(state["plugins"], json!({}));
+    assert!(kdm.options(RESOURCE).await.is_err());
+
+    // Serving and registering again reconnects, in the new generation.
+    let after = kdm.events(0, Duration::ZERO).await.unwrap().len() as u64;
+    let listener = UnixListener::bind(&plugin_sock).unwrap();
+    tokio::spawn(
+        Server::builder()
+            .add_service(DevicePluginServer::new(TinyPlugin {
+                devices: tx.subscribe(),
+                prestarted: prestarted.clone(),
+            }))
+            .serve_with_incoming(UnixListenerStream::new(listener)),
+    );
+    register(kdm.socket(), "tiny.sock").await;
+    let again = kdm
+        .wait_event(after, Duration::from_secs(20), |e| {
+            e.kind == "list_and_watch"
+        })
+        .await
+        .unwrap();
+    assert_eq!(again.generation, 2);
+    assert_eq!(again.devices.unwrap().len(), 3);
+    assert_eq!(
+        kdm.options(RESOURCE).await.unwrap()["get_preferred_allocation_available"],
+        true
+    );
 }
