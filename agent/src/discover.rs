@@ -46,6 +46,41 @@ pub struct DiscoverArgs {
     hostname: Option<String>,
 }
 
+#[derive(Args)]
+pub struct FixtureArgs {
+    /// Fixture to write; without it, list the fixtures.
+    name: Option<String>,
+    /// Directory to write the fixture's filesystem root into (created; must be empty).
+    #[arg(long, value_name = "DIR", requires = "name")]
+    out: Option<PathBuf>,
+}
+
+/// `fumarole-agent fixture [NAME --out DIR]`.
+pub fn fixture(args: FixtureArgs) -> Result<()> {
+    let (Some(name), Some(out)) = (&args.name, &args.out) else {
+        for name in fixtures::NAMES {
+            if let Some(f) = fixtures::get(name) {
+                println!("{name:<14} {}", f.description);
+            }
+        }
+        return Ok(());
+    };
+    let fixture = find_fixture(name)?;
+    if out.read_dir().is_ok_and(|mut d| d.next().is_some()) {
+        bail!("--out {}: directory is not empty", out.display());
+    }
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    fixture.materialize(out).with_context(|| format!("writing fixture {name} to {}", out.display()))?;
+    println!("{}", out.display());
+    Ok(())
+}
+
+fn find_fixture(name: &str) -> Result<fixtures::Fixture> {
+    fixtures::get(name).with_context(|| {
+        format!("unknown fixture {name:?}; bundled fixtures: {}", fixtures::NAMES.join(", "))
+    })
+}
+
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Format {
     Table,

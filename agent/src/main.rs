@@ -1,6 +1,7 @@
 //! `fumarole-agent`: the node agent binary.
 //!
-//! Subcommands: `discover` (print this node's topology, or a dump's, or a bundled fixture's).
+//! Subcommands: `discover` (print this node's topology, or a dump's, or a bundled fixture's),
+//! `fixture` (list the bundled fixture nodes or write one out).
 //! `run` (publishing, device plugins, QoS) arrives with later work.
 
 mod discover;
@@ -34,6 +35,8 @@ enum LogFormat {
 enum Command {
     /// Discover a node's CPUs, NUMA nodes, accelerators and links, and print them.
     Discover(discover::DiscoverArgs),
+    /// List the bundled fixture nodes, or write one out as a filesystem root.
+    Fixture(discover::FixtureArgs),
 }
 
 fn main() -> ExitCode {
@@ -41,6 +44,7 @@ fn main() -> ExitCode {
     init_logging(cli.log_format);
     let result = match cli.command {
         Command::Discover(args) => discover::run(args),
+        Command::Fixture(args) => discover::fixture(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
