@@ -1,0 +1,233 @@
+//! `DeviceTopology`: one node's accelerators, NUMA nodes, device links and super-node (spec),
+//! and each device's health and current user (status).
+
+use std::collections::BTreeMap;
+
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::model::{Health, NodeTopology};
+
+/// The node's hardware as schedulers need it.
+#[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "topology.fumarole.dev",
+    version = "v1alpha1",
+    kind = "DeviceTopology",
+    plural = "devicetopologies",
+    shortname = "dtopo",
+    status = "DeviceTopologyStatus",
+    printcolumn(name = "Accelerators", type_ = "integer", json_path = ".spec.acceleratorCount"),
+    printcolumn(name = "Model", type_ = "string", json_path = ".spec.model"),
+    printcolumn(name = "Super-node", type_ = "string", json_path = ".spec.superNode.id"),
+    printcolumn(name = "Healthy", type_ = "integer", json_path = ".status.healthyCount"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceTopologySpec {
+    /// Number of accelerators (for `kubectl get`).
+    pub accelerator_count: u32,
+    /// The most common accelerator model, empty when there is none.
+    pub model: String,
+    pub numa_nodes: Vec<NumaNodeInfo>,
+    pub devices: Vec<DeviceInfo>,
+    /// Every device pair `a < b` (indices into `devices`).
+    pub links: Vec<LinkInfo>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub super_node: Option<SuperNodeInfo>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NumaNodeInfo {
+    pub id: u32,
+    /// Linux list format, e.g. `0-55,112-167`.
+    pub cpus: String,
+    pub memory_bytes: u64,
+    pub distances: Vec<u32>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceInfo {
+    /// The id the device plugin advertises.
+    pub id: String,
+    pub index: u32,
+    /// nvidia | huawei | metax | amd | intel | other
+    pub vendor: String,
+    /// gpu | npu | other
+    pub kind: String,
+    pub model: String,
+    pub pci_bus_id: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub numa_node: Option<u32>,
+    pub local_cpus: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct LinkInfo {
+    pub a: u32,
+    pub b: u32,
+    /// Link kind (`nvlink`, `hccs`, `metaxLink`, `fabric`, `pcieSwitch`, `pcieMultiSwitch`,
+    /// `pcieHostBridge`, `sameNuma`, `crossNuma`); see docs/node-topology.md.
+    pub kind: String,
+    /// NVLink lanes, for `nvlink`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<u32>,
+    pub weight: u32,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SuperNodeInfo {
+    pub id: String,
+    /// nvlinkClique | overrideFile | nodeLabel | config
+    pub source: String,
+}
+
+/// Live state: health and the current user of each device.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceTopologyStatus {
+    pub healthy_count: u32,
+    /// By device id.
+    pub devices: BTreeMap<String, DeviceStatus>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceStatus {
+    /// Healthy | Unhealthy
+    pub health: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocation: Option<DeviceAllocation>,
+}
+
+/// The container a device is allocated to.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceAllocation {
+    pub namespace: String,
+    pub pod: String,
+    pub container: String,
+}
+
+fn camel<T: Serialize>(v: &T) -> String {
+    match serde_json::to_value(v) {
+        Ok(serde_json::Value::String(s)) => s,
+        _ => String::new(),
+    }
+}
+
+impl DeviceTopologySpec {
+    /// The spec for a discovered node.
+    pub fn from_topology(t: &NodeTopology) -> Self {
+        let mut models: BTreeMap<&str, u32> = BTreeMap::new();
+        for d in &t.devices {
+            *models.entry(d.model.as_str()).or_default() += 1;
+        }
+        // Most common model; ties go to the first name in order, for a stable value.
+        let model = models
+            .iter()
+            .max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(a.0)))
+            .map(|(m, _)| (*m).to_string())
+            .unwrap_or_default();
+        DeviceTopologySpec {
+            accelerator_count: u32::try_from(t.devices.len()).unwrap_or(u32::MAX),
+            model,
+            numa_nodes: t
+                .numa_nodes
+                .iter()
+                .map(|n| NumaNodeInfo {
+                    id: n.id,
+                    cpus: n.cpus.to_string(),
+                    memory_bytes: n.memory_bytes,
+                    distances: n.distances.clone(),
+                })
+                .collect(),
+            devices: t
+                .devices
+                .iter()
+                .map(|d| DeviceInfo {
+                    id: d.id.clone(),
+                    index: d.index,
+                    vendor: d.vendor.as_str().to_string(),
+                    kind: camel(&d.kind),
+                    model: d.model.clone(),
+                    pci_bus_id: d.pci_bus_id.clone(),
+                    numa_node: d.numa_node,
+                    local_cpus: d.local_cpus.to_string(),
+                    uuid: d.uuid.clone(),
+                })
+                .collect(),
+            links: t
+                .links
+                .links()
+                .into_iter()
+                .map(|l| LinkInfo {
+                    a: u32::try_from(l.a).unwrap_or(u32::MAX),
+                    b: u32::try_from(l.b).unwrap_or(u32::MAX),
+                    kind: match serde_json::to_value(l.class) {
+                        Ok(v) => v["kind"].as_str().unwrap_or_default().to_string(),
+                        Err(_) => String::new(),
+                    },
+                    count: match l.class {
+                        crate::LinkClass::Nvlink { count } => Some(count),
+                        _ => None,
+                    },
+                    weight: l.weight,
+                })
+                .collect(),
+            super_node: t
+                .super_node
+                .as_ref()
+                .map(|s| SuperNodeInfo { id: s.id.clone(), source: camel(&s.source) }),
+        }
+    }
+}
+
+impl DeviceTopologyStatus {
+    /// Status from each device's health and the allocations known for it (by device id).
+    pub fn new(t: &NodeTopology, allocations: &BTreeMap<String, DeviceAllocation>) -> Self {
+        let devices: BTreeMap<String, DeviceStatus> = t
+            .devices
+            .iter()
+            .map(|d| {
+                let status = DeviceStatus {
+                    health: camel(&d.health),
+                    allocation: allocations.get(&d.id).cloned(),
+                };
+                (d.id.clone(), status)
+            })
+            .collect();
+        let healthy = t.devices.iter().filter(|d| d.health == Health::Healthy).count();
+        DeviceTopologyStatus { healthy_count: u32::try_from(healthy).unwrap_or(u32::MAX), devices }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::CustomResourceExt;
+
+    #[test]
+    fn crd_has_printer_columns_and_status() {
+        let crd = DeviceTopology::crd();
+        assert_eq!(crd.metadata.name.as_deref(), Some("devicetopologies.topology.fumarole.dev"));
+        assert_eq!(crd.spec.scope, "Cluster");
+        let v = &crd.spec.versions[0];
+        let cols: Vec<&str> = v
+            .additional_printer_columns
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|c| c.name.as_str())
+            .collect();
+        assert_eq!(cols, ["Accelerators", "Model", "Super-node", "Healthy", "Age"]);
+        assert!(v.subresources.as_ref().unwrap().status.is_some());
+    }
+}
