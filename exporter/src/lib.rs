@@ -6,3 +6,4 @@
 
 pub mod discover;
 pub mod fixtures;
+pub mod kubelet;

@@ -1,0 +1,128 @@
+//! Client of the kubelet PodResources v1 API over its unix socket
+//! (`/var/lib/kubelet/pod-resources/kubelet.sock`). The kubelet rate-limits this API (about
+//! 100 qps), so callers poll it at their re-check interval, not faster.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use fumarole_topology::CpuSet;
+use hyper_util::rt::TokioIo;
+use tonic::transport::{Endpoint, Uri};
+
+use super::{ContainerAllocation, PodAllocation};
+
+/// Generated from `proto/podresources_v1.proto`.
+pub mod v1 {
+    tonic::include_proto!("v1");
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PodResourcesError {
+    #[error("connecting to {path}: {reason}")]
+    Connect { path: String, reason: String },
+    #[error("List: {0}")]
+    List(#[from] tonic::Status),
+}
+
+/// Every pod's exclusive CPUs and devices.
+pub async fn list(socket: &Path) -> Result<Vec<PodAllocation>, PodResourcesError> {
+    let path = socket.to_path_buf();
+    let display = path.display().to_string();
+    // The URI is a placeholder: the connector below always dials the socket.
+    let channel = Endpoint::from_static("http://[::]:0")
+        .connect_timeout(Duration::from_secs(5))
+        .timeout(Duration::from_secs(10))
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let path = path.clone();
+            async move { tokio::net::UnixStream::connect(path).await.map(TokioIo::new) }
+        }))
+        .await
+        .map_err(|e| PodResourcesError::Connect { path: display.clone(), reason: e.to_string() })?;
+    let mut client = v1::pod_resources_lister_client::PodResourcesListerClient::new(channel);
+    let response = client.list(v1::ListPodResourcesRequest {}).await?.into_inner();
+    Ok(response.pod_resources.into_iter().map(pod_allocation).collect())
+}
+
+fn pod_allocation(p: v1::PodResources) -> PodAllocation {
+    PodAllocation {
+        uid: None,
+        name: p.name,
+        namespace: p.namespace,
+        containers: p
+            .containers
+            .into_iter()
+            .map(|c| {
+                let mut devices: BTreeMap<String, Vec<String>> = BTreeMap::new();
+                for d in c.devices {
+                    devices.entry(d.resource_name).or_default().extend(d.device_ids);
+                }
+                ContainerAllocation {
+                    name: c.name,
+                    // Negative ids would be a kubelet bug; drop them rather than fail.
+                    cpus: c.cpu_ids.into_iter().filter_map(|id| u32::try_from(id).ok()).collect::<CpuSet>(),
+                    devices,
+                }
+            })
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::v1::pod_resources_lister_server::{PodResourcesLister, PodResourcesListerServer};
+    use super::*;
+
+    struct Fixed;
+
+    #[tonic::async_trait]
+    impl PodResourcesLister for Fixed {
+        async fn list(
+            &self,
+            _: tonic::Request<v1::ListPodResourcesRequest>,
+        ) -> Result<tonic::Response<v1::ListPodResourcesResponse>, tonic::Status> {
+            Ok(tonic::Response::new(v1::ListPodResourcesResponse {
+                pod_resources: vec![v1::PodResources {
+                    name: "train-0".into(),
+                    namespace: "ml".into(),
+                    containers: vec![v1::ContainerResources {
+                        name: "main".into(),
+                        cpu_ids: vec![4, 5, 6, 7],
+                        devices: vec![v1::ContainerDevices {
+                            resource_name: "nvidia.com/gpu".into(),
+                            device_ids: vec!["GPU-a".into(), "GPU-b".into()],
+                            topology: None,
+                        }],
+                        memory: vec![],
+                    }],
+                }],
+            }))
+        }
+
+        async fn get_allocatable_resources(
+            &self,
+            _: tonic::Request<v1::AllocatableResourcesRequest>,
+        ) -> Result<tonic::Response<v1::AllocatableResourcesResponse>, tonic::Status> {
+            Err(tonic::Status::unimplemented("not used"))
+        }
+    }
+
+    #[tokio::test]
+    async fn lists_over_a_unix_socket() {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("kubelet.sock");
+        let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(PodResourcesListerServer::new(Fixed))
+                .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener)),
+        );
+        let pods = list(&socket).await.unwrap();
+        assert_eq!(pods[0].name, "train-0");
+        assert_eq!(pods[0].containers[0].cpus.to_string(), "4-7");
+        assert_eq!(pods[0].containers[0].devices["nvidia.com/gpu"], vec!["GPU-a", "GPU-b"]);
+
+        let err = list(&dir.path().join("absent.sock")).await.unwrap_err();
+        assert!(err.to_string().contains("absent.sock"), "{err}");
+    }
+}
