@@ -424,6 +424,24 @@ impl TestCluster {
         Ok(names)
     }
 
+    /// Installs every `*.yaml` file in `dir` (sorted by name), e.g. the
+    /// project's own CRDs.
+    pub async fn install_crd_dir(&self, dir: &Path) -> Result<Vec<String>> {
+        let mut files = Vec::new();
+        for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+            let path = entry?.path();
+            if path.extension().is_some_and(|e| e == "yaml" || e == "yml") {
+                files.push(path);
+            }
+        }
+        files.sort();
+        let mut names = Vec::new();
+        for path in &files {
+            names.extend(self.install_crd_file(path).await?);
+        }
+        Ok(names)
+    }
+
     /// The `NodeResourceTopology` CRD (topology.node.k8s.io/v1alpha2).
     pub async fn install_nrt_crd(&self) -> Result<Vec<String>> {
         self.install_crd_file(
@@ -476,11 +494,15 @@ impl TestCluster {
         Ok(node)
     }
 
+    /// Starts an upstream binary with `KUBECONFIG` set to the admin kubeconfig
+    /// (some Volcano plugins read it instead of `--kubeconfig`).
     fn spawn(&self, name: &str, bin: &str, args: &[String]) -> Result<()> {
-        let p = Proc::spawn(
+        let kubeconfig = self.admin_kubeconfig.display().to_string();
+        let p = Proc::spawn_with_env(
             name,
             &Upstream::get()?.bin(bin),
             args,
+            &[("KUBECONFIG", &kubeconfig)],
             &self.root.join("logs"),
         )?;
         self.procs

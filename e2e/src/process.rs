@@ -29,11 +29,23 @@ pub struct Proc {
 impl Proc {
     /// Starts `program args...`; stdout goes to `<logs>/<name>.stdout`, stderr to `<logs>/<name>.log`.
     pub fn spawn(name: &str, program: &Path, args: &[String], logs: &Path) -> Result<Proc> {
+        Self::spawn_with_env(name, program, args, &[], logs)
+    }
+
+    /// [`Proc::spawn`] with extra environment variables.
+    pub fn spawn_with_env(
+        name: &str,
+        program: &Path,
+        args: &[String],
+        env: &[(&str, &str)],
+        logs: &Path,
+    ) -> Result<Proc> {
         std::fs::create_dir_all(logs)?;
         let stdout = logs.join(format!("{name}.stdout"));
         let log = logs.join(format!("{name}.log"));
         let mut cmd = Command::new(program);
         cmd.args(args)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(File::create(&stdout)?)
             .stderr(File::create(&log)?)
