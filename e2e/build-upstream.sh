@@ -74,9 +74,9 @@ else
     cd "$K8S_MOD"
     go mod download
     echo "build-upstream: etcd $ETCD_VERSION, kubelet-dm" >&2
-    go build -trimpath -ldflags "-s -w" -o "$OUT.tmp/bin/" ./cmd/etcd ./cmd/kubelet-dm
+    go build -buildvcs=false -trimpath -ldflags "-s -w" -o "$OUT.tmp/bin/" ./cmd/etcd ./cmd/kubelet-dm
     echo "build-upstream: kube-apiserver, kube-scheduler $K8S_VERSION" >&2
-    go build -trimpath -ldflags "-s -w $ldv" -o "$OUT.tmp/bin/" \
+    go build -buildvcs=false -trimpath -ldflags "-s -w $ldv" -o "$OUT.tmp/bin/" \
       k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-scheduler
   )
   (
@@ -86,8 +86,8 @@ else
     vpkg=volcano.sh/volcano/pkg/version
     vld="-s -w -X $vpkg.GitSHA=$VC_VERSION -X $vpkg.Built=1970-01-01T00:00:00Z -X $vpkg.Version=$VC_VERSION"
     echo "build-upstream: vc-scheduler, vc-controller-manager $VC_VERSION" >&2
-    go build -trimpath -ldflags "$vld" -o "$OUT.tmp/bin/vc-scheduler" volcano.sh/volcano/cmd/scheduler
-    go build -trimpath -ldflags "$vld" -o "$OUT.tmp/bin/vc-controller-manager" volcano.sh/volcano/cmd/controller-manager
+    go build -buildvcs=false -trimpath -ldflags "$vld" -o "$OUT.tmp/bin/vc-scheduler" volcano.sh/volcano/cmd/scheduler
+    go build -buildvcs=false -trimpath -ldflags "$vld" -o "$OUT.tmp/bin/vc-controller-manager" volcano.sh/volcano/cmd/controller-manager
     cp "$vc_dir"/installer/helm/chart/volcano/crd/bases/*.yaml "$OUT.tmp/crds/volcano/"
     chmod -R u+w "$OUT.tmp/crds"
   )
