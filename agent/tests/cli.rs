@@ -176,3 +176,19 @@ fn bad_input_is_a_clear_error() {
     ]));
     assert_eq!(v["summary"]["accelerators"], 4);
 }
+
+#[test]
+fn deployed_crd_matches_the_rust_types() {
+    let out = agent(&["crd"]);
+    assert!(out.status.success());
+    let deployed = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../deploy/crds/devicetopologies.topology.fumarole.dev.yaml"),
+    )
+    .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        deployed,
+        "deploy/crds is stale: run `fumarole-agent crd > deploy/crds/devicetopologies.topology.fumarole.dev.yaml`"
+    );
+}

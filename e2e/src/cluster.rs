@@ -70,6 +70,8 @@ impl NodeSpec {
 /// A real control plane for one test. See the crate docs.
 pub struct TestCluster {
     procs: Mutex<Vec<Proc>>,
+    /// kube-apiserver's program and arguments, to start it again after [`TestCluster::stop_apiserver`].
+    apiserver: (PathBuf, Vec<String>),
     dir: Option<TempDir>,
     root: PathBuf,
     server: String,
@@ -180,10 +182,7 @@ impl TestCluster {
             format!("{admin_token},fumarole-e2e-admin,fumarole-e2e-admin,\"system:masters\"\n"),
         )?;
         let issuer = "https://kubernetes.default.svc.cluster.local";
-        procs.push(Proc::spawn(
-            "kube-apiserver",
-            &up.bin("kube-apiserver"),
-            &[
+        let apiserver_args: Vec<String> = vec![
                 format!("--etcd-servers={etcd_url}"),
                 "--bind-address=127.0.0.1".to_string(),
                 "--advertise-address=127.0.0.1".to_string(),
@@ -210,7 +209,11 @@ impl TestCluster {
                 // Endpoints may not be loopback; nothing here needs the
                 // `kubernetes` service endpoints.
                 "--endpoint-reconciler-type=none".to_string(),
-            ],
+        ];
+        procs.push(Proc::spawn(
+            "kube-apiserver",
+            &up.bin("kube-apiserver"),
+            &apiserver_args,
             &logs,
         )?);
 
@@ -224,6 +227,7 @@ impl TestCluster {
         let client = make_client(&server, &pki.ca_cert, &admin_token, None).await?;
         let cluster = TestCluster {
             procs: Mutex::new(procs),
+            apiserver: (up.bin("kube-apiserver"), apiserver_args),
             dir: Some(dir),
             root,
             server,
@@ -255,6 +259,31 @@ impl TestCluster {
             async move { Ok(ns.get_opt("default").await?.map(|_| ())) }
         })
         .await
+    }
+
+    /// Stops kube-apiserver (etcd keeps running): clients see connection errors until
+    /// [`TestCluster::start_apiserver`].
+    pub fn stop_apiserver(&self) -> Result<()> {
+        let mut procs = self.procs.lock().map_err(|_| anyhow!("process list poisoned"))?;
+        let i = procs
+            .iter()
+            .position(|p| p.name() == "kube-apiserver")
+            .ok_or_else(|| anyhow!("kube-apiserver is not running"))?;
+        procs.remove(i).stop();
+        Ok(())
+    }
+
+    /// Starts kube-apiserver again on the same port with the same certificates and waits
+    /// until it is ready.
+    pub async fn start_apiserver(&self) -> Result<()> {
+        {
+            let mut procs = self.procs.lock().map_err(|_| anyhow!("process list poisoned"))?;
+            let restarts = procs.iter().filter(|p| p.name().starts_with("kube-apiserver")).count();
+            let name = if restarts == 0 { "kube-apiserver".to_string() } else { format!("kube-apiserver-{restarts}") };
+            let (program, args) = &self.apiserver;
+            procs.push(Proc::spawn(&name, program, args, &self.root.join("logs"))?);
+        }
+        self.wait_ready().await
     }
 
     /// Fails (with a [`Fatal`] error) if any started process has exited,
@@ -497,14 +526,16 @@ impl TestCluster {
     /// Starts an upstream binary with `KUBECONFIG` set to the admin kubeconfig
     /// (some Volcano plugins read it instead of `--kubeconfig`).
     fn spawn(&self, name: &str, bin: &str, args: &[String]) -> Result<()> {
+        self.start_program(name, &Upstream::get()?.bin(bin), args, &[])
+    }
+
+    /// Starts any program as part of the cluster (stopped on drop), with `KUBECONFIG` set
+    /// to the admin kubeconfig plus `env`. Its stderr is `log_tail(name, ..)`.
+    pub fn start_program(&self, name: &str, program: &Path, args: &[String], env: &[(&str, &str)]) -> Result<()> {
         let kubeconfig = self.admin_kubeconfig.display().to_string();
-        let p = Proc::spawn_with_env(
-            name,
-            &Upstream::get()?.bin(bin),
-            args,
-            &[("KUBECONFIG", &kubeconfig)],
-            &self.root.join("logs"),
-        )?;
+        let mut all_env = vec![("KUBECONFIG", kubeconfig.as_str())];
+        all_env.extend_from_slice(env);
+        let p = Proc::spawn_with_env(name, program, args, &all_env, &self.root.join("logs"))?;
         self.procs
             .lock()
             .map_err(|_| anyhow!("process list poisoned"))?

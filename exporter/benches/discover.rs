@@ -15,14 +15,23 @@ fn bench(c: &mut Criterion) {
     let mut group = c.benchmark_group("discover");
     for name in fixtures::NAMES {
         let dir = tempfile::tempdir().unwrap();
-        fixtures::get(name).unwrap().materialize(dir.path()).unwrap();
+        fixtures::get(name)
+            .unwrap()
+            .materialize(dir.path())
+            .unwrap();
         // SAFETY: criterion measures on this thread and the bench starts no other thread.
         unsafe { discover::use_fsroot(dir.path()) };
         let recorded = dir.path().join(RECORDED_NVML_FILE.trim_start_matches('/'));
-        let probe: Box<dyn NvmlProbe> =
-            if recorded.is_file() { Box::new(RecordedProbe(recorded)) } else { Box::new(NoProbe) };
+        let probe: Box<dyn NvmlProbe> = if recorded.is_file() {
+            Box::new(RecordedProbe(recorded))
+        } else {
+            Box::new(NoProbe)
+        };
         let opts = DiscoverOptions::new(Source::FsRoot(dir.path().to_path_buf()));
-        let expected = discover::discover(&opts, probe.as_ref()).unwrap().devices.len();
+        let expected = discover::discover(&opts, probe.as_ref())
+            .unwrap()
+            .devices
+            .len();
         group.bench_function(*name, |b| {
             b.iter(|| {
                 let t = discover::discover(&opts, probe.as_ref()).unwrap();

@@ -2,8 +2,10 @@
 //!
 //! [`discover`] builds a `fumarole_topology::NodeTopology` from a filesystem root (this host,
 //! a dump, a fixture) or an hwloc XML file. [`fixtures`] holds the accelerator nodes the
-//! project ships for tests and demos. Publishing to the API server comes in a later module.
+//! project ships for tests and demos. [`kubelet`] reads the kubelet's policies and allocations;
+//! [`publish`] turns all of it into Kubernetes objects and keeps them current.
 
 pub mod discover;
 pub mod fixtures;
 pub mod kubelet;
+pub mod publish;

@@ -182,6 +182,24 @@ pub struct Device {
     pub serial: Option<String>,
 }
 
+impl Device {
+    /// The extended resource the vendor's device plugin advertises this device as
+    /// (`nvidia.com/gpu`, `huawei.com/Ascend910`, `metax-tech.com/gpu`, ...).
+    pub fn default_resource_name(&self) -> String {
+        match self.vendor {
+            Vendor::Nvidia => "nvidia.com/gpu".into(),
+            Vendor::Huawei => match self.id.rsplit_once('-') {
+                Some((family, _)) if family.starts_with("Ascend") => format!("huawei.com/{family}"),
+                _ => "huawei.com/npu".into(),
+            },
+            Vendor::Metax => "metax-tech.com/gpu".into(),
+            Vendor::Amd => "amd.com/gpu".into(),
+            Vendor::Intel => "gpu.intel.com/i915".into(),
+            Vendor::Other => "fumarole.dev/accelerator".into(),
+        }
+    }
+}
+
 /// Where a node's super-node id came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -459,6 +477,19 @@ mod tests {
         for key in ["packages", "numa_nodes", "cores", "pus", "accelerators"] {
             assert!(v[key].is_u64(), "{key}");
         }
+    }
+
+    #[test]
+    fn resource_names_follow_vendor_plugins() {
+        let mut d = gpu(0);
+        assert_eq!(d.default_resource_name(), "nvidia.com/gpu");
+        d.vendor = Vendor::Huawei;
+        d.id = "Ascend910-3".into();
+        assert_eq!(d.default_resource_name(), "huawei.com/Ascend910");
+        d.id = "Ascend310P-0".into();
+        assert_eq!(d.default_resource_name(), "huawei.com/Ascend310P");
+        d.vendor = Vendor::Metax;
+        assert_eq!(d.default_resource_name(), "metax-tech.com/gpu");
     }
 
     #[test]

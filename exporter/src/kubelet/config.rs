@@ -33,7 +33,10 @@ pub struct KubeletConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("kubelet config {path}: {reason}")]
-    Read { path: PathBuf, reason: std::io::Error },
+    Read {
+        path: PathBuf,
+        reason: std::io::Error,
+    },
     #[error("kubelet config {path}: {reason}")]
     Invalid { path: PathBuf, reason: String },
 }
@@ -52,11 +55,19 @@ pub struct KubeletPolicies {
 
 impl KubeletConfig {
     pub fn load(path: &Path) -> Result<KubeletPolicies, ConfigError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|reason| ConfigError::Read { path: path.to_path_buf(), reason })?;
-        let config: KubeletConfig = serde_norway::from_str(&text)
-            .map_err(|e| ConfigError::Invalid { path: path.to_path_buf(), reason: e.to_string() })?;
-        config.policies().map_err(|reason| ConfigError::Invalid { path: path.to_path_buf(), reason })
+        let text = std::fs::read_to_string(path).map_err(|reason| ConfigError::Read {
+            path: path.to_path_buf(),
+            reason,
+        })?;
+        let config: KubeletConfig =
+            serde_norway::from_str(&text).map_err(|e| ConfigError::Invalid {
+                path: path.to_path_buf(),
+                reason: e.to_string(),
+            })?;
+        config.policies().map_err(|reason| ConfigError::Invalid {
+            path: path.to_path_buf(),
+            reason,
+        })
     }
 
     /// Validated policies; the error names the field and the value.
@@ -66,12 +77,18 @@ impl KubeletConfig {
             if allowed.contains(&v.as_str()) {
                 Ok(v)
             } else {
-                Err(format!("{field}: {v:?} is not one of {}", allowed.join(", ")))
+                Err(format!(
+                    "{field}: {v:?} is not one of {}",
+                    allowed.join(", ")
+                ))
             }
         };
         let sum = |key: &str, parse: fn(&str) -> Result<u64, quantity::QuantityError>| {
             let mut total = 0u64;
-            for (section, map) in [("kubeReserved", &self.kube_reserved), ("systemReserved", &self.system_reserved)] {
+            for (section, map) in [
+                ("kubeReserved", &self.kube_reserved),
+                ("systemReserved", &self.system_reserved),
+            ] {
                 if let Some(v) = map.get(key) {
                     total += parse(v).map_err(|e| format!("{section}.{key}: {e}"))?;
                 }
@@ -81,7 +98,9 @@ impl KubeletConfig {
         let eviction_memory = match self.eviction_hard.get("memory.available") {
             // A percentage depends on capacity; only absolute thresholds are reserved here.
             Some(v) if v.ends_with('%') => 0,
-            Some(v) => quantity::bytes(v).map_err(|e| format!("evictionHard.memory.available: {e}"))?,
+            Some(v) => {
+                quantity::bytes(v).map_err(|e| format!("evictionHard.memory.available: {e}"))?
+            }
             None => 0,
         };
         let reserved_system_cpus = match &self.reserved_system_cpus {
@@ -89,14 +108,24 @@ impl KubeletConfig {
             None => CpuSet::new(),
         };
         Ok(KubeletPolicies {
-            cpu_manager_policy: one_of("cpuManagerPolicy", &self.cpu_manager_policy, &["none", "static"], "none")?,
+            cpu_manager_policy: one_of(
+                "cpuManagerPolicy",
+                &self.cpu_manager_policy,
+                &["none", "static"],
+                "none",
+            )?,
             topology_manager_policy: one_of(
                 "topologyManagerPolicy",
                 &self.topology_manager_policy,
                 &["none", "best-effort", "restricted", "single-numa-node"],
                 "none",
             )?,
-            topology_manager_scope: one_of("topologyManagerScope", &self.topology_manager_scope, &["container", "pod"], "container")?,
+            topology_manager_scope: one_of(
+                "topologyManagerScope",
+                &self.topology_manager_scope,
+                &["container", "pod"],
+                "container",
+            )?,
             reserved_cpu_millis: sum("cpu", quantity::cpu_millis)?,
             reserved_memory_bytes: sum("memory", quantity::bytes)? + eviction_memory,
             reserved_system_cpus,
@@ -129,7 +158,13 @@ mod tests {
     #[test]
     fn defaults_to_none() {
         let p = KubeletConfig::default().policies().unwrap();
-        assert_eq!((p.cpu_manager_policy.as_str(), p.topology_manager_policy.as_str()), ("none", "none"));
+        assert_eq!(
+            (
+                p.cpu_manager_policy.as_str(),
+                p.topology_manager_policy.as_str()
+            ),
+            ("none", "none")
+        );
     }
 
     #[test]
@@ -144,7 +179,10 @@ mod tests {
         ] {
             std::fs::write(&path, text).unwrap();
             let err = KubeletConfig::load(&path).unwrap_err().to_string();
-            assert!(err.contains(&path.display().to_string()) && err.contains(want), "{err}");
+            assert!(
+                err.contains(&path.display().to_string()) && err.contains(want),
+                "{err}"
+            );
         }
         assert!(KubeletConfig::load(&dir.path().join("missing.yaml")).is_err());
     }

@@ -33,19 +33,27 @@ pub enum StateError {
     #[error("CPU manager checkpoint {path}: no such file")]
     Missing { path: PathBuf },
     #[error("CPU manager checkpoint {path}: {reason}")]
-    Read { path: PathBuf, reason: std::io::Error },
+    Read {
+        path: PathBuf,
+        reason: std::io::Error,
+    },
     #[error("CPU manager checkpoint {path} is corrupt: {reason}")]
     Corrupt { path: PathBuf, reason: String },
 }
 
 impl CpuManagerState {
     pub fn load(path: &Path) -> Result<Self, StateError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|reason| StateError::Read { path: path.to_path_buf(), reason })?;
-        let corrupt = |reason: String| StateError::Corrupt { path: path.to_path_buf(), reason };
+        let text = std::fs::read_to_string(path).map_err(|reason| StateError::Read {
+            path: path.to_path_buf(),
+            reason,
+        })?;
+        let corrupt = |reason: String| StateError::Corrupt {
+            path: path.to_path_buf(),
+            reason,
+        };
         let raw: Raw = serde_json::from_str(&text).map_err(|e| corrupt(e.to_string()))?;
-        let default_cpu_set =
-            CpuSet::parse(&raw.default_cpu_set).map_err(|e| corrupt(format!("defaultCpuSet: {e}")))?;
+        let default_cpu_set = CpuSet::parse(&raw.default_cpu_set)
+            .map_err(|e| corrupt(format!("defaultCpuSet: {e}")))?;
         let mut entries = BTreeMap::new();
         for (uid, containers) in raw.entries {
             let mut parsed = BTreeMap::new();
@@ -56,7 +64,11 @@ impl CpuManagerState {
             }
             entries.insert(uid, parsed);
         }
-        Ok(Self { policy_name: raw.policy_name, default_cpu_set, entries })
+        Ok(Self {
+            policy_name: raw.policy_name,
+            default_cpu_set,
+            entries,
+        })
     }
 
     /// Allocations by pod uid (the checkpoint has no pod names).
@@ -95,10 +107,17 @@ mod tests {
         assert_eq!(pods[0].uid.as_deref(), Some("uid-1"));
         assert_eq!(pods[0].containers[0].cpus.to_string(), "2-5");
 
-        for bad in [r#"{"policyName":"static","entries":{"u":{"c":"9-2"}}}"#, "{\"policyNa", ""] {
+        for bad in [
+            r#"{"policyName":"static","entries":{"u":{"c":"9-2"}}}"#,
+            "{\"policyNa",
+            "",
+        ] {
             std::fs::write(&path, bad).unwrap();
             let err = CpuManagerState::load(&path).unwrap_err().to_string();
-            assert!(err.contains("corrupt") && err.contains(&path.display().to_string()), "{err}");
+            assert!(
+                err.contains("corrupt") && err.contains(&path.display().to_string()),
+                "{err}"
+            );
         }
     }
 }

@@ -82,7 +82,11 @@ impl Default for KubeletPaths {
 #[derive(Debug, thiserror::Error)]
 pub enum AllocationError {
     #[error("PodResources at {socket} failed ({podresources}) and {checkpoint}")]
-    Both { socket: PathBuf, podresources: String, checkpoint: cpu_manager_state::StateError },
+    Both {
+        socket: PathBuf,
+        podresources: String,
+        checkpoint: cpu_manager_state::StateError,
+    },
     #[error(transparent)]
     Checkpoint(#[from] cpu_manager_state::StateError),
 }
@@ -93,7 +97,12 @@ pub async fn read_allocations(paths: &KubeletPaths) -> Result<Allocations, Alloc
     let socket_exists = paths.pod_resources_socket.exists();
     if socket_exists {
         match podresources::list(&paths.pod_resources_socket).await {
-            Ok(pods) => return Ok(Allocations { source: AllocationSource::PodResources, pods }),
+            Ok(pods) => {
+                return Ok(Allocations {
+                    source: AllocationSource::PodResources,
+                    pods,
+                });
+            }
             Err(e) => {
                 tracing::warn!(socket = %paths.pod_resources_socket.display(), error = %e, "PodResources failed; reading the CPU manager checkpoint");
                 return match read_checkpoint(&paths.cpu_manager_state) {
@@ -114,8 +123,12 @@ pub async fn read_allocations(paths: &KubeletPaths) -> Result<Allocations, Alloc
             }
         }
     }
-    Ok(read_checkpoint(&paths.cpu_manager_state)?
-        .unwrap_or(Allocations { source: AllocationSource::None, pods: Vec::new() }))
+    Ok(
+        read_checkpoint(&paths.cpu_manager_state)?.unwrap_or(Allocations {
+            source: AllocationSource::None,
+            pods: Vec::new(),
+        }),
+    )
 }
 
 fn read_checkpoint(path: &Path) -> Result<Option<Allocations>, cpu_manager_state::StateError> {
@@ -123,5 +136,8 @@ fn read_checkpoint(path: &Path) -> Result<Option<Allocations>, cpu_manager_state
         return Ok(None);
     }
     let state = cpu_manager_state::CpuManagerState::load(path)?;
-    Ok(Some(Allocations { source: AllocationSource::CpuManagerState, pods: state.pod_allocations() }))
+    Ok(Some(Allocations {
+        source: AllocationSource::CpuManagerState,
+        pods: state.pod_allocations(),
+    }))
 }

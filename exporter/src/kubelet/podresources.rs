@@ -35,13 +35,27 @@ pub async fn list(socket: &Path) -> Result<Vec<PodAllocation>, PodResourcesError
         .timeout(Duration::from_secs(10))
         .connect_with_connector(tower::service_fn(move |_: Uri| {
             let path = path.clone();
-            async move { tokio::net::UnixStream::connect(path).await.map(TokioIo::new) }
+            async move {
+                tokio::net::UnixStream::connect(path)
+                    .await
+                    .map(TokioIo::new)
+            }
         }))
         .await
-        .map_err(|e| PodResourcesError::Connect { path: display.clone(), reason: e.to_string() })?;
+        .map_err(|e| PodResourcesError::Connect {
+            path: display.clone(),
+            reason: e.to_string(),
+        })?;
     let mut client = v1::pod_resources_lister_client::PodResourcesListerClient::new(channel);
-    let response = client.list(v1::ListPodResourcesRequest {}).await?.into_inner();
-    Ok(response.pod_resources.into_iter().map(pod_allocation).collect())
+    let response = client
+        .list(v1::ListPodResourcesRequest {})
+        .await?
+        .into_inner();
+    Ok(response
+        .pod_resources
+        .into_iter()
+        .map(pod_allocation)
+        .collect())
 }
 
 fn pod_allocation(p: v1::PodResources) -> PodAllocation {
@@ -55,12 +69,19 @@ fn pod_allocation(p: v1::PodResources) -> PodAllocation {
             .map(|c| {
                 let mut devices: BTreeMap<String, Vec<String>> = BTreeMap::new();
                 for d in c.devices {
-                    devices.entry(d.resource_name).or_default().extend(d.device_ids);
+                    devices
+                        .entry(d.resource_name)
+                        .or_default()
+                        .extend(d.device_ids);
                 }
                 ContainerAllocation {
                     name: c.name,
                     // Negative ids would be a kubelet bug; drop them rather than fail.
-                    cpus: c.cpu_ids.into_iter().filter_map(|id| u32::try_from(id).ok()).collect::<CpuSet>(),
+                    cpus: c
+                        .cpu_ids
+                        .into_iter()
+                        .filter_map(|id| u32::try_from(id).ok())
+                        .collect::<CpuSet>(),
                     devices,
                 }
             })
@@ -120,7 +141,10 @@ mod tests {
         let pods = list(&socket).await.unwrap();
         assert_eq!(pods[0].name, "train-0");
         assert_eq!(pods[0].containers[0].cpus.to_string(), "4-7");
-        assert_eq!(pods[0].containers[0].devices["nvidia.com/gpu"], vec!["GPU-a", "GPU-b"]);
+        assert_eq!(
+            pods[0].containers[0].devices["nvidia.com/gpu"],
+            vec!["GPU-a", "GPU-b"]
+        );
 
         let err = list(&dir.path().join("absent.sock")).await.unwrap_err();
         assert!(err.to_string().contains("absent.sock"), "{err}");

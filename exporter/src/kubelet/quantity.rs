@@ -28,7 +28,9 @@ const SUFFIXES: &[(&str, f64)] = &[
 ];
 
 fn parse(value: &str) -> Result<f64, QuantityError> {
-    let err = || QuantityError { value: value.to_owned() };
+    let err = || QuantityError {
+        value: value.to_owned(),
+    };
     let v = value.trim();
     let (number, multiplier) = SUFFIXES
         .iter()
@@ -54,7 +56,11 @@ pub fn bytes(value: &str) -> Result<u64, QuantityError> {
 
 /// Millicores as a quantity string: whole CPUs without a suffix.
 pub fn format_cpu(millis: u64) -> String {
-    if millis % 1000 == 0 { (millis / 1000).to_string() } else { format!("{millis}m") }
+    if millis % 1000 == 0 {
+        (millis / 1000).to_string()
+    } else {
+        format!("{millis}m")
+    }
 }
 
 #[cfg(test)]

@@ -10,6 +10,8 @@ use serde::{Deserialize, Serialize};
 use crate::model::{Health, NodeTopology};
 
 /// The node's hardware as schedulers need it.
+// clippy reads the repeated `printcolumn(...)` arguments as duplicated attributes.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[kube(
     group = "topology.fumarole.dev",
@@ -18,11 +20,27 @@ use crate::model::{Health, NodeTopology};
     plural = "devicetopologies",
     shortname = "dtopo",
     status = "DeviceTopologyStatus",
-    printcolumn(name = "Accelerators", type_ = "integer", json_path = ".spec.acceleratorCount"),
+    printcolumn(
+        name = "Accelerators",
+        type_ = "integer",
+        json_path = ".spec.acceleratorCount"
+    ),
     printcolumn(name = "Model", type_ = "string", json_path = ".spec.model"),
-    printcolumn(name = "Super-node", type_ = "string", json_path = ".spec.superNode.id"),
-    printcolumn(name = "Healthy", type_ = "integer", json_path = ".status.healthyCount"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(
+        name = "Super-node",
+        type_ = "string",
+        json_path = ".spec.superNode.id"
+    ),
+    printcolumn(
+        name = "Healthy",
+        type_ = "integer",
+        json_path = ".status.healthyCount"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[serde(rename_all = "camelCase")]
 pub struct DeviceTopologySpec {
@@ -182,10 +200,10 @@ impl DeviceTopologySpec {
                     weight: l.weight,
                 })
                 .collect(),
-            super_node: t
-                .super_node
-                .as_ref()
-                .map(|s| SuperNodeInfo { id: s.id.clone(), source: camel(&s.source) }),
+            super_node: t.super_node.as_ref().map(|s| SuperNodeInfo {
+                id: s.id.clone(),
+                source: camel(&s.source),
+            }),
         }
     }
 }
@@ -204,8 +222,15 @@ impl DeviceTopologyStatus {
                 (d.id.clone(), status)
             })
             .collect();
-        let healthy = t.devices.iter().filter(|d| d.health == Health::Healthy).count();
-        DeviceTopologyStatus { healthy_count: u32::try_from(healthy).unwrap_or(u32::MAX), devices }
+        let healthy = t
+            .devices
+            .iter()
+            .filter(|d| d.health == Health::Healthy)
+            .count();
+        DeviceTopologyStatus {
+            healthy_count: u32::try_from(healthy).unwrap_or(u32::MAX),
+            devices,
+        }
     }
 }
 
@@ -217,7 +242,10 @@ mod tests {
     #[test]
     fn crd_has_printer_columns_and_status() {
         let crd = DeviceTopology::crd();
-        assert_eq!(crd.metadata.name.as_deref(), Some("devicetopologies.topology.fumarole.dev"));
+        assert_eq!(
+            crd.metadata.name.as_deref(),
+            Some("devicetopologies.topology.fumarole.dev")
+        );
         assert_eq!(crd.spec.scope, "Cluster");
         let v = &crd.spec.versions[0];
         let cols: Vec<&str> = v
@@ -227,7 +255,10 @@ mod tests {
             .iter()
             .map(|c| c.name.as_str())
             .collect();
-        assert_eq!(cols, ["Accelerators", "Model", "Super-node", "Healthy", "Age"]);
+        assert_eq!(
+            cols,
+            ["Accelerators", "Model", "Super-node", "Healthy", "Age"]
+        );
         assert!(v.subresources.as_ref().unwrap().status.is_some());
     }
 }

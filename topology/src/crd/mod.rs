@@ -17,4 +17,6 @@ pub use device_topology::{
     DeviceAllocation, DeviceStatus, DeviceTopology, DeviceTopologySpec, DeviceTopologyStatus,
 };
 pub use node_resource_topology::{Attribute, CostInfo, NodeResourceTopology, ResourceInfo, Zone};
-pub use numatopology::{ContainerAllocation, CpuInfo, Numatopology, NumatopologySpec, PodAllocation, ResourceInfoNuma};
+pub use numatopology::{
+    ContainerAllocation, CpuInfo, Numatopology, NumatopologySpec, PodAllocation, ResourceInfoNuma,
+};

@@ -1,0 +1,102 @@
+//! `fumarole-agent run`: the DaemonSet's long-running job. Discovers the node, publishes its
+//! `Numatopology`, `NodeResourceTopology`, `DeviceTopology` and labels, keeps them current,
+//! and serves `/metrics` and `/healthz`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use fumarole_exporter::kubelet::KubeletPaths;
+use fumarole_exporter::publish::{self, Publisher, metrics, metrics::Metrics, state::NodeState};
+use tokio::sync::Notify;
+
+use crate::node::NodeArgs;
+
+#[derive(Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    node: NodeArgs,
+    /// This node's name (the Node object and every published object are named after it).
+    #[arg(long, env = "NODE_NAME")]
+    node_name: String,
+    /// The kubelet configuration file.
+    #[arg(
+        long,
+        value_name = "FILE",
+        default_value = "/var/lib/kubelet/config.yaml"
+    )]
+    kubelet_config: PathBuf,
+    /// The kubelet PodResources socket.
+    #[arg(
+        long,
+        value_name = "FILE",
+        default_value = "/var/lib/kubelet/pod-resources/kubelet.sock"
+    )]
+    pod_resources_socket: PathBuf,
+    /// The kubelet CPU manager checkpoint (fallback when PodResources is unavailable).
+    #[arg(
+        long,
+        value_name = "FILE",
+        default_value = "/var/lib/kubelet/cpu_manager_state"
+    )]
+    cpu_manager_state: PathBuf,
+    /// How often to re-check that the published objects are current.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
+    recheck_interval: Duration,
+    /// Address of `/metrics` and `/healthz`.
+    #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:9400")]
+    metrics_addr: SocketAddr,
+}
+
+pub fn run(args: RunArgs) -> Result<()> {
+    // Before any thread: hwloc reads its root from the environment.
+    let prepared = args.node.prepare(Some(args.node_name.clone()))?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async move {
+        let client = kube::Client::try_default()
+            .await
+            .context("connecting to the API server (in-cluster config or KUBECONFIG)")?;
+        let metrics = Metrics::new(args.recheck_interval);
+        let listener = tokio::net::TcpListener::bind(args.metrics_addr)
+            .await
+            .with_context(|| format!("--metrics-addr {}", args.metrics_addr))?;
+        tokio::spawn(metrics::serve(listener, metrics.clone()));
+
+        let wake = Arc::new(Notify::new());
+        let publisher = Publisher::new(client, &args.node_name, metrics.clone(), wake.clone());
+        let kubelet = KubeletPaths {
+            config: args.kubelet_config,
+            pod_resources_socket: args.pod_resources_socket,
+            cpu_manager_state: args.cpu_manager_state,
+        };
+        let state = NodeState::new(prepared.options.clone(), prepared.nvml, kubelet, metrics);
+        tracing::info!(node = %args.node_name, recheck = ?args.recheck_interval, "publishing node topology");
+        tokio::select! {
+            () = publish::run(publisher, state, args.recheck_interval, wake) => {}
+            () = shutdown() => tracing::info!("shutting down"),
+        }
+        Ok(())
+    })
+}
+
+/// SIGTERM (the kubelet stopping the pod) or Ctrl-C.
+async fn shutdown() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = term => {}
+    }
+}

@@ -1,0 +1,357 @@
+//! The exporter (`fumarole-agent run`) against the real API server and Volcano: its
+//! Numatopology, NodeResourceTopology and DeviceTopology are accepted by the real CRDs, Volcano's
+//! `numa-aware` plugin places pods by them, nothing is written in steady state, it recovers
+//! from an API server outage by itself, and bad kubelet state keeps the last good object.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use fumarole_e2e::cluster::{eventually, free_port};
+use fumarole_e2e::{NodeSpec, TestCluster};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const GOOD_CONFIG: &str = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncpuManagerPolicy: static\ntopologyManagerPolicy: single-numa-node\nkubeReserved: {cpu: \"1\", memory: 1Gi}\n";
+
+/// The agent binary beside this test's own (`target/<profile>/fumarole-agent`).
+fn agent_bin() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe.parent().unwrap().parent().unwrap().join("fumarole-agent");
+    assert!(bin.exists(), "{} missing: run `cargo build -p fumarole-agent` first", bin.display());
+    bin
+}
+
+fn crd_file() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/crds/devicetopologies.topology.fumarole.dev.yaml")
+}
+
+async fn cluster() -> TestCluster {
+    let cluster = TestCluster::start().await.unwrap();
+    cluster.install_volcano_crds().await.unwrap();
+    cluster.install_nrt_crd().await.unwrap();
+    cluster.install_crd_file(&crd_file()).await.unwrap();
+    cluster
+}
+
+/// One agent on one node, with its own kubelet files.
+struct Agent {
+    name: String,
+    dir: tempfile::TempDir,
+    metrics_port: u16,
+}
+
+impl Agent {
+    fn config(&self) -> PathBuf {
+        self.dir.path().join("config.yaml")
+    }
+
+    fn state(&self) -> PathBuf {
+        self.dir.path().join("cpu_manager_state")
+    }
+
+    fn log_name(&self) -> String {
+        format!("fumarole-agent-{}", self.name)
+    }
+
+    async fn metric(&self, name: &str) -> f64 {
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", self.metrics_port)).await.unwrap();
+        stream.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").await.unwrap();
+        let mut text = String::new();
+        stream.read_to_string(&mut text).await.unwrap();
+        text.lines()
+            .filter(|l| l.starts_with(name))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+}
+
+async fn start_agent(cluster: &TestCluster, node: &str, fixture: &str, cpus: u32) -> Agent {
+    cluster
+        .create_node(&NodeSpec::new(node).capacity("cpu", &cpus.to_string()).capacity("memory", "512Gi"))
+        .await
+        .unwrap();
+    let agent = Agent { name: node.into(), dir: tempfile::tempdir().unwrap(), metrics_port: free_port().unwrap() };
+    std::fs::write(agent.config(), GOOD_CONFIG).unwrap();
+    std::fs::write(agent.state(), r#"{"policyName":"static","defaultCpuSet":"","entries":{},"checksum":1}"#).unwrap();
+    let args: Vec<String> = [
+        "run",
+        "--fixture",
+        fixture,
+        "--node-name",
+        node,
+        "--kubelet-config",
+        agent.config().to_str().unwrap(),
+        "--cpu-manager-state",
+        agent.state().to_str().unwrap(),
+        "--pod-resources-socket",
+        agent.dir.path().join("absent.sock").to_str().unwrap(),
+        "--recheck-interval",
+        "1s",
+        "--metrics-addr",
+        &format!("127.0.0.1:{}", agent.metrics_port),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    cluster.start_program(&agent.log_name(), &agent_bin(), &args, &[("FUMAROLE_LOG", "info")]).unwrap();
+    agent
+}
+
+fn api(cluster: &TestCluster, group: &str, version: &str, kind: &str, plural: &str) -> Api<DynamicObject> {
+    let ar = ApiResource {
+        group: group.into(),
+        version: version.into(),
+        api_version: format!("{group}/{version}"),
+        kind: kind.into(),
+        plural: plural.into(),
+    };
+    Api::all_with(cluster.client(), &ar)
+}
+
+fn numatopologies(c: &TestCluster) -> Api<DynamicObject> {
+    api(c, "nodeinfo.volcano.sh", "v1alpha1", "Numatopology", "numatopologies")
+}
+fn nrts(c: &TestCluster) -> Api<DynamicObject> {
+    api(c, "topology.node.k8s.io", "v1alpha2", "NodeResourceTopology", "noderesourcetopologies")
+}
+fn device_topologies(c: &TestCluster) -> Api<DynamicObject> {
+    api(c, "topology.fumarole.dev", "v1alpha1", "DeviceTopology", "devicetopologies")
+}
+
+/// The object once `ready` holds for it.
+async fn wait_for(what: &str, api: &Api<DynamicObject>, name: &str, ready: impl Fn(&DynamicObject) -> bool) -> DynamicObject {
+    eventually(what, Duration::from_secs(60), || {
+        let api = api.clone();
+        let name = name.to_string();
+        let ok = &ready;
+        async move { Ok(api.get_opt(&name).await?.filter(|o| ok(o))) }
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn publishes_objects_the_real_crds_accept() {
+    let cluster = cluster().await;
+    let nodes: Api<Node> = Api::all(cluster.client());
+    let _agent = start_agent(&cluster, "dgx-1", "dgx-h100", 224).await;
+    // A label owned by someone else, set before and after the agent's first write.
+    nodes
+        .patch("dgx-1", &PatchParams::apply("ops"), &Patch::Apply(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"labels": {"team": "ml"}}})))
+        .await
+        .unwrap();
+
+    let numa = wait_for("Numatopology dgx-1", &numatopologies(&cluster), "dgx-1", |_| true).await;
+    let spec = &numa.data["spec"];
+    assert_eq!(spec["policies"]["CPUManagerPolicy"], "static");
+    assert_eq!(spec["policies"]["TopologyManagerPolicy"], "single-numa-node");
+    assert_eq!(spec["numares"]["cpu"]["capacity"], 224);
+    assert_eq!(spec["numares"]["cpu"]["allocatable"], "0-223");
+    assert_eq!(spec["resReserved"]["cpu"], "1");
+    assert_eq!(spec["cpuDetail"]["112"], json!({"numa": 0, "socket": 0, "core": 0}));
+
+    let nrt = wait_for("NodeResourceTopology dgx-1", &nrts(&cluster), "dgx-1", |_| true).await;
+    let zones = nrt.data["zones"].as_array().unwrap();
+    assert_eq!(zones.len(), 2);
+    let gpu = zones[1]["resources"].as_array().unwrap().iter().find(|r| r["name"] == "nvidia.com/gpu").unwrap();
+    assert_eq!((gpu["capacity"].as_str(), gpu["available"].as_str()), (Some("4"), Some("4")));
+    assert_eq!(zones[0]["costs"][1], json!({"name": "node-1", "value": 20}));
+    assert_eq!(nrt.data["attributes"][0], json!({"name": "topologyManagerPolicy", "value": "single-numa-node"}));
+
+    let dt = wait_for("DeviceTopology dgx-1 with status", &device_topologies(&cluster), "dgx-1", |o| {
+        o.data["status"]["healthyCount"] == 8
+    })
+    .await;
+    assert_eq!(dt.data["spec"]["acceleratorCount"], 8);
+    assert_eq!(dt.data["spec"]["model"], "NVIDIA H100 80GB HBM3");
+    assert_eq!(dt.data["spec"]["links"].as_array().unwrap().len(), 28);
+    assert_eq!(dt.data["spec"]["links"][0]["kind"], "nvlink");
+
+    let node = eventually("fumarole labels on dgx-1", Duration::from_secs(60), || {
+        let nodes = nodes.clone();
+        async move {
+            Ok(nodes.get("dgx-1").await.ok().filter(|n| {
+                n.metadata.labels.as_ref().is_some_and(|l| l.contains_key("fumarole.dev/accelerator-count"))
+            }))
+        }
+    })
+    .await
+    .unwrap();
+    let labels = node.metadata.labels.unwrap();
+    assert_eq!(labels["fumarole.dev/accelerator-count"], "8");
+    assert_eq!(labels["fumarole.dev/accelerator-vendor"], "nvidia");
+    assert_eq!(labels["fumarole.dev/accelerator-model"], "NVIDIA-H100-80GB-HBM3");
+    assert_eq!(labels["team"], "ml", "a label owned by someone else must stay");
+
+    // A deleted object comes back.
+    device_topologies(&cluster).delete("dgx-1", &DeleteParams::default()).await.unwrap();
+    let back = wait_for("DeviceTopology dgx-1 re-created", &device_topologies(&cluster), "dgx-1", |o| {
+        o.metadata.uid != dt.metadata.uid
+    })
+    .await;
+    assert_eq!(back.data["spec"]["acceleratorCount"], 8);
+
+    // A field we own, overwritten by someone else, is restored.
+    numatopologies(&cluster)
+        .patch("dgx-1", &PatchParams::default(), &Patch::Merge(json!({"spec": {"policies": {"CPUManagerPolicy": "none"}}})))
+        .await
+        .unwrap();
+    wait_for("Numatopology dgx-1 restored", &numatopologies(&cluster), "dgx-1", |o| {
+        o.data["spec"]["policies"]["CPUManagerPolicy"] == "static"
+    })
+    .await;
+}
+
+const VOLCANO_NUMA_CONF: &str = r#"
+actions: "enqueue, allocate, backfill"
+tiers:
+- plugins:
+  - name: priority
+  - name: gang
+  - name: conformance
+- plugins:
+  - name: drf
+  - name: predicates
+  - name: proportion
+  - name: nodeorder
+  - name: numa-aware
+"#;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn volcano_numa_aware_places_pods_by_the_published_numatopology() {
+    let cluster = cluster().await;
+    // "narrow": 8 NUMA nodes of 24 CPUs (192 in all); "wide": 2 NUMA nodes of 32 CPUs.
+    let _narrow = start_agent(&cluster, "narrow", "atlas-800-910", 192).await;
+    let _wide = start_agent(&cluster, "wide", "cpu-only", 64).await;
+    for node in ["narrow", "wide"] {
+        wait_for("Numatopology", &numatopologies(&cluster), node, |_| true).await;
+    }
+    cluster.start_volcano(VOLCANO_NUMA_CONF).await.unwrap();
+
+    // 28 exclusive CPUs on one NUMA node: only "wide" can, although "narrow" has more CPUs.
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "numa-pod", "annotations": {"volcano.sh/numa-topology-policy": "single-numa-node"}},
+        "spec": {
+            "schedulerName": "volcano",
+            "containers": [{
+                "name": "c", "image": "example.invalid/none",
+                "resources": {
+                    "requests": {"cpu": "28", "memory": "1Gi"},
+                    "limits": {"cpu": "28", "memory": "1Gi"}
+                }
+            }]
+        }
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    let node = eventually("numa-pod to be bound", Duration::from_secs(90), || {
+        let pods = pods.clone();
+        async move { Ok(pods.get("numa-pod").await?.spec.and_then(|s| s.node_name)) }
+    })
+    .await
+    .unwrap();
+    assert_eq!(node, "wide");
+}
+
+/// Sum of write requests (any verb but reads) the API server counted on our objects.
+async fn writes(cluster: &TestCluster) -> u64 {
+    let req = http::Request::get("/metrics").body(Vec::new()).unwrap();
+    let text = cluster.client().request_text(req).await.unwrap();
+    let resources = ["numatopologies", "noderesourcetopologies", "devicetopologies", "nodes"];
+    text.lines()
+        .filter(|l| l.starts_with("apiserver_request_total{"))
+        .filter(|l| ["APPLY", "PATCH", "POST", "PUT", "DELETE"].iter().any(|v| l.contains(&format!("verb=\"{v}\""))))
+        .filter(|l| resources.iter().any(|r| l.contains(&format!("resource=\"{r}\""))))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn steady_state_writes_nothing() {
+    let cluster = cluster().await;
+    let agent = start_agent(&cluster, "steady", "metax-c500-8", 128).await;
+    wait_for("DeviceTopology status", &device_topologies(&cluster), "steady", |o| o.data["status"]["healthyCount"] == 8).await;
+    wait_for("NodeResourceTopology", &nrts(&cluster), "steady", |_| true).await;
+    // Let the labels and the last writes of the first round land.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    let before = writes(&cluster).await;
+    let rounds_before = agent.metric("fumarole_discoveries_total").await;
+    let publishes_before = agent.metric("fumarole_publishes_total").await;
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let after = writes(&cluster).await;
+    let rounds = agent.metric("fumarole_discoveries_total").await - rounds_before;
+    assert!(rounds >= 50.0, "the 1 s re-check ran only {rounds} times in 60 s");
+    assert_eq!(after, before, "API server saw {} writes in 60 s of steady state", after - before);
+    assert_eq!(agent.metric("fumarole_publishes_total").await, publishes_before);
+    println!("steady state: {rounds} re-checks, {} writes in 60 s", after - before);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn recovers_from_an_api_server_outage_without_restart() {
+    let cluster = cluster().await;
+    let agent = start_agent(&cluster, "outage", "cpu-only", 64).await;
+    wait_for("Numatopology", &numatopologies(&cluster), "outage", |_| true).await;
+
+    cluster.stop_apiserver().unwrap();
+    // While the API server is away, the kubelet hands out CPUs 2-5 exclusively.
+    std::fs::write(agent.state(), r#"{"policyName":"static","defaultCpuSet":"0-1,6-63","entries":{"pod-a":{"main":"2-5"}},"checksum":2}"#).unwrap();
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    cluster.start_apiserver().await.unwrap();
+
+    let numa = wait_for("Numatopology current after the outage", &numatopologies(&cluster), "outage", |o| {
+        o.data["spec"]["numares"]["cpu"]["allocatable"] == "0-1,6-63"
+    })
+    .await;
+    assert_eq!(numa.data["spec"]["podAllocations"][0]["uid"], "pod-a");
+    // Same agent process all along, and it counted the failures.
+    cluster.check_processes().unwrap();
+    assert!(agent.metric("fumarole_api_errors_total").await >= 1.0);
+    let log = cluster.log_tail(&agent.log_name(), 400).unwrap();
+    assert!(log.contains("API server reachable again"), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_kubelet_state_keeps_the_last_good_object() {
+    let cluster = cluster().await;
+    let agent = start_agent(&cluster, "badstate", "cpu-only", 64).await;
+    let good = wait_for("Numatopology", &numatopologies(&cluster), "badstate", |_| true).await;
+
+    let check_kept = |what: &'static str| {
+        let cluster = &cluster;
+        let good = good.clone();
+        let agent = &agent;
+        async move {
+            tokio::time::sleep(Duration::from_secs(4)).await;
+            let now = numatopologies(cluster).get("badstate").await.unwrap();
+            assert_eq!(now.metadata.resource_version, good.metadata.resource_version, "{what}: object changed");
+            assert_eq!(now.data["spec"], good.data["spec"]);
+            let log = cluster.log_tail(&agent.log_name(), 200).unwrap();
+            log
+        }
+    };
+
+    std::fs::write(agent.config(), "cpuManagerPolicy: [static\n").unwrap();
+    let log = check_kept("bad kubelet config").await;
+    let config = agent.config().display().to_string();
+    assert!(log.contains(&format!("kubelet config {config}")), "{log}");
+    assert_eq!(log.matches(&format!("kubelet config {config}")).count(), 1, "logged once, not every round: {log}");
+
+    std::fs::write(agent.config(), GOOD_CONFIG).unwrap();
+    std::fs::write(agent.state(), "{\"policyName\": \"static\", \"entries\": {\"p\": {\"c\": \"9-2\"}}}").unwrap();
+    let log = check_kept("corrupt cpu_manager_state").await;
+    assert!(log.contains("is corrupt"), "{log}");
+
+    // Fixed: the object follows again.
+    std::fs::write(agent.state(), r#"{"policyName":"static","defaultCpuSet":"","entries":{"p":{"c":"8-9"}},"checksum":3}"#).unwrap();
+    let fixed = wait_for("Numatopology updated", &numatopologies(&cluster), "badstate", |o| {
+        o.data["spec"]["numares"]["cpu"]["allocatable"] == "0-7,10-63"
+    })
+    .await;
+    let _: &Value = &fixed.data;
+}

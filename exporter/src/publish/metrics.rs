@@ -1,0 +1,178 @@
+//! `/metrics` (Prometheus text format) and `/healthz` for the exporter.
+//!
+//! | metric | type | meaning |
+//! |---|---|---|
+//! | `fumarole_discoveries_total` | counter | discovery rounds |
+//! | `fumarole_discovery_errors_total` | counter | discovery rounds that failed |
+//! | `fumarole_publishes_total{object}` | counter | server-side applies that succeeded |
+//! | `fumarole_api_errors_total{object}` | counter | server-side applies that failed |
+//! | `fumarole_last_publish_success_timestamp_seconds` | gauge | end of the last round with every write done |
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+type Labels = Vec<(String, String)>;
+
+pub struct Metrics {
+    registry: Registry,
+    discoveries: Counter,
+    discovery_errors: Counter,
+    publishes: Family<Labels, Counter>,
+    api_errors: Family<Labels, Counter>,
+    last_success: Gauge<f64, AtomicU64>,
+    /// Unix seconds of the last loop round, for `/healthz`.
+    last_tick: AtomicU64,
+    /// A round older than this makes `/healthz` fail.
+    stale_after: Duration,
+}
+
+fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+impl Metrics {
+    /// `recheck` is the publish interval; health fails after three missed rounds (plus the
+    /// longest backoff).
+    pub fn new(recheck: Duration) -> Arc<Self> {
+        let mut registry = Registry::with_prefix("fumarole");
+        let m = Metrics {
+            discoveries: Counter::default(),
+            discovery_errors: Counter::default(),
+            publishes: Family::default(),
+            api_errors: Family::default(),
+            last_success: Gauge::default(),
+            last_tick: AtomicU64::new(now()),
+            stale_after: recheck * 3 + Duration::from_secs(30),
+            registry: Registry::default(),
+        };
+        registry.register("discoveries", "Discovery rounds", m.discoveries.clone());
+        registry.register(
+            "discovery_errors",
+            "Discovery rounds that failed",
+            m.discovery_errors.clone(),
+        );
+        registry.register(
+            "publishes",
+            "Server-side applies that succeeded",
+            m.publishes.clone(),
+        );
+        registry.register(
+            "api_errors",
+            "Server-side applies that failed",
+            m.api_errors.clone(),
+        );
+        registry.register(
+            "last_publish_success_timestamp_seconds",
+            "Unix time of the end of the last round with every write done",
+            m.last_success.clone(),
+        );
+        Arc::new(Metrics { registry, ..m })
+    }
+
+    pub fn discovery(&self, ok: bool) {
+        self.discoveries.inc();
+        if !ok {
+            self.discovery_errors.inc();
+        }
+    }
+
+    pub fn publish(&self, object: &str) {
+        self.publishes
+            .get_or_create(&vec![("object".into(), object.into())])
+            .inc();
+    }
+
+    pub fn api_error(&self, object: &str) {
+        self.api_errors
+            .get_or_create(&vec![("object".into(), object.into())])
+            .inc();
+    }
+
+    pub fn success(&self) {
+        self.last_success.set(now() as f64);
+    }
+
+    pub fn tick(&self) {
+        self.last_tick.store(now(), Ordering::Relaxed);
+    }
+
+    /// The loop ran recently.
+    pub fn healthy(&self) -> bool {
+        now().saturating_sub(self.last_tick.load(Ordering::Relaxed)) <= self.stale_after.as_secs()
+    }
+
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}
+
+async fn metrics(State(m): State<Arc<Metrics>>) -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        m.encode(),
+    )
+}
+
+async fn healthz(State(m): State<Arc<Metrics>>) -> impl IntoResponse {
+    if m.healthy() {
+        (StatusCode::OK, "ok")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "publish loop stalled")
+    }
+}
+
+/// Serves `/metrics` and `/healthz` on `listener` until the process ends.
+pub async fn serve(listener: tokio::net::TcpListener, m: Arc<Metrics>) -> std::io::Result<()> {
+    let app = Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .with_state(m);
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, "serving /metrics and /healthz");
+    }
+    axum::serve(listener, app).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encodes_prefixed_metrics() {
+        let m = Metrics::new(Duration::from_secs(10));
+        m.discovery(true);
+        m.publish("numatopology");
+        m.api_error("node-labels");
+        let text = m.encode();
+        assert!(text.contains("fumarole_discoveries_total 1"), "{text}");
+        assert!(
+            text.contains("fumarole_publishes_total{object=\"numatopology\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("fumarole_api_errors_total{object=\"node-labels\"} 1"),
+            "{text}"
+        );
+        assert!(m.healthy());
+    }
+}

@@ -1,0 +1,333 @@
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fumarole_topology::crd::{
+    DeviceTopologySpec, DeviceTopologyStatus, NodeResourceTopology, NumatopologySpec,
+};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource};
+use serde_json::{Value, json};
+use tokio::sync::Notify;
+
+use super::metrics::Metrics;
+use super::objects::LABEL_PREFIX;
+use super::state::NodeState;
+
+/// Our server-side apply field manager.
+pub const FIELD_MANAGER: &str = "fumarole-exporter";
+
+/// What the node should look like. `None` keeps the last published object (its inputs could
+/// not be read this round).
+#[derive(Clone, Debug, Default)]
+pub struct Desired {
+    pub numatopology: Option<NumatopologySpec>,
+    pub node_resource_topology: Option<NodeResourceTopology>,
+    pub device_topology: Option<(DeviceTopologySpec, DeviceTopologyStatus)>,
+    pub labels: Option<BTreeMap<String, String>>,
+}
+
+/// The objects, by what we write of them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Kind {
+    Numatopology,
+    NodeResourceTopology,
+    DeviceTopology,
+    DeviceTopologyStatus,
+    NodeLabels,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Numatopology => "numatopology",
+            Kind::NodeResourceTopology => "noderesourcetopology",
+            Kind::DeviceTopology => "devicetopology",
+            Kind::DeviceTopologyStatus => "devicetopology-status",
+            Kind::NodeLabels => "node-labels",
+        }
+    }
+}
+
+fn resource(group: &str, version: &str, kind: &str, plural: &str) -> ApiResource {
+    ApiResource {
+        group: group.into(),
+        version: version.into(),
+        api_version: if group.is_empty() {
+            version.into()
+        } else {
+            format!("{group}/{version}")
+        },
+        kind: kind.into(),
+        plural: plural.into(),
+    }
+}
+
+/// Watched live copies of one object kind, narrowed to this node's object.
+struct Watched {
+    api: Api<DynamicObject>,
+    ar: ApiResource,
+    store: Store<DynamicObject>,
+}
+
+/// What we last wrote, and the resourceVersion the API server gave it.
+#[derive(Default)]
+struct Applied {
+    body: Option<Value>,
+    resource_version: Option<String>,
+}
+
+/// Writes one node's objects.
+pub struct Publisher {
+    node: String,
+    numatopology: Watched,
+    nrt: Watched,
+    device_topology: Watched,
+    nodes: Watched,
+    applied: BTreeMap<Kind, Applied>,
+    metrics: Arc<Metrics>,
+}
+
+impl Publisher {
+    /// Starts watching this node's objects; every change to them pokes `wake`.
+    pub fn new(client: Client, node: &str, metrics: Arc<Metrics>, wake: Arc<Notify>) -> Self {
+        let watch = |ar: ApiResource| {
+            let api = Api::<DynamicObject>::all_with(client.clone(), &ar);
+            let writer = reflector::store::Writer::new(ar.clone());
+            let store = writer.as_reader();
+            let stream = reflector::reflector(
+                writer,
+                watcher(
+                    api.clone(),
+                    watcher::Config::default().fields(&format!("metadata.name={node}")),
+                ),
+            )
+            .default_backoff()
+            .touched_objects();
+            let wake = wake.clone();
+            let kind = ar.kind.clone();
+            tokio::spawn(async move {
+                futures::pin_mut!(stream);
+                while let Some(event) = stream.next().await {
+                    if let Err(e) = event {
+                        tracing::debug!(kind, error = %e, "watch interrupted; retrying");
+                    }
+                    wake.notify_one();
+                }
+            });
+            Watched { api, ar, store }
+        };
+        Publisher {
+            node: node.to_string(),
+            numatopology: watch(resource(
+                "nodeinfo.volcano.sh",
+                "v1alpha1",
+                "Numatopology",
+                "numatopologies",
+            )),
+            nrt: watch(resource(
+                "topology.node.k8s.io",
+                "v1alpha2",
+                "NodeResourceTopology",
+                "noderesourcetopologies",
+            )),
+            device_topology: watch(resource(
+                "topology.fumarole.dev",
+                "v1alpha1",
+                "DeviceTopology",
+                "devicetopologies",
+            )),
+            nodes: watch(ApiResource::erase::<Node>(&())),
+            applied: BTreeMap::new(),
+            metrics,
+        }
+    }
+
+    /// Applies every object whose desired content differs from what is there. Returns the
+    /// number of writes; an error stops at the first failed write (the caller backs off).
+    pub async fn publish(&mut self, desired: &Desired) -> Result<usize, kube::Error> {
+        let mut writes = 0;
+        if let Some(spec) = &desired.numatopology {
+            let body = json!({ "spec": spec });
+            writes += self.ensure(Kind::Numatopology, body).await?;
+        }
+        if let Some(nrt) = &desired.node_resource_topology {
+            let body = serde_json::to_value(nrt).unwrap_or_default();
+            writes += self.ensure(Kind::NodeResourceTopology, body).await?;
+        }
+        if let Some((spec, status)) = &desired.device_topology {
+            writes += self
+                .ensure(Kind::DeviceTopology, json!({ "spec": spec }))
+                .await?;
+            writes += self
+                .ensure(Kind::DeviceTopologyStatus, json!({ "status": status }))
+                .await?;
+        }
+        if let Some(labels) = &desired.labels {
+            writes += self
+                .ensure(
+                    Kind::NodeLabels,
+                    json!({ "metadata": { "labels": labels } }),
+                )
+                .await?;
+        }
+        Ok(writes)
+    }
+
+    fn watched(&self, kind: Kind) -> &Watched {
+        match kind {
+            Kind::Numatopology => &self.numatopology,
+            Kind::NodeResourceTopology => &self.nrt,
+            Kind::DeviceTopology | Kind::DeviceTopologyStatus => &self.device_topology,
+            Kind::NodeLabels => &self.nodes,
+        }
+    }
+
+    /// The part of the live object that `body` sets, in the same shape.
+    fn live_part(kind: Kind, live: &DynamicObject) -> Value {
+        let data = &live.data;
+        match kind {
+            Kind::Numatopology | Kind::DeviceTopology => json!({ "spec": data.get("spec") }),
+            Kind::DeviceTopologyStatus => json!({ "status": data.get("status") }),
+            Kind::NodeResourceTopology => {
+                let mut v = json!({ "zones": data.get("zones") });
+                if let Some(a) = data.get("attributes") {
+                    v["attributes"] = a.clone();
+                }
+                v
+            }
+            Kind::NodeLabels => {
+                let ours: BTreeMap<&String, &String> = live
+                    .metadata
+                    .labels
+                    .iter()
+                    .flatten()
+                    .filter(|(k, _)| k.starts_with(LABEL_PREFIX))
+                    .collect();
+                json!({ "metadata": { "labels": ours } })
+            }
+        }
+    }
+
+    async fn ensure(&mut self, kind: Kind, body: Value) -> Result<usize, kube::Error> {
+        let watched = self.watched(kind);
+        let live = watched
+            .store
+            .state()
+            .into_iter()
+            .find(|o| o.metadata.name.as_deref() == Some(&self.node));
+        let applied = self.applied.entry(kind).or_default();
+        let unchanged = applied.body.as_ref() == Some(&body);
+        let needed = match &live {
+            // Node labels: never create a Node; the kubelet owns its existence.
+            None if kind == Kind::NodeLabels => {
+                if !unchanged {
+                    tracing::debug!(node = %self.node, "Node object not seen yet; labels wait");
+                }
+                false
+            }
+            None => true,
+            Some(obj) => {
+                // Someone else changed the object since our write, and our part differs.
+                let touched = obj.metadata.resource_version != applied.resource_version;
+                !unchanged || (touched && Self::live_part(kind, obj) != body)
+            }
+        };
+        if !needed {
+            return Ok(0);
+        }
+        let watched = self.watched(kind);
+        let mut full = body.clone();
+        full["apiVersion"] = json!(watched.ar.api_version);
+        full["kind"] = json!(watched.ar.kind);
+        full["metadata"]["name"] = json!(self.node);
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        let result = match kind {
+            Kind::DeviceTopologyStatus => {
+                watched
+                    .api
+                    .patch_status(&self.node, &params, &Patch::Apply(&full))
+                    .await
+            }
+            _ => {
+                watched
+                    .api
+                    .patch(&self.node, &params, &Patch::Apply(&full))
+                    .await
+            }
+        };
+        match result {
+            Ok(obj) => {
+                self.metrics.publish(kind.name());
+                tracing::info!(object = kind.name(), node = %self.node, "published");
+                let applied = self.applied.entry(kind).or_default();
+                applied.body = Some(body);
+                applied.resource_version = obj.meta().resource_version.clone();
+                Ok(1)
+            }
+            Err(e) => {
+                self.metrics.api_error(kind.name());
+                tracing::warn!(object = kind.name(), node = %self.node, error = %e, "publish failed");
+                Err(e)
+            }
+        }
+    }
+}
+
+/// Exponential backoff between failed rounds: 200 ms doubling to 30 s.
+fn backoff(failures: u32) -> Duration {
+    Duration::from_millis(200u64.saturating_mul(1 << failures.min(8))).min(Duration::from_secs(30))
+}
+
+/// The publish loop: build the desired state, publish it, then wait for the re-check interval,
+/// a poke on `wake` (a watched object changed, a device's health or allocation changed), or,
+/// after a failure, the backoff delay. Never returns.
+pub async fn run(
+    mut publisher: Publisher,
+    mut node: NodeState,
+    recheck: Duration,
+    wake: Arc<Notify>,
+) {
+    let mut failures = 0u32;
+    loop {
+        let state = node.desired().await;
+        let wait = match publisher.publish(&state).await {
+            Ok(_) => {
+                if failures > 0 {
+                    tracing::info!(failures, "API server reachable again; objects are current");
+                }
+                failures = 0;
+                publisher.metrics.success();
+                recheck
+            }
+            Err(_) => {
+                failures = failures.saturating_add(1);
+                backoff(failures)
+            }
+        };
+        publisher.metrics.tick();
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = wake.notified(), if failures == 0 => {
+                // Coalesce bursts of watch events into one round.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_and_caps() {
+        assert_eq!(backoff(1), Duration::from_millis(400));
+        assert!(backoff(3) > backoff(2));
+        assert_eq!(backoff(50), Duration::from_secs(30));
+    }
+}

@@ -1,0 +1,122 @@
+//! The node's desired objects, rebuilt each round from discovery and the kubelet's state.
+//!
+//! When the kubelet's configuration or allocations cannot be read, the objects built from
+//! them (`Numatopology`, `NodeResourceTopology`) are left as last published (`None` in
+//! [`Desired`]) and one log line says why; device status keeps the last good allocations.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::discover::nvml::NvmlProbe;
+use crate::discover::{DiscoverOptions, discover};
+use crate::kubelet::config::{ConfigError, KubeletPolicies};
+use crate::kubelet::{Allocations, KubeletConfig, KubeletPaths, read_allocations};
+
+use super::metrics::Metrics;
+use super::objects;
+use super::publisher::Desired;
+
+pub struct NodeState {
+    pub discover: DiscoverOptions,
+    pub nvml: Box<dyn NvmlProbe + Send + Sync>,
+    pub kubelet: KubeletPaths,
+    pub metrics: Arc<Metrics>,
+    last_allocations: Option<Allocations>,
+    /// The last problem logged, so a persisting one is logged once.
+    last_problem: Option<String>,
+}
+
+impl NodeState {
+    pub fn new(
+        discover: DiscoverOptions,
+        nvml: Box<dyn NvmlProbe + Send + Sync>,
+        kubelet: KubeletPaths,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Self {
+            discover,
+            nvml,
+            kubelet,
+            metrics,
+            last_allocations: None,
+            last_problem: None,
+        }
+    }
+
+    fn problem(&mut self, problem: Option<String>) {
+        if problem != self.last_problem {
+            match &problem {
+                Some(p) => tracing::warn!(
+                    "{p}; keeping the last published Numatopology and NodeResourceTopology"
+                ),
+                None if self.last_problem.is_some() => {
+                    tracing::info!("kubelet state readable again")
+                }
+                None => {}
+            }
+            self.last_problem = problem;
+        }
+    }
+
+    fn policies(&self) -> Result<KubeletPolicies, ConfigError> {
+        let path: &PathBuf = &self.kubelet.config;
+        if !path.exists() {
+            // Kubelets configured by flags alone have no file: their defaults apply.
+            return KubeletConfig::default()
+                .policies()
+                .map_err(|reason| ConfigError::Invalid {
+                    path: path.clone(),
+                    reason,
+                });
+        }
+        KubeletConfig::load(path)
+    }
+
+    pub async fn desired(&mut self) -> Desired {
+        // Discovery reads sysfs synchronously (about 15 ms on an 8-GPU node).
+        let topology = tokio::task::block_in_place(|| discover(&self.discover, self.nvml.as_ref()));
+        self.metrics.discovery(topology.is_ok());
+        let topology = match topology {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!(error = %e, "discovery failed; keeping every published object");
+                return Desired::default();
+            }
+        };
+        let policies = self.policies();
+        let allocations = read_allocations(&self.kubelet).await;
+        let problem = match (&policies, &allocations) {
+            (Err(e), _) => Some(e.to_string()),
+            (_, Err(e)) => Some(e.to_string()),
+            _ => None,
+        };
+        self.problem(problem);
+        if let Ok(a) = &allocations {
+            self.last_allocations = Some(a.clone());
+        }
+        let (numatopology, node_resource_topology) = match (&policies, &allocations) {
+            (Ok(p), Ok(a)) => (
+                Some(objects::numatopology(&topology, p, a)),
+                Some(objects::node_resource_topology(&topology, p, a)),
+            ),
+            _ => (None, None),
+        };
+        let device_topology = self
+            .last_allocations
+            .as_ref()
+            .map(|a| objects::device_topology(&topology, a))
+            .or_else(|| {
+                let none = Allocations {
+                    source: crate::kubelet::AllocationSource::None,
+                    pods: vec![],
+                };
+                Some(objects::device_topology(&topology, &none))
+            });
+        Desired {
+            numatopology,
+            node_resource_topology,
+            device_topology,
+            labels: Some(objects::labels(&topology)),
+        }
+    }
+}
