@@ -20,13 +20,23 @@ const GOOD_CONFIG: &str = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: Kube
 /// The agent binary beside this test's own (`target/<profile>/fumarole-agent`).
 fn agent_bin() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
-    let bin = exe.parent().unwrap().parent().unwrap().join("fumarole-agent");
-    assert!(bin.exists(), "{} missing: run `cargo build -p fumarole-agent` first", bin.display());
+    let bin = exe
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("fumarole-agent");
+    assert!(
+        bin.exists(),
+        "{} missing: run `cargo build -p fumarole-agent` first",
+        bin.display()
+    );
     bin
 }
 
 fn crd_file() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/crds/devicetopologies.topology.fumarole.dev.yaml")
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../deploy/crds/devicetopologies.topology.fumarole.dev.yaml")
 }
 
 async fn cluster() -> TestCluster {
@@ -57,12 +67,24 @@ impl Agent {
         format!("fumarole-agent-{}", self.name)
     }
 
-    async fn metric(&self, name: &str) -> f64 {
-        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", self.metrics_port)).await.unwrap();
-        stream.write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n").await.unwrap();
+    /// The raw HTTP/1.0 response to `GET path` on the agent's metrics port.
+    async fn get(&self, path: &str) -> String {
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", self.metrics_port))
+            .await
+            .unwrap();
+        stream
+            .write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
         let mut text = String::new();
         stream.read_to_string(&mut text).await.unwrap();
-        text.lines()
+        text
+    }
+
+    async fn metric(&self, name: &str) -> f64 {
+        self.get("/metrics")
+            .await
+            .lines()
             .filter(|l| l.starts_with(name))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .sum()
@@ -71,12 +93,24 @@ impl Agent {
 
 async fn start_agent(cluster: &TestCluster, node: &str, fixture: &str, cpus: u32) -> Agent {
     cluster
-        .create_node(&NodeSpec::new(node).capacity("cpu", &cpus.to_string()).capacity("memory", "512Gi"))
+        .create_node(
+            &NodeSpec::new(node)
+                .capacity("cpu", &cpus.to_string())
+                .capacity("memory", "512Gi"),
+        )
         .await
         .unwrap();
-    let agent = Agent { name: node.into(), dir: tempfile::tempdir().unwrap(), metrics_port: free_port().unwrap() };
+    let agent = Agent {
+        name: node.into(),
+        dir: tempfile::tempdir().unwrap(),
+        metrics_port: free_port().unwrap(),
+    };
     std::fs::write(agent.config(), GOOD_CONFIG).unwrap();
-    std::fs::write(agent.state(), r#"{"policyName":"static","defaultCpuSet":"","entries":{},"checksum":1}"#).unwrap();
+    std::fs::write(
+        agent.state(),
+        r#"{"policyName":"static","defaultCpuSet":"","entries":{},"checksum":1}"#,
+    )
+    .unwrap();
     let args: Vec<String> = [
         "run",
         "--fixture",
@@ -97,11 +131,24 @@ async fn start_agent(cluster: &TestCluster, node: &str, fixture: &str, cpus: u32
     .iter()
     .map(|s| s.to_string())
     .collect();
-    cluster.start_program(&agent.log_name(), &agent_bin(), &args, &[("FUMAROLE_LOG", "info")]).unwrap();
+    cluster
+        .start_program(
+            &agent.log_name(),
+            &agent_bin(),
+            &args,
+            &[("FUMAROLE_LOG", "info")],
+        )
+        .unwrap();
     agent
 }
 
-fn api(cluster: &TestCluster, group: &str, version: &str, kind: &str, plural: &str) -> Api<DynamicObject> {
+fn api(
+    cluster: &TestCluster,
+    group: &str,
+    version: &str,
+    kind: &str,
+    plural: &str,
+) -> Api<DynamicObject> {
     let ar = ApiResource {
         group: group.into(),
         version: version.into(),
@@ -113,17 +160,40 @@ fn api(cluster: &TestCluster, group: &str, version: &str, kind: &str, plural: &s
 }
 
 fn numatopologies(c: &TestCluster) -> Api<DynamicObject> {
-    api(c, "nodeinfo.volcano.sh", "v1alpha1", "Numatopology", "numatopologies")
+    api(
+        c,
+        "nodeinfo.volcano.sh",
+        "v1alpha1",
+        "Numatopology",
+        "numatopologies",
+    )
 }
 fn nrts(c: &TestCluster) -> Api<DynamicObject> {
-    api(c, "topology.node.k8s.io", "v1alpha2", "NodeResourceTopology", "noderesourcetopologies")
+    api(
+        c,
+        "topology.node.k8s.io",
+        "v1alpha2",
+        "NodeResourceTopology",
+        "noderesourcetopologies",
+    )
 }
 fn device_topologies(c: &TestCluster) -> Api<DynamicObject> {
-    api(c, "topology.fumarole.dev", "v1alpha1", "DeviceTopology", "devicetopologies")
+    api(
+        c,
+        "topology.fumarole.dev",
+        "v1alpha1",
+        "DeviceTopology",
+        "devicetopologies",
+    )
 }
 
 /// The object once `ready` holds for it.
-async fn wait_for(what: &str, api: &Api<DynamicObject>, name: &str, ready: impl Fn(&DynamicObject) -> bool) -> DynamicObject {
+async fn wait_for(
+    what: &str,
+    api: &Api<DynamicObject>,
+    name: &str,
+    ready: impl Fn(&DynamicObject) -> bool,
+) -> DynamicObject {
     eventually(what, Duration::from_secs(60), || {
         let api = api.clone();
         let name = name.to_string();
@@ -141,30 +211,68 @@ async fn publishes_objects_the_real_crds_accept() {
     let _agent = start_agent(&cluster, "dgx-1", "dgx-h100", 224).await;
     // A label owned by someone else, set before and after the agent's first write.
     nodes
-        .patch("dgx-1", &PatchParams::apply("ops"), &Patch::Apply(json!({"apiVersion": "v1", "kind": "Node", "metadata": {"labels": {"team": "ml"}}})))
+        .patch(
+            "dgx-1",
+            &PatchParams::apply("ops"),
+            &Patch::Apply(
+                json!({"apiVersion": "v1", "kind": "Node", "metadata": {"labels": {"team": "ml"}}}),
+            ),
+        )
         .await
         .unwrap();
 
-    let numa = wait_for("Numatopology dgx-1", &numatopologies(&cluster), "dgx-1", |_| true).await;
+    let numa = wait_for(
+        "Numatopology dgx-1",
+        &numatopologies(&cluster),
+        "dgx-1",
+        |_| true,
+    )
+    .await;
     let spec = &numa.data["spec"];
     assert_eq!(spec["policies"]["CPUManagerPolicy"], "static");
-    assert_eq!(spec["policies"]["TopologyManagerPolicy"], "single-numa-node");
+    assert_eq!(
+        spec["policies"]["TopologyManagerPolicy"],
+        "single-numa-node"
+    );
     assert_eq!(spec["numares"]["cpu"]["capacity"], 224);
     assert_eq!(spec["numares"]["cpu"]["allocatable"], "0-223");
     assert_eq!(spec["resReserved"]["cpu"], "1");
-    assert_eq!(spec["cpuDetail"]["112"], json!({"numa": 0, "socket": 0, "core": 0}));
+    assert_eq!(
+        spec["cpuDetail"]["112"],
+        json!({"numa": 0, "socket": 0, "core": 0})
+    );
 
-    let nrt = wait_for("NodeResourceTopology dgx-1", &nrts(&cluster), "dgx-1", |_| true).await;
+    let nrt = wait_for(
+        "NodeResourceTopology dgx-1",
+        &nrts(&cluster),
+        "dgx-1",
+        |_| true,
+    )
+    .await;
     let zones = nrt.data["zones"].as_array().unwrap();
     assert_eq!(zones.len(), 2);
-    let gpu = zones[1]["resources"].as_array().unwrap().iter().find(|r| r["name"] == "nvidia.com/gpu").unwrap();
-    assert_eq!((gpu["capacity"].as_str(), gpu["available"].as_str()), (Some("4"), Some("4")));
+    let gpu = zones[1]["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == "nvidia.com/gpu")
+        .unwrap();
+    assert_eq!(
+        (gpu["capacity"].as_str(), gpu["available"].as_str()),
+        (Some("4"), Some("4"))
+    );
     assert_eq!(zones[0]["costs"][1], json!({"name": "node-1", "value": 20}));
-    assert_eq!(nrt.data["attributes"][0], json!({"name": "topologyManagerPolicy", "value": "single-numa-node"}));
+    assert_eq!(
+        nrt.data["attributes"][0],
+        json!({"name": "topologyManagerPolicy", "value": "single-numa-node"})
+    );
 
-    let dt = wait_for("DeviceTopology dgx-1 with status", &device_topologies(&cluster), "dgx-1", |o| {
-        o.data["status"]["healthyCount"] == 8
-    })
+    let dt = wait_for(
+        "DeviceTopology dgx-1 with status",
+        &device_topologies(&cluster),
+        "dgx-1",
+        |o| o.data["status"]["healthyCount"] == 8,
+    )
     .await;
     assert_eq!(dt.data["spec"]["acceleratorCount"], 8);
     assert_eq!(dt.data["spec"]["model"], "NVIDIA H100 80GB HBM3");
@@ -175,7 +283,10 @@ async fn publishes_objects_the_real_crds_accept() {
         let nodes = nodes.clone();
         async move {
             Ok(nodes.get("dgx-1").await.ok().filter(|n| {
-                n.metadata.labels.as_ref().is_some_and(|l| l.contains_key("fumarole.dev/accelerator-count"))
+                n.metadata
+                    .labels
+                    .as_ref()
+                    .is_some_and(|l| l.contains_key("fumarole.dev/accelerator-count"))
             }))
         }
     })
@@ -184,25 +295,44 @@ async fn publishes_objects_the_real_crds_accept() {
     let labels = node.metadata.labels.unwrap();
     assert_eq!(labels["fumarole.dev/accelerator-count"], "8");
     assert_eq!(labels["fumarole.dev/accelerator-vendor"], "nvidia");
-    assert_eq!(labels["fumarole.dev/accelerator-model"], "NVIDIA-H100-80GB-HBM3");
-    assert_eq!(labels["team"], "ml", "a label owned by someone else must stay");
+    assert_eq!(
+        labels["fumarole.dev/accelerator-model"],
+        "NVIDIA-H100-80GB-HBM3"
+    );
+    assert_eq!(
+        labels["team"], "ml",
+        "a label owned by someone else must stay"
+    );
 
     // A deleted object comes back.
-    device_topologies(&cluster).delete("dgx-1", &DeleteParams::default()).await.unwrap();
-    let back = wait_for("DeviceTopology dgx-1 re-created", &device_topologies(&cluster), "dgx-1", |o| {
-        o.metadata.uid != dt.metadata.uid
-    })
+    device_topologies(&cluster)
+        .delete("dgx-1", &DeleteParams::default())
+        .await
+        .unwrap();
+    let back = wait_for(
+        "DeviceTopology dgx-1 re-created",
+        &device_topologies(&cluster),
+        "dgx-1",
+        |o| o.metadata.uid != dt.metadata.uid,
+    )
     .await;
     assert_eq!(back.data["spec"]["acceleratorCount"], 8);
 
     // A field we own, overwritten by someone else, is restored.
     numatopologies(&cluster)
-        .patch("dgx-1", &PatchParams::default(), &Patch::Merge(json!({"spec": {"policies": {"CPUManagerPolicy": "none"}}})))
+        .patch(
+            "dgx-1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"policies": {"CPUManagerPolicy": "none"}}})),
+        )
         .await
         .unwrap();
-    wait_for("Numatopology dgx-1 restored", &numatopologies(&cluster), "dgx-1", |o| {
-        o.data["spec"]["policies"]["CPUManagerPolicy"] == "static"
-    })
+    wait_for(
+        "Numatopology dgx-1 restored",
+        &numatopologies(&cluster),
+        "dgx-1",
+        |o| o.data["spec"]["policies"]["CPUManagerPolicy"] == "static",
+    )
     .await;
 }
 
@@ -262,11 +392,24 @@ async fn volcano_numa_aware_places_pods_by_the_published_numatopology() {
 async fn writes(cluster: &TestCluster) -> u64 {
     let req = http::Request::get("/metrics").body(Vec::new()).unwrap();
     let text = cluster.client().request_text(req).await.unwrap();
-    let resources = ["numatopologies", "noderesourcetopologies", "devicetopologies", "nodes"];
+    let resources = [
+        "numatopologies",
+        "noderesourcetopologies",
+        "devicetopologies",
+        "nodes",
+    ];
     text.lines()
         .filter(|l| l.starts_with("apiserver_request_total{"))
-        .filter(|l| ["APPLY", "PATCH", "POST", "PUT", "DELETE"].iter().any(|v| l.contains(&format!("verb=\"{v}\""))))
-        .filter(|l| resources.iter().any(|r| l.contains(&format!("resource=\"{r}\""))))
+        .filter(|l| {
+            ["APPLY", "PATCH", "POST", "PUT", "DELETE"]
+                .iter()
+                .any(|v| l.contains(&format!("verb=\"{v}\"")))
+        })
+        .filter(|l| {
+            resources
+                .iter()
+                .any(|r| l.contains(&format!("resource=\"{r}\"")))
+        })
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum::<f64>() as u64
 }
@@ -275,7 +418,13 @@ async fn writes(cluster: &TestCluster) -> u64 {
 async fn steady_state_writes_nothing() {
     let cluster = cluster().await;
     let agent = start_agent(&cluster, "steady", "metax-c500-8", 128).await;
-    wait_for("DeviceTopology status", &device_topologies(&cluster), "steady", |o| o.data["status"]["healthyCount"] == 8).await;
+    wait_for(
+        "DeviceTopology status",
+        &device_topologies(&cluster),
+        "steady",
+        |o| o.data["status"]["healthyCount"] == 8,
+    )
+    .await;
     wait_for("NodeResourceTopology", &nrts(&cluster), "steady", |_| true).await;
     // Let the labels and the last writes of the first round land.
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -286,17 +435,39 @@ async fn steady_state_writes_nothing() {
     tokio::time::sleep(Duration::from_secs(60)).await;
     let after = writes(&cluster).await;
     let rounds = agent.metric("fumarole_discoveries_total").await - rounds_before;
-    assert!(rounds >= 50.0, "the 1 s re-check ran only {rounds} times in 60 s");
-    assert_eq!(after, before, "API server saw {} writes in 60 s of steady state", after - before);
-    assert_eq!(agent.metric("fumarole_publishes_total").await, publishes_before);
-    println!("steady state: {rounds} re-checks, {} writes in 60 s", after - before);
+    assert!(
+        rounds >= 50.0,
+        "the 1 s re-check ran only {rounds} times in 60 s"
+    );
+    assert_eq!(
+        after,
+        before,
+        "API server saw {} writes in 60 s of steady state",
+        after - before
+    );
+    assert_eq!(
+        agent.metric("fumarole_publishes_total").await,
+        publishes_before
+    );
+    println!(
+        "steady state: {rounds} re-checks, {} writes in 60 s",
+        after - before
+    );
+    let health = agent.get("/healthz").await;
+    assert!(
+        health.starts_with("HTTP/1.0 200") && health.ends_with("ok"),
+        "{health}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn recovers_from_an_api_server_outage_without_restart() {
     let cluster = cluster().await;
     let agent = start_agent(&cluster, "outage", "cpu-only", 64).await;
-    wait_for("Numatopology", &numatopologies(&cluster), "outage", |_| true).await;
+    wait_for("Numatopology", &numatopologies(&cluster), "outage", |_| {
+        true
+    })
+    .await;
 
     cluster.stop_apiserver().unwrap();
     // While the API server is away, the kubelet hands out CPUs 2-5 exclusively.
@@ -304,9 +475,12 @@ async fn recovers_from_an_api_server_outage_without_restart() {
     tokio::time::sleep(Duration::from_secs(30)).await;
     cluster.start_apiserver().await.unwrap();
 
-    let numa = wait_for("Numatopology current after the outage", &numatopologies(&cluster), "outage", |o| {
-        o.data["spec"]["numares"]["cpu"]["allocatable"] == "0-1,6-63"
-    })
+    let numa = wait_for(
+        "Numatopology current after the outage",
+        &numatopologies(&cluster),
+        "outage",
+        |o| o.data["spec"]["numares"]["cpu"]["allocatable"] == "0-1,6-63",
+    )
     .await;
     assert_eq!(numa.data["spec"]["podAllocations"][0]["uid"], "pod-a");
     // Same agent process all along, and it counted the failures.
@@ -320,7 +494,13 @@ async fn recovers_from_an_api_server_outage_without_restart() {
 async fn bad_kubelet_state_keeps_the_last_good_object() {
     let cluster = cluster().await;
     let agent = start_agent(&cluster, "badstate", "cpu-only", 64).await;
-    let good = wait_for("Numatopology", &numatopologies(&cluster), "badstate", |_| true).await;
+    let good = wait_for(
+        "Numatopology",
+        &numatopologies(&cluster),
+        "badstate",
+        |_| true,
+    )
+    .await;
 
     let check_kept = |what: &'static str| {
         let cluster = &cluster;
@@ -329,7 +509,10 @@ async fn bad_kubelet_state_keeps_the_last_good_object() {
         async move {
             tokio::time::sleep(Duration::from_secs(4)).await;
             let now = numatopologies(cluster).get("badstate").await.unwrap();
-            assert_eq!(now.metadata.resource_version, good.metadata.resource_version, "{what}: object changed");
+            assert_eq!(
+                now.metadata.resource_version, good.metadata.resource_version,
+                "{what}: object changed"
+            );
             assert_eq!(now.data["spec"], good.data["spec"]);
             let log = cluster.log_tail(&agent.log_name(), 200).unwrap();
             log
@@ -340,18 +523,33 @@ async fn bad_kubelet_state_keeps_the_last_good_object() {
     let log = check_kept("bad kubelet config").await;
     let config = agent.config().display().to_string();
     assert!(log.contains(&format!("kubelet config {config}")), "{log}");
-    assert_eq!(log.matches(&format!("kubelet config {config}")).count(), 1, "logged once, not every round: {log}");
+    assert_eq!(
+        log.matches(&format!("kubelet config {config}")).count(),
+        1,
+        "logged once, not every round: {log}"
+    );
 
     std::fs::write(agent.config(), GOOD_CONFIG).unwrap();
-    std::fs::write(agent.state(), "{\"policyName\": \"static\", \"entries\": {\"p\": {\"c\": \"9-2\"}}}").unwrap();
+    std::fs::write(
+        agent.state(),
+        "{\"policyName\": \"static\", \"entries\": {\"p\": {\"c\": \"9-2\"}}}",
+    )
+    .unwrap();
     let log = check_kept("corrupt cpu_manager_state").await;
     assert!(log.contains("is corrupt"), "{log}");
 
     // Fixed: the object follows again.
-    std::fs::write(agent.state(), r#"{"policyName":"static","defaultCpuSet":"","entries":{"p":{"c":"8-9"}},"checksum":3}"#).unwrap();
-    let fixed = wait_for("Numatopology updated", &numatopologies(&cluster), "badstate", |o| {
-        o.data["spec"]["numares"]["cpu"]["allocatable"] == "0-7,10-63"
-    })
+    std::fs::write(
+        agent.state(),
+        r#"{"policyName":"static","defaultCpuSet":"","entries":{"p":{"c":"8-9"}},"checksum":3}"#,
+    )
+    .unwrap();
+    let fixed = wait_for(
+        "Numatopology updated",
+        &numatopologies(&cluster),
+        "badstate",
+        |o| o.data["spec"]["numares"]["cpu"]["allocatable"] == "0-7,10-63",
+    )
     .await;
     let _: &Value = &fixed.data;
 }
