@@ -183,32 +183,32 @@ impl TestCluster {
         )?;
         let issuer = "https://kubernetes.default.svc.cluster.local";
         let apiserver_args: Vec<String> = vec![
-                format!("--etcd-servers={etcd_url}"),
-                "--bind-address=127.0.0.1".to_string(),
-                "--advertise-address=127.0.0.1".to_string(),
-                format!("--secure-port={api_port}"),
-                format!("--cert-dir={}", root.join("apiserver-certs").display()),
-                format!("--tls-cert-file={}", pki.serving_cert.display()),
-                format!("--tls-private-key-file={}", pki.serving_key.display()),
-                format!("--client-ca-file={}", pki.ca_cert.display()),
-                format!("--token-auth-file={}", tokens.display()),
-                "--authorization-mode=RBAC".to_string(),
-                format!("--service-account-issuer={issuer}"),
-                format!("--service-account-key-file={}", pki.sa_pub.display()),
-                format!(
-                    "--service-account-signing-key-file={}",
-                    pki.sa_key.display()
-                ),
-                "--service-cluster-ip-range=10.96.0.0/16".to_string(),
-                // No kubelets and no node-lifecycle controller: created nodes must
-                // not get the not-ready taint; no token controller: pods must not
-                // need the default ServiceAccount to exist.
-                "--disable-admission-plugins=TaintNodesByCondition,ServiceAccount".to_string(),
-                "--allow-privileged=true".to_string(),
-                "--profiling=false".to_string(),
-                // Endpoints may not be loopback; nothing here needs the
-                // `kubernetes` service endpoints.
-                "--endpoint-reconciler-type=none".to_string(),
+            format!("--etcd-servers={etcd_url}"),
+            "--bind-address=127.0.0.1".to_string(),
+            "--advertise-address=127.0.0.1".to_string(),
+            format!("--secure-port={api_port}"),
+            format!("--cert-dir={}", root.join("apiserver-certs").display()),
+            format!("--tls-cert-file={}", pki.serving_cert.display()),
+            format!("--tls-private-key-file={}", pki.serving_key.display()),
+            format!("--client-ca-file={}", pki.ca_cert.display()),
+            format!("--token-auth-file={}", tokens.display()),
+            "--authorization-mode=RBAC".to_string(),
+            format!("--service-account-issuer={issuer}"),
+            format!("--service-account-key-file={}", pki.sa_pub.display()),
+            format!(
+                "--service-account-signing-key-file={}",
+                pki.sa_key.display()
+            ),
+            "--service-cluster-ip-range=10.96.0.0/16".to_string(),
+            // No kubelets and no node-lifecycle controller: created nodes must
+            // not get the not-ready taint; no token controller: pods must not
+            // need the default ServiceAccount to exist.
+            "--disable-admission-plugins=TaintNodesByCondition,ServiceAccount".to_string(),
+            "--allow-privileged=true".to_string(),
+            "--profiling=false".to_string(),
+            // Endpoints may not be loopback; nothing here needs the
+            // `kubernetes` service endpoints.
+            "--endpoint-reconciler-type=none".to_string(),
         ];
         procs.push(Proc::spawn(
             "kube-apiserver",
@@ -264,7 +264,10 @@ impl TestCluster {
     /// Stops kube-apiserver (etcd keeps running): clients see connection errors until
     /// [`TestCluster::start_apiserver`].
     pub fn stop_apiserver(&self) -> Result<()> {
-        let mut procs = self.procs.lock().map_err(|_| anyhow!("process list poisoned"))?;
+        let mut procs = self
+            .procs
+            .lock()
+            .map_err(|_| anyhow!("process list poisoned"))?;
         let i = procs
             .iter()
             .position(|p| p.name() == "kube-apiserver")
@@ -277,9 +280,19 @@ impl TestCluster {
     /// until it is ready.
     pub async fn start_apiserver(&self) -> Result<()> {
         {
-            let mut procs = self.procs.lock().map_err(|_| anyhow!("process list poisoned"))?;
-            let restarts = procs.iter().filter(|p| p.name().starts_with("kube-apiserver")).count();
-            let name = if restarts == 0 { "kube-apiserver".to_string() } else { format!("kube-apiserver-{restarts}") };
+            let mut procs = self
+                .procs
+                .lock()
+                .map_err(|_| anyhow!("process list poisoned"))?;
+            let restarts = procs
+                .iter()
+                .filter(|p| p.name().starts_with("kube-apiserver"))
+                .count();
+            let name = if restarts == 0 {
+                "kube-apiserver".to_string()
+            } else {
+                format!("kube-apiserver-{restarts}")
+            };
             let (program, args) = &self.apiserver;
             procs.push(Proc::spawn(&name, program, args, &self.root.join("logs"))?);
         }
@@ -531,7 +544,13 @@ impl TestCluster {
 
     /// Starts any program as part of the cluster (stopped on drop), with `KUBECONFIG` set
     /// to the admin kubeconfig plus `env`. Its stderr is `log_tail(name, ..)`.
-    pub fn start_program(&self, name: &str, program: &Path, args: &[String], env: &[(&str, &str)]) -> Result<()> {
+    pub fn start_program(
+        &self,
+        name: &str,
+        program: &Path,
+        args: &[String],
+        env: &[(&str, &str)],
+    ) -> Result<()> {
         let kubeconfig = self.admin_kubeconfig.display().to_string();
         let mut all_env = vec![("KUBECONFIG", kubeconfig.as_str())];
         all_env.extend_from_slice(env);
