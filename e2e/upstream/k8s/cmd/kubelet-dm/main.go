@@ -230,6 +230,7 @@ func call[Req any, Resp any](k *kubelet, f func(context.Context, pluginapi.Devic
 func main() {
 	socketDir := flag.String("socket-dir", "", "directory for kubelet.sock and the plugin sockets (required)")
 	listen := flag.String("listen", "127.0.0.1:0", "loopback address for the JSON control API")
+	podResourcesSocket := flag.String("pod-resources-socket", "", "also serve the kubelet's PodResources API (v1, v1alpha1) on this unix socket")
 	flag.Parse()
 	if *socketDir == "" {
 		fmt.Fprintln(os.Stderr, "kubelet-dm: --socket-dir is required")
@@ -247,6 +248,20 @@ func main() {
 	}
 
 	mux := http.NewServeMux()
+	var pr *podResourcesServer
+	if *podResourcesSocket != "" {
+		path, err := filepath.Abs(*podResourcesSocket)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "kubelet-dm:", err)
+			os.Exit(1)
+		}
+		pr = newPodResourcesServer(path)
+		if err := pr.start(); err != nil {
+			fmt.Fprintln(os.Stderr, "kubelet-dm: pod resources:", err)
+			os.Exit(1)
+		}
+		pr.register(mux)
+	}
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]bool{"ok": true})
 	})
@@ -337,7 +352,11 @@ func main() {
 		fmt.Fprintln(os.Stderr, "kubelet-dm: listen:", err)
 		os.Exit(1)
 	}
-	hello, _ := json.Marshal(map[string]string{"addr": ln.Addr().String(), "socket": k.socket})
+	helloFields := map[string]string{"addr": ln.Addr().String(), "socket": k.socket}
+	if pr != nil {
+		helloFields["pod_resources_socket"] = pr.socket
+	}
+	hello, _ := json.Marshal(helloFields)
 	fmt.Println(string(hello))
 
 	httpSrv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
@@ -354,4 +373,8 @@ func main() {
 	_ = httpSrv.Close()
 	_ = k.stop()
 	_ = os.Remove(k.socket)
+	if pr != nil {
+		pr.stop()
+		_ = os.Remove(pr.socket)
+	}
 }
