@@ -664,6 +664,21 @@ impl TestCluster {
         KubeletDm::start(socket_dir, &self.root.join("logs")).await
     }
 
+    /// Like [`TestCluster::start_kubelet_dm`], and also serves the kubelet's PodResources API
+    /// on `pod_resources_socket` (see [`KubeletDm::set_pod_resources`]).
+    pub async fn start_kubelet_dm_with_pod_resources(
+        &self,
+        socket_dir: &Path,
+        pod_resources_socket: &Path,
+    ) -> Result<KubeletDm> {
+        KubeletDm::start_with_pod_resources(
+            socket_dir,
+            pod_resources_socket,
+            &self.root.join("logs"),
+        )
+        .await
+    }
+
     /// Name and pid (= process group id) of every process started so far.
     pub fn pids(&self) -> Result<Vec<(String, u32)>> {
         let procs = self

@@ -3,7 +3,9 @@
 //! loopback JSON API (documented in `e2e/README.md`).
 //!
 //! Requests and responses use the device-plugin proto field names
-//! (`devices_ids`, `container_requests`, `ID`, `health`, ...), as JSON values.
+//! (`devices_ids`, `container_requests`, `ID`, `health`, ...), as JSON values. Started with
+//! [`KubeletDm::start_with_pod_resources`] it also serves the kubelet's PodResources API, whose
+//! pods are set with [`KubeletDm::set_pod_resources`].
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -46,17 +48,41 @@ pub struct KubeletDm {
     proc: Proc,
     addr: String,
     socket: PathBuf,
+    pod_resources_socket: Option<PathBuf>,
 }
 
 impl KubeletDm {
     /// Starts `kubelet-dm --socket-dir <socket_dir>`, logs under `logs`, and
     /// waits until it serves `kubelet.sock` and its HTTP API.
     pub async fn start(socket_dir: &Path, logs: &Path) -> Result<KubeletDm> {
+        Self::spawn(socket_dir, None, logs).await
+    }
+
+    /// Like [`KubeletDm::start`], and also serves the kubelet's PodResources API (v1 and
+    /// v1alpha1, the kubelet's own server) on the unix socket `pod_resources_socket`. What it
+    /// reports is set with [`KubeletDm::set_pod_resources`]; until then, no pods.
+    pub async fn start_with_pod_resources(
+        socket_dir: &Path,
+        pod_resources_socket: &Path,
+        logs: &Path,
+    ) -> Result<KubeletDm> {
+        Self::spawn(socket_dir, Some(pod_resources_socket), logs).await
+    }
+
+    async fn spawn(
+        socket_dir: &Path,
+        pod_resources_socket: Option<&Path>,
+        logs: &Path,
+    ) -> Result<KubeletDm> {
         std::fs::create_dir_all(socket_dir)?;
+        let mut args = vec![format!("--socket-dir={}", socket_dir.display())];
+        if let Some(p) = pod_resources_socket {
+            args.push(format!("--pod-resources-socket={}", p.display()));
+        }
         let mut proc = Proc::spawn(
             "kubelet-dm",
             &Upstream::get()?.bin("kubelet-dm"),
-            &[format!("--socket-dir={}", socket_dir.display())],
+            &args,
             logs,
         )?;
         let stdout = proc.stdout_path().to_path_buf();
@@ -82,12 +108,26 @@ impl KubeletDm {
                 .as_str()
                 .ok_or_else(|| anyhow!("no socket in {hello}"))?,
         );
-        Ok(KubeletDm { proc, addr, socket })
+        let pod_resources_socket = hello["pod_resources_socket"].as_str().map(PathBuf::from);
+        if pod_resources_socket.is_none() && args.len() > 1 {
+            bail!("kubelet-dm hello {hello} names no pod_resources_socket");
+        }
+        Ok(KubeletDm {
+            proc,
+            addr,
+            socket,
+            pod_resources_socket,
+        })
     }
 
     /// The `kubelet.sock` path it serves Registration on.
     pub fn socket(&self) -> &Path {
         &self.socket
+    }
+
+    /// The PodResources socket, when started with one.
+    pub fn pod_resources_socket(&self) -> Option<&Path> {
+        self.pod_resources_socket.as_deref()
     }
 
     /// `127.0.0.1:<port>` of the JSON API.
@@ -255,5 +295,31 @@ impl KubeletDm {
             },
         )
         .await
+    }
+
+    /// `POST /podresources`: sets what the PodResources API reports from now on. `state` is
+    /// either an array of pods or `{"pods": [...], "allocatable": {...}}` (see
+    /// `e2e/README.md`); a pod is `{"name", "namespace", "uid", "containers": [{"name",
+    /// "cpu_ids": [..], "devices": [{"resource_name", "device_ids": [..]}]}]}`. Returns what
+    /// `GET /podresources` does, including the kubelet server's own `List` answer.
+    pub async fn set_pod_resources(&self, state: Value) -> Result<Value> {
+        self.ok("POST", "/podresources", Some(&state)).await
+    }
+
+    /// `GET /podresources`: `{"state", "list", "serving", "socket"}`; `list` is the
+    /// `ListPodResourcesResponse` of the kubelet's server for the state set.
+    pub async fn pod_resources(&self) -> Result<Value> {
+        self.ok("GET", "/podresources", None).await
+    }
+
+    /// Stops serving PodResources. The socket file stays and refuses connections, as after a
+    /// kubelet crash.
+    pub async fn stop_pod_resources(&self) -> Result<()> {
+        self.ok("POST", "/podresources/stop", None).await.map(drop)
+    }
+
+    /// Serves PodResources again (same state) after [`KubeletDm::stop_pod_resources`].
+    pub async fn start_pod_resources(&self) -> Result<()> {
+        self.ok("POST", "/podresources/start", None).await.map(drop)
     }
 }

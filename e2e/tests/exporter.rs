@@ -514,8 +514,7 @@ async fn bad_kubelet_state_keeps_the_last_good_object() {
                 "{what}: object changed"
             );
             assert_eq!(now.data["spec"], good.data["spec"]);
-            let log = cluster.log_tail(&agent.log_name(), 200).unwrap();
-            log
+            cluster.log_tail(&agent.log_name(), 200).unwrap()
         }
     };
 

@@ -1,0 +1,355 @@
+//! The exporter (`fumarole-agent run`) reading the kubelet's real PodResources v1 server:
+//! `kubelet-dm --pod-resources-socket` serves `k8s.io/kubernetes/pkg/kubelet/apis/podresources`
+//! (the kubelet's own `List`, gRPC registration and rate limiter), with pods set over its JSON
+//! API. The Numatopology, DeviceTopology and NodeResourceTopology follow what it reports, and
+//! when it dies the agent falls back to the CPU manager checkpoint.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use fumarole_e2e::cluster::{eventually, free_port};
+use fumarole_e2e::{NodeSpec, TestCluster};
+use kube::api::{Api, ApiResource, DynamicObject};
+use serde_json::{Value, json};
+
+const CONFIG: &str = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncpuManagerPolicy: static\ntopologyManagerPolicy: single-numa-node\nkubeReserved: {cpu: \"1\", memory: 1Gi}\n";
+
+/// The CPU manager checkpoint: one pod that PodResources does not know, so it is visible
+/// which of the two the agent read.
+const CHECKPOINT: &str = r#"{"policyName":"static","defaultCpuSet":"0-9,12-223","entries":{"ckpt-uid":{"side":"10-11"}},"checksum":1}"#;
+
+const NODE: &str = "dgx-1";
+const GPU: &str = "nvidia.com/gpu";
+
+/// The `dgx-h100` fixture's GPU uuids are deterministic; GPUs 0-3 are on NUMA node 0.
+fn gpu(i: u32) -> String {
+    format!("GPU-f55b88b0-0000-4000-8000-00000000000{i}")
+}
+
+/// The agent binary beside this test's own (`target/<profile>/fumarole-agent`).
+fn agent_bin() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("fumarole-agent");
+    assert!(
+        bin.exists(),
+        "{} missing: run `cargo build -p fumarole-agent` first",
+        bin.display()
+    );
+    bin
+}
+
+async fn cluster() -> TestCluster {
+    let cluster = TestCluster::start().await.unwrap();
+    cluster.install_volcano_crds().await.unwrap();
+    cluster.install_nrt_crd().await.unwrap();
+    let crd = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../deploy/crds/devicetopologies.topology.fumarole.dev.yaml");
+    cluster.install_crd_file(&crd).await.unwrap();
+    cluster
+}
+
+fn api(
+    cluster: &TestCluster,
+    group: &str,
+    version: &str,
+    kind: &str,
+    plural: &str,
+) -> Api<DynamicObject> {
+    let ar = ApiResource {
+        group: group.into(),
+        version: version.into(),
+        api_version: format!("{group}/{version}"),
+        kind: kind.into(),
+        plural: plural.into(),
+    };
+    Api::all_with(cluster.client(), &ar)
+}
+
+fn numatopologies(c: &TestCluster) -> Api<DynamicObject> {
+    api(
+        c,
+        "nodeinfo.volcano.sh",
+        "v1alpha1",
+        "Numatopology",
+        "numatopologies",
+    )
+}
+fn nrts(c: &TestCluster) -> Api<DynamicObject> {
+    api(
+        c,
+        "topology.node.k8s.io",
+        "v1alpha2",
+        "NodeResourceTopology",
+        "noderesourcetopologies",
+    )
+}
+fn device_topologies(c: &TestCluster) -> Api<DynamicObject> {
+    api(
+        c,
+        "topology.fumarole.dev",
+        "v1alpha1",
+        "DeviceTopology",
+        "devicetopologies",
+    )
+}
+
+/// `NODE`'s object once `ready` holds for it.
+async fn wait_for(
+    what: &str,
+    api: &Api<DynamicObject>,
+    ready: impl Fn(&DynamicObject) -> bool,
+) -> DynamicObject {
+    let last = std::sync::Mutex::new(None::<Value>);
+    let r = eventually(what, Duration::from_secs(60), || {
+        let api = api.clone();
+        let ok = &ready;
+        let last = &last;
+        async move {
+            let o = api.get_opt(NODE).await?;
+            *last.lock().unwrap() = o.as_ref().map(|o| o.data.clone());
+            Ok(o.filter(|o| ok(o)))
+        }
+    })
+    .await;
+    match r {
+        Ok(o) => o,
+        Err(e) => panic!(
+            "{e:#}\nlast seen: {:#}",
+            last.lock().unwrap().clone().unwrap_or_default()
+        ),
+    }
+}
+
+/// `nvidia.com/gpu` `available` in NodeResourceTopology zone `zone`.
+fn gpus_available(nrt: &DynamicObject, zone: &str) -> Option<String> {
+    let zone = nrt.data["zones"]
+        .as_array()?
+        .iter()
+        .find(|z| z["name"] == zone)?;
+    let r = zone["resources"]
+        .as_array()?
+        .iter()
+        .find(|r| r["name"] == GPU)?;
+    r["available"].as_str().map(str::to_string)
+}
+
+fn allocation(dt: &DynamicObject, id: &str) -> Value {
+    dt.data["status"]["devices"][id]["allocation"].clone()
+}
+
+fn train_pod(devices: Value) -> Value {
+    json!([{
+        "name": "train-0",
+        "namespace": "ml",
+        "uid": "6f1c8e2a-0000-4000-8000-00000000a001",
+        "containers": [{"name": "main", "cpu_ids": [4, 5, 6, 7], "devices": devices}]
+    }])
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn exporter_follows_the_kubelets_podresources_server() {
+    let cluster = cluster().await;
+    cluster
+        .create_node(
+            &NodeSpec::new(NODE)
+                .capacity("cpu", "224")
+                .capacity("memory", "512Gi"),
+        )
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kdm = cluster
+        .start_kubelet_dm_with_pod_resources(
+            &dir.path().join("device-plugins"),
+            &dir.path().join("pod-resources/kubelet.sock"),
+        )
+        .await
+        .unwrap();
+    let socket = kdm.pod_resources_socket().unwrap().to_path_buf();
+    assert!(socket.exists(), "{} not served", socket.display());
+
+    // The kubelet's own List answers what was set.
+    let two_gpus = json!([{"resource_name": GPU, "device_ids": [gpu(0), gpu(1)]}]);
+    let set = kdm
+        .set_pod_resources(train_pod(two_gpus.clone()))
+        .await
+        .unwrap();
+    assert_eq!(
+        set["list"]["pod_resources"],
+        json!([{"name": "train-0", "namespace": "ml", "containers": [
+            {"name": "main", "cpu_ids": [4, 5, 6, 7], "devices": [{"resource_name": GPU, "device_ids": [gpu(0), gpu(1)]}]}
+        ]}]),
+        "{set:#}"
+    );
+
+    let config = dir.path().join("config.yaml");
+    let state = dir.path().join("cpu_manager_state");
+    std::fs::write(&config, CONFIG).unwrap();
+    std::fs::write(&state, CHECKPOINT).unwrap();
+    let args: Vec<String> = [
+        "run",
+        "--fixture",
+        "dgx-h100",
+        "--node-name",
+        NODE,
+        "--kubelet-config",
+        config.to_str().unwrap(),
+        "--cpu-manager-state",
+        state.to_str().unwrap(),
+        "--pod-resources-socket",
+        socket.to_str().unwrap(),
+        "--recheck-interval",
+        "1s",
+        "--metrics-addr",
+        &format!("127.0.0.1:{}", free_port().unwrap()),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    cluster
+        .start_program(
+            "fumarole-agent",
+            &agent_bin(),
+            &args,
+            &[("FUMAROLE_LOG", "info")],
+        )
+        .unwrap();
+
+    // 1. train-0 holds CPUs 4-7 and GPUs 0 and 1 (NUMA node 0).
+    let numa = wait_for(
+        "Numatopology with train-0",
+        &numatopologies(&cluster),
+        |o| o.data["spec"]["numares"]["cpu"]["allocatable"] == "0-3,8-223",
+    )
+    .await;
+    let pods = numa.data["spec"]["podAllocations"].as_array().unwrap();
+    assert_eq!(pods.len(), 1, "{pods:#?}");
+    assert_eq!(pods[0]["name"], "train-0");
+    assert_eq!(pods[0]["namespace"], "ml");
+    assert_eq!(
+        pods[0]["containerAllocations"],
+        json!([{"name": "main", "allocations": {"cpu": "4-7", GPU: "2"}}])
+    );
+    let held = json!({"namespace": "ml", "pod": "train-0", "container": "main"});
+    let dt = wait_for(
+        "DeviceTopology with GPUs 0, 1 held",
+        &device_topologies(&cluster),
+        |o| allocation(o, &gpu(0)) == held && allocation(o, &gpu(1)) == held,
+    )
+    .await;
+    for i in 2..8 {
+        assert_eq!(allocation(&dt, &gpu(i)), Value::Null, "GPU {i}");
+    }
+    assert_eq!(dt.data["status"]["healthyCount"], 8);
+    let nrt = wait_for(
+        "NodeResourceTopology with 2 GPUs held",
+        &nrts(&cluster),
+        |o| gpus_available(o, "node-0").as_deref() == Some("2"),
+    )
+    .await;
+    assert_eq!(gpus_available(&nrt, "node-1").as_deref(), Some("4"));
+    let cpu0 = nrt.data["zones"][0]["resources"][0].clone();
+    assert_eq!(
+        (cpu0["name"].as_str(), cpu0["available"].as_str()),
+        (Some("cpu"), Some("108")),
+        "{cpu0}"
+    );
+
+    // 2. The GPUs are released, the CPUs kept.
+    kdm.set_pod_resources(train_pod(json!([]))).await.unwrap();
+    wait_for(
+        "DeviceTopology with no GPU held",
+        &device_topologies(&cluster),
+        |o| (0..8).all(|i| allocation(o, &gpu(i)).is_null()),
+    )
+    .await;
+    wait_for(
+        "NodeResourceTopology with every GPU free",
+        &nrts(&cluster),
+        |o| gpus_available(o, "node-0").as_deref() == Some("4"),
+    )
+    .await;
+    let numa = wait_for(
+        "Numatopology without the GPUs",
+        &numatopologies(&cluster),
+        |o| {
+            o.data["spec"]["podAllocations"][0]["containerAllocations"][0]["allocations"]
+                == json!({"cpu": "4-7"})
+        },
+    )
+    .await;
+    assert_eq!(
+        numa.data["spec"]["numares"]["cpu"]["allocatable"],
+        "0-3,8-223"
+    );
+
+    // 3. No pods at all.
+    kdm.set_pod_resources(json!([])).await.unwrap();
+    let numa = wait_for(
+        "Numatopology with nothing held",
+        &numatopologies(&cluster),
+        |o| o.data["spec"]["numares"]["cpu"]["allocatable"] == "0-223",
+    )
+    .await;
+    assert!(
+        numa.data["spec"]["podAllocations"]
+            .as_array()
+            .is_none_or(Vec::is_empty),
+        "{:#}",
+        numa.data["spec"]
+    );
+
+    // 4. The PodResources server dies (its socket stays, refusing connections): the agent
+    //    falls back to the CPU manager checkpoint, which knows CPUs but no devices.
+    kdm.set_pod_resources(train_pod(two_gpus)).await.unwrap();
+    wait_for(
+        "DeviceTopology with GPUs held again",
+        &device_topologies(&cluster),
+        |o| allocation(o, &gpu(0)) == held,
+    )
+    .await;
+    kdm.stop_pod_resources().await.unwrap();
+    assert!(socket.exists());
+    let numa = wait_for(
+        "Numatopology from the checkpoint",
+        &numatopologies(&cluster),
+        |o| o.data["spec"]["numares"]["cpu"]["allocatable"] == "0-9,12-223",
+    )
+    .await;
+    assert_eq!(numa.data["spec"]["podAllocations"][0]["uid"], "ckpt-uid");
+    assert_eq!(
+        numa.data["spec"]["podAllocations"][0]["containerAllocations"],
+        json!([{"name": "side", "allocations": {"cpu": "10-11"}}])
+    );
+    wait_for(
+        "DeviceTopology without PodResources",
+        &device_topologies(&cluster),
+        |o| (0..8).all(|i| allocation(o, &gpu(i)).is_null()),
+    )
+    .await;
+    let log = cluster.log_tail("fumarole-agent", 400).unwrap();
+    assert!(log.contains("PodResources failed"), "{log}");
+
+    // 5. Served again: PodResources wins over the checkpoint again.
+    kdm.start_pod_resources().await.unwrap();
+    wait_for(
+        "Numatopology from PodResources again",
+        &numatopologies(&cluster),
+        |o| o.data["spec"]["numares"]["cpu"]["allocatable"] == "0-3,8-223",
+    )
+    .await;
+    wait_for(
+        "DeviceTopology with GPUs held after the restart",
+        &device_topologies(&cluster),
+        |o| allocation(o, &gpu(1)) == held,
+    )
+    .await;
+    cluster.check_processes().unwrap();
+}
