@@ -56,7 +56,7 @@ pub fn bytes(value: &str) -> Result<u64, QuantityError> {
 
 /// Millicores as a quantity string: whole CPUs without a suffix.
 pub fn format_cpu(millis: u64) -> String {
-    if millis % 1000 == 0 {
+    if millis.is_multiple_of(1000) {
         (millis / 1000).to_string()
     } else {
         format!("{millis}m")
