@@ -92,6 +92,16 @@ impl Agent {
 }
 
 async fn start_agent(cluster: &TestCluster, node: &str, fixture: &str, cpus: u32) -> Agent {
+    start_agent_with(cluster, node, fixture, cpus, "1s").await
+}
+
+async fn start_agent_with(
+    cluster: &TestCluster,
+    node: &str,
+    fixture: &str,
+    cpus: u32,
+    recheck: &str,
+) -> Agent {
     cluster
         .create_node(
             &NodeSpec::new(node)
@@ -124,7 +134,7 @@ async fn start_agent(cluster: &TestCluster, node: &str, fixture: &str, cpus: u32
         "--pod-resources-socket",
         agent.dir.path().join("absent.sock").to_str().unwrap(),
         "--recheck-interval",
-        "1s",
+        recheck,
         "--metrics-addr",
         &format!("127.0.0.1:{}", agent.metrics_port),
     ]
@@ -551,4 +561,30 @@ async fn bad_kubelet_state_keeps_the_last_good_object() {
     )
     .await;
     let _: &Value = &fixed.data;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn allocation_change_is_published_without_waiting_for_the_recheck() {
+    let cluster = cluster().await;
+    let agent = start_agent_with(&cluster, "quick", "cpu-only", 64, "1h").await;
+    wait_for("Numatopology", &numatopologies(&cluster), "quick", |_| true).await;
+    std::fs::write(
+        agent.state(),
+        r#"{"policyName":"static","defaultCpuSet":"","entries":{"p":{"c":"10-11"}},"checksum":4}"#,
+    )
+    .unwrap();
+    let started = std::time::Instant::now();
+    wait_for(
+        "Numatopology follows the new allocation",
+        &numatopologies(&cluster),
+        "quick",
+        |o| o.data["spec"]["numares"]["cpu"]["allocatable"] == "0-9,12-63",
+    )
+    .await;
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(30),
+        "took {took:?} with a 1 h re-check interval"
+    );
+    println!("allocation change published after {took:?}");
 }
