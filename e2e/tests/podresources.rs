@@ -328,17 +328,37 @@ async fn exporter_follows_the_kubelets_podresources_server() {
         numa.data["spec"]["podAllocations"][0]["containerAllocations"],
         json!([{"name": "side", "allocations": {"cpu": "10-11"}}])
     );
-    wait_for(
-        "DeviceTopology without PodResources",
-        &device_topologies(&cluster),
-        |o| (0..8).all(|i| allocation(o, &gpu(i)).is_null()),
+    // Devices are not freed while the kubelet is away: the last PodResources answer's GPUs
+    // stay held (the checkpoint knows none), the CPUs are the checkpoint's.
+    let nrt = wait_for(
+        "NodeResourceTopology from the checkpoint",
+        &nrts(&cluster),
+        |o| o.data["zones"][0]["resources"][0]["available"] == "110",
     )
     .await;
+    assert_eq!(gpus_available(&nrt, "node-0").as_deref(), Some("2"));
+    let dt = device_topologies(&cluster).get(NODE).await.unwrap();
+    assert_eq!(allocation(&dt, &gpu(0)), held);
+    assert_eq!(allocation(&dt, &gpu(1)), held);
     let log = cluster.log_tail("fumarole-agent", 400).unwrap();
     assert!(log.contains("PodResources failed"), "{log}");
 
-    // 5. Served again: PodResources wins over the checkpoint again.
+    // 5. While it is down, train-0 gives GPUs 0 and 1 back and takes GPU 2; served again,
+    //    PodResources wins over the checkpoint and the kept devices again.
+    kdm.set_pod_resources(train_pod(
+        json!([{"resource_name": GPU, "device_ids": [gpu(2)]}]),
+    ))
+    .await
+    .unwrap();
     kdm.start_pod_resources().await.unwrap();
+    let dt = wait_for(
+        "DeviceTopology from PodResources again",
+        &device_topologies(&cluster),
+        |o| allocation(o, &gpu(2)) == held,
+    )
+    .await;
+    assert_eq!(allocation(&dt, &gpu(0)), Value::Null);
+    assert_eq!(allocation(&dt, &gpu(1)), Value::Null);
     wait_for(
         "Numatopology from PodResources again",
         &numatopologies(&cluster),
@@ -346,9 +366,9 @@ async fn exporter_follows_the_kubelets_podresources_server() {
     )
     .await;
     wait_for(
-        "DeviceTopology with GPUs held after the restart",
-        &device_topologies(&cluster),
-        |o| allocation(o, &gpu(1)) == held,
+        "NodeResourceTopology from PodResources again",
+        &nrts(&cluster),
+        |o| gpus_available(o, "node-0").as_deref() == Some("3"),
     )
     .await;
     cluster.check_processes().unwrap();

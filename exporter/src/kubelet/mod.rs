@@ -58,6 +58,37 @@ impl Allocations {
             .flat_map(|p| &p.containers)
             .fold(CpuSet::new(), |acc, c| acc.union(&c.cpus))
     }
+
+    /// For device accounting while PodResources is down: allocations read from the CPU
+    /// manager checkpoint (which knows no devices) keep the devices of `last`, the last
+    /// PodResources answer. Devices are not freed while the kubelet is away, so reporting them
+    /// free would invite over-commitment. CPUs stay the checkpoint's. Anything else is
+    /// returned as is.
+    pub fn with_devices_of(&self, last: Option<&Allocations>) -> Allocations {
+        match last {
+            Some(last)
+                if self.source == AllocationSource::CpuManagerState
+                    && last.source == AllocationSource::PodResources =>
+            {
+                let devices_only = last.pods.iter().map(|p| PodAllocation {
+                    containers: p
+                        .containers
+                        .iter()
+                        .map(|c| ContainerAllocation {
+                            cpus: CpuSet::new(),
+                            ..c.clone()
+                        })
+                        .collect(),
+                    ..p.clone()
+                });
+                Allocations {
+                    source: AllocationSource::PodResources,
+                    pods: self.pods.iter().cloned().chain(devices_only).collect(),
+                }
+            }
+            _ => self.clone(),
+        }
+    }
 }
 
 /// Where to find the kubelet's state.
@@ -140,4 +171,57 @@ fn read_checkpoint(path: &Path) -> Result<Option<Allocations>, cpu_manager_state
         source: AllocationSource::CpuManagerState,
         pods: state.pod_allocations(),
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(name: &str, cpus: &str, gpus: &[&str]) -> PodAllocation {
+        let mut devices = BTreeMap::new();
+        if !gpus.is_empty() {
+            devices.insert(
+                "nvidia.com/gpu".to_string(),
+                gpus.iter().map(|g| g.to_string()).collect(),
+            );
+        }
+        PodAllocation {
+            uid: None,
+            name: name.into(),
+            namespace: "ml".into(),
+            containers: vec![ContainerAllocation {
+                name: "main".into(),
+                cpus: cpus.parse().unwrap(),
+                devices,
+            }],
+        }
+    }
+
+    #[test]
+    fn checkpoint_fallback_keeps_the_last_podresources_devices() {
+        let last = Allocations {
+            source: AllocationSource::PodResources,
+            pods: vec![pod("train-0", "4-7", &["GPU-a", "GPU-b"])],
+        };
+        let checkpoint = Allocations {
+            source: AllocationSource::CpuManagerState,
+            pods: vec![pod("u1", "10-11", &[])],
+        };
+        let merged = checkpoint.with_devices_of(Some(&last));
+        assert_eq!(merged.source, AllocationSource::PodResources);
+        assert_eq!(merged.exclusive_cpus().to_string(), "10-11");
+        assert_eq!(
+            merged.pods[1].containers[0].devices["nvidia.com/gpu"],
+            vec!["GPU-a", "GPU-b"]
+        );
+
+        // PodResources itself, or nothing to keep: unchanged.
+        assert_eq!(last.with_devices_of(Some(&last)), last);
+        assert_eq!(checkpoint.with_devices_of(None), checkpoint);
+        let none = Allocations {
+            source: AllocationSource::None,
+            pods: vec![],
+        };
+        assert_eq!(none.with_devices_of(Some(&last)), none);
+    }
 }

@@ -3,6 +3,8 @@
 //! When the kubelet's configuration or allocations cannot be read, the objects built from
 //! them (`Numatopology`, `NodeResourceTopology`) are left as last published (`None` in
 //! [`Desired`]) and one log line says why; device status keeps the last good allocations.
+//! While PodResources is down and the CPU manager checkpoint stands in (it knows no
+//! devices), device accounting keeps the devices of the last PodResources answer.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -10,7 +12,9 @@ use std::sync::Arc;
 use crate::discover::nvml::NvmlProbe;
 use crate::discover::{DiscoverOptions, discover};
 use crate::kubelet::config::{ConfigError, KubeletPolicies};
-use crate::kubelet::{Allocations, KubeletConfig, KubeletPaths, read_allocations};
+use crate::kubelet::{
+    AllocationSource, Allocations, KubeletConfig, KubeletPaths, read_allocations,
+};
 
 use super::metrics::Metrics;
 use super::objects;
@@ -22,6 +26,8 @@ pub struct NodeState {
     pub kubelet: KubeletPaths,
     pub metrics: Arc<Metrics>,
     last_allocations: Option<Allocations>,
+    /// The last allocations read from PodResources (for devices while it is down).
+    last_pod_resources: Option<Allocations>,
     /// The last problem logged, so a persisting one is logged once.
     last_problem: Option<String>,
 }
@@ -39,6 +45,7 @@ impl NodeState {
             kubelet,
             metrics,
             last_allocations: None,
+            last_pod_resources: None,
             last_problem: None,
         }
     }
@@ -91,13 +98,23 @@ impl NodeState {
             _ => None,
         };
         self.problem(problem);
-        if let Ok(a) = &allocations {
-            self.last_allocations = Some(a.clone());
+        // Device accounting (DeviceTopology status, NodeResourceTopology device
+        // availability) keeps the last PodResources answer's devices while only the
+        // checkpoint can be read.
+        let allocations = allocations.map(|a| {
+            let devices = a.with_devices_of(self.last_pod_resources.as_ref());
+            if a.source == AllocationSource::PodResources {
+                self.last_pod_resources = Some(a.clone());
+            }
+            (a, devices)
+        });
+        if let Ok((_, devices)) = &allocations {
+            self.last_allocations = Some(devices.clone());
         }
         let (numatopology, node_resource_topology) = match (&policies, &allocations) {
-            (Ok(p), Ok(a)) => (
+            (Ok(p), Ok((a, devices))) => (
                 Some(objects::numatopology(&topology, p, a)),
-                Some(objects::node_resource_topology(&topology, p, a)),
+                Some(objects::node_resource_topology(&topology, p, devices)),
             ),
             _ => (None, None),
         };
