@@ -11,6 +11,7 @@ pub mod quantity;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use fumarole_topology::CpuSet;
 
@@ -129,13 +130,14 @@ pub async fn read_allocations(paths: &KubeletPaths) -> Result<Allocations, Alloc
     if socket_exists {
         match podresources::list(&paths.pod_resources_socket).await {
             Ok(pods) => {
+                podresources_failing(&paths.pod_resources_socket, None);
                 return Ok(Allocations {
                     source: AllocationSource::PodResources,
                     pods,
                 });
             }
             Err(e) => {
-                tracing::warn!(socket = %paths.pod_resources_socket.display(), error = %e, "PodResources failed; reading the CPU manager checkpoint");
+                podresources_failing(&paths.pod_resources_socket, Some(&e.to_string()));
                 return match read_checkpoint(&paths.cpu_manager_state) {
                     Ok(Some(a)) => Ok(a),
                     Ok(None) => Err(AllocationError::Both {
@@ -160,6 +162,28 @@ pub async fn read_allocations(paths: &KubeletPaths) -> Result<Allocations, Alloc
             pods: Vec::new(),
         }),
     )
+}
+
+/// The PodResources failure last logged: both the publish loop and the allocation watch read
+/// allocations (the watch every second), so a persisting failure is logged once, and its end
+/// once.
+static PODRESOURCES_FAILURE: Mutex<Option<String>> = Mutex::new(None);
+
+fn podresources_failing(socket: &Path, error: Option<&str>) {
+    let mut last = PODRESOURCES_FAILURE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    match error {
+        Some(e) if last.as_deref() != Some(e) => {
+            tracing::warn!(socket = %socket.display(), error = %e, "PodResources failed; reading the CPU manager checkpoint");
+            *last = Some(e.to_string());
+        }
+        None if last.is_some() => {
+            tracing::info!(socket = %socket.display(), "PodResources answering again");
+            *last = None;
+        }
+        _ => {}
+    }
 }
 
 fn read_checkpoint(path: &Path) -> Result<Option<Allocations>, cpu_manager_state::StateError> {
