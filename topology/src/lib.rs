@@ -9,6 +9,7 @@ pub mod cpuset;
 pub mod crd;
 pub mod link;
 pub mod model;
+pub mod select;
 
 pub use cpuset::{CpuSet, CpuSetError};
 pub use link::{Link, LinkClass, LinkMatrix, LinkMatrixError, pcie_class};
@@ -16,3 +17,4 @@ pub use model::{
     Device, DeviceKind, Health, NodeTopology, NumaNode, Package, PciId, ProcessingUnit, Summary,
     SuperNode, SuperNodeSource, TopologyError, Vendor,
 };
+pub use select::{Method, SelectContext, SelectError, Selection, select};
