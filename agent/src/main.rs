@@ -6,6 +6,7 @@
 
 mod discover;
 mod node;
+mod plugins;
 mod render;
 mod run;
 

@@ -1,27 +1,42 @@
 //! `fumarole-agent run`: the DaemonSet's long-running job. Discovers the node, publishes its
 //! `Numatopology`, `NodeResourceTopology`, `DeviceTopology` and labels, keeps them current,
-//! and serves `/metrics` and `/healthz`.
+//! serves `/metrics` and `/healthz`, and, with `--device-plugin-dir`, the device plugins.
+//! `--standalone` serves only the device plugins, with no API server.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use clap::Args;
+use fumarole_exporter::discover;
 use fumarole_exporter::kubelet::KubeletPaths;
 use fumarole_exporter::publish::{self, Publisher, metrics, metrics::Metrics, state::NodeState};
 use tokio::sync::Notify;
 
-use crate::node::NodeArgs;
+use crate::node::{NodeArgs, Prepared};
+use crate::plugins;
 
 #[derive(Args)]
 pub struct RunArgs {
     #[command(flatten)]
     node: NodeArgs,
     /// This node's name (the Node object and every published object are named after it).
+    /// Required unless `--standalone`.
     #[arg(long, env = "NODE_NAME")]
-    node_name: String,
+    node_name: Option<String>,
+    /// Serve the device plugins only, with no Kubernetes API calls (demos, node bring-up,
+    /// tests): needs `--device-plugin-dir`.
+    #[arg(long, requires = "device_plugin_dir")]
+    standalone: bool,
+    /// Serve the node's device plugins in this directory and register them with the kubelet
+    /// answering on `DIR/kubelet.sock` (usually /var/lib/kubelet/device-plugins).
+    #[arg(long, value_name = "DIR")]
+    device_plugin_dir: Option<PathBuf>,
+    /// Also answer `Allocate` with CDI device names (`<resource>=<device id>`).
+    #[arg(long)]
+    cdi: bool,
     /// The kubelet configuration file.
     #[arg(
         long,
@@ -53,11 +68,17 @@ pub struct RunArgs {
 
 pub fn run(args: RunArgs) -> Result<()> {
     // Before any thread: hwloc reads its root from the environment.
-    let prepared = args.node.prepare(Some(args.node_name.clone()))?;
+    let prepared = args.node.prepare(args.node_name.clone())?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("starting the async runtime")?;
+    if args.standalone {
+        return runtime.block_on(standalone(args, prepared));
+    }
+    let Some(node_name) = args.node_name.clone() else {
+        bail!("--node-name (or NODE_NAME) is required unless --standalone");
+    };
     runtime.block_on(async move {
         let client = kube::Client::try_default()
             .await
@@ -69,7 +90,12 @@ pub fn run(args: RunArgs) -> Result<()> {
         tokio::spawn(metrics::serve(listener, metrics.clone()));
 
         let wake = Arc::new(Notify::new());
-        let publisher = Publisher::new(client, &args.node_name, metrics.clone(), wake.clone());
+        if let Some(dir) = args.device_plugin_dir.clone() {
+            let topology = discover::discover(&prepared.options, prepared.nvml.as_ref())?;
+            let root = prepared.options.source.root().unwrap_or(Path::new("/")).to_path_buf();
+            plugins::start(&topology, &root, dir, args.cdi, Some(wake.clone()))?;
+        }
+        let publisher = Publisher::new(client, &node_name, metrics.clone(), wake.clone());
         let kubelet = KubeletPaths {
             config: args.kubelet_config,
             pod_resources_socket: args.pod_resources_socket,
@@ -77,13 +103,31 @@ pub fn run(args: RunArgs) -> Result<()> {
         };
         tokio::spawn(publish::watch_allocations(kubelet.clone(), Duration::from_secs(1), wake.clone()));
         let state = NodeState::new(prepared.options.clone(), prepared.nvml, kubelet, metrics);
-        tracing::info!(node = %args.node_name, recheck = ?args.recheck_interval, "publishing node topology");
+        tracing::info!(node = %node_name, recheck = ?args.recheck_interval, "publishing node topology");
         tokio::select! {
             () = publish::run(publisher, state, args.recheck_interval, wake) => {}
             () = shutdown() => tracing::info!("shutting down"),
         }
         Ok(())
     })
+}
+
+/// `--standalone`: discover once, serve the device plugins, nothing else.
+async fn standalone(args: RunArgs, prepared: Prepared) -> Result<()> {
+    let Some(dir) = args.device_plugin_dir else {
+        bail!("--standalone needs --device-plugin-dir")
+    };
+    let topology = discover::discover(&prepared.options, prepared.nvml.as_ref())?;
+    let root = prepared
+        .options
+        .source
+        .root()
+        .unwrap_or(Path::new("/"))
+        .to_path_buf();
+    plugins::start(&topology, &root, dir, args.cdi, None)?;
+    shutdown().await;
+    tracing::info!("shutting down");
+    Ok(())
 }
 
 /// SIGTERM (the kubelet stopping the pod) or Ctrl-C.

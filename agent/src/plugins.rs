@@ -1,0 +1,83 @@
+//! Starting the node's device plugins and keeping their health current.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use fumarole_device_plugin::plugin::DevicePluginService;
+use fumarole_device_plugin::register;
+use fumarole_device_plugin::resources::{self, Resource};
+use fumarole_topology::NodeTopology;
+use tokio::sync::{Notify, watch};
+
+/// How often device nodes are checked; a health change reaches the kubelet within this.
+const HEALTH_POLL: Duration = Duration::from_millis(500);
+
+/// Serves one plugin per resource of `topology` in `dir`, registered with the kubelet there.
+/// Device health follows the device nodes under `root`; `on_change` is poked when it changes.
+pub fn start(
+    topology: &NodeTopology,
+    root: &Path,
+    dir: PathBuf,
+    cdi: bool,
+    on_change: Option<Arc<Notify>>,
+) -> Result<()> {
+    std::fs::create_dir_all(&dir)
+        .with_context(|| format!("--device-plugin-dir {}", dir.display()))?;
+    for resource in resources::resources(topology, root, cdi) {
+        let (service, health) = DevicePluginService::new(topology, resource.clone())
+            .with_context(|| format!("building the {} plugin", resource.name))?;
+        tracing::info!(resource = %resource.name, devices = resource.devices.len(), "serving device plugin");
+        let dir = dir.clone();
+        tokio::spawn(async move {
+            if let Err(e) = register::serve(dir, service).await {
+                tracing::error!(error = %e, "device plugin stopped");
+            }
+        });
+        tokio::spawn(watch_health(
+            resource,
+            root.to_path_buf(),
+            health,
+            on_change.clone(),
+        ));
+    }
+    Ok(())
+}
+
+/// A device is healthy while all its device nodes exist; a node that comes back makes the
+/// device healthy again (the kubelet sees both directions).
+async fn watch_health(
+    resource: Resource,
+    root: PathBuf,
+    health: watch::Sender<Vec<bool>>,
+    on_change: Option<Arc<Notify>>,
+) {
+    loop {
+        tokio::time::sleep(HEALTH_POLL).await;
+        let now: Vec<bool> = resource
+            .devices
+            .iter()
+            .map(|d| {
+                d.dev_nodes
+                    .iter()
+                    .all(|n| root.join(n.trim_start_matches('/')).exists())
+            })
+            .collect();
+        let changed = health.send_if_modified(|current| {
+            if *current == now {
+                return false;
+            }
+            for (d, (was, is)) in resource.devices.iter().zip(current.iter().zip(&now)) {
+                if was != is {
+                    tracing::warn!(resource = %resource.name, device = %d.id, healthy = is, "device health changed");
+                }
+            }
+            *current = now.clone();
+            true
+        });
+        if changed && let Some(n) = &on_change {
+            n.notify_one();
+        }
+    }
+}

@@ -1,0 +1,15 @@
+//! fumarole's kubelet device plugins (API v1beta1), one per extended resource of the node.
+//!
+//! Start at [`plugin::DevicePluginService`] (the gRPC server: `ListAndWatch` with health,
+//! `GetPreferredAllocation`, `Allocate`) and [`register::serve`] (serve on
+//! `<dir>/fumarole-<resource>.sock`, then register with the kubelet, and again whenever the
+//! kubelet restarts). [`resources`] says which resources a node has and what a container gets.
+
+pub mod plugin;
+pub mod register;
+pub mod resources;
+
+/// Generated from `proto/deviceplugin_v1beta1.proto`.
+pub mod api {
+    tonic::include_proto!("v1beta1");
+}
