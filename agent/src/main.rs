@@ -7,6 +7,7 @@
 mod discover;
 mod node;
 mod plugins;
+mod pods;
 mod render;
 mod run;
 

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use fumarole_device_plugin::annotation::PodSource;
 use fumarole_device_plugin::plugin::DevicePluginService;
 use fumarole_device_plugin::register;
 use fumarole_device_plugin::resources::{self, Resource};
@@ -16,17 +17,19 @@ const HEALTH_POLL: Duration = Duration::from_millis(500);
 
 /// Serves one plugin per resource of `topology` in `dir`, registered with the kubelet there.
 /// Device health follows the device nodes under `root`; `on_change` is poked when it changes.
+/// With `pods`, the scheduler's device choice for pending pods is honoured.
 pub fn start(
     topology: &NodeTopology,
     root: &Path,
     dir: PathBuf,
     cdi: bool,
     on_change: Option<Arc<Notify>>,
+    pods: Option<Arc<dyn PodSource>>,
 ) -> Result<()> {
     std::fs::create_dir_all(&dir)
         .with_context(|| format!("--device-plugin-dir {}", dir.display()))?;
     for resource in resources::resources(topology, root, cdi) {
-        let (service, health) = DevicePluginService::new(topology, resource.clone())
+        let (service, health) = DevicePluginService::new(topology, resource.clone(), pods.clone())
             .with_context(|| format!("building the {} plugin", resource.name))?;
         tracing::info!(resource = %resource.name, devices = resource.devices.len(), "serving device plugin");
         let dir = dir.clone();

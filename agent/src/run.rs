@@ -16,7 +16,7 @@ use fumarole_exporter::publish::{self, Publisher, metrics, metrics::Metrics, sta
 use tokio::sync::Notify;
 
 use crate::node::{NodeArgs, Prepared};
-use crate::plugins;
+use crate::{plugins, pods};
 
 #[derive(Args)]
 pub struct RunArgs {
@@ -93,7 +93,8 @@ pub fn run(args: RunArgs) -> Result<()> {
         if let Some(dir) = args.device_plugin_dir.clone() {
             let topology = discover::discover(&prepared.options, prepared.nvml.as_ref())?;
             let root = prepared.options.source.root().unwrap_or(Path::new("/")).to_path_buf();
-            plugins::start(&topology, &root, dir, args.cdi, Some(wake.clone()))?;
+            let pods = pods::NodePods::watch(client.clone(), &node_name);
+            plugins::start(&topology, &root, dir, args.cdi, Some(wake.clone()), Some(pods))?;
         }
         let publisher = Publisher::new(client, &node_name, metrics.clone(), wake.clone());
         let kubelet = KubeletPaths {
@@ -124,7 +125,7 @@ async fn standalone(args: RunArgs, prepared: Prepared) -> Result<()> {
         .root()
         .unwrap_or(Path::new("/"))
         .to_path_buf();
-    plugins::start(&topology, &root, dir, args.cdi, None)?;
+    plugins::start(&topology, &root, dir, args.cdi, None, None)?;
     shutdown().await;
     tracing::info!("shutting down");
     Ok(())

@@ -3,8 +3,10 @@
 //! Start at [`plugin::DevicePluginService`] (the gRPC server: `ListAndWatch` with health,
 //! `GetPreferredAllocation`, `Allocate`) and [`register::serve`] (serve on
 //! `<dir>/fumarole-<resource>.sock`, then register with the kubelet, and again whenever the
-//! kubelet restarts). [`resources`] says which resources a node has and what a container gets.
+//! kubelet restarts). [`resources`] says which resources a node has and what a container gets;
+//! [`annotation`] how the scheduler extension's device choice reaches the plugin.
 
+pub mod annotation;
 pub mod plugin;
 pub mod register;
 pub mod resources;

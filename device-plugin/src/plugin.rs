@@ -14,6 +14,7 @@ use tokio_stream::wrappers::WatchStream;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
 
+use crate::annotation::PodSource;
 use crate::api;
 use crate::api::device_plugin_server::DevicePlugin;
 use crate::resources::Resource;
@@ -30,6 +31,8 @@ pub struct DevicePluginService {
 
 struct Inner {
     resource: Resource,
+    /// Pending pods with the scheduler's device choice, when running against an API server.
+    pods: Option<Arc<dyn PodSource>>,
     /// Weights among this resource's devices, for `select`.
     select: SelectContext,
     health: watch::Receiver<Vec<bool>>,
@@ -42,6 +45,7 @@ impl DevicePluginService {
     pub fn new(
         topology: &NodeTopology,
         resource: Resource,
+        pods: Option<Arc<dyn PodSource>>,
     ) -> Result<(Self, watch::Sender<Vec<bool>>), SelectError> {
         let weights: Vec<Vec<u32>> = resource
             .devices
@@ -60,6 +64,7 @@ impl DevicePluginService {
             Self {
                 inner: Arc::new(Inner {
                     resource,
+                    pods,
                     select,
                     health: rx,
                 }),
@@ -91,7 +96,8 @@ impl DevicePluginService {
         }
     }
 
-    /// The preferred devices for one container request.
+    /// The preferred devices for one container request: the scheduler's choice for the
+    /// oldest pending pod it fits (see [`crate::annotation`]), else `topology::select`.
     pub fn preferred(
         &self,
         req: &api::ContainerPreferredAllocationRequest,
@@ -113,6 +119,9 @@ impl DevicePluginService {
         let must = r
             .positions(&req.must_include_device_i_ds)
             .map_err(|e| invalid(e.to_string()))?;
+        if let Some(ids) = self.scheduler_choice(req, k) {
+            return Ok(ids);
+        }
         let chosen = self
             .inner
             .select
@@ -123,6 +132,46 @@ impl DevicePluginService {
             .into_iter()
             .map(|i| r.devices[i].id.clone())
             .collect())
+    }
+
+    /// The first `k` still-available devices the scheduler chose for a pending pod (see
+    /// [`crate::annotation`]), when they cover the request's must-include devices. A pod whose
+    /// choice cannot be honoured is logged with the reason, and `select` decides.
+    fn scheduler_choice(
+        &self,
+        req: &api::ContainerPreferredAllocationRequest,
+        k: usize,
+    ) -> Option<Vec<String>> {
+        let r = &self.inner.resource;
+        for pod in self.inner.pods.as_ref()?.pending() {
+            let Some(ids) = pod.devices.get(&r.name) else {
+                continue;
+            };
+            let who = format!("{}/{}", pod.namespace, pod.name);
+            let available: Vec<&String> = ids
+                .iter()
+                .filter(|id| req.available_device_i_ds.contains(id))
+                .collect();
+            if available.len() < k {
+                tracing::info!(pod = %who, resource = %r.name, chosen = ?ids, wanted = k,
+                    available = available.len(),
+                    "not enough of the scheduler's devices are available; choosing with select");
+                continue;
+            }
+            let picked: Vec<String> = available.into_iter().take(k).cloned().collect();
+            if !req
+                .must_include_device_i_ds
+                .iter()
+                .all(|m| picked.contains(m))
+            {
+                tracing::info!(pod = %who, resource = %r.name,
+                    "the kubelet's must-include devices are not the scheduler's; choosing with select");
+                continue;
+            }
+            tracing::info!(pod = %who, resource = %r.name, devices = ?picked, "using the scheduler's devices");
+            return Some(picked);
+        }
+        None
     }
 }
 

@@ -1,7 +1,8 @@
 //! `fumarole-agent run --standalone` against the kubelet's own device-manager client
 //! (`kubelet-dm`): registration, `ListAndWatch` contents, health both ways,
 //! `GetPreferredAllocation` through `topology::select`, `Allocate` per vendor, bad requests,
-//! and re-registration after a kubelet restart (timed).
+//! re-registration after a kubelet restart (timed), and the scheduler's `fumarole.dev/devices`
+//! choice honoured in cluster mode.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -343,4 +344,130 @@ async fn ascend_plugin_hands_out_davinci_numbers_and_manager_nodes() {
             "/dev/hisi_hdc"
         ]
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn scheduler_device_choice_is_honoured_with_a_logged_fallback() {
+    use fumarole_e2e::cluster::{eventually, free_port};
+    use fumarole_e2e::{NodeSpec, TestCluster};
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::{Api, DeleteParams, PostParams};
+
+    let cluster = TestCluster::start().await.unwrap();
+    cluster.install_volcano_crds().await.unwrap();
+    cluster.install_nrt_crd().await.unwrap();
+    cluster
+        .install_crd_file(
+            &Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../deploy/crds/devicetopologies.topology.fumarole.dev.yaml"),
+        )
+        .await
+        .unwrap();
+    cluster
+        .create_node(
+            &NodeSpec::new("dgx-1")
+                .capacity("cpu", "224")
+                .capacity("nvidia.com/gpu", "8"),
+        )
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = dir.path().join("device-plugins");
+    std::fs::create_dir_all(&plugins).unwrap();
+    let kdm = KubeletDm::start(&plugins, &dir.path().join("logs"))
+        .await
+        .unwrap();
+    let args: Vec<String> = [
+        "run",
+        "--fixture",
+        "dgx-h100",
+        "--node-name",
+        "dgx-1",
+        "--device-plugin-dir",
+        plugins.to_str().unwrap(),
+        "--kubelet-config",
+        dir.path().join("absent.yaml").to_str().unwrap(),
+        "--cpu-manager-state",
+        dir.path().join("absent_state").to_str().unwrap(),
+        "--pod-resources-socket",
+        dir.path().join("absent.sock").to_str().unwrap(),
+        "--metrics-addr",
+        &format!("127.0.0.1:{}", free_port().unwrap()),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    cluster
+        .start_program("fumarole-agent", &agent_bin(), &args, &[])
+        .unwrap();
+    let all = ids(&kdm
+        .wait_devices(GPU, Duration::from_secs(30), |d| d.len() == 8)
+        .await
+        .unwrap());
+    // Without a choice, select takes the two lowest of eight NV18-equal GPUs.
+    assert_eq!(
+        pick(&kdm, &all, &[], 2).await,
+        vec![all[0].clone(), all[1].clone()]
+    );
+
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let pod = |name: &str, annotation: &str| -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "annotations": {"fumarole.dev/devices": annotation}},
+            "spec": {"nodeName": "dgx-1", "containers": [{"name": "c", "image": "example.invalid/none",
+                "resources": {"limits": {"nvidia.com/gpu": "2"}}}]}
+        }))
+        .unwrap()
+    };
+    let choice = json!({GPU: [all[5], all[6]]}).to_string();
+    pods.create(&PostParams::default(), &pod("chosen", &choice))
+        .await
+        .unwrap();
+    let want = vec![all[5].clone(), all[6].clone()];
+    eventually(
+        "the plugin to honour the scheduler's choice",
+        Duration::from_secs(30),
+        || {
+            let (kdm, all, want) = (&kdm, &all, &want);
+            async move { Ok((pick(kdm, all, &[], 2).await == *want).then_some(())) }
+        },
+    )
+    .await
+    .unwrap();
+
+    // The chosen devices are not all available: select decides, and the log says why.
+    assert_eq!(
+        pick(&kdm, &all[..6], &[], 2).await,
+        vec![all[0].clone(), all[1].clone()]
+    );
+    let log = cluster.log_tail("fumarole-agent", 300).unwrap();
+    assert!(
+        log.contains("not enough of the scheduler's devices are available"),
+        "{log}"
+    );
+
+    // A malformed annotation is a logged skip, never a failed admission.
+    pods.delete("chosen", &DeleteParams::default())
+        .await
+        .unwrap();
+    pods.create(&PostParams::default(), &pod("garbled", "GPU-1,GPU-2"))
+        .await
+        .unwrap();
+    eventually(
+        "the garbled annotation to be reported",
+        Duration::from_secs(30),
+        || {
+            let (kdm, all, cluster) = (&kdm, &all, &cluster);
+            async move {
+                let got = pick(kdm, all, &[], 2).await;
+                assert_eq!(got, vec![all[0].clone(), all[1].clone()]);
+                let log = cluster.log_tail("fumarole-agent", 300)?;
+                Ok(log
+                    .contains("ignoring the pod's device choice")
+                    .then_some(()))
+            }
+        },
+    )
+    .await
+    .unwrap();
 }

@@ -1,0 +1,77 @@
+//! The pods assigned to this node, watched, as the device plugins' [`PodSource`]: pending
+//! pods with the scheduler extension's `fumarole.dev/devices` choice.
+
+use std::sync::Arc;
+
+use fumarole_device_plugin::annotation::{self, DEVICES_ANNOTATION, PendingPod, PodSource};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
+
+pub struct NodePods {
+    store: Store<Pod>,
+}
+
+impl NodePods {
+    /// Starts watching the pods whose `spec.nodeName` is `node`.
+    pub fn watch(client: Client, node: &str) -> Arc<Self> {
+        let (store, writer) = reflector::store();
+        let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
+        let stream = reflector::reflector(writer, watcher(Api::<Pod>::all(client), config))
+            .default_backoff()
+            .touched_objects();
+        tokio::spawn(async move {
+            futures::pin_mut!(stream);
+            while let Some(event) = stream.next().await {
+                if let Err(e) = event {
+                    tracing::debug!(error = %e, "pod watch interrupted; retrying");
+                }
+            }
+        });
+        Arc::new(Self { store })
+    }
+}
+
+impl PodSource for NodePods {
+    fn pending(&self) -> Vec<PendingPod> {
+        let mut pods: Vec<PendingPod> = self
+            .store
+            .state()
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .filter(|p| {
+                let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+                phase.is_none_or(|ph| ph == "Pending")
+            })
+            .filter_map(|p| {
+                let value = p.metadata.annotations.as_ref()?.get(DEVICES_ANNOTATION)?;
+                let name = format!(
+                    "{}/{}",
+                    p.metadata.namespace.as_deref().unwrap_or_default(),
+                    p.metadata.name.as_deref().unwrap_or_default()
+                );
+                match annotation::parse(value) {
+                    Ok(devices) => Some(PendingPod {
+                        namespace: p.metadata.namespace.clone().unwrap_or_default(),
+                        name: p.metadata.name.clone().unwrap_or_default(),
+                        created: p
+                            .metadata
+                            .creation_timestamp
+                            .as_ref()
+                            .map(|t| t.0.to_string())
+                            .unwrap_or_default(),
+                        devices,
+                    }),
+                    Err(e) => {
+                        tracing::warn!(pod = %name, error = %e, "ignoring the pod's device choice");
+                        None
+                    }
+                }
+            })
+            .collect();
+        pods.sort_by(|a, b| a.created.cmp(&b.created).then(a.name.cmp(&b.name)));
+        pods
+    }
+}
