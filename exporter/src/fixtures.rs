@@ -382,38 +382,23 @@ impl Fixture {
                     );
                     out.text(format!("{base}/topology/core_id"), format!("{core}\n"));
                     out.text(format!("{base}/topology/die_id"), "0\n");
-                    out.text(
-                        format!("{base}/topology/core_cpus"),
-                        format!("{}\n", mask(threads.iter().copied(), total)),
-                    );
-                    out.text(
-                        format!("{base}/topology/core_cpus_list"),
-                        format!("{}\n", list(&threads)),
-                    );
-                    out.text(
-                        format!("{base}/topology/thread_siblings"),
-                        format!("{}\n", mask(threads.iter().copied(), total)),
-                    );
-                    out.text(
-                        format!("{base}/topology/thread_siblings_list"),
-                        format!("{}\n", list(&threads)),
-                    );
-                    out.text(
-                        format!("{base}/topology/package_cpus"),
-                        format!("{}\n", mask(package.iter().copied(), total)),
-                    );
-                    out.text(
-                        format!("{base}/topology/package_cpus_list"),
-                        format!("{}\n", list(&package)),
-                    );
-                    out.text(
-                        format!("{base}/topology/core_siblings"),
-                        format!("{}\n", mask(package.iter().copied(), total)),
-                    );
-                    out.text(
-                        format!("{base}/topology/core_siblings_list"),
-                        format!("{}\n", list(&package)),
-                    );
+                    // Newer kernels call these core_cpus / package_cpus, older ones
+                    // thread_siblings / core_siblings; hwloc reads either, so write both.
+                    for (names, set) in [
+                        (["core_cpus", "thread_siblings"], &threads),
+                        (["package_cpus", "core_siblings"], &package),
+                    ] {
+                        for name in names {
+                            out.text(
+                                format!("{base}/topology/{name}"),
+                                format!("{}\n", mask(set.iter().copied(), total)),
+                            );
+                            out.text(
+                                format!("{base}/topology/{name}_list"),
+                                format!("{}\n", list(set)),
+                            );
+                        }
+                    }
                     numa_cpus.entry(numa_of(socket, core)).or_default().push(id);
                 }
             }
@@ -441,9 +426,11 @@ impl Fixture {
             "/sys/devices/system/node/possible",
             format!("0-{}\n", numa_count - 1),
         );
-        for n in 0..numa_count {
-            let mut cpus = numa_cpus.remove(&n).unwrap_or_default();
+        for cpus in numa_cpus.values_mut() {
             cpus.sort_unstable();
+        }
+        for n in 0..numa_count {
+            let cpus = numa_cpus.get(&n).cloned().unwrap_or_default();
             let base = format!("/sys/devices/system/node/node{n}");
             out.text(
                 format!("{base}/cpumap"),
@@ -473,18 +460,9 @@ impl Fixture {
         let mut placed = Placement {
             out: &mut out,
             total,
-            numa_cpus: BTreeMap::new(),
+            numa_cpus,
             accelerators: Vec::new(),
         };
-        for n in 0..numa_count {
-            let cpus: Vec<u32> = (0..total)
-                .filter(|c| {
-                    let t_core = c % cores;
-                    numa_of(t_core / s.cores_per_socket, t_core % s.cores_per_socket) == n
-                })
-                .collect();
-            placed.numa_cpus.insert(n, cpus);
-        }
         for (root_bus, numa, tree) in &s.host_bridges {
             let mut next_bus = *root_bus;
             let sys = format!("/sys/devices/pci0000:{root_bus:02x}");
