@@ -20,9 +20,8 @@ use tokio_stream::{Stream, StreamExt};
 use tonic::transport::{Endpoint, Server};
 use tonic::{Request, Response, Status};
 
-mod pb {
-    tonic::include_proto!("v1beta1");
-}
+// The project's own v1beta1 types; the plugin below is the test's, not fumarole's.
+use fumarole_device_plugin::api as pb;
 use pb::device_plugin_server::{DevicePlugin, DevicePluginServer};
 use pb::registration_client::RegistrationClient;
 
