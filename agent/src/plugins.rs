@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use fumarole_device_plugin::annotation::PodSource;
+use fumarole_device_plugin::config::Config;
 use fumarole_device_plugin::plugin::DevicePluginService;
 use fumarole_device_plugin::register;
 use fumarole_device_plugin::resources::{self, Resource};
@@ -17,7 +18,8 @@ const HEALTH_POLL: Duration = Duration::from_millis(500);
 
 /// Serves one plugin per resource of `topology` in `dir`, registered with the kubelet there.
 /// Device health follows the device nodes under `root`; `on_change` is poked when it changes.
-/// With `pods`, the scheduler's device choice for pending pods is honoured.
+/// With `pods`, the scheduler's device choice for pending pods is honoured. `config` is the
+/// `--device-plugin-config` file (resource names, env vars, device nodes per device class).
 pub fn start(
     topology: &NodeTopology,
     root: &Path,
@@ -25,10 +27,17 @@ pub fn start(
     cdi: bool,
     on_change: Option<Arc<Notify>>,
     pods: Option<Arc<dyn PodSource>>,
+    config: Option<&Path>,
 ) -> Result<()> {
+    let config = match config {
+        Some(path) => Config::load(path).context("--device-plugin-config")?,
+        None => Config::default(),
+    };
+    let resources = resources::resources_with(topology, root, cdi, &config)
+        .context("--device-plugin-config")?;
     std::fs::create_dir_all(&dir)
         .with_context(|| format!("--device-plugin-dir {}", dir.display()))?;
-    for resource in resources::resources(topology, root, cdi) {
+    for resource in resources {
         let (service, health) = DevicePluginService::new(topology, resource.clone(), pods.clone())
             .with_context(|| format!("building the {} plugin", resource.name))?;
         tracing::info!(resource = %resource.name, devices = resource.devices.len(), "serving device plugin");

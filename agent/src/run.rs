@@ -37,6 +37,10 @@ pub struct RunArgs {
     /// Also answer `Allocate` with CDI device names (`<resource>=<device id>`).
     #[arg(long)]
     cdi: bool,
+    /// Device-plugin configuration (YAML): resource names, env vars and device nodes per
+    /// device class; see the `fumarole_device_plugin::config` docs.
+    #[arg(long, value_name = "FILE")]
+    device_plugin_config: Option<PathBuf>,
     /// The kubelet configuration file.
     #[arg(
         long,
@@ -94,7 +98,7 @@ pub fn run(args: RunArgs) -> Result<()> {
             let topology = discover::discover(&prepared.options, prepared.nvml.as_ref())?;
             let root = prepared.options.source.root().unwrap_or(Path::new("/")).to_path_buf();
             let pods = pods::NodePods::watch(client.clone(), &node_name);
-            plugins::start(&topology, &root, dir, args.cdi, Some(wake.clone()), Some(pods))?;
+            plugins::start(&topology, &root, dir, args.cdi, Some(wake.clone()), Some(pods), args.device_plugin_config.as_deref())?;
         }
         let publisher = Publisher::new(client, &node_name, metrics.clone(), wake.clone());
         let kubelet = KubeletPaths {
@@ -125,7 +129,15 @@ async fn standalone(args: RunArgs, prepared: Prepared) -> Result<()> {
         .root()
         .unwrap_or(Path::new("/"))
         .to_path_buf();
-    plugins::start(&topology, &root, dir, args.cdi, None, None)?;
+    plugins::start(
+        &topology,
+        &root,
+        dir,
+        args.cdi,
+        None,
+        None,
+        args.device_plugin_config.as_deref(),
+    )?;
     shutdown().await;
     tracing::info!("shutting down");
     Ok(())

@@ -4,14 +4,16 @@
 //! `metax-tech.com/gpu`, ...). [`Resource::allocate`] answers the kubelet's `Allocate` per
 //! vendor convention: NVIDIA `NVIDIA_VISIBLE_DEVICES` (uuids), Ascend `ASCEND_VISIBLE_DEVICES`
 //! (davinci numbers) plus the manager nodes, others `FUMAROLE_VISIBLE_DEVICES` (device ids);
-//! device specs for every device node; CDI names when enabled.
+//! device specs for every device node; CDI names when enabled. A [`Config`] changes names,
+//! variables and device nodes per device class ([`resources_with`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-use fumarole_topology::{Health, NodeTopology, Vendor};
+use fumarole_topology::{Device, Health, NodeTopology, Vendor};
 
 use crate::api;
+use crate::config::{Config, ConfigError, EnvValue, ResourceRule};
 
 /// One device as a plugin serves it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -26,6 +28,10 @@ pub struct PluginDevice {
     /// Device nodes handed to the container; also what health checks look at.
     pub dev_nodes: Vec<String>,
     pub healthy: bool,
+    /// The NVIDIA uuid, when known.
+    pub uuid: Option<String>,
+    /// `dddd:bb:dd.f`.
+    pub bus_id: String,
 }
 
 /// One extended resource and its devices.
@@ -38,6 +44,10 @@ pub struct Resource {
     pub shared_dev_nodes: Vec<String>,
     /// Emit CDI device names (`<resource>=<id>`) in `Allocate`.
     pub cdi: bool,
+    /// The variable listing a container's devices (`NVIDIA_VISIBLE_DEVICES`, ...).
+    pub env: String,
+    /// What names each device in `env`.
+    pub env_value: EnvValue,
 }
 
 /// Why a request cannot be answered; becomes gRPC `InvalidArgument`.
@@ -77,26 +87,90 @@ fn primary_node(vendor: Vendor, index: u32) -> Option<String> {
     }
 }
 
-/// The resources of a node. `root` is where `/dev` is read (the host, or a fixture).
+/// The variable and value a vendor's containers get by default.
+fn default_env(vendor: Vendor) -> (&'static str, EnvValue) {
+    match vendor {
+        Vendor::Nvidia => ("NVIDIA_VISIBLE_DEVICES", EnvValue::Uuid),
+        Vendor::Huawei => ("ASCEND_VISIBLE_DEVICES", EnvValue::Index),
+        _ => ("FUMAROLE_VISIBLE_DEVICES", EnvValue::Id),
+    }
+}
+
+/// The resources of a node with every vendor's defaults. `root` is where `/dev` is read (the
+/// host, or a fixture).
 pub fn resources(t: &NodeTopology, root: &Path, cdi: bool) -> Vec<Resource> {
-    let mut by_name: BTreeMap<String, Resource> = BTreeMap::new();
+    match resources_with(t, root, cdi, &Config::default()) {
+        Ok(r) => r,
+        // Defaults give each vendor its own name: no conflict is possible.
+        Err(e) => {
+            tracing::error!(error = %e, "device plugin defaults");
+            Vec::new()
+        }
+    }
+}
+
+/// The resources of a node under `config`: the first entry matching a device decides its
+/// resource and settings, unmatched devices keep the defaults, disabled ones are left out.
+/// Fails when devices sharing a resource name would get different settings.
+pub fn resources_with(
+    t: &NodeTopology,
+    root: &Path,
+    cdi: bool,
+    config: &Config,
+) -> Result<Vec<Resource>, ConfigError> {
+    let exists = |n: &str| root.join(n.trim_start_matches('/')).exists();
+    // Which entry (or the defaults) made each resource, for conflict messages.
+    let mut by_name: BTreeMap<String, (Resource, String)> = BTreeMap::new();
+    let mut used = vec![false; config.resources.len()];
     for (position, d) in t.devices.iter().enumerate() {
-        let name = d.default_resource_name();
-        let r = by_name.entry(name.clone()).or_insert_with(|| Resource {
-            name,
-            vendor: d.vendor,
-            devices: Vec::new(),
-            shared_dev_nodes: shared_nodes(d.vendor)
+        let rule = config.rule_for(d);
+        if let Some((i, _)) = rule {
+            used[i] = true;
+            let also: Vec<String> = config
+                .resources
                 .iter()
-                .filter(|n| root.join(n.trim_start_matches('/')).exists())
-                .map(|n| n.to_string())
-                .collect(),
-            cdi,
-        });
-        let dev_nodes = if d.dev_nodes.is_empty() {
-            primary_node(d.vendor, d.index).into_iter().collect()
-        } else {
-            d.dev_nodes.clone()
+                .enumerate()
+                .skip(i + 1)
+                .filter(|(_, r)| r.matcher.matches(d))
+                .map(|(j, _)| format!("resources[{j}]"))
+                .collect();
+            if !also.is_empty() {
+                tracing::info!(device = %d.id, entry = i, shadowed = %also.join(", "), "device matches several device-plugin config entries: the first wins");
+            }
+        }
+        if let Some((i, r)) = rule
+            && !r.enabled
+        {
+            tracing::info!(device = %d.id, entry = i, "device disabled by the device-plugin config");
+            continue;
+        }
+        let origin = match rule {
+            Some((i, _)) => format!("resources[{i}]"),
+            None => format!("the {} defaults", d.vendor.as_str()),
+        };
+        let candidate = new_resource(d, rule.map(|(_, r)| r), cdi, &exists);
+        let (r, first_origin) = by_name
+            .entry(candidate.name.clone())
+            .or_insert_with(|| (candidate.clone(), origin.clone()));
+        if !same_settings(r, &candidate) {
+            return Err(ConfigError::Conflict {
+                file: config.file(),
+                resource: candidate.name,
+                message: format!(
+                    "device {} ({origin}) would join devices of {first_origin} with other settings (env, envValue, sharedDeviceNodes or cdi); give it another resourceName or the same settings",
+                    d.id
+                ),
+            });
+        }
+        let configured = rule.and_then(|(_, r)| r.device_nodes_for(d));
+        let healthy = d.health == Health::Healthy
+            && configured
+                .as_ref()
+                .is_none_or(|nodes| nodes.iter().all(|n| exists(n)));
+        let dev_nodes = match configured {
+            Some(nodes) => nodes,
+            None if d.dev_nodes.is_empty() => primary_node(d.vendor, d.index).into_iter().collect(),
+            None => d.dev_nodes.clone(),
         };
         r.devices.push(PluginDevice {
             id: d.id.clone(),
@@ -104,10 +178,66 @@ pub fn resources(t: &NodeTopology, root: &Path, cdi: bool) -> Vec<Resource> {
             position,
             numa_node: d.numa_node,
             dev_nodes,
-            healthy: d.health == Health::Healthy,
+            healthy,
+            uuid: d.uuid.clone(),
+            bus_id: d.pci_bus_id.clone(),
         });
     }
-    by_name.into_values().collect()
+    for (i, used) in used.iter().enumerate() {
+        if !used {
+            tracing::warn!(file = %config.file(), entry = i, r#match = %config.resources[i].matcher, "device-plugin config entry matches no device of this node");
+        }
+    }
+    Ok(by_name.into_values().map(|(r, _)| r).collect())
+}
+
+/// An empty resource for `d`, under its config entry if any.
+fn new_resource(
+    d: &Device,
+    rule: Option<&ResourceRule>,
+    cdi: bool,
+    exists: &dyn Fn(&str) -> bool,
+) -> Resource {
+    let (env, env_value) = default_env(d.vendor);
+    let name = rule
+        .and_then(|r| r.resource_name.clone())
+        .unwrap_or_else(|| d.default_resource_name());
+    let shared_dev_nodes = match rule.and_then(|r| r.shared_device_nodes.as_ref()) {
+        Some(nodes) => nodes
+            .iter()
+            .filter(|n| {
+                let ok = exists(n);
+                if !ok {
+                    tracing::warn!(resource = %name, node = %n, "configured shared device node missing: left out");
+                }
+                ok
+            })
+            .cloned()
+            .collect(),
+        None => shared_nodes(d.vendor)
+            .iter()
+            .filter(|n| exists(n))
+            .map(|n| n.to_string())
+            .collect(),
+    };
+    Resource {
+        vendor: d.vendor,
+        devices: Vec::new(),
+        shared_dev_nodes,
+        cdi: rule.and_then(|r| r.cdi).unwrap_or(cdi),
+        env: rule
+            .and_then(|r| r.env.clone())
+            .unwrap_or_else(|| env.to_string()),
+        env_value: rule.and_then(|r| r.env_value).unwrap_or(env_value),
+        name,
+    }
+}
+
+fn same_settings(a: &Resource, b: &Resource) -> bool {
+    a.shared_dev_nodes == b.shared_dev_nodes
+        && a.cdi == b.cdi
+        && a.env == b.env
+        && a.env_value == b.env_value
 }
 
 impl Resource {
@@ -146,20 +276,15 @@ impl Resource {
             .into_iter()
             .map(|i| &self.devices[i])
             .collect();
-        let (env, value) = match self.vendor {
-            Vendor::Nvidia => (
-                "NVIDIA_VISIBLE_DEVICES",
-                chosen.iter().map(|d| d.id.clone()).collect::<Vec<_>>(),
-            ),
-            Vendor::Huawei => (
-                "ASCEND_VISIBLE_DEVICES",
-                chosen.iter().map(|d| d.index.to_string()).collect(),
-            ),
-            _ => (
-                "FUMAROLE_VISIBLE_DEVICES",
-                chosen.iter().map(|d| d.id.clone()).collect(),
-            ),
-        };
+        let value: Vec<String> = chosen
+            .iter()
+            .map(|d| match self.env_value {
+                EnvValue::Uuid => d.uuid.clone().unwrap_or_else(|| d.id.clone()),
+                EnvValue::Index => d.index.to_string(),
+                EnvValue::Id => d.id.clone(),
+                EnvValue::BusId => d.bus_id.clone(),
+            })
+            .collect();
         let spec = |path: &String| api::DeviceSpec {
             container_path: path.clone(),
             host_path: path.clone(),
@@ -181,11 +306,288 @@ impl Resource {
             Vec::new()
         };
         Ok(api::ContainerAllocateResponse {
-            envs: [(env.to_string(), value.join(","))].into_iter().collect(),
+            envs: [(self.env.clone(), value.join(","))].into_iter().collect(),
             mounts: Vec::new(),
             devices,
             annotations: Default::default(),
             cdi_devices,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+    use fumarole_topology::{CpuSet, DeviceKind, LinkClass, LinkMatrix, PciId};
+
+    fn device(vendor: Vendor, pci: (u16, u16), index: u32, id: &str, nodes: &[&str]) -> Device {
+        Device {
+            id: id.into(),
+            index,
+            vendor,
+            kind: DeviceKind::Gpu,
+            model: "model".into(),
+            pci_bus_id: format!("0000:{:02x}:00.0", index + 0x10),
+            pci_path: Vec::new(),
+            pci_id: PciId {
+                vendor: pci.0,
+                device: pci.1,
+                class: 0x0302,
+            },
+            numa_node: Some(0),
+            local_cpus: CpuSet::default(),
+            dev_nodes: nodes.iter().map(|n| n.to_string()).collect(),
+            health: Health::Healthy,
+            uuid: (vendor == Vendor::Nvidia).then(|| id.to_string()),
+            serial: None,
+        }
+    }
+
+    /// Two NVIDIA GPUs, two Ascend NPUs, one generic accelerator, with their nodes under a root.
+    fn node() -> (NodeTopology, tempfile::TempDir) {
+        let devices = vec![
+            device(
+                Vendor::Nvidia,
+                (0x10de, 0x2330),
+                0,
+                "GPU-a",
+                &["/dev/nvidia0"],
+            ),
+            device(
+                Vendor::Nvidia,
+                (0x10de, 0x2330),
+                1,
+                "GPU-b",
+                &["/dev/nvidia1"],
+            ),
+            device(
+                Vendor::Huawei,
+                (0x19e5, 0xd801),
+                0,
+                "Ascend910-0",
+                &["/dev/davinci0"],
+            ),
+            device(
+                Vendor::Huawei,
+                (0x19e5, 0xd801),
+                1,
+                "Ascend910-1",
+                &["/dev/davinci1"],
+            ),
+            device(Vendor::Other, (0x1e52, 0x401e), 0, "0000:40:00.0", &[]),
+        ];
+        let n = devices.len();
+        let t = NodeTopology {
+            hostname: "n".into(),
+            packages: Vec::new(),
+            processing_units: Vec::new(),
+            allowed_cpus: CpuSet::default(),
+            numa_nodes: Vec::new(),
+            devices,
+            links: LinkMatrix::filled(n, LinkClass::CrossNuma),
+            super_node: None,
+        };
+        let root = tempfile::tempdir().unwrap();
+        let dev = root.path().join("dev");
+        std::fs::create_dir_all(dev.join("accel")).unwrap();
+        for f in [
+            "nvidia0",
+            "nvidia1",
+            "nvidiactl",
+            "nvidia-uvm",
+            "davinci0",
+            "davinci1",
+            "davinci_manager",
+            "accel/accel0",
+            "accel_ctl",
+        ] {
+            std::fs::write(dev.join(f), "").unwrap();
+        }
+        (t, root)
+    }
+
+    fn config(text: &str) -> Config {
+        Config::parse(text, Some(Path::new("dp.yaml"))).unwrap()
+    }
+
+    fn by_name<'a>(rs: &'a [Resource], name: &str) -> &'a Resource {
+        rs.iter()
+            .find(|r| r.name == name)
+            .unwrap_or_else(|| panic!("no {name} in {rs:?}"))
+    }
+
+    fn paths(c: &api::ContainerAllocateResponse) -> Vec<&str> {
+        c.devices.iter().map(|d| d.host_path.as_str()).collect()
+    }
+
+    #[test]
+    fn defaults_per_vendor() {
+        let (t, root) = node();
+        let rs = resources(&t, root.path(), false);
+        let names: Vec<&str> = rs.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "fumarole.dev/accelerator",
+                "huawei.com/Ascend910",
+                "nvidia.com/gpu"
+            ]
+        );
+        let gpu = by_name(&rs, "nvidia.com/gpu");
+        let c = gpu.allocate(&["GPU-b".into(), "GPU-a".into()]).unwrap();
+        assert_eq!(c.envs["NVIDIA_VISIBLE_DEVICES"], "GPU-b,GPU-a");
+        assert_eq!(
+            paths(&c),
+            [
+                "/dev/nvidia1",
+                "/dev/nvidia0",
+                "/dev/nvidiactl",
+                "/dev/nvidia-uvm"
+            ]
+        );
+        assert!(c.cdi_devices.is_empty());
+        let npu = by_name(&rs, "huawei.com/Ascend910");
+        let c = npu.allocate(&["Ascend910-1".into()]).unwrap();
+        assert_eq!(c.envs["ASCEND_VISIBLE_DEVICES"], "1");
+        assert_eq!(paths(&c), ["/dev/davinci1", "/dev/davinci_manager"]);
+        let acc = by_name(&rs, "fumarole.dev/accelerator");
+        let c = acc.allocate(&["0000:40:00.0".into()]).unwrap();
+        assert_eq!(c.envs["FUMAROLE_VISIBLE_DEVICES"], "0000:40:00.0");
+        assert!(c.devices.is_empty());
+        assert_eq!(
+            acc.allocate(&[]).unwrap_err(),
+            RequestError::Empty,
+            "empty request"
+        );
+    }
+
+    #[test]
+    fn config_renames_and_sets_env_and_nodes() {
+        let (t, root) = node();
+        let c = config(
+            r#"
+resources:
+  - match: {vendor: nvidia}
+    resourceName: example.com/h100
+    env: GPUS
+    envValue: index
+    sharedDeviceNodes: [/dev/nvidiactl, /dev/missing]
+    cdi: true
+  - match: {pciVendor: "0x1e52"}
+    resourceName: example.com/npu
+    env: EXAMPLE_VISIBLE_DEVICES
+    envValue: busId
+    deviceNodes: ["/dev/accel/accel{index}"]
+    sharedDeviceNodes: [/dev/accel_ctl]
+"#,
+        );
+        let rs = resources_with(&t, root.path(), false, &c).unwrap();
+        let names: Vec<&str> = rs.iter().map(|r| r.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "example.com/h100",
+                "example.com/npu",
+                "huawei.com/Ascend910"
+            ]
+        );
+        let gpu = by_name(&rs, "example.com/h100");
+        let a = gpu.allocate(&["GPU-b".into()]).unwrap();
+        assert_eq!(a.envs.len(), 1);
+        assert_eq!(a.envs["GPUS"], "1");
+        // A configured shared node that is missing is left out.
+        assert_eq!(paths(&a), ["/dev/nvidia1", "/dev/nvidiactl"]);
+        assert_eq!(a.cdi_devices[0].name, "example.com/h100=GPU-b");
+        let npu = by_name(&rs, "example.com/npu");
+        assert_eq!(npu.devices[0].dev_nodes, ["/dev/accel/accel0"]);
+        assert!(npu.devices[0].healthy);
+        let a = npu.allocate(&["0000:40:00.0".into()]).unwrap();
+        assert_eq!(a.envs["EXAMPLE_VISIBLE_DEVICES"], "0000:10:00.0"); // busId, not the id
+        assert_eq!(paths(&a), ["/dev/accel/accel0", "/dev/accel_ctl"]);
+        assert!(a.cdi_devices.is_empty());
+        // Unmatched Ascend keeps its defaults.
+        let a = by_name(&rs, "huawei.com/Ascend910")
+            .allocate(&["Ascend910-0".into()])
+            .unwrap();
+        assert_eq!(a.envs["ASCEND_VISIBLE_DEVICES"], "0");
+    }
+
+    #[test]
+    fn configured_nodes_decide_health_and_disabled_devices_are_left_out() {
+        let (t, root) = node();
+        let c = config(
+            r#"
+resources:
+  - match: {vendor: nvidia}
+    deviceNodes: ["/dev/nvidia{index}", "/dev/gpu-extra{index}"]
+  - match: {vendor: huawei}
+    enabled: false
+"#,
+        );
+        std::fs::write(root.path().join("dev/gpu-extra1"), "").unwrap();
+        let rs = resources_with(&t, root.path(), true, &c).unwrap();
+        assert!(rs.iter().all(|r| r.name != "huawei.com/Ascend910"));
+        let gpu = by_name(&rs, "nvidia.com/gpu");
+        assert_eq!(
+            gpu.devices[1].dev_nodes,
+            ["/dev/nvidia1", "/dev/gpu-extra1"]
+        );
+        assert_eq!(
+            gpu.devices.iter().map(|d| d.healthy).collect::<Vec<_>>(),
+            [false, true]
+        );
+        // --cdi applies where the entry does not say.
+        assert!(gpu.cdi);
+        let a = gpu.allocate(&["GPU-a".into()]).unwrap();
+        assert_eq!(a.envs["NVIDIA_VISIBLE_DEVICES"], "GPU-a");
+    }
+
+    #[test]
+    fn first_match_wins_and_shared_names_need_equal_settings() {
+        let (t, root) = node();
+        // Everything into one resource: allowed, the settings agree.
+        let c = config(
+            r#"
+resources:
+  - match: {vendor: nvidia}
+    resourceName: example.com/xpu
+    env: XPUS
+    envValue: id
+    sharedDeviceNodes: []
+  - match: {kind: gpu}
+    resourceName: example.com/xpu
+    env: XPUS
+    envValue: id
+    sharedDeviceNodes: []
+"#,
+        );
+        let rs = resources_with(&t, root.path(), false, &c).unwrap();
+        assert_eq!(rs.len(), 1);
+        let ids: Vec<&str> = rs[0].devices.iter().map(|d| d.id.as_str()).collect();
+        assert_eq!(
+            ids,
+            [
+                "GPU-a",
+                "GPU-b",
+                "Ascend910-0",
+                "Ascend910-1",
+                "0000:40:00.0"
+            ]
+        );
+        // Positions still point into the node's devices (link weights).
+        assert_eq!(rs[0].devices[4].position, 4);
+
+        // A renamed class landing on another vendor's default name with other settings.
+        let c =
+            config("resources:\n  - match: {vendor: other}\n    resourceName: nvidia.com/gpu\n");
+        let e = resources_with(&t, root.path(), false, &c)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("dp.yaml: resource nvidia.com/gpu: device 0000:40:00.0 (resources[0]) would join devices of the nvidia defaults"),
+            "{e}"
+        );
     }
 }

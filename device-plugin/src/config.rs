@@ -1,0 +1,910 @@
+//! The device-plugin configuration file (`fumarole-agent run --device-plugin-config FILE`):
+//! resource names and what `Allocate` returns, per device class.
+//!
+//! ```yaml
+//! resources:
+//!   # Rename NVIDIA's resource and choose the env var and its value.
+//!   - match: {vendor: nvidia}             # or {pciVendor: "0x10de", pciDevice: "0x2330"}, {model: "NVIDIA H100*"}
+//!     resourceName: nvidia.com/gpu        # default: the vendor plugin's name
+//!     env: NVIDIA_VISIBLE_DEVICES         # default: the vendor's variable
+//!     envValue: uuid                      # uuid | index | id | busId
+//!     sharedDeviceNodes: [/dev/nvidiactl, /dev/nvidia-uvm]
+//!   # Any accelerator class: a resource, an env var, per-device nodes.
+//!   - match: {pciVendor: "0x1e52"}
+//!     resourceName: example.com/npu
+//!     env: EXAMPLE_VISIBLE_DEVICES
+//!     envValue: index
+//!     deviceNodes: ["/dev/accel/accel{index}"]
+//!     cdi: true
+//!   # Leave a class to another plugin.
+//!   - match: {vendor: amd}
+//!     enabled: false
+//! ```
+//!
+//! **Matching.** Each entry's `match` selects among the accelerators discovery found (NVIDIA,
+//! Huawei, MetaX, AMD and Intel GPUs/NPUs, and any vendor's PCI processing accelerator, class
+//! `0x12xx`, or co-processor, `0x0b40`); the config cannot make other PCI functions devices.
+//! Keys of one `match` must all hold: `vendor` (`nvidia`, `huawei` or `ascend`, `metax`, `amd`,
+//! `intel`, `other`), `pciVendor` and `pciDevice` (16-bit hex, `pciDevice` needs `pciVendor`),
+//! `kind` (`gpu`, `npu`, `other`), `model` (the discovered model name; `*` matches any run of
+//! characters). **The first entry that matches a device wins**; later entries never see it.
+//! Devices no entry matches keep the defaults.
+//!
+//! **Settings**, each optional (unset = the vendor default):
+//! - `resourceName`: a domain-qualified extended resource name (`domain/name`, not in
+//!   `kubernetes.io`, not `requests.`). Devices of several entries may share a name only when
+//!   they get the same settings.
+//! - `env`, `envValue`: the variable listing a container's devices, comma-separated, and what
+//!   names each device: `uuid` (the NVIDIA uuid; the device id when there is none), `index`
+//!   (vendor index, the davinci number on Ascend), `id` (the id the kubelet sees), `busId`.
+//!   Defaults: NVIDIA `NVIDIA_VISIBLE_DEVICES`/`uuid`, Ascend `ASCEND_VISIBLE_DEVICES`/`index`,
+//!   others `FUMAROLE_VISIBLE_DEVICES`/`id`.
+//! - `deviceNodes`: a device's own nodes, replacing the discovered ones; `{index}`, `{id}` and
+//!   `{busId}` are substituted. A device is healthy while all its nodes exist.
+//! - `sharedDeviceNodes`: nodes every container of the resource gets (control devices),
+//!   replacing the vendor's; those missing on the node are left out with a warning.
+//! - `cdi`: emit CDI device names (`<resource>=<device id>`), overriding `--cdi`.
+//! - `enabled: false`: serve no plugin for the matched devices (takes no other setting).
+//!
+//! Unknown keys are errors. Every error names the file, the entry (`resources[N]`) and the key.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use fumarole_topology::{Device, DeviceKind, Vendor};
+use serde::Deserialize;
+
+/// The validated configuration. [`Config::default`] is "defaults for every device".
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Config {
+    /// Where it was read from, for messages.
+    pub source: Option<PathBuf>,
+    /// Entries in file order; the first that matches a device wins.
+    pub resources: Vec<ResourceRule>,
+}
+
+/// One `resources` entry.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ResourceRule {
+    pub matcher: Match,
+    pub enabled: bool,
+    pub resource_name: Option<String>,
+    pub env: Option<String>,
+    pub env_value: Option<EnvValue>,
+    /// Templates with `{index}`, `{id}`, `{busId}`.
+    pub device_nodes: Option<Vec<String>>,
+    pub shared_device_nodes: Option<Vec<String>>,
+    pub cdi: Option<bool>,
+}
+
+/// Which devices an entry applies to: every given key must hold.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Match {
+    pub vendor: Option<Vendor>,
+    pub pci_vendor: Option<u16>,
+    pub pci_device: Option<u16>,
+    pub kind: Option<DeviceKind>,
+    /// Model name, `*` as a wildcard.
+    pub model: Option<String>,
+}
+
+/// What names a device in the visible-devices variable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EnvValue {
+    /// The NVIDIA uuid, else the device id.
+    Uuid,
+    /// The vendor index (davinci number on Ascend).
+    Index,
+    /// The id advertised to the kubelet.
+    Id,
+    /// The PCI bus id.
+    BusId,
+}
+
+impl EnvValue {
+    const NAMES: &'static str = "uuid, index, id, busId";
+
+    fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "uuid" => EnvValue::Uuid,
+            "index" => EnvValue::Index,
+            "id" => EnvValue::Id,
+            "busId" => EnvValue::BusId,
+            _ => return None,
+        })
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EnvValue::Uuid => "uuid",
+            EnvValue::Index => "index",
+            EnvValue::Id => "id",
+            EnvValue::BusId => "busId",
+        }
+    }
+}
+
+/// A configuration that cannot be used. Never a panic: every problem is one of these.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{file}: {source}")]
+    Read {
+        file: String,
+        source: std::io::Error,
+    },
+    #[error("{file}: {message}")]
+    Parse { file: String, message: String },
+    #[error("{file}: resources[{entry}].{field}: {message}")]
+    Invalid {
+        file: String,
+        entry: usize,
+        field: String,
+        message: String,
+    },
+    /// Devices that would share a resource with different settings (found against the node).
+    #[error("{file}: resource {resource}: {message}")]
+    Conflict {
+        file: String,
+        resource: String,
+        message: String,
+    },
+}
+
+impl Config {
+    /// Reads and validates `path`.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            file: path.display().to_string(),
+            source,
+        })?;
+        Self::parse(&text, Some(path))
+    }
+
+    /// Parses and validates YAML (or JSON) text; `source` names it in errors.
+    pub fn parse(text: &str, source: Option<&Path>) -> Result<Self, ConfigError> {
+        let file = source.map_or_else(|| "device-plugin config".to_string(), display);
+        let raw: Option<RawConfig> =
+            serde_norway::from_str(text).map_err(|e| ConfigError::Parse {
+                file: file.clone(),
+                message: e.to_string(),
+            })?;
+        let raw = raw.unwrap_or_default();
+        let mut resources: Vec<ResourceRule> = Vec::new();
+        for (entry, r) in raw.resources.into_iter().enumerate() {
+            let invalid = |field: &str, message: String| ConfigError::Invalid {
+                file: file.clone(),
+                entry,
+                field: field.to_string(),
+                message,
+            };
+            let rule = r.validate(&invalid)?;
+            if let Some(first) = resources.iter().position(|p| p.matcher == rule.matcher) {
+                return Err(invalid(
+                    "match",
+                    format!(
+                        "the same match as resources[{first}], which wins: this entry never applies"
+                    ),
+                ));
+            }
+            if let Some(name) = &rule.resource_name
+                && let Some(first) = resources
+                    .iter()
+                    .position(|p| p.resource_name.as_ref() == Some(name) && !p.same_settings(&rule))
+            {
+                return Err(invalid(
+                    "resourceName",
+                    format!(
+                        "{name} is also resources[{first}]'s, with other settings: entries may share a resource only with the same env, envValue, sharedDeviceNodes and cdi"
+                    ),
+                ));
+            }
+            resources.push(rule);
+        }
+        Ok(Config {
+            source: source.map(Path::to_path_buf),
+            resources,
+        })
+    }
+
+    /// The file name for messages.
+    pub fn file(&self) -> String {
+        self.source
+            .as_deref()
+            .map_or_else(|| "device-plugin config".to_string(), display)
+    }
+
+    /// The entry that decides `device` (its position and the entry), `None` for the defaults.
+    pub fn rule_for(&self, device: &Device) -> Option<(usize, &ResourceRule)> {
+        self.resources
+            .iter()
+            .enumerate()
+            .find(|(_, r)| r.matcher.matches(device))
+    }
+}
+
+fn display(p: &Path) -> String {
+    p.display().to_string()
+}
+
+impl ResourceRule {
+    fn same_settings(&self, other: &ResourceRule) -> bool {
+        self.env == other.env
+            && self.env_value == other.env_value
+            && self.shared_device_nodes == other.shared_device_nodes
+            && self.cdi == other.cdi
+    }
+
+    /// The device's own nodes from the `deviceNodes` templates, if set.
+    pub fn device_nodes_for(&self, d: &Device) -> Option<Vec<String>> {
+        self.device_nodes
+            .as_ref()
+            .map(|t| t.iter().map(|t| expand(t, d)).collect())
+    }
+}
+
+fn expand(template: &str, d: &Device) -> String {
+    template
+        .replace("{index}", &d.index.to_string())
+        .replace("{id}", &d.id)
+        .replace("{busId}", &d.pci_bus_id)
+}
+
+impl Match {
+    pub fn matches(&self, d: &Device) -> bool {
+        self.vendor.is_none_or(|v| v == d.vendor)
+            && self.pci_vendor.is_none_or(|v| v == d.pci_id.vendor)
+            && self.pci_device.is_none_or(|v| v == d.pci_id.device)
+            && self.kind.is_none_or(|k| k == d.kind)
+            && self.model.as_deref().is_none_or(|m| glob(m, &d.model))
+    }
+}
+
+impl fmt::Display for Match {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut parts = Vec::new();
+        if let Some(v) = self.vendor {
+            parts.push(format!("vendor: {}", v.as_str()));
+        }
+        if let Some(v) = self.pci_vendor {
+            parts.push(format!("pciVendor: 0x{v:04x}"));
+        }
+        if let Some(v) = self.pci_device {
+            parts.push(format!("pciDevice: 0x{v:04x}"));
+        }
+        if let Some(k) = self.kind {
+            parts.push(format!("kind: {}", kind_name(k)));
+        }
+        if let Some(m) = &self.model {
+            parts.push(format!("model: {m:?}"));
+        }
+        write!(f, "{{{}}}", parts.join(", "))
+    }
+}
+
+fn kind_name(k: DeviceKind) -> &'static str {
+    match k {
+        DeviceKind::Gpu => "gpu",
+        DeviceKind::Npu => "npu",
+        DeviceKind::Other => "other",
+    }
+}
+
+/// `pattern` against `text`, `*` matching any run of characters (none included).
+fn glob(pattern: &str, text: &str) -> bool {
+    let mut parts = pattern.split('*');
+    let Some(first) = parts.next() else {
+        return text.is_empty();
+    };
+    let Some(mut rest) = text.strip_prefix(first) else {
+        return false;
+    };
+    let parts: Vec<&str> = parts.collect();
+    let Some((last, middle)) = parts.split_last() else {
+        return rest.is_empty(); // no `*`: exact
+    };
+    for p in middle {
+        match rest.find(p) {
+            Some(i) => rest = &rest[i + p.len()..],
+            None => return false,
+        }
+    }
+    rest.len() >= last.len() && rest.ends_with(last)
+}
+
+// ---- the file's shape, before validation ----
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default)]
+    resources: Vec<RawRule>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawRule {
+    #[serde(rename = "match")]
+    matcher: Option<RawMatch>,
+    enabled: Option<bool>,
+    resource_name: Option<String>,
+    env: Option<String>,
+    env_value: Option<String>,
+    device_nodes: Option<Vec<String>>,
+    shared_device_nodes: Option<Vec<String>>,
+    cdi: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawMatch {
+    vendor: Option<String>,
+    pci_vendor: Option<HexId>,
+    pci_device: Option<HexId>,
+    kind: Option<String>,
+    model: Option<String>,
+}
+
+/// `"0x10de"`, `"10de"`, or a YAML integer (`0x10de` unquoted is one).
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum HexId {
+    Int(u64),
+    Str(String),
+}
+
+impl HexId {
+    fn parse(&self) -> Option<u16> {
+        match self {
+            HexId::Int(n) => u16::try_from(*n).ok(),
+            HexId::Str(s) => {
+                let s = s.trim();
+                let digits = s
+                    .strip_prefix("0x")
+                    .or_else(|| s.strip_prefix("0X"))
+                    .unwrap_or(s);
+                if digits.is_empty() || digits.len() > 4 {
+                    return None;
+                }
+                u16::from_str_radix(digits, 16).ok()
+            }
+        }
+    }
+
+    fn shown(&self) -> String {
+        match self {
+            HexId::Int(n) => n.to_string(),
+            HexId::Str(s) => format!("{s:?}"),
+        }
+    }
+}
+
+impl RawRule {
+    fn validate(
+        self,
+        invalid: &dyn Fn(&str, String) -> ConfigError,
+    ) -> Result<ResourceRule, ConfigError> {
+        let Some(m) = self.matcher else {
+            return Err(invalid(
+                "match",
+                "missing: say which devices the entry is for (vendor, pciVendor, pciDevice, kind, model)".into(),
+            ));
+        };
+        let matcher = m.validate(invalid)?;
+        let enabled = self.enabled.unwrap_or(true);
+        if !enabled {
+            let others = [
+                ("resourceName", self.resource_name.is_some()),
+                ("env", self.env.is_some()),
+                ("envValue", self.env_value.is_some()),
+                ("deviceNodes", self.device_nodes.is_some()),
+                ("sharedDeviceNodes", self.shared_device_nodes.is_some()),
+                ("cdi", self.cdi.is_some()),
+            ];
+            if let Some((field, _)) = others.iter().find(|(_, set)| *set) {
+                return Err(invalid(
+                    field,
+                    "set on an entry with enabled: false, which serves nothing".into(),
+                ));
+            }
+        }
+        if let Some(name) = &self.resource_name {
+            check_resource_name(name).map_err(|m| invalid("resourceName", m))?;
+        }
+        if let Some(env) = &self.env {
+            check_env_name(env).map_err(|m| invalid("env", m))?;
+        }
+        let env_value = match &self.env_value {
+            None => None,
+            Some(v) => Some(EnvValue::parse(v).ok_or_else(|| {
+                invalid(
+                    "envValue",
+                    format!("unknown value {v:?}: one of {}", EnvValue::NAMES),
+                )
+            })?),
+        };
+        for (i, n) in self.device_nodes.iter().flatten().enumerate() {
+            check_node(n, true).map_err(|m| invalid(&format!("deviceNodes[{i}]"), m))?;
+        }
+        for (i, n) in self.shared_device_nodes.iter().flatten().enumerate() {
+            check_node(n, false).map_err(|m| invalid(&format!("sharedDeviceNodes[{i}]"), m))?;
+        }
+        Ok(ResourceRule {
+            matcher,
+            enabled,
+            resource_name: self.resource_name,
+            env: self.env,
+            env_value,
+            device_nodes: self.device_nodes,
+            shared_device_nodes: self.shared_device_nodes,
+            cdi: self.cdi,
+        })
+    }
+}
+
+impl RawMatch {
+    fn validate(self, invalid: &dyn Fn(&str, String) -> ConfigError) -> Result<Match, ConfigError> {
+        let vendor = match self.vendor.as_deref() {
+            None => None,
+            Some(v) => Some(parse_vendor(v).ok_or_else(|| {
+                invalid(
+                    "match.vendor",
+                    format!(
+                        "unknown vendor {v:?}: one of nvidia, huawei (or ascend), metax, amd, intel, other"
+                    ),
+                )
+            })?),
+        };
+        let hex = |field: &str, h: &Option<HexId>| -> Result<Option<u16>, ConfigError> {
+            match h {
+                None => Ok(None),
+                Some(h) => h.parse().map(Some).ok_or_else(|| {
+                    invalid(
+                        field,
+                        format!("{} is not a 16-bit hex PCI id like \"0x10de\"", h.shown()),
+                    )
+                }),
+            }
+        };
+        let pci_vendor = hex("match.pciVendor", &self.pci_vendor)?;
+        let pci_device = hex("match.pciDevice", &self.pci_device)?;
+        let kind = match self.kind.as_deref() {
+            None => None,
+            Some("gpu") => Some(DeviceKind::Gpu),
+            Some("npu") => Some(DeviceKind::Npu),
+            Some("other") => Some(DeviceKind::Other),
+            Some(k) => {
+                return Err(invalid(
+                    "match.kind",
+                    format!("unknown kind {k:?}: one of gpu, npu, other"),
+                ));
+            }
+        };
+        if pci_device.is_some() && pci_vendor.is_none() {
+            return Err(invalid(
+                "match.pciDevice",
+                "needs match.pciVendor (device ids are per vendor)".into(),
+            ));
+        }
+        if let (Some(v), Some(p)) = (vendor, pci_vendor)
+            && Vendor::from_pci(p) != v
+        {
+            return Err(invalid(
+                "match.pciVendor",
+                format!(
+                    "0x{p:04x} is not a {} PCI vendor id: the entry could never match",
+                    v.as_str()
+                ),
+            ));
+        }
+        if let Some(m) = &self.model
+            && m.is_empty()
+        {
+            return Err(invalid("match.model", "empty".into()));
+        }
+        let m = Match {
+            vendor,
+            pci_vendor,
+            pci_device,
+            kind,
+            model: self.model,
+        };
+        if m == Match::default() {
+            return Err(invalid(
+                "match",
+                "empty: give at least one of vendor, pciVendor, pciDevice, kind, model".into(),
+            ));
+        }
+        Ok(m)
+    }
+}
+
+fn parse_vendor(v: &str) -> Option<Vendor> {
+    Some(match v.to_ascii_lowercase().as_str() {
+        "nvidia" => Vendor::Nvidia,
+        "huawei" | "ascend" => Vendor::Huawei,
+        "metax" => Vendor::Metax,
+        "amd" => Vendor::Amd,
+        "intel" => Vendor::Intel,
+        "other" => Vendor::Other,
+        _ => return None,
+    })
+}
+
+/// Kubernetes' rule for extended resource names: a qualified name `domain/name` whose domain
+/// is a DNS subdomain outside `kubernetes.io`, and not starting with `requests.`.
+pub fn check_resource_name(name: &str) -> Result<(), String> {
+    let Some((domain, short)) = name.split_once('/') else {
+        return Err(format!(
+            "{name:?} is not domain-qualified: extended resources are named domain/name, e.g. example.com/gpu"
+        ));
+    };
+    if name.contains("kubernetes.io/") {
+        return Err(format!(
+            "{name:?}: the kubernetes.io domain is reserved for native resources"
+        ));
+    }
+    if name.starts_with("requests.") {
+        return Err(format!(
+            "{name:?} must not start with \"requests.\" (the quota prefix)"
+        ));
+    }
+    let subdomain_ok = !domain.is_empty()
+        && domain.len() <= 253
+        && domain.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        });
+    if !subdomain_ok {
+        return Err(format!(
+            "{name:?}: the domain {domain:?} is not a lower-case DNS subdomain"
+        ));
+    }
+    let alnum = |c: Option<u8>| c.is_some_and(|b| b.is_ascii_alphanumeric());
+    let short_ok = short.len() <= 63
+        && alnum(short.bytes().next())
+        && alnum(short.bytes().last())
+        && short
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    if !short_ok {
+        return Err(format!(
+            "{name:?}: the name {short:?} must be 1-63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit"
+        ));
+    }
+    Ok(())
+}
+
+/// A POSIX-portable environment variable name.
+pub fn check_env_name(env: &str) -> Result<(), String> {
+    let ok = env
+        .bytes()
+        .next()
+        .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+        && env.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{env:?} is not an environment variable name (letters, digits and '_', not starting with a digit)"
+        ))
+    }
+}
+
+/// An absolute device path; `{index}`, `{id}` and `{busId}` only where `templates`.
+fn check_node(node: &str, templates: bool) -> Result<(), String> {
+    if !node.starts_with('/') {
+        return Err(format!("{node:?} is not an absolute path"));
+    }
+    if node.split('/').any(|c| c == "..") {
+        return Err(format!("{node:?} must not contain \"..\""));
+    }
+    let mut rest = node;
+    while let Some(open) = rest.find('{') {
+        let Some(len) = rest[open..].find('}') else {
+            return Err(format!("{node:?}: unclosed '{{'"));
+        };
+        let field = &rest[open + 1..open + len];
+        if !templates {
+            return Err(format!(
+                "{node:?}: placeholders ({{{field}}}) only apply to deviceNodes"
+            ));
+        }
+        if !matches!(field, "index" | "id" | "busId") {
+            return Err(format!(
+                "{node:?}: unknown placeholder {{{field}}}: one of {{index}}, {{id}}, {{busId}}"
+            ));
+        }
+        rest = &rest[open + len + 1..];
+    }
+    if rest.contains('}') {
+        return Err(format!("{node:?}: unmatched '}}'"));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+    use fumarole_topology::{CpuSet, Health, PciId};
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse(text, Some(Path::new("/etc/fumarole/dp.yaml")))
+    }
+
+    fn err(text: &str) -> String {
+        parse(text).unwrap_err().to_string()
+    }
+
+    fn device(vendor: Vendor, pci: (u16, u16), index: u32, model: &str) -> Device {
+        Device {
+            id: format!("dev-{index}"),
+            index,
+            vendor,
+            kind: DeviceKind::Gpu,
+            model: model.into(),
+            pci_bus_id: format!("0000:{:02x}:00.0", index + 1),
+            pci_path: Vec::new(),
+            pci_id: PciId {
+                vendor: pci.0,
+                device: pci.1,
+                class: 0x0302,
+            },
+            numa_node: None,
+            local_cpus: CpuSet::default(),
+            dev_nodes: Vec::new(),
+            health: Health::Healthy,
+            uuid: None,
+            serial: None,
+        }
+    }
+
+    #[test]
+    fn parses_the_documented_example() {
+        let c = parse(
+            r#"
+resources:
+  - match: {vendor: nvidia}
+    resourceName: nvidia.com/gpu
+    env: NVIDIA_VISIBLE_DEVICES
+    envValue: uuid
+    sharedDeviceNodes: [/dev/nvidiactl, /dev/nvidia-uvm]
+  - match: {pciVendor: "0x1e52", pciDevice: 0x401e}
+    resourceName: example.com/npu
+    env: EXAMPLE_VISIBLE_DEVICES
+    envValue: busId
+    deviceNodes: ["/dev/accel/accel{index}"]
+    cdi: true
+  - match: {vendor: amd}
+    enabled: false
+"#,
+        )
+        .unwrap();
+        assert_eq!(c.resources.len(), 3);
+        let r = &c.resources[1];
+        assert_eq!(r.matcher.pci_vendor, Some(0x1e52));
+        assert_eq!(r.matcher.pci_device, Some(0x401e));
+        assert_eq!(r.env_value, Some(EnvValue::BusId));
+        assert_eq!(r.cdi, Some(true));
+        assert!(r.enabled);
+        assert!(!c.resources[2].enabled);
+        assert_eq!(
+            c.resources[0].matcher.to_string(),
+            "{vendor: nvidia}".to_string()
+        );
+        // Empty file, empty list: defaults.
+        assert!(parse("").unwrap().resources.is_empty());
+        assert!(parse("resources: []").unwrap().resources.is_empty());
+    }
+
+    #[test]
+    fn errors_name_the_file_the_entry_and_the_field() {
+        let cases: &[(&str, &str)] = &[
+            (
+                "resources:\n  - match: {vendor: nvidia}\n    resourceName: gpu\n",
+                "/etc/fumarole/dp.yaml: resources[0].resourceName: \"gpu\" is not domain-qualified",
+            ),
+            (
+                "resources:\n  - match: {vendor: nvidia}\n  - match: {vendor: metax}\n    resourceName: kubernetes.io/gpu\n",
+                "resources[1].resourceName: \"kubernetes.io/gpu\": the kubernetes.io domain is reserved",
+            ),
+            (
+                "resources:\n  - match: {vendor: nvidia}\n    resourceName: requests.example.com/gpu\n",
+                "resources[0].resourceName",
+            ),
+            (
+                "resources:\n  - match: {vendor: nvidia}\n    resourceName: Example.com/gpu\n",
+                "not a lower-case DNS subdomain",
+            ),
+            (
+                "resources:\n  - match: {vendor: nvidia}\n    resourceName: example.com/-gpu\n",
+                "must be 1-63 letters",
+            ),
+            (
+                "resources:\n  - match: {vendor: nvidia}\n    env: 1GPU\n",
+                "resources[0].env: \"1GPU\" is not an environment variable name",
+            ),
+            (
+                "resources:\n  - match: {vendor: nvidia}\n    env: MY-GPUS\n",
+                "resources[0].env",
+            ),
+            (
+                "resources:\n  - match: {vendor: nvidia}\n    envValue: minor\n",
+                "resources[0].envValue: unknown value \"minor\": one of uuid, index, id, busId",
+            ),
+            (
+                "resources:\n  - match: {vendor: nvdia}\n",
+                "resources[0].match.vendor: unknown vendor \"nvdia\"",
+            ),
+            (
+                "resources:\n  - match: {pciVendor: \"0xzz\"}\n",
+                "resources[0].match.pciVendor: \"0xzz\" is not a 16-bit hex PCI id",
+            ),
+            (
+                "resources:\n  - match: {pciVendor: 0x10de0}\n",
+                "resources[0].match.pciVendor",
+            ),
+            (
+                "resources:\n  - match: {pciDevice: \"0x2330\"}\n",
+                "resources[0].match.pciDevice: needs match.pciVendor",
+            ),
+            (
+                "resources:\n  - match: {vendor: nvidia, pciVendor: \"0x1002\"}\n",
+                "could never match",
+            ),
+            (
+                "resources:\n  - match: {kind: fpga}\n",
+                "resources[0].match.kind: unknown kind",
+            ),
+            ("resources:\n  - match: {}\n", "resources[0].match: empty"),
+            (
+                "resources:\n  - resourceName: example.com/x\n",
+                "resources[0].match: missing",
+            ),
+            (
+                "resources:\n  - match: {vendor: nvidia}\n  - match: {vendor: nvidia}\n    env: X\n",
+                "resources[1].match: the same match as resources[0], which wins",
+            ),
+            (
+                "resources:\n  - match: {vendor: nvidia}\n    resourceName: example.com/x\n    env: A\n  - match: {vendor: metax}\n    resourceName: example.com/x\n    env: B\n",
+                "resources[1].resourceName: example.com/x is also resources[0]'s, with other settings",
+            ),
+            (
+                "resources:\n  - match: {vendor: amd}\n    enabled: false\n    env: X\n",
+                "resources[0].env: set on an entry with enabled: false",
+            ),
+            (
+                "resources:\n  - match: {vendor: nvidia}\n    deviceNodes: [\"dev/nvidia{index}\"]\n",
+                "resources[0].deviceNodes[0]: \"dev/nvidia{index}\" is not an absolute path",
+            ),
+            (
+                "resources:\n  - match: {vendor: nvidia}\n    deviceNodes: [/dev/x, \"/dev/nvidia{minor}\"]\n",
+                "resources[0].deviceNodes[1]: \"/dev/nvidia{minor}\": unknown placeholder {minor}",
+            ),
+            (
+                "resources:\n  - match: {vendor: nvidia}\n    deviceNodes: [\"/dev/nvidia{index\"]\n",
+                "unclosed",
+            ),
+            (
+                "resources:\n  - match: {vendor: nvidia}\n    sharedDeviceNodes: [\"/dev/ctl{index}\"]\n",
+                "resources[0].sharedDeviceNodes[0]: \"/dev/ctl{index}\": placeholders ({index}) only apply to deviceNodes",
+            ),
+            (
+                "resources:\n  - match: {vendor: nvidia}\n    sharedDeviceNodes: [/dev/../etc/passwd]\n",
+                "must not contain",
+            ),
+        ];
+        for (text, want) in cases {
+            let got = err(text);
+            assert!(got.contains(want), "{text}\n got: {got}\nwant: {want}");
+            assert!(got.starts_with("/etc/fumarole/dp.yaml: "), "{got}");
+        }
+    }
+
+    #[test]
+    fn unknown_keys_and_bad_yaml_are_errors_not_panics() {
+        for text in [
+            "resources:\n  - match: {vendor: nvidia}\n    resouceName: example.com/x\n",
+            "resources:\n  - match: {vendor: nvidia, serial: x}\n",
+            "resource: []\n",
+            "resources: {a: 1}\n",
+            "resources:\n  - match: {vendor: [nvidia]}\n",
+            "resources:\n  - match: {pciVendor: -1}\n",
+            "resources:\n  - match: {vendor: nvidia}\n    cdi: maybe\n",
+            "[unclosed",
+            "\t- x",
+        ] {
+            let e = err(text);
+            assert!(e.starts_with("/etc/fumarole/dp.yaml: "), "{text}: {e}");
+        }
+        let e = err("resources:\n  - match: {vendor: nvidia}\n    resouceName: example.com/x\n");
+        assert!(e.contains("resouceName"), "{e}");
+        let e = Config::load(Path::new("/nonexistent/dp.yaml"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("/nonexistent/dp.yaml: "), "{e}");
+    }
+
+    #[test]
+    fn resource_names_follow_kubernetes() {
+        for ok in [
+            "nvidia.com/gpu",
+            "huawei.com/Ascend910",
+            "example.com/npu_2.x",
+            "a/b",
+        ] {
+            assert_eq!(check_resource_name(ok), Ok(()), "{ok}");
+        }
+        for bad in [
+            "gpu",
+            "/gpu",
+            "example.com/",
+            "kubernetes.io/gpu",
+            "foo.kubernetes.io/gpu",
+            "requests.example.com/gpu",
+            "example..com/gpu",
+            "example.com/a/b",
+            "example.com/gpu-",
+            &format!("example.com/{}", "x".repeat(64)),
+        ] {
+            assert!(check_resource_name(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn first_matching_entry_wins() {
+        let c = parse(
+            r#"
+resources:
+  - match: {vendor: nvidia, model: "NVIDIA H100*"}
+    resourceName: example.com/h100
+  - match: {pciVendor: "0x10de"}
+    resourceName: example.com/nvidia
+  - match: {kind: gpu}
+    resourceName: example.com/gpu
+"#,
+        )
+        .unwrap();
+        let h100 = device(Vendor::Nvidia, (0x10de, 0x2330), 0, "NVIDIA H100 80GB HBM3");
+        let l40s = device(Vendor::Nvidia, (0x10de, 0x26b9), 1, "NVIDIA L40S");
+        let metax = device(Vendor::Metax, (0x9999, 0x4000), 0, "MetaX C500");
+        let mut npu = device(Vendor::Huawei, (0x19e5, 0xd801), 0, "Ascend910");
+        npu.kind = DeviceKind::Npu;
+        assert_eq!(c.rule_for(&h100).map(|(i, _)| i), Some(0));
+        assert_eq!(c.rule_for(&l40s).map(|(i, _)| i), Some(1));
+        assert_eq!(c.rule_for(&metax).map(|(i, _)| i), Some(2));
+        assert_eq!(c.rule_for(&npu).map(|(i, _)| i), None);
+    }
+
+    #[test]
+    fn model_globs() {
+        assert!(glob("NVIDIA H100*", "NVIDIA H100 80GB HBM3"));
+        assert!(glob("*H100*", "NVIDIA H100 PCIe"));
+        assert!(glob("*PCIe", "NVIDIA H100 PCIe"));
+        assert!(glob("NVIDIA L40S", "NVIDIA L40S"));
+        assert!(!glob("NVIDIA L40", "NVIDIA L40S"));
+        assert!(!glob("*A100*", "NVIDIA H100 PCIe"));
+        assert!(glob("*", ""));
+        assert!(!glob("a*a", "a"));
+        assert!(glob("a*b*c", "aXbYc"));
+    }
+
+    #[test]
+    fn device_node_templates_expand() {
+        let c = parse(
+            "resources:\n  - match: {vendor: other}\n    deviceNodes: [\"/dev/accel/accel{index}\", \"/dev/x/{busId}\", \"/dev/y/{id}\"]\n",
+        )
+        .unwrap();
+        let d = device(Vendor::Other, (0x1e52, 0x401e), 3, "x");
+        assert_eq!(
+            c.resources[0].device_nodes_for(&d).unwrap(),
+            ["/dev/accel/accel3", "/dev/x/0000:04:00.0", "/dev/y/dev-3"]
+        );
+    }
+}
