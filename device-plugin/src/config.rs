@@ -47,6 +47,11 @@
 //! - `enabled: false`: serve no plugin for the matched devices (takes no other setting).
 //!
 //! Unknown keys are errors. Every error names the file, the entry (`resources[N]`) and the key.
+//! Also rejected: an entry with the same `match` as an earlier one (it could never apply), and,
+//! against the node's devices, devices that would share a resource name with different
+//! settings. An entry that matches no device is logged as a warning; a device matched by
+//! several entries is logged (the first wins). In YAML flow lists (`[...]`) quote templates:
+//! `["/dev/accel/accel{index}"]`.
 
 use std::fmt;
 use std::path::{Path, PathBuf};

@@ -540,6 +540,13 @@ resources:
         );
         // --cdi applies where the entry does not say.
         assert!(gpu.cdi);
+        // envValue uuid on a device without one: its id.
+        let c = config("resources:\n  - match: {vendor: other}\n    envValue: uuid\n");
+        let rs = resources_with(&t, root.path(), false, &c).unwrap();
+        let a = by_name(&rs, "fumarole.dev/accelerator")
+            .allocate(&["0000:40:00.0".into()])
+            .unwrap();
+        assert_eq!(a.envs["FUMAROLE_VISIBLE_DEVICES"], "0000:40:00.0");
         let a = gpu.allocate(&["GPU-a".into()]).unwrap();
         assert_eq!(a.envs["NVIDIA_VISIBLE_DEVICES"], "GPU-a");
     }
