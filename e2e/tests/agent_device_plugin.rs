@@ -11,29 +11,13 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use fumarole_e2e::KubeletDm;
+use fumarole_e2e::fumarole::agent_bin;
 use fumarole_e2e::process::Proc;
 use serde_json::{Value, json};
-
-fn agent_bin() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("fumarole-agent");
-    assert!(
-        bin.exists(),
-        "{} missing: run `cargo build -p fumarole-agent` first",
-        bin.display()
-    );
-    bin
-}
-
 /// A fixture node written out as a root, so the test can take device nodes away.
 fn fixture_root(name: &str, dir: &Path) -> PathBuf {
     let root = dir.join("root");
-    let out = Command::new(agent_bin())
+    let out = Command::new(agent_bin().unwrap())
         .args(["fixture", name, "--out"])
         .arg(&root)
         .output()
@@ -71,7 +55,7 @@ async fn setup(fixture: &str) -> Setup {
     .iter()
     .map(|s| s.to_string())
     .collect();
-    let agent = Proc::spawn("fumarole-agent", &agent_bin(), &args, &logs).unwrap();
+    let agent = Proc::spawn("fumarole-agent", &agent_bin().unwrap(), &args, &logs).unwrap();
     Setup {
         _dir: dir,
         root,
@@ -354,15 +338,7 @@ async fn scheduler_device_choice_is_honoured_with_a_logged_fallback() {
     use kube::api::{Api, DeleteParams, PostParams};
 
     let cluster = TestCluster::start().await.unwrap();
-    cluster.install_volcano_crds().await.unwrap();
-    cluster.install_nrt_crd().await.unwrap();
-    cluster
-        .install_crd_file(
-            &Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../deploy/crds/devicetopologies.topology.fumarole.dev.yaml"),
-        )
-        .await
-        .unwrap();
+    cluster.install_fumarole_crds().await.unwrap();
     cluster
         .create_node(
             &NodeSpec::new("dgx-1")
@@ -398,7 +374,7 @@ async fn scheduler_device_choice_is_honoured_with_a_logged_fallback() {
     .map(|s| s.to_string())
     .collect();
     cluster
-        .start_program("fumarole-agent", &agent_bin(), &args, &[])
+        .start_program("fumarole-agent", &agent_bin().unwrap(), &args, &[])
         .unwrap();
     let all = ids(&kdm
         .wait_devices(GPU, Duration::from_secs(30), |d| d.len() == 8)

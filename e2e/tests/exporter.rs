@@ -5,48 +5,20 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use fumarole_e2e::cluster::{eventually, free_port};
+use fumarole_e2e::fumarole::{
+    agent_bin, device_topologies, node_resource_topologies, numatopologies,
+};
 use fumarole_e2e::{NodeSpec, TestCluster};
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const GOOD_CONFIG: &str = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncpuManagerPolicy: static\ntopologyManagerPolicy: single-numa-node\nkubeReserved: {cpu: \"1\", memory: 1Gi}\n";
-
-/// The agent binary beside this test's own (`target/<profile>/fumarole-agent`).
-fn agent_bin() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("fumarole-agent");
-    assert!(
-        bin.exists(),
-        "{} missing: run `cargo build -p fumarole-agent` first",
-        bin.display()
-    );
-    bin
-}
-
-fn crd_file() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../deploy/crds/devicetopologies.topology.fumarole.dev.yaml")
-}
-
-async fn cluster() -> TestCluster {
-    let cluster = TestCluster::start().await.unwrap();
-    cluster.install_volcano_crds().await.unwrap();
-    cluster.install_nrt_crd().await.unwrap();
-    cluster.install_crd_file(&crd_file()).await.unwrap();
-    cluster
-}
-
 /// One agent on one node, with its own kubelet files.
 struct Agent {
     name: String,
@@ -144,59 +116,13 @@ async fn start_agent_with(
     cluster
         .start_program(
             &agent.log_name(),
-            &agent_bin(),
+            &agent_bin().unwrap(),
             &args,
             &[("FUMAROLE_LOG", "info")],
         )
         .unwrap();
     agent
 }
-
-fn api(
-    cluster: &TestCluster,
-    group: &str,
-    version: &str,
-    kind: &str,
-    plural: &str,
-) -> Api<DynamicObject> {
-    let ar = ApiResource {
-        group: group.into(),
-        version: version.into(),
-        api_version: format!("{group}/{version}"),
-        kind: kind.into(),
-        plural: plural.into(),
-    };
-    Api::all_with(cluster.client(), &ar)
-}
-
-fn numatopologies(c: &TestCluster) -> Api<DynamicObject> {
-    api(
-        c,
-        "nodeinfo.volcano.sh",
-        "v1alpha1",
-        "Numatopology",
-        "numatopologies",
-    )
-}
-fn nrts(c: &TestCluster) -> Api<DynamicObject> {
-    api(
-        c,
-        "topology.node.k8s.io",
-        "v1alpha2",
-        "NodeResourceTopology",
-        "noderesourcetopologies",
-    )
-}
-fn device_topologies(c: &TestCluster) -> Api<DynamicObject> {
-    api(
-        c,
-        "topology.fumarole.dev",
-        "v1alpha1",
-        "DeviceTopology",
-        "devicetopologies",
-    )
-}
-
 /// The object once `ready` holds for it.
 async fn wait_for(
     what: &str,
@@ -216,7 +142,8 @@ async fn wait_for(
 
 #[tokio::test(flavor = "multi_thread")]
 async fn publishes_objects_the_real_crds_accept() {
-    let cluster = cluster().await;
+    let cluster = TestCluster::start().await.unwrap();
+    cluster.install_fumarole_crds().await.unwrap();
     let nodes: Api<Node> = Api::all(cluster.client());
     let _agent = start_agent(&cluster, "dgx-1", "dgx-h100", 224).await;
     // A label owned by someone else, set before and after the agent's first write.
@@ -233,7 +160,7 @@ async fn publishes_objects_the_real_crds_accept() {
 
     let numa = wait_for(
         "Numatopology dgx-1",
-        &numatopologies(&cluster),
+        &numatopologies(cluster.client()),
         "dgx-1",
         |_| true,
     )
@@ -254,7 +181,7 @@ async fn publishes_objects_the_real_crds_accept() {
 
     let nrt = wait_for(
         "NodeResourceTopology dgx-1",
-        &nrts(&cluster),
+        &node_resource_topologies(cluster.client()),
         "dgx-1",
         |_| true,
     )
@@ -279,7 +206,7 @@ async fn publishes_objects_the_real_crds_accept() {
 
     let dt = wait_for(
         "DeviceTopology dgx-1 with status",
-        &device_topologies(&cluster),
+        &device_topologies(cluster.client()),
         "dgx-1",
         |o| o.data["status"]["healthyCount"] == 8,
     )
@@ -315,13 +242,13 @@ async fn publishes_objects_the_real_crds_accept() {
     );
 
     // A deleted object comes back.
-    device_topologies(&cluster)
+    device_topologies(cluster.client())
         .delete("dgx-1", &DeleteParams::default())
         .await
         .unwrap();
     let back = wait_for(
         "DeviceTopology dgx-1 re-created",
-        &device_topologies(&cluster),
+        &device_topologies(cluster.client()),
         "dgx-1",
         |o| o.metadata.uid != dt.metadata.uid,
     )
@@ -329,7 +256,7 @@ async fn publishes_objects_the_real_crds_accept() {
     assert_eq!(back.data["spec"]["acceleratorCount"], 8);
 
     // A field we own, overwritten by someone else, is restored.
-    numatopologies(&cluster)
+    numatopologies(cluster.client())
         .patch(
             "dgx-1",
             &PatchParams::default(),
@@ -339,7 +266,7 @@ async fn publishes_objects_the_real_crds_accept() {
         .unwrap();
     wait_for(
         "Numatopology dgx-1 restored",
-        &numatopologies(&cluster),
+        &numatopologies(cluster.client()),
         "dgx-1",
         |o| o.data["spec"]["policies"]["CPUManagerPolicy"] == "static",
     )
@@ -363,12 +290,19 @@ tiers:
 
 #[tokio::test(flavor = "multi_thread")]
 async fn volcano_numa_aware_places_pods_by_the_published_numatopology() {
-    let cluster = cluster().await;
+    let cluster = TestCluster::start().await.unwrap();
+    cluster.install_fumarole_crds().await.unwrap();
     // "narrow": 8 NUMA nodes of 24 CPUs (192 in all); "wide": 2 NUMA nodes of 32 CPUs.
     let _narrow = start_agent(&cluster, "narrow", "atlas-800-910", 192).await;
     let _wide = start_agent(&cluster, "wide", "cpu-only", 64).await;
     for node in ["narrow", "wide"] {
-        wait_for("Numatopology", &numatopologies(&cluster), node, |_| true).await;
+        wait_for(
+            "Numatopology",
+            &numatopologies(cluster.client()),
+            node,
+            |_| true,
+        )
+        .await;
     }
     cluster.start_volcano(VOLCANO_NUMA_CONF).await.unwrap();
 
@@ -426,16 +360,23 @@ async fn writes(cluster: &TestCluster) -> u64 {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn steady_state_writes_nothing() {
-    let cluster = cluster().await;
+    let cluster = TestCluster::start().await.unwrap();
+    cluster.install_fumarole_crds().await.unwrap();
     let agent = start_agent(&cluster, "steady", "metax-c500-8", 128).await;
     wait_for(
         "DeviceTopology status",
-        &device_topologies(&cluster),
+        &device_topologies(cluster.client()),
         "steady",
         |o| o.data["status"]["healthyCount"] == 8,
     )
     .await;
-    wait_for("NodeResourceTopology", &nrts(&cluster), "steady", |_| true).await;
+    wait_for(
+        "NodeResourceTopology",
+        &node_resource_topologies(cluster.client()),
+        "steady",
+        |_| true,
+    )
+    .await;
     // Let the labels and the last writes of the first round land.
     tokio::time::sleep(Duration::from_secs(3)).await;
 
@@ -472,11 +413,15 @@ async fn steady_state_writes_nothing() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn recovers_from_an_api_server_outage_without_restart() {
-    let cluster = cluster().await;
+    let cluster = TestCluster::start().await.unwrap();
+    cluster.install_fumarole_crds().await.unwrap();
     let agent = start_agent(&cluster, "outage", "cpu-only", 64).await;
-    wait_for("Numatopology", &numatopologies(&cluster), "outage", |_| {
-        true
-    })
+    wait_for(
+        "Numatopology",
+        &numatopologies(cluster.client()),
+        "outage",
+        |_| true,
+    )
     .await;
 
     cluster.stop_apiserver().unwrap();
@@ -487,7 +432,7 @@ async fn recovers_from_an_api_server_outage_without_restart() {
 
     let numa = wait_for(
         "Numatopology current after the outage",
-        &numatopologies(&cluster),
+        &numatopologies(cluster.client()),
         "outage",
         |o| o.data["spec"]["numares"]["cpu"]["allocatable"] == "0-1,6-63",
     )
@@ -502,11 +447,12 @@ async fn recovers_from_an_api_server_outage_without_restart() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn bad_kubelet_state_keeps_the_last_good_object() {
-    let cluster = cluster().await;
+    let cluster = TestCluster::start().await.unwrap();
+    cluster.install_fumarole_crds().await.unwrap();
     let agent = start_agent(&cluster, "badstate", "cpu-only", 64).await;
     let good = wait_for(
         "Numatopology",
-        &numatopologies(&cluster),
+        &numatopologies(cluster.client()),
         "badstate",
         |_| true,
     )
@@ -518,7 +464,10 @@ async fn bad_kubelet_state_keeps_the_last_good_object() {
         let agent = &agent;
         async move {
             tokio::time::sleep(Duration::from_secs(4)).await;
-            let now = numatopologies(cluster).get("badstate").await.unwrap();
+            let now = numatopologies(cluster.client())
+                .get("badstate")
+                .await
+                .unwrap();
             assert_eq!(
                 now.metadata.resource_version, good.metadata.resource_version,
                 "{what}: object changed"
@@ -555,7 +504,7 @@ async fn bad_kubelet_state_keeps_the_last_good_object() {
     .unwrap();
     let fixed = wait_for(
         "Numatopology updated",
-        &numatopologies(&cluster),
+        &numatopologies(cluster.client()),
         "badstate",
         |o| o.data["spec"]["numares"]["cpu"]["allocatable"] == "0-7,10-63",
     )
@@ -565,9 +514,16 @@ async fn bad_kubelet_state_keeps_the_last_good_object() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn allocation_change_is_published_without_waiting_for_the_recheck() {
-    let cluster = cluster().await;
+    let cluster = TestCluster::start().await.unwrap();
+    cluster.install_fumarole_crds().await.unwrap();
     let agent = start_agent_with(&cluster, "quick", "cpu-only", 64, "1h").await;
-    wait_for("Numatopology", &numatopologies(&cluster), "quick", |_| true).await;
+    wait_for(
+        "Numatopology",
+        &numatopologies(cluster.client()),
+        "quick",
+        |_| true,
+    )
+    .await;
     std::fs::write(
         agent.state(),
         r#"{"policyName":"static","defaultCpuSet":"","entries":{"p":{"c":"10-11"}},"checksum":4}"#,
@@ -576,7 +532,7 @@ async fn allocation_change_is_published_without_waiting_for_the_recheck() {
     let started = std::time::Instant::now();
     wait_for(
         "Numatopology follows the new allocation",
-        &numatopologies(&cluster),
+        &numatopologies(cluster.client()),
         "quick",
         |o| o.data["spec"]["numares"]["cpu"]["allocatable"] == "0-9,12-63",
     )

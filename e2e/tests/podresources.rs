@@ -6,12 +6,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use fumarole_e2e::cluster::{eventually, free_port};
+use fumarole_e2e::fumarole::{
+    agent_bin, device_topologies, node_resource_topologies, numatopologies,
+};
 use fumarole_e2e::{NodeSpec, TestCluster};
-use kube::api::{Api, ApiResource, DynamicObject};
+use kube::api::{Api, DynamicObject};
 use serde_json::{Value, json};
 
 const CONFIG: &str = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncpuManagerPolicy: static\ntopologyManagerPolicy: single-numa-node\nkubeReserved: {cpu: \"1\", memory: 1Gi}\n";
@@ -27,79 +29,6 @@ const GPU: &str = "nvidia.com/gpu";
 fn gpu(i: u32) -> String {
     format!("GPU-f55b88b0-0000-4000-8000-00000000000{i}")
 }
-
-/// The agent binary beside this test's own (`target/<profile>/fumarole-agent`).
-fn agent_bin() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("fumarole-agent");
-    assert!(
-        bin.exists(),
-        "{} missing: run `cargo build -p fumarole-agent` first",
-        bin.display()
-    );
-    bin
-}
-
-async fn cluster() -> TestCluster {
-    let cluster = TestCluster::start().await.unwrap();
-    cluster.install_volcano_crds().await.unwrap();
-    cluster.install_nrt_crd().await.unwrap();
-    let crd = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../deploy/crds/devicetopologies.topology.fumarole.dev.yaml");
-    cluster.install_crd_file(&crd).await.unwrap();
-    cluster
-}
-
-fn api(
-    cluster: &TestCluster,
-    group: &str,
-    version: &str,
-    kind: &str,
-    plural: &str,
-) -> Api<DynamicObject> {
-    let ar = ApiResource {
-        group: group.into(),
-        version: version.into(),
-        api_version: format!("{group}/{version}"),
-        kind: kind.into(),
-        plural: plural.into(),
-    };
-    Api::all_with(cluster.client(), &ar)
-}
-
-fn numatopologies(c: &TestCluster) -> Api<DynamicObject> {
-    api(
-        c,
-        "nodeinfo.volcano.sh",
-        "v1alpha1",
-        "Numatopology",
-        "numatopologies",
-    )
-}
-fn nrts(c: &TestCluster) -> Api<DynamicObject> {
-    api(
-        c,
-        "topology.node.k8s.io",
-        "v1alpha2",
-        "NodeResourceTopology",
-        "noderesourcetopologies",
-    )
-}
-fn device_topologies(c: &TestCluster) -> Api<DynamicObject> {
-    api(
-        c,
-        "topology.fumarole.dev",
-        "v1alpha1",
-        "DeviceTopology",
-        "devicetopologies",
-    )
-}
-
 /// `NODE`'s object once `ready` holds for it.
 async fn wait_for(
     what: &str,
@@ -155,7 +84,8 @@ fn train_pod(devices: Value) -> Value {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn exporter_follows_the_kubelets_podresources_server() {
-    let cluster = cluster().await;
+    let cluster = TestCluster::start().await.unwrap();
+    cluster.install_fumarole_crds().await.unwrap();
     cluster
         .create_node(
             &NodeSpec::new(NODE)
@@ -216,7 +146,7 @@ async fn exporter_follows_the_kubelets_podresources_server() {
     cluster
         .start_program(
             "fumarole-agent",
-            &agent_bin(),
+            &agent_bin().unwrap(),
             &args,
             &[("FUMAROLE_LOG", "info")],
         )
@@ -225,7 +155,7 @@ async fn exporter_follows_the_kubelets_podresources_server() {
     // 1. train-0 holds CPUs 4-7 and GPUs 0 and 1 (NUMA node 0).
     let numa = wait_for(
         "Numatopology with train-0",
-        &numatopologies(&cluster),
+        &numatopologies(cluster.client()),
         |o| o.data["spec"]["numares"]["cpu"]["allocatable"] == "0-3,8-223",
     )
     .await;
@@ -240,7 +170,7 @@ async fn exporter_follows_the_kubelets_podresources_server() {
     let held = json!({"namespace": "ml", "pod": "train-0", "container": "main"});
     let dt = wait_for(
         "DeviceTopology with GPUs 0, 1 held",
-        &device_topologies(&cluster),
+        &device_topologies(cluster.client()),
         |o| allocation(o, &gpu(0)) == held && allocation(o, &gpu(1)) == held,
     )
     .await;
@@ -250,7 +180,7 @@ async fn exporter_follows_the_kubelets_podresources_server() {
     assert_eq!(dt.data["status"]["healthyCount"], 8);
     let nrt = wait_for(
         "NodeResourceTopology with 2 GPUs held",
-        &nrts(&cluster),
+        &node_resource_topologies(cluster.client()),
         |o| gpus_available(o, "node-0").as_deref() == Some("2"),
     )
     .await;
@@ -266,19 +196,19 @@ async fn exporter_follows_the_kubelets_podresources_server() {
     kdm.set_pod_resources(train_pod(json!([]))).await.unwrap();
     wait_for(
         "DeviceTopology with no GPU held",
-        &device_topologies(&cluster),
+        &device_topologies(cluster.client()),
         |o| (0..8).all(|i| allocation(o, &gpu(i)).is_null()),
     )
     .await;
     wait_for(
         "NodeResourceTopology with every GPU free",
-        &nrts(&cluster),
+        &node_resource_topologies(cluster.client()),
         |o| gpus_available(o, "node-0").as_deref() == Some("4"),
     )
     .await;
     let numa = wait_for(
         "Numatopology without the GPUs",
-        &numatopologies(&cluster),
+        &numatopologies(cluster.client()),
         |o| {
             o.data["spec"]["podAllocations"][0]["containerAllocations"][0]["allocations"]
                 == json!({"cpu": "4-7"})
@@ -294,7 +224,7 @@ async fn exporter_follows_the_kubelets_podresources_server() {
     kdm.set_pod_resources(json!([])).await.unwrap();
     let numa = wait_for(
         "Numatopology with nothing held",
-        &numatopologies(&cluster),
+        &numatopologies(cluster.client()),
         |o| o.data["spec"]["numares"]["cpu"]["allocatable"] == "0-223",
     )
     .await;
@@ -311,7 +241,7 @@ async fn exporter_follows_the_kubelets_podresources_server() {
     kdm.set_pod_resources(train_pod(two_gpus)).await.unwrap();
     wait_for(
         "DeviceTopology with GPUs held again",
-        &device_topologies(&cluster),
+        &device_topologies(cluster.client()),
         |o| allocation(o, &gpu(0)) == held,
     )
     .await;
@@ -319,7 +249,7 @@ async fn exporter_follows_the_kubelets_podresources_server() {
     assert!(socket.exists());
     let numa = wait_for(
         "Numatopology from the checkpoint",
-        &numatopologies(&cluster),
+        &numatopologies(cluster.client()),
         |o| o.data["spec"]["numares"]["cpu"]["allocatable"] == "0-9,12-223",
     )
     .await;
@@ -332,12 +262,12 @@ async fn exporter_follows_the_kubelets_podresources_server() {
     // stay held (the checkpoint knows none), the CPUs are the checkpoint's.
     let nrt = wait_for(
         "NodeResourceTopology from the checkpoint",
-        &nrts(&cluster),
+        &node_resource_topologies(cluster.client()),
         |o| o.data["zones"][0]["resources"][0]["available"] == "110",
     )
     .await;
     assert_eq!(gpus_available(&nrt, "node-0").as_deref(), Some("2"));
-    let dt = device_topologies(&cluster).get(NODE).await.unwrap();
+    let dt = device_topologies(cluster.client()).get(NODE).await.unwrap();
     assert_eq!(allocation(&dt, &gpu(0)), held);
     assert_eq!(allocation(&dt, &gpu(1)), held);
     // Still down a few seconds later (the agent reads allocations every second): logged once.
@@ -355,7 +285,7 @@ async fn exporter_follows_the_kubelets_podresources_server() {
     kdm.start_pod_resources().await.unwrap();
     let dt = wait_for(
         "DeviceTopology from PodResources again",
-        &device_topologies(&cluster),
+        &device_topologies(cluster.client()),
         |o| allocation(o, &gpu(2)) == held,
     )
     .await;
@@ -363,13 +293,13 @@ async fn exporter_follows_the_kubelets_podresources_server() {
     assert_eq!(allocation(&dt, &gpu(1)), Value::Null);
     wait_for(
         "Numatopology from PodResources again",
-        &numatopologies(&cluster),
+        &numatopologies(cluster.client()),
         |o| o.data["spec"]["numares"]["cpu"]["allocatable"] == "0-3,8-223",
     )
     .await;
     wait_for(
         "NodeResourceTopology from PodResources again",
-        &nrts(&cluster),
+        &node_resource_topologies(cluster.client()),
         |o| gpus_available(o, "node-0").as_deref() == Some("3"),
     )
     .await;

@@ -1,0 +1,94 @@
+//! Running fumarole's own parts against the cluster: the agent binary, our CRDs and the
+//! objects the agent publishes.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Result, bail};
+use kube::Client;
+use kube::api::{Api, ApiResource, DynamicObject};
+
+use crate::TestCluster;
+
+/// The `fumarole-agent` binary beside the running test's own (`target/<profile>/`); e2e/ci.sh
+/// builds it first.
+pub fn agent_bin() -> Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let bin = exe
+        .parent()
+        .and_then(Path::parent)
+        .map(|dir| dir.join("fumarole-agent"))
+        .unwrap_or_default();
+    if !bin.exists() {
+        bail!(
+            "{} missing: run `cargo build -p fumarole-agent` first",
+            bin.display()
+        );
+    }
+    Ok(bin)
+}
+
+/// Our `DeviceTopology` CRD, as kept in `deploy/crds/`.
+pub fn device_topology_crd() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../deploy/crds/devicetopologies.topology.fumarole.dev.yaml")
+}
+
+impl TestCluster {
+    /// Every CRD the agent publishes to: Volcano's, NodeResourceTopology, ours.
+    pub async fn install_fumarole_crds(&self) -> Result<()> {
+        self.install_volcano_crds().await?;
+        self.install_nrt_crd().await?;
+        self.install_crd_file(&device_topology_crd()).await?;
+        Ok(())
+    }
+}
+
+fn objects(
+    client: Client,
+    group: &str,
+    version: &str,
+    kind: &str,
+    plural: &str,
+) -> Api<DynamicObject> {
+    let ar = ApiResource {
+        group: group.into(),
+        version: version.into(),
+        api_version: format!("{group}/{version}"),
+        kind: kind.into(),
+        plural: plural.into(),
+    };
+    Api::all_with(client, &ar)
+}
+
+/// Volcano `Numatopology` objects.
+pub fn numatopologies(client: Client) -> Api<DynamicObject> {
+    objects(
+        client,
+        "nodeinfo.volcano.sh",
+        "v1alpha1",
+        "Numatopology",
+        "numatopologies",
+    )
+}
+
+/// `NodeResourceTopology` objects.
+pub fn node_resource_topologies(client: Client) -> Api<DynamicObject> {
+    objects(
+        client,
+        "topology.node.k8s.io",
+        "v1alpha2",
+        "NodeResourceTopology",
+        "noderesourcetopologies",
+    )
+}
+
+/// Our `DeviceTopology` objects.
+pub fn device_topologies(client: Client) -> Api<DynamicObject> {
+    objects(
+        client,
+        "topology.fumarole.dev",
+        "v1alpha1",
+        "DeviceTopology",
+        "devicetopologies",
+    )
+}
