@@ -106,8 +106,8 @@ pub fn run(args: RunArgs) -> Result<()> {
             pod_resources_socket: args.pod_resources_socket,
             cpu_manager_state: args.cpu_manager_state,
         };
-        tokio::spawn(publish::watch_allocations(kubelet.clone(), Duration::from_secs(1), wake.clone()));
-        let state = NodeState::new(prepared.options.clone(), prepared.nvml, kubelet, metrics);
+        let allocations = publish::watch_allocations(kubelet.clone(), Duration::from_secs(1), wake.clone());
+        let state = NodeState::new(prepared.options.clone(), prepared.nvml, kubelet, allocations, metrics);
         tracing::info!(node = %node_name, recheck = ?args.recheck_interval, "publishing node topology");
         tokio::select! {
             () = publish::run(publisher, state, args.recheck_interval, wake) => {}

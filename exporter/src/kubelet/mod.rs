@@ -2,7 +2,7 @@
 //! policies, reservations), the CPU manager checkpoint, and the PodResources API (which
 //! containers hold which CPUs and devices).
 //!
-//! [`read_allocations`] is where to start: PodResources first, the checkpoint as fallback.
+//! [`AllocationReader`] is where to start: PodResources first, the checkpoint as fallback.
 
 pub mod config;
 pub mod cpu_manager_state;
@@ -11,7 +11,6 @@ pub mod quantity;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 
 use fumarole_topology::CpuSet;
 
@@ -123,66 +122,61 @@ pub enum AllocationError {
     Checkpoint(#[from] cpu_manager_state::StateError),
 }
 
-/// Allocations from the PodResources API, falling back to the CPU manager checkpoint. When
-/// neither the socket nor the checkpoint exists there is no kubelet, and nothing is allocated.
-pub async fn read_allocations(paths: &KubeletPaths) -> Result<Allocations, AllocationError> {
-    let socket_exists = paths.pod_resources_socket.exists();
-    if socket_exists {
-        match podresources::list(&paths.pod_resources_socket).await {
-            Ok(pods) => {
-                podresources_failing(&paths.pod_resources_socket, None);
-                return Ok(Allocations {
-                    source: AllocationSource::PodResources,
-                    pods,
-                });
-            }
-            Err(e) => {
-                podresources_failing(&paths.pod_resources_socket, Some(&e.to_string()));
-                return match read_checkpoint(&paths.cpu_manager_state) {
-                    Ok(Some(a)) => Ok(a),
-                    Ok(None) => Err(AllocationError::Both {
-                        socket: paths.pod_resources_socket.clone(),
-                        podresources: e.to_string(),
-                        checkpoint: cpu_manager_state::StateError::Missing {
-                            path: paths.cpu_manager_state.clone(),
-                        },
-                    }),
-                    Err(checkpoint) => Err(AllocationError::Both {
-                        socket: paths.pod_resources_socket.clone(),
-                        podresources: e.to_string(),
-                        checkpoint,
-                    }),
-                };
-            }
-        }
-    }
-    Ok(
-        read_checkpoint(&paths.cpu_manager_state)?.unwrap_or(Allocations {
-            source: AllocationSource::None,
-            pods: Vec::new(),
-        }),
-    )
+/// Reads the kubelet's allocations: the PodResources API, falling back to the CPU manager
+/// checkpoint. When neither the socket nor the checkpoint exists there is no kubelet, and
+/// nothing is allocated. Logs once when PodResources starts failing and once when it answers
+/// again, however often it is read.
+pub struct AllocationReader {
+    paths: KubeletPaths,
+    podresources_failing: bool,
 }
 
-/// The PodResources failure last logged: both the publish loop and the allocation watch read
-/// allocations (the watch every second), so a persisting failure is logged once, and its end
-/// once.
-static PODRESOURCES_FAILURE: Mutex<Option<String>> = Mutex::new(None);
+impl AllocationReader {
+    pub fn new(paths: KubeletPaths) -> Self {
+        Self {
+            paths,
+            podresources_failing: false,
+        }
+    }
 
-fn podresources_failing(socket: &Path, error: Option<&str>) {
-    let mut last = PODRESOURCES_FAILURE
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    match error {
-        Some(e) if last.as_deref() != Some(e) => {
-            tracing::warn!(socket = %socket.display(), error = %e, "PodResources failed; reading the CPU manager checkpoint");
-            *last = Some(e.to_string());
+    pub async fn read(&mut self) -> Result<Allocations, AllocationError> {
+        let paths = &self.paths;
+        if !paths.pod_resources_socket.exists() {
+            return Ok(
+                read_checkpoint(&paths.cpu_manager_state)?.unwrap_or(Allocations {
+                    source: AllocationSource::None,
+                    pods: Vec::new(),
+                }),
+            );
         }
-        None if last.is_some() => {
-            tracing::info!(socket = %socket.display(), "PodResources answering again");
-            *last = None;
+        match podresources::list(&paths.pod_resources_socket).await {
+            Ok(pods) => {
+                if std::mem::replace(&mut self.podresources_failing, false) {
+                    tracing::info!(socket = %paths.pod_resources_socket.display(), "PodResources answering again");
+                }
+                Ok(Allocations {
+                    source: AllocationSource::PodResources,
+                    pods,
+                })
+            }
+            Err(e) => {
+                if !std::mem::replace(&mut self.podresources_failing, true) {
+                    tracing::warn!(socket = %paths.pod_resources_socket.display(), error = %e, "PodResources failed; reading the CPU manager checkpoint");
+                }
+                let both = |checkpoint| AllocationError::Both {
+                    socket: paths.pod_resources_socket.clone(),
+                    podresources: e.to_string(),
+                    checkpoint,
+                };
+                match read_checkpoint(&paths.cpu_manager_state) {
+                    Ok(Some(a)) => Ok(a),
+                    Ok(None) => Err(both(cpu_manager_state::StateError::Missing {
+                        path: paths.cpu_manager_state.clone(),
+                    })),
+                    Err(checkpoint) => Err(both(checkpoint)),
+                }
+            }
         }
-        _ => {}
     }
 }
 

@@ -18,24 +18,44 @@ pub use publisher::{Desired, FIELD_MANAGER, Publisher, run};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 
-use crate::kubelet::{KubeletPaths, read_allocations};
+use crate::kubelet::{AllocationReader, Allocations, KubeletPaths};
 
-/// Pokes `wake` as soon as the kubelet's allocations change (checked every `every`; reading
-/// them is a local call of well under a millisecond), so a new or finished pod is published
-/// without waiting for the re-check interval. Never returns.
-pub async fn watch_allocations(kubelet: KubeletPaths, every: Duration, wake: Arc<Notify>) {
-    let mut last = None;
-    loop {
-        let now = read_allocations(&kubelet).await.ok().map(|a| a.pods);
-        if last.is_some() && now.is_some() && now != last {
-            tracing::debug!("allocations changed");
-            wake.notify_one();
+/// The latest reading of the kubelet's allocations (`None` until the first one); an error is
+/// the reason they could not be read.
+pub type LatestAllocations = watch::Receiver<Option<Result<Allocations, String>>>;
+
+/// Starts the only reader of the kubelet's allocations: every `every` (reading them is a
+/// local call of well under a millisecond) it refreshes the returned [`LatestAllocations`]
+/// and pokes `wake` when they changed, so a new or finished pod is published without waiting
+/// for the re-check interval.
+pub fn watch_allocations(
+    kubelet: KubeletPaths,
+    every: Duration,
+    wake: Arc<Notify>,
+) -> LatestAllocations {
+    let (tx, rx) = watch::channel(None);
+    tokio::spawn(async move {
+        let mut reader = AllocationReader::new(kubelet);
+        loop {
+            let now = reader.read().await.map_err(|e| e.to_string());
+            let changed =
+                tx.send_if_modified(|latest: &mut Option<Result<Allocations, String>>| {
+                    let changed = match (latest.as_ref(), &now) {
+                        (Some(Ok(before)), Ok(after)) => before.pods != after.pods,
+                        (Some(Err(before)), Err(after)) => before != after,
+                        _ => true,
+                    };
+                    *latest = Some(now);
+                    changed
+                });
+            if changed {
+                tracing::debug!("allocations changed");
+                wake.notify_one();
+            }
+            tokio::time::sleep(every).await;
         }
-        if now.is_some() {
-            last = now;
-        }
-        tokio::time::sleep(every).await;
-    }
+    });
+    rx
 }

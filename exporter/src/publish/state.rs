@@ -12,10 +12,9 @@ use std::sync::Arc;
 use crate::discover::nvml::NvmlProbe;
 use crate::discover::{DiscoverOptions, discover};
 use crate::kubelet::config::{ConfigError, KubeletPolicies};
-use crate::kubelet::{
-    AllocationSource, Allocations, KubeletConfig, KubeletPaths, read_allocations,
-};
+use crate::kubelet::{AllocationSource, Allocations, KubeletConfig, KubeletPaths};
 
+use super::LatestAllocations;
 use super::metrics::Metrics;
 use super::objects;
 use super::publisher::Desired;
@@ -25,6 +24,7 @@ pub struct NodeState {
     pub nvml: Box<dyn NvmlProbe + Send + Sync>,
     pub kubelet: KubeletPaths,
     pub metrics: Arc<Metrics>,
+    allocations: LatestAllocations,
     last_allocations: Option<Allocations>,
     /// The last allocations read from PodResources (for devices while it is down).
     last_pod_resources: Option<Allocations>,
@@ -37,12 +37,14 @@ impl NodeState {
         discover: DiscoverOptions,
         nvml: Box<dyn NvmlProbe + Send + Sync>,
         kubelet: KubeletPaths,
+        allocations: LatestAllocations,
         metrics: Arc<Metrics>,
     ) -> Self {
         Self {
             discover,
             nvml,
             kubelet,
+            allocations,
             metrics,
             last_allocations: None,
             last_pod_resources: None,
@@ -91,10 +93,16 @@ impl NodeState {
             }
         };
         let policies = self.policies();
-        let allocations = read_allocations(&self.kubelet).await;
+        let allocations: Result<Allocations, String> =
+            match self.allocations.wait_for(Option::is_some).await {
+                Ok(latest) => latest
+                    .clone()
+                    .unwrap_or_else(|| Err("allocations not read yet".into())),
+                Err(_) => Err("the allocation watch stopped".into()),
+            };
         let problem = match (&policies, &allocations) {
             (Err(e), _) => Some(e.to_string()),
-            (_, Err(e)) => Some(e.to_string()),
+            (_, Err(e)) => Some(e.clone()),
             _ => None,
         };
         self.problem(problem);
