@@ -92,3 +92,20 @@ pub fn device_topologies(client: Client) -> Api<DynamicObject> {
         "devicetopologies",
     )
 }
+
+/// Writes the bundled fixture node `name` out as a filesystem root at `dir/root` (with
+/// `fumarole-agent fixture`), so a test can change it (take a device node away).
+pub fn fixture_root(name: &str, dir: &Path) -> Result<PathBuf> {
+    let root = dir.join("root");
+    let out = std::process::Command::new(agent_bin()?)
+        .args(["fixture", name, "--out"])
+        .arg(&root)
+        .output()?;
+    if !out.status.success() {
+        bail!(
+            "fumarole-agent fixture {name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(root)
+}

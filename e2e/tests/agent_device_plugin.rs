@@ -6,30 +6,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use fumarole_e2e::KubeletDm;
-use fumarole_e2e::fumarole::agent_bin;
+use fumarole_e2e::fumarole::{agent_bin, fixture_root};
 use fumarole_e2e::process::Proc;
 use serde_json::{Value, json};
 /// A fixture node written out as a root, so the test can take device nodes away.
-fn fixture_root(name: &str, dir: &Path) -> PathBuf {
-    let root = dir.join("root");
-    let out = Command::new(agent_bin().unwrap())
-        .args(["fixture", name, "--out"])
-        .arg(&root)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    root
-}
-
 struct Setup {
     _dir: tempfile::TempDir,
     root: PathBuf,
@@ -39,7 +23,7 @@ struct Setup {
 
 async fn setup(fixture: &str) -> Setup {
     let dir = tempfile::tempdir().unwrap();
-    let root = fixture_root(fixture, dir.path());
+    let root = fixture_root(fixture, dir.path()).unwrap();
     let plugins = dir.path().join("device-plugins");
     std::fs::create_dir_all(&plugins).unwrap();
     let logs = dir.path().join("logs");

@@ -6,46 +6,15 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use fumarole_e2e::KubeletDm;
+use fumarole_e2e::fumarole::{agent_bin, fixture_root};
 use fumarole_e2e::process::Proc;
 use serde_json::{Value, json};
-
-fn agent_bin() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("fumarole-agent");
-    assert!(
-        bin.exists(),
-        "{} missing: run `cargo build -p fumarole-agent` first",
-        bin.display()
-    );
-    bin
-}
-
 /// A fixture node written out as a root.
-fn fixture_root(name: &str, dir: &Path) -> PathBuf {
-    let root = dir.join("root");
-    let out = Command::new(agent_bin())
-        .args(["fixture", name, "--out"])
-        .arg(&root)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    root
-}
-
 fn run_args(root: &Path, plugins: &Path, config: &Path) -> Vec<String> {
     vec![
         "run".into(),
@@ -76,7 +45,7 @@ const L40S: &str = "example.com/l40s";
 #[tokio::test(flavor = "multi_thread")]
 async fn configured_resource_reaches_the_kubelet() {
     let dir = tempfile::tempdir().unwrap();
-    let root = fixture_root("pcie-4gpu", dir.path());
+    let root = fixture_root("pcie-4gpu", dir.path()).unwrap();
     // The configured per-device nodes: GPU 3's is missing at start.
     let example = root.join("dev/example");
     std::fs::create_dir_all(&example).unwrap();
@@ -91,7 +60,7 @@ async fn configured_resource_reaches_the_kubelet() {
     let kdm = KubeletDm::start(&plugins, &logs).await.unwrap();
     let _agent = Proc::spawn(
         "fumarole-agent",
-        &agent_bin(),
+        &agent_bin().unwrap(),
         &run_args(&root, &plugins, &config),
         &logs,
     )
@@ -187,7 +156,7 @@ async fn configured_resource_reaches_the_kubelet() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_bad_config_stops_the_agent_with_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
-    let root = fixture_root("pcie-4gpu", dir.path());
+    let root = fixture_root("pcie-4gpu", dir.path()).unwrap();
     let plugins = dir.path().join("device-plugins");
     std::fs::create_dir_all(&plugins).unwrap();
     for (text, want) in [
@@ -206,7 +175,7 @@ async fn a_bad_config_stops_the_agent_with_a_clear_error() {
     ] {
         let config = dir.path().join("bad.yaml");
         std::fs::write(&config, text).unwrap();
-        let mut child = Command::new(agent_bin())
+        let mut child = Command::new(agent_bin().unwrap())
             .args(run_args(&root, &plugins, &config))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
