@@ -28,10 +28,12 @@ fn bench_select(c: &mut Criterion) {
             .warm_up_time(Duration::from_millis(200))
             .measurement_time(Duration::from_millis(600))
             .sample_size(20);
-        let free: Vec<usize> = (0..size).collect();
         for (name, links) in &fixtures {
             let ctx = SelectContext::new(links);
-            for k in 1..=size {
+            // pcie-4gpu has 4 devices; it sits with the 8-device fixtures.
+            let n = links.len();
+            let free: Vec<usize> = (0..n).collect();
+            for k in 1..=n {
                 group.bench_with_input(BenchmarkId::new(*name, k), &k, |b, &k| {
                     b.iter(|| ctx.select(black_box(&free), &[], black_box(k)).unwrap())
                 });
@@ -48,11 +50,12 @@ fn bench_baseline(c: &mut Criterion) {
             .warm_up_time(Duration::from_millis(200))
             .measurement_time(Duration::from_secs(1))
             .sample_size(10);
-        let free: Vec<usize> = (0..size).collect();
         for (name, links) in &fixtures {
             let score = support::nvidia_scores(links);
-            for k in 1..=size {
-                if support::partition_count(size, k) > BASELINE_PARTITION_LIMIT {
+            let n = links.len();
+            let free: Vec<usize> = (0..n).collect();
+            for k in 1..=n {
+                if support::partition_count(n, k) > BASELINE_PARTITION_LIMIT {
                     continue;
                 }
                 group.bench_with_input(BenchmarkId::new(*name, k), &k, |b, &k| {

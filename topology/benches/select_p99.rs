@@ -36,7 +36,11 @@ fn main() {
     println!("| matrix | k | mean µs | p50 µs | p99 µs | max µs |");
     println!("|---|---|---|---|---|---|");
     let mut worst_p99 = Duration::ZERO;
-    let fixtures = support::fixtures_16();
+    let mut fixtures = support::fixtures_16();
+    fixtures.push((
+        "near-uniform-16",
+        support::near_uniform_links(16, 0x5eed_0017),
+    ));
     let free: Vec<usize> = (0..16).collect();
     for (name, links) in &fixtures {
         let ctx = SelectContext::new(links);
@@ -130,7 +134,7 @@ fn main() {
                 black_box(ctx.select(black_box(&free), &[], k).unwrap());
             });
             println!(
-                "| {name} | {k} | {partitions} | {} | {} | {:.0}x | {} | {} | {} | {} |",
+                "| {name} | {k} | {partitions} | {} | {} | {:.1}x | {} | {} | {} | {} |",
                 us(base_t),
                 us(ours_t),
                 base_t.as_secs_f64() / ours_t.as_secs_f64(),
@@ -140,6 +144,61 @@ fn main() {
                 ctx.cut(&theirs, &free),
             );
         }
+    }
+    compare_on_used_nodes();
+}
+
+/// Answers of select and the baseline on random partially used nodes (no timing): how often
+/// select's Q is higher / equal / lower, and among equal Q how often its loss C is lower.
+fn compare_on_used_nodes() {
+    println!("\n## against the NVIDIA-style partition search, partially used nodes\n");
+    println!("200 requests per matrix: each device busy with probability 1/4, k uniform in");
+    println!(
+        "1..=free (requests above 200 000 partitions skipped). Q and C under fumarole's weights.\n"
+    );
+    println!(
+        "| matrix | requests | Q higher | Q equal | Q lower | equal Q, C lower | equal Q, C equal | equal Q, C higher |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    let mut rng = support::Rng::new(2024);
+    for (name, links) in support::fixtures_8()
+        .into_iter()
+        .chain(support::fixtures_16())
+    {
+        let ctx = SelectContext::new(&links);
+        let n = ctx.len();
+        let score = support::nvidia_scores(&links);
+        let mut t = [0usize; 7];
+        while t[0] < 200 {
+            let free: Vec<usize> = (0..n).filter(|_| rng.below(4) != 0).collect();
+            if free.is_empty() {
+                continue;
+            }
+            let k = 1 + rng.below(free.len());
+            if support::partition_count(free.len(), k) > 200_000 {
+                continue;
+            }
+            let ours = ctx.select(&free, &[], k).unwrap();
+            let theirs = support::nvidia_baseline(&score, &free, &[], k);
+            let (q, c) = (ctx.quality(&theirs), ctx.cut(&theirs, &free));
+            t[0] += 1;
+            match ours.quality.cmp(&q) {
+                std::cmp::Ordering::Greater => t[1] += 1,
+                std::cmp::Ordering::Less => t[3] += 1,
+                std::cmp::Ordering::Equal => {
+                    t[2] += 1;
+                    match ours.cut.cmp(&c) {
+                        std::cmp::Ordering::Less => t[4] += 1,
+                        std::cmp::Ordering::Equal => t[5] += 1,
+                        std::cmp::Ordering::Greater => t[6] += 1,
+                    }
+                }
+            }
+        }
+        println!(
+            "| {name} | {} | {} | {} | {} | {} | {} | {} |",
+            t[0], t[1], t[2], t[3], t[4], t[5], t[6]
+        );
     }
 }
 

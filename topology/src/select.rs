@@ -30,21 +30,28 @@
 //! `C(S) = Σ_{a ∈ S} r(a) − 2 Q(S)`. So both keys are sums that grow as devices are added, and
 //! among sets of equal `Q` the smaller `Σ r` has the smaller loss.
 //!
-//! 1. **Exhaustive** (exact) when there are at most [`ENUMERATION_LIMIT`] candidate sets
+//! Three searches; [`SelectContext::select`] runs the cheapest that applies (a request with only
+//! one candidate set is answered directly):
+//!
+//! 1. **Classes** (exact), used whenever it has fewer cases than the exhaustive search, and on
+//!    large structured nodes. Devices `a` and `b` are *twins* when `w(a,c) = w(b,c)` for every
+//!    other device `c`; twins form equivalence classes (an NVSwitch board is one class, an Ascend
+//!    910 node two, `{0-3}` and `{4-7}`), with one weight inside each class and one between any
+//!    two classes. `Q` and `C` then depend only on how many devices are taken from each class,
+//!    so it walks the count vectors (at most [`CLASS_LIMIT`]) and takes the lowest free indices
+//!    inside each class.
+//! 2. **Exhaustive** (exact) when there are at most [`ENUMERATION_LIMIT`] candidate sets
 //!    (`C(|F \ M|, k − |M|)`; this covers every request on a node of up to 16 devices):
-//!    depth-first enumeration in lexicographic order, adding `O(k)` per step to `Q` and `Σ r`.
-//!    Only a strictly better set replaces the best, so the first of the best is the smallest.
-//! 2. **Classes** (exact) on larger nodes with group structure. Devices `a` and `b` are
-//!    *twins* when `w(a,c) = w(b,c)` for every other device `c`; twins form equivalence classes
-//!    (an NVSwitch board is one class, an Ascend 910 node is two, `{0-3}` and `{4-7}`), with one
-//!    weight inside each class and one weight between any two classes. `Q` and `C` then depend
-//!    only on how many devices are taken from each class, so we enumerate count vectors
-//!    (at most [`CLASS_LIMIT`] of them) and take the lowest free indices inside each class.
+//!    depth-first in lexicographic order, `O(|F|)` per step and `O(1)` per leaf, starting (on
+//!    large trees) from the heuristic's answer and skipping every subtree whose upper bound on `Q` (see `Walk`)
+//!    is below the best found. Ties on `Q` and `C` keep the lexicographically smaller set.
 //! 3. **Heuristic** otherwise: greedy from `M` and from `M` plus each single free device (each
 //!    step adds the device with the most weight to the set so far, then the least weight to the
 //!    rest of `F`), the best of those, then 1-swap local search that only accepts strictly better
 //!    sets. It is never worse than plain greedy, which is one of its starting points.
 //!    `Q_ideal` on such a node comes from the same heuristic, so `q` is clamped to 1.
+//!
+//! Property tests (`tests/select.rs` and below) check both exact searches against brute force.
 //!
 //! Nothing here allocates more than a few small vectors per call; building a context for a
 //! 16-device node enumerates all `2^16` subsets once (about a millisecond).
@@ -59,6 +66,10 @@ pub const ENUMERATION_LIMIT: u64 = 12_870;
 
 /// Largest number of per-class count vectors the class search walks.
 pub const CLASS_LIMIT: u64 = 100_000;
+
+/// The exhaustive search starts from the heuristic's answer when it has more candidate sets
+/// than this; below, the heuristic costs more than it saves.
+const SEED_WITH_HEURISTIC_ABOVE: u64 = 256;
 
 /// Upper bound on accepted swaps in the local search (each costs `O(|F|)`); it stops earlier
 /// when no swap improves, which is the usual case after a few swaps.
@@ -98,7 +109,7 @@ pub enum SelectError {
 /// Which search produced a [`Selection`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Method {
-    /// Every candidate set was examined: exact.
+    /// Every candidate set was examined or bounded out (branch and bound): exact.
     Exhaustive,
     /// Count vectors over twin classes were examined: exact.
     Classes,
@@ -324,7 +335,7 @@ impl SelectContext {
         } else if vectors <= CLASS_LIMIT && vectors <= sets {
             (self.by_classes(&req), Method::Classes)
         } else if sets <= ENUMERATION_LIMIT {
-            (self.exhaustive(&req), Method::Exhaustive)
+            (self.exhaustive(&req, sets), Method::Exhaustive)
         } else if vectors <= CLASS_LIMIT {
             (self.by_classes(&req), Method::Classes)
         } else {
@@ -403,8 +414,8 @@ impl SelectContext {
     }
 
     /// Exact: every `(k − |M|)`-subset of `F \ M` in lexicographic order, with branch and
-    /// bound (see [`Walk`]), starting from the heuristic's answer as the best so far.
-    fn exhaustive(&self, req: &Request) -> Vec<usize> {
+    /// bound (see [`Walk`]); `sets` is the number of candidate sets, which decides the first best.
+    fn exhaustive(&self, req: &Request, sets: u64) -> Vec<usize> {
         let cand: Vec<usize> = req
             .free
             .iter()
@@ -437,15 +448,16 @@ impl SelectContext {
                 top[i * need + j] = top[i * need + j - 1] + row.get(j - 1).copied().unwrap_or(0);
             }
         }
-        // The heuristic's answer as a first best: most of the tree is then cut by the bound.
-        let seed = self.score(req, self.heuristic(req));
-        let seed_chosen: Vec<usize> = seed
-            .devices
-            .iter()
-            .copied()
-            .filter(|&d| !req.is_must[d])
-            .collect();
-        let q_must = self.quality(&req.must);
+        // A first best to bound against: the heuristic's answer when the tree is large (most
+        // of it is then cut), else simply the first candidate set (the heuristic would cost
+        // more than the walk).
+        let first = if sets > SEED_WITH_HEURISTIC_ABOVE {
+            self.score(req, self.heuristic(req)).devices
+        } else {
+            req.must.iter().chain(&cand[..need]).copied().collect()
+        };
+        let seed_chosen: Vec<usize> = first.iter().copied().filter(|&d| !req.is_must[d]).collect();
+        let seed_q = self.quality(&first) - self.quality(&req.must);
         let seed_rs: u64 = seed_chosen.iter().map(|&d| req.r[d]).sum();
         let mut walk = Walk {
             n: self.n,
@@ -456,7 +468,7 @@ impl SelectContext {
             need,
             attach,
             chosen: Vec::with_capacity(need),
-            best: (seed.quality - q_must, seed_rs, seed_chosen),
+            best: (seed_q, seed_rs, seed_chosen),
             scratch: Vec::with_capacity(c),
         };
         walk.dfs(0, need, 0, 0);
@@ -732,7 +744,8 @@ struct Walk<'a> {
 
 impl Walk<'_> {
     /// Replaces the best when `chosen + last` is strictly better: higher q, else lower Σ r, else
-    /// lexicographically smaller (the seed came from the heuristic, so order is checked too).
+    /// lexicographically smaller (the first best may come from the heuristic, so order is checked
+    /// too).
     fn offer(&mut self, q: u64, rs: u64, last: Option<usize>) {
         let (bq, brs, ref bset) = self.best;
         let better = match q.cmp(&bq).then(brs.cmp(&rs)) {
@@ -1034,11 +1047,13 @@ mod tests {
             let req = ctx.request(&free, &must, k).unwrap();
             let want = brute_force(&ctx, &free, &must, k);
             prop_assert_eq!(&ctx.score(&req, ctx.by_classes(&req)).devices, &want);
-            prop_assert_eq!(&ctx.score(&req, ctx.exhaustive(&req)).devices, &want);
+            // Both first bests: the first candidate set and the heuristic's answer.
+            prop_assert_eq!(&ctx.score(&req, ctx.exhaustive(&req, 0)).devices, &want);
+            prop_assert_eq!(&ctx.score(&req, ctx.exhaustive(&req, u64::MAX)).devices, &want);
         }
 
         #[test]
-        fn heuristic_is_valid_and_never_worse_than_greedy(
+        fn heuristic_never_worse_than_greedy_and_exhaustive_exact(
             raw in prop::collection::vec(prop::sample::select(vec![10u32, 20, 30, 40, 50, 150, 200, 280]), 100),
             free_bits in any::<u16>(),
             must_bits in any::<u16>(),
@@ -1063,6 +1078,10 @@ mod tests {
             prop_assert!(got.devices.iter().all(|d| free.contains(d)));
             prop_assert!(must.iter().all(|d| got.devices.contains(d)));
             prop_assert!(!greedy.beats(&got), "greedy {:?} beats {:?}", greedy.devices, got.devices);
+            // The exhaustive search from either first best is exact on unstructured matrices too.
+            let want = brute_force(&ctx, &free, &must, k);
+            prop_assert_eq!(&ctx.score(&req, ctx.exhaustive(&req, 0)).devices, &want);
+            prop_assert_eq!(&ctx.score(&req, ctx.exhaustive(&req, u64::MAX)).devices, &want);
         }
     }
 

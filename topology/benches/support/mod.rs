@@ -148,6 +148,15 @@ pub fn random_links(n: usize, seed: u64) -> LinkMatrix {
     LinkMatrix::from_fn(n, |_, _| CLASSES[rng.below(CLASSES.len())])
 }
 
+/// A hard case for branch and bound: every pair NV17 or NV18 at random, so nearly every set
+/// looks as good as the best and little of the tree can be cut.
+pub fn near_uniform_links(n: usize, seed: u64) -> LinkMatrix {
+    let mut rng = Rng::new(seed);
+    LinkMatrix::from_fn(n, |_, _| LinkClass::Nvlink {
+        count: 17 + rng.below(2) as u32,
+    })
+}
+
 /// NVIDIA's pair score (gpuallocator): cross-CPU 10, same CPU 20, host bridge 30, multi-switch
 /// 40, single switch 50, +100 per NVLink. Our matrix keeps only the best class of a pair, so an
 /// NVLink pair scores its links only; fabrics NVIDIA does not know (HCCS, MetaX, other) score
