@@ -10,7 +10,7 @@ mod support;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use fumarole_topology::SelectContext;
+use fumarole_topology::{LinkClass, LinkMatrix, SelectContext};
 
 /// The baseline is exponential; cases above this many partitions are reported, not run.
 const BASELINE_PARTITION_LIMIT: u128 = 3_000_000;
@@ -146,6 +146,56 @@ fn main() {
         }
     }
     compare_on_used_nodes();
+    larger_nodes();
+}
+
+/// Nodes above 16 devices: groups of 8 (exact through the twin classes) and random matrices
+/// (the heuristic). Every k on a node with every seventh device busy, 20 calls each.
+fn larger_nodes() {
+    println!("\n## larger nodes\n");
+    println!("Every k on a node with every seventh device busy, 20 calls per k.\n");
+    println!(
+        "| matrix | SelectContext::new ms | select p50 µs | select p99 µs | select max µs | exact answers |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for n in [32usize, 48, 64] {
+        let groups = LinkMatrix::from_fn(n, |a, b| {
+            if a / 8 == b / 8 {
+                LinkClass::Hccs
+            } else {
+                LinkClass::CrossNuma
+            }
+        });
+        let random = support::random_links(n, 0x5eed_0000 + n as u64);
+        for (name, links) in [
+            (format!("groups-of-8-{n}"), groups),
+            (format!("random-{n}"), random),
+        ] {
+            let t = Instant::now();
+            let ctx = SelectContext::new(&links);
+            let build = t.elapsed();
+            let free: Vec<usize> = (0..n).filter(|d| d % 7 != 3).collect();
+            let mut times = Vec::new();
+            let (mut exact, mut all) = (0, 0);
+            for k in 1..=free.len() {
+                for _ in 0..20 {
+                    let t = Instant::now();
+                    let s = black_box(ctx.select(black_box(&free), &[], k).unwrap());
+                    times.push(t.elapsed());
+                    all += 1;
+                    exact += usize::from(s.is_exact());
+                }
+            }
+            times.sort_unstable();
+            println!(
+                "| {name} | {:.1} | {} | {} | {} | {exact} of {all} |",
+                build.as_secs_f64() * 1e3,
+                us(percentile(&times, 0.5)),
+                us(percentile(&times, 0.99)),
+                us(times[times.len() - 1]),
+            );
+        }
+    }
 }
 
 /// Answers of select and the baseline on random partially used nodes (no timing): how often

@@ -67,6 +67,10 @@ pub const ENUMERATION_LIMIT: u64 = 12_870;
 /// Largest number of per-class count vectors the class search walks.
 pub const CLASS_LIMIT: u64 = 100_000;
 
+/// Up to this many twin classes, [`SelectContext::class_vectors`] counts exactly when the
+/// cheap bound is too large.
+const EXACT_COUNT_MAX_CLASSES: usize = 16;
+
 /// The exhaustive search starts from the heuristic's answer when it has more candidate sets
 /// than this; below, the heuristic costs more than it saves.
 const SEED_WITH_HEURISTIC_ABOVE: u64 = 256;
@@ -477,7 +481,10 @@ impl SelectContext {
         devices
     }
 
-    /// How many count vectors [`Self::by_classes`] would walk, at most (saturating).
+    /// How many count vectors [`Self::by_classes`] would walk, at most (saturating). First the
+    /// cheap bound `Π (choices per class)`; when that is over [`CLASS_LIMIT`] on a node with few
+    /// classes (a large node made of groups), the exact number of vectors that sum to `k`,
+    /// which is often far smaller (a dynamic program over classes and sums).
     fn class_vectors(&self, req: &Request) -> u64 {
         let g = self.classes.len();
         let (mut lo, mut hi) = (vec![0usize; g], vec![0usize; g]);
@@ -486,9 +493,26 @@ impl SelectContext {
             hi[c] += 1;
             lo[c] += usize::from(req.is_must[d]);
         }
-        (0..g).fold(1u64, |acc, c| {
+        let bound = (0..g).fold(1u64, |acc, c| {
             acc.saturating_mul((hi[c].min(req.k) - lo[c] + 1) as u64)
-        })
+        });
+        if bound <= CLASS_LIMIT || g > EXACT_COUNT_MAX_CLASSES {
+            return bound;
+        }
+        // ways[s]: vectors over the classes so far whose counts sum to s.
+        let k = req.k;
+        let mut ways = vec![0u64; k + 1];
+        ways[0] = 1;
+        for c in 0..g {
+            let mut next = vec![0u64; k + 1];
+            for (s, &wy) in ways.iter().enumerate().filter(|(_, w)| **w > 0) {
+                for x in lo[c]..=hi[c].min(k - s) {
+                    next[s + x] = next[s + x].saturating_add(wy).min(CLASS_LIMIT + 1);
+                }
+            }
+            ways = next;
+        }
+        ways[k]
     }
 
     /// Exact over twin classes: walks the count vectors (see [`ClassWalk`]); the caller checks
@@ -1128,6 +1152,24 @@ mod tests {
         assert_eq!(s.devices, [19, 20, 21, 22, 23]);
         assert_eq!(s.q, 1.0);
         assert_eq!(s.cut, 5 * 23 * 10);
+
+        // 48 NPUs in six groups of 8: the cheap bound (9^6 vectors) is over the limit, the
+        // exact count is not. Groups 0 and 1 are partly busy: 8 NPUs take group 2 whole.
+        let groups = LinkMatrix::from_fn(48, |a, b| {
+            if a / 8 == b / 8 {
+                LinkClass::Hccs
+            } else {
+                LinkClass::CrossNuma
+            }
+        });
+        let ctx = SelectContext::new(&groups);
+        let free: Vec<usize> = (0..48).filter(|d| ![0, 9, 10].contains(d)).collect();
+        let s = ctx.select(&free, &[], 8).unwrap();
+        assert_eq!(s.method, Method::Classes);
+        assert_eq!(s.devices, (16..24).collect::<Vec<_>>());
+        let s = ctx.select(&free, &[], 7).unwrap();
+        assert_eq!(s.method, Method::Classes);
+        assert_eq!(s.devices, (1..8).collect::<Vec<_>>());
 
         // No structure: the heuristic, valid and deterministic.
         let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
