@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
+use fumarole_device_plugin::annotation::PodSource;
 use fumarole_exporter::discover;
 use fumarole_exporter::kubelet::KubeletPaths;
 use fumarole_exporter::publish::{self, Publisher, metrics, metrics::Metrics, state::NodeState};
@@ -95,10 +96,8 @@ pub fn run(args: RunArgs) -> Result<()> {
 
         let wake = Arc::new(Notify::new());
         if let Some(dir) = args.device_plugin_dir.clone() {
-            let topology = discover::discover(&prepared.options, prepared.nvml.as_ref())?;
-            let root = prepared.options.source.root().unwrap_or(Path::new("/")).to_path_buf();
             let pods = pods::NodePods::watch(client.clone(), &node_name);
-            plugins::start(&topology, &root, dir, args.cdi, Some(wake.clone()), Some(pods), args.device_plugin_config.as_deref())?;
+            serve_device_plugins(&args, &prepared, dir, Some(wake.clone()), Some(pods))?;
         }
         let publisher = Publisher::new(client, &node_name, metrics.clone(), wake.clone());
         let kubelet = KubeletPaths {
@@ -119,28 +118,34 @@ pub fn run(args: RunArgs) -> Result<()> {
 
 /// `--standalone`: discover once, serve the device plugins, nothing else.
 async fn standalone(args: RunArgs, prepared: Prepared) -> Result<()> {
-    let Some(dir) = args.device_plugin_dir else {
+    let Some(dir) = args.device_plugin_dir.clone() else {
         bail!("--standalone needs --device-plugin-dir")
     };
-    let topology = discover::discover(&prepared.options, prepared.nvml.as_ref())?;
-    let root = prepared
-        .options
-        .source
-        .root()
-        .unwrap_or(Path::new("/"))
-        .to_path_buf();
-    plugins::start(
-        &topology,
-        &root,
-        dir,
-        args.cdi,
-        None,
-        None,
-        args.device_plugin_config.as_deref(),
-    )?;
+    serve_device_plugins(&args, &prepared, dir, None, None)?;
     shutdown().await;
     tracing::info!("shutting down");
     Ok(())
+}
+
+/// Discovers the node and serves one device plugin per resource in `dir`.
+fn serve_device_plugins(
+    args: &RunArgs,
+    prepared: &Prepared,
+    dir: PathBuf,
+    on_change: Option<Arc<Notify>>,
+    pods: Option<Arc<dyn PodSource>>,
+) -> Result<()> {
+    let topology = discover::discover(&prepared.options, prepared.nvml.as_ref())?;
+    let root = prepared.options.source.root().unwrap_or(Path::new("/"));
+    plugins::start(
+        &topology,
+        root,
+        dir,
+        args.cdi,
+        on_change,
+        pods,
+        args.device_plugin_config.as_deref(),
+    )
 }
 
 /// SIGTERM (the kubelet stopping the pod) or Ctrl-C.
