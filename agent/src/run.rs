@@ -14,6 +14,8 @@ use fumarole_device_plugin::annotation::PodSource;
 use fumarole_exporter::discover;
 use fumarole_exporter::kubelet::KubeletPaths;
 use fumarole_exporter::publish::{self, Publisher, metrics, metrics::Metrics, state::NodeState};
+use fumarole_topology::{SuperNode, SuperNodeSource};
+use k8s_openapi::api::core::v1::Node;
 use tokio::sync::Notify;
 
 use crate::node::{NodeArgs, Prepared};
@@ -66,6 +68,10 @@ pub struct RunArgs {
     /// How often to re-check that the published objects are current.
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
     recheck_interval: Duration,
+    /// Node label whose value is this node's super-node id (read from the Node at start; the
+    /// `--super-node` flag wins over it, it wins over the override file and the NVLink fabric).
+    #[arg(long, value_name = "KEY")]
+    super_node_label: Option<String>,
     /// Address of `/metrics` and `/healthz`.
     #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:9400")]
     metrics_addr: SocketAddr,
@@ -88,6 +94,12 @@ pub fn run(args: RunArgs) -> Result<()> {
         let client = kube::Client::try_default()
             .await
             .context("connecting to the API server (in-cluster config or KUBECONFIG)")?;
+        let mut prepared = prepared;
+        if let Some(key) = &args.super_node_label
+            && prepared.options.super_node.is_none()
+        {
+            prepared.options.super_node = super_node_from_label(&client, &node_name, key).await?;
+        }
         let metrics = Metrics::new(args.recheck_interval);
         let listener = tokio::net::TcpListener::bind(args.metrics_addr)
             .await
@@ -114,6 +126,29 @@ pub fn run(args: RunArgs) -> Result<()> {
         }
         Ok(())
     })
+}
+
+/// The value of the node's `key` label as its super-node, if the label is set.
+async fn super_node_from_label(
+    client: &kube::Client,
+    node: &str,
+    key: &str,
+) -> Result<Option<SuperNode>> {
+    let nodes: kube::Api<Node> = kube::Api::all(client.clone());
+    let found = nodes
+        .get_opt(node)
+        .await
+        .with_context(|| format!("reading Node {node} for --super-node-label"))?;
+    let id = found
+        .and_then(|n| n.metadata.labels?.get(key).cloned())
+        .filter(|v| !v.is_empty());
+    if id.is_none() {
+        tracing::info!(node, label = key, "super-node label not set on the node");
+    }
+    Ok(id.map(|id| SuperNode {
+        id,
+        source: SuperNodeSource::NodeLabel,
+    }))
 }
 
 /// `--standalone`: discover once, serve the device plugins, nothing else.

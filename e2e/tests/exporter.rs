@@ -64,19 +64,23 @@ impl Agent {
 }
 
 async fn start_agent(cluster: &TestCluster, node: &str, fixture: &str, cpus: u32) -> Agent {
-    start_agent_with(cluster, node, fixture, cpus, "1s").await
+    start_agent_with(cluster, NodeSpec::new(node), fixture, cpus, "1s", &[]).await
 }
 
+/// Creates the node from `spec` (plus capacity) and starts an agent for it with `extra` args.
 async fn start_agent_with(
     cluster: &TestCluster,
-    node: &str,
+    spec: NodeSpec,
     fixture: &str,
     cpus: u32,
     recheck: &str,
+    extra: &[&str],
 ) -> Agent {
+    let node = spec.name.clone();
+    let node = node.as_str();
     cluster
         .create_node(
-            &NodeSpec::new(node)
+            &spec
                 .capacity("cpu", &cpus.to_string())
                 .capacity("memory", "512Gi"),
         )
@@ -111,6 +115,7 @@ async fn start_agent_with(
         &format!("127.0.0.1:{}", agent.metrics_port),
     ]
     .iter()
+    .chain(extra)
     .map(|s| s.to_string())
     .collect();
     cluster
@@ -516,7 +521,7 @@ async fn bad_kubelet_state_keeps_the_last_good_object() {
 async fn allocation_change_is_published_without_waiting_for_the_recheck() {
     let cluster = TestCluster::start().await.unwrap();
     cluster.install_fumarole_crds().await.unwrap();
-    let agent = start_agent_with(&cluster, "quick", "cpu-only", 64, "1h").await;
+    let agent = start_agent_with(&cluster, NodeSpec::new("quick"), "cpu-only", 64, "1h", &[]).await;
     wait_for(
         "Numatopology",
         &numatopologies(cluster.client()),
@@ -543,4 +548,50 @@ async fn allocation_change_is_published_without_waiting_for_the_recheck() {
         "took {took:?} with a 1 h re-check interval"
     );
     println!("allocation change published after {took:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn super_node_comes_from_a_node_label() {
+    let cluster = TestCluster::start().await.unwrap();
+    cluster.install_fumarole_crds().await.unwrap();
+    let spec = NodeSpec::new("racked").label("example.com/rack", "rack-7");
+    let _agent = start_agent_with(
+        &cluster,
+        spec,
+        "pcie-4gpu",
+        64,
+        "1s",
+        &["--super-node-label", "example.com/rack"],
+    )
+    .await;
+    let dt = wait_for(
+        "DeviceTopology with a super-node",
+        &device_topologies(cluster.client()),
+        "racked",
+        |o| !o.data["spec"]["superNode"].is_null(),
+    )
+    .await;
+    assert_eq!(
+        dt.data["spec"]["superNode"],
+        json!({"id": "rack-7", "source": "nodeLabel"})
+    );
+    let nodes: Api<Node> = Api::all(cluster.client());
+    let labels = eventually("the super-node label", Duration::from_secs(30), || {
+        let nodes = nodes.clone();
+        async move {
+            let labels = nodes
+                .get("racked")
+                .await?
+                .metadata
+                .labels
+                .unwrap_or_default();
+            Ok(labels
+                .contains_key("fumarole.dev/super-node")
+                .then_some(labels))
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(labels["fumarole.dev/super-node"], "rack-7");
+    assert_eq!(labels["example.com/rack"], "rack-7");
 }
