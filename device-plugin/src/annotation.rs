@@ -1,55 +1,10 @@
-//! `fumarole.dev/devices`: the devices the scheduler extension chose for a pod, which the
-//! plugin hands out instead of choosing itself, so scheduler and kubelet agree.
-//!
-//! Format: a JSON object from resource name to the device ids of the whole pod, e.g.
-//! `{"nvidia.com/gpu": ["GPU-8c2...", "GPU-3f1..."]}`. A pod whose containers request the
-//! resource one after another gets the ids in that order (each container takes the next ones
-//! that are still free).
+//! `fumarole.dev/devices` as the device plugin sees it: the value format (defined once in
+//! [`fumarole_topology::annotation`], re-exported here) and where pending pods with the
+//! scheduler's choice come from ([`PodSource`]).
 
-use std::collections::BTreeMap;
-
-/// The pod annotation key.
-pub const DEVICES_ANNOTATION: &str = "fumarole.dev/devices";
-
-/// Resource name -> device ids.
-pub type DeviceChoice = BTreeMap<String, Vec<String>>;
-
-/// Why an annotation value is unusable; the pod is skipped with this reason in the log.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum AnnotationError {
-    #[error("{DEVICES_ANNOTATION} is not a JSON object of resource name to device id list: {0}")]
-    Json(String),
-    #[error("{DEVICES_ANNOTATION}: resource {resource:?} lists device {id:?} twice")]
-    Duplicate { resource: String, id: String },
-    #[error("{DEVICES_ANNOTATION}: resource {0:?} has an empty device id")]
-    EmptyId(String),
-}
-
-/// Parses an annotation value.
-pub fn parse(value: &str) -> Result<DeviceChoice, AnnotationError> {
-    let choice: DeviceChoice =
-        serde_json::from_str(value).map_err(|e| AnnotationError::Json(e.to_string()))?;
-    for (resource, ids) in &choice {
-        let mut seen = std::collections::BTreeSet::new();
-        for id in ids {
-            if id.is_empty() {
-                return Err(AnnotationError::EmptyId(resource.clone()));
-            }
-            if !seen.insert(id) {
-                return Err(AnnotationError::Duplicate {
-                    resource: resource.clone(),
-                    id: id.clone(),
-                });
-            }
-        }
-    }
-    Ok(choice)
-}
-
-/// The annotation value for a choice (what the scheduler extension writes).
-pub fn format(choice: &DeviceChoice) -> String {
-    serde_json::to_string(choice).unwrap_or_default()
-}
+pub use fumarole_topology::annotation::{
+    AnnotationError, DEVICES_ANNOTATION, DeviceChoice, format, parse,
+};
 
 /// A pod assigned to this node that the kubelet has not started yet, with the scheduler's
 /// choice for it.
@@ -67,32 +22,4 @@ pub struct PendingPod {
 pub trait PodSource: Send + Sync {
     /// Pending pods on this node carrying a valid annotation, oldest first.
     fn pending(&self) -> Vec<PendingPod>;
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parses_and_rejects() {
-        let c = parse(r#"{"nvidia.com/gpu": ["GPU-a", "GPU-b"]}"#).unwrap();
-        assert_eq!(c["nvidia.com/gpu"], vec!["GPU-a", "GPU-b"]);
-        assert_eq!(parse(&format(&c)).unwrap(), c);
-        assert!(matches!(
-            parse("GPU-a,GPU-b"),
-            Err(AnnotationError::Json(_))
-        ));
-        assert!(matches!(
-            parse(r#"{"nvidia.com/gpu": "GPU-a"}"#),
-            Err(AnnotationError::Json(_))
-        ));
-        assert!(matches!(
-            parse(r#"{"x/y": ["a", "a"]}"#),
-            Err(AnnotationError::Duplicate { .. })
-        ));
-        assert!(matches!(
-            parse(r#"{"x/y": [""]}"#),
-            Err(AnnotationError::EmptyId(_))
-        ));
-    }
 }

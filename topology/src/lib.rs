@@ -2,9 +2,12 @@
 //!
 //! Start at [`NodeTopology`] (CPUs, NUMA nodes, accelerators, the link matrix, the
 //! super-node). [`link`] explains link classes and their weights; [`cpuset`] the Linux list
-//! format used wherever CPUs are written down; [`crd`] the Kubernetes objects built from it. Nothing here does I/O or async work: discovery
-//! lives in `fumarole-exporter`, and every function here is a pure function of its inputs.
+//! format used wherever CPUs are written down; [`crd`] the Kubernetes objects built from it;
+//! [`annotation`] the pod annotation carrying the scheduler's device choice. Nothing here does
+//! I/O or async work: discovery lives in `fumarole-exporter`, and every function here is a pure
+//! function of its inputs.
 
+pub mod annotation;
 pub mod cpuset;
 pub mod crd;
 pub mod link;

@@ -1,0 +1,15 @@
+//! fumarole's cluster service: where each accelerator pod should go and which devices it gets.
+//!
+//! Start at [`view::ClusterView`]: the nodes with their published `DeviceTopology` (one
+//! [`fumarole_topology::SelectContext`] per node, built once), the devices in use and the
+//! devices still free. [`snapshot`] builds a view from YAML files (`kubectl get -o yaml`
+//! output) instead of an API server. [`request`] reads a pod's accelerator request;
+//! [`score::gpu_aware`] filters and scores nodes for it with `topology::select`; [`explain`]
+//! prints that per node; [`extender`] answers kube-scheduler's extender HTTP API from a view.
+
+pub mod explain;
+pub mod extender;
+pub mod request;
+pub mod score;
+pub mod snapshot;
+pub mod view;

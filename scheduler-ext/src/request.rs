@@ -1,0 +1,234 @@
+//! A pod's accelerator request: which accelerator resource and how many devices.
+//!
+//! Per container the limit counts (the request when no limit is set, as Kubernetes defaults
+//! extended-resource requests to limits); the pod asks for the sum over its containers, or the
+//! largest init container's amount when that is larger (the kubelet's effective request).
+//! A resource is an accelerator when a known vendor prefix names it (`nvidia.com/`,
+//! `huawei.com/`, `metax-tech.com/`, `amd.com/gpu`, `gpu.intel.com/`,
+//! `fumarole.dev/accelerator`) or some node of the view offers it.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::core::v1::{Container, Pod};
+
+/// Why a pod's request cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    /// The pod asks for no accelerator at all.
+    #[error("pod {pod} requests no accelerator resource (none of {known})")]
+    NoAccelerator { pod: String, known: String },
+    /// An accelerator resource no node in the cluster view offers.
+    #[error(
+        "pod {pod} requests {resource}, which no node in the cluster view offers (offered: {offered})"
+    )]
+    UnknownResource {
+        pod: String,
+        resource: String,
+        offered: String,
+    },
+    /// A quantity that is not a whole number of devices.
+    #[error(
+        "pod {pod}, container {container}: {resource} = {value:?} is not a whole number of devices"
+    )]
+    BadQuantity {
+        pod: String,
+        container: String,
+        resource: String,
+        value: String,
+    },
+    /// More than one accelerator resource in one pod.
+    #[error("pod {pod} requests more than one accelerator resource ({resources}); not supported")]
+    Mixed { pod: String, resources: String },
+}
+
+/// Resource-name prefixes of the accelerator vendors the project knows.
+pub const KNOWN_PREFIXES: &[&str] = &[
+    "nvidia.com/",
+    "huawei.com/",
+    "metax-tech.com/",
+    "amd.com/gpu",
+    "gpu.intel.com/",
+    "fumarole.dev/accelerator",
+];
+
+/// What a pod asks for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceRequest {
+    /// `namespace/name`.
+    pub pod: String,
+    pub resource: String,
+    pub count: usize,
+}
+
+/// `namespace/name` of a pod.
+pub fn pod_key(pod: &Pod) -> String {
+    format!(
+        "{}/{}",
+        pod.metadata.namespace.as_deref().unwrap_or("default"),
+        pod.metadata
+            .name
+            .as_deref()
+            .or(pod.metadata.generate_name.as_deref())
+            .unwrap_or("<unnamed>")
+    )
+}
+
+fn is_accelerator(name: &str, offered: &BTreeSet<&str>) -> bool {
+    offered.contains(name) || KNOWN_PREFIXES.iter().any(|p| name.starts_with(p))
+}
+
+/// Accelerator amounts of one container.
+fn container_amounts(
+    pod: &str,
+    c: &Container,
+    offered: &BTreeSet<&str>,
+) -> Result<BTreeMap<String, usize>, RequestError> {
+    let mut out = BTreeMap::new();
+    let Some(res) = c.resources.as_ref() else {
+        return Ok(out);
+    };
+    let mut names = BTreeSet::new();
+    for m in [&res.limits, &res.requests].into_iter().flatten() {
+        names.extend(m.keys().filter(|k| is_accelerator(k, offered)).cloned());
+    }
+    for name in names {
+        let q = res
+            .limits
+            .as_ref()
+            .and_then(|m| m.get(&name))
+            .or_else(|| res.requests.as_ref().and_then(|m| m.get(&name)));
+        let Some(q) = q else { continue };
+        let n: usize = q.0.trim().parse().map_err(|_| RequestError::BadQuantity {
+            pod: pod.to_string(),
+            container: c.name.clone(),
+            resource: name.clone(),
+            value: q.0.clone(),
+        })?;
+        if n > 0 {
+            out.insert(name, n);
+        }
+    }
+    Ok(out)
+}
+
+/// The pod's accelerator request, checked against the resources the view's nodes offer.
+pub fn device_request(pod: &Pod, offered: &BTreeSet<&str>) -> Result<DeviceRequest, RequestError> {
+    let key = pod_key(pod);
+    let mut total: BTreeMap<String, usize> = BTreeMap::new();
+    let mut init_max: BTreeMap<String, usize> = BTreeMap::new();
+    if let Some(spec) = pod.spec.as_ref() {
+        for c in &spec.containers {
+            for (r, n) in container_amounts(&key, c, offered)? {
+                *total.entry(r).or_default() += n;
+            }
+        }
+        for c in spec.init_containers.iter().flatten() {
+            for (r, n) in container_amounts(&key, c, offered)? {
+                let e = init_max.entry(r).or_default();
+                *e = (*e).max(n);
+            }
+        }
+    }
+    for (r, n) in init_max {
+        let e = total.entry(r).or_default();
+        *e = (*e).max(n);
+    }
+    let mut it = total.into_iter();
+    let Some((resource, count)) = it.next() else {
+        return Err(RequestError::NoAccelerator {
+            pod: key,
+            known: KNOWN_PREFIXES
+                .iter()
+                .copied()
+                .chain(offered.iter().copied())
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect::<Vec<_>>()
+                .join(", "),
+        });
+    };
+    if let Some((other, _)) = it.next() {
+        return Err(RequestError::Mixed {
+            pod: key,
+            resources: format!("{resource}, {other}"),
+        });
+    }
+    if !offered.contains(resource.as_str()) {
+        return Err(RequestError::UnknownResource {
+            pod: key,
+            resource,
+            offered: offered.iter().copied().collect::<Vec<_>>().join(", "),
+        });
+    }
+    Ok(DeviceRequest {
+        pod: key,
+        resource,
+        count,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+
+    fn pod(v: serde_json::Value) -> Pod {
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn offered() -> BTreeSet<&'static str> {
+        ["nvidia.com/gpu", "huawei.com/Ascend910"].into()
+    }
+
+    #[test]
+    fn sums_containers_limits_first_and_init_max() {
+        let p = pod(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ns"},
+            "spec": {
+                "initContainers": [{"name": "i", "resources": {"limits": {"nvidia.com/gpu": "5"}}}],
+                "containers": [
+                    {"name": "a", "resources": {"limits": {"nvidia.com/gpu": "2", "cpu": "1"}, "requests": {"nvidia.com/gpu": "2"}}},
+                    {"name": "b", "resources": {"requests": {"nvidia.com/gpu": "1"}}},
+                ]
+            }
+        }));
+        let r = device_request(&p, &offered()).unwrap();
+        assert_eq!(r.pod, "ns/p");
+        assert_eq!(r.resource, "nvidia.com/gpu");
+        assert_eq!(r.count, 5);
+    }
+
+    #[test]
+    fn errors_name_the_problem() {
+        let cpu = pod(
+            serde_json::json!({"metadata": {"name": "c"}, "spec": {"containers": [
+            {"name": "a", "resources": {"limits": {"cpu": "2"}}}]}}),
+        );
+        assert!(matches!(
+            device_request(&cpu, &offered()),
+            Err(RequestError::NoAccelerator { .. })
+        ));
+        let unknown = pod(
+            serde_json::json!({"metadata": {"name": "u"}, "spec": {"containers": [
+            {"name": "a", "resources": {"limits": {"metax-tech.com/gpu": "1"}}}]}}),
+        );
+        let e = device_request(&unknown, &offered()).unwrap_err();
+        assert!(e.to_string().contains("metax-tech.com/gpu"), "{e}");
+        let half = pod(
+            serde_json::json!({"metadata": {"name": "h"}, "spec": {"containers": [
+            {"name": "a", "resources": {"limits": {"nvidia.com/gpu": "500m"}}}]}}),
+        );
+        assert!(matches!(
+            device_request(&half, &offered()),
+            Err(RequestError::BadQuantity { .. })
+        ));
+        let mixed = pod(
+            serde_json::json!({"metadata": {"name": "m"}, "spec": {"containers": [
+            {"name": "a", "resources": {"limits": {"nvidia.com/gpu": "1", "huawei.com/Ascend910": "1"}}}]}}),
+        );
+        assert!(matches!(
+            device_request(&mixed, &offered()),
+            Err(RequestError::Mixed { .. })
+        ));
+    }
+}

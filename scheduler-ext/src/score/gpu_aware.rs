@@ -1,0 +1,264 @@
+//! gpu-aware: per node, the best devices for the pod and how good they are.
+//!
+//! For each node, `topology::select` on the node's free devices of the requested resource
+//! gives `q` (quality of the chosen set against the best set of that size on an empty node,
+//! 0..1) and `loss` (link weight the choice cuts from devices left free, normalised, 0..1).
+//! The node's score is
+//!
+//! ```text
+//! raw = (q - loss_weight * loss + loss_weight) / (1 + loss_weight)      in 0..1
+//! ```
+//!
+//! scaled to 0..100 times `weight` for Volcano and to 0..10 (rounded) for kube-scheduler.
+//! `weight` and `loss_weight` are Volcano's `weight` and `loss.weight` arguments (default 1).
+//!
+//! Worked example (DGX H100, every GPU pair on NVSwitch with the same weight `w`), a 4-GPU pod:
+//! - node with exactly 4 free GPUs: `q = 1`, nothing left free, `loss = 0`:
+//!   `raw = (1 - 0 + 1) / 2 = 1` -> Volcano 100, kube-scheduler 10.
+//! - node with 6 free GPUs: `q = 1`, the 4 chosen keep `4·2` links of weight `w` to the 2 left
+//!   free, normalised by `k·(n-k)·w_max = 4·4·w`: `loss = 8/16 = 0.5`,
+//!   `raw = (1 - 0.5 + 1) / 2 = 0.75` -> Volcano 75, kube-scheduler 8 (7.5 rounded).
+//! - node with 2 free GPUs: filtered, "needs 4 nvidia.com/gpu, 2 free".
+
+use fumarole_topology::SelectError;
+
+use crate::request::DeviceRequest;
+use crate::view::ClusterView;
+
+/// Volcano's `weight` and `loss.weight`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GpuAware {
+    /// Multiplies the 0..100 Volcano score.
+    pub weight: f64,
+    /// How much the loss counts against the quality; 0 ignores the loss.
+    pub loss_weight: f64,
+}
+
+impl Default for GpuAware {
+    fn default() -> Self {
+        GpuAware {
+            weight: 1.0,
+            loss_weight: 1.0,
+        }
+    }
+}
+
+/// The verdict for one node.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodeVerdict {
+    pub node: String,
+    /// `None` when the node can hold the pod; else why not.
+    pub reason: Option<String>,
+    pub q: Option<f64>,
+    pub loss: Option<f64>,
+    /// 0..1 (see the module doc); `None` when filtered.
+    pub raw: Option<f64>,
+    /// Device ids the pod would get, in device order.
+    pub devices: Vec<String>,
+}
+
+impl NodeVerdict {
+    pub fn feasible(&self) -> bool {
+        self.reason.is_none()
+    }
+
+    fn filtered(node: &str, reason: String) -> Self {
+        NodeVerdict {
+            node: node.to_string(),
+            reason: Some(reason),
+            q: None,
+            loss: None,
+            raw: None,
+            devices: Vec::new(),
+        }
+    }
+}
+
+impl GpuAware {
+    /// `(q - lw·loss + lw) / (1 + lw)`, clamped to 0..1; a negative `loss_weight` counts as 0.
+    pub fn raw(&self, q: f64, loss: f64) -> f64 {
+        let lw = self.loss_weight.max(0.0);
+        ((q - lw * loss + lw) / (1.0 + lw)).clamp(0.0, 1.0)
+    }
+
+    /// Volcano's score: 0..100 times `weight`.
+    pub fn volcano(&self, raw: f64) -> f64 {
+        raw * 100.0 * self.weight
+    }
+
+    /// kube-scheduler's score: 0..10, rounded (MaxExtenderPriority = 10).
+    pub fn kube(&self, raw: f64) -> i64 {
+        (raw * 10.0).round().clamp(0.0, 10.0) as i64
+    }
+
+    /// Filter and score one node for the request.
+    pub fn node(&self, view: &ClusterView, node: &str, req: &DeviceRequest) -> NodeVerdict {
+        let Some(nv) = view.node(node) else {
+            return NodeVerdict::filtered(
+                node,
+                "unknown node: no DeviceTopology or Node object in the cluster view".into(),
+            );
+        };
+        if !nv.has_topology {
+            return NodeVerdict::filtered(node, "node publishes no DeviceTopology".into());
+        }
+        let free = view.free(node, &req.resource);
+        match nv.select.select(&free, &[], req.count) {
+            Ok(s) => NodeVerdict {
+                node: node.to_string(),
+                reason: None,
+                q: Some(s.q),
+                loss: Some(s.loss),
+                raw: Some(self.raw(s.q, s.loss)),
+                devices: s
+                    .devices
+                    .iter()
+                    .filter_map(|&i| nv.device_ids.get(i).cloned())
+                    .collect(),
+            },
+            Err(SelectError::NotEnoughFree { k, free }) => {
+                NodeVerdict::filtered(node, format!("needs {k} {}, {free} free", req.resource))
+            }
+            Err(e) => NodeVerdict::filtered(node, e.to_string()),
+        }
+    }
+
+    /// Every node of the view, best first (feasible by score, then name; then filtered ones).
+    pub fn all(&self, view: &ClusterView, req: &DeviceRequest) -> Vec<NodeVerdict> {
+        let mut v: Vec<NodeVerdict> = view
+            .nodes()
+            .map(|n| self.node(view, &n.name, req))
+            .collect();
+        v.sort_by(|a, b| {
+            let (ra, rb) = (a.raw.unwrap_or(-1.0), b.raw.unwrap_or(-1.0));
+            rb.total_cmp(&ra).then_with(|| a.node.cmp(&b.node))
+        });
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+    use fumarole_topology::crd::device_topology::{DeviceInfo, LinkInfo};
+    use fumarole_topology::crd::{
+        DeviceAllocation, DeviceStatus, DeviceTopology, DeviceTopologySpec, DeviceTopologyStatus,
+    };
+
+    /// `n` NVIDIA GPUs, all pairs weight `w`, the listed ones allocated.
+    fn node(name: &str, n: u32, w: u32, allocated: &[u32]) -> DeviceTopology {
+        let devices = (0..n)
+            .map(|i| DeviceInfo {
+                id: format!("{name}-gpu{i}"),
+                index: i,
+                vendor: "nvidia".into(),
+                kind: "gpu".into(),
+                ..Default::default()
+            })
+            .collect();
+        let links = (0..n)
+            .flat_map(|a| (a + 1..n).map(move |b| (a, b)))
+            .map(|(a, b)| LinkInfo {
+                a,
+                b,
+                kind: "nvlink".into(),
+                count: None,
+                weight: w,
+            })
+            .collect();
+        let mut t = DeviceTopology::new(
+            name,
+            DeviceTopologySpec {
+                accelerator_count: n,
+                devices,
+                links,
+                ..Default::default()
+            },
+        );
+        t.status = Some(DeviceTopologyStatus {
+            healthy_count: n,
+            devices: (0..n)
+                .map(|i| {
+                    (
+                        format!("{name}-gpu{i}"),
+                        DeviceStatus {
+                            health: "Healthy".into(),
+                            allocation: allocated.contains(&i).then(DeviceAllocation::default),
+                        },
+                    )
+                })
+                .collect(),
+        });
+        t
+    }
+
+    fn req(count: usize) -> DeviceRequest {
+        DeviceRequest {
+            pod: "default/p".into(),
+            resource: "nvidia.com/gpu".into(),
+            count,
+        }
+    }
+
+    #[test]
+    fn formula_worked_numbers() {
+        let g = GpuAware::default();
+        assert_eq!(g.raw(1.0, 0.0), 1.0);
+        assert_eq!(g.raw(1.0, 0.5), 0.75);
+        assert_eq!(g.raw(0.5, 1.0), 0.25);
+        assert_eq!(g.raw(0.0, 1.0), 0.0);
+        let g3 = GpuAware {
+            weight: 2.0,
+            loss_weight: 3.0,
+        };
+        // (0.8 - 3·0.2 + 3) / 4 = 0.8
+        assert!((g3.raw(0.8, 0.2) - 0.8).abs() < 1e-12);
+        assert!((g3.volcano(0.8) - 160.0).abs() < 1e-9);
+        assert_eq!(g.kube(0.75), 8);
+        assert_eq!(g.kube(0.74), 7);
+        assert_eq!(g.kube(1.0), 10);
+        // loss ignored
+        let g0 = GpuAware {
+            weight: 1.0,
+            loss_weight: 0.0,
+        };
+        assert_eq!(g0.raw(0.6, 1.0), 0.6);
+    }
+
+    #[test]
+    fn exact_fit_beats_leftover_and_too_small_is_filtered() {
+        let view = ClusterView::build(
+            &[
+                node("four", 8, 100, &[0, 1, 2, 3]),
+                node("six", 8, 100, &[0, 1]),
+                node("two", 8, 100, &[0, 1, 2, 3, 4, 5]),
+            ],
+            &[],
+            &[],
+        )
+        .unwrap();
+        let g = GpuAware::default();
+        let v = g.all(&view, &req(4));
+        assert_eq!(v[0].node, "four");
+        assert_eq!(v[0].q, Some(1.0));
+        assert_eq!(v[0].loss, Some(0.0));
+        assert_eq!(v[0].raw, Some(1.0));
+        assert_eq!(
+            v[0].devices,
+            ["four-gpu4", "four-gpu5", "four-gpu6", "four-gpu7"]
+        );
+        assert_eq!(v[1].node, "six");
+        assert_eq!(v[1].q, Some(1.0));
+        assert_eq!(v[1].loss, Some(0.5));
+        assert_eq!(v[1].raw, Some(0.75));
+        assert_eq!(g.kube(v[1].raw.unwrap()), 8);
+        assert_eq!(v[2].node, "two");
+        assert_eq!(
+            v[2].reason.as_deref(),
+            Some("needs 4 nvidia.com/gpu, 2 free")
+        );
+        let unknown = g.node(&view, "ghost", &req(1));
+        assert!(unknown.reason.unwrap().starts_with("unknown node"));
+    }
+}

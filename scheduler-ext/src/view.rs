@@ -1,0 +1,397 @@
+//! The cluster view: every node the service knows, its devices and which of them are free.
+//!
+//! A node comes from its published `DeviceTopology` (devices, links, super-node, health and
+//! allocations in status) and optionally its `Node` object (labels). Each node's
+//! [`SelectContext`] is built once, when the node enters the view, and shared by every request.
+//! A device is free when it is healthy, not allocated in the node's status and not assumed by
+//! this service (a pod that carries our `fumarole.dev/devices` choice and is bound to the node
+//! but not yet reported by it).
+//!
+//! The view is built by [`ClusterView::build`] from plain objects, so the snapshot loader and
+//! (later) the API server reflectors go through the same code.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use fumarole_topology::annotation::{self, DEVICES_ANNOTATION};
+use fumarole_topology::crd::DeviceTopology;
+use fumarole_topology::crd::device_topology::DeviceInfo;
+use fumarole_topology::{SelectContext, SelectError};
+use k8s_openapi::api::core::v1::{Node, Pod};
+
+/// Why a node's published objects cannot enter the view.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ViewError {
+    /// The object has no `metadata.name`.
+    #[error("a {kind} object has no metadata.name")]
+    NoName { kind: &'static str },
+    /// A link names a device index the spec does not have.
+    #[error(
+        "DeviceTopology {node}: link {a}-{b} names a device outside 0..{n} (spec.devices has {n})"
+    )]
+    LinkOutOfRange {
+        node: String,
+        a: u32,
+        b: u32,
+        n: usize,
+    },
+    /// The link list does not form a valid weight matrix.
+    #[error("DeviceTopology {node}: links are not a valid weight matrix: {source}")]
+    Links {
+        node: String,
+        #[source]
+        source: SelectError,
+    },
+    /// Two devices of one node share an id.
+    #[error("DeviceTopology {node}: device id {id:?} appears twice")]
+    DuplicateDevice { node: String, id: String },
+    /// Two DeviceTopology objects for one node.
+    #[error("DeviceTopology {0} appears twice")]
+    DuplicateNode(String),
+}
+
+/// The extended resource a device is advertised as, the same names the device plugin uses by
+/// default (`fumarole_topology::Device::default_resource_name`).
+pub fn resource_of(d: &DeviceInfo) -> String {
+    match d.vendor.as_str() {
+        "nvidia" => "nvidia.com/gpu".into(),
+        "huawei" => match d.id.rsplit_once('-') {
+            Some((family, _)) if family.starts_with("Ascend") => format!("huawei.com/{family}"),
+            _ => "huawei.com/npu".into(),
+        },
+        "metax" => "metax-tech.com/gpu".into(),
+        "amd" => "amd.com/gpu".into(),
+        "intel" => "gpu.intel.com/i915".into(),
+        _ => "fumarole.dev/accelerator".into(),
+    }
+}
+
+/// One node as the scheduler extension sees it.
+#[derive(Clone, Debug)]
+pub struct NodeView {
+    pub name: String,
+    /// Device ids, in `DeviceTopology` order (the indices `select` works with).
+    pub device_ids: Vec<String>,
+    /// Resource name of each device.
+    pub resources: Vec<String>,
+    /// Healthy and not allocated in the node's own status.
+    pub available: Vec<bool>,
+    /// Built once per node.
+    pub select: Arc<SelectContext>,
+    /// Super-node id from the DeviceTopology, if any.
+    pub super_node: Option<String>,
+    /// Node labels (empty when no Node object was seen).
+    pub labels: BTreeMap<String, String>,
+    /// True when a `DeviceTopology` was published for the node; a bare `Node` has no devices.
+    pub has_topology: bool,
+}
+
+impl NodeView {
+    /// The view of one node from its DeviceTopology.
+    pub fn from_device_topology(dt: &DeviceTopology) -> Result<Self, ViewError> {
+        let name = dt.metadata.name.clone().ok_or(ViewError::NoName {
+            kind: "DeviceTopology",
+        })?;
+        let devices = &dt.spec.devices;
+        let n = devices.len();
+        let mut seen = BTreeSet::new();
+        for d in devices {
+            if !seen.insert(d.id.as_str()) {
+                return Err(ViewError::DuplicateDevice {
+                    node: name.clone(),
+                    id: d.id.clone(),
+                });
+            }
+        }
+        let mut weights = vec![vec![0u32; n]; n];
+        for l in &dt.spec.links {
+            let (a, b) = (l.a as usize, l.b as usize);
+            if a >= n || b >= n {
+                return Err(ViewError::LinkOutOfRange {
+                    node: name,
+                    a: l.a,
+                    b: l.b,
+                    n,
+                });
+            }
+            if a != b {
+                weights[a][b] = l.weight;
+                weights[b][a] = l.weight;
+            }
+        }
+        let select = SelectContext::from_weights(&weights).map_err(|source| ViewError::Links {
+            node: name.clone(),
+            source,
+        })?;
+        let status = dt.status.as_ref();
+        let available = devices
+            .iter()
+            .map(|d| match status.and_then(|s| s.devices.get(&d.id)) {
+                Some(s) => s.health == "Healthy" && s.allocation.is_none(),
+                // No status yet: the node has not reported health; count it healthy and free.
+                None => status.is_none(),
+            })
+            .collect();
+        Ok(NodeView {
+            name,
+            device_ids: devices.iter().map(|d| d.id.clone()).collect(),
+            resources: devices.iter().map(resource_of).collect(),
+            available,
+            select: Arc::new(select),
+            super_node: dt.spec.super_node.as_ref().map(|s| s.id.clone()),
+            labels: BTreeMap::new(),
+            has_topology: true,
+        })
+    }
+
+    /// A node with a `Node` object but no DeviceTopology: no devices.
+    fn bare(name: String) -> Self {
+        NodeView {
+            name,
+            device_ids: Vec::new(),
+            resources: Vec::new(),
+            available: Vec::new(),
+            select: Arc::new(empty_context()),
+            super_node: None,
+            labels: BTreeMap::new(),
+            has_topology: false,
+        }
+    }
+
+    /// Resources this node offers, with their device counts.
+    pub fn offered(&self) -> BTreeMap<&str, usize> {
+        let mut m = BTreeMap::new();
+        for r in &self.resources {
+            *m.entry(r.as_str()).or_default() += 1;
+        }
+        m
+    }
+}
+
+/// The context of a node without devices.
+fn empty_context() -> SelectContext {
+    SelectContext::new(&fumarole_topology::LinkMatrix::from_fn(0, |_, _| {
+        fumarole_topology::LinkClass::CrossNuma
+    }))
+}
+
+/// Every node the service knows, and the devices it assumed for pods.
+#[derive(Clone, Debug, Default)]
+pub struct ClusterView {
+    nodes: BTreeMap<String, NodeView>,
+    /// Node -> device ids this service (or an earlier run of it) chose for pods bound there
+    /// that the node has not reported allocated yet.
+    assumed: BTreeMap<String, BTreeSet<String>>,
+    /// Pod annotations that could not be read, as (namespace/name, reason).
+    pub warnings: Vec<String>,
+}
+
+impl ClusterView {
+    /// The view from the objects of a cluster. Pods that are bound to a node, not finished and
+    /// carry a valid `fumarole.dev/devices` annotation count as using those devices.
+    pub fn build(
+        topologies: &[DeviceTopology],
+        nodes: &[Node],
+        pods: &[Pod],
+    ) -> Result<Self, ViewError> {
+        let mut view = ClusterView::default();
+        for dt in topologies {
+            let nv = NodeView::from_device_topology(dt)?;
+            if view.nodes.contains_key(&nv.name) {
+                return Err(ViewError::DuplicateNode(nv.name));
+            }
+            view.nodes.insert(nv.name.clone(), nv);
+        }
+        for node in nodes {
+            let name = node
+                .metadata
+                .name
+                .clone()
+                .ok_or(ViewError::NoName { kind: "Node" })?;
+            let nv = view
+                .nodes
+                .entry(name.clone())
+                .or_insert_with(|| NodeView::bare(name));
+            nv.labels = node.metadata.labels.clone().unwrap_or_default();
+        }
+        for pod in pods {
+            view.assume_pod(pod);
+        }
+        Ok(view)
+    }
+
+    fn assume_pod(&mut self, pod: &Pod) {
+        let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
+            return;
+        };
+        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+        if matches!(phase, Some("Succeeded" | "Failed")) {
+            return;
+        }
+        let Some(value) = pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(DEVICES_ANNOTATION))
+        else {
+            return;
+        };
+        match annotation::parse(value) {
+            Ok(choice) => {
+                let set = self.assumed.entry(node).or_default();
+                set.extend(choice.into_values().flatten());
+            }
+            Err(e) => self.warnings.push(format!(
+                "pod {}/{}: {e}",
+                pod.metadata.namespace.as_deref().unwrap_or("default"),
+                pod.metadata.name.as_deref().unwrap_or("?")
+            )),
+        }
+    }
+
+    /// The node called `name`.
+    pub fn node(&self, name: &str) -> Option<&NodeView> {
+        self.nodes.get(name)
+    }
+
+    /// All nodes, by name.
+    pub fn nodes(&self) -> impl Iterator<Item = &NodeView> {
+        self.nodes.values()
+    }
+
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// Every resource name some node offers.
+    pub fn resources(&self) -> BTreeSet<&str> {
+        self.nodes
+            .values()
+            .flat_map(|n| n.resources.iter().map(String::as_str))
+            .collect()
+    }
+
+    /// Indices (into the node's devices) of the free devices of `resource` on `node`:
+    /// healthy, not allocated in status, not assumed by this service. Empty for unknown nodes.
+    pub fn free(&self, node: &str, resource: &str) -> Vec<usize> {
+        let Some(nv) = self.nodes.get(node) else {
+            return Vec::new();
+        };
+        let assumed = self.assumed.get(node);
+        (0..nv.device_ids.len())
+            .filter(|&i| {
+                nv.available[i]
+                    && nv.resources[i] == resource
+                    && !assumed.is_some_and(|a| a.contains(&nv.device_ids[i]))
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+    use fumarole_topology::crd::device_topology::LinkInfo;
+    use fumarole_topology::crd::{
+        DeviceAllocation, DeviceStatus, DeviceTopologySpec, DeviceTopologyStatus,
+    };
+
+    pub(crate) fn dt(name: &str, n: u32, weight: u32, allocated: &[u32]) -> DeviceTopology {
+        let devices = (0..n)
+            .map(|i| DeviceInfo {
+                id: format!("GPU-{i}"),
+                index: i,
+                vendor: "nvidia".into(),
+                kind: "gpu".into(),
+                ..Default::default()
+            })
+            .collect();
+        let mut links = Vec::new();
+        for a in 0..n {
+            for b in a + 1..n {
+                links.push(LinkInfo {
+                    a,
+                    b,
+                    kind: "nvlink".into(),
+                    count: None,
+                    weight,
+                });
+            }
+        }
+        let mut t = DeviceTopology::new(
+            name,
+            DeviceTopologySpec {
+                accelerator_count: n,
+                devices,
+                links,
+                ..Default::default()
+            },
+        );
+        t.status = Some(DeviceTopologyStatus {
+            healthy_count: n,
+            devices: (0..n)
+                .map(|i| {
+                    let allocation = allocated.contains(&i).then(|| DeviceAllocation {
+                        namespace: "default".into(),
+                        pod: "p".into(),
+                        container: "c".into(),
+                    });
+                    (
+                        format!("GPU-{i}"),
+                        DeviceStatus {
+                            health: "Healthy".into(),
+                            allocation,
+                        },
+                    )
+                })
+                .collect(),
+        });
+        t
+    }
+
+    #[test]
+    fn free_excludes_allocated_unhealthy_and_assumed() {
+        let mut t = dt("a", 4, 10, &[0]);
+        t.status
+            .as_mut()
+            .unwrap()
+            .devices
+            .get_mut("GPU-1")
+            .unwrap()
+            .health = "Unhealthy".into();
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "annotations": {DEVICES_ANNOTATION: r#"{"nvidia.com/gpu":["GPU-2"]}"#}},
+            "spec": {"nodeName": "a", "containers": []}
+        }))
+        .unwrap();
+        let view = ClusterView::build(&[t], &[], &[pod]).unwrap();
+        assert_eq!(view.free("a", "nvidia.com/gpu"), vec![3]);
+        assert!(view.free("a", "huawei.com/Ascend910").is_empty());
+        assert!(view.free("nope", "nvidia.com/gpu").is_empty());
+    }
+
+    #[test]
+    fn bad_links_are_rejected_with_the_node() {
+        let mut t = dt("a", 2, 10, &[]);
+        t.spec.links[0].b = 7;
+        let e = ClusterView::build(&[t], &[], &[]).unwrap_err();
+        assert!(e.to_string().contains("DeviceTopology a"), "{e}");
+    }
+
+    #[test]
+    fn node_without_topology_has_no_devices() {
+        let node: Node = serde_json::from_value(
+            serde_json::json!({"metadata": {"name": "cpu", "labels": {"x": "y"}}}),
+        )
+        .unwrap();
+        let view = ClusterView::build(&[], &[node], &[]).unwrap();
+        let nv = view.node("cpu").unwrap();
+        assert!(!nv.has_topology);
+        assert_eq!(nv.labels["x"], "y");
+    }
+}

@@ -1,0 +1,147 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! The kube-scheduler extender routes over the two-dgx snapshot, through the HTTP router.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use scheduler_ext::extender::{ExtenderFilterResult, HostPriority, Service, router};
+use scheduler_ext::score::gpu_aware::GpuAware;
+use scheduler_ext::snapshot;
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+fn app() -> axum::Router {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/snapshots/two-dgx");
+    let view = snapshot::load(&dir).unwrap();
+    router(Arc::new(Service::new(view, GpuAware::default())))
+}
+
+async fn post(path: &str, body: String) -> (StatusCode, String) {
+    let resp = app()
+        .oneshot(
+            Request::post(path)
+                .header("content-type", "application/json")
+                .body(Body::from(body))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let status = resp.status();
+    let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    (status, String::from_utf8(bytes.to_vec()).unwrap())
+}
+
+fn pod(gpus: &str) -> Value {
+    json!({
+        "metadata": {"name": "train-0", "namespace": "training", "uid": "u1"},
+        "spec": {"containers": [{"name": "main", "resources": {"limits": {"nvidia.com/gpu": gpus}}}]}
+    })
+}
+
+#[tokio::test]
+async fn healthz() {
+    let resp = app()
+        .oneshot(Request::get("/healthz").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn filter_with_node_names() {
+    let args =
+        json!({"Pod": pod("4"), "NodeNames": ["dgx-a", "dgx-b", "pcie-a", "cpu-0", "ghost"]});
+    let (status, body) = post("/kube-scheduler/filter", args.to_string()).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let r: ExtenderFilterResult = serde_json::from_str(&body).unwrap();
+    assert_eq!(r.node_names.unwrap(), ["dgx-a", "dgx-b"]);
+    assert!(r.nodes.is_none());
+    assert_eq!(r.failed_nodes["pcie-a"], "needs 4 nvidia.com/gpu, 3 free");
+    assert_eq!(r.failed_nodes["cpu-0"], "node publishes no DeviceTopology");
+    assert!(r.failed_nodes["ghost"].starts_with("unknown node"));
+    assert_eq!(r.error, "");
+    // The raw keys are the Go field names.
+    let raw: Value = serde_json::from_str(&body).unwrap();
+    assert!(raw.get("FailedNodes").is_some() && raw.get("NodeNames").is_some());
+}
+
+#[tokio::test]
+async fn filter_with_node_list_echoes_a_node_list() {
+    let nodes = json!({"kind": "NodeList", "apiVersion": "v1", "metadata": {}, "items": [
+        {"metadata": {"name": "dgx-a"}}, {"metadata": {"name": "pcie-a"}}]});
+    let args = json!({"Pod": pod("2"), "Nodes": nodes, "NodeNames": null});
+    let (status, body) = post("/kube-scheduler/filter", args.to_string()).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let r: ExtenderFilterResult = serde_json::from_str(&body).unwrap();
+    assert!(r.node_names.is_none());
+    let items = r.nodes.unwrap()["items"].as_array().unwrap().clone();
+    assert_eq!(items.len(), 2);
+    assert!(r.failed_nodes.is_empty());
+}
+
+#[tokio::test]
+async fn non_accelerator_pods_pass() {
+    let p = json!({"metadata": {"name": "web"}, "spec": {"containers": [{"name": "c"}]}});
+    let args = json!({"Pod": p, "NodeNames": ["cpu-0", "dgx-a"]});
+    let (_, body) = post("/kube-scheduler/filter", args.to_string()).await;
+    let r: ExtenderFilterResult = serde_json::from_str(&body).unwrap();
+    assert_eq!(r.node_names.unwrap(), ["cpu-0", "dgx-a"]);
+    let (_, body) = post("/kube-scheduler/prioritize", args.to_string()).await;
+    let r: Vec<HostPriority> = serde_json::from_str(&body).unwrap();
+    assert!(r.iter().all(|h| h.score == 0));
+}
+
+#[tokio::test]
+async fn prioritize_prefers_the_exact_fit() {
+    let args = json!({"Pod": pod("4"), "NodeNames": ["dgx-b", "dgx-a", "pcie-a", "ghost"]});
+    let (status, body) = post("/kube-scheduler/prioritize", args.to_string()).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let r: Vec<HostPriority> = serde_json::from_str(&body).unwrap();
+    let score = |h: &str| r.iter().find(|p| p.host == h).unwrap().score;
+    assert_eq!(r.len(), 4);
+    assert_eq!(score("dgx-a"), 10);
+    assert_eq!(score("dgx-b"), 8);
+    assert_eq!(score("pcie-a"), 0);
+    assert_eq!(score("ghost"), 0);
+    let raw: Value = serde_json::from_str(&body).unwrap();
+    assert!(raw[0].get("Host").is_some() && raw[0].get("Score").is_some());
+}
+
+#[tokio::test]
+async fn bad_requests_get_400_with_a_message() {
+    for (body, needle) in [
+        ("{not json".to_string(), "malformed ExtenderArgs"),
+        (json!({"NodeNames": ["a"]}).to_string(), "no Pod"),
+        (
+            json!({"Pod": pod("1")}).to_string(),
+            "neither NodeNames nor Nodes",
+        ),
+        (
+            json!({"Pod": {"metadata": 5}, "NodeNames": []}).to_string(),
+            "malformed ExtenderArgs",
+        ),
+        (
+            json!({"Pod": pod("1"), "Nodes": {"items": [{}]}}).to_string(),
+            "not a NodeList",
+        ),
+    ] {
+        for verb in ["filter", "prioritize"] {
+            let (status, text) = post(&format!("/kube-scheduler/{verb}"), body.clone()).await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{verb} {body}");
+            assert!(text.contains(needle), "{verb} {body}: {text}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn bad_quantity_fails_every_node_with_the_reason() {
+    let args = json!({"Pod": pod("1.5"), "NodeNames": ["dgx-a"]});
+    let (_, body) = post("/kube-scheduler/filter", args.to_string()).await;
+    let r: ExtenderFilterResult = serde_json::from_str(&body).unwrap();
+    assert!(r.node_names.unwrap().is_empty());
+    assert!(r.failed_nodes["dgx-a"].contains("not a whole number"));
+}
