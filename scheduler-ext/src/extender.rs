@@ -253,6 +253,11 @@ async fn healthz() -> &'static str {
     "ok\n"
 }
 
+/// Serves [`router`] on `listener` until the future is dropped or the listener fails.
+pub async fn serve(listener: tokio::net::TcpListener, svc: Arc<Service>) -> std::io::Result<()> {
+    axum::serve(listener, router(svc)).await
+}
+
 /// The HTTP routes over `svc`.
 pub fn router(svc: Arc<Service>) -> Router {
     Router::new()
