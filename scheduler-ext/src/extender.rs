@@ -1,6 +1,8 @@
-//! The kube-scheduler extender HTTP API (`filter`, `prioritize`) and `/healthz`.
+//! The HTTP server: the kube-scheduler extender API (`filter`, `prioritize`), the Volcano
+//! `extender` plugin's verbs ([`crate::volcano`]) and `/healthz`.
 //!
-//! Routes: `POST /kube-scheduler/filter`, `POST /kube-scheduler/prioritize`, `GET /healthz`.
+//! Routes: `POST /kube-scheduler/filter`, `POST /kube-scheduler/prioritize`,
+//! `POST /volcano/{predicate,prioritize,onSessionOpen,onSessionClose}`, `GET /healthz`.
 //! Bodies are the upstream structs with Go field names as keys (`Pod`, `Nodes`, `NodeNames`,
 //! `FailedNodes`, `Host`, `Score`, ...); see `../shared/reference/wire-contracts.md`, section 3.
 //! `filter` answers in the form it was asked (`NodeNames` when it got `NodeNames`, a `NodeList`
@@ -26,6 +28,7 @@ use serde::{Deserialize, Serialize};
 use crate::request::{RequestError, device_request};
 use crate::score::gpu_aware::GpuAware;
 use crate::view::ClusterView;
+use crate::volcano::{self, VOLCANO_PREFIX};
 
 /// Route prefix of the kube-scheduler extender verbs (`urlPrefix` in the scheduler config is
 /// `http://HOST:PORT/kube-scheduler`).
@@ -249,6 +252,34 @@ async fn prioritize(State(svc): State<Arc<Service>>, body: Bytes) -> Response {
     }
 }
 
+fn volcano_bad_request(verb: &str, e: &serde_json::Error) -> Response {
+    tracing::warn!(error = %e, verb, "bad Volcano extender request");
+    (
+        StatusCode::BAD_REQUEST,
+        format!("malformed Volcano {verb} request: {e}\n"),
+    )
+        .into_response()
+}
+
+async fn volcano_predicate(State(svc): State<Arc<Service>>, body: Bytes) -> Response {
+    match serde_json::from_slice(&body) {
+        Ok(req) => json_response(&volcano::predicate(&svc.view(), &svc.scorer, &req)),
+        Err(e) => volcano_bad_request("predicate", &e),
+    }
+}
+
+async fn volcano_prioritize(State(svc): State<Arc<Service>>, body: Bytes) -> Response {
+    match serde_json::from_slice(&body) {
+        Ok(req) => json_response(&volcano::prioritize(&svc.view(), &svc.scorer, &req)),
+        Err(e) => volcano_bad_request("prioritize", &e),
+    }
+}
+
+/// `onSessionOpen` / `onSessionClose`: Volcano ignores the answer; nothing to do yet.
+async fn volcano_session() -> Response {
+    json_response(&serde_json::json!({}))
+}
+
 async fn healthz() -> &'static str {
     "ok\n"
 }
@@ -264,6 +295,22 @@ pub fn router(svc: Arc<Service>) -> Router {
         .route("/healthz", get(healthz))
         .route(&format!("{KUBE_PREFIX}/filter"), post(filter))
         .route(&format!("{KUBE_PREFIX}/prioritize"), post(prioritize))
+        .route(
+            &format!("{VOLCANO_PREFIX}/predicate"),
+            post(volcano_predicate),
+        )
+        .route(
+            &format!("{VOLCANO_PREFIX}/prioritize"),
+            post(volcano_prioritize),
+        )
+        .route(
+            &format!("{VOLCANO_PREFIX}/onSessionOpen"),
+            post(volcano_session),
+        )
+        .route(
+            &format!("{VOLCANO_PREFIX}/onSessionClose"),
+            post(volcano_session),
+        )
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .with_state(svc)
 }

@@ -5,7 +5,8 @@
 //! devices still free. [`snapshot`] builds a view from YAML files (`kubectl get -o yaml`
 //! output) instead of an API server. [`request`] reads a pod's accelerator request;
 //! [`score::gpu_aware`] filters and scores nodes for it with `topology::select`; [`explain`]
-//! prints that per node; [`extender`] answers kube-scheduler's extender HTTP API from a view.
+//! prints that per node; [`extender`] is the HTTP server answering kube-scheduler's extender
+//! API and (through [`volcano`]) Volcano's `extender` plugin from a view.
 
 pub mod explain;
 pub mod extender;
@@ -13,3 +14,4 @@ pub mod request;
 pub mod score;
 pub mod snapshot;
 pub mod view;
+pub mod volcano;

@@ -182,6 +182,8 @@ pub struct ClusterView {
     /// Node -> device ids this service (or an earlier run of it) chose for pods bound there
     /// that the node has not reported allocated yet.
     assumed: BTreeMap<String, BTreeSet<String>>,
+    /// Every resource name some node offers (computed once; requests check against it).
+    offered: BTreeSet<String>,
     /// Pod annotations that could not be read, as (namespace/name, reason).
     pub warnings: Vec<String>,
 }
@@ -217,6 +219,11 @@ impl ClusterView {
         for pod in pods {
             view.assume_pod(pod);
         }
+        view.offered = view
+            .nodes
+            .values()
+            .flat_map(|n| n.resources.iter().cloned())
+            .collect();
         Ok(view)
     }
 
@@ -269,10 +276,7 @@ impl ClusterView {
 
     /// Every resource name some node offers.
     pub fn resources(&self) -> BTreeSet<&str> {
-        self.nodes
-            .values()
-            .flat_map(|n| n.resources.iter().map(String::as_str))
-            .collect()
+        self.offered.iter().map(String::as_str).collect()
     }
 
     /// Indices (into the node's devices) of the free devices of `resource` on `node`:

@@ -145,3 +145,37 @@ async fn bad_quantity_fails_every_node_with_the_reason() {
     assert!(r.node_names.unwrap().is_empty());
     assert!(r.failed_nodes["dgx-a"].contains("not a whole number"));
 }
+
+#[tokio::test]
+async fn volcano_predicate_and_prioritize() {
+    let task = json!({"UID": "u", "Name": "t", "Pod": pod("4")});
+    let (status, body) = post(
+        "/volcano/predicate",
+        json!({"task": task, "node": {"Name": "pcie-a"}}).to_string(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let r: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        r,
+        json!({"status": "needs 4 nvidia.com/gpu, 3 free", "code": 2})
+    );
+    let (_, body) = post(
+        "/volcano/prioritize",
+        json!({"task": task, "nodes": [{"Name": "dgx-a"}, {"Name": "dgx-b"}]}).to_string(),
+    )
+    .await;
+    let r: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        r,
+        json!({"nodeScore": {"dgx-a": 100.0, "dgx-b": 75.0}, "errorMessage": ""})
+    );
+    let (status, _) = post("/volcano/onSessionOpen", json!({"Jobs": {}}).to_string()).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, text) = post("/volcano/predicate", "[".into()).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(
+        text.contains("malformed Volcano predicate request"),
+        "{text}"
+    );
+}
