@@ -2,7 +2,9 @@
 //!
 //! A node comes from its published `DeviceTopology` (devices, links, super-node, health and
 //! allocations in status) and optionally its `Node` object (labels). Each node's
-//! [`SelectContext`] is built once, when the node enters the view, and shared by every request.
+//! [`SelectContext`] is built once, when the node enters the view (one per distinct link
+//! matrix, shared by the nodes that have it, with a memo of its answers: [`NodeContext`]), and
+//! shared by every request.
 //! A device is free when it is healthy, not allocated in the node's status and not assumed by
 //! this service (a pod that carries our `fumarole.dev/devices` choice and is bound to the node
 //! but not yet reported by it).
@@ -10,13 +12,13 @@
 //! The view is built by [`ClusterView::build`] from plain objects, so the snapshot loader and
 //! (later) the API server reflectors go through the same code.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
 
 use fumarole_topology::annotation::{self, DEVICES_ANNOTATION};
 use fumarole_topology::crd::DeviceTopology;
 use fumarole_topology::crd::device_topology::DeviceInfo;
-use fumarole_topology::{SelectContext, SelectError};
+use fumarole_topology::{SelectContext, SelectError, Selection};
 use k8s_openapi::api::core::v1::{Node, Pod};
 
 /// Why a node's published objects cannot enter the view.
@@ -76,8 +78,8 @@ pub struct NodeView {
     pub resources: Vec<String>,
     /// Healthy and not allocated in the node's own status.
     pub available: Vec<bool>,
-    /// Built once per node.
-    pub select: Arc<SelectContext>,
+    /// Built once per distinct link matrix and shared by the nodes that have it.
+    pub select: Arc<NodeContext>,
     /// Super-node id from the DeviceTopology, if any.
     pub super_node: Option<String>,
     /// Node labels (empty when no Node object was seen).
@@ -87,8 +89,13 @@ pub struct NodeView {
 }
 
 impl NodeView {
-    /// The view of one node from its DeviceTopology.
+    /// The view of one node from its DeviceTopology (a context of its own).
     pub fn from_device_topology(dt: &DeviceTopology) -> Result<Self, ViewError> {
+        Self::with_contexts(dt, &mut HashMap::new())
+    }
+
+    /// The view of one node, reusing the context of an earlier node with the same links.
+    fn with_contexts(dt: &DeviceTopology, contexts: &mut Contexts) -> Result<Self, ViewError> {
         let name = dt.metadata.name.clone().ok_or(ViewError::NoName {
             kind: "DeviceTopology",
         })?;
@@ -119,10 +126,19 @@ impl NodeView {
                 weights[b][a] = l.weight;
             }
         }
-        let select = SelectContext::from_weights(&weights).map_err(|source| ViewError::Links {
-            node: name.clone(),
-            source,
-        })?;
+        let select = match contexts.get(&weights) {
+            Some(c) => Arc::clone(c),
+            None => {
+                let ctx =
+                    SelectContext::from_weights(&weights).map_err(|source| ViewError::Links {
+                        node: name.clone(),
+                        source,
+                    })?;
+                let c = Arc::new(NodeContext::new(ctx));
+                contexts.insert(weights, Arc::clone(&c));
+                c
+            }
+        };
         let status = dt.status.as_ref();
         let available = devices
             .iter()
@@ -137,7 +153,7 @@ impl NodeView {
             device_ids: devices.iter().map(|d| d.id.clone()).collect(),
             resources: devices.iter().map(resource_of).collect(),
             available,
-            select: Arc::new(select),
+            select,
             super_node: dt.spec.super_node.as_ref().map(|s| s.id.clone()),
             labels: BTreeMap::new(),
             has_topology: true,
@@ -151,7 +167,7 @@ impl NodeView {
             device_ids: Vec::new(),
             resources: Vec::new(),
             available: Vec::new(),
-            select: Arc::new(empty_context()),
+            select: Arc::new(NodeContext::new(empty_context())),
             super_node: None,
             labels: BTreeMap::new(),
             has_topology: false,
@@ -165,6 +181,51 @@ impl NodeView {
             *m.entry(r.as_str()).or_default() += 1;
         }
         m
+    }
+}
+
+/// Contexts by link matrix, while a view is built.
+type Contexts = HashMap<Vec<Vec<u32>>, Arc<NodeContext>>;
+
+/// Largest number of remembered answers per context; the memo starts over beyond it.
+pub const MEMO_LIMIT: usize = 4096;
+
+/// A [`SelectContext`] and the answers it gave. `select` is a pure function of the context, the
+/// free set and `k`, so nodes with the same links and the same free devices (most of a
+/// homogeneous cluster) share one search.
+#[derive(Debug)]
+pub struct NodeContext {
+    pub context: SelectContext,
+    memo: Mutex<Memo>,
+}
+
+/// `(free, k)` -> the answer of `select`.
+type Memo = HashMap<(Vec<usize>, usize), Result<Selection, SelectError>>;
+
+impl NodeContext {
+    pub fn new(context: SelectContext) -> Self {
+        NodeContext {
+            context,
+            memo: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// `SelectContext::select(free, &[], k)`, remembered.
+    pub fn select(&self, free: &[usize], k: usize) -> Result<Selection, SelectError> {
+        let key = (free.to_vec(), k);
+        if let Ok(memo) = self.memo.lock()
+            && let Some(r) = memo.get(&key)
+        {
+            return r.clone();
+        }
+        let r = self.context.select(free, &[], k);
+        if let Ok(mut memo) = self.memo.lock() {
+            if memo.len() >= MEMO_LIMIT {
+                memo.clear();
+            }
+            memo.insert(key, r.clone());
+        }
+        r
     }
 }
 
@@ -197,8 +258,9 @@ impl ClusterView {
         pods: &[Pod],
     ) -> Result<Self, ViewError> {
         let mut view = ClusterView::default();
+        let mut contexts = Contexts::new();
         for dt in topologies {
-            let nv = NodeView::from_device_topology(dt)?;
+            let nv = NodeView::with_contexts(dt, &mut contexts)?;
             if view.nodes.contains_key(&nv.name) {
                 return Err(ViewError::DuplicateNode(nv.name));
             }
@@ -385,6 +447,35 @@ mod tests {
         t.spec.links[0].b = 7;
         let e = ClusterView::build(&[t], &[], &[]).unwrap_err();
         assert!(e.to_string().contains("DeviceTopology a"), "{e}");
+    }
+
+    #[test]
+    fn same_links_share_one_context_and_memo_answers_match() {
+        let view = ClusterView::build(
+            &[
+                dt("a", 4, 10, &[0]),
+                dt("b", 4, 10, &[]),
+                dt("c", 4, 20, &[]),
+            ],
+            &[],
+            &[],
+        )
+        .unwrap();
+        let (a, b, c) = (
+            view.node("a").unwrap(),
+            view.node("b").unwrap(),
+            view.node("c").unwrap(),
+        );
+        assert!(Arc::ptr_eq(&a.select, &b.select));
+        assert!(!Arc::ptr_eq(&a.select, &c.select));
+        let free = view.free("a", "nvidia.com/gpu");
+        let direct = a.select.context.select(&free, &[], 2);
+        assert_eq!(a.select.select(&free, 2), direct);
+        assert_eq!(b.select.select(&free, 2), direct);
+        assert_eq!(
+            a.select.select(&free, 9),
+            a.select.context.select(&free, &[], 9)
+        );
     }
 
     #[test]

@@ -103,7 +103,7 @@ impl GpuAware {
             return NodeVerdict::filtered(node, "node publishes no DeviceTopology".into());
         }
         let free = view.free(node, &req.resource);
-        match nv.select.select(&free, &[], req.count) {
+        match nv.select.select(&free, req.count) {
             Ok(s) => NodeVerdict {
                 node: node.to_string(),
                 reason: None,
