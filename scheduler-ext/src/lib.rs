@@ -6,10 +6,12 @@
 //! output) instead of an API server. [`request`] reads a pod's accelerator request;
 //! [`score::gpu_aware`] filters and scores nodes for it with `topology::select`; [`explain`]
 //! prints that per node; [`extender`] is the HTTP server answering kube-scheduler's extender
-//! API and (through [`volcano`]) Volcano's `extender` plugin from a view.
+//! API and (through [`volcano`]) Volcano's `extender` plugin from a view. [`group`] reads the
+//! gpu-group-size annotations (placement over super-nodes is still to come).
 
 pub mod explain;
 pub mod extender;
+pub mod group;
 pub mod request;
 pub mod score;
 pub mod snapshot;
