@@ -359,7 +359,7 @@ impl ClusterView {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
     use fumarole_topology::crd::device_topology::LinkInfo;
@@ -368,9 +368,21 @@ mod tests {
     };
 
     pub(crate) fn dt(name: &str, n: u32, weight: u32, allocated: &[u32]) -> DeviceTopology {
+        dt_with_ids(name, n, weight, allocated, |i| format!("GPU-{i}"))
+    }
+
+    /// `n` healthy NVIDIA GPUs named by `id`, every pair linked with `weight`, the listed
+    /// ones allocated.
+    pub(crate) fn dt_with_ids(
+        name: &str,
+        n: u32,
+        weight: u32,
+        allocated: &[u32],
+        id: impl Fn(u32) -> String,
+    ) -> DeviceTopology {
         let devices = (0..n)
             .map(|i| DeviceInfo {
-                id: format!("GPU-{i}"),
+                id: id(i),
                 index: i,
                 vendor: "nvidia".into(),
                 kind: "gpu".into(),
@@ -408,7 +420,7 @@ mod tests {
                         container: "c".into(),
                     });
                     (
-                        format!("GPU-{i}"),
+                        id(i),
                         DeviceStatus {
                             health: "Healthy".into(),
                             allocation,

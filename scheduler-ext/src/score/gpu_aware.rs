@@ -141,56 +141,11 @@ impl GpuAware {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
-    use fumarole_topology::crd::device_topology::{DeviceInfo, LinkInfo};
-    use fumarole_topology::crd::{
-        DeviceAllocation, DeviceStatus, DeviceTopology, DeviceTopologySpec, DeviceTopologyStatus,
-    };
+    use fumarole_topology::crd::DeviceTopology;
 
-    /// `n` NVIDIA GPUs, all pairs weight `w`, the listed ones allocated.
+    /// `n` NVIDIA GPUs named `<node>-gpu<i>`, all pairs weight `w`, the listed ones allocated.
     fn node(name: &str, n: u32, w: u32, allocated: &[u32]) -> DeviceTopology {
-        let devices = (0..n)
-            .map(|i| DeviceInfo {
-                id: format!("{name}-gpu{i}"),
-                index: i,
-                vendor: "nvidia".into(),
-                kind: "gpu".into(),
-                ..Default::default()
-            })
-            .collect();
-        let links = (0..n)
-            .flat_map(|a| (a + 1..n).map(move |b| (a, b)))
-            .map(|(a, b)| LinkInfo {
-                a,
-                b,
-                kind: "nvlink".into(),
-                count: None,
-                weight: w,
-            })
-            .collect();
-        let mut t = DeviceTopology::new(
-            name,
-            DeviceTopologySpec {
-                accelerator_count: n,
-                devices,
-                links,
-                ..Default::default()
-            },
-        );
-        t.status = Some(DeviceTopologyStatus {
-            healthy_count: n,
-            devices: (0..n)
-                .map(|i| {
-                    (
-                        format!("{name}-gpu{i}"),
-                        DeviceStatus {
-                            health: "Healthy".into(),
-                            allocation: allocated.contains(&i).then(DeviceAllocation::default),
-                        },
-                    )
-                })
-                .collect(),
-        });
-        t
+        crate::view::tests::dt_with_ids(name, n, w, allocated, |i| format!("{name}-gpu{i}"))
     }
 
     fn req(count: usize) -> DeviceRequest {
