@@ -89,6 +89,15 @@ impl std::fmt::Debug for TestCluster {
     }
 }
 
+/// A Volcano scheduler configuration: the usual actions and plugin tiers, with `extra`
+/// appended to the second tier (YAML list items indented by two spaces, e.g.
+/// `"  - name: numa-aware\n"`).
+pub fn volcano_conf(extra: &str) -> String {
+    format!(
+        "actions: \"enqueue, allocate, backfill\"\ntiers:\n- plugins:\n  - name: priority\n  - name: gang\n  - name: conformance\n- plugins:\n  - name: drf\n  - name: predicates\n  - name: proportion\n  - name: nodeorder\n{extra}"
+    )
+}
+
 /// A free TCP port on 127.0.0.1 (free when this returns).
 pub fn free_port() -> Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())

@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use fumarole_e2e::cluster::{eventually, free_port};
+use fumarole_e2e::cluster::{eventually, free_port, volcano_conf};
 use fumarole_e2e::fumarole::{
     agent_bin, device_topologies, node_resource_topologies, numatopologies,
 };
@@ -278,21 +278,6 @@ async fn publishes_objects_the_real_crds_accept() {
     .await;
 }
 
-const VOLCANO_NUMA_CONF: &str = r#"
-actions: "enqueue, allocate, backfill"
-tiers:
-- plugins:
-  - name: priority
-  - name: gang
-  - name: conformance
-- plugins:
-  - name: drf
-  - name: predicates
-  - name: proportion
-  - name: nodeorder
-  - name: numa-aware
-"#;
-
 #[tokio::test(flavor = "multi_thread")]
 async fn volcano_numa_aware_places_pods_by_the_published_numatopology() {
     let cluster = TestCluster::start().await.unwrap();
@@ -309,7 +294,10 @@ async fn volcano_numa_aware_places_pods_by_the_published_numatopology() {
         )
         .await;
     }
-    cluster.start_volcano(VOLCANO_NUMA_CONF).await.unwrap();
+    cluster
+        .start_volcano(&volcano_conf("  - name: numa-aware\n"))
+        .await
+        .unwrap();
 
     // 28 exclusive CPUs on one NUMA node: only "wide" can, although "narrow" has more CPUs.
     let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");

@@ -7,19 +7,15 @@
 // Test code: helpers outside #[test] fns may unwrap and panic too.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::path::Path;
-use std::sync::Arc;
+mod common;
+
 use std::time::Duration;
 
 use fumarole_e2e::cluster::eventually;
-use fumarole_e2e::{NodeSpec, TestCluster};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
-use scheduler_ext::extender::{KUBE_PREFIX, Service, serve};
-use scheduler_ext::score::gpu_aware::GpuAware;
-use scheduler_ext::snapshot;
+use scheduler_ext::extender::KUBE_PREFIX;
 use serde_json::json;
-use tokio::net::TcpListener;
 
 fn gpu_pod(name: &str, gpus: &str) -> Pod {
     serde_json::from_value(json!({
@@ -34,26 +30,7 @@ fn gpu_pod(name: &str, gpus: &str) -> Pod {
 
 #[tokio::test]
 async fn four_gpu_pod_goes_where_it_fits_exactly() {
-    let cluster = TestCluster::start().await.unwrap();
-    for (name, gpus) in [("dgx-a", "8"), ("dgx-b", "8"), ("pcie-a", "4")] {
-        cluster
-            .create_node(
-                &NodeSpec::new(name)
-                    .capacity("cpu", "64")
-                    .capacity("memory", "512Gi")
-                    .capacity("nvidia.com/gpu", gpus),
-            )
-            .await
-            .unwrap();
-    }
-
-    let dir =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../scheduler-ext/tests/snapshots/two-dgx");
-    let view = snapshot::load(&dir).unwrap();
-    let svc = Arc::new(Service::new(view, GpuAware::default()));
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    tokio::spawn(serve(listener, svc));
+    let (cluster, port) = common::two_dgx_with_extender().await;
 
     cluster
         .start_kube_scheduler(&format!(

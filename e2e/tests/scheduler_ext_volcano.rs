@@ -6,67 +6,24 @@
 // Test code: helpers outside #[test] fns may unwrap and panic too.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::path::Path;
-use std::sync::Arc;
+mod common;
+
 use std::time::Duration;
 
-use fumarole_e2e::cluster::eventually;
-use fumarole_e2e::{NodeSpec, TestCluster};
+use fumarole_e2e::cluster::{eventually, volcano_conf};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
-use scheduler_ext::extender::{Service, serve};
-use scheduler_ext::score::gpu_aware::GpuAware;
-use scheduler_ext::snapshot;
 use scheduler_ext::volcano::VOLCANO_PREFIX;
 use serde_json::json;
-use tokio::net::TcpListener;
 
 #[tokio::test]
 async fn volcano_puts_four_gpu_pod_where_it_fits_exactly() {
-    let cluster = TestCluster::start().await.unwrap();
-    for (name, gpus) in [("dgx-a", "8"), ("dgx-b", "8"), ("pcie-a", "4")] {
-        cluster
-            .create_node(
-                &NodeSpec::new(name)
-                    .capacity("cpu", "64")
-                    .capacity("memory", "512Gi")
-                    .capacity("nvidia.com/gpu", gpus),
-            )
-            .await
-            .unwrap();
-    }
-    let dir =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../scheduler-ext/tests/snapshots/two-dgx");
-    let svc = Arc::new(Service::new(
-        snapshot::load(&dir).unwrap(),
-        GpuAware::default(),
-    ));
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    tokio::spawn(serve(listener, svc));
+    let (cluster, port) = common::two_dgx_with_extender().await;
 
     cluster
-        .start_volcano(&format!(
-            r#"
-actions: "enqueue, allocate, backfill"
-tiers:
-- plugins:
-  - name: priority
-  - name: gang
-  - name: conformance
-- plugins:
-  - name: drf
-  - name: predicates
-  - name: proportion
-  - name: nodeorder
-  - name: extender
-    arguments:
-      extender.urlPrefix: http://127.0.0.1:{port}{VOLCANO_PREFIX}
-      extender.httpTimeout: 1s
-      extender.predicateVerb: predicate
-      extender.prioritizeVerb: prioritize
-"#
-        ))
+        .start_volcano(&volcano_conf(&format!(
+            "  - name: extender\n    arguments:\n      extender.urlPrefix: http://127.0.0.1:{port}{VOLCANO_PREFIX}\n      extender.httpTimeout: 1s\n      extender.predicateVerb: predicate\n      extender.prioritizeVerb: prioritize\n"
+        )))
         .await
         .unwrap();
 

@@ -6,26 +6,11 @@
 
 use std::time::Duration;
 
-use fumarole_e2e::cluster::eventually;
+use fumarole_e2e::cluster::{eventually, volcano_conf};
 use fumarole_e2e::{NodeSpec, TestCluster};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
 use serde_json::json;
-
-const SCHEDULER_CONF: &str = r#"
-actions: "enqueue, allocate, backfill"
-tiers:
-- plugins:
-  - name: priority
-  - name: gang
-  - name: conformance
-- plugins:
-  - name: drf
-  - name: predicates
-  - name: proportion
-  - name: nodeorder
-  - name: binpack
-"#;
 
 #[tokio::test]
 async fn volcano_binds_plain_pod_via_podgroup() {
@@ -46,7 +31,10 @@ async fn volcano_binds_plain_pod_via_podgroup() {
         )
         .await
         .unwrap();
-    cluster.start_volcano(SCHEDULER_CONF).await.unwrap();
+    cluster
+        .start_volcano(&volcano_conf("  - name: binpack\n"))
+        .await
+        .unwrap();
 
     let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
     let pod: Pod = serde_json::from_value(json!({
