@@ -8,12 +8,16 @@
 //! prints that per node; [`extender`] is the HTTP server answering kube-scheduler's extender
 //! API and (through [`volcano`]) Volcano's `extender` plugin from a view. [`group`] reads the
 //! gpu-group-size annotations (placement over super-nodes is still to come).
+//! [`metrics`] counts and times the requests per verb and serves `/metrics`; [`server`] serves
+//! the routes over plain HTTP or HTTPS (rustls) until shutdown.
 
 pub mod explain;
 pub mod extender;
 pub mod group;
+pub mod metrics;
 pub mod request;
 pub mod score;
+pub mod server;
 pub mod snapshot;
 pub mod view;
 pub mod volcano;
