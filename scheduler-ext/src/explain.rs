@@ -6,11 +6,12 @@
 //! where they do not apply (`reason` on feasible nodes, the others on filtered ones). `score` is
 //! the gpu-aware score on Volcano's scale (0..100 times `weight`). Rows come best first.
 
+use k8s_openapi::api::core::v1::Pod;
 use serde::Serialize;
 
-use crate::request::DeviceRequest;
-use crate::score::gpu_aware::{GpuAware, NodeVerdict};
-use crate::view::ClusterView;
+use crate::extender::Service;
+use crate::request::{DeviceRequest, RequestError};
+use crate::score::gpu_aware::{GpuAware, NodeVerdict, best_first};
 
 /// One row of the explanation.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -38,12 +39,16 @@ impl Row {
     }
 }
 
-/// The explanation of `req` over every node of `view`, best first.
-pub fn explain(view: &ClusterView, req: &DeviceRequest, g: &GpuAware) -> Vec<Row> {
-    g.all(view, req)
-        .into_iter()
-        .map(|v| Row::new(v, g))
-        .collect()
+/// The explanation of `pod` over every node of the service's view, best first, through the
+/// same steps as `filter` (group plans included, made in the service's own ledger).
+pub fn explain(svc: &Service, pod: &Pod) -> Result<(DeviceRequest, Vec<Row>), RequestError> {
+    let view = svc.view();
+    let names: Vec<String> = view.nodes().map(|n| n.name.clone()).collect();
+    let req = crate::request::device_request(pod, &view.resources())?;
+    let mut verdicts = svc.evaluate(pod, &names, false)?;
+    best_first(&mut verdicts);
+    let g = svc.scorer();
+    Ok((req, verdicts.into_iter().map(|v| Row::new(v, g)).collect()))
 }
 
 /// JSON text (pretty, one trailing newline).

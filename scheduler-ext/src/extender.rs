@@ -1,8 +1,9 @@
-//! The HTTP server: the kube-scheduler extender API (`filter`, `prioritize`), the Volcano
-//! `extender` plugin's verbs ([`crate::volcano`]) and `/healthz`.
+//! The HTTP server: the kube-scheduler extender API (`filter`, `prioritize`, `bind`), the
+//! Volcano `extender` plugin's verbs ([`crate::volcano`]) and `/healthz`.
 //!
-//! Routes: `POST /kube-scheduler/filter`, `POST /kube-scheduler/prioritize`,
-//! `POST /volcano/{predicate,prioritize,onSessionOpen,onSessionClose}`, `GET /healthz`.
+//! Routes: `POST /kube-scheduler/{filter,prioritize,bind}`,
+//! `POST /volcano/{predicate,prioritize,allocateFunc,deallocateFunc,onSessionOpen,onSessionClose}`,
+//! `GET /healthz`.
 //! Bodies are the upstream structs with Go field names as keys (`Pod`, `Nodes`, `NodeNames`,
 //! `FailedNodes`, `Host`, `Score`, ...); see `../shared/reference/wire-contracts.md`, section 3.
 //! `filter` answers in the form it was asked (`NodeNames` when it got `NodeNames`, a `NodeList`
@@ -10,11 +11,16 @@
 //! score 0; nodes that cannot hold the pod, and nodes the view does not know, are returned in
 //! `FailedNodes` with the reason. A body that is not valid `ExtenderArgs` gets 400 and a message.
 //!
-//! Answers come from a [`ClusterView`] held in [`Service`]; the view can be replaced while
-//! serving ([`Service::replace_view`]).
+//! `bind` chooses the pod's devices on the node under the ledger's lock, writes them on the pod
+//! as `fumarole.dev/devices`, then creates the pod's `Binding`; when either write fails the
+//! devices are released and kube-scheduler gets the error (and retries the pod).
+//!
+//! Answers come from a [`ClusterView`] and the [`Ledger`] held in [`Service`]; the view is
+//! replaced while serving ([`Service::replace_view`]) as the reflectors see changes.
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, RwLock};
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Bytes;
@@ -25,8 +31,12 @@ use axum::routing::{get, post};
 use k8s_openapi::api::core::v1::Pod;
 use serde::{Deserialize, Serialize};
 
-use crate::request::{RequestError, device_request};
-use crate::score::gpu_aware::GpuAware;
+use crate::cluster::Cluster;
+use crate::decide;
+use crate::kube_ops::KubeOps;
+use crate::ledger::{Commit, Ledger};
+use crate::request::{PodRequest, RequestError, pod_request};
+use crate::score::gpu_aware::{GpuAware, NodeVerdict};
 use crate::view::ClusterView;
 use crate::volcano::{self, VOLCANO_PREFIX};
 
@@ -80,6 +90,26 @@ pub struct HostPriority {
     pub score: i64,
 }
 
+/// `ExtenderBindingArgs`.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct ExtenderBindingArgs {
+    #[serde(rename = "PodName", alias = "podName", default)]
+    pub pod_name: String,
+    #[serde(rename = "PodNamespace", alias = "podNamespace", default)]
+    pub pod_namespace: String,
+    #[serde(rename = "PodUID", alias = "podUID", default)]
+    pub pod_uid: String,
+    #[serde(rename = "Node", alias = "node", default)]
+    pub node: String,
+}
+
+/// `ExtenderBindingResult`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExtenderBindingResult {
+    #[serde(rename = "Error", default)]
+    pub error: String,
+}
+
 /// Why an `ExtenderArgs` body is unusable (answered with 400).
 #[derive(Debug, thiserror::Error)]
 pub enum ArgsError {
@@ -93,19 +123,71 @@ pub enum ArgsError {
     BadNodeList,
 }
 
-/// The state the handlers share: the cluster view and the scoring arguments.
+/// How the service decides, from flags.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Settings {
+    pub scorer: GpuAware,
+    /// How long a commit waits for the view to show its pod bound with its annotation.
+    pub commit_ttl: Duration,
+    /// How long a unit's plan waits for its next pod.
+    pub reservation_ttl: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            scorer: GpuAware::default(),
+            commit_ttl: Duration::from_secs(120),
+            reservation_ttl: Duration::from_secs(300),
+        }
+    }
+}
+
+/// The state the handlers share: the cluster view, the ledger, the settings and (when serving
+/// a live cluster) the API client.
 #[derive(Debug)]
 pub struct Service {
     view: RwLock<Arc<ClusterView>>,
-    pub scorer: GpuAware,
+    ledger: RwLock<Ledger>,
+    pub settings: Settings,
+    kube: OnceLock<KubeOps>,
 }
 
 impl Service {
+    /// A service over `view` with default time-to-lives.
     pub fn new(view: ClusterView, scorer: GpuAware) -> Self {
+        Self::with_settings(
+            view,
+            Settings {
+                scorer,
+                ..Settings::default()
+            },
+        )
+    }
+
+    pub fn with_settings(view: ClusterView, settings: Settings) -> Self {
         Service {
             view: RwLock::new(Arc::new(view)),
-            scorer,
+            ledger: RwLock::new(Ledger::default()),
+            settings,
+            kube: OnceLock::new(),
         }
+    }
+
+    /// Connects the service to the API server (for `bind` and the pod annotations); once.
+    pub fn set_kube(&self, ops: KubeOps) {
+        if self.kube.set(ops).is_err() {
+            tracing::warn!("API client already set; keeping the first");
+        }
+    }
+
+    /// The API client, in live mode.
+    pub fn kube(&self) -> Option<&KubeOps> {
+        self.kube.get()
+    }
+
+    pub fn scorer(&self) -> &GpuAware {
+        &self.settings.scorer
     }
 
     /// The current view.
@@ -116,22 +198,150 @@ impl Service {
         }
     }
 
-    /// Replaces the view (new snapshot, reflector update).
-    pub fn replace_view(&self, view: ClusterView) {
-        let mut guard = match self.view.write() {
+    /// Replaces the view (new snapshot, reflector update) and drops the commits and plans it
+    /// makes redundant; returns the pods whose commits were dropped.
+    pub fn replace_view(&self, view: ClusterView) -> Vec<String> {
+        let view = Arc::new(view);
+        {
+            let mut guard = match self.view.write() {
+                Ok(g) => g,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            *guard = Arc::clone(&view);
+        }
+        self.ledger_mut()
+            .prune(&view, Instant::now(), self.settings.commit_ttl)
+    }
+
+    fn ledger(&self) -> RwLockReadGuard<'_, Ledger> {
+        match self.ledger.read() {
             Ok(g) => g,
             Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+
+    fn ledger_mut(&self) -> RwLockWriteGuard<'_, Ledger> {
+        match self.ledger.write() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+
+    /// The verdicts for `pod` on `nodes`, in order. A pod of a gpu-group-size unit first gets
+    /// its sub-unit's super-node planned (among `nodes` when `plan_among_nodes`, else the whole
+    /// view); when no super-node can take it every node gets that reason.
+    pub fn evaluate(
+        &self,
+        pod: &Pod,
+        nodes: &[String],
+        plan_among_nodes: bool,
+    ) -> Result<Vec<NodeVerdict>, RequestError> {
+        let view = self.view();
+        let req = pod_request(pod, &view.resources())?;
+        Ok(self.evaluate_request(&view, &req, nodes, plan_among_nodes))
+    }
+
+    fn evaluate_request(
+        &self,
+        view: &ClusterView,
+        req: &PodRequest,
+        nodes: &[String],
+        plan_among_nodes: bool,
+    ) -> Vec<NodeVerdict> {
+        let now = Instant::now();
+        let planned = if req.group.is_some() {
+            let candidates: Option<HashSet<&str>> =
+                plan_among_nodes.then(|| nodes.iter().map(String::as_str).collect());
+            let mut ledger = self.ledger_mut();
+            match decide::plan(
+                view,
+                &mut ledger,
+                req,
+                candidates.as_ref(),
+                now,
+                self.settings.reservation_ttl,
+            ) {
+                Ok(p) => p,
+                Err(reason) => {
+                    return nodes
+                        .iter()
+                        .map(|n| NodeVerdict::filtered(n, reason.clone()))
+                        .collect();
+                }
+            }
+        } else {
+            None
         };
-        *guard = Arc::new(view);
+        let ledger = self.ledger();
+        decide::judge(
+            Cluster::new(view, &ledger, now),
+            &self.settings.scorer,
+            req,
+            planned.as_deref(),
+            nodes.iter().map(String::as_str),
+        )
+    }
+
+    /// Chooses and records the devices `pod` gets on `node` (bind, `allocateFunc`). `Ok(None)`
+    /// for pods without an accelerator request; `Err` is why the node cannot take the pod now.
+    /// Committing the same pod to the same node again returns the earlier choice.
+    pub fn commit(&self, pod: &Pod, node: &str) -> Result<Option<Commit>, String> {
+        let view = self.view();
+        let req = match pod_request(pod, &view.resources()) {
+            Ok(r) => r,
+            Err(RequestError::NoAccelerator { .. }) => return Ok(None),
+            Err(e) => return Err(e.to_string()),
+        };
+        let key = req.devices.pod.clone();
+        let now = Instant::now();
+        let ttl = self.settings.reservation_ttl;
+        let mut ledger = self.ledger_mut();
+        if let Some(c) = ledger.commit_of(&key)
+            && c.node == node
+        {
+            return Ok(Some(c.clone()));
+        }
+        ledger.release(&key);
+        let planned = decide::plan(&view, &mut ledger, &req, None, now, ttl)?;
+        let verdict = decide::judge(
+            Cluster::new(&view, &ledger, now),
+            &self.settings.scorer,
+            &req,
+            planned.as_deref(),
+            [node],
+        )
+        .pop();
+        let Some(v) = verdict else {
+            return Err(format!("no verdict for node {node}"));
+        };
+        if let Some(reason) = v.reason {
+            return Err(format!("node {node} cannot take pod {key}: {reason}"));
+        }
+        let commit = Commit {
+            node: node.to_string(),
+            resource: req.devices.resource.clone(),
+            devices: v.devices,
+            unit: req.group.as_ref().map(|g| (g.key.clone(), g.gpus)),
+            at: now,
+        };
+        ledger.commit(&key, commit.clone());
+        if let Some(g) = &req.group {
+            ledger.renew_plan(&g.key, now + ttl);
+        }
+        Ok(Some(commit))
+    }
+
+    /// Drops the commit of `pod` (`namespace/name`).
+    pub fn release(&self, pod: &str) -> Option<Commit> {
+        self.ledger_mut().release(pod)
     }
 
     /// The `filter` verb.
     pub fn filter(&self, args: &ExtenderArgs) -> Result<ExtenderFilterResult, ArgsError> {
         let pod = args.pod.as_ref().ok_or(ArgsError::NoPod)?;
         let names = node_names(args)?;
-        let view = self.view();
         let mut failed = BTreeMap::new();
-        match device_request(pod, &view.resources()) {
+        match self.evaluate(pod, &names, true) {
             // Not an accelerator pod: not ours to judge.
             Err(RequestError::NoAccelerator { .. }) => {}
             Err(e) => {
@@ -139,11 +349,10 @@ impl Service {
                     failed.insert(n.clone(), e.to_string());
                 }
             }
-            Ok(req) => {
-                for n in &names {
-                    let v = self.scorer.node(&view, n, &req);
+            Ok(verdicts) => {
+                for v in verdicts {
                     if let Some(reason) = v.reason {
-                        failed.insert(n.clone(), reason);
+                        failed.insert(v.node, reason);
                     }
                 }
             }
@@ -179,18 +388,59 @@ impl Service {
     pub fn prioritize(&self, args: &ExtenderArgs) -> Result<Vec<HostPriority>, ArgsError> {
         let pod = args.pod.as_ref().ok_or(ArgsError::NoPod)?;
         let names = node_names(args)?;
-        let view = self.view();
-        let req = device_request(pod, &view.resources()).ok();
+        let verdicts = self.evaluate(pod, &names, true).unwrap_or_default();
+        let scorer = &self.settings.scorer;
         Ok(names
             .into_iter()
-            .map(|n| {
-                let score = req
-                    .as_ref()
-                    .and_then(|r| self.scorer.node(&view, &n, r).raw)
-                    .map_or(0, |raw| self.scorer.kube(raw));
-                HostPriority { host: n, score }
+            .enumerate()
+            .map(|(i, host)| {
+                let score = verdicts
+                    .get(i)
+                    .and_then(|v| v.raw)
+                    .map_or(0, |raw| scorer.kube(raw));
+                HostPriority { host, score }
             })
             .collect())
+    }
+
+    /// The `bind` verb: commit the devices, annotate the pod, create its Binding.
+    pub async fn bind(&self, args: &ExtenderBindingArgs) -> Result<(), String> {
+        let (ns, name, node) = (&args.pod_namespace, &args.pod_name, &args.node);
+        if name.is_empty() || node.is_empty() {
+            return Err("ExtenderBindingArgs needs PodName and Node".into());
+        }
+        let ns = if ns.is_empty() {
+            "default"
+        } else {
+            ns.as_str()
+        };
+        let ops = self
+            .kube()
+            .ok_or("bind needs the API server; this service was started on a cluster snapshot")?;
+        let pod = ops
+            .pod(ns, name)
+            .await
+            .map_err(|e| format!("reading pod {ns}/{name}: {e}"))?;
+        let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+        if !args.pod_uid.is_empty() && uid != args.pod_uid {
+            return Err(format!(
+                "pod {ns}/{name} has uid {uid}, not {} (deleted and created again?)",
+                args.pod_uid
+            ));
+        }
+        let key = format!("{ns}/{name}");
+        if let Some(c) = self.commit(&pod, node)?
+            && let Err(e) = ops.annotate(ns, name, Some(&c.choice())).await
+        {
+            self.release(&key);
+            return Err(format!("annotating pod {key}: {e}"));
+        }
+        if let Err(e) = ops.bind(ns, name, uid, node).await {
+            self.release(&key);
+            return Err(format!("binding pod {key} to {node}: {e}"));
+        }
+        tracing::info!(pod = %key, node = %node, "bound");
+        Ok(())
     }
 }
 
@@ -252,6 +502,23 @@ async fn prioritize(State(svc): State<Arc<Service>>, body: Bytes) -> Response {
     }
 }
 
+async fn bind(State(svc): State<Arc<Service>>, body: Bytes) -> Response {
+    let args: ExtenderBindingArgs = match serde_json::from_slice(&body) {
+        Ok(a) => a,
+        Err(e) => {
+            return bad_request(&ArgsError::Json(e));
+        }
+    };
+    let error = match svc.bind(&args).await {
+        Ok(()) => String::new(),
+        Err(e) => {
+            tracing::warn!(pod = %args.pod_name, node = %args.node, error = %e, "bind failed");
+            e
+        }
+    };
+    json_response(&ExtenderBindingResult { error })
+}
+
 fn volcano_bad_request(verb: &str, e: &serde_json::Error) -> Response {
     tracing::warn!(error = %e, verb, "bad Volcano extender request");
     (
@@ -263,19 +530,33 @@ fn volcano_bad_request(verb: &str, e: &serde_json::Error) -> Response {
 
 async fn volcano_predicate(State(svc): State<Arc<Service>>, body: Bytes) -> Response {
     match serde_json::from_slice(&body) {
-        Ok(req) => json_response(&volcano::predicate(&svc.view(), &svc.scorer, &req)),
+        Ok(req) => json_response(&volcano::predicate(&svc, &req)),
         Err(e) => volcano_bad_request("predicate", &e),
     }
 }
 
 async fn volcano_prioritize(State(svc): State<Arc<Service>>, body: Bytes) -> Response {
     match serde_json::from_slice(&body) {
-        Ok(req) => json_response(&volcano::prioritize(&svc.view(), &svc.scorer, &req)),
+        Ok(req) => json_response(&volcano::prioritize(&svc, &req)),
         Err(e) => volcano_bad_request("prioritize", &e),
     }
 }
 
-/// `onSessionOpen` / `onSessionClose`: Volcano ignores the answer; nothing to do yet.
+async fn volcano_allocate(State(svc): State<Arc<Service>>, body: Bytes) -> Response {
+    match serde_json::from_slice(&body) {
+        Ok(req) => json_response(&volcano::allocate(&svc, &req).await),
+        Err(e) => volcano_bad_request("allocateFunc", &e),
+    }
+}
+
+async fn volcano_deallocate(State(svc): State<Arc<Service>>, body: Bytes) -> Response {
+    match serde_json::from_slice(&body) {
+        Ok(req) => json_response(&volcano::deallocate(&svc, &req).await),
+        Err(e) => volcano_bad_request("deallocateFunc", &e),
+    }
+}
+
+/// `onSessionOpen` / `onSessionClose`: Volcano ignores the answer; nothing to do.
 async fn volcano_session() -> Response {
     json_response(&serde_json::json!({}))
 }
@@ -295,6 +576,7 @@ pub fn router(svc: Arc<Service>) -> Router {
         .route("/healthz", get(healthz))
         .route(&format!("{KUBE_PREFIX}/filter"), post(filter))
         .route(&format!("{KUBE_PREFIX}/prioritize"), post(prioritize))
+        .route(&format!("{KUBE_PREFIX}/bind"), post(bind))
         .route(
             &format!("{VOLCANO_PREFIX}/predicate"),
             post(volcano_predicate),
@@ -302,6 +584,14 @@ pub fn router(svc: Arc<Service>) -> Router {
         .route(
             &format!("{VOLCANO_PREFIX}/prioritize"),
             post(volcano_prioritize),
+        )
+        .route(
+            &format!("{VOLCANO_PREFIX}/allocateFunc"),
+            post(volcano_allocate),
+        )
+        .route(
+            &format!("{VOLCANO_PREFIX}/deallocateFunc"),
+            post(volcano_deallocate),
         )
         .route(
             &format!("{VOLCANO_PREFIX}/onSessionOpen"),

@@ -12,7 +12,10 @@
 //! (`job-worker-3` -> 3). Consecutive ranks form units: pod `rank` with `g` GPUs is in unit
 //! `rank·g / group_size` and atomic sub-unit `rank·g / atomic_size`.
 //!
-//! This module only reads and checks; placement over super-nodes is not built yet.
+//! Pods of one job share a job key ([`job_key`]): namespace plus Volcano's `volcano.sh/job-name`
+//! and task spec, else the Kubeflow `training.kubeflow.org/job-name`, else the controlling
+//! owner, else the pod name without its trailing number. A unit is identified by
+//! [`UnitKey`]; [`crate::placement`] places units over super-nodes.
 
 use std::collections::BTreeMap;
 
@@ -33,6 +36,12 @@ pub const VOLCANO_TASK_INDEX: &str = "volcano.sh/task-index";
 /// Kubeflow training-operator replica index and type.
 pub const KUBEFLOW_REPLICA_INDEX: &str = "training.kubeflow.org/replica-index";
 pub const KUBEFLOW_REPLICA_TYPE: &str = "training.kubeflow.org/replica-type";
+
+/// Volcano's job name and task spec annotations (also labels on Volcano's pods).
+pub const VOLCANO_JOB_NAME: &str = "volcano.sh/job-name";
+pub const VOLCANO_TASK_SPEC: &str = "volcano.sh/task-spec";
+/// Kubeflow training-operator job name label.
+pub const KUBEFLOW_JOB_NAME: &str = "training.kubeflow.org/job-name";
 
 /// Why a pod's group annotations are unusable (the pod is unschedulable with this reason).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -71,6 +80,69 @@ pub struct GroupSpec {
     pub unit: u32,
     /// `rank·gpus / atomic_size`.
     pub atomic_unit: u32,
+}
+
+/// One atomic sub-unit of a job's unit.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct UnitKey {
+    /// [`job_key`].
+    pub job: String,
+    pub unit: u32,
+    pub atomic: u32,
+}
+
+impl UnitKey {
+    /// The sub-unit of `pod`, whose spec is `spec`.
+    pub fn of(pod: &Pod, spec: &GroupSpec) -> Self {
+        UnitKey {
+            job: job_key(pod),
+            unit: spec.unit,
+            atomic: spec.atomic_unit,
+        }
+    }
+}
+
+impl std::fmt::Display for UnitKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "unit {} of job {} (atomic part {})",
+            self.unit, self.job, self.atomic
+        )
+    }
+}
+
+/// The job a pod belongs to, `namespace/name` (see the module doc).
+pub fn job_key(pod: &Pod) -> String {
+    let meta = &pod.metadata;
+    let ns = meta.namespace.as_deref().unwrap_or("default");
+    let get = |key: &str| {
+        meta.annotations
+            .as_ref()
+            .and_then(|a| a.get(key))
+            .or_else(|| meta.labels.as_ref().and_then(|l| l.get(key)))
+    };
+    if let Some(job) = get(VOLCANO_JOB_NAME) {
+        return match get(VOLCANO_TASK_SPEC) {
+            Some(task) => format!("{ns}/{job}/{task}"),
+            None => format!("{ns}/{job}"),
+        };
+    }
+    if let Some(job) = get(KUBEFLOW_JOB_NAME) {
+        return format!("{ns}/{job}");
+    }
+    if let Some(owner) = meta
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true))
+    {
+        return format!("{ns}/{}/{}", owner.kind, owner.name);
+    }
+    let name = meta.name.as_deref().unwrap_or_default();
+    let stem = name.trim_end_matches(|c: char| c.is_ascii_digit());
+    let stem = stem.strip_suffix(['-', '_', '.']).unwrap_or(stem);
+    format!("{ns}/{stem}")
 }
 
 /// The value of the first of `keys` present, checked against the other and parsed.

@@ -1,18 +1,24 @@
 //! `fumarole-scheduler-ext`: the cluster service.
 //!
-//! Subcommands: `serve` (the kube-scheduler extender HTTP API over a cluster view; for now the
-//! view comes from a snapshot directory) and `explain` (per node verdict, `q`, `loss`, score and
-//! devices for one pod, from a snapshot).
+//! Subcommands: `serve` (the kube-scheduler extender and Volcano extender HTTP APIs over the
+//! live cluster, or over a snapshot directory) and `explain` (per node verdict, `q`, `loss`,
+//! score and devices for one pod, from a snapshot).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::{Parser, Subcommand, ValueEnum};
 use k8s_openapi::api::core::v1::Pod;
+use scheduler_ext::extender::{Service, Settings};
+use scheduler_ext::live::LiveOptions;
+use scheduler_ext::metrics::{self, Metrics};
 use scheduler_ext::score::gpu_aware::GpuAware;
-use scheduler_ext::{explain, extender, request, snapshot};
+use scheduler_ext::server::{self, TlsFiles};
+use scheduler_ext::view::ClusterView;
+use scheduler_ext::{explain, extender, live, snapshot};
 
 #[derive(Parser)]
 #[command(name = "fumarole-scheduler-ext", version, about)]
@@ -50,20 +56,48 @@ impl Scoring {
     }
 }
 
+#[derive(clap::Args)]
+struct ServeArgs {
+    /// Build the cluster view from the YAML files in this directory instead of an API server
+    /// (DeviceTopology, Numatopology, Node and Pod objects, as `kubectl get -o yaml` writes
+    /// them). Without it the view comes from the API server (KUBECONFIG, ~/.kube/config or the
+    /// in-cluster service account).
+    #[arg(long)]
+    cluster_snapshot: Option<PathBuf>,
+    /// Kubeconfig file for the API server (default: KUBECONFIG, ~/.kube/config, in-cluster).
+    #[arg(long, conflicts_with = "cluster_snapshot")]
+    kubeconfig: Option<PathBuf>,
+    /// Address to listen on.
+    #[arg(long, default_value = "0.0.0.0:8888")]
+    listen: SocketAddr,
+    /// PEM certificate (chain) for HTTPS; with --tls-key-file.
+    #[arg(long, requires = "tls_key_file")]
+    tls_cert_file: Option<PathBuf>,
+    /// PEM private key for HTTPS; with --tls-cert-file.
+    #[arg(long, requires = "tls_cert_file")]
+    tls_key_file: Option<PathBuf>,
+    /// How long devices committed to a pod are held until the pod shows up bound with them.
+    #[arg(long, default_value = "2m", value_parser = humantime::parse_duration)]
+    commit_ttl: Duration,
+    /// How long a gpu-group-size unit's super-node reservation waits for the unit's next pod.
+    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
+    reservation_ttl: Duration,
+    /// Coalesce cluster changes for this long before rebuilding the view.
+    #[arg(long, default_value = "50ms", value_parser = humantime::parse_duration)]
+    view_debounce: Duration,
+    /// Schedulers whose bound accelerator pods get `fumarole.dev/devices` written after the fact
+    /// (those that bind without calling bind / allocateFunc); comma-separated, empty for none.
+    #[arg(long, value_delimiter = ',', default_value = "volcano")]
+    annotate_bound_pods_of: Vec<String>,
+    #[command(flatten)]
+    scoring: Scoring,
+}
+
 #[derive(Subcommand)]
 enum Command {
-    /// Serve the scheduler extender API (kube-scheduler under /kube-scheduler, /healthz).
-    Serve {
-        /// Build the cluster view from the YAML files in this directory instead of an API
-        /// server (DeviceTopology, Node and Pod objects, as `kubectl get -o yaml` writes them).
-        #[arg(long)]
-        cluster_snapshot: PathBuf,
-        /// Address to listen on.
-        #[arg(long, default_value = "0.0.0.0:8888")]
-        listen: SocketAddr,
-        #[command(flatten)]
-        scoring: Scoring,
-    },
+    /// Serve the extender APIs: kube-scheduler under /kube-scheduler, Volcano under /volcano,
+    /// plus /healthz and /metrics.
+    Serve(Box<ServeArgs>),
     /// Explain, per node, where a pod could go and which devices it would get.
     Explain {
         /// Snapshot directory (see `serve`).
@@ -110,11 +144,7 @@ fn run(cli: Cli) -> Result<()> {
             format,
             scoring,
         } => explain_cmd(&cluster_snapshot, &pod, format, scoring.gpu_aware()?),
-        Command::Serve {
-            cluster_snapshot,
-            listen,
-            scoring,
-        } => serve(&cluster_snapshot, listen, scoring.gpu_aware()?),
+        Command::Serve(args) => serve(*args),
     }
 }
 
@@ -137,8 +167,8 @@ fn explain_cmd(
         tracing::warn!("{w}");
     }
     let pod = read_pod(pod_file)?;
-    let req = request::device_request(&pod, &view.resources())?;
-    let rows = explain::explain(&view, &req, &g);
+    let svc = Service::new(view, g);
+    let (req, rows) = explain::explain(&svc, &pod)?;
     match format {
         Format::Json => print!("{}", explain::json(&rows)),
         Format::Table => print!("{}", explain::table(&req, &rows)),
@@ -146,27 +176,87 @@ fn explain_cmd(
     Ok(())
 }
 
-fn serve(dir: &std::path::Path, listen: SocketAddr, g: GpuAware) -> Result<()> {
-    let view = snapshot::load(dir)?;
-    for w in &view.warnings {
-        tracing::warn!("{w}");
-    }
-    tracing::info!(nodes = view.len(), snapshot = %dir.display(), "cluster view loaded");
-    let svc = Arc::new(extender::Service::new(view, g));
+fn serve(args: ServeArgs) -> Result<()> {
+    let settings = Settings {
+        scorer: args.scoring.gpu_aware()?,
+        commit_ttl: args.commit_ttl,
+        reservation_ttl: args.reservation_ttl,
+    };
+    let tls = match (args.tls_cert_file, args.tls_key_file) {
+        (Some(cert), Some(key)) => Some(TlsFiles { cert, key }),
+        _ => None,
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("starting the tokio runtime")?;
     rt.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(listen)
+        let svc = match &args.cluster_snapshot {
+            Some(dir) => {
+                let view = snapshot::load(dir)?;
+                for w in &view.warnings {
+                    tracing::warn!("{w}");
+                }
+                tracing::info!(nodes = view.len(), snapshot = %dir.display(), "cluster view loaded");
+                Arc::new(Service::with_settings(view, settings))
+            }
+            None => {
+                let client = kube_client(args.kubeconfig.as_deref()).await?;
+                let svc = Arc::new(Service::with_settings(ClusterView::default(), settings));
+                let opts = LiveOptions {
+                    debounce: args.view_debounce,
+                    annotate_schedulers: args
+                        .annotate_bound_pods_of
+                        .into_iter()
+                        .filter(|s| !s.is_empty())
+                        .collect(),
+                };
+                // The loop lives as long as the runtime; it ends with the process.
+                drop(live::start(client, Arc::clone(&svc), opts).await?);
+                svc
+            }
+        };
+        let listener = tokio::net::TcpListener::bind(args.listen)
             .await
-            .with_context(|| format!("listening on {listen}"))?;
-        tracing::info!(address = %listener.local_addr()?, "serving");
-        axum::serve(listener, extender::router(svc))
-            .with_graceful_shutdown(async {
-                let _ = tokio::signal::ctrl_c().await;
-            })
-            .await
-            .context("serving HTTP")
+            .with_context(|| format!("listening on {}", args.listen))?;
+        tracing::info!(address = %listener.local_addr()?, https = tls.is_some(), "serving");
+        let app = metrics::instrument(extender::router(svc), Arc::new(Metrics::new()));
+        server::serve(listener, app, tls, shutdown_signal()).await
     })
+}
+
+/// Resolves on SIGINT or SIGTERM (what the kubelet sends on pod deletion).
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot watch SIGTERM; stopping on Ctrl-C only");
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+    tracing::info!("shutting down");
+}
+
+/// A client from `--kubeconfig`, else the usual inference (KUBECONFIG, ~/.kube/config,
+/// in-cluster).
+async fn kube_client(kubeconfig: Option<&std::path::Path>) -> Result<kube::Client> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &Default::default())
+                .await
+                .with_context(|| format!("kubeconfig {}", path.display()))?
+        }
+        None => kube::Config::infer()
+            .await
+            .context("finding the API server (KUBECONFIG, ~/.kube/config or in-cluster)")?,
+    };
+    kube::Client::try_from(config).context("building the API client")
 }

@@ -6,10 +6,20 @@
 //! A resource is an accelerator when a known vendor prefix names it (`nvidia.com/`,
 //! `huawei.com/`, `metax-tech.com/`, `amd.com/gpu`, `gpu.intel.com/`,
 //! `fumarole.dev/accelerator`) or some node of the view offers it.
+//!
+//! [`pod_request`] adds what placement needs beyond the count: the pod's gpu-group-size unit
+//! ([`crate::placement::PodGroup`]) and, for `volcano.sh/numa-topology-policy:
+//! single-numa-node`, the whole CPUs that must sit on the devices' NUMA node.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{Container, Pod};
+
+use crate::group::{self, GroupError, UnitKey};
+use crate::placement::PodGroup;
+
+/// Volcano's pod annotation for the topology policy of one pod.
+pub const NUMA_POLICY: &str = "volcano.sh/numa-topology-policy";
 
 /// Why a pod's request cannot be used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -39,6 +49,106 @@ pub enum RequestError {
     /// More than one accelerator resource in one pod.
     #[error("pod {pod} requests more than one accelerator resource ({resources}); not supported")]
     Mixed { pod: String, resources: String },
+    /// Unusable gpu-group-size annotations.
+    #[error("pod {pod}: {source}")]
+    Group {
+        pod: String,
+        #[source]
+        source: GroupError,
+    },
+    /// A CPU quantity that cannot be read.
+    #[error("pod {pod}, container {container}: cpu = {value:?} is not a CPU quantity")]
+    BadCpu {
+        pod: String,
+        container: String,
+        value: String,
+    },
+}
+
+/// Everything placement needs to know about a pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodRequest {
+    pub devices: DeviceRequest,
+    pub group: Option<PodGroup>,
+    /// Whole CPUs that must share one NUMA node with the devices (`single-numa-node`).
+    pub numa_cpus: Option<u32>,
+}
+
+/// The pod's request: devices, unit and NUMA need.
+pub fn pod_request(pod: &Pod, offered: &BTreeSet<&str>) -> Result<PodRequest, RequestError> {
+    let devices = device_request(pod, offered)?;
+    let gpus = u32::try_from(devices.count).unwrap_or(u32::MAX);
+    let group = group::group_spec(pod, gpus)
+        .map_err(|source| RequestError::Group {
+            pod: devices.pod.clone(),
+            source,
+        })?
+        .map(|spec| PodGroup {
+            key: UnitKey::of(pod, &spec),
+            spec,
+            gpus,
+        });
+    let single_numa = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(NUMA_POLICY))
+        .is_some_and(|p| p.trim() == "single-numa-node");
+    let numa_cpus = if single_numa {
+        Some(cpu_millis(pod, &devices.pod)?.div_ceil(1000))
+    } else {
+        None
+    };
+    Ok(PodRequest {
+        devices,
+        group,
+        numa_cpus,
+    })
+}
+
+/// A CPU quantity in millicores: `500m`, `2`, `1.5`.
+fn parse_cpu(q: &str) -> Option<u32> {
+    let q = q.trim();
+    if let Some(m) = q.strip_suffix('m') {
+        return m.parse().ok();
+    }
+    let v: f64 = q.parse().ok()?;
+    (v.is_finite() && v >= 0.0 && v * 1000.0 <= f64::from(u32::MAX))
+        .then(|| (v * 1000.0).ceil() as u32)
+}
+
+/// The pod's effective CPU request in millicores (requests, else limits; sum of containers or
+/// the largest init container).
+fn cpu_millis(pod: &Pod, key: &str) -> Result<u32, RequestError> {
+    let one = |c: &Container| -> Result<u32, RequestError> {
+        let res = c.resources.as_ref();
+        let q = res
+            .and_then(|r| r.requests.as_ref())
+            .and_then(|m| m.get("cpu"))
+            .or_else(|| {
+                res.and_then(|r| r.limits.as_ref())
+                    .and_then(|m| m.get("cpu"))
+            });
+        match q {
+            None => Ok(0),
+            Some(q) => parse_cpu(&q.0).ok_or_else(|| RequestError::BadCpu {
+                pod: key.to_string(),
+                container: c.name.clone(),
+                value: q.0.clone(),
+            }),
+        }
+    };
+    let Some(spec) = pod.spec.as_ref() else {
+        return Ok(0);
+    };
+    let mut sum = 0u32;
+    for c in &spec.containers {
+        sum = sum.saturating_add(one(c)?);
+    }
+    for c in spec.init_containers.iter().flatten() {
+        sum = sum.max(one(c)?);
+    }
+    Ok(sum)
 }
 
 /// Resource-name prefixes of the accelerator vendors the project knows.
@@ -196,6 +306,39 @@ mod tests {
         assert_eq!(r.pod, "ns/p");
         assert_eq!(r.resource, "nvidia.com/gpu");
         assert_eq!(r.count, 5);
+    }
+
+    #[test]
+    fn numa_cpus_and_group() {
+        let p = pod(serde_json::json!({
+            "metadata": {"name": "w-3", "namespace": "ns", "annotations": {
+                NUMA_POLICY: "single-numa-node", "fumarole.dev/gpu-group-size": "4"}},
+            "spec": {"containers": [
+                {"name": "a", "resources": {"requests": {"cpu": "1500m"}, "limits": {"nvidia.com/gpu": "2"}}},
+                {"name": "b", "resources": {"limits": {"cpu": "2"}}}]}
+        }));
+        let r = pod_request(&p, &offered()).unwrap();
+        assert_eq!(r.numa_cpus, Some(4));
+        let g = r.group.unwrap();
+        assert_eq!((g.key.job.as_str(), g.key.unit, g.gpus), ("ns/w", 1, 2));
+        let bad = pod(serde_json::json!({
+            "metadata": {"name": "w-0", "annotations": {NUMA_POLICY: "single-numa-node"}},
+            "spec": {"containers": [
+                {"name": "a", "resources": {"requests": {"cpu": "lots"}, "limits": {"nvidia.com/gpu": "2"}}}]}
+        }));
+        assert!(matches!(
+            pod_request(&bad, &offered()),
+            Err(RequestError::BadCpu { .. })
+        ));
+        let odd = pod(serde_json::json!({
+            "metadata": {"name": "w-0", "annotations": {"metax-tech.com/gpu-group-size": "3"}},
+            "spec": {"containers": [{"name": "a", "resources": {"limits": {"nvidia.com/gpu": "2"}}}]}
+        }));
+        let e = pod_request(&odd, &offered()).unwrap_err();
+        assert!(
+            e.to_string().contains("not a multiple of the pod's 2 GPUs"),
+            "{e}"
+        );
     }
 
     #[test]

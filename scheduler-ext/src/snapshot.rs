@@ -3,11 +3,11 @@
 //! Every `*.yaml`, `*.yml` and `*.json` file directly in the directory is read, in name order.
 //! A file holds one object, a `kind: List` (or `DeviceTopologyList`, `PodList`, ...; anything
 //! with `items`), or several YAML documents, as `kubectl get -o yaml` writes them. Objects of
-//! kind `DeviceTopology`, `Node` and `Pod` are used; other kinds are skipped.
+//! kind `DeviceTopology`, `Numatopology`, `Node` and `Pod` are used; other kinds are skipped.
 
 use std::path::{Path, PathBuf};
 
-use fumarole_topology::crd::DeviceTopology;
+use fumarole_topology::crd::{DeviceTopology, Numatopology};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde::Deserialize;
 
@@ -50,6 +50,7 @@ pub enum SnapshotError {
 #[derive(Clone, Debug, Default)]
 pub struct Objects {
     pub topologies: Vec<DeviceTopology>,
+    pub numatopologies: Vec<Numatopology>,
     pub nodes: Vec<Node>,
     pub pods: Vec<Pod>,
 }
@@ -95,6 +96,9 @@ impl Objects {
             "DeviceTopology" => self
                 .topologies
                 .push(serde_json::from_value(value).map_err(err)?),
+            "Numatopology" => self
+                .numatopologies
+                .push(serde_json::from_value(value).map_err(err)?),
             "Node" => self.nodes.push(serde_json::from_value(value).map_err(err)?),
             "Pod" => self.pods.push(serde_json::from_value(value).map_err(err)?),
             other => tracing::debug!(path = %path.display(), kind = other, "skipping object"),
@@ -102,9 +106,20 @@ impl Objects {
         Ok(())
     }
 
-    /// The view of these objects.
+    /// The view of these objects; a node that would be skipped is an error here (a snapshot is
+    /// something a person hands us to check).
     pub fn view(&self) -> Result<ClusterView, ViewError> {
-        ClusterView::build(&self.topologies, &self.nodes, &self.pods)
+        let mut view = ClusterView::build(
+            &self.topologies,
+            &self.numatopologies,
+            self.nodes.iter().map(|n| &n.metadata),
+            &self.pods,
+        )?;
+        if view.skipped.is_empty() {
+            Ok(view)
+        } else {
+            Err(view.skipped.swap_remove(0))
+        }
     }
 }
 

@@ -9,17 +9,31 @@
 //! this service (a pod that carries our `fumarole.dev/devices` choice and is bound to the node
 //! but not yet reported by it).
 //!
+//! A node's super-node is the `DeviceTopology`'s `spec.superNode.id`, else its
+//! `fumarole.dev/super-node` label; a node with neither is a super-node of its own.
+//! Free CPUs per NUMA node come from the node's Volcano `Numatopology` (for NUMA fit).
+//! Pods bound with a gpu-group-size annotation are indexed by unit ([`ClusterView::members`]),
+//! so group placement sees where each unit already runs.
+//!
 //! The view is built by [`ClusterView::build`] from plain objects, so the snapshot loader and
-//! (later) the API server reflectors go through the same code.
+//! the API server reflectors ([`crate::live`]) go through the same code.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
+use fumarole_topology::CpuSet;
 use fumarole_topology::annotation::{self, DEVICES_ANNOTATION};
-use fumarole_topology::crd::DeviceTopology;
 use fumarole_topology::crd::device_topology::DeviceInfo;
+use fumarole_topology::crd::{DeviceTopology, Numatopology};
 use fumarole_topology::{SelectContext, SelectError, Selection};
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use crate::group::{self, UnitKey};
+use crate::request;
+
+/// Node label naming the node's super-node (what `fumarole-agent run --super-node` publishes).
+pub const SUPER_NODE_LABEL: &str = "fumarole.dev/super-node";
 
 /// Why a node's published objects cannot enter the view.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -78,9 +92,13 @@ pub struct NodeView {
     pub resources: Vec<String>,
     /// Healthy and not allocated in the node's own status.
     pub available: Vec<bool>,
+    /// NUMA node of each device, where known.
+    pub numa: Vec<Option<u32>>,
+    /// Free CPUs per NUMA node, from the node's `Numatopology` (`None` when it publishes none).
+    pub free_cpus: Option<BTreeMap<u32, u32>>,
     /// Built once per distinct link matrix and shared by the nodes that have it.
     pub select: Arc<NodeContext>,
-    /// Super-node id from the DeviceTopology, if any.
+    /// Super-node id from the DeviceTopology or the node label, if any.
     pub super_node: Option<String>,
     /// Node labels (empty when no Node object was seen).
     pub labels: BTreeMap<String, String>,
@@ -153,6 +171,8 @@ impl NodeView {
             device_ids: devices.iter().map(|d| d.id.clone()).collect(),
             resources: devices.iter().map(resource_of).collect(),
             available,
+            numa: devices.iter().map(|d| d.numa_node).collect(),
+            free_cpus: None,
             select,
             super_node: dt.spec.super_node.as_ref().map(|s| s.id.clone()),
             labels: BTreeMap::new(),
@@ -167,11 +187,18 @@ impl NodeView {
             device_ids: Vec::new(),
             resources: Vec::new(),
             available: Vec::new(),
+            numa: Vec::new(),
+            free_cpus: None,
             select: Arc::new(NodeContext::new(empty_context())),
             super_node: None,
             labels: BTreeMap::new(),
             has_topology: false,
         }
+    }
+
+    /// The super-node the node belongs to: its published one, else the node itself.
+    pub fn group(&self) -> &str {
+        self.super_node.as_deref().unwrap_or(&self.name)
     }
 
     /// Resources this node offers, with their device counts.
@@ -236,39 +263,74 @@ fn empty_context() -> SelectContext {
     }))
 }
 
+/// A pod of a gpu-group-size unit that is bound to a node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Member {
+    /// `namespace/name`.
+    pub pod: String,
+    pub node: String,
+    pub gpus: u32,
+}
+
 /// Every node the service knows, and the devices it assumed for pods.
 #[derive(Clone, Debug, Default)]
 pub struct ClusterView {
     nodes: BTreeMap<String, NodeView>,
-    /// Node -> device ids this service (or an earlier run of it) chose for pods bound there
-    /// that the node has not reported allocated yet.
-    assumed: BTreeMap<String, BTreeSet<String>>,
+    /// Node -> device ids chosen by this service (or an earlier run of it) for pods bound there
+    /// (the pod's `fumarole.dev/devices` annotation), whether or not the node reports them yet.
+    assumed: HashMap<String, BTreeSet<String>>,
     /// Every resource name some node offers (computed once; requests check against it).
     offered: BTreeSet<String>,
-    /// Pod annotations that could not be read, as (namespace/name, reason).
+    /// Super-node -> its nodes.
+    super_nodes: BTreeMap<String, Vec<String>>,
+    /// Unit -> its bound pods.
+    members: HashMap<UnitKey, Vec<Member>>,
+    /// Bound pods with a `fumarole.dev/devices` annotation (`namespace/name` -> node).
+    annotated: HashMap<String, String>,
+    /// Pods (`namespace/name`) some node reports devices allocated to.
+    reported: HashSet<String>,
+    /// Nodes left out because their `DeviceTopology` is unusable.
+    pub skipped: Vec<ViewError>,
+    /// Objects that could not be read, with the reason (logged by the caller, never fatal).
     pub warnings: Vec<String>,
 }
 
 impl ClusterView {
-    /// The view from the objects of a cluster. Pods that are bound to a node, not finished and
-    /// carry a valid `fumarole.dev/devices` annotation count as using those devices.
-    pub fn build(
-        topologies: &[DeviceTopology],
-        nodes: &[Node],
-        pods: &[Pod],
+    /// The view from the objects of a cluster. `nodes` are the `Node` objects' metadata (labels).
+    /// Pods that are bound to a node, not finished and carry a valid `fumarole.dev/devices`
+    /// annotation count as using those devices. A node whose `DeviceTopology` is unusable is
+    /// left out and its error kept in [`Self::skipped`]; only a nameless object is an error.
+    pub fn build<'a>(
+        topologies: impl IntoIterator<Item = &'a DeviceTopology>,
+        numatopologies: impl IntoIterator<Item = &'a Numatopology>,
+        nodes: impl IntoIterator<Item = &'a ObjectMeta>,
+        pods: impl IntoIterator<Item = &'a Pod>,
     ) -> Result<Self, ViewError> {
         let mut view = ClusterView::default();
         let mut contexts = Contexts::new();
         for dt in topologies {
-            let nv = NodeView::with_contexts(dt, &mut contexts)?;
+            let nv = match NodeView::with_contexts(dt, &mut contexts) {
+                Ok(nv) => nv,
+                Err(e @ ViewError::NoName { .. }) => return Err(e),
+                Err(e) => {
+                    view.warnings.push(format!("skipping node: {e}"));
+                    view.skipped.push(e);
+                    continue;
+                }
+            };
             if view.nodes.contains_key(&nv.name) {
-                return Err(ViewError::DuplicateNode(nv.name));
+                view.skipped.push(ViewError::DuplicateNode(nv.name));
+                continue;
+            }
+            for s in dt.status.iter().flat_map(|s| s.devices.values()) {
+                if let Some(a) = &s.allocation {
+                    view.reported.insert(format!("{}/{}", a.namespace, a.pod));
+                }
             }
             view.nodes.insert(nv.name.clone(), nv);
         }
-        for node in nodes {
-            let name = node
-                .metadata
+        for meta in nodes {
+            let name = meta
                 .name
                 .clone()
                 .ok_or(ViewError::NoName { kind: "Node" })?;
@@ -276,20 +338,41 @@ impl ClusterView {
                 .nodes
                 .entry(name.clone())
                 .or_insert_with(|| NodeView::bare(name));
-            nv.labels = node.metadata.labels.clone().unwrap_or_default();
+            nv.labels = meta.labels.clone().unwrap_or_default();
+            if nv.super_node.is_none() {
+                nv.super_node = nv.labels.get(SUPER_NODE_LABEL).cloned();
+            }
         }
-        for pod in pods {
-            view.assume_pod(pod);
+        for nt in numatopologies {
+            let Some(name) = nt.metadata.name.as_deref() else {
+                continue;
+            };
+            if let Some(nv) = view.nodes.get_mut(name) {
+                match free_cpus_by_numa(nt) {
+                    Ok(m) => nv.free_cpus = Some(m),
+                    Err(e) => view.warnings.push(format!("Numatopology {name}: {e}")),
+                }
+            }
+        }
+        for nv in view.nodes.values() {
+            view.super_nodes
+                .entry(nv.group().to_string())
+                .or_default()
+                .push(nv.name.clone());
         }
         view.offered = view
             .nodes
             .values()
             .flat_map(|n| n.resources.iter().cloned())
             .collect();
+        for pod in pods {
+            view.add_pod(pod);
+        }
         Ok(view)
     }
 
-    fn assume_pod(&mut self, pod: &Pod) {
+    /// Counts a bound, unfinished pod: its annotated devices as used, its unit membership.
+    fn add_pod(&mut self, pod: &Pod) {
         let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
             return;
         };
@@ -297,24 +380,38 @@ impl ClusterView {
         if matches!(phase, Some("Succeeded" | "Failed")) {
             return;
         }
-        let Some(value) = pod
+        let key = request::pod_key(pod);
+        if let Some(value) = pod
             .metadata
             .annotations
             .as_ref()
             .and_then(|a| a.get(DEVICES_ANNOTATION))
-        else {
+        {
+            match annotation::parse(value) {
+                Ok(choice) => {
+                    let set = self.assumed.entry(node.clone()).or_default();
+                    set.extend(choice.into_values().flatten());
+                    self.annotated.insert(key.clone(), node.clone());
+                }
+                Err(e) => self.warnings.push(format!("pod {key}: {e}")),
+            }
+        }
+        let Ok(req) = request::device_request(pod, &self.resources()) else {
             return;
         };
-        match annotation::parse(value) {
-            Ok(choice) => {
-                let set = self.assumed.entry(node).or_default();
-                set.extend(choice.into_values().flatten());
-            }
-            Err(e) => self.warnings.push(format!(
-                "pod {}/{}: {e}",
-                pod.metadata.namespace.as_deref().unwrap_or("default"),
-                pod.metadata.name.as_deref().unwrap_or("?")
-            )),
+        let gpus = u32::try_from(req.count).unwrap_or(u32::MAX);
+        match group::group_spec(pod, gpus) {
+            Ok(Some(spec)) => self
+                .members
+                .entry(UnitKey::of(pod, &spec))
+                .or_default()
+                .push(Member {
+                    pod: key,
+                    node,
+                    gpus,
+                }),
+            Ok(None) => {}
+            Err(e) => self.warnings.push(format!("pod {key}: {e}")),
         }
     }
 
@@ -341,21 +438,78 @@ impl ClusterView {
         self.offered.iter().map(String::as_str).collect()
     }
 
+    /// Super-nodes and their nodes, by id.
+    pub fn super_nodes(&self) -> &BTreeMap<String, Vec<String>> {
+        &self.super_nodes
+    }
+
+    /// The bound pods of a unit.
+    pub fn members(&self, unit: &UnitKey) -> &[Member] {
+        self.members.get(unit).map_or(&[], Vec::as_slice)
+    }
+
+    /// True when some node reports devices allocated to the pod (`namespace/name`).
+    pub fn reported(&self, pod: &str) -> bool {
+        self.reported.contains(pod)
+    }
+
+    /// The node a pod is bound to with a `fumarole.dev/devices` annotation, if it is.
+    pub fn annotated_on(&self, pod: &str) -> Option<&str> {
+        self.annotated.get(pod).map(String::as_str)
+    }
+
     /// Indices (into the node's devices) of the free devices of `resource` on `node`:
-    /// healthy, not allocated in status, not assumed by this service. Empty for unknown nodes.
+    /// healthy, not allocated in status, not chosen for a bound pod. Empty for unknown nodes.
     pub fn free(&self, node: &str, resource: &str) -> Vec<usize> {
+        self.free_except(node, resource, |_| false)
+    }
+
+    /// [`Self::free`], also leaving out the devices for which `taken` says yes.
+    pub fn free_except(
+        &self,
+        node: &str,
+        resource: &str,
+        taken: impl Fn(&str) -> bool,
+    ) -> Vec<usize> {
         let Some(nv) = self.nodes.get(node) else {
             return Vec::new();
         };
         let assumed = self.assumed.get(node);
         (0..nv.device_ids.len())
             .filter(|&i| {
+                let id = nv.device_ids[i].as_str();
                 nv.available[i]
                     && nv.resources[i] == resource
-                    && !assumed.is_some_and(|a| a.contains(&nv.device_ids[i]))
+                    && !assumed.is_some_and(|a| a.contains(id))
+                    && !taken(id)
             })
             .collect()
     }
+}
+
+/// Free CPUs per NUMA node: `numares.cpu.allocatable` (which the exporter publishes without the
+/// CPUs pinned to pods) counted by `cpuDetail`'s NUMA ids.
+fn free_cpus_by_numa(nt: &Numatopology) -> Result<BTreeMap<u32, u32>, String> {
+    let allocatable = nt
+        .spec
+        .numares
+        .get("cpu")
+        .map(|r| r.allocatable.as_str())
+        .unwrap_or_default();
+    let free = CpuSet::parse(allocatable).map_err(|e| format!("numares.cpu.allocatable: {e}"))?;
+    let mut out = BTreeMap::new();
+    for (cpu, info) in &nt.spec.cpu_detail {
+        let cpu: u32 = cpu
+            .parse()
+            .map_err(|_| format!("cpuDetail key {cpu:?} is not a CPU id"))?;
+        let numa =
+            u32::try_from(info.numa).map_err(|_| format!("cpu {cpu}: numa {}", info.numa))?;
+        let n = out.entry(numa).or_insert(0u32);
+        if free.contains(cpu) {
+            *n += 1;
+        }
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -366,6 +520,7 @@ pub(crate) mod tests {
     use fumarole_topology::crd::{
         DeviceAllocation, DeviceStatus, DeviceTopologySpec, DeviceTopologyStatus,
     };
+    use k8s_openapi::api::core::v1::Node;
 
     pub(crate) fn dt(name: &str, n: u32, weight: u32, allocated: &[u32]) -> DeviceTopology {
         dt_with_ids(name, n, weight, allocated, |i| format!("GPU-{i}"))
@@ -447,17 +602,19 @@ pub(crate) mod tests {
             "spec": {"nodeName": "a", "containers": []}
         }))
         .unwrap();
-        let view = ClusterView::build(&[t], &[], &[pod]).unwrap();
+        let view = ClusterView::build(&[t], &[], &[], &[pod]).unwrap();
         assert_eq!(view.free("a", "nvidia.com/gpu"), vec![3]);
         assert!(view.free("a", "huawei.com/Ascend910").is_empty());
         assert!(view.free("nope", "nvidia.com/gpu").is_empty());
     }
 
     #[test]
-    fn bad_links_are_rejected_with_the_node() {
+    fn bad_links_skip_the_node_with_the_reason() {
         let mut t = dt("a", 2, 10, &[]);
         t.spec.links[0].b = 7;
-        let e = ClusterView::build(&[t], &[], &[]).unwrap_err();
+        let view = ClusterView::build(&[t, dt("b", 2, 10, &[])], &[], &[], &[]).unwrap();
+        assert!(view.node("a").is_none() && view.node("b").is_some());
+        let e = &view.skipped[0];
         assert!(e.to_string().contains("DeviceTopology a"), "{e}");
     }
 
@@ -469,6 +626,7 @@ pub(crate) mod tests {
                 dt("b", 4, 10, &[]),
                 dt("c", 4, 20, &[]),
             ],
+            &[],
             &[],
             &[],
         )
@@ -496,7 +654,7 @@ pub(crate) mod tests {
             serde_json::json!({"metadata": {"name": "cpu", "labels": {"x": "y"}}}),
         )
         .unwrap();
-        let view = ClusterView::build(&[], &[node], &[]).unwrap();
+        let view = ClusterView::build(&[], &[], &[node.metadata], &[]).unwrap();
         let nv = view.node("cpu").unwrap();
         assert!(!nv.has_topology);
         assert_eq!(nv.labels["x"], "y");

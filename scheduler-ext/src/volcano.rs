@@ -1,5 +1,6 @@
-//! The Volcano `extender` plugin's verbs: `predicate`, `prioritize`, `onSessionOpen`,
-//! `onSessionClose`, under the route prefix [`VOLCANO_PREFIX`].
+//! The Volcano `extender` plugin's verbs: `predicate`, `prioritize`, `allocateFunc`,
+//! `deallocateFunc`, `onSessionOpen`, `onSessionClose`, under the route prefix
+//! [`VOLCANO_PREFIX`].
 //!
 //! Wire format (Volcano v1.10 `pkg/scheduler/plugins/extender/argument.go`; see
 //! `../shared/reference/wire-contracts.md`, section 4): `predicate` gets
@@ -7,7 +8,12 @@
 //! (0 Success, 2 Unschedulable, 3 UnschedulableAndUnresolvable); `prioritize` gets
 //! `{"task", "nodes": [NodeInfo]}` and answers `{"nodeScore": {node: 0..100·weight},
 //! "errorMessage": ""}`. `TaskInfo` and `NodeInfo` are Volcano's internal structs with Go field
-//! names; only `TaskInfo.Pod` and `NodeInfo.Name` are read, everything else is ignored.
+//! names; only `TaskInfo.Pod`, `TaskInfo.NodeName` and `NodeInfo.Name` are read, everything
+//! else is ignored. `allocateFunc` / `deallocateFunc` get `{"task": TaskInfo}` and answer
+//! `{"errorMessage": ""}`: allocate commits the task's devices on `TaskInfo.NodeName` and
+//! writes them on the pod (live mode), deallocate releases them and removes the annotation.
+//! Volcano versions before these verbs existed (v1.10, which the e2e tests run) bind without
+//! telling us; [`crate::live`] then annotates the bound pod afterwards.
 //!
 //! Nodes that cannot hold the task's devices get code 2 (devices may free up); unknown nodes
 //! and requests no node can ever satisfy (unknown resource, bad quantity) get code 3. Tasks
@@ -18,9 +24,8 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::Pod;
 use serde::{Deserialize, Serialize};
 
-use crate::request::{RequestError, device_request};
-use crate::score::gpu_aware::GpuAware;
-use crate::view::ClusterView;
+use crate::extender::Service;
+use crate::request::{RequestError, pod_key};
 
 /// Route prefix of the Volcano verbs (`extender.urlPrefix` is `http://HOST:PORT/volcano`).
 pub const VOLCANO_PREFIX: &str = "/volcano";
@@ -38,6 +43,9 @@ pub mod code {
 pub struct TaskInfo {
     #[serde(rename = "Pod", default)]
     pub pod: Option<Pod>,
+    /// The node the task is allocated to (`allocateFunc`).
+    #[serde(rename = "NodeName", default)]
+    pub node_name: String,
 }
 
 /// The part of Volcano's `NodeInfo` we read.
@@ -81,8 +89,21 @@ fn task_pod(task: Option<&TaskInfo>) -> Option<&Pod> {
     task.and_then(|t| t.pod.as_ref())
 }
 
+/// `allocateFunc` / `deallocateFunc` request.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct EventHandlerRequest {
+    #[serde(default)]
+    pub task: Option<TaskInfo>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EventHandlerResponse {
+    pub error_message: String,
+}
+
 /// The `predicate` verb.
-pub fn predicate(view: &ClusterView, g: &GpuAware, req: &PredicateRequest) -> PredicateResponse {
+pub fn predicate(svc: &Service, req: &PredicateRequest) -> PredicateResponse {
     let Some(pod) = task_pod(req.task.as_ref()) else {
         return PredicateResponse {
             status: "predicate request has no task.Pod".into(),
@@ -95,8 +116,8 @@ pub fn predicate(view: &ClusterView, g: &GpuAware, req: &PredicateRequest) -> Pr
             code: code::ERROR,
         };
     };
-    let dreq = match device_request(pod, &view.resources()) {
-        Ok(r) => r,
+    let verdict = match svc.evaluate(pod, std::slice::from_ref(&node.name), false) {
+        Ok(mut v) => v.pop(),
         Err(RequestError::NoAccelerator { .. }) => return PredicateResponse::default(),
         Err(e) => {
             return PredicateResponse {
@@ -105,10 +126,10 @@ pub fn predicate(view: &ClusterView, g: &GpuAware, req: &PredicateRequest) -> Pr
             };
         }
     };
-    let v = g.node(view, &node.name, &dreq);
-    match v.reason {
+    match verdict.and_then(|v| v.reason) {
         None => PredicateResponse::default(),
         Some(reason) => {
+            let view = svc.view();
             let unresolvable = view.node(&node.name).is_none_or(|n| !n.has_topology);
             PredicateResponse {
                 status: reason,
@@ -124,24 +145,25 @@ pub fn predicate(view: &ClusterView, g: &GpuAware, req: &PredicateRequest) -> Pr
 
 /// The `prioritize` verb: `raw · 100 · weight` per node, 0 where the task does not fit or
 /// asks for no accelerator.
-pub fn prioritize(view: &ClusterView, g: &GpuAware, req: &PrioritizeRequest) -> PrioritizeResponse {
+pub fn prioritize(svc: &Service, req: &PrioritizeRequest) -> PrioritizeResponse {
     let Some(pod) = task_pod(req.task.as_ref()) else {
         return PrioritizeResponse {
             node_score: BTreeMap::new(),
             error_message: "prioritize request has no task.Pod".into(),
         };
     };
-    let dreq = device_request(pod, &view.resources()).ok();
-    let node_score = req
-        .nodes
-        .iter()
-        .flatten()
-        .map(|n| {
-            let score = dreq
-                .as_ref()
-                .and_then(|r| g.node(view, &n.name, r).raw)
+    let names: Vec<String> = req.nodes.iter().flatten().map(|n| n.name.clone()).collect();
+    let verdicts = svc.evaluate(pod, &names, false).unwrap_or_default();
+    let g = svc.scorer();
+    let node_score = names
+        .into_iter()
+        .enumerate()
+        .map(|(i, n)| {
+            let score = verdicts
+                .get(i)
+                .and_then(|v| v.raw)
                 .map_or(0.0, |raw| g.volcano(raw));
-            (n.name.clone(), score)
+            (n, score)
         })
         .collect();
     PrioritizeResponse {
@@ -150,17 +172,91 @@ pub fn prioritize(view: &ClusterView, g: &GpuAware, req: &PrioritizeRequest) -> 
     }
 }
 
+/// `allocateFunc`: the task is allocated to `TaskInfo.NodeName`; commit its devices and, in
+/// live mode, write them on the pod.
+pub async fn allocate(svc: &Service, req: &EventHandlerRequest) -> EventHandlerResponse {
+    let task = req.task.as_ref();
+    let Some(pod) = task_pod(task) else {
+        return EventHandlerResponse {
+            error_message: "allocateFunc request has no task.Pod".into(),
+        };
+    };
+    let node = task
+        .map(|t| t.node_name.as_str())
+        .filter(|n| !n.is_empty())
+        .or_else(|| pod.spec.as_ref().and_then(|s| s.node_name.as_deref()));
+    let Some(node) = node else {
+        return EventHandlerResponse {
+            error_message: "allocateFunc request has no task.NodeName".into(),
+        };
+    };
+    let error_message = match svc.commit(pod, node) {
+        Ok(Some(c)) => match svc.kube() {
+            Some(ops) => {
+                let (ns, name) = ns_name(pod);
+                match ops.annotate(&ns, &name, Some(&c.choice())).await {
+                    Ok(()) => String::new(),
+                    Err(e) => {
+                        svc.release(&pod_key(pod));
+                        format!("annotating pod {ns}/{name}: {e}")
+                    }
+                }
+            }
+            None => String::new(),
+        },
+        Ok(None) => String::new(),
+        Err(e) => e,
+    };
+    if !error_message.is_empty() {
+        tracing::warn!(pod = %pod_key(pod), node, error = %error_message, "allocateFunc failed");
+    }
+    EventHandlerResponse { error_message }
+}
+
+/// `deallocateFunc`: the allocation was undone; release the devices and the annotation.
+pub async fn deallocate(svc: &Service, req: &EventHandlerRequest) -> EventHandlerResponse {
+    let Some(pod) = task_pod(req.task.as_ref()) else {
+        return EventHandlerResponse {
+            error_message: "deallocateFunc request has no task.Pod".into(),
+        };
+    };
+    if svc.release(&pod_key(pod)).is_none() {
+        return EventHandlerResponse::default();
+    }
+    let mut error_message = String::new();
+    if let Some(ops) = svc.kube() {
+        let (ns, name) = ns_name(pod);
+        if let Err(e) = ops.annotate(&ns, &name, None).await {
+            error_message = format!("removing the annotation of pod {ns}/{name}: {e}");
+            tracing::warn!(error = %error_message, "deallocateFunc");
+        }
+    }
+    EventHandlerResponse { error_message }
+}
+
+fn ns_name(pod: &Pod) -> (String, String) {
+    (
+        pod.metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into()),
+        pod.metadata.name.clone().unwrap_or_default(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
+    use crate::score::gpu_aware::GpuAware;
     use std::path::Path;
 
-    fn view() -> ClusterView {
-        crate::snapshot::load(
+    fn service(g: GpuAware) -> Service {
+        let view = crate::snapshot::load(
             &Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/snapshots/two-dgx"),
         )
-        .unwrap()
+        .unwrap();
+        Service::new(view, g)
     }
 
     fn task(gpus: &str) -> serde_json::Value {
@@ -173,13 +269,13 @@ mod tests {
 
     #[test]
     fn predicate_codes() {
-        let (v, g) = (view(), GpuAware::default());
+        let svc = service(GpuAware::default());
         let ask = |gpus: &str, node: &str| {
             let r: PredicateRequest = serde_json::from_value(serde_json::json!({
                 "task": task(gpus), "node": {"Name": node, "Idle": {"MilliCPU": 1}}
             }))
             .unwrap();
-            predicate(&v, &g, &r)
+            predicate(&svc, &r)
         };
         assert_eq!(ask("4", "dgx-a"), PredicateResponse::default());
         assert_eq!(
@@ -194,22 +290,21 @@ mod tests {
         assert_eq!(ask("x", "dgx-a").code, code::UNSCHEDULABLE_AND_UNRESOLVABLE);
         let no_pod: PredicateRequest =
             serde_json::from_value(serde_json::json!({"node": {"Name": "dgx-a"}})).unwrap();
-        assert_eq!(predicate(&v, &g, &no_pod).code, code::ERROR);
+        assert_eq!(predicate(&svc, &no_pod).code, code::ERROR);
     }
 
     #[test]
     fn prioritize_scores_on_volcano_scale() {
-        let v = view();
-        let g = GpuAware {
+        let svc = service(GpuAware {
             weight: 2.0,
             loss_weight: 1.0,
-        };
+        });
         let r: PrioritizeRequest = serde_json::from_value(serde_json::json!({
             "task": task("4"),
             "nodes": [{"Name": "dgx-a"}, {"Name": "dgx-b"}, {"Name": "pcie-a"}]
         }))
         .unwrap();
-        let resp = prioritize(&v, &g, &r);
+        let resp = prioritize(&svc, &r);
         assert_eq!(resp.error_message, "");
         assert_eq!(resp.node_score["dgx-a"], 200.0);
         assert_eq!(resp.node_score["dgx-b"], 150.0);

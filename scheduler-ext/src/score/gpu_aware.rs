@@ -19,11 +19,16 @@
 //!   free, normalised by `k·(n-k)·w_max = 4·4·w`: `loss = 8/16 = 0.5`,
 //!   `raw = (1 - 0.5 + 1) / 2 = 0.75` -> Volcano 75, kube-scheduler 8 (7.5 rounded).
 //! - node with 2 free GPUs: filtered, "needs 4 nvidia.com/gpu, 2 free".
+//!
+//! NUMA fit: a pod with `volcano.sh/numa-topology-policy: single-numa-node` is judged per NUMA
+//! node of the node: only devices on that NUMA node count, and the NUMA node must have the
+//! pod's whole CPUs free (from the node's `Numatopology`); the best NUMA node wins.
 
 use fumarole_topology::SelectError;
 
-use crate::request::DeviceRequest;
-use crate::view::ClusterView;
+use crate::cluster::Cluster;
+use crate::request::PodRequest;
+use crate::view::NodeView;
 
 /// Volcano's `weight` and `loss.weight`.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -62,7 +67,8 @@ impl NodeVerdict {
         self.reason.is_none()
     }
 
-    fn filtered(node: &str, reason: String) -> Self {
+    /// A node that cannot take the pod, with why.
+    pub fn filtered(node: &str, reason: String) -> Self {
         NodeVerdict {
             node: node.to_string(),
             reason: Some(reason),
@@ -92,8 +98,8 @@ impl GpuAware {
     }
 
     /// Filter and score one node for the request.
-    pub fn node(&self, view: &ClusterView, node: &str, req: &DeviceRequest) -> NodeVerdict {
-        let Some(nv) = view.node(node) else {
+    pub fn node(&self, c: &Cluster, node: &str, req: &PodRequest) -> NodeVerdict {
+        let Some(nv) = c.view.node(node) else {
             return NodeVerdict::filtered(
                 node,
                 "unknown node: no DeviceTopology or Node object in the cluster view".into(),
@@ -102,8 +108,50 @@ impl GpuAware {
         if !nv.has_topology {
             return NodeVerdict::filtered(node, "node publishes no DeviceTopology".into());
         }
-        let free = view.free(node, &req.resource);
-        match nv.select.select(&free, req.count) {
+        let resource = req.devices.resource.as_str();
+        let count = req.devices.count;
+        let free = c.free(node, resource);
+        let Some(cpus) = req.numa_cpus else {
+            return self.choose(nv, &free, req);
+        };
+        let Some(numa_cpus) = &nv.free_cpus else {
+            return NodeVerdict::filtered(
+                node,
+                "single-numa-node: the node publishes no Numatopology".into(),
+            );
+        };
+        let mut best: Option<NodeVerdict> = None;
+        let mut seen = Vec::new();
+        for (&id, &cpu_free) in numa_cpus {
+            let local: Vec<usize> = free
+                .iter()
+                .copied()
+                .filter(|&i| nv.numa.get(i).copied().flatten() == Some(id))
+                .collect();
+            seen.push(format!("NUMA {id}: {} free, {cpu_free} CPUs", local.len()));
+            if local.len() < count || cpu_free < cpus {
+                continue;
+            }
+            let v = self.choose(nv, &local, req);
+            if v.raw > best.as_ref().and_then(|b| b.raw) {
+                best = Some(v);
+            }
+        }
+        best.unwrap_or_else(|| {
+            NodeVerdict::filtered(
+                node,
+                format!(
+                    "single-numa-node: no NUMA node has {count} free {resource} and {cpus} free CPUs ({})",
+                    seen.join("; ")
+                ),
+            )
+        })
+    }
+
+    /// The best `count` of `free` on `nv`.
+    fn choose(&self, nv: &NodeView, free: &[usize], req: &PodRequest) -> NodeVerdict {
+        let node = nv.name.as_str();
+        match nv.select.select(free, req.devices.count) {
             Ok(s) => NodeVerdict {
                 node: node.to_string(),
                 reason: None,
@@ -116,44 +164,59 @@ impl GpuAware {
                     .filter_map(|&i| nv.device_ids.get(i).cloned())
                     .collect(),
             },
-            Err(SelectError::NotEnoughFree { k, free }) => {
-                NodeVerdict::filtered(node, format!("needs {k} {}, {free} free", req.resource))
-            }
+            Err(SelectError::NotEnoughFree { k, free }) => NodeVerdict::filtered(
+                node,
+                format!("needs {k} {}, {free} free", req.devices.resource),
+            ),
             Err(e) => NodeVerdict::filtered(node, e.to_string()),
         }
     }
+}
 
-    /// Every node of the view, best first (feasible by score, then name; then filtered ones).
-    pub fn all(&self, view: &ClusterView, req: &DeviceRequest) -> Vec<NodeVerdict> {
-        let mut v: Vec<NodeVerdict> = view
-            .nodes()
-            .map(|n| self.node(view, &n.name, req))
-            .collect();
-        v.sort_by(|a, b| {
-            let (ra, rb) = (a.raw.unwrap_or(-1.0), b.raw.unwrap_or(-1.0));
-            rb.total_cmp(&ra).then_with(|| a.node.cmp(&b.node))
-        });
-        v
-    }
+/// Orders verdicts best first: feasible by score, then name; then filtered ones by name.
+pub fn best_first(v: &mut [NodeVerdict]) {
+    v.sort_by(|a, b| {
+        let (ra, rb) = (a.raw.unwrap_or(-1.0), b.raw.unwrap_or(-1.0));
+        rb.total_cmp(&ra).then_with(|| a.node.cmp(&b.node))
+    });
 }
 
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
-    use fumarole_topology::crd::DeviceTopology;
+    use crate::ledger::Ledger;
+    use crate::request::DeviceRequest;
+    use crate::view::ClusterView;
+    use fumarole_topology::crd::{
+        CpuInfo, DeviceTopology, Numatopology, NumatopologySpec, ResourceInfoNuma,
+    };
+    use std::time::Instant;
 
     /// `n` NVIDIA GPUs named `<node>-gpu<i>`, all pairs weight `w`, the listed ones allocated.
     fn node(name: &str, n: u32, w: u32, allocated: &[u32]) -> DeviceTopology {
         crate::view::tests::dt_with_ids(name, n, w, allocated, |i| format!("{name}-gpu{i}"))
     }
 
-    fn req(count: usize) -> DeviceRequest {
-        DeviceRequest {
-            pod: "default/p".into(),
-            resource: "nvidia.com/gpu".into(),
-            count,
+    fn req(count: usize) -> PodRequest {
+        PodRequest {
+            devices: DeviceRequest {
+                pod: "default/p".into(),
+                resource: "nvidia.com/gpu".into(),
+                count,
+            },
+            group: None,
+            numa_cpus: None,
         }
+    }
+
+    /// The verdicts for every node of `view`, best first.
+    fn all(g: &GpuAware, view: &ClusterView, req: &PodRequest) -> Vec<NodeVerdict> {
+        let ledger = Ledger::default();
+        let c = Cluster::new(view, &ledger, Instant::now());
+        let mut v: Vec<NodeVerdict> = view.nodes().map(|n| g.node(&c, &n.name, req)).collect();
+        best_first(&mut v);
+        v
     }
 
     #[test]
@@ -191,10 +254,11 @@ mod tests {
             ],
             &[],
             &[],
+            &[],
         )
         .unwrap();
         let g = GpuAware::default();
-        let v = g.all(&view, &req(4));
+        let v = all(&g, &view, &req(4));
         assert_eq!(v[0].node, "four");
         assert_eq!(v[0].q, Some(1.0));
         assert_eq!(v[0].loss, Some(0.0));
@@ -213,7 +277,74 @@ mod tests {
             v[2].reason.as_deref(),
             Some("needs 4 nvidia.com/gpu, 2 free")
         );
-        let unknown = g.node(&view, "ghost", &req(1));
+        let ledger = Ledger::default();
+        let c = Cluster::new(&view, &ledger, Instant::now());
+        let unknown = g.node(&c, "ghost", &req(1));
         assert!(unknown.reason.unwrap().starts_with("unknown node"));
+    }
+
+    #[test]
+    fn single_numa_node_needs_devices_and_cpus_on_one_numa_node() {
+        // 8 GPUs, 0-3 on NUMA 0 and 4-7 on NUMA 1; GPUs 0, 1 and 4 taken.
+        let mut t = node("n", 8, 100, &[0, 1, 4]);
+        for (i, d) in t.spec.devices.iter_mut().enumerate() {
+            d.numa_node = Some(u32::from(i >= 4));
+        }
+        // CPUs 0-7 on NUMA 0, 8-15 on NUMA 1; free: 0-5 and 8-9.
+        let nt = Numatopology::new(
+            "n",
+            NumatopologySpec {
+                numares: [(
+                    "cpu".to_string(),
+                    ResourceInfoNuma {
+                        allocatable: "0-5,8-9".into(),
+                        capacity: 16,
+                    },
+                )]
+                .into(),
+                cpu_detail: (0..16)
+                    .map(|c| {
+                        let info = CpuInfo {
+                            numa: i64::from(c >= 8),
+                            socket: 0,
+                            core: c,
+                        };
+                        (c.to_string(), info)
+                    })
+                    .collect(),
+                ..Default::default()
+            },
+        );
+        let view = ClusterView::build(&[t], &[nt], &[], &[]).unwrap();
+        let ledger = Ledger::default();
+        let c = Cluster::new(&view, &ledger, Instant::now());
+        let g = GpuAware::default();
+        let ask = |gpus: usize, cpus: u32| {
+            let mut r = req(gpus);
+            r.numa_cpus = Some(cpus);
+            g.node(&c, "n", &r)
+        };
+        // 2 GPUs + 4 CPUs: NUMA 0 (GPUs 2, 3; 6 CPUs free).
+        assert_eq!(ask(2, 4).devices, ["n-gpu2", "n-gpu3"]);
+        // 3 GPUs + 2 CPUs: only NUMA 1 has 3 GPUs (5, 6, 7) and it has 2 CPUs.
+        assert_eq!(ask(3, 2).devices, ["n-gpu5", "n-gpu6", "n-gpu7"]);
+        // 3 GPUs + 4 CPUs: NUMA 0 lacks GPUs, NUMA 1 lacks CPUs.
+        let why = ask(3, 4).reason.unwrap();
+        assert_eq!(
+            why,
+            "single-numa-node: no NUMA node has 3 free nvidia.com/gpu and 4 free CPUs \
+             (NUMA 0: 2 free, 6 CPUs; NUMA 1: 3 free, 2 CPUs)"
+        );
+        // Without a Numatopology the node says so.
+        let bare = ClusterView::build(&[node("m", 8, 100, &[])], &[], &[], &[]).unwrap();
+        let c = Cluster::new(&bare, &ledger, Instant::now());
+        let mut r = req(1);
+        r.numa_cpus = Some(1);
+        assert!(
+            g.node(&c, "m", &r)
+                .reason
+                .unwrap()
+                .contains("no Numatopology")
+        );
     }
 }

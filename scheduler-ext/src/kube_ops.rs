@@ -1,0 +1,102 @@
+//! The API server writes of the service: the `fumarole.dev/devices` annotation and the pod's
+//! `Binding`. Pods are read from the reflector's store first and from the API server when the
+//! store has not seen them yet.
+
+use fumarole_topology::annotation::{self, DEVICES_ANNOTATION, DeviceChoice};
+use k8s_openapi::api::core::v1::{Binding, ObjectReference, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Client;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::reflector::{ObjectRef, Store};
+
+/// Field manager of the service's writes.
+pub const FIELD_MANAGER: &str = "fumarole-scheduler-ext";
+
+/// The client and the pod store.
+#[derive(Clone)]
+pub struct KubeOps {
+    client: Client,
+    pods: Store<Pod>,
+}
+
+impl std::fmt::Debug for KubeOps {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeOps").finish_non_exhaustive()
+    }
+}
+
+impl KubeOps {
+    pub fn new(client: Client, pods: Store<Pod>) -> Self {
+        KubeOps { client, pods }
+    }
+
+    fn api(&self, ns: &str) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), ns)
+    }
+
+    /// The pod, from the store or else the API server.
+    pub async fn pod(&self, ns: &str, name: &str) -> Result<Pod, kube::Error> {
+        if let Some(p) = self.pods.get(&ObjectRef::new(name).within(ns)) {
+            return Ok((*p).clone());
+        }
+        self.api(ns).get(name).await
+    }
+
+    /// Sets (or with `None` removes) the pod's `fumarole.dev/devices` annotation.
+    pub async fn annotate(
+        &self,
+        ns: &str,
+        name: &str,
+        choice: Option<&DeviceChoice>,
+    ) -> Result<(), kube::Error> {
+        let value = choice.map(annotation::format);
+        let patch = serde_json::json!({"metadata": {"annotations": {DEVICES_ANNOTATION: value}}});
+        self.api(ns)
+            .patch(
+                name,
+                &PatchParams {
+                    field_manager: Some(FIELD_MANAGER.into()),
+                    ..Default::default()
+                },
+                &Patch::Merge(&patch),
+            )
+            .await
+            .map(drop)
+    }
+
+    /// Binds the pod to `node` (the `pods/binding` subresource), as a binding extender must.
+    pub async fn bind(
+        &self,
+        ns: &str,
+        name: &str,
+        uid: &str,
+        node: &str,
+    ) -> Result<(), kube::Error> {
+        let binding = Binding {
+            metadata: ObjectMeta {
+                name: Some(name.to_string()),
+                namespace: Some(ns.to_string()),
+                uid: (!uid.is_empty()).then(|| uid.to_string()),
+                ..Default::default()
+            },
+            target: ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Node".into()),
+                name: Some(node.to_string()),
+                ..Default::default()
+            },
+        };
+        self.api(ns)
+            .create_subresource::<Binding, serde_json::Value>(
+                "binding",
+                name,
+                &PostParams {
+                    field_manager: Some(FIELD_MANAGER.into()),
+                    ..Default::default()
+                },
+                &binding,
+            )
+            .await
+            .map(drop)
+    }
+}
