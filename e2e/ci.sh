@@ -21,6 +21,6 @@ line="$(e2e/build-upstream.sh | tail -n1)"
 export "${line?}"
 echo "e2e/ci.sh: upstream ready in $(( $(date +%s) - start ))s at $FUMAROLE_UPSTREAM_DIR" >&2
 
-# The exporter tests run the agent binary beside the test binaries.
-cargo build -p fumarole-agent "$@"
+# The exporter and scheduler-extension tests run our binaries beside the test binaries.
+cargo build -p fumarole-agent -p fumarole-scheduler-ext "$@"
 cargo test -p fumarole-e2e "$@"

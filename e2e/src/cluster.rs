@@ -571,7 +571,8 @@ impl TestCluster {
         Ok(())
     }
 
-    async fn wait_healthz(&self, what: &str, url: &str) -> Result<()> {
+    /// Waits until `url`/healthz answers (the cluster's processes still running).
+    pub async fn wait_healthz(&self, what: &str, url: &str) -> Result<()> {
         let mut config = Config::new(url.parse()?);
         config.accept_invalid_certs = true;
         config.auth_info.token = Some(self.admin_token.clone().into());

@@ -12,15 +12,24 @@ use crate::TestCluster;
 /// The `fumarole-agent` binary beside the running test's own (`target/<profile>/`); e2e/ci.sh
 /// builds it first.
 pub fn agent_bin() -> Result<PathBuf> {
+    our_bin("fumarole-agent", "fumarole-agent")
+}
+
+/// The `fumarole-scheduler-ext` binary, like [`agent_bin`].
+pub fn scheduler_ext_bin() -> Result<PathBuf> {
+    our_bin("fumarole-scheduler-ext", "fumarole-scheduler-ext")
+}
+
+fn our_bin(name: &str, package: &str) -> Result<PathBuf> {
     let exe = std::env::current_exe()?;
     let bin = exe
         .parent()
         .and_then(Path::parent)
-        .map(|dir| dir.join("fumarole-agent"))
+        .map(|dir| dir.join(name))
         .unwrap_or_default();
     if !bin.exists() {
         bail!(
-            "{} missing: run `cargo build -p fumarole-agent` first",
+            "{} missing: run `cargo build -p {package}` first",
             bin.display()
         );
     }
@@ -40,6 +49,30 @@ impl TestCluster {
         self.install_nrt_crd().await?;
         self.install_crd_file(&device_topology_crd()).await?;
         Ok(())
+    }
+
+    /// Starts `fumarole-scheduler-ext serve` against this cluster's API server on a free
+    /// loopback port (plus `extra` arguments), waits for its `/healthz` and returns the port.
+    pub async fn start_scheduler_ext(&self, extra: &[&str]) -> Result<u16> {
+        let port = crate::cluster::free_port()?;
+        let mut args = vec![
+            "serve".to_string(),
+            format!("--kubeconfig={}", self.admin_kubeconfig().display()),
+            format!("--listen=127.0.0.1:{port}"),
+        ];
+        args.extend(extra.iter().map(|a| a.to_string()));
+        self.start_program(
+            "fumarole-scheduler-ext",
+            &scheduler_ext_bin()?,
+            &args,
+            &[("RUST_LOG", "info,scheduler_ext=debug")],
+        )?;
+        self.wait_healthz(
+            "fumarole-scheduler-ext",
+            &format!("http://127.0.0.1:{port}"),
+        )
+        .await?;
+        Ok(port)
     }
 }
 

@@ -1,77 +1,41 @@
-//! Real kube-scheduler with fumarole-scheduler-ext as its extender, the cluster view from the
-//! committed snapshot `scheduler-ext/tests/snapshots/two-dgx` (dgx-a: 4 free GPUs, dgx-b: 6
-//! free, pcie-a: 3 free). The API server's nodes all advertise enough `nvidia.com/gpu`, so only
-//! the extender tells them apart: a 4-GPU pod goes to dgx-a, where it fits exactly; a 7-GPU pod
-//! stays pending with our reason in its condition.
+//! Real kube-scheduler with fumarole-scheduler-ext (serving the live cluster: reflectors over
+//! the API server) as its filter, prioritize and bind extender. The nodes advertise all their
+//! GPUs, so only the extender knows which are free.
 
 // Test code: helpers outside #[test] fns may unwrap and panic too.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use fumarole_e2e::cluster::eventually;
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, PostParams};
-use scheduler_ext::extender::KUBE_PREFIX;
+use k8s_openapi::api::core::v1::{Event, Pod};
+use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
 
-fn gpu_pod(name: &str, gpus: &str) -> Pod {
+fn gpu_pod(name: &str, gpus: u32, annotations: serde_json::Value) -> Pod {
     serde_json::from_value(json!({
-        "metadata": {"name": name},
+        "metadata": {"name": name, "annotations": annotations},
         "spec": {"containers": [{
             "name": "c", "image": "example.invalid/none",
-            "resources": {"requests": {"cpu": "1"}, "limits": {"nvidia.com/gpu": gpus}}
+            "resources": {"requests": {"cpu": "1"}, "limits": {"nvidia.com/gpu": gpus.to_string()}}
         }]}
     }))
     .unwrap()
 }
 
-#[tokio::test]
-async fn four_gpu_pod_goes_where_it_fits_exactly() {
-    let (cluster, port) = common::two_dgx_with_extender().await;
-
-    cluster
-        .start_kube_scheduler(&format!(
-            "apiVersion: kubescheduler.config.k8s.io/v1\n\
-             kind: KubeSchedulerConfiguration\n\
-             extenders:\n\
-             - urlPrefix: http://127.0.0.1:{port}{KUBE_PREFIX}\n\
-             \x20 filterVerb: filter\n\
-             \x20 prioritizeVerb: prioritize\n\
-             \x20 nodeCacheCapable: true\n\
-             \x20 weight: 5\n\
-             \x20 managedResources:\n\
-             \x20 - name: nvidia.com/gpu\n\
-             \x20   ignoredByScheduler: false\n"
-        ))
-        .await
-        .unwrap();
-
-    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
-    pods.create(&PostParams::default(), &gpu_pod("four", "4"))
-        .await
-        .unwrap();
-    pods.create(&PostParams::default(), &gpu_pod("seven", "7"))
-        .await
-        .unwrap();
-
-    let node = eventually("four to be bound", Duration::from_secs(60), || {
-        let pods = pods.clone();
-        async move { Ok(pods.get("four").await?.spec.and_then(|s| s.node_name)) }
-    })
-    .await
-    .unwrap();
-    assert_eq!(node, "dgx-a");
-
-    let message = eventually(
-        "seven to be marked unschedulable",
+/// The message of the pod's `PodScheduled=False` condition, once it has one.
+async fn unschedulable_message(pods: &Api<Pod>, name: &str) -> String {
+    eventually(
+        &format!("{name} to be marked unschedulable"),
         Duration::from_secs(60),
         || {
             let pods = pods.clone();
+            let name = name.to_string();
             async move {
-                let p = pods.get("seven").await?;
+                let p = pods.get(&name).await?;
                 assert_eq!(p.spec.as_ref().and_then(|s| s.node_name.clone()), None);
                 Ok(p.status
                     .and_then(|s| s.conditions)
@@ -83,9 +47,114 @@ async fn four_gpu_pod_goes_where_it_fits_exactly() {
         },
     )
     .await
+    .unwrap()
+}
+
+/// dgx-a has 4 free GPUs, dgx-b 6, pcie-a 3: a 4-GPU pod goes to dgx-a, where it fits exactly,
+/// with dgx-a's 4 free GPUs written on it; a 7-GPU pod stays pending with our reason.
+#[tokio::test]
+async fn four_gpu_pod_goes_where_it_fits_exactly() {
+    let cluster = common::cluster().await;
+    common::publish(&cluster, &common::two_dgx()).await;
+    let port = cluster.start_scheduler_ext(&[]).await.unwrap();
+    cluster
+        .start_kube_scheduler(&common::kube_scheduler_config(port))
+        .await
+        .unwrap();
+
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let pp = PostParams::default();
+    pods.create(&pp, &gpu_pod("four", 4, json!({})))
+        .await
+        .unwrap();
+    pods.create(&pp, &gpu_pod("seven", 7, json!({})))
+        .await
+        .unwrap();
+
+    let node = eventually("four to be bound", Duration::from_secs(60), || {
+        let pods = pods.clone();
+        async move { Ok(pods.get("four").await?.spec.and_then(|s| s.node_name)) }
+    })
+    .await
     .unwrap();
+    assert_eq!(node, "dgx-a");
+    let four = pods.get("four").await.unwrap();
+    assert_eq!(
+        common::devices_of(&four).unwrap(),
+        ["dgx-a-gpu4", "dgx-a-gpu5", "dgx-a-gpu6", "dgx-a-gpu7"]
+    );
+
+    let message = unschedulable_message(&pods, "seven").await;
     assert!(
         message.contains("needs 7 nvidia.com/gpu, 6 free"),
         "{message}"
+    );
+}
+
+/// 16 pods of 2 GPUs in units of 16 GPUs (8 pods) over three super-nodes with 16, 16 and 12
+/// free GPUs: each unit lands whole in one super-node (so rack-c, too small, gets none), over
+/// 8 nodes, with no device given twice; a pod whose atomic unit (32 GPUs) fits no super-node
+/// stays pending with our reason in its events.
+#[tokio::test]
+async fn group_job_lands_unit_by_unit_in_single_super_nodes() {
+    let cluster = common::cluster().await;
+    common::publish(&cluster, &common::racks()).await;
+    let port = cluster.start_scheduler_ext(&[]).await.unwrap();
+    cluster
+        .start_kube_scheduler(&common::kube_scheduler_config(port))
+        .await
+        .unwrap();
+
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let pp = PostParams::default();
+    pods.create(
+        &pp,
+        &gpu_pod("huge-0", 2, json!({"metax-tech.com/gpu-group-size": "32"})),
+    )
+    .await
+    .unwrap();
+    let names: Vec<String> = (0..16).map(|i| format!("train-{i}")).collect();
+    for n in &names {
+        pods.create(
+            &pp,
+            &gpu_pod(n, 2, json!({"metax-tech.com/gpu-group-size": "16"})),
+        )
+        .await
+        .unwrap();
+    }
+
+    let placed = eventually("all 16 pods bound", Duration::from_secs(120), || {
+        let pods = pods.clone();
+        let names = names.clone();
+        async move {
+            let placed = common::placements(&pods, &names).await;
+            Ok((placed.len() == names.len()).then_some(placed))
+        }
+    })
+    .await
+    .unwrap();
+    let rank = |pod: &str| pod.trim_start_matches("train-").parse::<u32>().unwrap();
+    let units = common::check_units(&placed, rank, 8);
+    let racks: BTreeSet<&str> = units.values().map(String::as_str).collect();
+    assert_eq!(racks, BTreeSet::from(["rack-a", "rack-b"]), "{placed:?}");
+    let nodes: BTreeSet<&str> = placed.values().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(nodes.len(), 8, "{placed:?}");
+
+    let message = unschedulable_message(&pods, "huge-0").await;
+    let ours = "unit 0 of job default/huge (atomic part 0): needs 32 nvidia.com/gpu (16 pods of 2) in one super-node";
+    assert!(message.contains(ours), "{message}");
+    let events: Api<Event> = Api::namespaced(cluster.client(), "default");
+    let listed = events
+        .list(&ListParams::default().fields("involvedObject.name=huge-0"))
+        .await
+        .unwrap();
+    assert!(
+        listed
+            .items
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("FailedScheduling")
+                && e.message.as_deref().is_some_and(|m| m.contains(ours))),
+        "{:?}",
+        listed.items.iter().map(|e| &e.message).collect::<Vec<_>>()
     );
 }

@@ -1,29 +1,39 @@
-//! Real Volcano (vc-scheduler with its `extender` plugin) and fumarole-scheduler-ext, the
-//! cluster view from the committed snapshot `scheduler-ext/tests/snapshots/two-dgx` (dgx-a: 4
-//! free GPUs, dgx-b: 6 free, pcie-a: 3 free). The API server's nodes all advertise enough
-//! `nvidia.com/gpu`, so only the extender tells them apart: a 4-GPU pod goes to dgx-a.
+//! Real Volcano (vc-scheduler with its `extender` plugin, vc-controller-manager running Volcano
+//! Jobs) and fumarole-scheduler-ext serving the live cluster. The nodes advertise all their
+//! GPUs, so only the extender knows which are free. Volcano v1.10 binds without calling
+//! `allocateFunc`, so the service writes the devices on the pods after they are bound.
 
 // Test code: helpers outside #[test] fns may unwrap and panic too.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
-use fumarole_e2e::cluster::{eventually, volcano_conf};
+use fumarole_e2e::cluster::eventually;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, PostParams};
-use scheduler_ext::volcano::VOLCANO_PREFIX;
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, PostParams};
 use serde_json::json;
+
+/// Every extender call succeeded (Volcano logs failed ones and carries on).
+fn assert_no_failed_calls(cluster: &fumarole_e2e::TestCluster) {
+    let log = cluster.log_tail("vc-scheduler", 4000).unwrap();
+    for failure in ["Predicate failed", "Prioritize failed"] {
+        assert!(
+            !log.contains(failure),
+            "{failure} in vc-scheduler log:\n{log}"
+        );
+    }
+}
 
 #[tokio::test]
 async fn volcano_puts_four_gpu_pod_where_it_fits_exactly() {
-    let (cluster, port) = common::two_dgx_with_extender().await;
-
+    let cluster = common::cluster().await;
+    common::publish(&cluster, &common::two_dgx()).await;
+    let port = cluster.start_scheduler_ext(&[]).await.unwrap();
     cluster
-        .start_volcano(&volcano_conf(&format!(
-            "  - name: extender\n    arguments:\n      extender.urlPrefix: http://127.0.0.1:{port}{VOLCANO_PREFIX}\n      extender.httpTimeout: 1s\n      extender.predicateVerb: predicate\n      extender.prioritizeVerb: prioritize\n"
-        )))
+        .start_volcano(&common::volcano_conf_with_extender(port))
         .await
         .unwrap();
 
@@ -41,19 +51,150 @@ async fn volcano_puts_four_gpu_pod_where_it_fits_exactly() {
     }))
     .unwrap();
     pods.create(&PostParams::default(), &pod).await.unwrap();
-    let node = eventually("four to be bound", Duration::from_secs(90), || {
+    let placed = eventually("four bound and annotated", Duration::from_secs(90), || {
         let pods = pods.clone();
-        async move { Ok(pods.get("four").await?.spec.and_then(|s| s.node_name)) }
+        async move {
+            Ok(common::placements(&pods, &["four".to_string()])
+                .await
+                .pop_first())
+        }
     })
     .await
     .unwrap();
-    assert_eq!(node, "dgx-a");
-    // Every extender call succeeded (Volcano logs failed ones and carries on).
-    let log = cluster.log_tail("vc-scheduler", 2000).unwrap();
-    for failure in ["Predicate failed", "Prioritize failed"] {
-        assert!(
-            !log.contains(failure),
-            "{failure} in vc-scheduler log:\n{log}"
-        );
-    }
+    assert_eq!(placed.1.0, "dgx-a");
+    assert_eq!(
+        placed.1.1,
+        ["dgx-a-gpu4", "dgx-a-gpu5", "dgx-a-gpu6", "dgx-a-gpu7"]
+    );
+    assert_no_failed_calls(&cluster);
+}
+
+fn vcjob(name: &str, replicas: u32, group_size: u32) -> DynamicObject {
+    let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(
+        "batch.volcano.sh",
+        "v1alpha1",
+        "Job",
+    ));
+    let mut job = DynamicObject::new(name, &ar).within("default");
+    job.data = json!({"spec": {
+        "schedulerName": "volcano",
+        "queue": "default",
+        "minAvailable": replicas,
+        "maxRetry": 3,
+        "tasks": [{
+            "name": "worker",
+            "replicas": replicas,
+            "template": {
+                "metadata": {"annotations": {"metax-tech.com/gpu-group-size": group_size.to_string()}},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [{
+                        "name": "c", "image": "example.invalid/none",
+                        "resources": {"requests": {"cpu": "1", "memory": "1Gi"},
+                                      "limits": {"nvidia.com/gpu": "2"}}
+                    }]
+                }
+            }
+        }]
+    }});
+    job
+}
+
+/// A Volcano Job of 16 workers of 2 GPUs in units of 16 GPUs over super-nodes with 16, 16
+/// and 12 free GPUs lands unit by unit in rack-a and rack-b over 8 nodes, every pod with its
+/// own devices; a Job whose atomic unit (32 GPUs) fits no super-node stays pending with our
+/// reason.
+#[tokio::test]
+async fn volcano_job_lands_unit_by_unit_in_single_super_nodes() {
+    let cluster = common::cluster().await;
+    common::publish(&cluster, &common::racks()).await;
+    let port = cluster.start_scheduler_ext(&[]).await.unwrap();
+    cluster
+        .start_volcano(&common::volcano_conf_with_extender(port))
+        .await
+        .unwrap();
+
+    let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(
+        "batch.volcano.sh",
+        "v1alpha1",
+        "Job",
+    ));
+    let jobs: Api<DynamicObject> = Api::namespaced_with(cluster.client(), "default", &ar);
+    let pp = PostParams::default();
+    jobs.create(&pp, &vcjob("huge", 1, 32)).await.unwrap();
+    jobs.create(&pp, &vcjob("train", 16, 16)).await.unwrap();
+
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let names: Vec<String> = (0..16).map(|i| format!("train-worker-{i}")).collect();
+    let placed = eventually(
+        "all 16 workers bound and annotated",
+        Duration::from_secs(120),
+        || {
+            let pods = pods.clone();
+            let names = names.clone();
+            async move {
+                let placed = common::placements(&pods, &names).await;
+                Ok((placed.len() == names.len()).then_some(placed))
+            }
+        },
+    )
+    .await;
+    let placed = match placed {
+        Ok(p) => p,
+        Err(e) => panic!(
+            "{e}\npods: {:?}\nscheduler-ext:\n{}\nvc-scheduler:\n{}",
+            common::pod_states(&pods).await,
+            cluster.log_tail("fumarole-scheduler-ext", 60).unwrap(),
+            cluster.log_tail("vc-scheduler", 60).unwrap()
+        ),
+    };
+    let rank = |pod: &str| {
+        pod.trim_start_matches("train-worker-")
+            .parse::<u32>()
+            .unwrap()
+    };
+    let units = common::check_units(&placed, rank, 8);
+    let racks: BTreeSet<&str> = units.values().map(String::as_str).collect();
+    assert_eq!(racks, BTreeSet::from(["rack-a", "rack-b"]), "{placed:?}");
+    let nodes: BTreeSet<&str> = placed.values().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(nodes.len(), 8, "{placed:?}");
+
+    // The impossible job's pod stays unbound, and Volcano reports our reason for it.
+    let ours = "needs 32 nvidia.com/gpu (16 pods of 2) in one super-node";
+    let reason = eventually(
+        "huge to be reported unschedulable",
+        Duration::from_secs(60),
+        || {
+            let pods = pods.clone();
+            let cluster = &cluster;
+            async move {
+                let p = pods.get("huge-worker-0").await?;
+                assert_eq!(p.spec.as_ref().and_then(|s| s.node_name.clone()), None);
+                let condition = p
+                    .status
+                    .and_then(|s| s.conditions)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter_map(|c| c.message)
+                    .find(|m| m.contains(ours));
+                let events: Api<k8s_openapi::api::core::v1::Event> =
+                    Api::namespaced(cluster.client(), "default");
+                let event = events
+                    .list(&ListParams::default())
+                    .await?
+                    .items
+                    .into_iter()
+                    .filter_map(|e| e.message)
+                    .find(|m| m.contains(ours));
+                Ok(condition.or(event))
+            }
+        },
+    )
+    .await
+    .unwrap();
+    assert!(
+        reason.contains("unit 0 of job default/huge/worker"),
+        "{reason}"
+    );
+    assert_no_failed_calls(&cluster);
 }

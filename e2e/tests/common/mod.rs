@@ -1,38 +1,255 @@
-//! Setup shared by the scheduler-extension e2e tests.
+//! Setup shared by the scheduler-extension e2e tests: nodes that publish `DeviceTopology`
+// Each test binary uses part of this module.
+#![allow(dead_code)]
+//! objects (as the agent would), fumarole-scheduler-ext serving the live cluster, and the
+//! scheduler configurations that call it.
 
-use std::path::Path;
-use std::sync::Arc;
+use std::collections::BTreeMap;
 
+use fumarole_e2e::cluster::volcano_conf;
 use fumarole_e2e::{NodeSpec, TestCluster};
-use scheduler_ext::extender::{Service, serve};
-use scheduler_ext::score::gpu_aware::GpuAware;
-use scheduler_ext::snapshot;
-use tokio::net::TcpListener;
+use fumarole_topology::annotation::{self, DEVICES_ANNOTATION};
+use fumarole_topology::crd::device_topology::{DeviceInfo, LinkInfo, SuperNodeInfo};
+use fumarole_topology::crd::{
+    DeviceAllocation, DeviceStatus, DeviceTopology, DeviceTopologySpec, DeviceTopologyStatus,
+};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use scheduler_ext::extender::KUBE_PREFIX;
+use scheduler_ext::volcano::VOLCANO_PREFIX;
 
-/// A cluster with the nodes of the committed snapshot `two-dgx` (all advertising enough
-/// `nvidia.com/gpu`, so only the extender tells them apart), and fumarole-scheduler-ext serving
-/// that snapshot on a loopback port, which is returned.
-pub async fn two_dgx_with_extender() -> (TestCluster, u16) {
-    let cluster = TestCluster::start().await.unwrap();
-    for (name, gpus) in [("dgx-a", "8"), ("dgx-b", "8"), ("pcie-a", "4")] {
+/// A node of `gpus` NVIDIA GPUs `<name>-gpu<i>`, every pair on NVLink, the listed ones
+/// allocated (to pods the node runs), in super-node `rack` if given.
+pub fn dgx(name: &str, gpus: u32, allocated: &[u32], rack: Option<&str>) -> DeviceTopology {
+    let id = |i: u32| format!("{name}-gpu{i}");
+    let devices = (0..gpus)
+        .map(|i| DeviceInfo {
+            id: id(i),
+            index: i,
+            vendor: "nvidia".into(),
+            kind: "gpu".into(),
+            model: "NVIDIA H100 80GB HBM3".into(),
+            numa_node: Some(u32::from(i >= gpus / 2)),
+            ..Default::default()
+        })
+        .collect();
+    let mut links = Vec::new();
+    for a in 0..gpus {
+        for b in a + 1..gpus {
+            links.push(LinkInfo {
+                a,
+                b,
+                kind: "nvlink".into(),
+                count: Some(18),
+                weight: 180,
+            });
+        }
+    }
+    let mut t = DeviceTopology::new(
+        name,
+        DeviceTopologySpec {
+            accelerator_count: gpus,
+            model: "NVIDIA H100 80GB HBM3".into(),
+            devices,
+            links,
+            super_node: rack.map(|r| SuperNodeInfo {
+                id: r.into(),
+                source: "config".into(),
+            }),
+            ..Default::default()
+        },
+    );
+    t.status = Some(DeviceTopologyStatus {
+        healthy_count: gpus,
+        devices: (0..gpus)
+            .map(|i| {
+                let allocation = allocated.contains(&i).then(|| DeviceAllocation {
+                    namespace: "other".into(),
+                    pod: format!("running-{i}"),
+                    container: "c".into(),
+                });
+                (
+                    id(i),
+                    DeviceStatus {
+                        health: "Healthy".into(),
+                        allocation,
+                    },
+                )
+            })
+            .collect(),
+    });
+    t
+}
+
+/// Creates a Node for each topology (advertising all its GPUs, so only the extender tells
+/// free from used) and publishes the topology with its status.
+pub async fn publish(cluster: &TestCluster, topologies: &[DeviceTopology]) {
+    let api: Api<DeviceTopology> = Api::all(cluster.client());
+    for t in topologies {
+        let name = t.metadata.name.clone().unwrap();
         cluster
             .create_node(
-                &NodeSpec::new(name)
+                &NodeSpec::new(&name)
                     .capacity("cpu", "64")
                     .capacity("memory", "512Gi")
-                    .capacity("nvidia.com/gpu", gpus),
+                    .capacity("nvidia.com/gpu", &t.spec.accelerator_count.to_string()),
             )
             .await
             .unwrap();
+        let mut spec_only = t.clone();
+        spec_only.status = None;
+        api.create(&PostParams::default(), &spec_only)
+            .await
+            .unwrap();
+        let status = serde_json::json!({"status": t.status});
+        api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .unwrap();
     }
-    let dir =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../scheduler-ext/tests/snapshots/two-dgx");
-    let svc = Arc::new(Service::new(
-        snapshot::load(&dir).unwrap(),
-        GpuAware::default(),
-    ));
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    tokio::spawn(serve(listener, svc));
-    (cluster, port)
+}
+
+/// A cluster with our CRDs and no nodes yet.
+pub async fn cluster() -> TestCluster {
+    let cluster = TestCluster::start().await.unwrap();
+    cluster.install_fumarole_crds().await.unwrap();
+    cluster
+}
+
+/// dgx-a: 4 of 8 GPUs free (4-7); dgx-b: 6 of 8 free (2-7); pcie-a: 3 of 4 free (1-3).
+pub fn two_dgx() -> Vec<DeviceTopology> {
+    vec![
+        dgx("dgx-a", 8, &[0, 1, 2, 3], None),
+        dgx("dgx-b", 8, &[0, 1], None),
+        dgx("pcie-a", 4, &[0], None),
+    ]
+}
+
+/// Three super-nodes of 8-GPU nodes with 4 GPUs free each (4-7): rack-a (a0..a3, 16 free),
+/// rack-b (b0..b3, 16 free) and rack-c (c0..c2, 12 free).
+pub fn racks() -> Vec<DeviceTopology> {
+    let mut out = Vec::new();
+    for (rack, prefix, n) in [("rack-a", "a", 4), ("rack-b", "b", 4), ("rack-c", "c", 3)] {
+        for i in 0..n {
+            out.push(dgx(&format!("{prefix}{i}"), 8, &[0, 1, 2, 3], Some(rack)));
+        }
+    }
+    out
+}
+
+/// The super-node of a node of [`racks`].
+pub fn rack_of(node: &str) -> &'static str {
+    match node.chars().next() {
+        Some('a') => "rack-a",
+        Some('b') => "rack-b",
+        Some('c') => "rack-c",
+        _ => "?",
+    }
+}
+
+/// kube-scheduler configuration with fumarole-scheduler-ext as filtering, scoring and binding
+/// extender for `nvidia.com/gpu` pods.
+pub fn kube_scheduler_config(port: u16) -> String {
+    format!(
+        "apiVersion: kubescheduler.config.k8s.io/v1\n\
+         kind: KubeSchedulerConfiguration\n\
+         extenders:\n\
+         - urlPrefix: http://127.0.0.1:{port}{KUBE_PREFIX}\n\
+         \x20 filterVerb: filter\n\
+         \x20 prioritizeVerb: prioritize\n\
+         \x20 bindVerb: bind\n\
+         \x20 nodeCacheCapable: true\n\
+         \x20 weight: 5\n\
+         \x20 managedResources:\n\
+         \x20 - name: nvidia.com/gpu\n\
+         \x20   ignoredByScheduler: false\n"
+    )
+}
+
+/// A Volcano scheduler configuration with fumarole-scheduler-ext in the `extender` plugin.
+/// Volcano v1.10 does not call `allocateFunc` / `deallocateFunc` yet; later versions do.
+/// The allocate action's predicate error cache is off: it remembers a node's failure for every
+/// pod of the same task, but a gpu-group-size pod's super-node depends on its rank.
+pub fn volcano_conf_with_extender(port: u16) -> String {
+    let extender = format!(
+        "  - name: extender\n    arguments:\n      extender.urlPrefix: http://127.0.0.1:{port}{VOLCANO_PREFIX}\n      extender.httpTimeout: 1s\n      extender.predicateVerb: predicate\n      extender.prioritizeVerb: prioritize\n      extender.allocateFuncVerb: allocateFunc\n      extender.deallocateFuncVerb: deallocateFunc\n"
+    );
+    format!(
+        "{}configurations:\n- name: allocate\n  arguments:\n    predicateErrorCacheEnable: false\n",
+        volcano_conf(&extender)
+    )
+}
+
+/// The devices a pod carries in `fumarole.dev/devices`, if any.
+pub fn devices_of(pod: &Pod) -> Option<Vec<String>> {
+    let value = pod.metadata.annotations.as_ref()?.get(DEVICES_ANNOTATION)?;
+    let choice = annotation::parse(value).unwrap();
+    Some(choice.into_values().flatten().collect())
+}
+
+/// Pod name -> (node, devices) for bound pods with our annotation.
+pub async fn placements(
+    pods: &Api<Pod>,
+    names: &[String],
+) -> BTreeMap<String, (String, Vec<String>)> {
+    let mut out = BTreeMap::new();
+    for n in names {
+        // Not created yet (a controller makes them) counts as not placed.
+        let Some(p) = pods.get_opt(n).await.unwrap() else {
+            continue;
+        };
+        if let (Some(node), Some(devices)) = (
+            p.spec.as_ref().and_then(|s| s.node_name.clone()),
+            devices_of(&p),
+        ) {
+            out.insert(n.clone(), (node, devices));
+        }
+    }
+    out
+}
+
+/// Checks a job's placement: every pod's devices lie on its node and no device is given twice;
+/// the pods of each unit of `per_unit` consecutive ranks share one super-node, and the units
+/// use different super-nodes. Returns each unit's super-node.
+pub fn check_units(
+    placed: &BTreeMap<String, (String, Vec<String>)>,
+    rank: impl Fn(&str) -> u32,
+    per_unit: u32,
+) -> BTreeMap<u32, String> {
+    let mut seen = std::collections::BTreeSet::new();
+    let mut units: BTreeMap<u32, std::collections::BTreeSet<&str>> = BTreeMap::new();
+    for (pod, (node, devices)) in placed {
+        for d in devices {
+            assert!(
+                d.starts_with(&format!("{node}-gpu")),
+                "{pod}: {d} is not on {node}"
+            );
+            assert!(seen.insert(d.clone()), "{d} given twice");
+        }
+        units
+            .entry(rank(pod) / per_unit)
+            .or_default()
+            .insert(rack_of(node));
+    }
+    let mut out = BTreeMap::new();
+    for (unit, racks) in units {
+        assert_eq!(racks.len(), 1, "unit {unit} spans {racks:?}: {placed:?}");
+        out.insert(unit, racks.into_iter().next().unwrap().to_string());
+    }
+    out
+}
+
+/// Every pod of the namespace as `name node annotation`, for failure messages.
+pub async fn pod_states(pods: &Api<Pod>) -> Vec<String> {
+    let list = pods.list(&Default::default()).await.unwrap();
+    list.items
+        .iter()
+        .map(|p| {
+            format!(
+                "{} on {:?} devices {:?}",
+                p.metadata.name.as_deref().unwrap_or("?"),
+                p.spec.as_ref().and_then(|s| s.node_name.as_deref()),
+                devices_of(p)
+            )
+        })
+        .collect()
 }
