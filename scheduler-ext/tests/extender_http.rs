@@ -179,3 +179,132 @@ async fn volcano_predicate_and_prioritize() {
         "{text}"
     );
 }
+
+/// `POST` to a shared router, answering the parsed JSON.
+async fn post_to(app: &axum::Router, path: &str, body: Value) -> (StatusCode, Value) {
+    let resp = app
+        .clone()
+        .oneshot(
+            Request::post(path)
+                .header("content-type", "application/json")
+                .body(Body::from(body.to_string()))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let status = resp.status();
+    let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
+}
+
+fn named_pod(name: &str, gpus: &str) -> Value {
+    json!({
+        "metadata": {"name": name, "namespace": "training"},
+        "spec": {"containers": [{"name": "main", "resources": {"limits": {"nvidia.com/gpu": gpus}}}]}
+    })
+}
+
+/// dgx-b has 6 free GPUs. Twenty Volcano `allocateFunc` calls for 1-GPU pods race for it on
+/// a multi-threaded runtime: exactly six succeed, each with a device of its own, the others get
+/// a reason; `deallocateFunc` gives a device back for the next pod.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_allocations_never_share_a_device() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/snapshots/two-dgx");
+    let svc = Arc::new(Service::new(
+        snapshot::load(&dir).unwrap(),
+        GpuAware::default(),
+    ));
+    let app = router(Arc::clone(&svc));
+    let calls = (0..20).map(|i| {
+        let app = app.clone();
+        tokio::spawn(async move {
+            let task = json!({"task": {"Name": format!("p{i}"), "NodeName": "dgx-b",
+                                       "Pod": named_pod(&format!("p{i}"), "1")}});
+            post_to(&app, "/volcano/allocateFunc", task).await
+        })
+    });
+    let mut ok = 0;
+    for c in calls {
+        let (status, body) = c.await.unwrap();
+        assert_eq!(status, StatusCode::OK);
+        let msg = body["errorMessage"].as_str().unwrap();
+        if msg.is_empty() {
+            ok += 1;
+        } else {
+            assert!(msg.contains("needs 1 nvidia.com/gpu, 0 free"), "{msg}");
+        }
+    }
+    assert_eq!(ok, 6);
+    let mut given = std::collections::BTreeSet::new();
+    for i in 0..20 {
+        let mut pod: k8s_openapi::api::core::v1::Pod =
+            serde_json::from_value(named_pod(&format!("p{i}"), "1")).unwrap();
+        pod.spec.as_mut().unwrap().node_name = Some("dgx-b".into());
+        if let Ok(Some(c)) = svc.commit(&pod, "dgx-b") {
+            // Committing again answers the earlier choice.
+            assert!(
+                given.insert(c.devices[0].clone()),
+                "{:?} given twice",
+                c.devices
+            );
+        }
+    }
+    assert_eq!(given.len(), 6);
+
+    // Give p0's device back: the next pod gets exactly that one.
+    let (_, body) = post_to(
+        &app,
+        "/volcano/deallocateFunc",
+        json!({"task": {"Pod": named_pod("p0", "1")}}),
+    )
+    .await;
+    assert_eq!(body["errorMessage"], "");
+    let (_, body) = post_to(
+        &app,
+        "/volcano/allocateFunc",
+        json!({"task": {"NodeName": "dgx-b", "Pod": named_pod("late", "1")}}),
+    )
+    .await;
+    assert_eq!(body["errorMessage"], "");
+    // A filter now sees dgx-b full.
+    let (_, r) = post_to(
+        &app,
+        "/kube-scheduler/filter",
+        json!({"Pod": named_pod("more", "1"), "NodeNames": ["dgx-b"]}),
+    )
+    .await;
+    assert_eq!(r["FailedNodes"]["dgx-b"], "needs 1 nvidia.com/gpu, 0 free");
+}
+
+/// `bind` needs the API server: on a snapshot it answers an error, never a crash; bad bodies
+/// get 400.
+#[tokio::test]
+async fn bind_on_a_snapshot_and_bad_bodies() {
+    let (status, body) = post(
+        "/kube-scheduler/bind",
+        json!({"PodName": "train-0", "PodNamespace": "training", "PodUID": "u1", "Node": "dgx-a"})
+            .to_string(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let r: Value = serde_json::from_str(&body).unwrap();
+    assert!(
+        r["Error"].as_str().unwrap().contains("cluster snapshot"),
+        "{body}"
+    );
+    let (status, body) = post("/kube-scheduler/bind", json!({"Node": "dgx-a"}).to_string()).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(body.contains("needs PodName and Node"), "{body}");
+    let (status, _) = post("/kube-scheduler/bind", "{not json".into()).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let (status, _) = post("/volcano/allocateFunc", "{\"task\": 5}".into()).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let (status, body) = post("/volcano/allocateFunc", json!({"task": {}}).to_string()).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(body.contains("no task.Pod"), "{body}");
+}
