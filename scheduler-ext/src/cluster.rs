@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use crate::ledger::Ledger;
-use crate::view::ClusterView;
+use crate::view::{ClusterView, NodeView, indices};
 
 /// A view and the ledger, read together under the ledger's lock.
 #[derive(Clone, Copy, Debug)]
@@ -19,14 +19,27 @@ impl<'a> Cluster<'a> {
         Cluster { view, ledger, now }
     }
 
-    /// Indices of the free devices of `resource` on `node`: free in the view and not committed
-    /// by this service.
-    pub fn free(&self, node: &str, resource: &str) -> Vec<usize> {
-        if self.ledger.has_commits_on(node) {
-            self.view
-                .free_except(node, resource, |id| self.ledger.is_committed(node, id))
-        } else {
-            self.view.free(node, resource)
+    /// Mask of the free devices of `resource` on `nv`: free in the view and not committed by
+    /// this service.
+    pub fn free_mask(&self, nv: &NodeView, resource: &str) -> u64 {
+        let free = self.view.free_mask(nv, resource);
+        match self.ledger.committed_on(&nv.name) {
+            Some(ids) => free & !nv.mask_of_ids(ids),
+            None => free,
         }
+    }
+
+    /// Number of free devices of `resource` on `node` (0 for unknown nodes).
+    pub fn free_count(&self, node: &str, resource: &str) -> usize {
+        self.view
+            .node(node)
+            .map_or(0, |nv| self.free_mask(nv, resource).count_ones() as usize)
+    }
+
+    /// Indices of the free devices of `resource` on `node` ([`Self::free_mask`]).
+    pub fn free(&self, node: &str, resource: &str) -> Vec<usize> {
+        self.view
+            .node(node)
+            .map_or_else(Vec::new, |nv| indices(self.free_mask(nv, resource)))
     }
 }

@@ -12,6 +12,7 @@ use serde::Serialize;
 use crate::extender::Service;
 use crate::request::{DeviceRequest, RequestError};
 use crate::score::gpu_aware::{GpuAware, NodeVerdict, best_first};
+use crate::view::ClusterView;
 
 /// One row of the explanation.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -26,15 +27,15 @@ pub struct Row {
 }
 
 impl Row {
-    fn new(v: NodeVerdict, g: &GpuAware) -> Self {
+    fn new(v: NodeVerdict, g: &GpuAware, view: &ClusterView) -> Self {
         Row {
             feasible: v.feasible(),
+            devices: v.device_ids(view),
             node: v.node,
             reason: v.reason,
             q: v.q,
             loss: v.loss,
             score: v.raw.map(|r| g.volcano(r)),
-            devices: v.devices,
         }
     }
 }
@@ -48,7 +49,13 @@ pub fn explain(svc: &Service, pod: &Pod) -> Result<(DeviceRequest, Vec<Row>), Re
     let mut verdicts = svc.evaluate(pod, &names, false)?;
     best_first(&mut verdicts);
     let g = svc.scorer();
-    Ok((req, verdicts.into_iter().map(|v| Row::new(v, g)).collect()))
+    Ok((
+        req,
+        verdicts
+            .into_iter()
+            .map(|v| Row::new(v, g, &view))
+            .collect(),
+    ))
 }
 
 /// JSON text (pretty, one trailing newline).

@@ -320,7 +320,7 @@ impl Service {
         let commit = Commit {
             node: node.to_string(),
             resource: req.devices.resource.clone(),
-            devices: v.devices,
+            devices: v.device_ids(&view),
             unit: req.group.as_ref().map(|g| (g.key.clone(), g.gpus)),
             at: now,
         };

@@ -103,6 +103,11 @@ impl Ledger {
         self.by_node.contains_key(node)
     }
 
+    /// The device ids committed on `node`, if any.
+    pub fn committed_on(&self, node: &str) -> Option<&HashSet<String>> {
+        self.by_node.get(node)
+    }
+
     /// Committed pods of `unit` not yet bound in `view`: (pod, node, GPUs).
     pub fn unit_commits<'a>(
         &'a self,

@@ -119,7 +119,7 @@ fn room(
     nodes
         .iter()
         .filter(|n| candidates.is_none_or(|set| set.contains(n.as_str())))
-        .map(|n| usable(c.free(n, resource).len(), g))
+        .map(|n| usable(c.free_count(n, resource), g))
         .sum()
 }
 
@@ -302,7 +302,7 @@ impl<'a> Checker<'a> {
         if reserved_gpus == 0 {
             return None;
         }
-        let free = self.c.free(&node.name, self.resource).len();
+        let free = self.c.free_mask(node, self.resource).count_ones() as usize;
         let after =
             room_now.saturating_sub(usable(free, g)) + usable(free.saturating_sub(count), g);
         if after >= reserved_gpus {

@@ -19,7 +19,7 @@
 //! the API server reflectors ([`crate::live`]) go through the same code.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, RwLock};
 
 use fumarole_topology::CpuSet;
 use fumarole_topology::annotation::{self, DEVICES_ANNOTATION};
@@ -31,6 +31,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::group::{self, UnitKey};
 use crate::request;
+
+/// Most devices one node may have (free sets are 64-bit masks, so the hot path allocates
+/// nothing).
+pub const MAX_DEVICES: usize = 64;
 
 /// Node label naming the node's super-node (what `fumarole-agent run --super-node` publishes).
 pub const SUPER_NODE_LABEL: &str = "fumarole.dev/super-node";
@@ -61,6 +65,9 @@ pub enum ViewError {
     /// Two devices of one node share an id.
     #[error("DeviceTopology {node}: device id {id:?} appears twice")]
     DuplicateDevice { node: String, id: String },
+    /// More devices than a node view holds (device sets are 64-bit masks).
+    #[error("DeviceTopology {node}: {n} devices; at most {MAX_DEVICES} per node are supported")]
+    TooManyDevices { node: String, n: usize },
     /// Two DeviceTopology objects for one node.
     #[error("DeviceTopology {0} appears twice")]
     DuplicateNode(String),
@@ -92,6 +99,14 @@ pub struct NodeView {
     pub resources: Vec<String>,
     /// Healthy and not allocated in the node's own status.
     pub available: Vec<bool>,
+    /// `available` as a bit mask (bit i = device i).
+    pub available_mask: u64,
+    /// Resource name -> mask of its devices.
+    pub resource_masks: Vec<(String, u64)>,
+    /// Devices named in the `fumarole.dev/devices` annotation of pods bound here.
+    pub assumed_mask: u64,
+    /// Device id -> index.
+    pub index_of: HashMap<String, usize>,
     /// NUMA node of each device, where known.
     pub numa: Vec<Option<u32>>,
     /// Free CPUs per NUMA node, from the node's `Numatopology` (`None` when it publishes none).
@@ -119,6 +134,9 @@ impl NodeView {
         })?;
         let devices = &dt.spec.devices;
         let n = devices.len();
+        if n > MAX_DEVICES {
+            return Err(ViewError::TooManyDevices { node: name, n });
+        }
         let mut seen = BTreeSet::new();
         for d in devices {
             if !seen.insert(d.id.as_str()) {
@@ -158,7 +176,7 @@ impl NodeView {
             }
         };
         let status = dt.status.as_ref();
-        let available = devices
+        let available: Vec<bool> = devices
             .iter()
             .map(|d| match status.and_then(|s| s.devices.get(&d.id)) {
                 Some(s) => s.health == "Healthy" && s.allocation.is_none(),
@@ -166,10 +184,26 @@ impl NodeView {
                 None => status.is_none(),
             })
             .collect();
+        let resources: Vec<String> = devices.iter().map(resource_of).collect();
+        let mut resource_masks: Vec<(String, u64)> = Vec::new();
+        for (i, r) in resources.iter().enumerate() {
+            match resource_masks.iter_mut().find(|(name, _)| name == r) {
+                Some((_, m)) => *m |= 1 << i,
+                None => resource_masks.push((r.clone(), 1 << i)),
+            }
+        }
         Ok(NodeView {
             name,
             device_ids: devices.iter().map(|d| d.id.clone()).collect(),
-            resources: devices.iter().map(resource_of).collect(),
+            available_mask: mask_of(available.iter().copied()),
+            resource_masks,
+            assumed_mask: 0,
+            index_of: devices
+                .iter()
+                .enumerate()
+                .map(|(i, d)| (d.id.clone(), i))
+                .collect(),
+            resources,
             available,
             numa: devices.iter().map(|d| d.numa_node).collect(),
             free_cpus: None,
@@ -187,6 +221,10 @@ impl NodeView {
             device_ids: Vec::new(),
             resources: Vec::new(),
             available: Vec::new(),
+            available_mask: 0,
+            resource_masks: Vec::new(),
+            assumed_mask: 0,
+            index_of: HashMap::new(),
             numa: Vec::new(),
             free_cpus: None,
             select: Arc::new(NodeContext::new(empty_context())),
@@ -201,6 +239,29 @@ impl NodeView {
         self.super_node.as_deref().unwrap_or(&self.name)
     }
 
+    /// Mask of the devices of `resource`.
+    pub fn resource_mask(&self, resource: &str) -> u64 {
+        self.resource_masks
+            .iter()
+            .find(|(r, _)| r == resource)
+            .map_or(0, |(_, m)| *m)
+    }
+
+    /// Mask of the devices named by `ids` (unknown ids are ignored).
+    pub fn mask_of_ids<'a>(&self, ids: impl IntoIterator<Item = &'a String>) -> u64 {
+        ids.into_iter()
+            .filter_map(|id| self.index_of.get(id))
+            .fold(0, |m, &i| m | 1 << i)
+    }
+
+    /// Device ids of the devices at `devices` (indices).
+    pub fn ids_of(&self, devices: &[usize]) -> Vec<String> {
+        devices
+            .iter()
+            .filter_map(|&i| self.device_ids.get(i).cloned())
+            .collect()
+    }
+
     /// Resources this node offers, with their device counts.
     pub fn offered(&self) -> BTreeMap<&str, usize> {
         let mut m = BTreeMap::new();
@@ -209,6 +270,24 @@ impl NodeView {
         }
         m
     }
+}
+
+/// The mask with bit i set where the i-th item is true.
+fn mask_of(bits: impl Iterator<Item = bool>) -> u64 {
+    bits.enumerate()
+        .filter(|(_, b)| *b)
+        .fold(0, |m, (i, _)| m | 1 << i)
+}
+
+/// The indices of the set bits, ascending.
+pub fn indices(mask: u64) -> Vec<usize> {
+    let mut out = Vec::with_capacity(mask.count_ones() as usize);
+    let mut m = mask;
+    while m != 0 {
+        out.push(m.trailing_zeros() as usize);
+        m &= m - 1;
+    }
+    out
 }
 
 /// Contexts by link matrix, while a view is built.
@@ -223,30 +302,33 @@ pub const MEMO_LIMIT: usize = 4096;
 #[derive(Debug)]
 pub struct NodeContext {
     pub context: SelectContext,
-    memo: Mutex<Memo>,
+    memo: RwLock<Memo>,
 }
 
-/// `(free, k)` -> the answer of `select`.
-type Memo = HashMap<(Vec<usize>, usize), Result<Selection, SelectError>>;
+/// An answer of `select`, shared by every node and request that asks the same.
+pub type Choice = Result<Arc<Selection>, SelectError>;
+
+/// `(free mask, k)` -> the answer of `select`.
+type Memo = HashMap<(u64, usize), Choice>;
 
 impl NodeContext {
     pub fn new(context: SelectContext) -> Self {
         NodeContext {
             context,
-            memo: Mutex::new(HashMap::new()),
+            memo: RwLock::new(HashMap::new()),
         }
     }
 
-    /// `SelectContext::select(free, &[], k)`, remembered.
-    pub fn select(&self, free: &[usize], k: usize) -> Result<Selection, SelectError> {
-        let key = (free.to_vec(), k);
-        if let Ok(memo) = self.memo.lock()
+    /// `SelectContext::select` over the devices in `free`, remembered.
+    pub fn select(&self, free: u64, k: usize) -> Choice {
+        let key = (free, k);
+        if let Ok(memo) = self.memo.read()
             && let Some(r) = memo.get(&key)
         {
             return r.clone();
         }
-        let r = self.context.select(free, &[], k);
-        if let Ok(mut memo) = self.memo.lock() {
+        let r = self.context.select(&indices(free), &[], k).map(Arc::new);
+        if let Ok(mut memo) = self.memo.write() {
             if memo.len() >= MEMO_LIMIT {
                 memo.clear();
             }
@@ -275,9 +357,11 @@ pub struct Member {
 /// Every node the service knows, and the devices it assumed for pods.
 #[derive(Clone, Debug, Default)]
 pub struct ClusterView {
-    nodes: BTreeMap<String, NodeView>,
-    /// Node -> device ids chosen by this service (or an earlier run of it) for pods bound there
-    /// (the pod's `fumarole.dev/devices` annotation), whether or not the node reports them yet.
+    nodes: HashMap<String, NodeView>,
+    /// Node names, sorted.
+    order: Vec<String>,
+    /// Node -> device ids named by pods bound there (their `fumarole.dev/devices`
+    /// annotation), while the view is built; then [`NodeView::assumed_mask`].
     assumed: HashMap<String, BTreeSet<String>>,
     /// Every resource name some node offers (computed once; requests check against it).
     offered: BTreeSet<String>,
@@ -354,11 +438,15 @@ impl ClusterView {
                 }
             }
         }
-        for nv in view.nodes.values() {
-            view.super_nodes
-                .entry(nv.group().to_string())
-                .or_default()
-                .push(nv.name.clone());
+        view.order = view.nodes.keys().cloned().collect();
+        view.order.sort();
+        for name in &view.order {
+            if let Some(nv) = view.nodes.get(name) {
+                view.super_nodes
+                    .entry(nv.group().to_string())
+                    .or_default()
+                    .push(nv.name.clone());
+            }
         }
         view.offered = view
             .nodes
@@ -367,6 +455,11 @@ impl ClusterView {
             .collect();
         for pod in pods {
             view.add_pod(pod);
+        }
+        for (node, ids) in std::mem::take(&mut view.assumed) {
+            if let Some(nv) = view.nodes.get_mut(&node) {
+                nv.assumed_mask = nv.mask_of_ids(&ids);
+            }
         }
         Ok(view)
     }
@@ -422,7 +515,7 @@ impl ClusterView {
 
     /// All nodes, by name.
     pub fn nodes(&self) -> impl Iterator<Item = &NodeView> {
-        self.nodes.values()
+        self.order.iter().filter_map(|n| self.nodes.get(n))
     }
 
     pub fn len(&self) -> usize {
@@ -458,32 +551,18 @@ impl ClusterView {
         self.annotated.get(pod).map(String::as_str)
     }
 
-    /// Indices (into the node's devices) of the free devices of `resource` on `node`:
-    /// healthy, not allocated in status, not chosen for a bound pod. Empty for unknown nodes.
-    pub fn free(&self, node: &str, resource: &str) -> Vec<usize> {
-        self.free_except(node, resource, |_| false)
+    /// Mask of the free devices of `resource` on `nv`: healthy, not allocated in status, not
+    /// chosen for a bound pod.
+    pub fn free_mask(&self, nv: &NodeView, resource: &str) -> u64 {
+        nv.available_mask & nv.resource_mask(resource) & !nv.assumed_mask
     }
 
-    /// [`Self::free`], also leaving out the devices for which `taken` says yes.
-    pub fn free_except(
-        &self,
-        node: &str,
-        resource: &str,
-        taken: impl Fn(&str) -> bool,
-    ) -> Vec<usize> {
-        let Some(nv) = self.nodes.get(node) else {
-            return Vec::new();
-        };
-        let assumed = self.assumed.get(node);
-        (0..nv.device_ids.len())
-            .filter(|&i| {
-                let id = nv.device_ids[i].as_str();
-                nv.available[i]
-                    && nv.resources[i] == resource
-                    && !assumed.is_some_and(|a| a.contains(id))
-                    && !taken(id)
-            })
-            .collect()
+    /// Indices (into the node's devices) of the free devices of `resource` on `node`
+    /// ([`Self::free_mask`]). Empty for unknown nodes.
+    pub fn free(&self, node: &str, resource: &str) -> Vec<usize> {
+        self.nodes
+            .get(node)
+            .map_or_else(Vec::new, |nv| indices(self.free_mask(nv, resource)))
     }
 }
 
@@ -639,12 +718,14 @@ pub(crate) mod tests {
         assert!(Arc::ptr_eq(&a.select, &b.select));
         assert!(!Arc::ptr_eq(&a.select, &c.select));
         let free = view.free("a", "nvidia.com/gpu");
-        let direct = a.select.context.select(&free, &[], 2);
-        assert_eq!(a.select.select(&free, 2), direct);
-        assert_eq!(b.select.select(&free, 2), direct);
+        let direct = a.select.context.select(&free, &[], 2).map(Arc::new);
+        let mask = view.free_mask(a, "nvidia.com/gpu");
+        assert_eq!(indices(mask), free);
+        assert_eq!(a.select.select(mask, 2), direct);
+        assert_eq!(b.select.select(mask, 2), direct);
         assert_eq!(
-            a.select.select(&free, 9),
-            a.select.context.select(&free, &[], 9)
+            a.select.select(mask, 9),
+            a.select.context.select(&free, &[], 9).map(Arc::new)
         );
     }
 

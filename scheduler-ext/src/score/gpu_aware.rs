@@ -24,11 +24,13 @@
 //! node of the node: only devices on that NUMA node count, and the NUMA node must have the
 //! pod's whole CPUs free (from the node's `Numatopology`); the best NUMA node wins.
 
-use fumarole_topology::SelectError;
+use std::sync::Arc;
+
+use fumarole_topology::{SelectError, Selection};
 
 use crate::cluster::Cluster;
 use crate::request::PodRequest;
-use crate::view::NodeView;
+use crate::view::{ClusterView, NodeView};
 
 /// Volcano's `weight` and `loss.weight`.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -58,8 +60,9 @@ pub struct NodeVerdict {
     pub loss: Option<f64>,
     /// 0..1 (see the module doc); `None` when filtered.
     pub raw: Option<f64>,
-    /// Device ids the pod would get, in device order.
-    pub devices: Vec<String>,
+    /// The devices the pod would get (indices into the node's devices, ascending); shared
+    /// with the select memo, so judging a node allocates nothing for it.
+    pub selection: Option<Arc<Selection>>,
 }
 
 impl NodeVerdict {
@@ -75,7 +78,15 @@ impl NodeVerdict {
             q: None,
             loss: None,
             raw: None,
-            devices: Vec::new(),
+            selection: None,
+        }
+    }
+
+    /// The chosen devices' ids on `view` (empty when filtered).
+    pub fn device_ids(&self, view: &ClusterView) -> Vec<String> {
+        match (&self.selection, view.node(&self.node)) {
+            (Some(s), Some(nv)) => nv.ids_of(&s.devices),
+            _ => Vec::new(),
         }
     }
 }
@@ -110,9 +121,9 @@ impl GpuAware {
         }
         let resource = req.devices.resource.as_str();
         let count = req.devices.count;
-        let free = c.free(node, resource);
+        let free = c.free_mask(nv, resource);
         let Some(cpus) = req.numa_cpus else {
-            return self.choose(nv, &free, req);
+            return self.choose(nv, free, req);
         };
         let Some(numa_cpus) = &nv.free_cpus else {
             return NodeVerdict::filtered(
@@ -123,16 +134,19 @@ impl GpuAware {
         let mut best: Option<NodeVerdict> = None;
         let mut seen = Vec::new();
         for (&id, &cpu_free) in numa_cpus {
-            let local: Vec<usize> = free
+            let on_numa = nv
+                .numa
                 .iter()
-                .copied()
-                .filter(|&i| nv.numa.get(i).copied().flatten() == Some(id))
-                .collect();
-            seen.push(format!("NUMA {id}: {} free, {cpu_free} CPUs", local.len()));
-            if local.len() < count || cpu_free < cpus {
+                .enumerate()
+                .filter(|(_, n)| **n == Some(id))
+                .fold(0u64, |m, (i, _)| m | 1 << i);
+            let local = free & on_numa;
+            let n_local = local.count_ones() as usize;
+            seen.push(format!("NUMA {id}: {n_local} free, {cpu_free} CPUs"));
+            if n_local < count || cpu_free < cpus {
                 continue;
             }
-            let v = self.choose(nv, &local, req);
+            let v = self.choose(nv, local, req);
             if v.raw > best.as_ref().and_then(|b| b.raw) {
                 best = Some(v);
             }
@@ -148,8 +162,8 @@ impl GpuAware {
         })
     }
 
-    /// The best `count` of `free` on `nv`.
-    fn choose(&self, nv: &NodeView, free: &[usize], req: &PodRequest) -> NodeVerdict {
+    /// The best `count` of the devices in `free` on `nv`.
+    fn choose(&self, nv: &NodeView, free: u64, req: &PodRequest) -> NodeVerdict {
         let node = nv.name.as_str();
         match nv.select.select(free, req.devices.count) {
             Ok(s) => NodeVerdict {
@@ -158,11 +172,7 @@ impl GpuAware {
                 q: Some(s.q),
                 loss: Some(s.loss),
                 raw: Some(self.raw(s.q, s.loss)),
-                devices: s
-                    .devices
-                    .iter()
-                    .filter_map(|&i| nv.device_ids.get(i).cloned())
-                    .collect(),
+                selection: Some(s),
             },
             Err(SelectError::NotEnoughFree { k, free }) => NodeVerdict::filtered(
                 node,
@@ -264,7 +274,7 @@ mod tests {
         assert_eq!(v[0].loss, Some(0.0));
         assert_eq!(v[0].raw, Some(1.0));
         assert_eq!(
-            v[0].devices,
+            v[0].device_ids(&view),
             ["four-gpu4", "four-gpu5", "four-gpu6", "four-gpu7"]
         );
         assert_eq!(v[1].node, "six");
@@ -325,9 +335,9 @@ mod tests {
             g.node(&c, "n", &r)
         };
         // 2 GPUs + 4 CPUs: NUMA 0 (GPUs 2, 3; 6 CPUs free).
-        assert_eq!(ask(2, 4).devices, ["n-gpu2", "n-gpu3"]);
+        assert_eq!(ask(2, 4).device_ids(&view), ["n-gpu2", "n-gpu3"]);
         // 3 GPUs + 2 CPUs: only NUMA 1 has 3 GPUs (5, 6, 7) and it has 2 CPUs.
-        assert_eq!(ask(3, 2).devices, ["n-gpu5", "n-gpu6", "n-gpu7"]);
+        assert_eq!(ask(3, 2).device_ids(&view), ["n-gpu5", "n-gpu6", "n-gpu7"]);
         // 3 GPUs + 4 CPUs: NUMA 0 lacks GPUs, NUMA 1 lacks CPUs.
         let why = ask(3, 4).reason.unwrap();
         assert_eq!(
