@@ -79,6 +79,15 @@ fn serves_healthz_and_filter_from_a_snapshot() {
     let (status, body) = http(port, "POST", "/kube-scheduler/filter", "{oops").unwrap();
     assert!(status.contains(" 400 "), "{status}");
     assert!(body.contains("malformed ExtenderArgs"), "{body}");
+    // The binary serves /metrics with both filter calls counted.
+    let (status, body) = http(port, "GET", "/metrics", "").unwrap();
+    assert!(status.contains(" 200 "), "{status}");
+    for line in [
+        r#"fumarole_scheduler_ext_requests_total{protocol="kube-scheduler",verb="filter",code="200"} 1"#,
+        r#"fumarole_scheduler_ext_requests_total{protocol="kube-scheduler",verb="filter",code="400"} 1"#,
+    ] {
+        assert!(body.lines().any(|l| l == line), "{line} missing:\n{body}");
+    }
 }
 
 #[test]
@@ -92,4 +101,65 @@ fn serve_with_a_bad_snapshot_exits_1() {
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("no DeviceTopology or Node objects"));
+}
+
+#[test]
+fn serve_flags_are_checked() {
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_fumarole-scheduler-ext"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let snapshot = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/snapshots/two-dgx");
+    // A certificate without its key is refused before anything starts.
+    let out = run(&[
+        "serve",
+        "--cluster-snapshot",
+        snapshot,
+        "--tls-cert-file",
+        "/x.pem",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--tls-key-file"));
+    // Missing TLS files name the file.
+    let out = run(&[
+        "serve",
+        "--cluster-snapshot",
+        snapshot,
+        "--listen",
+        "127.0.0.1:0",
+        "--tls-cert-file",
+        "/nonexistent/cert.pem",
+        "--tls-key-file",
+        "/nonexistent/key.pem",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("/nonexistent/"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Bad durations are refused by clap.
+    let out = run(&[
+        "serve",
+        "--cluster-snapshot",
+        snapshot,
+        "--commit-ttl",
+        "soon",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    // Without a snapshot and without an API server the error says where it looked.
+    let out = Command::new(env!("CARGO_BIN_EXE_fumarole-scheduler-ext"))
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .env("KUBECONFIG", "/nonexistent/kubeconfig")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("API server") || err.contains("kubeconfig"),
+        "{err}"
+    );
 }
