@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use fumarole_e2e::cluster::eventually;
 use k8s_openapi::api::core::v1::{Event, Pod};
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use serde_json::json;
 
 fn gpu_pod(name: &str, gpus: u32, annotations: serde_json::Value) -> Pod {
@@ -94,12 +94,16 @@ async fn four_gpu_pod_goes_where_it_fits_exactly() {
 /// 16 pods of 2 GPUs in units of 16 GPUs (8 pods) over three super-nodes with 16, 16 and 12
 /// free GPUs: each unit lands whole in one super-node (so rack-c, too small, gets none), over
 /// 8 nodes, with no device given twice; a pod whose atomic unit (32 GPUs) fits no super-node
-/// stays pending with our reason in its events.
+/// stays pending with our reason in its events. The service publishes a Volcano HyperNode per
+/// super-node and deletes the one whose nodes are gone.
 #[tokio::test]
 async fn group_job_lands_unit_by_unit_in_single_super_nodes() {
     let cluster = common::cluster().await;
     common::publish(&cluster, &common::racks()).await;
-    let port = cluster.start_scheduler_ext(&[]).await.unwrap();
+    let port = cluster
+        .start_scheduler_ext(&["--publish-hypernodes"])
+        .await
+        .unwrap();
     cluster
         .start_kube_scheduler(&common::kube_scheduler_config(port))
         .await
@@ -156,5 +160,57 @@ async fn group_job_lands_unit_by_unit_in_single_super_nodes() {
                 && e.message.as_deref().is_some_and(|m| m.contains(ours))),
         "{:?}",
         listed.items.iter().map(|e| &e.message).collect::<Vec<_>>()
+    );
+
+    // HyperNodes: one per rack, members by exact node name.
+    let hypernodes: Api<DynamicObject> =
+        Api::all_with(cluster.client(), &scheduler_ext::hypernode::resource());
+    let members = |o: &DynamicObject| -> Vec<String> {
+        o.data["spec"]["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| {
+                m["selector"]["exactMatch"]["name"]
+                    .as_str()
+                    .unwrap()
+                    .to_string()
+            })
+            .collect()
+    };
+    let rack_c = hypernodes.get("fumarole-rack-c").await.unwrap();
+    assert_eq!(members(&rack_c), ["c0", "c1", "c2"]);
+    assert_eq!(rack_c.data["spec"]["tier"], 1);
+    assert_eq!(
+        members(&hypernodes.get("fumarole-rack-a").await.unwrap()),
+        ["a0", "a1", "a2", "a3"]
+    );
+    let topologies: Api<DynamicObject> =
+        fumarole_e2e::fumarole::device_topologies(cluster.client());
+    for n in ["c0", "c1", "c2"] {
+        topologies.delete(n, &Default::default()).await.unwrap();
+    }
+    let left = eventually(
+        "fumarole-rack-c to be deleted",
+        Duration::from_secs(30),
+        || {
+            let hypernodes = hypernodes.clone();
+            async move {
+                let names: BTreeSet<String> = hypernodes
+                    .list(&Default::default())
+                    .await?
+                    .items
+                    .into_iter()
+                    .filter_map(|o| o.metadata.name)
+                    .collect();
+                Ok((!names.contains("fumarole-rack-c")).then_some(names))
+            }
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        left,
+        BTreeSet::from(["fumarole-rack-a".to_string(), "fumarole-rack-b".to_string()])
     );
 }

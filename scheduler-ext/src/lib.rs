@@ -12,7 +12,8 @@
 //! `q`, `loss`, score, devices via `topology::select`) and the group checks. [`extender`] is
 //! the HTTP server answering kube-scheduler's extender API and (through [`volcano`]) Volcano's
 //! `extender` plugin; [`kube_ops`] writes the chosen devices on pods and binds them;
-//! [`explain`] prints the verdicts per node.
+//! [`explain`] prints the verdicts per node; [`hypernode`] publishes Volcano `HyperNode`
+//! objects for the super-nodes.
 //! [`metrics`] counts and times the requests per verb and serves `/metrics`; [`server`] serves
 //! the routes over plain HTTP or HTTPS (rustls) until shutdown.
 
@@ -21,6 +22,7 @@ pub mod decide;
 pub mod explain;
 pub mod extender;
 pub mod group;
+pub mod hypernode;
 pub mod kube_ops;
 pub mod ledger;
 pub mod live;

@@ -9,10 +9,13 @@
 //! named in `annotate_schedulers`) get their devices chosen and written after the fact, so the
 //! device plugin and the view still agree.
 //!
+//! With `publish_hypernodes`, Volcano `HyperNode` objects follow the super-nodes
+//! ([`crate::hypernode`]).
+//!
 //! `Numatopology` is optional (clusters without Volcano's CRDs): without it NUMA fit has no CPU
 //! data and says so in its reasons. `DeviceTopology` is required.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::fmt::Debug;
 use std::hash::Hash;
 use std::sync::Arc;
@@ -31,6 +34,7 @@ use kube::{Client, Resource};
 use tokio::sync::Notify;
 
 use crate::extender::Service;
+use crate::hypernode;
 use crate::kube_ops::KubeOps;
 use crate::request::pod_key;
 use crate::view::ClusterView;
@@ -42,6 +46,8 @@ pub struct LiveOptions {
     pub debounce: Duration,
     /// `spec.schedulerName`s whose bound pods we annotate afterwards.
     pub annotate_schedulers: Vec<String>,
+    /// Publish Volcano `HyperNode` objects for the super-nodes ([`crate::hypernode`]).
+    pub publish_hypernodes: bool,
 }
 
 impl Default for LiveOptions {
@@ -49,6 +55,7 @@ impl Default for LiveOptions {
         LiveOptions {
             debounce: Duration::from_millis(50),
             annotate_schedulers: vec!["volcano".into()],
+            publish_hypernodes: false,
         }
     }
 }
@@ -198,8 +205,23 @@ pub async fn start(
             .await
             .context("Numatopology reflector")?;
     }
-    svc.set_kube(KubeOps::new(client, stores.pods.clone()));
-    let mut late = LateAnnotations::default();
+    let mut opts = opts;
+    if opts.publish_hypernodes {
+        let api: Api<kube::api::DynamicObject> =
+            Api::all_with(client.clone(), &hypernode::resource());
+        if !served(&api).await? {
+            tracing::warn!(
+                "hypernodes.topology.volcano.sh is not served (Volcano < 1.12?): not publishing HyperNodes"
+            );
+            opts.publish_hypernodes = false;
+        }
+    }
+    svc.set_kube(KubeOps::new(client.clone(), stores.pods.clone()));
+    let mut late = LoopState {
+        client,
+        tried: HashSet::new(),
+        hypernodes: None,
+    };
     rebuild(&stores, &svc, &opts, &mut late).await;
     tracing::info!(nodes = svc.view().len(), "cluster view ready");
     Ok(tokio::spawn(async move {
@@ -211,22 +233,41 @@ pub async fn start(
     }))
 }
 
-/// Pods already tried by the after-the-fact annotation (so a failure is logged once).
-#[derive(Default)]
-struct LateAnnotations {
+/// What the rebuild loop remembers between rounds.
+struct LoopState {
+    client: Client,
+    /// Pods already tried by the after-the-fact annotation (so a failure is logged once).
     tried: HashSet<String>,
+    /// The HyperNodes last published (`None`: not yet, or the last attempt failed).
+    hypernodes: Option<BTreeMap<String, Vec<String>>>,
 }
 
-/// Builds and installs a new view, then annotates bound pods that lack our choice.
-async fn rebuild(stores: &Stores, svc: &Service, opts: &LiveOptions, late: &mut LateAnnotations) {
+/// Builds and installs a new view, publishes HyperNodes if asked, then annotates bound pods
+/// that lack our choice.
+async fn rebuild(stores: &Stores, svc: &Service, opts: &LiveOptions, late: &mut LoopState) {
     let Some(view) = stores.view() else {
         return;
     };
     for w in &view.warnings {
         tracing::debug!("{w}");
     }
+    let want = opts.publish_hypernodes.then(|| hypernode::desired(&view));
     for dropped in svc.replace_view(view) {
         tracing::debug!(pod = %dropped, "commit settled or timed out");
+    }
+    if let Some(want) = want
+        && late.hypernodes.as_ref() != Some(&want)
+    {
+        match hypernode::sync(&late.client, &want).await {
+            Ok(()) => {
+                tracing::info!(count = want.len(), "HyperNodes published");
+                late.hypernodes = Some(want);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "publishing HyperNodes failed; retrying on the next change");
+                late.hypernodes = None;
+            }
+        }
     }
     if opts.annotate_schedulers.is_empty() {
         return;

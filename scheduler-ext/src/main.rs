@@ -89,6 +89,9 @@ struct ServeArgs {
     /// (those that bind without calling bind / allocateFunc); comma-separated, empty for none.
     #[arg(long, value_delimiter = ',', default_value = "volcano")]
     annotate_bound_pods_of: Vec<String>,
+    /// Publish Volcano HyperNode objects (topology.volcano.sh/v1alpha1) for the super-nodes.
+    #[arg(long)]
+    publish_hypernodes: bool,
     #[command(flatten)]
     scoring: Scoring,
 }
@@ -210,6 +213,7 @@ fn serve(args: ServeArgs) -> Result<()> {
                         .into_iter()
                         .filter(|s| !s.is_empty())
                         .collect(),
+                    publish_hypernodes: args.publish_hypernodes,
                 };
                 // The loop lives as long as the runtime; it ends with the process.
                 drop(live::start(client, Arc::clone(&svc), opts).await?);
