@@ -37,7 +37,7 @@ use crate::extender::Service;
 use crate::hypernode;
 use crate::kube_ops::KubeOps;
 use crate::request::pod_key;
-use crate::view::ClusterView;
+use crate::view::{ClusterView, ContextCache};
 
 /// How the live view behaves.
 #[derive(Clone, Debug)]
@@ -71,7 +71,7 @@ struct Stores {
 
 impl Stores {
     /// The view of the stores; `None` (keep the previous view) if it cannot be built.
-    fn view(&self) -> Option<ClusterView> {
+    fn view(&self, contexts: &mut ContextCache) -> Option<ClusterView> {
         let dts = self.topologies.state();
         let nts = self
             .numatopologies
@@ -80,7 +80,8 @@ impl Stores {
             .unwrap_or_default();
         let nodes = self.nodes.state();
         let pods = self.pods.state();
-        let built = ClusterView::build(
+        let built = ClusterView::build_with(
+            contexts,
             dts.iter().map(AsRef::as_ref),
             nts.iter().map(AsRef::as_ref),
             nodes.iter().map(|n| &n.metadata),
@@ -221,6 +222,7 @@ pub async fn start(
         client,
         tried: HashSet::new(),
         hypernodes: None,
+        contexts: ContextCache::default(),
     };
     rebuild(&stores, &svc, &opts, &mut late).await;
     tracing::info!(nodes = svc.view().len(), "cluster view ready");
@@ -240,12 +242,14 @@ struct LoopState {
     tried: HashSet<String>,
     /// The HyperNodes last published (`None`: not yet, or the last attempt failed).
     hypernodes: Option<BTreeMap<String, Vec<String>>>,
+    /// Select contexts (and their memos) shared from one view to the next.
+    contexts: ContextCache,
 }
 
 /// Builds and installs a new view, publishes HyperNodes if asked, then annotates bound pods
 /// that lack our choice.
 async fn rebuild(stores: &Stores, svc: &Service, opts: &LiveOptions, late: &mut LoopState) {
-    let Some(view) = stores.view() else {
+    let Some(view) = stores.view(&mut late.contexts) else {
         return;
     };
     for w in &view.warnings {

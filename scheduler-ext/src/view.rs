@@ -124,7 +124,7 @@ pub struct NodeView {
 impl NodeView {
     /// The view of one node from its DeviceTopology (a context of its own).
     pub fn from_device_topology(dt: &DeviceTopology) -> Result<Self, ViewError> {
-        Self::with_contexts(dt, &mut HashMap::new())
+        Self::with_contexts(dt, &mut ContextCache::default())
     }
 
     /// The view of one node, reusing the context of an earlier node with the same links.
@@ -290,8 +290,30 @@ pub fn indices(mask: u64) -> Vec<usize> {
     out
 }
 
-/// Contexts by link matrix, while a view is built.
-type Contexts = HashMap<Vec<Vec<u32>>, Arc<NodeContext>>;
+/// Select contexts by link matrix, kept from one view to the next so a rebuilt view reuses
+/// the contexts (and their memos) of the nodes that did not change.
+#[derive(Debug, Default)]
+pub struct ContextCache {
+    contexts: HashMap<Vec<Vec<u32>>, Arc<NodeContext>>,
+}
+
+impl ContextCache {
+    /// Most distinct link matrices kept; the cache starts over beyond it.
+    pub const LIMIT: usize = 1024;
+
+    fn get(&self, weights: &Vec<Vec<u32>>) -> Option<&Arc<NodeContext>> {
+        self.contexts.get(weights)
+    }
+
+    fn insert(&mut self, weights: Vec<Vec<u32>>, context: Arc<NodeContext>) {
+        if self.contexts.len() >= Self::LIMIT {
+            self.contexts.clear();
+        }
+        self.contexts.insert(weights, context);
+    }
+}
+
+type Contexts = ContextCache;
 
 /// Largest number of remembered answers per context; the memo starts over beyond it.
 pub const MEMO_LIMIT: usize = 4096;
@@ -390,10 +412,26 @@ impl ClusterView {
         nodes: impl IntoIterator<Item = &'a ObjectMeta>,
         pods: impl IntoIterator<Item = &'a Pod>,
     ) -> Result<Self, ViewError> {
+        Self::build_with(
+            &mut ContextCache::default(),
+            topologies,
+            numatopologies,
+            nodes,
+            pods,
+        )
+    }
+
+    /// [`Self::build`], reusing (and filling) `contexts`.
+    pub fn build_with<'a>(
+        contexts: &mut ContextCache,
+        topologies: impl IntoIterator<Item = &'a DeviceTopology>,
+        numatopologies: impl IntoIterator<Item = &'a Numatopology>,
+        nodes: impl IntoIterator<Item = &'a ObjectMeta>,
+        pods: impl IntoIterator<Item = &'a Pod>,
+    ) -> Result<Self, ViewError> {
         let mut view = ClusterView::default();
-        let mut contexts = Contexts::new();
         for dt in topologies {
-            let nv = match NodeView::with_contexts(dt, &mut contexts) {
+            let nv = match NodeView::with_contexts(dt, contexts) {
                 Ok(nv) => nv,
                 Err(e @ ViewError::NoName { .. }) => return Err(e),
                 Err(e) => {
@@ -488,6 +526,15 @@ impl ClusterView {
                 }
                 Err(e) => self.warnings.push(format!("pod {key}: {e}")),
             }
+        }
+        let grouped = pod.metadata.annotations.as_ref().is_some_and(|a| {
+            group::GROUP_SIZE
+                .iter()
+                .chain(&group::ATOMIC_GROUP_SIZE)
+                .any(|k| a.contains_key(*k))
+        });
+        if !grouped {
+            return;
         }
         let Ok(req) = request::device_request(pod, &self.resources()) else {
             return;
