@@ -54,9 +54,7 @@ async fn unschedulable_message(pods: &Api<Pod>, name: &str) -> String {
 /// with dgx-a's 4 free GPUs written on it; a 7-GPU pod stays pending with our reason.
 #[tokio::test]
 async fn four_gpu_pod_goes_where_it_fits_exactly() {
-    let cluster = common::cluster().await;
-    common::publish(&cluster, &common::two_dgx()).await;
-    let port = cluster.start_scheduler_ext(&[]).await.unwrap();
+    let (cluster, port) = common::cluster_with_extender(&common::two_dgx(), &[]).await;
     cluster
         .start_kube_scheduler(&common::kube_scheduler_config(port))
         .await
@@ -98,12 +96,8 @@ async fn four_gpu_pod_goes_where_it_fits_exactly() {
 /// super-node and deletes the one whose nodes are gone.
 #[tokio::test]
 async fn group_job_lands_unit_by_unit_in_single_super_nodes() {
-    let cluster = common::cluster().await;
-    common::publish(&cluster, &common::racks()).await;
-    let port = cluster
-        .start_scheduler_ext(&["--publish-hypernodes"])
-        .await
-        .unwrap();
+    let (cluster, port) =
+        common::cluster_with_extender(&common::racks(), &["--publish-hypernodes"]).await;
     cluster
         .start_kube_scheduler(&common::kube_scheduler_config(port))
         .await

@@ -29,9 +29,7 @@ fn assert_no_failed_calls(cluster: &fumarole_e2e::TestCluster) {
 
 #[tokio::test]
 async fn volcano_puts_four_gpu_pod_where_it_fits_exactly() {
-    let cluster = common::cluster().await;
-    common::publish(&cluster, &common::two_dgx()).await;
-    let port = cluster.start_scheduler_ext(&[]).await.unwrap();
+    let (cluster, port) = common::cluster_with_extender(&common::two_dgx(), &[]).await;
     cluster
         .start_volcano(&common::volcano_conf_with_extender(port))
         .await
@@ -106,9 +104,7 @@ fn vcjob(name: &str, replicas: u32, group_size: u32) -> DynamicObject {
 /// reason.
 #[tokio::test]
 async fn volcano_job_lands_unit_by_unit_in_single_super_nodes() {
-    let cluster = common::cluster().await;
-    common::publish(&cluster, &common::racks()).await;
-    let port = cluster.start_scheduler_ext(&[]).await.unwrap();
+    let (cluster, port) = common::cluster_with_extender(&common::racks(), &[]).await;
     cluster
         .start_volcano(&common::volcano_conf_with_extender(port))
         .await

@@ -642,10 +642,6 @@ fn free_cpus_by_numa(nt: &Numatopology) -> Result<BTreeMap<u32, u32>, String> {
 pub(crate) mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
-    use fumarole_topology::crd::device_topology::LinkInfo;
-    use fumarole_topology::crd::{
-        DeviceAllocation, DeviceStatus, DeviceTopologySpec, DeviceTopologyStatus,
-    };
     use k8s_openapi::api::core::v1::Node;
 
     pub(crate) fn dt(name: &str, n: u32, weight: u32, allocated: &[u32]) -> DeviceTopology {
@@ -661,56 +657,7 @@ pub(crate) mod tests {
         allocated: &[u32],
         id: impl Fn(u32) -> String,
     ) -> DeviceTopology {
-        let devices = (0..n)
-            .map(|i| DeviceInfo {
-                id: id(i),
-                index: i,
-                vendor: "nvidia".into(),
-                kind: "gpu".into(),
-                ..Default::default()
-            })
-            .collect();
-        let mut links = Vec::new();
-        for a in 0..n {
-            for b in a + 1..n {
-                links.push(LinkInfo {
-                    a,
-                    b,
-                    kind: "nvlink".into(),
-                    count: None,
-                    weight,
-                });
-            }
-        }
-        let mut t = DeviceTopology::new(
-            name,
-            DeviceTopologySpec {
-                accelerator_count: n,
-                devices,
-                links,
-                ..Default::default()
-            },
-        );
-        t.status = Some(DeviceTopologyStatus {
-            healthy_count: n,
-            devices: (0..n)
-                .map(|i| {
-                    let allocation = allocated.contains(&i).then(|| DeviceAllocation {
-                        namespace: "default".into(),
-                        pod: "p".into(),
-                        container: "c".into(),
-                    });
-                    (
-                        id(i),
-                        DeviceStatus {
-                            health: "Healthy".into(),
-                            allocation,
-                        },
-                    )
-                })
-                .collect(),
-        });
-        t
+        fumarole_topology::crd::testing::nvlink_node(name, n, weight, allocated, id)
     }
 
     #[test]

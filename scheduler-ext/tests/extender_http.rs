@@ -18,8 +18,10 @@ fn app() -> axum::Router {
     router(Arc::new(Service::new(view, GpuAware::default())))
 }
 
-async fn post(path: &str, body: String) -> (StatusCode, String) {
-    let resp = app()
+/// `POST` to `app`, answering the status and the body text.
+async fn post_raw(app: &axum::Router, path: &str, body: String) -> (StatusCode, String) {
+    let resp = app
+        .clone()
         .oneshot(
             Request::post(path)
                 .header("content-type", "application/json")
@@ -33,6 +35,11 @@ async fn post(path: &str, body: String) -> (StatusCode, String) {
         .await
         .unwrap();
     (status, String::from_utf8(bytes.to_vec()).unwrap())
+}
+
+/// `POST` to a fresh service over the two-dgx snapshot.
+async fn post(path: &str, body: String) -> (StatusCode, String) {
+    post_raw(&app(), path, body).await
 }
 
 fn pod(gpus: &str) -> Value {

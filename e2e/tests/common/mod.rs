@@ -9,10 +9,8 @@ use std::collections::BTreeMap;
 use fumarole_e2e::cluster::volcano_conf;
 use fumarole_e2e::{NodeSpec, TestCluster};
 use fumarole_topology::annotation::{self, DEVICES_ANNOTATION};
-use fumarole_topology::crd::device_topology::{DeviceInfo, LinkInfo, SuperNodeInfo};
-use fumarole_topology::crd::{
-    DeviceAllocation, DeviceStatus, DeviceTopology, DeviceTopologySpec, DeviceTopologyStatus,
-};
+use fumarole_topology::crd::device_topology::SuperNodeInfo;
+use fumarole_topology::crd::{DeviceTopology, testing};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use scheduler_ext::extender::KUBE_PREFIX;
@@ -21,62 +19,11 @@ use scheduler_ext::volcano::VOLCANO_PREFIX;
 /// A node of `gpus` NVIDIA GPUs `<name>-gpu<i>`, every pair on NVLink, the listed ones
 /// allocated (to pods the node runs), in super-node `rack` if given.
 pub fn dgx(name: &str, gpus: u32, allocated: &[u32], rack: Option<&str>) -> DeviceTopology {
-    let id = |i: u32| format!("{name}-gpu{i}");
-    let devices = (0..gpus)
-        .map(|i| DeviceInfo {
-            id: id(i),
-            index: i,
-            vendor: "nvidia".into(),
-            kind: "gpu".into(),
-            model: "NVIDIA H100 80GB HBM3".into(),
-            numa_node: Some(u32::from(i >= gpus / 2)),
-            ..Default::default()
-        })
-        .collect();
-    let mut links = Vec::new();
-    for a in 0..gpus {
-        for b in a + 1..gpus {
-            links.push(LinkInfo {
-                a,
-                b,
-                kind: "nvlink".into(),
-                count: Some(18),
-                weight: 180,
-            });
-        }
-    }
-    let mut t = DeviceTopology::new(
-        name,
-        DeviceTopologySpec {
-            accelerator_count: gpus,
-            model: "NVIDIA H100 80GB HBM3".into(),
-            devices,
-            links,
-            super_node: rack.map(|r| SuperNodeInfo {
-                id: r.into(),
-                source: "config".into(),
-            }),
-            ..Default::default()
-        },
-    );
-    t.status = Some(DeviceTopologyStatus {
-        healthy_count: gpus,
-        devices: (0..gpus)
-            .map(|i| {
-                let allocation = allocated.contains(&i).then(|| DeviceAllocation {
-                    namespace: "other".into(),
-                    pod: format!("running-{i}"),
-                    container: "c".into(),
-                });
-                (
-                    id(i),
-                    DeviceStatus {
-                        health: "Healthy".into(),
-                        allocation,
-                    },
-                )
-            })
-            .collect(),
+    let mut t = testing::nvlink_node(name, gpus, 180, allocated, |i| format!("{name}-gpu{i}"));
+    t.spec.model = "NVIDIA H100 80GB HBM3".into();
+    t.spec.super_node = rack.map(|r| SuperNodeInfo {
+        id: r.into(),
+        source: "config".into(),
     });
     t
 }
@@ -113,6 +60,18 @@ pub async fn cluster() -> TestCluster {
     let cluster = TestCluster::start().await.unwrap();
     cluster.install_fumarole_crds().await.unwrap();
     cluster
+}
+
+/// A cluster with `topologies` published and fumarole-scheduler-ext (with `args`) serving it;
+/// returns the cluster and the service's port.
+pub async fn cluster_with_extender(
+    topologies: &[DeviceTopology],
+    args: &[&str],
+) -> (TestCluster, u16) {
+    let cluster = cluster().await;
+    publish(&cluster, topologies).await;
+    let port = cluster.start_scheduler_ext(args).await.unwrap();
+    (cluster, port)
 }
 
 /// dgx-a: 4 of 8 GPUs free (4-7); dgx-b: 6 of 8 free (2-7); pcie-a: 3 of 4 free (1-3).

@@ -12,6 +12,8 @@
 pub mod device_topology;
 pub mod node_resource_topology;
 pub mod numatopology;
+#[cfg(feature = "test-support")]
+pub mod testing;
 
 pub use device_topology::{
     DeviceAllocation, DeviceStatus, DeviceTopology, DeviceTopologySpec, DeviceTopologyStatus,
