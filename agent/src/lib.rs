@@ -1,0 +1,5 @@
+//! The node agent's own parts beyond discovery, publishing and device plugins (those live in
+//! `fumarole-exporter` and `fumarole-device-plugin`): node QoS, CPU burst, oversubscription and
+//! eviction for co-located online and offline pods ([`qos`]).
+
+pub mod qos;
