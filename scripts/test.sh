@@ -6,6 +6,8 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/fumarole/target}
 export CARGO_TERM_COLOR=never
+# Incremental caches only grow when every CI run builds a fresh clone at a new path.
+export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
 
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
