@@ -1,5 +1,6 @@
-//! The pods assigned to this node, watched, as the device plugins' [`PodSource`]: pending
-//! pods with the scheduler extension's `fumarole.dev/devices` choice.
+//! The pods assigned to this node, watched: the device plugins' [`PodSource`] (pending pods with
+//! the scheduler extension's `fumarole.dev/devices` choice) and the co-location loop's pod list
+//! ([`NodePods::pods`], with [`NodePods::changes`] notified on every change).
 
 use std::sync::Arc;
 
@@ -9,9 +10,11 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
+use tokio::sync::Notify;
 
 pub struct NodePods {
     store: Store<Pod>,
+    changed: Arc<Notify>,
 }
 
 impl NodePods {
@@ -22,15 +25,35 @@ impl NodePods {
         let stream = reflector::reflector(writer, watcher(Api::<Pod>::all(client), config))
             .default_backoff()
             .touched_objects();
+        let changed = Arc::new(Notify::new());
+        let notify = changed.clone();
         tokio::spawn(async move {
             futures::pin_mut!(stream);
             while let Some(event) = stream.next().await {
-                if let Err(e) = event {
-                    tracing::debug!(error = %e, "pod watch interrupted; retrying");
+                match event {
+                    Ok(_) => notify.notify_one(),
+                    Err(e) => tracing::debug!(error = %e, "pod watch interrupted; retrying"),
                 }
             }
         });
-        Arc::new(Self { store })
+        Arc::new(Self { store, changed })
+    }
+
+    /// The node's pods as last seen (empty until the first list).
+    pub fn pods(&self) -> Vec<Arc<Pod>> {
+        self.store.state()
+    }
+
+    /// Notified (one stored permit, for one consumer) whenever a pod is added or changes.
+    pub fn changes(&self) -> Arc<Notify> {
+        self.changed.clone()
+    }
+
+    /// Waits for the first complete list of the node's pods.
+    pub async fn ready(&self) {
+        if let Err(e) = self.store.wait_until_ready().await {
+            tracing::debug!(error = %e, "pod store dropped before its first list");
+        }
     }
 }
 

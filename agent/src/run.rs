@@ -1,7 +1,8 @@
 //! `fumarole-agent run`: the DaemonSet's long-running job. Discovers the node, publishes its
 //! `Numatopology`, `NodeResourceTopology`, `DeviceTopology` and labels, keeps them current,
 //! serves `/metrics` and `/healthz`, and, with `--device-plugin-dir`, the device plugins.
-//! `--standalone` serves only the device plugins, with no API server.
+//! `--standalone` serves only the device plugins, with no API server. `--colocation` also
+//! applies QoS levels and CPU burst to this node's pods' cgroups ([`fumarole_agent::colocation`]).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -12,7 +13,7 @@ use anyhow::{Context, Result, bail};
 use clap::Args;
 use fumarole_device_plugin::annotation::PodSource;
 use fumarole_exporter::discover;
-use fumarole_exporter::kubelet::KubeletPaths;
+use fumarole_exporter::kubelet::{KubeletConfig, KubeletPaths};
 use fumarole_exporter::publish::{self, Publisher, metrics, metrics::Metrics, state::NodeState};
 use fumarole_topology::{SuperNode, SuperNodeSource};
 use k8s_openapi::api::core::v1::Node;
@@ -75,6 +76,54 @@ pub struct RunArgs {
     /// Address of `/metrics` and `/healthz`.
     #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:9400")]
     metrics_addr: SocketAddr,
+    #[command(flatten)]
+    colocation: ColocationArgs,
+}
+
+/// Co-location (what volcano-agent does): QoS levels and CPU burst on this node's pods.
+#[derive(Args)]
+struct ColocationArgs {
+    /// Apply `volcano.sh/qos-level` and the CPU burst annotations to this node's pod cgroups.
+    #[arg(long)]
+    colocation: bool,
+    /// How often to re-apply them (pod changes also trigger a round).
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
+    qos_interval: Duration,
+    /// Where the cgroup filesystems are mounted.
+    #[arg(long, value_name = "DIR", default_value = fumarole_agent::qos::cgroup::DEFAULT_ROOT)]
+    cgroup_root: PathBuf,
+    /// The mount table that tells cgroup v1 from v2.
+    #[arg(long, value_name = "FILE", default_value = fumarole_agent::qos::cgroup::DEFAULT_MOUNTINFO)]
+    cgroup_mountinfo: PathBuf,
+    /// The kubelet's cgroup driver (`cgroupfs` or `systemd`); default: the kubelet config's
+    /// `cgroupDriver`, else whichever kubepods cgroup exists.
+    #[arg(long, value_name = "DRIVER")]
+    cgroup_driver: Option<String>,
+    /// The kubelet's `cgroupRoot` (the cgroup `kubepods` lives under); default: the kubelet
+    /// config's, else `/`.
+    #[arg(long, value_name = "CGROUP")]
+    kubelet_cgroup_root: Option<String>,
+}
+
+impl ColocationArgs {
+    /// The settings, with what the flags leave open taken from the kubelet configuration.
+    fn settings(&self, kubelet_config: &Path) -> fumarole_agent::colocation::Settings {
+        let kubelet = std::fs::read_to_string(kubelet_config)
+            .map_err(|e| e.to_string())
+            .and_then(|text| {
+                serde_norway::from_str::<KubeletConfig>(&text).map_err(|e| e.to_string())
+            })
+            .inspect_err(|e| {
+                tracing::warn!(file = %kubelet_config.display(), error = %e, "co-location: kubelet config unreadable; detecting the cgroup driver")
+            })
+            .unwrap_or_default();
+        fumarole_agent::colocation::Settings {
+            cgroup_root: self.cgroup_root.clone(),
+            mountinfo: self.cgroup_mountinfo.clone(),
+            driver: self.cgroup_driver.clone().or(kubelet.cgroup_driver),
+            kubelet_cgroup_root: self.kubelet_cgroup_root.clone().or(kubelet.cgroup_root),
+        }
+    }
 }
 
 pub fn run(args: RunArgs) -> Result<()> {
@@ -107,9 +156,30 @@ pub fn run(args: RunArgs) -> Result<()> {
         tokio::spawn(metrics::serve(listener, metrics.clone()));
 
         let wake = Arc::new(Notify::new());
+        let node_pods = (args.device_plugin_dir.is_some() || args.colocation.colocation)
+            .then(|| pods::NodePods::watch(client.clone(), &node_name));
         if let Some(dir) = args.device_plugin_dir.clone() {
-            let pods = pods::NodePods::watch(client.clone(), &node_name);
-            serve_device_plugins(&args, &prepared, dir, Some(wake.clone()), Some(pods))?;
+            let pods = node_pods.clone().map(|p| p as Arc<dyn PodSource>);
+            serve_device_plugins(&args, &prepared, dir, Some(wake.clone()), pods)?;
+        }
+        if args.colocation.colocation
+            && let Some(pods) = node_pods
+        {
+            let settings = args.colocation.settings(&args.kubelet_config);
+            let interval = args.colocation.qos_interval;
+            tracing::info!(?settings, ?interval, "co-location: applying QoS levels and CPU burst");
+            let metrics = metrics.clone();
+            tokio::spawn(async move {
+                pods.ready().await;
+                let changes = pods.changes();
+                let record = |s: &fumarole_agent::colocation::Summary| {
+                    let gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+                    let levels = s.by_level_name().map(|(name, n)| (name, gauge(n)));
+                    metrics.colocation(&levels, gauge(s.burst_enabled), gauge(s.failed));
+                };
+                fumarole_agent::colocation::run(settings, interval, || pods.pods(), changes, record)
+                    .await;
+            });
         }
         let publisher = Publisher::new(client, &node_name, metrics.clone(), wake.clone());
         let kubelet = KubeletPaths {

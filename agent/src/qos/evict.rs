@@ -234,6 +234,15 @@ fn computed_qos_class(spec: &k8s_openapi::api::core::v1::PodSpec) -> QosClass {
     }
 }
 
+/// The pod's effective CPU request in millicores (as [`PodFacts`] computes it): what the kubelet
+/// sizes the pod cgroup's `cpu.shares` by. `who` names the pod in errors.
+pub fn pod_cpu_request_millis(
+    spec: &k8s_openapi::api::core::v1::PodSpec,
+    who: &str,
+) -> Result<u64, PodError> {
+    pod_request(spec, "cpu", quantity::cpu_millis, who)
+}
+
 type Parse = fn(&str) -> Result<u64, quantity::QuantityError>;
 
 fn container_request(c: &Container, name: &str, parse: Parse, who: &str) -> Result<u64, PodError> {

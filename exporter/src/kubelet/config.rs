@@ -28,6 +28,12 @@ pub struct KubeletConfig {
     /// CPUs the kubelet keeps for system daemons; never handed out exclusively.
     #[serde(default, rename = "reservedSystemCPUs")]
     pub reserved_system_cpus: Option<String>,
+    /// `cgroupfs` or `systemd`: how the kubelet names pod cgroups (co-location needs it).
+    #[serde(default)]
+    pub cgroup_driver: Option<String>,
+    /// The cgroup the kubelet puts `kubepods` under (`/` when unset).
+    #[serde(default)]
+    pub cgroup_root: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -7,6 +7,9 @@
 //! | `fumarole_publishes_total{object}` | counter | server-side applies that succeeded |
 //! | `fumarole_api_errors_total{object}` | counter | server-side applies that failed |
 //! | `fumarole_last_publish_success_timestamp_seconds` | gauge | end of the last round with every write done |
+//! | `fumarole_colocation_pods{level}` | gauge | pods per `volcano.sh/qos-level` (`LC`, `LS`, `none`, `BE`) with `--colocation` |
+//! | `fumarole_colocation_burst_pods` | gauge | pods with CPU burst enabled |
+//! | `fumarole_colocation_pod_errors` | gauge | pods whose co-location settings failed in the last round |
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,6 +35,9 @@ pub struct Metrics {
     publishes: Family<Labels, Counter>,
     api_errors: Family<Labels, Counter>,
     last_success: Gauge<f64, AtomicU64>,
+    colocation_pods: Family<Labels, Gauge>,
+    colocation_burst_pods: Gauge,
+    colocation_pod_errors: Gauge,
     /// Unix seconds of the last loop round, for `/healthz`.
     last_tick: AtomicU64,
     /// A round older than this makes `/healthz` fail.
@@ -55,6 +61,9 @@ impl Metrics {
             publishes: Family::default(),
             api_errors: Family::default(),
             last_success: Gauge::default(),
+            colocation_pods: Family::default(),
+            colocation_burst_pods: Gauge::default(),
+            colocation_pod_errors: Gauge::default(),
             last_tick: AtomicU64::new(now()),
             stale_after: recheck * 3 + Duration::from_secs(30),
             registry: Registry::default(),
@@ -80,6 +89,21 @@ impl Metrics {
             "Unix time of the end of the last round with every write done",
             m.last_success.clone(),
         );
+        registry.register(
+            "colocation_pods",
+            "Pods per volcano.sh/qos-level (co-location)",
+            m.colocation_pods.clone(),
+        );
+        registry.register(
+            "colocation_burst_pods",
+            "Pods with CPU burst enabled (co-location)",
+            m.colocation_burst_pods.clone(),
+        );
+        registry.register(
+            "colocation_pod_errors",
+            "Pods whose co-location settings failed in the last round",
+            m.colocation_pod_errors.clone(),
+        );
         Arc::new(Metrics { registry, ..m })
     }
 
@@ -100,6 +124,17 @@ impl Metrics {
         self.api_errors
             .get_or_create(&vec![("object".into(), object.into())])
             .inc();
+    }
+
+    /// The co-location loop's last round: pods per level name, burst-enabled and failed pods.
+    pub fn colocation(&self, levels: &[(&str, i64)], burst_pods: i64, failed_pods: i64) {
+        for (level, pods) in levels {
+            self.colocation_pods
+                .get_or_create(&vec![("level".into(), (*level).into())])
+                .set(*pods);
+        }
+        self.colocation_burst_pods.set(burst_pods);
+        self.colocation_pod_errors.set(failed_pods);
     }
 
     pub fn success(&self) {
