@@ -4,7 +4,7 @@
 use std::time::Instant;
 
 use crate::ledger::Ledger;
-use crate::view::{ClusterView, NodeView, indices};
+use crate::view::{ClusterView, NodeView};
 
 /// A view and the ledger, read together under the ledger's lock.
 #[derive(Clone, Copy, Debug)]
@@ -34,12 +34,5 @@ impl<'a> Cluster<'a> {
         self.view
             .node(node)
             .map_or(0, |nv| self.free_mask(nv, resource).count_ones() as usize)
-    }
-
-    /// Indices of the free devices of `resource` on `node` ([`Self::free_mask`]).
-    pub fn free(&self, node: &str, resource: &str) -> Vec<usize> {
-        self.view
-            .node(node)
-            .map_or_else(Vec::new, |nv| indices(self.free_mask(nv, resource)))
     }
 }

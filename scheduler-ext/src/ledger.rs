@@ -98,11 +98,6 @@ impl Ledger {
         self.by_node.get(node).is_some_and(|s| s.contains(device))
     }
 
-    /// True when some device on `node` is committed.
-    pub fn has_commits_on(&self, node: &str) -> bool {
-        self.by_node.contains_key(node)
-    }
-
     /// The device ids committed on `node`, if any.
     pub fn committed_on(&self, node: &str) -> Option<&HashSet<String>> {
         self.by_node.get(node)
@@ -200,7 +195,7 @@ mod tests {
         l.commit("ns/a", commit("n2", &["g0"], t0));
         assert!(!l.is_committed("n1", "g0") && l.is_committed("n2", "g0"));
         assert_eq!(l.release("ns/b").unwrap().devices, ["g2"]);
-        assert!(!l.has_commits_on("n1"));
+        assert!(l.committed_on("n1").is_none());
         let view = ClusterView::default();
         assert!(
             l.prune(&view, t0 + Duration::from_secs(5), Duration::from_secs(10))
@@ -210,7 +205,7 @@ mod tests {
             l.prune(&view, t0 + Duration::from_secs(11), Duration::from_secs(10)),
             ["ns/a"]
         );
-        assert!(!l.has_commits_on("n2"));
+        assert!(l.committed_on("n2").is_none());
     }
 
     #[test]

@@ -97,9 +97,7 @@ pub struct NodeView {
     pub device_ids: Vec<String>,
     /// Resource name of each device.
     pub resources: Vec<String>,
-    /// Healthy and not allocated in the node's own status.
-    pub available: Vec<bool>,
-    /// `available` as a bit mask (bit i = device i).
+    /// Devices healthy and not allocated in the node's own status (bit i = device i).
     pub available_mask: u64,
     /// Resource name -> mask of its devices.
     pub resource_masks: Vec<(String, u64)>,
@@ -122,11 +120,6 @@ pub struct NodeView {
 }
 
 impl NodeView {
-    /// The view of one node from its DeviceTopology (a context of its own).
-    pub fn from_device_topology(dt: &DeviceTopology) -> Result<Self, ViewError> {
-        Self::with_contexts(dt, &mut ContextCache::default())
-    }
-
     /// The view of one node, reusing the context of an earlier node with the same links.
     fn with_contexts(dt: &DeviceTopology, contexts: &mut Contexts) -> Result<Self, ViewError> {
         let name = dt.metadata.name.clone().ok_or(ViewError::NoName {
@@ -176,14 +169,13 @@ impl NodeView {
             }
         };
         let status = dt.status.as_ref();
-        let available: Vec<bool> = devices
+        let available = devices
             .iter()
             .map(|d| match status.and_then(|s| s.devices.get(&d.id)) {
                 Some(s) => s.health == "Healthy" && s.allocation.is_none(),
                 // No status yet: the node has not reported health; count it healthy and free.
                 None => status.is_none(),
-            })
-            .collect();
+            });
         let resources: Vec<String> = devices.iter().map(resource_of).collect();
         let mut resource_masks: Vec<(String, u64)> = Vec::new();
         for (i, r) in resources.iter().enumerate() {
@@ -195,7 +187,7 @@ impl NodeView {
         Ok(NodeView {
             name,
             device_ids: devices.iter().map(|d| d.id.clone()).collect(),
-            available_mask: mask_of(available.iter().copied()),
+            available_mask: mask_of(available),
             resource_masks,
             assumed_mask: 0,
             index_of: devices
@@ -204,7 +196,6 @@ impl NodeView {
                 .map(|(i, d)| (d.id.clone(), i))
                 .collect(),
             resources,
-            available,
             numa: devices.iter().map(|d| d.numa_node).collect(),
             free_cpus: None,
             select,
@@ -220,7 +211,6 @@ impl NodeView {
             name,
             device_ids: Vec::new(),
             resources: Vec::new(),
-            available: Vec::new(),
             available_mask: 0,
             resource_masks: Vec::new(),
             assumed_mask: 0,
@@ -260,15 +250,6 @@ impl NodeView {
             .iter()
             .filter_map(|&i| self.device_ids.get(i).cloned())
             .collect()
-    }
-
-    /// Resources this node offers, with their device counts.
-    pub fn offered(&self) -> BTreeMap<&str, usize> {
-        let mut m = BTreeMap::new();
-        for r in &self.resources {
-            *m.entry(r.as_str()).or_default() += 1;
-        }
-        m
     }
 }
 
