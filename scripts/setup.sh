@@ -4,7 +4,8 @@
 # rustfmt) and Go come with the machine; apt packages are installed here.
 set -euo pipefail
 
-packages=(libhwloc-dev hwloc pkg-config protobuf-compiler util-linux)
+# libudev-dev: hwloc's pkg-config file asks the linker for -ludev (the unversioned libudev.so).
+packages=(libhwloc-dev libudev-dev hwloc pkg-config protobuf-compiler util-linux)
 missing=()
 for pkg in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

@@ -4,63 +4,46 @@
 
 use std::sync::Arc;
 
+use fumarole_agent::watched::Watched;
 use fumarole_device_plugin::annotation::{self, DEVICES_ANNOTATION, PendingPod, PodSource};
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use kube::{Api, Client};
 use tokio::sync::Notify;
 
 pub struct NodePods {
-    store: Store<Pod>,
-    changed: Arc<Notify>,
+    pods: Watched<Pod>,
 }
 
 impl NodePods {
     /// Starts watching the pods whose `spec.nodeName` is `node`.
     pub fn watch(client: Client, node: &str) -> Arc<Self> {
-        let (store, writer) = reflector::store();
         let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
-        let stream = reflector::reflector(writer, watcher(Api::<Pod>::all(client), config))
-            .default_backoff()
-            .touched_objects();
-        let changed = Arc::new(Notify::new());
-        let notify = changed.clone();
-        tokio::spawn(async move {
-            futures::pin_mut!(stream);
-            while let Some(event) = stream.next().await {
-                match event {
-                    Ok(_) => notify.notify_one(),
-                    Err(e) => tracing::debug!(error = %e, "pod watch interrupted; retrying"),
-                }
-            }
-        });
-        Arc::new(Self { store, changed })
+        Arc::new(Self {
+            pods: Watched::spawn(Api::<Pod>::all(client), config),
+        })
     }
 
     /// The node's pods as last seen (empty until the first list).
     pub fn pods(&self) -> Vec<Arc<Pod>> {
-        self.store.state()
+        self.pods.state()
     }
 
     /// Notified (one stored permit, for one consumer) whenever a pod is added or changes.
     pub fn changes(&self) -> Arc<Notify> {
-        self.changed.clone()
+        self.pods.changes()
     }
 
     /// Waits for the first complete list of the node's pods.
     pub async fn ready(&self) {
-        if let Err(e) = self.store.wait_until_ready().await {
-            tracing::debug!(error = %e, "pod store dropped before its first list");
-        }
+        self.pods.ready().await;
     }
 }
 
 impl PodSource for NodePods {
     fn pending(&self) -> Vec<PendingPod> {
         let mut pods: Vec<PendingPod> = self
-            .store
+            .pods
             .state()
             .iter()
             .filter(|p| p.metadata.deletion_timestamp.is_none())

@@ -1,8 +1,10 @@
 //! `fumarole-agent run`: the DaemonSet's long-running job. Discovers the node, publishes its
 //! `Numatopology`, `NodeResourceTopology`, `DeviceTopology` and labels, keeps them current,
 //! serves `/metrics` and `/healthz`, and, with `--device-plugin-dir`, the device plugins.
-//! `--standalone` serves only the device plugins, with no API server. `--colocation` also
-//! applies QoS levels and CPU burst to this node's pods' cgroups ([`fumarole_agent::colocation`]).
+//! `--standalone` serves only the device plugins, with no API server. `--colocation` also does
+//! volcano-agent's job for this node ([`fumarole_agent::colocation`]): QoS levels and CPU burst
+//! on the pods' cgroups, batch resources, pressure taint and eviction, configured by the
+//! `volcano-agent-configuration` ConfigMap.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -11,12 +13,16 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
+use fumarole_agent::watched::Watched;
 use fumarole_device_plugin::annotation::PodSource;
 use fumarole_exporter::discover;
 use fumarole_exporter::kubelet::{KubeletConfig, KubeletPaths};
 use fumarole_exporter::publish::{self, Publisher, metrics, metrics::Metrics, state::NodeState};
+use fumarole_topology::crd::ColocationStatus;
 use fumarole_topology::{SuperNode, SuperNodeSource};
 use k8s_openapi::api::core::v1::Node;
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::watcher;
 use tokio::sync::Notify;
 
 use crate::node::{NodeArgs, Prepared};
@@ -80,13 +86,26 @@ pub struct RunArgs {
     colocation: ColocationArgs,
 }
 
-/// Co-location (what volcano-agent does): QoS levels and CPU burst on this node's pods.
+/// Co-location (what volcano-agent does): QoS levels, CPU burst, oversubscription, eviction.
 #[derive(Args)]
 struct ColocationArgs {
-    /// Apply `volcano.sh/qos-level` and the CPU burst annotations to this node's pod cgroups.
+    /// Do volcano-agent's job on this node: `volcano.sh/qos-level` and CPU burst on the pod
+    /// cgroups, batch resources, pressure taint and eviction of offline pods, as the
+    /// `volcano-agent-configuration` ConfigMap and the node's labels enable them.
     #[arg(long)]
     colocation: bool,
-    /// How often to re-apply them (pod changes also trigger a round).
+    /// Namespace of the `volcano-agent-configuration` ConfigMap.
+    #[arg(
+        long,
+        value_name = "NAMESPACE",
+        env = "COLOCATION_CONFIG_NAMESPACE",
+        default_value = "volcano-system"
+    )]
+    colocation_config_namespace: String,
+    /// The node's memory pressure (PSI) file, an earlier eviction signal than usage.
+    #[arg(long, value_name = "FILE", default_value = "/proc/pressure/memory")]
+    memory_pressure_file: PathBuf,
+    /// How often to re-apply the cgroup settings (pod and config changes also trigger a round).
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
     qos_interval: Duration,
     /// Where the cgroup filesystems are mounted.
@@ -106,23 +125,33 @@ struct ColocationArgs {
 }
 
 impl ColocationArgs {
-    /// The settings, with what the flags leave open taken from the kubelet configuration.
-    fn settings(&self, kubelet_config: &Path) -> fumarole_agent::colocation::Settings {
-        let kubelet = std::fs::read_to_string(kubelet_config)
+    /// The kubelet configuration, or the defaults (logged) when it cannot be read.
+    fn kubelet(kubelet_config: &Path) -> KubeletConfig {
+        std::fs::read_to_string(kubelet_config)
             .map_err(|e| e.to_string())
             .and_then(|text| {
                 serde_norway::from_str::<KubeletConfig>(&text).map_err(|e| e.to_string())
             })
             .inspect_err(|e| {
-                tracing::warn!(file = %kubelet_config.display(), error = %e, "co-location: kubelet config unreadable; detecting the cgroup driver")
+                tracing::warn!(file = %kubelet_config.display(), error = %e, "co-location: kubelet config unreadable; detecting the cgroup driver, assuming no static CPU manager")
             })
-            .unwrap_or_default();
+            .unwrap_or_default()
+    }
+
+    /// The settings, with what the flags leave open taken from the kubelet configuration.
+    fn settings(&self, kubelet_config: &Path) -> fumarole_agent::colocation::Settings {
+        let kubelet = Self::kubelet(kubelet_config);
         fumarole_agent::colocation::Settings {
             cgroup_root: self.cgroup_root.clone(),
             mountinfo: self.cgroup_mountinfo.clone(),
             driver: self.cgroup_driver.clone().or(kubelet.cgroup_driver),
             kubelet_cgroup_root: self.kubelet_cgroup_root.clone().or(kubelet.cgroup_root),
         }
+    }
+
+    /// The kubelet gives Guaranteed pods exclusive CPUs (`cpuManagerPolicy: static`).
+    fn static_cpu_manager(&self, kubelet_config: &Path) -> bool {
+        Self::kubelet(kubelet_config).cpu_manager_policy.as_deref() == Some("static")
     }
 }
 
@@ -165,21 +194,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         if args.colocation.colocation
             && let Some(pods) = node_pods
         {
-            let settings = args.colocation.settings(&args.kubelet_config);
-            let interval = args.colocation.qos_interval;
-            tracing::info!(?settings, ?interval, "co-location: applying QoS levels and CPU burst");
-            let metrics = metrics.clone();
-            tokio::spawn(async move {
-                pods.ready().await;
-                let changes = pods.changes();
-                let record = |s: &fumarole_agent::colocation::Summary| {
-                    let gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
-                    let levels = s.by_level_name().map(|(name, n)| (name, gauge(n)));
-                    metrics.colocation(&levels, gauge(s.burst_enabled), gauge(s.failed));
-                };
-                fumarole_agent::colocation::run(settings, interval, || pods.pods(), changes, record)
-                    .await;
-            });
+            start_colocation(&args, &client, &node_name, pods, metrics.clone());
         }
         let publisher = Publisher::new(client, &node_name, metrics.clone(), wake.clone());
         let kubelet = KubeletPaths {
@@ -196,6 +211,103 @@ pub fn run(args: RunArgs) -> Result<()> {
         }
         Ok(())
     })
+}
+
+/// Starts the co-location tasks ([`fumarole_agent::colocation`]): the configuration watch,
+/// the pod cgroup loop, the node loop and the state report.
+fn start_colocation(
+    args: &RunArgs,
+    client: &kube::Client,
+    node_name: &str,
+    pods: Arc<pods::NodePods>,
+    metrics: Arc<Metrics>,
+) {
+    use fumarole_agent::colocation::{self, config, node::NodeLoop, node::NodeLoopSettings};
+    let settings = args.colocation.settings(&args.kubelet_config);
+    let interval = args.colocation.qos_interval;
+    tracing::info!(?settings, ?interval, namespace = %args.colocation.colocation_config_namespace, "co-location on");
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "fumarole-agent".into(),
+            instance: Some(node_name.to_string()),
+        },
+    );
+    let node = Arc::new(Watched::spawn(
+        kube::Api::<Node>::all(client.clone()),
+        watcher::Config::default().fields(&format!("metadata.name={node_name}")),
+    ));
+    let config = config::watch(
+        client.clone(),
+        &args.colocation.colocation_config_namespace,
+        node_name,
+        node.clone(),
+        recorder.clone(),
+        metrics.clone(),
+    );
+    let (status, reports) = tokio::sync::watch::channel(ColocationStatus::default());
+    tokio::spawn(colocation::report::run(
+        client.clone(),
+        node_name.to_string(),
+        reports,
+    ));
+    // The report says whether the node takes part and why a configuration was refused.
+    let mut follow = config.clone();
+    let report = status.clone();
+    tokio::spawn(async move {
+        while follow.changed().await.is_ok() {
+            let Some(state) = follow.borrow_and_update().clone() else {
+                continue;
+            };
+            let error = state.error.map(|p| p.message);
+            report.send_if_modified(|s| {
+                let modified = s.enabled != state.node.colocation || s.config_error != error;
+                s.enabled = state.node.colocation;
+                s.config_error = error;
+                modified
+            });
+        }
+    });
+
+    let node_loop = NodeLoop::new(
+        NodeLoopSettings {
+            node_name: node_name.to_string(),
+            cgroups: settings.clone(),
+            memory_pressure: args.colocation.memory_pressure_file.clone(),
+            static_cpu_manager: args.colocation.static_cpu_manager(&args.kubelet_config),
+        },
+        client.clone(),
+        node,
+        recorder,
+        metrics.clone(),
+        status.clone(),
+    );
+    let node_pods = pods.clone();
+    let node_config = config.clone();
+    tokio::spawn(async move {
+        node_pods.ready().await;
+        node_loop.run(|| node_pods.pods(), node_config).await;
+    });
+
+    tokio::spawn(async move {
+        pods.ready().await;
+        let changes = pods.changes();
+        let record = |s: &colocation::Summary| {
+            let gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+            let levels = s.by_level_name().map(|(name, n)| (name, gauge(n)));
+            metrics.colocation(&levels, gauge(s.burst_enabled), gauge(s.failed));
+        };
+        colocation::pods::run(
+            settings,
+            interval,
+            || pods.pods(),
+            changes,
+            config,
+            status,
+            record,
+        )
+        .await;
+    });
 }
 
 /// The value of the node's `key` label as its super-node, if the label is set.

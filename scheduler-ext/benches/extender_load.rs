@@ -245,6 +245,7 @@ fn topology(i: usize) -> DeviceTopology {
                 )
             })
             .collect(),
+        colocation: None,
     });
     t
 }

@@ -169,6 +169,12 @@ impl Oversubscription {
         })
     }
 
+    /// Writing the value [`Self::observe`] returned failed: `on_node` is what the Node status
+    /// still carries, so the next round compares against that and writes again if it differs.
+    pub fn publish_failed(&mut self, on_node: Option<BatchResources>) {
+        self.last_published = on_node;
+    }
+
     /// What was last returned by [`Self::observe`] (or given to [`Self::resume`]).
     pub fn last_published(&self) -> Option<BatchResources> {
         self.last_published

@@ -192,7 +192,15 @@ impl Publisher {
         let data = &live.data;
         match kind {
             Kind::Numatopology | Kind::DeviceTopology => json!({ "spec": data.get("spec") }),
-            Kind::DeviceTopologyStatus => json!({ "status": data.get("status") }),
+            Kind::DeviceTopologyStatus => {
+                // `status.colocation` belongs to the agent's co-location loops (their own field
+                // manager): not ours to compare.
+                let mut status = data.get("status").cloned().unwrap_or(Value::Null);
+                if let Some(map) = status.as_object_mut() {
+                    map.remove("colocation");
+                }
+                json!({ "status": status })
+            }
             Kind::NodeResourceTopology => {
                 let mut v = json!({ "zones": data.get("zones") });
                 if let Some(a) = data.get("attributes") {

@@ -114,6 +114,64 @@ pub struct DeviceTopologyStatus {
     pub healthy_count: u32,
     /// By device id.
     pub devices: BTreeMap<String, DeviceStatus>,
+    /// Co-location state, written by the agent's co-location loops under their own field
+    /// manager (`fumarole-agent-colocation`), beside the devices' state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub colocation: Option<ColocationStatus>,
+}
+
+/// What `fumarole-agent run --colocation` keeps on the node: QoS, CPU burst, batch resources,
+/// pressure and eviction, for the scheduler extension and for people.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ColocationStatus {
+    /// The node takes part in co-location (label `volcano.sh/colocation` or
+    /// `volcano.sh/oversubscription` is `"true"`).
+    pub enabled: bool,
+    /// Running pods per `volcano.sh/qos-level`: `LC` (also `HLS`), `LS`, `none`, `BE`.
+    #[serde(default)]
+    pub qos_level_pods: BTreeMap<String, u32>,
+    /// Pods with CPU burst (`volcano.sh/enable-quota-burst`) applied.
+    #[serde(default)]
+    pub burst_pods: u32,
+    /// Batch resources as last written to the Node status; absent while oversubscription is
+    /// off for the node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_resources: Option<BatchResourcesStatus>,
+    /// Resources under pressure (`cpu`, `memory`) and the signal that says so.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub pressure: BTreeMap<String, String>,
+    /// The node carries the taint `volcano.sh/offline-job-evicting:NoSchedule`.
+    #[serde(default)]
+    pub evicting: bool,
+    /// Offline pods evicted and not gone yet.
+    #[serde(default)]
+    pub evictions_in_flight: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_eviction: Option<EvictionRecord>,
+    /// Why the configuration in force is not the newest one (an invalid `colocation-config`
+    /// or node annotation): the last good configuration stays in force meanwhile.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_error: Option<String>,
+}
+
+/// `kubernetes.io/batch-cpu` and `kubernetes.io/batch-memory` as published.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BatchResourcesStatus {
+    pub cpu_millis: u64,
+    pub memory_bytes: u64,
+}
+
+/// The last offline pod evicted for pressure (or because oversubscription was switched off).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EvictionRecord {
+    pub namespace: String,
+    pub pod: String,
+    pub reason: String,
+    /// RFC 3339.
+    pub time: String,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -230,6 +288,7 @@ impl DeviceTopologyStatus {
         DeviceTopologyStatus {
             healthy_count: u32::try_from(healthy).unwrap_or(u32::MAX),
             devices,
+            colocation: None,
         }
     }
 }

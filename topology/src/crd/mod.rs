@@ -16,7 +16,8 @@ pub mod numatopology;
 pub mod testing;
 
 pub use device_topology::{
-    DeviceAllocation, DeviceStatus, DeviceTopology, DeviceTopologySpec, DeviceTopologyStatus,
+    BatchResourcesStatus, ColocationStatus, DeviceAllocation, DeviceStatus, DeviceTopology,
+    DeviceTopologySpec, DeviceTopologyStatus, EvictionRecord,
 };
 pub use node_resource_topology::{Attribute, CostInfo, NodeResourceTopology, ResourceInfo, Zone};
 pub use numatopology::{

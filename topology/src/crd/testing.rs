@@ -65,6 +65,7 @@ pub fn nvlink_node(
                 )
             })
             .collect(),
+        colocation: None,
     });
     t
 }

@@ -1,5 +1,6 @@
-//! The co-location sync loop of `fumarole-agent run --colocation`: QoS levels
-//! ([`crate::qos::level`]) and CPU burst ([`crate::qos::burst`]) applied to the cgroups of this node's pods.
+//! The pod cgroup loop of `fumarole-agent run --colocation`: QoS levels
+//! ([`crate::qos::level`]) and CPU burst ([`crate::qos::burst`]) applied to the cgroups of this
+//! node's pods, as far as the configuration in force enables them ([`Features`]).
 //!
 //! Start at [`Syncer::sync`]: one round over the pods the API server lists for the node. It is
 //! stateless with respect to the cgroups: every value is read before it is written and written
@@ -12,11 +13,15 @@
 //! - finds the pod cgroup from the [`Layout`](crate::qos::cgroup::Layout) and the containers' cgroups
 //!   from `status.containerStatuses[].containerID`; a pod whose cgroup does not exist yet is
 //!   skipped (debug) and retried on the next round, as are containers not started yet;
-//! - writes [`level::desired`] for the pod's `volcano.sh/qos-level`. The defaults of
+//! - writes [`level::desired`] for the pod's `volcano.sh/qos-level` (the CPU files with
+//!   `cpuQosConfig` on, the memory files with `memoryQosConfig` on). The defaults of
 //!   [`QosLevel::Unset`] are written only to pods this agent gave a level before, or whose
 //!   cgroup still shows one (`cpu.idle = 1`, `cpu.qos_level != 0`): an annotation removed while
 //!   the agent was down is still undone, and pods nobody annotated are left to the kubelet;
-//! - runs [`burst::sync`] for the pod's burst annotations (burst 0 without them).
+//! - runs [`burst::sync`] for the pod's burst annotations (burst 0 without them, or with
+//!   `cpuBurstConfig` off).
+//!
+//! Switching a feature off therefore restores the kubelet's values on the next round.
 //!
 //! A pod's errors (bad annotations, a kernel refusing a value) are logged once per change of
 //! the message, never stop the round, and are retried every round.
@@ -27,8 +32,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 
+use super::config::ConfigState;
+use super::{Features, StatusTx};
 use crate::qos::burst::{self, BurstRequest};
 use crate::qos::cgroup::{self, Applied, CgroupPath, Cgroups, ContainerId, PodQos};
 use crate::qos::evict::pod_cpu_request_millis;
@@ -102,7 +109,11 @@ impl Syncer {
     }
 
     /// One round over `pods` (the node's pods as the API server lists them).
-    pub fn sync<'a>(&mut self, pods: impl IntoIterator<Item = &'a Pod>) -> Summary {
+    pub fn sync<'a>(
+        &mut self,
+        pods: impl IntoIterator<Item = &'a Pod>,
+        features: Features,
+    ) -> Summary {
         let mut summary = Summary::default();
         let mut seen = HashSet::new();
         for pod in pods {
@@ -124,7 +135,7 @@ impl Syncer {
                 pod.metadata.name.as_deref().unwrap_or_default()
             );
             let mut errors = Vec::new();
-            match self.sync_pod(pod, &name, &uid, qos_class, &mut errors) {
+            match self.sync_pod(pod, &name, &uid, qos_class, features, &mut errors) {
                 Outcome::Synced { level, burst } => {
                     if let Some(level) = level {
                         *summary.levels.entry(level.value()).or_default() += 1;
@@ -159,6 +170,7 @@ impl Syncer {
         name: &str,
         uid: &str,
         qos_class: &str,
+        features: Features,
         errors: &mut Vec<String>,
     ) -> Outcome {
         let cgroups = &self.cgroups;
@@ -193,13 +205,14 @@ impl Syncer {
             }
         };
         if let Some(level) = level
-            && let Err(e) = self.apply_level(pod, name, uid, &path, level)
+            && let Err(e) = self.apply_level(pod, name, uid, &path, level, features)
         {
             note(e, errors);
         }
 
         let request = match BurstRequest::from_annotations(annotations) {
-            Ok(request) => request,
+            Ok(request) if features.cpu_burst => request,
+            Ok(_) => BurstRequest::Disabled,
             Err(e) => {
                 errors.push(e.to_string());
                 BurstRequest::Disabled
@@ -252,7 +265,8 @@ impl Syncer {
     }
 
     /// Writes the level's plan, or for [`QosLevel::Unset`] the kubelet's defaults where a level
-    /// was applied before (by this agent, or by one before a restart).
+    /// was applied before (by this agent, or by one before a restart). A controller whose
+    /// feature is off gets the defaults too.
     fn apply_level(
         &mut self,
         pod: &Pod,
@@ -260,10 +274,21 @@ impl Syncer {
         uid: &str,
         path: &CgroupPath,
         level: QosLevel,
+        features: Features,
     ) -> cgroup::Result<Applied> {
         let cgroups = &self.cgroups;
-        if level == QosLevel::Unset && !self.leveled.contains(uid) && !shows_a_level(cgroups, path)
-        {
+        let cpu_level = if features.cpu_qos {
+            level
+        } else {
+            QosLevel::Unset
+        };
+        let memory_level = if features.memory_qos {
+            level
+        } else {
+            QosLevel::Unset
+        };
+        let unset = cpu_level == QosLevel::Unset && memory_level == QosLevel::Unset;
+        if unset && !self.leveled.contains(uid) && !shows_a_level(cgroups, path) {
             return Ok(Applied::default());
         }
         let cpu_request_millis = match pod.spec.as_ref() {
@@ -281,9 +306,18 @@ impl Syncer {
             memory_limit_bytes: level::memory_limit(cgroups, path)?,
         };
         let kernel = Kernel::probe(cgroups, path);
-        let plan = level::desired(level, &resources, &kernel);
+        let is_memory = |file: &&str| file.starts_with("memory.");
+        let mut plan: Vec<_> = level::desired(cpu_level, &resources, &kernel)
+            .into_iter()
+            .filter(|(file, _)| !is_memory(file))
+            .collect();
+        plan.extend(
+            level::desired(memory_level, &resources, &kernel)
+                .into_iter()
+                .filter(|(file, _)| is_memory(file)),
+        );
         let applied = level::apply(cgroups, path, &plan)?;
-        if level == QosLevel::Unset {
+        if unset {
             self.leveled.remove(uid);
         } else {
             self.leveled.insert(uid.to_string());
@@ -313,15 +347,18 @@ impl Summary {
     }
 }
 
-/// Runs rounds every `interval` and whenever `changed` is notified, over what `pods` returns,
-/// until the task is dropped; `on_round` sees each round's summary (for metrics). Detecting
-/// the cgroup layout is retried every round until it works (the kubelet may create `kubepods`
-/// after the agent starts).
+/// Runs rounds every `interval`, whenever `changed` is notified and whenever the
+/// configuration changes, over what `pods` returns, until the task is dropped; `on_round` sees
+/// each round's summary (for metrics), and `status` gets its counts. Rounds wait for the first
+/// configuration. Detecting the cgroup layout is retried every round until it works (the
+/// kubelet may create `kubepods` after the agent starts).
 pub async fn run(
     settings: Settings,
     interval: Duration,
     pods: impl Fn() -> Vec<Arc<Pod>>,
     changed: Arc<Notify>,
+    mut config: watch::Receiver<Option<ConfigState>>,
+    status: StatusTx,
     mut on_round: impl FnMut(&Summary),
 ) {
     let mut syncer: Option<Syncer> = None;
@@ -333,7 +370,11 @@ pub async fn run(
         tokio::select! {
             _ = ticks.tick() => {}
             () = changed.notified() => {}
+            result = config.changed() => if result.is_err() { return },
         }
+        let Some(features) = config.borrow().as_ref().map(|c| Features::of(&c.node)) else {
+            continue;
+        };
         if syncer.is_none() {
             match settings.detect() {
                 Ok(cgroups) => {
@@ -359,10 +400,24 @@ pub async fn run(
             continue;
         };
         let pods = pods();
-        let summary = syncer.sync(pods.iter().map(|p| p.as_ref()));
+        let summary = syncer.sync(pods.iter().map(|p| p.as_ref()), features);
         on_round(&summary);
+        status.send_if_modified(|s| {
+            let count = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+            let levels: BTreeMap<String, u32> = summary
+                .by_level_name()
+                .iter()
+                .map(|(name, n)| ((*name).to_string(), count(*n)))
+                .collect();
+            let burst = count(summary.burst_enabled);
+            let modified = s.qos_level_pods != levels || s.burst_pods != burst;
+            s.qos_level_pods = levels;
+            s.burst_pods = burst;
+            modified
+        });
         if last.as_ref() != Some(&summary) {
             tracing::info!(
+                ?features,
                 levels = ?summary.levels,
                 burst_enabled = summary.burst_enabled,
                 not_started = summary.not_started,
@@ -457,7 +512,7 @@ mod tests {
                 "ddd",
             ),
         ];
-        let summary = syncer.sync(&annotated);
+        let summary = syncer.sync(&annotated, Features::all());
         assert_eq!(summary.levels, BTreeMap::from([(-1, 1), (0, 2)]));
         assert_eq!(
             (summary.burst_enabled, summary.not_started, summary.failed),
@@ -478,7 +533,7 @@ mod tests {
             pod(BE_UID, "Burstable", serde_json::json!({}), "aaa"),
             pod(BURST_UID, "Burstable", serde_json::json!({}), "bbb"),
         ];
-        syncer.sync(&removed);
+        syncer.sync(&removed, Features::all());
         assert_eq!(read(&be, "cpu.idle"), "0");
         assert_eq!(read(&be, "cpu.shares"), "512");
         assert_eq!(read(&bursty.join("bbb"), "cpu.cfs_burst_us"), "0");
@@ -488,7 +543,7 @@ mod tests {
         // restores it; over settled cgroups it writes nothing.
         std::fs::write(be.join("cpu.idle"), "1\n").unwrap();
         let mut restarted = Syncer::new(syncer.cgroups().clone());
-        restarted.sync(&removed);
+        restarted.sync(&removed, Features::all());
         assert_eq!(read(&be, "cpu.idle"), "0");
         let before: Vec<_> = [&be, &bursty, &bursty.join("bbb")]
             .iter()
@@ -499,7 +554,7 @@ mod tests {
             })
             .collect();
         std::thread::sleep(Duration::from_millis(20));
-        Syncer::new(syncer.cgroups().clone()).sync(&removed);
+        Syncer::new(syncer.cgroups().clone()).sync(&removed, Features::all());
         for (path, modified) in before {
             assert_eq!(
                 std::fs::metadata(&path).unwrap().modified().unwrap(),
@@ -527,12 +582,12 @@ mod tests {
             serde_json::json!({"volcano.sh/qos-level": "be"}),
             "aaa",
         )];
-        let summary = syncer.sync(&bad);
+        let summary = syncer.sync(&bad, Features::all());
         assert_eq!(summary.failed, 1);
         assert_eq!(read(&dir, "cpu.idle"), "0");
         assert_eq!(syncer.reported.len(), 1);
         let ok = [pod(BE_UID, "Burstable", serde_json::json!({}), "aaa")];
-        assert_eq!(syncer.sync(&ok).failed, 0);
+        assert_eq!(syncer.sync(&ok, Features::all()).failed, 0);
         assert!(syncer.reported.is_empty());
     }
 }

@@ -1,0 +1,76 @@
+//! One kind of object watched into a local store (a kube-rs reflector): the agent's own Node,
+//! its pods and the co-location ConfigMap. [`Watched::changes`] is notified on every change,
+//! with one stored permit, so it suits one consumer; others read [`Watched::state`] when they
+//! need it.
+
+use std::fmt::Debug;
+use std::hash::Hash;
+use std::sync::Arc;
+
+use futures::StreamExt;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Resource};
+use serde::de::DeserializeOwned;
+use tokio::sync::Notify;
+
+pub struct Watched<K: Resource + 'static>
+where
+    K::DynamicType: Eq + Hash + Clone,
+{
+    store: Store<K>,
+    changed: Arc<Notify>,
+}
+
+impl<K> Watched<K>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
+{
+    /// Starts watching what `config` selects through `api`, with kube-rs' default backoff: a
+    /// lost watch is re-listed, never given up.
+    pub fn spawn(api: Api<K>, config: watcher::Config) -> Self {
+        let (store, writer) = reflector::store();
+        let stream = reflector::reflector(writer, watcher(api, config))
+            .default_backoff()
+            .touched_objects();
+        let changed = Arc::new(Notify::new());
+        let notify = changed.clone();
+        let kind = K::kind(&K::DynamicType::default()).to_string();
+        tokio::spawn(async move {
+            futures::pin_mut!(stream);
+            while let Some(event) = stream.next().await {
+                match event {
+                    Ok(_) => notify.notify_one(),
+                    Err(e) => tracing::debug!(kind, error = %e, "watch interrupted; retrying"),
+                }
+            }
+        });
+        Self { store, changed }
+    }
+
+    /// The objects as last seen (empty until the first list).
+    pub fn state(&self) -> Vec<Arc<K>> {
+        self.store.state()
+    }
+
+    /// The object of that name, for watches narrowed to one object.
+    pub fn named(&self, name: &str) -> Option<Arc<K>> {
+        self.store
+            .state()
+            .into_iter()
+            .find(|o| o.meta().name.as_deref() == Some(name))
+    }
+
+    /// Notified (one stored permit, for one consumer) whenever an object is added or changes.
+    pub fn changes(&self) -> Arc<Notify> {
+        self.changed.clone()
+    }
+
+    /// Waits for the first complete list.
+    pub async fn ready(&self) {
+        if let Err(e) = self.store.wait_until_ready().await {
+            tracing::debug!(error = %e, "store dropped before its first list");
+        }
+    }
+}
