@@ -12,7 +12,7 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Resource};
 use serde::de::DeserializeOwned;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 
 pub struct Watched<K: Resource + 'static>
 where
@@ -20,6 +20,10 @@ where
 {
     store: Store<K>,
     changed: Arc<Notify>,
+    /// True after the first complete list. The store's own `wait_until_ready` wakes only one
+    /// of several concurrent waiters (it sits on a oneshot channel), so one task waits on it
+    /// and tells everyone through this.
+    ready: watch::Receiver<bool>,
 }
 
 impl<K> Watched<K>
@@ -46,7 +50,21 @@ where
                 }
             }
         });
-        Self { store, changed }
+        let (ready_tx, ready) = watch::channel(false);
+        let first_list = store.clone();
+        tokio::spawn(async move {
+            match first_list.wait_until_ready().await {
+                Ok(()) => {
+                    let _ = ready_tx.send(true);
+                }
+                Err(e) => tracing::debug!(error = %e, "store dropped before its first list"),
+            }
+        });
+        Self {
+            store,
+            changed,
+            ready,
+        }
     }
 
     /// The objects as last seen (empty until the first list).
@@ -67,10 +85,10 @@ where
         self.changed.clone()
     }
 
-    /// Waits for the first complete list.
+    /// Waits for the first complete list (any number of tasks may wait).
     pub async fn ready(&self) {
-        if let Err(e) = self.store.wait_until_ready().await {
-            tracing::debug!(error = %e, "store dropped before its first list");
-        }
+        let mut ready = self.ready.clone();
+        // An error means the watch task is gone: nothing left to wait for.
+        let _ = ready.wait_for(|r| *r).await;
     }
 }

@@ -11,6 +11,7 @@
 //! The binaries come from `e2e/build-upstream.sh` (see [`upstream`]).
 
 pub mod cluster;
+pub mod colocation;
 pub mod fumarole;
 pub mod kubelet_dm;
 pub mod pki;

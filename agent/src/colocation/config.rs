@@ -187,7 +187,9 @@ pub fn watch(
                 }
                 reported = state.error.clone();
             }
-            let changed = tx.send_if_modified(|current| {
+            let mut new_config = false;
+            tx.send_if_modified(|current: &mut Option<ConfigState>| {
+                new_config = current.as_ref().is_none_or(|c| c.node != state.node);
                 if current.as_ref() == Some(&state) {
                     false
                 } else {
@@ -195,7 +197,7 @@ pub fn watch(
                     true
                 }
             });
-            if changed {
+            if new_config {
                 tracing::info!(config = ?state.node, "co-location config in force");
             }
             tokio::select! {

@@ -1,0 +1,239 @@
+//! Shared by the co-location tests: a fake kubelet cgroup layout on the real kernel's cgroup
+//! v1 hierarchies (the kubelet's `cgroupRoot` is a test-owned cgroup, so nothing of the
+//! machine's is touched), pods given the status a kubelet would report, CPU burners placed in
+//! a pod's cgroups, and `fumarole-agent run --colocation` against the test cluster.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+use crate::TestCluster;
+use crate::cluster::free_port;
+use crate::fumarole::agent_bin;
+use crate::process::Proc;
+
+/// Where the v1 hierarchies are mounted.
+pub const V1_ROOT: &str = "/sys/fs/cgroup";
+
+/// One test's cgroup (the kubelet's `cgroupRoot`) in each of some v1 hierarchies; removed,
+/// deepest first, on drop (also when the test fails). Processes put in it must be gone by
+/// then: declare them after the tree so they drop first.
+pub struct CgroupTree {
+    name: String,
+    controllers: Vec<String>,
+}
+
+impl CgroupTree {
+    /// `/sys/fs/cgroup/<controller>/fumarole-e2e-<tag>-<pid>` for each controller. `None`, with
+    /// the reason printed, when this machine cannot run the test: every `(controller, file)` in
+    /// `required` must exist (a v1 hierarchy with that kernel feature) and we must be root.
+    pub fn create(tag: &str, controllers: &[&str], required: &[(&str, &str)]) -> Option<Self> {
+        for (controller, file) in required {
+            let path = Path::new(V1_ROOT).join(controller).join(file);
+            if !path.exists() {
+                eprintln!(
+                    "skipped: no {} (needs a cgroup v1 {controller} hierarchy with {file})",
+                    path.display()
+                );
+                return None;
+            }
+        }
+        let mut tree = CgroupTree {
+            name: format!("fumarole-e2e-{tag}-{}", std::process::id()),
+            controllers: Vec::new(),
+        };
+        for controller in controllers {
+            let top = Path::new(V1_ROOT).join(controller).join(&tree.name);
+            if let Err(e) = std::fs::create_dir(&top) {
+                eprintln!(
+                    "skipped: cannot create {} ({e}); run as root",
+                    top.display()
+                );
+                return None;
+            }
+            tree.controllers.push((*controller).to_string());
+        }
+        Some(tree)
+    }
+
+    /// The kubelet's `cgroupRoot` for this tree (`/fumarole-e2e-...`).
+    pub fn cgroup_root(&self) -> String {
+        format!("/{}", self.name)
+    }
+
+    /// `rel` under the tree in `controller`'s hierarchy.
+    pub fn dir(&self, controller: &str, rel: &str) -> PathBuf {
+        Path::new(V1_ROOT)
+            .join(controller)
+            .join(&self.name)
+            .join(rel)
+    }
+
+    /// Creates `rel` in every hierarchy of the tree; returns it in `controller`'s.
+    pub fn mkdir(&self, controller: &str, rel: &str) -> Result<PathBuf> {
+        for c in &self.controllers {
+            let dir = self.dir(c, rel);
+            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
+        Ok(self.dir(controller, rel))
+    }
+
+    /// Writes a kubelet configuration (cgroupfs driver, this tree as `cgroupRoot`) into `dir`.
+    pub fn kubelet_config(&self, dir: &Path) -> Result<PathBuf> {
+        let path = dir.join("kubelet-config.yaml");
+        std::fs::write(
+            &path,
+            format!(
+                "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncgroupDriver: cgroupfs\ncgroupRoot: {}\n",
+                self.cgroup_root()
+            ),
+        )?;
+        Ok(path)
+    }
+
+    /// Moves process `pid` into `rel` in every hierarchy of the tree.
+    pub fn enter(&self, rel: &str, pid: u32) -> Result<()> {
+        for c in &self.controllers {
+            let procs = self.dir(c, rel).join("cgroup.procs");
+            std::fs::write(&procs, pid.to_string())
+                .with_context(|| format!("writing {pid} to {}", procs.display()))?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for CgroupTree {
+    fn drop(&mut self) {
+        fn dirs(dir: &Path, out: &mut Vec<PathBuf>) {
+            for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+                if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                    dirs(&entry.path(), out);
+                }
+            }
+            out.push(dir.to_path_buf());
+        }
+        for c in &self.controllers {
+            let mut all = Vec::new();
+            dirs(&self.dir(c, ""), &mut all);
+            for dir in all {
+                if let Err(e) = std::fs::remove_dir(&dir) {
+                    eprintln!("cleanup: removing {}: {e}", dir.display());
+                }
+            }
+        }
+    }
+}
+
+/// A process that keeps one CPU busy until dropped.
+pub fn cpu_burner(cluster: &TestCluster, name: &str) -> Result<Proc> {
+    Proc::spawn(
+        name,
+        Path::new("/bin/sh"),
+        &["-c".to_string(), "while :; do :; done".to_string()],
+        &cluster.root().join("logs"),
+    )
+}
+
+/// Creates a pod bound to `node` and gives it the status a kubelet would: Running, with one
+/// container `c` whose id is `containerd://<container>`. Returns its uid.
+pub async fn running_pod(
+    pods: &Api<Pod>,
+    node: &str,
+    name: &str,
+    annotations: serde_json::Value,
+    spec: serde_json::Value,
+    container: &str,
+) -> Result<String> {
+    let mut pod_spec = json!({
+        "nodeName": node,
+        "containers": [{"name": "c", "image": "busybox", "resources": spec["resources"]}],
+    });
+    if let Some(class) = spec.get("priorityClassName") {
+        pod_spec["priorityClassName"] = class.clone();
+    }
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name, "annotations": annotations},
+        "spec": pod_spec,
+    }))?;
+    let created = pods
+        .create(&PostParams::default(), &pod)
+        .await
+        .with_context(|| format!("creating pod {name}"))?;
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    pods.patch_status(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {
+            "phase": "Running",
+            "containerStatuses": [{
+                "name": "c", "image": "busybox", "imageID": "", "ready": true, "restartCount": 0,
+                "containerID": format!("containerd://{container}"),
+                "state": {"running": {"startedAt": now}},
+            }],
+        }})),
+    )
+    .await?;
+    match created.metadata.uid {
+        Some(uid) => Ok(uid),
+        None => bail!("pod {name} came back without a uid"),
+    }
+}
+
+/// Starts `fumarole-agent run --colocation` for `node` on the dgx-h100 fixture, with the
+/// kubelet configuration `kubelet_config`, the ConfigMap looked up in `default`, and `extra`
+/// arguments; its log is `<cluster>/logs/<name>.log`.
+pub fn start_agent(
+    cluster: &TestCluster,
+    name: &str,
+    node: &str,
+    kubelet_config: &Path,
+    scratch: &Path,
+    extra: &[&str],
+) -> Result<Proc> {
+    let path = |p: &Path| p.display().to_string();
+    let mut args: Vec<String> = vec![
+        "run".into(),
+        "--fixture".into(),
+        "dgx-h100".into(),
+        "--node-name".into(),
+        node.into(),
+        "--kubelet-config".into(),
+        path(kubelet_config),
+        "--cpu-manager-state".into(),
+        path(&scratch.join("absent_state")),
+        "--pod-resources-socket".into(),
+        path(&scratch.join("absent.sock")),
+        "--metrics-addr".into(),
+        format!("127.0.0.1:{}", free_port()?),
+        "--colocation".into(),
+        "--colocation-config-namespace".into(),
+        "default".into(),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    let kubeconfig = path(&cluster.admin_kubeconfig());
+    Proc::spawn_with_env(
+        name,
+        &agent_bin()?,
+        &args,
+        &[
+            ("KUBECONFIG", kubeconfig.as_str()),
+            ("FUMAROLE_LOG", "info,fumarole_agent=debug"),
+        ],
+        &cluster.root().join("logs"),
+    )
+}
+
+/// The log a [`Proc`] has written so far.
+pub fn log(proc: &Proc) -> String {
+    std::fs::read_to_string(proc.log_path()).unwrap_or_default()
+}
+
+/// A file's content, trimmed ("" when unreadable).
+pub fn read(dir: &Path, file: &str) -> String {
+    std::fs::read_to_string(dir.join(file))
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
