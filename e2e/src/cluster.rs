@@ -98,6 +98,29 @@ pub fn volcano_conf(extra: &str) -> String {
     )
 }
 
+/// The raw HTTP/1.0 response to `GET path` on `127.0.0.1:port` (headers and body).
+pub async fn http_get(port: u16, path: &str) -> Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .with_context(|| format!("connecting to 127.0.0.1:{port}"))?;
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
+        .await?;
+    let mut text = String::new();
+    stream.read_to_string(&mut text).await?;
+    Ok(text)
+}
+
+/// The sum of the samples of Prometheus metric lines starting with `prefix` in `text` (a
+/// `/metrics` body): `name` for all label sets, `name{label="x"}` for one.
+pub fn metric_sum(text: &str, prefix: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 /// A free TCP port on 127.0.0.1 (free when this returns).
 pub fn free_port() -> Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())

@@ -184,7 +184,7 @@ pub async fn running_pod(
 
 /// Starts `fumarole-agent run --colocation` for `node` on the dgx-h100 fixture, with the
 /// kubelet configuration `kubelet_config`, the ConfigMap looked up in `default`, and `extra`
-/// arguments; its log is `<cluster>/logs/<name>.log`.
+/// arguments; its log is `<cluster>/logs/<name>.log`. Returns it and its `/metrics` port.
 pub fn start_agent(
     cluster: &TestCluster,
     name: &str,
@@ -192,8 +192,9 @@ pub fn start_agent(
     kubelet_config: &Path,
     scratch: &Path,
     extra: &[&str],
-) -> Result<Proc> {
+) -> Result<(Proc, u16)> {
     let path = |p: &Path| p.display().to_string();
+    let metrics_port = free_port()?;
     let mut args: Vec<String> = vec![
         "run".into(),
         "--fixture".into(),
@@ -207,14 +208,14 @@ pub fn start_agent(
         "--pod-resources-socket".into(),
         path(&scratch.join("absent.sock")),
         "--metrics-addr".into(),
-        format!("127.0.0.1:{}", free_port()?),
+        format!("127.0.0.1:{metrics_port}"),
         "--colocation".into(),
         "--colocation-config-namespace".into(),
         "default".into(),
     ];
     args.extend(extra.iter().map(|s| s.to_string()));
     let kubeconfig = path(&cluster.admin_kubeconfig());
-    Proc::spawn_with_env(
+    let agent = Proc::spawn_with_env(
         name,
         &agent_bin()?,
         &args,
@@ -223,7 +224,8 @@ pub fn start_agent(
             ("FUMAROLE_LOG", "info,fumarole_agent=debug"),
         ],
         &cluster.root().join("logs"),
-    )
+    )?;
+    Ok((agent, metrics_port))
 }
 
 /// The log a [`Proc`] has written so far.

@@ -131,6 +131,7 @@ async fn qos_levels_and_burst_on_the_real_kernel_and_no_rewrite_after_restart() 
             &["--qos-interval", "1s"],
         )
         .unwrap()
+        .0
     };
 
     let mut agent = start("fumarole-agent-colo");

@@ -22,6 +22,7 @@
 
 use std::time::Duration;
 
+use fumarole_e2e::cluster::{http_get, metric_sum};
 use fumarole_e2e::colocation::{CgroupTree, cpu_burner, log, running_pod, start_agent};
 use fumarole_e2e::{NodeSpec, TestCluster};
 use fumarole_topology::crd::DeviceTopology;
@@ -156,7 +157,7 @@ async fn batch_resources_follow_load_pressure_taints_and_evicts_offline_pods() {
     tree.mkdir("cpu", &web).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let kubelet = tree.kubelet_config(dir.path()).unwrap();
-    let mut agent = start_agent(
+    let (mut agent, metrics_port) = start_agent(
         &cluster,
         "fumarole-agent-node",
         NODE,
@@ -165,6 +166,8 @@ async fn batch_resources_follow_load_pressure_taints_and_evicts_offline_pods() {
         &[],
     )
     .unwrap();
+    let metric =
+        async |prefix: &str| metric_sum(&http_get(metrics_port, "/metrics").await.unwrap(), prefix);
 
     // 1. Idle: 60 % of about 2000m.
     until("batch-cpu published for an idle node", 60, async || {
@@ -188,6 +191,14 @@ async fn batch_resources_follow_load_pressure_taints_and_evicts_offline_pods() {
                 })
         },
     )
+    .await;
+
+    // The report lives in the DeviceTopology now, not (also) on the Node.
+    until("no report annotation left on the Node", 30, async || {
+        let node = nodes.get(NODE).await.unwrap();
+        let annotations = node.metadata.annotations.unwrap_or_default();
+        !annotations.contains_key("fumarole.dev/colocation-status")
+    })
     .await;
 
     // 2. An invalid change: Event on the ConfigMap, the report says why, the old config stays.
@@ -230,6 +241,8 @@ async fn batch_resources_follow_load_pressure_taints_and_evicts_offline_pods() {
             })
     })
     .await;
+
+    assert_eq!(metric("fumarole_colocation_config_valid").await, 0.0);
 
     // 3. Two busy processes in the online pod: usage over the (old, 40 %) high watermark.
     let idle_batch = batch_cpu(&nodes).await.unwrap();
@@ -308,7 +321,7 @@ async fn batch_resources_follow_load_pressure_taints_and_evicts_offline_pods() {
 
     // 5. Restart: nothing evicted twice, no taint flapping, an unchanged value not rewritten.
     let taint_changes = |t: &str| t.matches("node taint changed").count();
-    let restarted = start_agent(
+    let (restarted, _) = start_agent(
         &cluster,
         "fumarole-agent-node-2",
         NODE,

@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use fumarole_e2e::cluster::{eventually, free_port, volcano_conf};
+use fumarole_e2e::cluster::{eventually, free_port, http_get, metric_sum, volcano_conf};
 use fumarole_e2e::fumarole::{
     agent_bin, device_topologies, node_resource_topologies, numatopologies,
 };
@@ -16,7 +16,6 @@ use fumarole_e2e::{NodeSpec, TestCluster};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const GOOD_CONFIG: &str = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncpuManagerPolicy: static\ntopologyManagerPolicy: single-numa-node\nkubeReserved: {cpu: \"1\", memory: 1Gi}\n";
 /// One agent on one node, with its own kubelet files.
@@ -41,25 +40,11 @@ impl Agent {
 
     /// The raw HTTP/1.0 response to `GET path` on the agent's metrics port.
     async fn get(&self, path: &str) -> String {
-        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", self.metrics_port))
-            .await
-            .unwrap();
-        stream
-            .write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
-            .await
-            .unwrap();
-        let mut text = String::new();
-        stream.read_to_string(&mut text).await.unwrap();
-        text
+        http_get(self.metrics_port, path).await.unwrap()
     }
 
     async fn metric(&self, name: &str) -> f64 {
-        self.get("/metrics")
-            .await
-            .lines()
-            .filter(|l| l.starts_with(name))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
+        metric_sum(&self.get("/metrics").await, name)
     }
 }
 
