@@ -237,6 +237,28 @@ mod tests {
     }
 
     #[test]
+    fn the_readme_example_is_valid() {
+        let readme =
+            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md")).unwrap();
+        let section = &readme[readme.find("### Configuration").unwrap()..];
+        let start = section.find("```json\n").unwrap() + "```json\n".len();
+        let json = &section[start..start + section[start..].find("```").unwrap()];
+        let parsed = qos_config::parse(json).unwrap();
+        assert!(parsed.warnings.is_empty(), "{:?}", parsed.warnings);
+        let node = qos_config::effective(
+            &parsed.config,
+            &BTreeMap::from([
+                ("pool".to_string(), "gpu".to_string()),
+                (qos_config::COLOCATION_LABEL.to_string(), "true".to_string()),
+            ]),
+            &BTreeMap::new(),
+        )
+        .unwrap();
+        assert!(node.cpu_qos && node.cpu_burst && !node.memory_qos);
+        assert_eq!(node.eviction.cpu.high, 90);
+    }
+
+    #[test]
     fn invalid_changes_keep_the_last_good_configuration() {
         let mut r = Resolver::new();
         let none = BTreeMap::new();

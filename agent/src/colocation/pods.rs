@@ -566,6 +566,55 @@ mod tests {
     }
 
     #[test]
+    fn features_switched_off_restore_the_kubelet_values() {
+        let root = tempfile::tempdir().unwrap();
+        let cpu = root.path().join("cpu/kubepods/burstable");
+        let be = cpu.join(format!("pod{BE_UID}"));
+        let bursty = cpu.join(format!("pod{BURST_UID}"));
+        cgroup(&be, "-1");
+        cgroup(&bursty, "50000");
+        cgroup(&bursty.join("bbb"), "50000");
+        let mut syncer = Syncer::new(Cgroups::new(
+            root.path(),
+            Layout::new(Version::V1, Driver::Cgroupfs),
+        ));
+        let pods = [
+            pod(
+                BE_UID,
+                "Burstable",
+                serde_json::json!({"volcano.sh/qos-level": "BE"}),
+                "aaa",
+            ),
+            pod(
+                BURST_UID,
+                "Burstable",
+                serde_json::json!({"volcano.sh/enable-quota-burst": "true"}),
+                "bbb",
+            ),
+        ];
+        let on = syncer.sync(&pods, Features::all());
+        assert_eq!((on.levels.get(&-1), on.burst_enabled), (Some(&1), 1));
+        assert_eq!(read(&be, "cpu.idle"), "1");
+        assert_eq!(read(&bursty.join("bbb"), "cpu.cfs_burst_us"), "50000");
+
+        // The annotations stay; the configuration turns both features off.
+        let off = syncer.sync(&pods, Features::default());
+        assert_eq!(off.burst_enabled, 0);
+        assert_eq!(read(&be, "cpu.idle"), "0");
+        assert_eq!(read(&be, "cpu.shares"), "512");
+        assert_eq!(read(&bursty.join("bbb"), "cpu.cfs_burst_us"), "0");
+        assert_eq!(read(&bursty, "cpu.cfs_burst_us"), "0");
+
+        // Memory QoS alone leaves the CPU files to the kubelet.
+        let memory_only = Features {
+            memory_qos: true,
+            ..Features::default()
+        };
+        syncer.sync(&pods, memory_only);
+        assert_eq!(read(&be, "cpu.idle"), "0");
+    }
+
+    #[test]
     fn bad_annotations_are_errors_not_guesses() {
         let root = tempfile::tempdir().unwrap();
         let dir = root
