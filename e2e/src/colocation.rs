@@ -6,8 +6,8 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Pod};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use crate::TestCluster;
@@ -214,7 +214,7 @@ pub fn start_agent(
         "default".into(),
     ];
     args.extend(extra.iter().map(|s| s.to_string()));
-    let kubeconfig = path(&cluster.admin_kubeconfig());
+    let kubeconfig = path(cluster.admin_kubeconfig());
     let agent = Proc::spawn_with_env(
         name,
         &agent_bin()?,
@@ -238,4 +238,22 @@ pub fn read(dir: &Path, file: &str) -> String {
     std::fs::read_to_string(dir.join(file))
         .map(|s| s.trim().to_string())
         .unwrap_or_default()
+}
+
+/// The `volcano-agent-configuration` ConfigMap holding `doc` as its `colocation-config`.
+pub fn config_map(doc: &serde_json::Value) -> ConfigMap {
+    let mut cm = ConfigMap::default();
+    cm.metadata.name = Some("volcano-agent-configuration".into());
+    cm.data = Some([("colocation-config".to_string(), doc.to_string())].into());
+    cm
+}
+
+/// Whether `events` (core v1 view) holds one that `matches`.
+pub async fn event_seen(events: &Api<Event>, matches: impl Fn(&Event) -> bool) -> Result<bool> {
+    Ok(events
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .any(matches))
 }

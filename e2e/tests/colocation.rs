@@ -15,7 +15,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use fumarole_e2e::cluster::eventually;
-use fumarole_e2e::colocation::{CgroupTree, log, read, running_pod, start_agent};
+use fumarole_e2e::colocation::{CgroupTree, config_map, log, read, running_pod, start_agent};
 use fumarole_e2e::{NodeSpec, TestCluster};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -41,15 +41,10 @@ async fn file_becomes(dir: &Path, file: &str, want: &str) {
 }
 
 fn configmap(qos: bool, burst: bool) -> ConfigMap {
-    let doc = json!({"globalConfig": {
+    config_map(&json!({"globalConfig": {
         "cpuQosConfig": {"enable": qos},
         "cpuBurstConfig": {"enable": burst},
-    }});
-    serde_json::from_value(json!({
-        "metadata": {"name": "volcano-agent-configuration"},
-        "data": {"colocation-config": doc.to_string()},
-    }))
-    .unwrap()
+    }}))
 }
 
 #[tokio::test(flavor = "multi_thread")]

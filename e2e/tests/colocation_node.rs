@@ -23,11 +23,13 @@
 use std::time::Duration;
 
 use fumarole_e2e::cluster::{http_get, metric_sum};
-use fumarole_e2e::colocation::{CgroupTree, cpu_burner, log, running_pod, start_agent};
+use fumarole_e2e::colocation::{
+    CgroupTree, config_map, cpu_burner, event_seen, log, running_pod, start_agent,
+};
 use fumarole_e2e::{NodeSpec, TestCluster};
 use fumarole_topology::crd::DeviceTopology;
 use k8s_openapi::api::core::v1::{ConfigMap, Event, Node, Pod};
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 const NODE: &str = "colo-node";
@@ -35,19 +37,14 @@ const TAINT: &str = "volcano.sh/offline-job-evicting";
 const WEB_ID: &str = "dddd0001";
 
 fn config(cpu_high: serde_json::Value) -> ConfigMap {
-    let doc = json!({"globalConfig": {"evictingConfig": {
+    config_map(&json!({"globalConfig": {"evictingConfig": {
         "monitorInterval": 1,
         "highUsageCountLimit": 2,
         "evictingCPUHighWatermark": cpu_high,
         "evictingCPULowWatermark": 20,
         // The machine's own memory pressure is not under test: PSI off.
         "evictingMemoryPressureThreshold": 100,
-    }}});
-    serde_json::from_value(json!({
-        "metadata": {"name": "volcano-agent-configuration"},
-        "data": {"colocation-config": doc.to_string()},
-    }))
-    .unwrap()
+    }}}))
 }
 
 /// `kubernetes.io/batch-cpu` on the Node status (capacity and allocatable must agree).
@@ -212,19 +209,15 @@ async fn batch_resources_follow_load_pressure_taints_and_evicts_offline_pods() {
         .unwrap();
     let events: Api<Event> = Api::namespaced(cluster.client(), "default");
     until("the InvalidColocationConfig Event", 30, async || {
-        events
-            .list(&ListParams::default())
-            .await
-            .unwrap()
-            .items
-            .iter()
-            .any(|e| {
-                e.reason.as_deref() == Some("InvalidColocationConfig")
-                    && e.involved_object.kind.as_deref() == Some("ConfigMap")
-                    && e.message
-                        .as_deref()
-                        .is_some_and(|m| m.contains("evictingCPUHighWatermark"))
-            })
+        event_seen(&events, |e| {
+            e.reason.as_deref() == Some("InvalidColocationConfig")
+                && e.involved_object.kind.as_deref() == Some("ConfigMap")
+                && e.message
+                    .as_deref()
+                    .is_some_and(|m| m.contains("evictingCPUHighWatermark"))
+        })
+        .await
+        .unwrap()
     })
     .await;
     until("the config error in the state report", 30, async || {
@@ -277,16 +270,12 @@ async fn batch_resources_follow_load_pressure_taints_and_evicts_offline_pods() {
     .await;
     for event in ["batch-large", "batch-small"] {
         until("an Evicted Event on the pod", 30, async || {
-            events
-                .list(&ListParams::default())
-                .await
-                .unwrap()
-                .items
-                .iter()
-                .any(|e| {
-                    e.reason.as_deref() == Some("Evicted")
-                        && e.involved_object.name.as_deref() == Some(event)
-                })
+            event_seen(&events, |e| {
+                e.reason.as_deref() == Some("Evicted")
+                    && e.involved_object.name.as_deref() == Some(event)
+            })
+            .await
+            .unwrap()
         })
         .await;
     }
