@@ -125,9 +125,11 @@ struct ColocationArgs {
 }
 
 impl ColocationArgs {
-    /// The kubelet configuration, or the defaults (logged) when it cannot be read.
-    fn kubelet(kubelet_config: &Path) -> KubeletConfig {
-        std::fs::read_to_string(kubelet_config)
+    /// The cgroup settings, with what the flags leave open taken from the kubelet
+    /// configuration, and whether the kubelet gives Guaranteed pods exclusive CPUs
+    /// (`cpuManagerPolicy: static`).
+    fn settings(&self, kubelet_config: &Path) -> (fumarole_agent::colocation::Settings, bool) {
+        let kubelet = std::fs::read_to_string(kubelet_config)
             .map_err(|e| e.to_string())
             .and_then(|text| {
                 serde_norway::from_str::<KubeletConfig>(&text).map_err(|e| e.to_string())
@@ -135,23 +137,15 @@ impl ColocationArgs {
             .inspect_err(|e| {
                 tracing::warn!(file = %kubelet_config.display(), error = %e, "co-location: kubelet config unreadable; detecting the cgroup driver, assuming no static CPU manager")
             })
-            .unwrap_or_default()
-    }
-
-    /// The settings, with what the flags leave open taken from the kubelet configuration.
-    fn settings(&self, kubelet_config: &Path) -> fumarole_agent::colocation::Settings {
-        let kubelet = Self::kubelet(kubelet_config);
-        fumarole_agent::colocation::Settings {
+            .unwrap_or_default();
+        let settings = fumarole_agent::colocation::Settings {
             cgroup_root: self.cgroup_root.clone(),
             mountinfo: self.cgroup_mountinfo.clone(),
             driver: self.cgroup_driver.clone().or(kubelet.cgroup_driver),
             kubelet_cgroup_root: self.kubelet_cgroup_root.clone().or(kubelet.cgroup_root),
-        }
-    }
-
-    /// The kubelet gives Guaranteed pods exclusive CPUs (`cpuManagerPolicy: static`).
-    fn static_cpu_manager(&self, kubelet_config: &Path) -> bool {
-        Self::kubelet(kubelet_config).cpu_manager_policy.as_deref() == Some("static")
+        };
+        let static_cpu_manager = kubelet.cpu_manager_policy.as_deref() == Some("static");
+        (settings, static_cpu_manager)
     }
 }
 
@@ -223,7 +217,7 @@ fn start_colocation(
     metrics: Arc<Metrics>,
 ) {
     use fumarole_agent::colocation::{self, config, node::NodeLoop, node::NodeLoopSettings};
-    let settings = args.colocation.settings(&args.kubelet_config);
+    let (settings, static_cpu_manager) = args.colocation.settings(&args.kubelet_config);
     let interval = args.colocation.qos_interval;
     tracing::info!(?settings, ?interval, namespace = %args.colocation.colocation_config_namespace, "co-location on");
     let recorder = Recorder::new(
@@ -237,6 +231,12 @@ fn start_colocation(
         kube::Api::<Node>::all(client.clone()),
         watcher::Config::default().fields(&format!("metadata.name={node_name}")),
     ));
+    let (status, reports) = tokio::sync::watch::channel(ColocationStatus::default());
+    tokio::spawn(colocation::report::run(
+        client.clone(),
+        node_name.to_string(),
+        reports,
+    ));
     let config = config::watch(
         client.clone(),
         &args.colocation.colocation_config_namespace,
@@ -244,37 +244,15 @@ fn start_colocation(
         node.clone(),
         recorder.clone(),
         metrics.clone(),
+        status.clone(),
     );
-    let (status, reports) = tokio::sync::watch::channel(ColocationStatus::default());
-    tokio::spawn(colocation::report::run(
-        client.clone(),
-        node_name.to_string(),
-        reports,
-    ));
-    // The report says whether the node takes part and why a configuration was refused.
-    let mut follow = config.clone();
-    let report = status.clone();
-    tokio::spawn(async move {
-        while follow.changed().await.is_ok() {
-            let Some(state) = follow.borrow_and_update().clone() else {
-                continue;
-            };
-            let error = state.error.map(|p| p.message);
-            report.send_if_modified(|s| {
-                let modified = s.enabled != state.node.colocation || s.config_error != error;
-                s.enabled = state.node.colocation;
-                s.config_error = error;
-                modified
-            });
-        }
-    });
 
     let node_loop = NodeLoop::new(
         NodeLoopSettings {
             node_name: node_name.to_string(),
             cgroups: settings.clone(),
             memory_pressure: args.colocation.memory_pressure_file.clone(),
-            static_cpu_manager: args.colocation.static_cpu_manager(&args.kubelet_config),
+            static_cpu_manager,
         },
         client.clone(),
         node,

@@ -21,6 +21,7 @@ use kube::runtime::watcher;
 use kube::{Api, Client, Resource};
 use tokio::sync::watch as channel;
 
+use super::StatusTx;
 use crate::qos::config::{self as qos_config, CONFIG_KEY, CONFIGMAP_NAME, NodeConfig};
 use crate::watched::Watched;
 use fumarole_exporter::publish::metrics::Metrics;
@@ -124,7 +125,8 @@ impl Resolver {
 }
 
 /// Watches the ConfigMap in `namespace` and shares `node`'s watch; the channel holds `None`
-/// until both first lists are in, then the configuration in force.
+/// until both first lists are in, then the configuration in force. The state report learns
+/// whether the node takes part and why a configuration was refused.
 pub fn watch(
     client: Client,
     namespace: &str,
@@ -132,6 +134,7 @@ pub fn watch(
     node: Arc<Watched<Node>>,
     recorder: Recorder,
     metrics: Arc<Metrics>,
+    status: StatusTx,
 ) -> channel::Receiver<Option<ConfigState>> {
     let configmaps = Watched::spawn(
         Api::<ConfigMap>::namespaced(client, namespace),
@@ -200,6 +203,13 @@ pub fn watch(
             if new_config {
                 tracing::info!(config = ?state.node, "co-location config in force");
             }
+            let error = state.error.as_ref().map(|p| p.message.clone());
+            status.send_if_modified(|s| {
+                let modified = s.enabled != state.node.colocation || s.config_error != error;
+                s.enabled = state.node.colocation;
+                s.config_error = error;
+                modified
+            });
             tokio::select! {
                 () = cm_changes.notified() => {}
                 () = node_changes.notified() => {}

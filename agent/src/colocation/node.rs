@@ -75,6 +75,9 @@ pub struct NodeLoop {
     /// Oversubscription was on in the last round (so switching it off cleans up).
     oversub_on: bool,
     evictor: Option<Evictor>,
+    /// Offline pods still to evict because oversubscription was switched off (their eviction
+    /// was refused, say by a PodDisruptionBudget); retried every round while they run.
+    cleanup: Vec<PodRef>,
     /// Pods that could not be read, by uid, with the message last logged.
     unreadable: BTreeMap<String, String>,
 }
@@ -103,6 +106,7 @@ impl NodeLoop {
             oversub: Oversubscription::new(),
             oversub_on: false,
             evictor: None,
+            cleanup: Vec::new(),
             unreadable: BTreeMap::new(),
         }
     }
@@ -270,11 +274,24 @@ impl NodeLoop {
             tracing::info!("co-location: oversubscription off; batch resources removed");
             self.oversub_on = false;
             self.report_batch(None);
-            for pod in &cleanup.evict {
-                let reason = "oversubscription switched off: the batch resources it was admitted on are gone";
-                self.evict(pod, reason, "oversubscription-off").await;
+            self.cleanup = cleanup.evict;
+        }
+        self.evict_batch_users(pods).await;
+    }
+
+    /// Evicts the offline pods left on batch resources that no longer exist; those refused stay
+    /// for the next round, those gone or no longer evictable are dropped.
+    async fn evict_batch_users(&mut self, pods: &[PodFacts]) {
+        let reason =
+            "oversubscription switched off: the batch resources it was admitted on are gone";
+        let mut refused = Vec::new();
+        for pod in std::mem::take(&mut self.cleanup) {
+            let running = pods.iter().any(|p| p.pod == pod && p.evictable());
+            if running && !self.evict(&pod, reason, "oversubscription-off").await {
+                refused.push(pod);
             }
         }
+        self.cleanup = refused;
     }
 
     async fn evict_round(
