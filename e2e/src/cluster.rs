@@ -67,6 +67,44 @@ impl NodeSpec {
     }
 }
 
+/// Who a client or kubeconfig acts as: the admin token impersonates the user, groups and
+/// extra fields, so RBAC and admission decide as they would for that identity.
+#[derive(Clone, Debug, Default)]
+pub struct Identity {
+    pub user: String,
+    pub groups: Vec<String>,
+    pub extra: BTreeMap<String, Vec<String>>,
+}
+
+impl Identity {
+    pub fn user(user: &str, groups: &[&str]) -> Self {
+        Identity {
+            user: user.into(),
+            groups: groups.iter().map(|g| g.to_string()).collect(),
+            extra: BTreeMap::new(),
+        }
+    }
+
+    /// ServiceAccount `namespace/name`, with the groups a real token carries.
+    pub fn service_account(namespace: &str, name: &str) -> Self {
+        let ns_group = format!("system:serviceaccounts:{namespace}");
+        Self::user(
+            &format!("system:serviceaccount:{namespace}:{name}"),
+            &["system:serviceaccounts", &ns_group],
+        )
+    }
+
+    /// The same identity with a token bound to a pod on `node`, as the kubelet projects
+    /// ServiceAccount tokens (the node's name in the user's extra).
+    pub fn on_node(mut self, node: &str) -> Self {
+        self.extra.insert(
+            "authentication.kubernetes.io/node-name".into(),
+            vec![node.into()],
+        );
+        self
+    }
+}
+
 /// A real control plane for one test. See the crate docs.
 pub struct TestCluster {
     procs: Mutex<Vec<Proc>>,
@@ -100,13 +138,32 @@ pub fn volcano_conf(extra: &str) -> String {
 
 /// The raw HTTP/1.0 response to `GET path` on `127.0.0.1:port` (headers and body).
 pub async fn http_get(port: u16, path: &str) -> Result<String> {
+    http_request(port, &format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n")).await
+}
+
+/// The body of the HTTP/1.0 response to `POST path` with a JSON `body` on `127.0.0.1:port`.
+pub async fn http_post_json(port: u16, path: &str, body: &Value) -> Result<String> {
+    let body = body.to_string();
+    let response = http_request(
+        port,
+        &format!(
+            "POST {path} HTTP/1.0\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        ),
+    )
+    .await?;
+    match response.split_once("\r\n\r\n") {
+        Some((_, body)) => Ok(body.to_string()),
+        None => bail!("no HTTP body in {response:?}"),
+    }
+}
+
+async fn http_request(port: u16, request: &str) -> Result<String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
         .with_context(|| format!("connecting to 127.0.0.1:{port}"))?;
-    stream
-        .write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
-        .await?;
+    stream.write_all(request.as_bytes()).await?;
     let mut text = String::new();
     stream.read_to_string(&mut text).await?;
     Ok(text)
@@ -372,36 +429,33 @@ impl TestCluster {
     /// A client that acts as `user` in `groups` (impersonation), so RBAC
     /// decides what it may do. `system:authenticated` is added by the apiserver.
     pub async fn client_as(&self, user: &str, groups: &[&str]) -> Result<Client> {
-        make_client(
-            &self.server,
-            &self.ca_cert(),
-            &self.admin_token,
-            Some((user, groups)),
-        )
-        .await
+        self.client_for(&Identity::user(user, groups)).await
     }
 
     /// A client acting as ServiceAccount `namespace/name`, with the groups a
     /// real ServiceAccount token carries.
     pub async fn service_account_client(&self, namespace: &str, name: &str) -> Result<Client> {
-        let user = format!("system:serviceaccount:{namespace}:{name}");
-        let ns_group = format!("system:serviceaccounts:{namespace}");
-        self.client_as(&user, &["system:serviceaccounts", &ns_group])
+        self.client_for(&Identity::service_account(namespace, name))
             .await
+    }
+
+    /// A client acting as `who` (impersonated by the admin token).
+    pub async fn client_for(&self, who: &Identity) -> Result<Client> {
+        make_client(&self.server, &self.ca_cert(), &self.admin_token, Some(who)).await
     }
 
     /// Writes a kubeconfig for `user`/`groups` (impersonated by the admin
     /// token) into the temp dir, for a process under test.
     pub fn kubeconfig_as(&self, file_name: &str, user: &str, groups: &[&str]) -> Result<PathBuf> {
+        self.kubeconfig_for(file_name, &Identity::user(user, groups))
+    }
+
+    /// Writes a kubeconfig acting as `who` into the temp dir, for a process under test.
+    pub fn kubeconfig_for(&self, file_name: &str, who: &Identity) -> Result<PathBuf> {
         let path = self.root.join(file_name);
         std::fs::write(
             &path,
-            kubeconfig_yaml(
-                &self.server,
-                &self.ca_cert(),
-                &self.admin_token,
-                Some((user, groups)),
-            ),
+            kubeconfig_yaml(&self.server, &self.ca_cert(), &self.admin_token, Some(who)),
         )?;
         Ok(path)
     }
@@ -741,7 +795,7 @@ async fn make_client(
     server: &str,
     ca: &Path,
     token: &str,
-    user: Option<(&str, &[&str])>,
+    user: Option<&Identity>,
 ) -> Result<Client> {
     let kc = Kubeconfig::from_yaml(&kubeconfig_yaml(server, ca, token, user))?;
     let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await?;
@@ -757,12 +811,15 @@ fn merge(obj: &mut serde_json::Map<String, Value>, key: &str, add: Value) {
     }
 }
 
-fn kubeconfig_yaml(server: &str, ca: &Path, token: &str, user: Option<(&str, &[&str])>) -> String {
+fn kubeconfig_yaml(server: &str, ca: &Path, token: &str, user: Option<&Identity>) -> String {
     let mut user_entry = json!({ "token": token });
-    if let Some((name, groups)) = user {
-        user_entry["as"] = json!(name);
-        if !groups.is_empty() {
-            user_entry["as-groups"] = json!(groups);
+    if let Some(who) = user {
+        user_entry["as"] = json!(who.user);
+        if !who.groups.is_empty() {
+            user_entry["as-groups"] = json!(who.groups);
+        }
+        if !who.extra.is_empty() {
+            user_entry["as-user-extra"] = json!(who.extra);
         }
     }
     let kc = json!({

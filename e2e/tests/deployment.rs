@@ -1,0 +1,439 @@
+//! `deploy/daemonset` against the real API server: every manifest passes a server-side
+//! dry-run apply; installed, each component does its whole job with only its ServiceAccount's
+//! rights (the admin token impersonates the ServiceAccount, with the node name a kubelet-bound
+//! token carries), verbs it does not need are forbidden, and the ValidatingAdmissionPolicy keeps
+//! an agent's writes to its own node.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use fumarole_e2e::cluster::{Identity, eventually, free_port, http_post_json};
+use fumarole_e2e::fumarole::{agent_bin, scheduler_ext_bin};
+use fumarole_e2e::process::Proc;
+use fumarole_e2e::{NodeSpec, TestCluster};
+use fumarole_topology::crd::DeviceTopology;
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret};
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
+use kube::core::GroupVersionKind;
+use kube::discovery::{Scope, pinned_kind};
+use kube::{Client, ResourceExt};
+use serde_json::{Value, json};
+
+const NAMESPACE: &str = "fumarole-system";
+
+fn deploy_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
+}
+
+/// The objects of a kustomization directory, in its `resources` order (directories recurse).
+fn kustomization(dir: &Path) -> Vec<(String, Value)> {
+    let text = std::fs::read_to_string(dir.join("kustomization.yaml")).unwrap();
+    let k: Value = serde_norway::from_str(&text).unwrap();
+    let mut objects = Vec::new();
+    for resource in k["resources"].as_array().unwrap() {
+        let path = dir.join(resource.as_str().unwrap());
+        if path.is_dir() {
+            objects.extend(kustomization(&path));
+        } else {
+            objects.extend(documents(&path));
+        }
+    }
+    objects
+}
+
+/// The YAML documents of a file, each named `file: Kind/name`.
+fn documents(path: &Path) -> Vec<(String, Value)> {
+    let text = std::fs::read_to_string(path).unwrap();
+    serde_norway::Deserializer::from_str(&text)
+        .map(|doc| {
+            let v: Value = serde::Deserialize::deserialize(doc).unwrap();
+            let name = format!(
+                "{}: {}/{}",
+                path.file_name().unwrap().to_string_lossy(),
+                v["kind"].as_str().unwrap_or("?"),
+                v["metadata"]["name"].as_str().unwrap_or("?")
+            );
+            (name, v)
+        })
+        .collect()
+}
+
+/// Server-side applies `object` (field manager `fumarole-e2e`), for real or as a dry run.
+async fn apply(client: &Client, object: &Value, dry_run: bool) -> kube::Result<()> {
+    let api_version = object["apiVersion"].as_str().unwrap();
+    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+    let gvk = GroupVersionKind::gvk(group, version, object["kind"].as_str().unwrap());
+    let (ar, caps) = pinned_kind(client, &gvk).await?;
+    let api: Api<DynamicObject> = match caps.scope {
+        Scope::Namespaced => Api::namespaced_with(
+            client.clone(),
+            object["metadata"]["namespace"]
+                .as_str()
+                .unwrap_or("default"),
+            &ar,
+        ),
+        Scope::Cluster => Api::all_with(client.clone(), &ar),
+    };
+    let mut params = PatchParams::apply("fumarole-e2e").force();
+    params.dry_run = dry_run;
+    let name = object["metadata"]["name"].as_str().unwrap();
+    api.patch(name, &params, &Patch::Apply(object)).await?;
+    Ok(())
+}
+
+fn forbidden<T: std::fmt::Debug>(what: &str, result: kube::Result<T>) -> String {
+    match result {
+        Err(kube::Error::Api(s)) if s.code == 403 => s.message,
+        other => panic!("{what}: expected 403 Forbidden, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_manifest_passes_a_server_side_dry_run() {
+    let cluster = TestCluster::start().await.unwrap();
+    let client = cluster.client();
+    let objects = kustomization(&deploy_dir().join("daemonset"));
+    // Everything in deploy/daemonset is in the kustomization.
+    for entry in std::fs::read_dir(deploy_dir().join("daemonset")).unwrap() {
+        let path = entry.unwrap().path();
+        let file = path.file_name().unwrap().to_string_lossy().to_string();
+        if path.is_file() && file != "kustomization.yaml" {
+            assert!(
+                objects
+                    .iter()
+                    .any(|(name, _)| name.starts_with(&format!("{file}:"))),
+                "{file} is not listed in deploy/daemonset/kustomization.yaml"
+            );
+        }
+    }
+    // Namespaced objects need their namespaces to exist for a dry run.
+    cluster.create_namespace(NAMESPACE).await.unwrap();
+    cluster.create_namespace("volcano-system").await.unwrap();
+    let examples =
+        documents(&deploy_dir().join("daemonset/examples/volcano-scheduler-configmap.yaml"));
+    let mut applied = 0;
+    for (name, object) in objects.iter().chain(&examples) {
+        if let Err(e) = apply(&client, object, true).await {
+            panic!("{name}: server-side dry-run apply failed: {e}");
+        }
+        applied += 1;
+    }
+    assert!(applied >= 15, "only {applied} objects");
+    // A dry run creates nothing.
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), NAMESPACE);
+    assert!(
+        api.get_opt("volcano-agent-configuration")
+            .await
+            .unwrap()
+            .is_none()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn each_component_does_its_job_with_only_its_rights_and_the_agent_writes_only_its_node() {
+    let cluster = TestCluster::start().await.unwrap();
+    // The Volcano and NodeResourceTopology CRDs come from their own projects' installs.
+    cluster.install_fumarole_crds().await.unwrap();
+    let admin = cluster.client();
+    for (name, object) in kustomization(&deploy_dir().join("daemonset")) {
+        if let Err(e) = apply(&admin, &object, false).await {
+            panic!("{name}: apply failed: {e}");
+        }
+    }
+    for node in ["node-a", "node-b"] {
+        cluster
+            .create_node(
+                &NodeSpec::new(node)
+                    .capacity("cpu", "8")
+                    .capacity("memory", "32Gi")
+                    .capacity("nvidia.com/gpu", "8")
+                    .label("volcano.sh/colocation", "true"),
+            )
+            .await
+            .unwrap();
+    }
+
+    // The agent on node-a, as its ServiceAccount with a token bound to node-a.
+    let agent_id = Identity::service_account(NAMESPACE, "fumarole-agent").on_node("node-a");
+    let kubeconfig = cluster
+        .kubeconfig_for("agent.kubeconfig", &agent_id)
+        .unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+    let absent = |f: &str| scratch.path().join(f).display().to_string();
+    let args: Vec<String> = [
+        "run",
+        "--fixture",
+        "dgx-h100",
+        "--node-name",
+        "node-a",
+        "--kubelet-config",
+        &absent("config.yaml"),
+        "--cpu-manager-state",
+        &absent("cpu_manager_state"),
+        "--pod-resources-socket",
+        &absent("kubelet.sock"),
+        "--metrics-addr",
+        &format!("127.0.0.1:{}", free_port().unwrap()),
+        "--colocation",
+        "--colocation-config-namespace",
+        NAMESPACE,
+        "--cgroup-root",
+        &absent("no-cgroups"),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let kubeconfig_env = kubeconfig.display().to_string();
+    let agent = Proc::spawn_with_env(
+        "fumarole-agent",
+        &agent_bin().unwrap(),
+        &args,
+        &[
+            ("KUBECONFIG", kubeconfig_env.as_str()),
+            ("FUMAROLE_LOG", "info"),
+        ],
+        &cluster.root().join("logs"),
+    )
+    .unwrap();
+
+    // Its whole job: every object published, labels on its Node, the co-location report.
+    let topologies: Api<DeviceTopology> = Api::all(admin.clone());
+    eventually(
+        "node-a's DeviceTopology with the co-location report",
+        Duration::from_secs(60),
+        || {
+            let topologies = topologies.clone();
+            async move {
+                let t = topologies.get_opt("node-a").await?;
+                Ok(t.and_then(|t| t.status?.colocation)
+                    .filter(|c| c.enabled)
+                    .map(drop))
+            }
+        },
+    )
+    .await
+    .unwrap();
+    for (api, what) in [
+        (
+            fumarole_e2e::fumarole::numatopologies(admin.clone()),
+            "Numatopology",
+        ),
+        (
+            fumarole_e2e::fumarole::node_resource_topologies(admin.clone()),
+            "NodeResourceTopology",
+        ),
+    ] {
+        eventually(what, Duration::from_secs(30), || {
+            let api = api.clone();
+            async move { Ok(api.get_opt("node-a").await?.map(drop)) }
+        })
+        .await
+        .unwrap();
+    }
+    let nodes: Api<Node> = Api::all(admin.clone());
+    eventually("fumarole labels on node-a", Duration::from_secs(30), || {
+        let nodes = nodes.clone();
+        async move {
+            let node = nodes.get("node-a").await?;
+            Ok(node
+                .labels()
+                .keys()
+                .any(|k| k.starts_with("fumarole.dev/"))
+                .then_some(()))
+        }
+    })
+    .await
+    .unwrap();
+    let log = std::fs::read_to_string(agent.log_path()).unwrap();
+    assert!(!log.to_lowercase().contains("forbidden"), "{log}");
+
+    // Node-scoped writes: its own node's objects pass, node-b's are denied by the policy.
+    let as_agent = cluster.client_for(&agent_id).await.unwrap();
+    let agent_topologies: Api<DeviceTopology> = Api::all(as_agent.clone());
+    let agent_nodes: Api<Node> = Api::all(as_agent.clone());
+    let label = |v: &str| Patch::Merge(json!({"metadata": {"labels": {"fumarole.dev/e2e": v}}}));
+    agent_nodes
+        .patch("node-a", &PatchParams::default(), &label("own"))
+        .await
+        .unwrap();
+    let topology = |node: &str| {
+        json!({
+            "apiVersion": "topology.fumarole.dev/v1alpha1", "kind": "DeviceTopology",
+            "metadata": {"name": node},
+            "spec": {"acceleratorCount": 0, "model": "", "numaNodes": [], "devices": [], "links": []},
+        })
+    };
+    let ssa = PatchParams::apply("fumarole-exporter").force();
+    agent_topologies
+        .patch("node-a", &ssa, &Patch::Apply(topology("node-a")))
+        .await
+        .unwrap();
+    let policy = "may write only the objects of its own node";
+    let denied = [
+        (
+            "node-b's labels",
+            agent_nodes
+                .patch("node-b", &PatchParams::default(), &label("other"))
+                .await
+                .map(drop),
+        ),
+        (
+            "node-b's status",
+            agent_nodes
+                .patch_status(
+                    "node-b",
+                    &PatchParams::default(),
+                    &Patch::Merge(
+                        json!({"status": {"capacity": {"kubernetes.io/batch-cpu": "1"}}}),
+                    ),
+                )
+                .await
+                .map(drop),
+        ),
+        (
+            "node-b's DeviceTopology",
+            agent_topologies
+                .patch("node-b", &ssa, &Patch::Apply(topology("node-b")))
+                .await
+                .map(drop),
+        ),
+    ];
+    for (what, result) in denied {
+        let message = forbidden(what, result);
+        assert!(message.contains(policy), "{what}: {message}");
+    }
+    // A token not bound to a node writes no node objects at all.
+    let unbound = cluster
+        .client_for(&Identity::service_account(NAMESPACE, "fumarole-agent"))
+        .await
+        .unwrap();
+    let message = forbidden(
+        "node-a's labels without a node-bound token",
+        Api::<Node>::all(unbound)
+            .patch("node-a", &PatchParams::default(), &label("unbound"))
+            .await,
+    );
+    assert!(message.contains(policy), "{message}");
+
+    // Verbs the agent does not need.
+    let agent_pods: Api<Pod> = Api::namespaced(as_agent.clone(), "default");
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "p"},
+        "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+    }))
+    .unwrap();
+    forbidden(
+        "create pods",
+        agent_pods.create(&PostParams::default(), &pod).await,
+    );
+    forbidden(
+        "delete pods",
+        agent_pods.delete("p", &DeleteParams::default()).await,
+    );
+    forbidden(
+        "delete nodes",
+        agent_nodes.delete("node-b", &DeleteParams::default()).await,
+    );
+    forbidden(
+        "list secrets",
+        Api::<Secret>::all(as_agent.clone())
+            .list(&ListParams::default())
+            .await,
+    );
+    forbidden(
+        "other ConfigMaps",
+        Api::<ConfigMap>::namespaced(as_agent.clone(), NAMESPACE)
+            .get("kube-root-ca.crt")
+            .await,
+    );
+    forbidden(
+        "delete DeviceTopology",
+        agent_topologies
+            .delete("node-a", &DeleteParams::default())
+            .await,
+    );
+
+    // The scheduler extension, as its ServiceAccount: the live view and a bind.
+    let ext_id = Identity::service_account(NAMESPACE, "fumarole-scheduler-ext");
+    let ext_kubeconfig = cluster.kubeconfig_for("ext.kubeconfig", &ext_id).unwrap();
+    let port = free_port().unwrap();
+    let ext = Proc::spawn(
+        "fumarole-scheduler-ext",
+        &scheduler_ext_bin().unwrap(),
+        &[
+            "serve".to_string(),
+            format!("--kubeconfig={}", ext_kubeconfig.display()),
+            format!("--listen=127.0.0.1:{port}"),
+        ],
+        &cluster.root().join("logs"),
+    )
+    .unwrap();
+    let ext_log = || std::fs::read_to_string(ext.log_path()).unwrap_or_default();
+    eventually(
+        "the extension's cluster view",
+        Duration::from_secs(30),
+        || async { Ok(ext_log().contains("cluster view ready").then_some(())) },
+    )
+    .await
+    .unwrap();
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let trainer: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "trainer"},
+        "spec": {"containers": [{"name": "c", "image": "busybox",
+            "resources": {"limits": {"nvidia.com/gpu": "2"}}}]},
+    }))
+    .unwrap();
+    let created = pods.create(&PostParams::default(), &trainer).await.unwrap();
+    let answer = eventually("bind through the extension", Duration::from_secs(30), || {
+        let uid = created.uid().unwrap();
+        async move {
+            let body = json!({"PodName": "trainer", "PodNamespace": "default", "PodUID": uid, "Node": "node-a"});
+            let answer: Value = serde_json::from_str(
+                &http_post_json(port, "/kube-scheduler/bind", &body).await?,
+            )?;
+            // The view may not list node-a's devices yet: try again.
+            Ok((answer["Error"] == "").then_some(answer))
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(answer["Error"], "");
+    let bound = pods.get("trainer").await.unwrap();
+    assert!(bound.annotations().contains_key("fumarole.dev/devices"));
+    assert_eq!(bound.spec.unwrap().node_name.as_deref(), Some("node-a"));
+    assert!(
+        !ext_log().to_lowercase().contains("forbidden"),
+        "{}",
+        ext_log()
+    );
+
+    let as_ext = cluster.client_for(&ext_id).await.unwrap();
+    forbidden(
+        "extension: delete pods",
+        Api::<Pod>::namespaced(as_ext.clone(), "default")
+            .delete("trainer", &DeleteParams::default())
+            .await,
+    );
+    forbidden(
+        "extension: patch nodes",
+        Api::<Node>::all(as_ext.clone())
+            .patch("node-a", &PatchParams::default(), &label("ext"))
+            .await,
+    );
+    forbidden(
+        "extension: write DeviceTopology",
+        Api::<DeviceTopology>::all(as_ext.clone())
+            .patch("node-b", &ssa, &Patch::Apply(topology("node-b")))
+            .await,
+    );
+    forbidden(
+        "extension: list secrets",
+        Api::<Secret>::all(as_ext)
+            .list(&ListParams::default())
+            .await,
+    );
+    drop(ext);
+    drop(agent);
+}
