@@ -2,12 +2,15 @@
 # Builds the upstream control plane used by the e2e tests, from Go modules only:
 #   etcd, kube-apiserver, kube-scheduler, kubelet-dm   (e2e/upstream/k8s)
 #   vc-scheduler, vc-controller-manager                (e2e/upstream/volcano)
+#   helm-render                                        (e2e/upstream/helm-render)
 # and copies Volcano's CRDs out of the module cache.
 #
-# Output goes to a cache keyed by the pinned versions and a hash of the wrapper
-# modules' sources:
+# Output goes to a cache keyed by the pinned versions and a hash of the k8s and volcano
+# wrapper modules' sources:
 #   ${FUMAROLE_UPSTREAM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/fumarole/upstream}/<key>/{bin,crds/volcano}
-# A warm run (binaries and stamp present) builds nothing and takes well under a second.
+# helm-render is built into the same bin/ in a separate step, stamped with a hash of its
+# own module (helm-render.stamp), so editing it does not rebuild the control plane.
+# A warm run (binaries and stamps present) builds nothing and takes well under a second.
 #
 # The last line on stdout is always `FUMAROLE_UPSTREAM_DIR=<dir>`, so callers can
 #   eval "$(e2e/build-upstream.sh | tail -n1)"; export FUMAROLE_UPSTREAM_DIR
@@ -17,6 +20,7 @@ set -euo pipefail
 E2E_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 K8S_MOD="$E2E_DIR/upstream/k8s"
 VC_MOD="$E2E_DIR/upstream/volcano"
+HR_MOD="$E2E_DIR/upstream/helm-render"
 
 need() { command -v "$1" >/dev/null 2>&1 || { echo "build-upstream: '$1' not found" >&2; exit 1; }; }
 need go
@@ -32,7 +36,7 @@ for v in K8S_VERSION ETCD_VERSION VC_VERSION; do
   [[ -n "${!v}" ]] || { echo "build-upstream: could not read $v from go.mod" >&2; exit 1; }
 done
 
-SRC_HASH="$(cd "$E2E_DIR/upstream" && find . -type f \( -name '*.go' -o -name go.mod -o -name go.sum \) -print0 \
+SRC_HASH="$(cd "$E2E_DIR/upstream" && find ./k8s ./volcano -type f \( -name '*.go' -o -name go.mod -o -name go.sum \) -print0 \
   | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -c1-12)"
 GO_VERSION="$(go env GOVERSION)"
 KEY="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_volcano-${VC_VERSION}_${GO_VERSION}_${SRC_HASH}"
@@ -101,5 +105,25 @@ else
   echo "build-upstream: built in $(( $(date +%s) - start ))s" >&2
 fi
 
-for b in "${BINS[@]}"; do echo "  $OUT/bin/$b" >&2; done
+# helm-render: its own stamp, so its edits never invalidate the control plane's key.
+HR_HASH="$(cd "$HR_MOD" && find . -maxdepth 1 -type f \( -name '*.go' -o -name go.mod -o -name go.sum \) -print0 \
+  | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -c1-12)"
+HR_STAMP="$OUT/helm-render.stamp"
+if [[ -x "$OUT/bin/helm-render" && "$(cat "$HR_STAMP" 2>/dev/null)" == "$HR_HASH" ]]; then
+  echo "build-upstream: helm-render warm ($HR_HASH)" >&2
+else
+  start=$(date +%s)
+  hr_ver="$(modver "$HR_MOD/go.mod" helm.sh/helm/v3)"
+  echo "build-upstream: helm-render (helm.sh/helm/v3 $hr_ver, $HR_HASH)" >&2
+  rm -f "$OUT/bin/helm-render.tmp"
+  (
+    cd "$HR_MOD"
+    CGO_ENABLED=0 go build -buildvcs=false -trimpath -ldflags "-s -w" -o "$OUT/bin/helm-render.tmp" .
+  )
+  mv -f "$OUT/bin/helm-render.tmp" "$OUT/bin/helm-render"
+  echo "$HR_HASH" >"$HR_STAMP"
+  echo "build-upstream: helm-render built in $(( $(date +%s) - start ))s" >&2
+fi
+
+for b in "${BINS[@]}" helm-render; do echo "  $OUT/bin/$b" >&2; done
 echo "FUMAROLE_UPSTREAM_DIR=$OUT"

@@ -1,8 +1,12 @@
-//! `deploy/daemonset` against the real API server: every manifest passes a server-side
-//! dry-run apply; installed, each component does its whole job with only its ServiceAccount's
+//! `deploy/daemonset` and the Helm chart against the real API server: every manifest and the
+//! rendered chart pass a server-side dry-run apply, and the chart renders the same objects as
+//! the manifests; installed, each component does its whole job with only its ServiceAccount's
 //! rights (the admin token impersonates the ServiceAccount, with the node name a kubelet-bound
 //! token carries), verbs it does not need are forbidden, and the ValidatingAdmissionPolicy keeps
 //! an agent's writes to its own node.
+//!
+//! The chart is rendered by `helm-render` (built by `e2e/build-upstream.sh` from Helm's Go
+//! module: Helm's own template engine, no `helm` install).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -12,6 +16,7 @@ use std::time::Duration;
 use fumarole_e2e::cluster::{Identity, eventually, free_port, http_post_json};
 use fumarole_e2e::fumarole::{agent_bin, scheduler_ext_bin};
 use fumarole_e2e::process::Proc;
+use fumarole_e2e::upstream::Upstream;
 use fumarole_e2e::{NodeSpec, TestCluster};
 use fumarole_topology::crd::DeviceTopology;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret};
@@ -56,6 +61,52 @@ fn documents(path: &Path) -> Vec<(String, Value)> {
                 v["metadata"]["name"].as_str().unwrap_or("?")
             );
             (name, v)
+        })
+        .collect()
+}
+
+/// The chart rendered with Helm's engine, release `fumarole` in `fumarole-system`, with
+/// `--set` `values`; each object named `template: Kind/name`.
+fn render_chart(values: &[&str], include_crds: bool) -> Vec<(String, Value)> {
+    let mut cmd = std::process::Command::new(Upstream::get().unwrap().bin("helm-render"));
+    cmd.arg("--chart").arg(deploy_dir().join("helm/fumarole"));
+    for v in values {
+        cmd.args(["--set", v]);
+    }
+    if include_crds {
+        cmd.arg("--include-crds");
+    }
+    let out = cmd.output().unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        out.status.success(),
+        "helm-render failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_norway::Deserializer::from_str(&text)
+        .filter_map(|doc| {
+            let v: Value = serde::Deserialize::deserialize(doc).unwrap();
+            let name = format!(
+                "chart: {}/{}",
+                v["kind"].as_str()?,
+                v["metadata"]["name"].as_str()?
+            );
+            Some((name, v))
+        })
+        .collect()
+}
+
+/// `Kind/namespace/name` of each object.
+fn identities(objects: &[(String, Value)]) -> std::collections::BTreeSet<String> {
+    objects
+        .iter()
+        .map(|(_, v)| {
+            format!(
+                "{}/{}/{}",
+                v["kind"].as_str().unwrap(),
+                v["metadata"]["namespace"].as_str().unwrap_or(""),
+                v["metadata"]["name"].as_str().unwrap()
+            )
         })
         .collect()
 }
@@ -121,6 +172,104 @@ async fn every_manifest_passes_a_server_side_dry_run() {
         applied += 1;
     }
     assert!(applied >= 15, "only {applied} objects");
+
+    // The chart: the same objects (Helm creates the namespace itself), and they apply too.
+    let chart = render_chart(&[], true);
+    let mut expected = identities(&objects);
+    expected.remove(&format!("Namespace//{NAMESPACE}"));
+    assert_eq!(identities(&chart), expected);
+    for (name, object) in &chart {
+        if let Err(e) = apply(&client, object, true).await {
+            panic!("{name}: server-side dry-run apply failed: {e}");
+        }
+    }
+    // The same content, not only the same names: the agent's DaemonSet and ConfigMap.
+    let pick = |objects: &[(String, Value)], kind: &str, name: &str| {
+        objects
+            .iter()
+            .find(|(_, v)| v["kind"] == kind && v["metadata"]["name"] == name)
+            .map(|(_, v)| v.clone())
+            .unwrap()
+    };
+    for (kind, name, path) in [
+        (
+            "DaemonSet",
+            "fumarole-agent",
+            "/spec/template/spec/containers/0/args",
+        ),
+        ("DaemonSet", "fumarole-agent", "/spec/template/spec/volumes"),
+        ("ClusterRole", "fumarole-agent", "/rules"),
+        ("ClusterRole", "fumarole-scheduler-ext", "/rules"),
+        (
+            "ValidatingAdmissionPolicy",
+            "fumarole-agent-node-scoped-writes",
+            "/spec/validations",
+        ),
+    ] {
+        let want = pick(&objects, kind, name);
+        assert!(want.pointer(path).is_some(), "{kind} {name} has no {path}");
+        assert_eq!(
+            pick(&chart, kind, name).pointer(path),
+            want.pointer(path),
+            "{kind} {name} {path}"
+        );
+    }
+    let colocation = |objects: &[(String, Value)]| {
+        let cm = pick(objects, "ConfigMap", "volcano-agent-configuration");
+        serde_json::from_str::<Value>(cm["data"]["colocation-config"].as_str().unwrap()).unwrap()
+    };
+    assert_eq!(colocation(&chart), colocation(&objects));
+
+    // Features switched off take their objects, arguments and mounts with them.
+    let lean = render_chart(
+        &[
+            "schedulerExt.enabled=false",
+            "qos.enabled=false",
+            "oversubscription.enabled=false",
+            "devicePlugin.enabled=false",
+            "nodeScopedWrites.enabled=false",
+        ],
+        false,
+    );
+    let names = identities(&lean);
+    for gone in [
+        "Deployment/fumarole-system/fumarole-scheduler-ext",
+        "ConfigMap/fumarole-system/volcano-agent-configuration",
+        "ValidatingAdmissionPolicy//fumarole-agent-node-scoped-writes",
+    ] {
+        assert!(!names.contains(gone), "{gone} still rendered");
+    }
+    let ds = pick(&lean, "DaemonSet", "fumarole-agent");
+    let text = ds.to_string();
+    for gone in [
+        "--colocation",
+        "--device-plugin-dir",
+        "device-plugins",
+        "/host/sys/fs/cgroup",
+    ] {
+        assert!(!text.contains(gone), "{gone} still in the DaemonSet");
+    }
+    let rules = pick(&lean, "ClusterRole", "fumarole-agent")["rules"].to_string();
+    assert!(
+        !rules.contains("pods/eviction") && !rules.contains("nodes/status"),
+        "{rules}"
+    );
+    for (name, object) in &lean {
+        if let Err(e) = apply(&client, object, true).await {
+            panic!("{name} (features off): server-side dry-run apply failed: {e}");
+        }
+    }
+    // The example KubeSchedulerConfiguration is not an API object: the real kube-scheduler
+    // loads it (strict decoding, extender validation), with the test cluster's CA as the
+    // extender's CA.
+    let example =
+        std::fs::read_to_string(deploy_dir().join("daemonset/examples/kube-scheduler-config.yaml"))
+            .unwrap();
+    let ca = cluster.root().join("pki/ca.crt");
+    assert!(ca.is_file(), "{}", ca.display());
+    let example = example.replace("/etc/kubernetes/fumarole-ca.crt", &ca.display().to_string());
+    cluster.start_kube_scheduler(&example).await.unwrap();
+
     // A dry run creates nothing.
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), NAMESPACE);
     assert!(
