@@ -182,50 +182,86 @@ pub async fn running_pod(
     }
 }
 
-/// Starts `fumarole-agent run --colocation` for `node` on the dgx-h100 fixture, with the
-/// kubelet configuration `kubelet_config`, the ConfigMap looked up in `default`, and `extra`
-/// arguments; its log is `<cluster>/logs/<name>.log`. Returns it and its `/metrics` port.
-pub fn start_agent(
-    cluster: &TestCluster,
-    name: &str,
-    node: &str,
-    kubelet_config: &Path,
-    scratch: &Path,
-    extra: &[&str],
-) -> Result<(Proc, u16)> {
-    let path = |p: &Path| p.display().to_string();
-    let metrics_port = free_port()?;
-    let mut args: Vec<String> = vec![
-        "run".into(),
-        "--fixture".into(),
-        "dgx-h100".into(),
-        "--node-name".into(),
-        node.into(),
-        "--kubelet-config".into(),
-        path(kubelet_config),
-        "--cpu-manager-state".into(),
-        path(&scratch.join("absent_state")),
-        "--pod-resources-socket".into(),
-        path(&scratch.join("absent.sock")),
-        "--metrics-addr".into(),
-        format!("127.0.0.1:{metrics_port}"),
-        "--colocation".into(),
-        "--colocation-config-namespace".into(),
-        "default".into(),
-    ];
-    args.extend(extra.iter().map(|s| s.to_string()));
-    let kubeconfig = path(cluster.admin_kubeconfig());
-    let agent = Proc::spawn_with_env(
-        name,
-        &agent_bin()?,
-        &args,
-        &[
-            ("KUBECONFIG", kubeconfig.as_str()),
-            ("FUMAROLE_LOG", "info,fumarole_agent=debug"),
-        ],
-        &cluster.root().join("logs"),
-    )?;
-    Ok((agent, metrics_port))
+/// `fumarole-agent run --colocation` for a node on the dgx-h100 fixture, with a kubelet
+/// configuration and a scratch directory for the kubelet files it should not find.
+pub struct AgentRun<'a> {
+    name: &'a str,
+    node: &'a str,
+    kubelet_config: &'a Path,
+    scratch: &'a Path,
+    kubeconfig: Option<&'a Path>,
+    config_namespace: &'a str,
+    extra: &'a [&'a str],
+}
+
+impl<'a> AgentRun<'a> {
+    /// Its log will be `<cluster>/logs/<name>.log`; by default it uses the admin kubeconfig and
+    /// looks for the ConfigMap in `default`.
+    pub fn new(name: &'a str, node: &'a str, kubelet_config: &'a Path, scratch: &'a Path) -> Self {
+        AgentRun {
+            name,
+            node,
+            kubelet_config,
+            scratch,
+            kubeconfig: None,
+            config_namespace: "default",
+            extra: &[],
+        }
+    }
+
+    /// Acts as whoever `kubeconfig` says (e.g. a ServiceAccount, impersonated).
+    pub fn kubeconfig(mut self, kubeconfig: &'a Path) -> Self {
+        self.kubeconfig = Some(kubeconfig);
+        self
+    }
+
+    /// Where the `volcano-agent-configuration` ConfigMap is.
+    pub fn config_namespace(mut self, namespace: &'a str) -> Self {
+        self.config_namespace = namespace;
+        self
+    }
+
+    pub fn args(mut self, extra: &'a [&'a str]) -> Self {
+        self.extra = extra;
+        self
+    }
+
+    /// Starts it; returns it and its `/metrics` port.
+    pub fn start(&self, cluster: &TestCluster) -> Result<(Proc, u16)> {
+        let path = |p: &Path| p.display().to_string();
+        let metrics_port = free_port()?;
+        let mut args: Vec<String> = vec![
+            "run".into(),
+            "--fixture".into(),
+            "dgx-h100".into(),
+            "--node-name".into(),
+            self.node.into(),
+            "--kubelet-config".into(),
+            path(self.kubelet_config),
+            "--cpu-manager-state".into(),
+            path(&self.scratch.join("absent_state")),
+            "--pod-resources-socket".into(),
+            path(&self.scratch.join("absent.sock")),
+            "--metrics-addr".into(),
+            format!("127.0.0.1:{metrics_port}"),
+            "--colocation".into(),
+            "--colocation-config-namespace".into(),
+            self.config_namespace.into(),
+        ];
+        args.extend(self.extra.iter().map(|s| s.to_string()));
+        let kubeconfig = path(self.kubeconfig.unwrap_or(cluster.admin_kubeconfig()));
+        let agent = Proc::spawn_with_env(
+            self.name,
+            &agent_bin()?,
+            &args,
+            &[
+                ("KUBECONFIG", kubeconfig.as_str()),
+                ("FUMAROLE_LOG", "info,fumarole_agent=debug"),
+            ],
+            &cluster.root().join("logs"),
+        )?;
+        Ok((agent, metrics_port))
+    }
 }
 
 /// The log a [`Proc`] has written so far.

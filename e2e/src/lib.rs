@@ -12,6 +12,7 @@
 
 pub mod cluster;
 pub mod colocation;
+pub mod deploy;
 pub mod fumarole;
 pub mod kubelet_dm;
 pub mod pki;

@@ -15,7 +15,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use fumarole_e2e::cluster::eventually;
-use fumarole_e2e::colocation::{CgroupTree, config_map, log, read, running_pod, start_agent};
+use fumarole_e2e::colocation::{AgentRun, CgroupTree, config_map, log, read, running_pod};
 use fumarole_e2e::{NodeSpec, TestCluster};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -117,16 +117,11 @@ async fn qos_levels_and_burst_on_the_real_kernel_and_no_rewrite_after_restart() 
     let dir = tempfile::tempdir().unwrap();
     let config = tree.kubelet_config(dir.path()).unwrap();
     let start = |name: &str| {
-        start_agent(
-            &cluster,
-            name,
-            NODE,
-            &config,
-            dir.path(),
-            &["--qos-interval", "1s"],
-        )
-        .unwrap()
-        .0
+        AgentRun::new(name, NODE, &config, dir.path())
+            .args(&["--qos-interval", "1s"])
+            .start(&cluster)
+            .unwrap()
+            .0
     };
 
     let mut agent = start("fumarole-agent-colo");

@@ -16,15 +16,19 @@
 //! 6. oversubscription switched off (node label removed): batch-* leave the Node status and the
 //!    offline pod that asked for batch resources is evicted.
 //!
+//! The agent runs as its ServiceAccount from `deploy/daemonset` (impersonated, with a token
+//! bound to the node), so the story also proves that its RBAC and the node-scoped admission
+//! policy allow its whole co-location job.
+//!
 //! Needs root and cgroup v1 `cpu`, `cpuacct` and `memory` hierarchies; skipped otherwise.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::time::Duration;
 
-use fumarole_e2e::cluster::{http_get, metric_sum};
+use fumarole_e2e::cluster::{Identity, http_get, metric_sum};
 use fumarole_e2e::colocation::{
-    CgroupTree, config_map, cpu_burner, event_seen, log, running_pod, start_agent,
+    AgentRun, CgroupTree, config_map, cpu_burner, event_seen, log, running_pod,
 };
 use fumarole_e2e::{NodeSpec, TestCluster};
 use fumarole_topology::crd::DeviceTopology;
@@ -33,6 +37,8 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 const NODE: &str = "colo-node";
+/// Where deploy/daemonset installs the agent and its ConfigMap.
+const NAMESPACE: &str = "fumarole-system";
 const TAINT: &str = "volcano.sh/offline-job-evicting";
 const WEB_ID: &str = "dddd0001";
 
@@ -105,10 +111,21 @@ async fn batch_resources_follow_load_pressure_taints_and_evicts_offline_pods() {
         .await
         .unwrap();
     let nodes: Api<Node> = Api::all(cluster.client());
-    let configmaps: Api<ConfigMap> = Api::namespaced(cluster.client(), "default");
+    // Installed as users install it; the agent runs as its ServiceAccount with a token bound
+    // to the node, so every write below also proves its RBAC and the node-scoped policy.
+    cluster.install_deploy_daemonset().await.unwrap();
+    let configmaps: Api<ConfigMap> = Api::namespaced(cluster.client(), NAMESPACE);
     configmaps
-        .create(&PostParams::default(), &config(json!(40)))
+        .replace(
+            "volcano-agent-configuration",
+            &PostParams::default(),
+            &config(json!(40)),
+        )
         .await
+        .unwrap();
+    let agent_id = Identity::service_account(NAMESPACE, "fumarole-agent").on_node(NODE);
+    let kubeconfig = cluster
+        .kubeconfig_for("agent.kubeconfig", &agent_id)
         .unwrap();
 
     let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
@@ -154,15 +171,12 @@ async fn batch_resources_follow_load_pressure_taints_and_evicts_offline_pods() {
     tree.mkdir("cpu", &web).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let kubelet = tree.kubelet_config(dir.path()).unwrap();
-    let (mut agent, metrics_port) = start_agent(
-        &cluster,
-        "fumarole-agent-node",
-        NODE,
-        &kubelet,
-        dir.path(),
-        &[],
-    )
-    .unwrap();
+    let run = |name| {
+        AgentRun::new(name, NODE, &kubelet, dir.path())
+            .kubeconfig(&kubeconfig)
+            .config_namespace(NAMESPACE)
+    };
+    let (mut agent, metrics_port) = run("fumarole-agent-node").start(&cluster).unwrap();
     let metric =
         async |prefix: &str| metric_sum(&http_get(metrics_port, "/metrics").await.unwrap(), prefix);
 
@@ -207,9 +221,9 @@ async fn batch_resources_follow_load_pressure_taints_and_evicts_offline_pods() {
         )
         .await
         .unwrap();
-    let events: Api<Event> = Api::namespaced(cluster.client(), "default");
+    let config_events: Api<Event> = Api::namespaced(cluster.client(), NAMESPACE);
     until("the InvalidColocationConfig Event", 30, async || {
-        event_seen(&events, |e| {
+        event_seen(&config_events, |e| {
             e.reason.as_deref() == Some("InvalidColocationConfig")
                 && e.involved_object.kind.as_deref() == Some("ConfigMap")
                 && e.message
@@ -268,6 +282,7 @@ async fn batch_resources_follow_load_pressure_taints_and_evicts_offline_pods() {
             .is_some_and(|v| v < idle_batch * 7 / 10)
     })
     .await;
+    let events: Api<Event> = Api::namespaced(cluster.client(), "default");
     for event in ["batch-large", "batch-small"] {
         until("an Evicted Event on the pod", 30, async || {
             event_seen(&events, |e| {
@@ -306,19 +321,13 @@ async fn batch_resources_follow_load_pressure_taints_and_evicts_offline_pods() {
     .await;
     let text = log(&agent);
     assert_eq!(text.matches("offline pod evicted").count(), 2, "{text}");
+    // Everything above was done with the ServiceAccount's rights alone.
+    assert!(!text.to_lowercase().contains("forbidden"), "{text}");
     agent.stop();
 
     // 5. Restart: nothing evicted twice, no taint flapping, an unchanged value not rewritten.
     let taint_changes = |t: &str| t.matches("node taint changed").count();
-    let (restarted, _) = start_agent(
-        &cluster,
-        "fumarole-agent-node-2",
-        NODE,
-        &kubelet,
-        dir.path(),
-        &[],
-    )
-    .unwrap();
+    let (restarted, _) = run("fumarole-agent-node-2").start(&cluster).unwrap();
     until("the restarted agent's config", 30, async || {
         log(&restarted).contains("co-location config in force")
     })

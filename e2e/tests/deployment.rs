@@ -10,60 +10,22 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use fumarole_e2e::cluster::{Identity, eventually, free_port, http_post_json};
-use fumarole_e2e::fumarole::{agent_bin, scheduler_ext_bin};
+use fumarole_e2e::colocation::AgentRun;
+use fumarole_e2e::deploy::{apply, deploy_dir, documents, kustomization};
+use fumarole_e2e::fumarole::scheduler_ext_bin;
 use fumarole_e2e::process::Proc;
 use fumarole_e2e::upstream::Upstream;
 use fumarole_e2e::{NodeSpec, TestCluster};
 use fumarole_topology::crd::DeviceTopology;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret};
-use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams};
-use kube::core::GroupVersionKind;
-use kube::discovery::{Scope, pinned_kind};
-use kube::{Client, ResourceExt};
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
 const NAMESPACE: &str = "fumarole-system";
-
-fn deploy_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
-}
-
-/// The objects of a kustomization directory, in its `resources` order (directories recurse).
-fn kustomization(dir: &Path) -> Vec<(String, Value)> {
-    let text = std::fs::read_to_string(dir.join("kustomization.yaml")).unwrap();
-    let k: Value = serde_norway::from_str(&text).unwrap();
-    let mut objects = Vec::new();
-    for resource in k["resources"].as_array().unwrap() {
-        let path = dir.join(resource.as_str().unwrap());
-        if path.is_dir() {
-            objects.extend(kustomization(&path));
-        } else {
-            objects.extend(documents(&path));
-        }
-    }
-    objects
-}
-
-/// The YAML documents of a file, each named `file: Kind/name`.
-fn documents(path: &Path) -> Vec<(String, Value)> {
-    let text = std::fs::read_to_string(path).unwrap();
-    serde_norway::Deserializer::from_str(&text)
-        .map(|doc| {
-            let v: Value = serde::Deserialize::deserialize(doc).unwrap();
-            let name = format!(
-                "{}: {}/{}",
-                path.file_name().unwrap().to_string_lossy(),
-                v["kind"].as_str().unwrap_or("?"),
-                v["metadata"]["name"].as_str().unwrap_or("?")
-            );
-            (name, v)
-        })
-        .collect()
-}
 
 /// The chart rendered with Helm's engine, release `fumarole` in `fumarole-system`, with
 /// `--set` `values`; each object named `template: Kind/name`.
@@ -111,29 +73,6 @@ fn identities(objects: &[(String, Value)]) -> std::collections::BTreeSet<String>
         .collect()
 }
 
-/// Server-side applies `object` (field manager `fumarole-e2e`), for real or as a dry run.
-async fn apply(client: &Client, object: &Value, dry_run: bool) -> kube::Result<()> {
-    let api_version = object["apiVersion"].as_str().unwrap();
-    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
-    let gvk = GroupVersionKind::gvk(group, version, object["kind"].as_str().unwrap());
-    let (ar, caps) = pinned_kind(client, &gvk).await?;
-    let api: Api<DynamicObject> = match caps.scope {
-        Scope::Namespaced => Api::namespaced_with(
-            client.clone(),
-            object["metadata"]["namespace"]
-                .as_str()
-                .unwrap_or("default"),
-            &ar,
-        ),
-        Scope::Cluster => Api::all_with(client.clone(), &ar),
-    };
-    let mut params = PatchParams::apply("fumarole-e2e").force();
-    params.dry_run = dry_run;
-    let name = object["metadata"]["name"].as_str().unwrap();
-    api.patch(name, &params, &Patch::Apply(object)).await?;
-    Ok(())
-}
-
 fn forbidden<T: std::fmt::Debug>(what: &str, result: kube::Result<T>) -> String {
     match result {
         Err(kube::Error::Api(s)) if s.code == 403 => s.message,
@@ -145,7 +84,7 @@ fn forbidden<T: std::fmt::Debug>(what: &str, result: kube::Result<T>) -> String 
 async fn every_manifest_passes_a_server_side_dry_run() {
     let cluster = TestCluster::start().await.unwrap();
     let client = cluster.client();
-    let objects = kustomization(&deploy_dir().join("daemonset"));
+    let objects = kustomization(&deploy_dir().join("daemonset")).unwrap();
     // Everything in deploy/daemonset is in the kustomization.
     for entry in std::fs::read_dir(deploy_dir().join("daemonset")).unwrap() {
         let path = entry.unwrap().path();
@@ -163,7 +102,8 @@ async fn every_manifest_passes_a_server_side_dry_run() {
     cluster.create_namespace(NAMESPACE).await.unwrap();
     cluster.create_namespace("volcano-system").await.unwrap();
     let examples =
-        documents(&deploy_dir().join("daemonset/examples/volcano-scheduler-configmap.yaml"));
+        documents(&deploy_dir().join("daemonset/examples/volcano-scheduler-configmap.yaml"))
+            .unwrap();
     let mut applied = 0;
     for (name, object) in objects.iter().chain(&examples) {
         if let Err(e) = apply(&client, object, true).await {
@@ -286,11 +226,7 @@ async fn each_component_does_its_job_with_only_its_rights_and_the_agent_writes_o
     // The Volcano and NodeResourceTopology CRDs come from their own projects' installs.
     cluster.install_fumarole_crds().await.unwrap();
     let admin = cluster.client();
-    for (name, object) in kustomization(&deploy_dir().join("daemonset")) {
-        if let Err(e) = apply(&admin, &object, false).await {
-            panic!("{name}: apply failed: {e}");
-        }
-    }
+    cluster.install_deploy_daemonset().await.unwrap();
     for node in ["node-a", "node-b"] {
         cluster
             .create_node(
@@ -310,42 +246,12 @@ async fn each_component_does_its_job_with_only_its_rights_and_the_agent_writes_o
         .kubeconfig_for("agent.kubeconfig", &agent_id)
         .unwrap();
     let scratch = tempfile::tempdir().unwrap();
-    let absent = |f: &str| scratch.path().join(f).display().to_string();
-    let args: Vec<String> = [
-        "run",
-        "--fixture",
-        "dgx-h100",
-        "--node-name",
-        "node-a",
-        "--kubelet-config",
-        &absent("config.yaml"),
-        "--cpu-manager-state",
-        &absent("cpu_manager_state"),
-        "--pod-resources-socket",
-        &absent("kubelet.sock"),
-        "--metrics-addr",
-        &format!("127.0.0.1:{}", free_port().unwrap()),
-        "--colocation",
-        "--colocation-config-namespace",
-        NAMESPACE,
-        "--cgroup-root",
-        &absent("no-cgroups"),
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let kubeconfig_env = kubeconfig.display().to_string();
-    let agent = Proc::spawn_with_env(
-        "fumarole-agent",
-        &agent_bin().unwrap(),
-        &args,
-        &[
-            ("KUBECONFIG", kubeconfig_env.as_str()),
-            ("FUMAROLE_LOG", "info"),
-        ],
-        &cluster.root().join("logs"),
-    )
-    .unwrap();
+    let no_kubelet = scratch.path().join("config.yaml");
+    let (agent, _) = AgentRun::new("fumarole-agent", "node-a", &no_kubelet, scratch.path())
+        .kubeconfig(&kubeconfig)
+        .config_namespace(NAMESPACE)
+        .start(&cluster)
+        .unwrap();
 
     // Its whole job: every object published, labels on its Node, the co-location report.
     let topologies: Api<DeviceTopology> = Api::all(admin.clone());

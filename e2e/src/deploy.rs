@@ -1,0 +1,107 @@
+//! The manifests in `deploy/`: read them (following `kustomization.yaml` files) and apply them
+//! to a test cluster with server-side apply, for real or as a dry run.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, anyhow};
+use kube::Client;
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::core::GroupVersionKind;
+use kube::discovery::{Scope, pinned_kind};
+use serde_json::Value;
+
+use crate::TestCluster;
+
+/// The repository's `deploy/` directory.
+pub fn deploy_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
+}
+
+/// The objects of a kustomization directory, in its `resources` order (directories recurse),
+/// each named `file: Kind/name`.
+pub fn kustomization(dir: &Path) -> Result<Vec<(String, Value)>> {
+    let file = dir.join("kustomization.yaml");
+    let text =
+        std::fs::read_to_string(&file).with_context(|| format!("reading {}", file.display()))?;
+    let k: Value = serde_norway::from_str(&text)?;
+    let resources = k["resources"]
+        .as_array()
+        .ok_or_else(|| anyhow!("{}: no resources list", file.display()))?;
+    let mut objects = Vec::new();
+    for resource in resources {
+        let rel = resource
+            .as_str()
+            .ok_or_else(|| anyhow!("{}: resource {resource} is not a path", file.display()))?;
+        let path = dir.join(rel);
+        if path.is_dir() {
+            objects.extend(kustomization(&path)?);
+        } else {
+            objects.extend(documents(&path)?);
+        }
+    }
+    Ok(objects)
+}
+
+/// The YAML documents of a file, each named `file: Kind/name`.
+pub fn documents(path: &Path) -> Result<Vec<(String, Value)>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let file = path
+        .file_name()
+        .map(|f| f.to_string_lossy().to_string())
+        .unwrap_or_default();
+    let mut out = Vec::new();
+    for doc in serde_norway::Deserializer::from_str(&text) {
+        let v: Value = serde::Deserialize::deserialize(doc)
+            .with_context(|| format!("parsing {}", path.display()))?;
+        let name = format!(
+            "{file}: {}/{}",
+            v["kind"].as_str().unwrap_or("?"),
+            v["metadata"]["name"].as_str().unwrap_or("?")
+        );
+        out.push((name, v));
+    }
+    Ok(out)
+}
+
+/// Server-side applies `object` (field manager `fumarole-e2e`), for real or as a dry run.
+pub async fn apply(client: &Client, object: &Value, dry_run: bool) -> Result<()> {
+    let api_version = object["apiVersion"]
+        .as_str()
+        .ok_or_else(|| anyhow!("no apiVersion"))?;
+    let kind = object["kind"].as_str().ok_or_else(|| anyhow!("no kind"))?;
+    let name = object["metadata"]["name"]
+        .as_str()
+        .ok_or_else(|| anyhow!("no metadata.name"))?;
+    let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+    let gvk = GroupVersionKind::gvk(group, version, kind);
+    let (ar, caps) = pinned_kind(client, &gvk).await?;
+    let api: Api<DynamicObject> = match caps.scope {
+        Scope::Namespaced => Api::namespaced_with(
+            client.clone(),
+            object["metadata"]["namespace"]
+                .as_str()
+                .unwrap_or("default"),
+            &ar,
+        ),
+        Scope::Cluster => Api::all_with(client.clone(), &ar),
+    };
+    let mut params = PatchParams::apply("fumarole-e2e").force();
+    params.dry_run = dry_run;
+    api.patch(name, &params, &Patch::Apply(object)).await?;
+    Ok(())
+}
+
+impl TestCluster {
+    /// Installs `deploy/daemonset` as `kubectl apply -k` would (server-side apply, in the
+    /// kustomization's order). Nothing runs its pods: there is no controller manager.
+    pub async fn install_deploy_daemonset(&self) -> Result<()> {
+        let client = self.client();
+        for (name, object) in kustomization(&deploy_dir().join("daemonset"))? {
+            apply(&client, &object, false)
+                .await
+                .with_context(|| format!("applying {name}"))?;
+        }
+        Ok(())
+    }
+}
