@@ -9,7 +9,7 @@ use fumarole_exporter::discover;
 use fumarole_exporter::fixtures;
 
 use crate::node::{NodeArgs, find_fixture};
-use crate::render;
+use crate::{diagram, render};
 
 #[derive(Args)]
 pub struct DiscoverArgs {
@@ -60,6 +60,10 @@ pub enum Format {
     Json,
     Yaml,
     Matrix,
+    /// A diagram: packages, NUMA nodes, the PCIe tree, devices, fabric links.
+    Svg,
+    /// The same graph as Graphviz text.
+    Dot,
 }
 
 pub fn run(args: DiscoverArgs) -> Result<()> {
@@ -71,6 +75,9 @@ pub fn run(args: DiscoverArgs) -> Result<()> {
         Format::Yaml => render::yaml(&topology)?,
         Format::Table => render::table(&topology),
         Format::Matrix => render::matrix(&topology),
+        // Discovery alone does not know which pod uses a device.
+        Format::Svg => diagram::svg(&topology, None),
+        Format::Dot => diagram::dot(&topology),
     };
     print!("{text}");
     Ok(())

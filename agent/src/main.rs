@@ -1,9 +1,11 @@
 //! `fumarole-agent`: the node agent binary.
 //!
-//! Subcommands: `discover` (print this node's topology, or a dump's, or a bundled fixture's),
+//! Subcommands: `discover` (print this node's topology, or a dump's, or a bundled fixture's, as
+//! text, JSON, YAML, a link matrix or a diagram),
 //! `fixture` (list the bundled fixture nodes or write one out), `run` (publish the node's
 //! objects and keep them current), `crd` (print our CustomResourceDefinition).
 
+mod diagram;
 mod discover;
 mod node;
 mod plugins;
