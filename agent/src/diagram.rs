@@ -125,6 +125,14 @@ pub fn class_name(class: LinkClass) -> String {
     }
 }
 
+/// Thicker for more NVLinks, so NV2 and NV18 look different at a glance.
+fn class_width(class: LinkClass) -> f64 {
+    match class {
+        LinkClass::Nvlink { count } => 1.5 + f64::from(count.min(18)) / 4.0,
+        _ => 3.0,
+    }
+}
+
 fn class_color(class: LinkClass) -> &'static str {
     match class {
         LinkClass::Nvlink { .. } => "#76b900",
@@ -532,9 +540,10 @@ pub fn svg(t: &NodeTopology, users: Option<&BTreeMap<String, String>>) -> String
         );
         let _ = writeln!(
             o,
-            r#"<g class="bus" data-class="{}"><line x1="{lo:.1}" y1="{y:.1}" x2="{hi:.1}" y2="{y:.1}" stroke="{color}" stroke-width="5"/>"#,
+            r#"<g class="bus" data-class="{}"><line x1="{lo:.1}" y1="{y:.1}" x2="{hi:.1}" y2="{y:.1}" stroke="{color}" stroke-width="{w:.1}"/>"#,
             esc(&class_name(b.class)),
-            y = b.y
+            y = b.y,
+            w = class_width(b.class) + 1.0,
         );
         for x in &xs {
             let _ = writeln!(
@@ -565,13 +574,14 @@ pub fn svg(t: &NodeTopology, users: Option<&BTreeMap<String, String>>) -> String
         let color = class_color(a.class);
         let _ = writeln!(
             o,
-            r#"<g class="arc" data-class="{}"><path d="M {x1:.1} {y:.1} Q {mx:.1} {c:.1} {x2:.1} {y:.1}" fill="none" stroke="{color}" stroke-width="2"/><text x="{mx:.1}" y="{t:.1}" font-size="10" text-anchor="middle" fill="{color}">{}</text></g>"#,
+            r##"<g class="arc" data-class="{}"><path d="M {x1:.1} {y:.1} Q {mx:.1} {c:.1} {x2:.1} {y:.1}" fill="none" stroke="{color}" stroke-width="{w:.1}"/><text x="{mx:.1}" y="{t:.1}" font-size="10" text-anchor="middle" fill="{color}" stroke="#ffffff" stroke-width="3" paint-order="stroke">{}</text></g>"##,
             esc(&class_name(a.class)),
             esc(&a.class.short_name()),
             y = arc_top,
             mx = (x1 + x2) / 2.0,
             c = arc_top + 2.0 * depth,
-            t = arc_top + depth + 4.0,
+            t = arc_top + depth + 14.0,
+            w = class_width(a.class),
         );
     }
     for d in &l.devices {
@@ -627,13 +637,13 @@ pub fn svg(t: &NodeTopology, users: Option<&BTreeMap<String, String>>) -> String
         .chain(l.arcs.iter().map(|a| a.class))
         .map(class_name)
         .collect();
-    let color_of = |name: &str| {
+    let class_of = |name: &str| {
         l.buses
             .iter()
             .map(|b| b.class)
             .chain(l.arcs.iter().map(|a| a.class))
             .find(|c| class_name(*c) == name)
-            .map_or("#000000", class_color)
+            .unwrap_or(LinkClass::Fabric)
     };
     let y = l.height - MARGIN;
     let mut x = MARGIN;
@@ -641,11 +651,12 @@ pub fn svg(t: &NodeTopology, users: Option<&BTreeMap<String, String>>) -> String
     for name in classes {
         let _ = write!(
             o,
-            r#"<line x1="{x:.1}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="{}" stroke-width="5"/><text x="{:.1}" y="{y:.1}">{}</text>"#,
+            r#"<line x1="{x:.1}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="{}" stroke-width="{:.1}"/><text x="{:.1}" y="{y:.1}">{}</text>"#,
             y - 4.0,
             x + 24.0,
             y - 4.0,
-            color_of(&name),
+            class_color(class_of(&name)),
+            class_width(class_of(&name)),
             x + 30.0,
             esc(&name)
         );

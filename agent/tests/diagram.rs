@@ -79,10 +79,11 @@ fn outline(svg: &str) -> String {
                 out,
                 "{class} {}: {} drops, label {}",
                 node.attribute("data-class").unwrap(),
+                // A bus is its bar plus one drop per device; an arc has none.
                 node.children()
                     .filter(|n| n.tag_name().name() == "line")
                     .count()
-                    - 1,
+                    .saturating_sub(1),
                 text(node)
             ),
             "legend" => writeln!(out, "legend: {}", text(node)),
@@ -133,6 +134,54 @@ fn fabrics_are_drawn_as_buses_by_class() {
     assert_eq!(count(&discover("metax-c500-8", "svg"), "MetaXLink zone"), 2);
     let pcie = discover("pcie-4gpu", "svg");
     assert!(!pcie.contains(r#"class="bus""#) && !pcie.contains(r#"class="arc""#));
+}
+
+#[test]
+fn a_mixed_fabric_is_drawn_as_labelled_arcs() {
+    // An override file gives pcie-4gpu NVLink pairs of two widths: no uniform clique, so every
+    // fabric pair is an arc with its class, and the PCIe-only pairs have none.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("topology.yaml");
+    std::fs::write(
+        &file,
+        "matrix:\n  devices: [\"0000:43:00.0\", \"0000:44:00.0\", \"0000:47:00.0\", \"0000:48:00.0\"]\n  classes:\n    - [X, NV4, NV2, PHB]\n    - [NV4, X, PHB, NV2]\n    - [NV2, PHB, X, NV4]\n    - [PHB, NV2, NV4, X]\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_fumarole-agent"))
+        .args([
+            "discover",
+            "--fixture",
+            "pcie-4gpu",
+            "--format",
+            "svg",
+            "--override",
+        ])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let svg = String::from_utf8(out.stdout).unwrap();
+    let got = outline(&svg);
+    let arcs: Vec<&str> = got.lines().filter(|l| l.starts_with("arc ")).collect();
+    assert_eq!(
+        arcs,
+        [
+            "arc NVLink x4: 0 drops, label NV4",
+            "arc NVLink x2: 0 drops, label NV2",
+            "arc NVLink x2: 0 drops, label NV2",
+            "arc NVLink x4: 0 drops, label NV4",
+        ],
+        "{got}"
+    );
+    assert!(!got.contains("bus "), "{got}");
+    assert!(
+        got.contains("legend: NVLink x2 | NVLink x4 | PCIe"),
+        "{got}"
+    );
 }
 
 #[test]
