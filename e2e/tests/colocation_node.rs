@@ -309,6 +309,22 @@ async fn batch_resources_follow_load_pressure_taints_and_evicts_offline_pods() {
     assert!(report.evicting, "{report:?}");
     assert!(report.pressure.contains_key("cpu"), "{report:?}");
     assert!(report.last_eviction.is_some(), "{report:?}");
+    assert_eq!(
+        metric("fumarole_colocation_evictions_total{reason=\"pressure\"}").await,
+        2.0
+    );
+    assert_eq!(metric("fumarole_colocation_evicting").await, 1.0);
+    assert_eq!(
+        metric("fumarole_colocation_pressure{resource=\"cpu\"}").await,
+        1.0
+    );
+    assert!(metric("fumarole_colocation_batch_cpu_millicores").await > 0.0);
+    // The two dashboard metrics that need a measured node (deployment.rs checks the rest).
+    assert!(metric("fumarole_colocation_usage_percent{resource=\"cpu\"}").await > 0.0);
+    assert_eq!(
+        metric("fumarole_colocation_pods{level=\"none\"}").await,
+        1.0
+    );
 
     // 4. Load gone: the taint goes at the low watermark, batch-cpu rises again.
     drop(burners);

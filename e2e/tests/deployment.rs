@@ -26,6 +26,11 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
 const NAMESPACE: &str = "fumarole-system";
+/// Dashboard metrics that exist only once the agent has measured a co-location node.
+const MEASURED_ON_A_COLOCATION_NODE: &[&str] = &[
+    "fumarole_colocation_usage_percent",
+    "fumarole_colocation_pods",
+];
 
 /// The chart rendered with Helm's engine, release `fumarole` in `fumarole-system`, with
 /// `--set` `values`; each object named `template: Kind/name`.
@@ -247,11 +252,12 @@ async fn each_component_does_its_job_with_only_its_rights_and_the_agent_writes_o
         .unwrap();
     let scratch = tempfile::tempdir().unwrap();
     let no_kubelet = scratch.path().join("config.yaml");
-    let (agent, _) = AgentRun::new("fumarole-agent", "node-a", &no_kubelet, scratch.path())
-        .kubeconfig(&kubeconfig)
-        .config_namespace(NAMESPACE)
-        .start(&cluster)
-        .unwrap();
+    let (agent, agent_metrics) =
+        AgentRun::new("fumarole-agent", "node-a", &no_kubelet, scratch.path())
+            .kubeconfig(&kubeconfig)
+            .config_namespace(NAMESPACE)
+            .start(&cluster)
+            .unwrap();
 
     // Its whole job: every object published, labels on its Node, the co-location report.
     let topologies: Api<DeviceTopology> = Api::all(admin.clone());
@@ -489,6 +495,51 @@ async fn each_component_does_its_job_with_only_its_rights_and_the_agent_writes_o
             .list(&ListParams::default())
             .await,
     );
+
+    // Every metric the Grafana dashboard queries is one the two components export.
+    let mut exported = std::collections::BTreeSet::new();
+    for port in [agent_metrics, port] {
+        let text = fumarole_e2e::cluster::http_get(port, "/metrics")
+            .await
+            .unwrap();
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                exported.insert(rest.split(' ').next().unwrap().to_string());
+            }
+        }
+    }
+    let dashboard: Value = serde_json::from_str(
+        &std::fs::read_to_string(deploy_dir().join("grafana/fumarole.json")).unwrap(),
+    )
+    .unwrap();
+    let mut queried = 0;
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            let expr = target["expr"].as_str().unwrap();
+            for name in expr
+                .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .filter(|w| w.starts_with("fumarole_"))
+            {
+                // Counters are exported as `name_total`, histograms as `name_bucket`.
+                let family = name
+                    .strip_suffix("_total")
+                    .or_else(|| name.strip_suffix("_bucket"))
+                    .unwrap_or(name);
+                // These two need a node with pods and a kubepods cgroup to measure:
+                // colocation_node.rs checks them.
+                if MEASURED_ON_A_COLOCATION_NODE.contains(&family) {
+                    continue;
+                }
+                assert!(
+                    exported.contains(family),
+                    "{}: {name} is not exported (exported: {exported:?})",
+                    panel["title"]
+                );
+                queried += 1;
+            }
+        }
+    }
+    assert!(queried >= 20, "{queried}");
     drop(ext);
     drop(agent);
 }

@@ -7,6 +7,8 @@
 //! | `fumarole_publishes_total{object}` | counter | server-side applies that succeeded |
 //! | `fumarole_api_errors_total{object}` | counter | server-side applies that failed |
 //! | `fumarole_last_publish_success_timestamp_seconds` | gauge | end of the last round with every write done |
+//! | `fumarole_devices{health}` | gauge | accelerators on the node by health (`healthy`, `unhealthy`) as last discovered |
+//! | `fumarole_devices_allocated` | gauge | accelerators the kubelet has given to a container |
 //! | `fumarole_colocation_pods{level}` | gauge | pods per `volcano.sh/qos-level` (`LC`, `LS`, `none`, `BE`) with `--colocation` |
 //! | `fumarole_colocation_burst_pods` | gauge | pods with CPU burst enabled |
 //! | `fumarole_colocation_pod_errors` | gauge | pods whose co-location settings failed in the last round |
@@ -43,6 +45,8 @@ pub struct Metrics {
     publishes: Family<Labels, Counter>,
     api_errors: Family<Labels, Counter>,
     last_success: Gauge<f64, AtomicU64>,
+    devices: Family<Labels, Gauge>,
+    devices_allocated: Gauge,
     colocation_pods: Family<Labels, Gauge>,
     colocation_burst_pods: Gauge,
     colocation_pod_errors: Gauge,
@@ -70,6 +74,8 @@ impl Metrics {
             publishes: Family::default(),
             api_errors: Family::default(),
             last_success: Gauge::default(),
+            devices: Family::default(),
+            devices_allocated: Gauge::default(),
             colocation_pods: Family::default(),
             colocation_burst_pods: Gauge::default(),
             colocation_pod_errors: Gauge::default(),
@@ -98,6 +104,16 @@ impl Metrics {
             "last_publish_success_timestamp_seconds",
             "Unix time of the end of the last round with every write done",
             m.last_success.clone(),
+        );
+        registry.register(
+            "devices",
+            "Accelerators on the node by health, as last discovered",
+            m.devices.clone(),
+        );
+        registry.register(
+            "devices_allocated",
+            "Accelerators the kubelet has given to a container",
+            m.devices_allocated.clone(),
         );
         registry.register(
             "colocation_pods",
@@ -130,6 +146,13 @@ impl Metrics {
         }
     }
 
+    /// Creates the per-object counters at 0.
+    pub fn objects_known(&self, object: &str) {
+        let labels = vec![("object".into(), object.into())];
+        let _ = self.publishes.get_or_create(&labels);
+        let _ = self.api_errors.get_or_create(&labels);
+    }
+
     pub fn publish(&self, object: &str) {
         self.publishes
             .get_or_create(&vec![("object".into(), object.into())])
@@ -140,6 +163,17 @@ impl Metrics {
         self.api_errors
             .get_or_create(&vec![("object".into(), object.into())])
             .inc();
+    }
+
+    /// The node's accelerators as last published: how many are healthy, unhealthy, allocated.
+    pub fn devices(&self, healthy: usize, unhealthy: usize, allocated: usize) {
+        let gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        for (health, n) in [("healthy", healthy), ("unhealthy", unhealthy)] {
+            self.devices
+                .get_or_create(&vec![("health".into(), health.into())])
+                .set(gauge(n));
+        }
+        self.devices_allocated.set(gauge(allocated));
     }
 
     /// The co-location loop's last round: pods per level name, burst-enabled and failed pods.
@@ -233,6 +267,17 @@ impl ColocationNodeMetrics {
             "0 while an invalid co-location configuration is ignored",
             self.config_valid.clone(),
         );
+        // Known label values start at 0, so rate() and alerts see them before the first event.
+        for reason in ["pressure", "oversubscription-off"] {
+            let _ = self
+                .evictions
+                .get_or_create(&vec![("reason".into(), reason.into())]);
+        }
+        for resource in ["cpu", "memory"] {
+            let _ = self
+                .pressure
+                .get_or_create(&vec![("resource".into(), resource.into())]);
+        }
     }
 
     /// Batch resources as published (both 0 while oversubscription is off).

@@ -42,6 +42,14 @@ enum Kind {
 }
 
 impl Kind {
+    const ALL: [Kind; 5] = [
+        Kind::Numatopology,
+        Kind::NodeResourceTopology,
+        Kind::DeviceTopology,
+        Kind::DeviceTopologyStatus,
+        Kind::NodeLabels,
+    ];
+
     fn name(self) -> &'static str {
         match self {
             Kind::Numatopology => "numatopology",
@@ -95,6 +103,10 @@ pub struct Publisher {
 impl Publisher {
     /// Starts watching this node's objects; every change to them pokes `wake`.
     pub fn new(client: Client, node: &str, metrics: Arc<Metrics>, wake: Arc<Notify>) -> Self {
+        // Every object's counters exist from the start, so rate() and alerts see 0, not nothing.
+        for kind in Kind::ALL {
+            metrics.objects_known(kind.name());
+        }
         let watch = |ar: ApiResource| {
             let api = Api::<DynamicObject>::all_with(client.clone(), &ar);
             let writer = reflector::store::Writer::new(ar.clone());

@@ -137,6 +137,19 @@ impl NodeState {
                 };
                 Some(objects::device_topology(&topology, &none))
             });
+        if let Some((_, status)) = &device_topology {
+            let healthy = usize::try_from(status.healthy_count).unwrap_or(usize::MAX);
+            let allocated = status
+                .devices
+                .values()
+                .filter(|d| d.allocation.is_some())
+                .count();
+            self.metrics.devices(
+                healthy,
+                status.devices.len().saturating_sub(healthy),
+                allocated,
+            );
+        }
         Desired {
             numatopology,
             node_resource_topology,
