@@ -27,7 +27,7 @@ pub struct Row {
 }
 
 impl Row {
-    fn new(v: NodeVerdict, g: &GpuAware, view: &ClusterView) -> Self {
+    pub fn new(v: NodeVerdict, g: &GpuAware, view: &ClusterView) -> Self {
         Row {
             feasible: v.feasible(),
             devices: v.device_ids(view),

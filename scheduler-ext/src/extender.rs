@@ -18,9 +18,10 @@
 //! Answers come from a [`ClusterView`] and the [`Ledger`] held in [`Service`]; the view is
 //! replaced while serving ([`Service::replace_view`]) as the reflectors see changes.
 
+use std::collections::VecDeque;
 use std::collections::{BTreeMap, HashSet};
-use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::{Duration, Instant, SystemTime};
 
 use axum::Router;
 use axum::body::Bytes;
@@ -151,6 +152,21 @@ pub struct Service {
     ledger: RwLock<Ledger>,
     pub settings: Settings,
     kube: OnceLock<KubeOps>,
+    /// The last [`DECISIONS_KEPT`] scorings (prioritize calls), oldest first, for `/ui`.
+    decisions: Mutex<VecDeque<Decision>>,
+}
+
+/// How many scorings `/ui` shows.
+pub const DECISIONS_KEPT: usize = 10;
+
+/// One scoring of a pod over nodes: what `explain` would say, as the scheduler asked it.
+#[derive(Clone, Debug)]
+pub struct Decision {
+    /// `namespace/name`.
+    pub pod: String,
+    pub at: SystemTime,
+    /// Best first.
+    pub rows: Vec<crate::explain::Row>,
 }
 
 impl Service {
@@ -171,6 +187,7 @@ impl Service {
             ledger: RwLock::new(Ledger::default()),
             settings,
             kube: OnceLock::new(),
+            decisions: Mutex::new(VecDeque::new()),
         }
     }
 
@@ -179,6 +196,45 @@ impl Service {
         if self.kube.set(ops).is_err() {
             tracing::warn!("API client already set; keeping the first");
         }
+    }
+
+    /// Runs `f` over the view and the ledger as one request would see them.
+    pub fn with_cluster<R>(&self, f: impl FnOnce(Cluster<'_>) -> R) -> R {
+        let view = self.view();
+        let ledger = self.ledger();
+        f(Cluster::new(&view, &ledger, Instant::now()))
+    }
+
+    /// Remembers a scoring of `pod` (the last [`DECISIONS_KEPT`] are kept).
+    pub fn record_decision(&self, pod: &Pod, mut verdicts: Vec<NodeVerdict>) {
+        let view = self.view();
+        crate::score::gpu_aware::best_first(&mut verdicts);
+        let rows = verdicts
+            .into_iter()
+            .map(|v| crate::explain::Row::new(v, self.scorer(), &view))
+            .collect();
+        let decision = Decision {
+            pod: crate::request::pod_key(pod),
+            at: SystemTime::now(),
+            rows,
+        };
+        let mut kept = match self.decisions.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        if kept.len() == DECISIONS_KEPT {
+            kept.pop_front();
+        }
+        kept.push_back(decision);
+    }
+
+    /// The recorded scorings, newest first.
+    pub fn decisions(&self) -> Vec<Decision> {
+        let kept = match self.decisions.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        kept.iter().rev().cloned().collect()
     }
 
     /// The API client, in live mode.
@@ -390,7 +446,7 @@ impl Service {
         let names = node_names(args)?;
         let verdicts = self.evaluate(pod, &names, true).unwrap_or_default();
         let scorer = &self.settings.scorer;
-        Ok(names
+        let answer = names
             .into_iter()
             .enumerate()
             .map(|(i, host)| {
@@ -400,7 +456,11 @@ impl Service {
                     .map_or(0, |raw| scorer.kube(raw));
                 HostPriority { host, score }
             })
-            .collect())
+            .collect();
+        if !verdicts.is_empty() {
+            self.record_decision(pod, verdicts);
+        }
+        Ok(answer)
     }
 
     /// The `bind` verb: commit the devices, annotate the pod, create its Binding.
@@ -574,6 +634,7 @@ pub async fn serve(listener: tokio::net::TcpListener, svc: Arc<Service>) -> std:
 pub fn router(svc: Arc<Service>) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
+        .route("/ui", get(crate::ui::page))
         .route(&format!("{KUBE_PREFIX}/filter"), post(filter))
         .route(&format!("{KUBE_PREFIX}/prioritize"), post(prioritize))
         .route(&format!("{KUBE_PREFIX}/bind"), post(bind))

@@ -32,5 +32,6 @@ pub mod request;
 pub mod score;
 pub mod server;
 pub mod snapshot;
+pub mod ui;
 pub mod view;
 pub mod volcano;

@@ -103,6 +103,8 @@ pub struct NodeView {
     pub resource_masks: Vec<(String, u64)>,
     /// Devices named in the `fumarole.dev/devices` annotation of pods bound here.
     pub assumed_mask: u64,
+    /// Devices the node reports unhealthy.
+    pub unhealthy_mask: u64,
     /// Device id -> index.
     pub index_of: HashMap<String, usize>,
     /// NUMA node of each device, where known.
@@ -176,6 +178,11 @@ impl NodeView {
                 // No status yet: the node has not reported health; count it healthy and free.
                 None => status.is_none(),
             });
+        let unhealthy = devices.iter().map(|d| {
+            status
+                .and_then(|s| s.devices.get(&d.id))
+                .is_some_and(|s| s.health != "Healthy")
+        });
         let resources: Vec<String> = devices.iter().map(resource_of).collect();
         let mut resource_masks: Vec<(String, u64)> = Vec::new();
         for (i, r) in resources.iter().enumerate() {
@@ -190,6 +197,7 @@ impl NodeView {
             available_mask: mask_of(available),
             resource_masks,
             assumed_mask: 0,
+            unhealthy_mask: mask_of(unhealthy),
             index_of: devices
                 .iter()
                 .enumerate()
@@ -214,6 +222,7 @@ impl NodeView {
             available_mask: 0,
             resource_masks: Vec::new(),
             assumed_mask: 0,
+            unhealthy_mask: 0,
             index_of: HashMap::new(),
             numa: Vec::new(),
             free_cpus: None,
@@ -376,6 +385,8 @@ pub struct ClusterView {
     annotated: HashMap<String, String>,
     /// Pods (`namespace/name`) some node reports devices allocated to.
     reported: HashSet<String>,
+    /// Pods not bound yet, not finished, asking for an accelerator some node offers.
+    pending: Vec<Pod>,
     /// Nodes left out because their `DeviceTopology` is unusable.
     pub skipped: Vec<ViewError>,
     /// Objects that could not be read, with the reason (logged by the caller, never fatal).
@@ -483,15 +494,21 @@ impl ClusterView {
         Ok(view)
     }
 
-    /// Counts a bound, unfinished pod: its annotated devices as used, its unit membership.
+    /// Counts a bound, unfinished pod: its annotated devices as used, its unit membership; an
+    /// unbound one asking for an accelerator is pending.
     fn add_pod(&mut self, pod: &Pod) {
-        let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
-            return;
-        };
         let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
         if matches!(phase, Some("Succeeded" | "Failed")) {
             return;
         }
+        let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
+            if pod.metadata.deletion_timestamp.is_none()
+                && request::device_request(pod, &self.resources()).is_ok()
+            {
+                self.pending.push(pod.clone());
+            }
+            return;
+        };
         let key = request::pod_key(pod);
         if let Some(value) = pod
             .metadata
@@ -557,6 +574,12 @@ impl ClusterView {
     /// Every resource name some node offers.
     pub fn resources(&self) -> BTreeSet<&str> {
         self.offered.iter().map(String::as_str).collect()
+    }
+
+    /// Pods waiting for an accelerator: not bound, not finished, requesting a resource some
+    /// node offers.
+    pub fn pending(&self) -> &[Pod] {
+        &self.pending
     }
 
     /// Super-nodes and their nodes, by id.

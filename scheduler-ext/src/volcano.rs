@@ -155,7 +155,7 @@ pub fn prioritize(svc: &Service, req: &PrioritizeRequest) -> PrioritizeResponse 
     let names: Vec<String> = req.nodes.iter().flatten().map(|n| n.name.clone()).collect();
     let verdicts = svc.evaluate(pod, &names, false).unwrap_or_default();
     let g = svc.scorer();
-    let node_score = names
+    let node_score: BTreeMap<String, f64> = names
         .into_iter()
         .enumerate()
         .map(|(i, n)| {
@@ -166,6 +166,9 @@ pub fn prioritize(svc: &Service, req: &PrioritizeRequest) -> PrioritizeResponse 
             (n, score)
         })
         .collect();
+    if !verdicts.is_empty() {
+        svc.record_decision(pod, verdicts);
+    }
     PrioritizeResponse {
         node_score,
         error_message: String::new(),

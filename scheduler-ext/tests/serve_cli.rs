@@ -42,11 +42,13 @@ fn http(port: u16, method: &str, path: &str, body: &str) -> std::io::Result<(Str
     ))
 }
 
-#[test]
-fn serves_healthz_and_filter_from_a_snapshot() {
+/// `serve --cluster-snapshot tests/snapshots/<snapshot>` on a free port, healthy.
+fn serve_snapshot(snapshot: &str) -> (Server, u16) {
     let port = free_port();
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/snapshots/two-dgx");
-    let _server = Server(
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/snapshots")
+        .join(snapshot);
+    let server = Server(
         Command::new(env!("CARGO_BIN_EXE_fumarole-scheduler-ext"))
             .arg("serve")
             .arg("--cluster-snapshot")
@@ -66,6 +68,12 @@ fn serves_healthz_and_filter_from_a_snapshot() {
             other => panic!("server never became healthy: {other:?}"),
         }
     }
+    (server, port)
+}
+
+#[test]
+fn serves_healthz_and_filter_from_a_snapshot() {
+    let (_server, port) = serve_snapshot("two-dgx");
     let args = serde_json::json!({
         "Pod": {"metadata": {"name": "p"}, "spec": {"containers": [
             {"name": "c", "resources": {"limits": {"nvidia.com/gpu": "4"}}}]}},
@@ -88,6 +96,66 @@ fn serves_healthz_and_filter_from_a_snapshot() {
     ] {
         assert!(body.lines().any(|l| l == line), "{line} missing:\n{body}");
     }
+}
+
+#[test]
+fn ui_shows_super_nodes_devices_pending_pods_and_decisions() {
+    let (_server, port) = serve_snapshot("ui-cluster");
+    let page = |path: &str| {
+        let (status, body) = http(port, "GET", path, "").unwrap();
+        assert!(status.contains(" 200 "), "{status}");
+        body
+    };
+    let html = page("/ui");
+    // Totals: dgx-a 4 free of 8, dgx-b 5 free (GPU 1 assumed for infer-0, GPU 7 unhealthy),
+    // pcie-a 3 free of 4.
+    assert!(
+        html.contains("3 nodes · 12 free · 7 in use · 1 unhealthy accelerators"),
+        "{html}"
+    );
+    assert!(html.contains(r#"http-equiv="refresh""#));
+    // rack-1 holds dgx-a and dgx-b; each node's largest NVLink block is all it has free.
+    let rack = &html[html.find(r#"data-id="rack-1""#).unwrap()..];
+    let rack = &rack[..rack.find("</table>").unwrap()];
+    assert!(rack.contains(r#"data-node="dgx-a""#) && rack.contains(r#"data-node="dgx-b""#));
+    assert!(!rack.contains("pcie-a"));
+    assert!(rack.contains(r#"<b class="fits">9</b> GPUs"#), "{rack}");
+    assert_eq!(rack.matches(r#"class="dev unhealthy""#).count(), 1);
+    // Pending pods and why: 8 GPUs fit nowhere, 2 fit now.
+    assert!(html.contains(r#"data-pod="training/train-8""#));
+    let train = &html[html.find(r#"data-pod="training/train-8""#).unwrap()..];
+    let train = &train[..train.find("</tr>").unwrap()];
+    assert!(train.contains("needs 8 nvidia.com/gpu"), "{train}");
+    let infer = &html[html.find(r#"data-pod="serving/infer-2""#).unwrap()..];
+    assert!(infer[..infer.find("</tr>").unwrap()].contains("waiting for the scheduler"));
+    assert!(html.contains("no scoring asked for yet"));
+
+    // A scoring shows up under Last decisions, with the same rows as explain.
+    let args = serde_json::json!({
+        "Pod": {"metadata": {"name": "p4", "namespace": "ml"}, "spec": {"containers": [
+            {"name": "c", "resources": {"limits": {"nvidia.com/gpu": "4"}}}]}},
+        "NodeNames": ["dgx-a", "dgx-b", "pcie-a"]
+    });
+    let (status, _) = http(
+        port,
+        "POST",
+        "/kube-scheduler/prioritize",
+        &args.to_string(),
+    )
+    .unwrap();
+    assert!(status.contains(" 200 "), "{status}");
+    let html = page("/ui");
+    let decision = &html[html.find(r#"class="decision" data-pod="ml/p4""#).unwrap()..];
+    let decision = &decision[..decision.find("</table>").unwrap()];
+    assert!(
+        decision.contains("needs 4 nvidia.com/gpu, 3 free"),
+        "{decision}"
+    );
+    assert_eq!(
+        decision.matches(r#"class="ok">yes"#).count(),
+        2,
+        "{decision}"
+    );
 }
 
 #[test]
