@@ -3,7 +3,7 @@
 # by pinned versions; seconds when warm) and run the e2e tests against it.
 #
 # Needs Go >= 1.24 with GOPROXY reachable, protoc (Debian: protobuf-compiler),
-# flock (util-linux). Extra cargo args are passed through, e.g. `e2e/ci.sh --locked`.
+# flock (util-linux), Node.js with npm, and Debian's chromium (installed here when missing). Extra cargo args are passed through, e.g. `e2e/ci.sh --locked`.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -15,6 +15,17 @@ if ! command -v protoc >/dev/null 2>&1; then
     exit 1
   fi
 fi
+
+# The /ui test drives Debian's Chromium with playwright-core (no browser download).
+if ! command -v chromium >/dev/null 2>&1; then
+  if [[ $(id -u) -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  else
+    echo "e2e/ci.sh: chromium not found (Debian: apt-get install chromium)" >&2
+    exit 1
+  fi
+fi
+npm ci --prefix e2e/ui --no-audit --no-fund --loglevel=error
 
 start=$(date +%s)
 line="$(e2e/build-upstream.sh | tail -n1)"

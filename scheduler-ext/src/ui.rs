@@ -106,7 +106,7 @@ fn ago(now: SystemTime, at: SystemTime) -> String {
 const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:24px;color:#222}\
 h1{font-size:22px}h2{font-size:17px;margin-top:28px}table{border-collapse:collapse;margin:6px 0 14px}\
 td,th{border-bottom:1px solid #ddd;padding:4px 10px;text-align:left;font-size:13px;vertical-align:top}\
-th{background:#f3f5f7}.dev{display:inline-block;width:16px;height:16px;margin:1px;border-radius:3px}\
+th{background:#f3f5f7}td:first-child{white-space:nowrap}.dev{display:inline-block;width:16px;height:16px;margin:1px;border-radius:3px}\
 .free{background:#43a047}.used{background:#1e88e5}.unhealthy{background:#e53935}\
 .summary{color:#555;font-size:13px}.ok{color:#2e7d32}.no{color:#c62828}.legend span{margin-right:14px}";
 
@@ -168,15 +168,18 @@ pub fn render(svc: &Service, now: SystemTime) -> String {
         let total_ideal: usize = members.iter().map(|r| r.ideal).sum();
         let best = members.iter().map(|r| r.ideal).max().unwrap_or(0);
         let free: usize = members.iter().map(|r| r.free).sum();
-        let id = group.unwrap_or("(no super-node)");
+        let id = group.unwrap_or("");
+        let heading = group.map_or("Nodes outside super-nodes".to_string(), |g| {
+            format!("Super-node {g}")
+        });
         let _ = write!(
             o,
-            "<h2 class=\"super-node\" data-id=\"{}\">Super-node {}</h2><p class=\"summary\">{} nodes · {free} free · \
+            "<h2 class=\"super-node\" data-id=\"{}\">{}</h2><p class=\"summary\">{} nodes · {free} free · \
              largest job with ideal interconnect: <b class=\"fits\">{total_ideal}</b> GPUs \
              (each node's largest ideal block, summed; on one node: {best})</p>\
              <table><tr><th>node</th><th>devices</th><th>free</th><th>largest ideal block</th></tr>",
             esc(id),
-            esc(id),
+            esc(&heading),
             members.len()
         );
         for r in members {
