@@ -18,7 +18,7 @@ pub struct NodeArgs {
     /// Filesystem root to read /sys, /proc and /dev from (default: this machine, `/`).
     #[arg(long, value_name = "DIR", group = "input")]
     root: Option<PathBuf>,
-    /// A bundled fixture node (dgx-h100, atlas-800t-a2, atlas-800-910, metax-c500-8,
+    /// A bundled fixture node (dgx-h100, atlas-800t-a2, atlas-800-910, atlas-a3-16, metax-c500-8,
     /// pcie-4gpu, cpu-only).
     #[arg(long, value_name = "NAME", group = "input")]
     fixture: Option<String>,

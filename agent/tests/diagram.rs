@@ -16,6 +16,7 @@ const FIXTURES: &[&str] = &[
     "dgx-h100",
     "atlas-800t-a2",
     "atlas-800-910",
+    "atlas-a3-16",
     "metax-c500-8",
     "pcie-4gpu",
     "cpu-only",
@@ -131,6 +132,10 @@ fn fabrics_are_drawn_as_buses_by_class() {
     // One NVSwitch baseboard; two HCCS groups of four; two MetaXLink zones; no fabric on PCIe.
     assert_eq!(count(&discover("dgx-h100", "svg"), "NVLink x18"), 1);
     assert_eq!(count(&discover("atlas-800-910", "svg"), "HCCS"), 2);
+    // 16 NPUs: two HCCS halves of eight, each one bus.
+    let a3 = discover("atlas-a3-16", "svg");
+    assert_eq!(count(&a3, "HCCS"), 2);
+    assert_eq!(a3.matches(r#"<g class="device""#).count(), 16);
     assert_eq!(count(&discover("metax-c500-8", "svg"), "MetaXLink zone"), 2);
     let pcie = discover("pcie-4gpu", "svg");
     assert!(!pcie.contains(r#"class="bus""#) && !pcie.contains(r#"class="arc""#));

@@ -175,6 +175,32 @@ fn atlas_800_910() {
 }
 
 #[test]
+fn atlas_a3_16() {
+    let (t, v) = discover(&["--fixture", "atlas-a3-16"]);
+    assert_eq!(summary(&v), [4, 8, 192, 192, 16]);
+    for (i, d) in t.devices.iter().enumerate() {
+        assert_eq!(d.id, format!("Ascend910-{i}"));
+        assert_eq!(d.model, "Ascend910B");
+        assert_eq!(d.pci_bus_id, format!("0000:{:02x}:00.0", 0x02 + i * 0x10));
+        // Two NPUs on every NUMA node.
+        assert_eq!(d.numa_node, Some(i as u32 / 2));
+        assert_eq!(d.dev_nodes, vec![format!("/dev/davinci{i}")]);
+    }
+    // 910B: a full HCCS mesh inside each half of 8, the halves across sockets.
+    let row = |i: usize| {
+        (0..16)
+            .map(|j| match (i == j, i / 8 == j / 8) {
+                (true, _) => "X",
+                (false, true) => "HCCS",
+                (false, false) => "SYS",
+            })
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    assert_eq!(matrix(&t), (0..16).map(row).collect::<Vec<_>>());
+}
+
+#[test]
 fn metax_c500_8() {
     let (t, v) = discover(&["--fixture", "metax-c500-8"]);
     assert_eq!(summary(&v), [2, 2, 64, 128, 8]);

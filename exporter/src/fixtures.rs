@@ -13,6 +13,7 @@
 //! | `dgx-h100`      | 2 sockets, 8 H100 SXM behind 4 PCIe switches, NVSwitch: NV18 pairs |
 //! | `atlas-800t-a2` | 4 Kunpeng sockets, 8 Ascend 910B, full HCCS mesh                  |
 //! | `atlas-800-910` | 4 Kunpeng sockets, 8 Ascend 910 in HCCS groups 0-3 and 4-7        |
+//! | `atlas-a3-16`   | 4 Kunpeng sockets, 16 Ascend 910B in HCCS halves 0-7 and 8-15     |
 //! | `metax-c500-8`  | 2 sockets, 8 MetaX GPUs on 4 switches, link zones 0-3 and 4-7     |
 //! | `pcie-4gpu`     | 1 socket, 4 L40S on 2 PCIe switches, no NVLink, no NVML           |
 //! | `cpu-only`      | 2 sockets, no accelerator (a BMC VGA and a NIC only)              |
@@ -37,6 +38,7 @@ pub const NAMES: &[&str] = &[
     "dgx-h100",
     "atlas-800t-a2",
     "atlas-800-910",
+    "atlas-a3-16",
     "metax-c500-8",
     "pcie-4gpu",
     "cpu-only",
@@ -55,6 +57,12 @@ pub fn get(name: &str) -> Option<Fixture> {
             "atlas-800-910",
             "Huawei Atlas 800 (9000): 4 Kunpeng 920 sockets, 8 NUMA nodes, 8 Ascend 910 in HCCS groups 0-3 / 4-7",
             0xd801,
+        ),
+        "atlas-a3-16" => atlas_with(
+            "atlas-a3-16",
+            "Huawei Atlas A3-class node: 4 Kunpeng 920 sockets, 8 NUMA nodes, 16 Ascend 910B in HCCS halves 0-7 / 8-15",
+            0xd802,
+            16,
         ),
         "metax-c500-8" => metax_c500_8(),
         "pcie-4gpu" => pcie_4gpu(),
@@ -185,10 +193,24 @@ fn dgx_h100() -> Fixture {
 }
 
 fn atlas(name: &'static str, description: &'static str, device: u16) -> Fixture {
+    atlas_with(name, description, device, 8)
+}
+
+/// `npus` Ascend NPUs (8 or 16), each behind its own root port: 8 sit on the first NUMA node
+/// of each socket (two each), 16 on every NUMA node (two each).
+fn atlas_with(name: &'static str, description: &'static str, device: u16, npus: u8) -> Fixture {
     let npu = || bridge(vec![f(0x19e5, device, 0x120000, FnKind::Ascend)]);
-    // Two NPUs on the first NUMA node of each socket, each behind its own root port.
-    let host_bridges = (0..8u8)
-        .map(|i| (0x01 + i * 0x20, u32::from(i / 2) * 2, vec![npu()]))
+    let spacing = 0x100 / u16::from(npus);
+    let host_bridges = (0..npus)
+        .map(|i| {
+            let numa = if npus <= 8 {
+                u32::from(i / 2) * 2
+            } else {
+                u32::from(i / 2)
+            };
+            let bus = u8::try_from(1 + u16::from(i) * spacing).unwrap_or(u8::MAX);
+            (bus, numa, vec![npu()])
+        })
         .chain(std::iter::once((0x00, 0, vec![plain(ASPEED)])))
         .collect();
     Fixture {
