@@ -12,7 +12,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
-use fumarole_topology::{DeviceKind, Health, LinkClass, NodeTopology};
+use fumarole_topology::{Health, LinkClass, NodeTopology};
+
+use crate::render::{gib, label};
 
 const MARGIN: f64 = 24.0;
 const SLOT_W: f64 = 150.0;
@@ -99,19 +101,6 @@ pub struct Layout {
 /// About how wide `text` is at 12 px (DejaVu Sans averages a little over half the size).
 fn text_width(text: &str) -> f64 {
     text.chars().count() as f64 * 6.8
-}
-
-fn gib(bytes: u64) -> String {
-    format!("{:.0} GiB", bytes as f64 / f64::from(1u32 << 30))
-}
-
-fn device_label(t: &NodeTopology, i: usize) -> String {
-    let prefix = match t.devices[i].kind {
-        DeviceKind::Gpu => "GPU",
-        DeviceKind::Npu => "NPU",
-        DeviceKind::Other => "ACC",
-    };
-    format!("{prefix}{i}")
 }
 
 /// How a fabric class is named in the picture.
@@ -228,7 +217,7 @@ pub fn layout(t: &NodeTopology, users: Option<&BTreeMap<String, String>>) -> Lay
                     w: DEV_W,
                     h: DEV_H,
                 },
-                label: device_label(t, i),
+                label: label(t, i),
                 healthy: d.health == Health::Healthy,
                 user: users.map(|u| u.get(&d.id).cloned().unwrap_or_else(|| "free".into())),
             });
@@ -721,12 +710,7 @@ pub fn dot(t: &NodeTopology) -> String {
         let _ = writeln!(
             o,
             "  {name} [label={}, color={health}, penwidth=2];",
-            dot_id(&format!(
-                "{}\n{}\n{}",
-                device_label(t, i),
-                d.model,
-                d.pci_bus_id
-            ))
+            dot_id(&format!("{}\n{}\n{}", label(t, i), d.model, d.pci_bus_id))
         );
         if let Some(p) = parent {
             edges.insert(format!("  {p} -- {name} [color=gray];"));

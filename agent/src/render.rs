@@ -31,7 +31,8 @@ pub fn yaml(t: &NodeTopology) -> Result<String> {
     })?)
 }
 
-fn label(t: &NodeTopology, i: usize) -> String {
+/// `GPU3`, `NPU0`, `ACC1`: the device's kind and index, as `nvidia-smi topo -m` names them.
+pub fn label(t: &NodeTopology, i: usize) -> String {
     let prefix = match t.devices[i].kind {
         DeviceKind::Gpu => "GPU",
         DeviceKind::Npu => "NPU",
@@ -40,7 +41,7 @@ fn label(t: &NodeTopology, i: usize) -> String {
     format!("{prefix}{i}")
 }
 
-fn gib(bytes: u64) -> String {
+pub fn gib(bytes: u64) -> String {
     format!("{:.0} GiB", bytes as f64 / f64::from(1u32 << 30))
 }
 

@@ -12,16 +12,6 @@ use std::fmt::Write as _;
 use std::path::Path;
 use std::process::Command;
 
-const FIXTURES: &[&str] = &[
-    "dgx-h100",
-    "atlas-800t-a2",
-    "atlas-800-910",
-    "atlas-a3-16",
-    "metax-c500-8",
-    "pcie-4gpu",
-    "cpu-only",
-];
-
 fn discover(fixture: &str, format: &str) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_fumarole-agent"))
         .args(["discover", "--fixture", fixture, "--format", format])
@@ -100,7 +90,7 @@ fn svg_structure_matches_the_snapshots() {
     let update = std::env::var_os("UPDATE_SNAPSHOTS").is_some();
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/snapshots");
     let mut stale = Vec::new();
-    for fixture in FIXTURES {
+    for fixture in fumarole_exporter::fixtures::NAMES {
         let got = outline(&discover(fixture, "svg"));
         let path = dir.join(format!("{fixture}.svg.txt"));
         if update {
