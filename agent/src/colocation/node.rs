@@ -308,6 +308,8 @@ impl NodeLoop {
             .evictor
             .get_or_insert_with(|| Evictor::new(config.eviction, tainted, facts));
         evictor.set_settings(config.eviction);
+        // Someone may have added or removed the taint: the next decision starts from the node.
+        evictor.observe_taint(tainted);
         let sample = Sample {
             cpu_percent: usage.and_then(|u| evict::percent(u.cpu_millis, allocatable.cpu_millis)),
             memory_percent: usage
@@ -325,12 +327,14 @@ impl NodeLoop {
         let decision = evictor.round(&sample, facts);
         if let Some(want) = decision.taint {
             match self.set_taint(want).await {
-                Ok(()) => tracing::info!(
+                Ok(true) => tracing::info!(
                     taint = TAINT_KEY,
                     added = want,
                     pressure = ?decision.pressure,
                     "co-location: node taint changed"
                 ),
+                // The watch had not shown our last change yet.
+                Ok(false) => {}
                 Err(e) => {
                     tracing::warn!(error = %e, "co-location: changing the node taint failed; next round");
                     if let Some(evictor) = self.evictor.as_mut() {
@@ -409,14 +413,15 @@ impl NodeLoop {
             .map(drop)
     }
 
-    /// Adds or removes our taint on the Node as the API server has it now.
-    async fn set_taint(&self, want: bool) -> kube::Result<()> {
+    /// Adds or removes our taint on the Node as the API server has it now; false when it was
+    /// already so.
+    async fn set_taint(&self, want: bool) -> kube::Result<bool> {
         let name = &self.settings.node_name;
         let node = self.nodes.get(name).await?;
         let mut taints = node.spec.and_then(|s| s.taints).unwrap_or_default();
         let ours = |t: &Taint| t.key == TAINT_KEY && t.effect == TAINT_EFFECT;
         if taints.iter().any(ours) == want {
-            return Ok(());
+            return Ok(false);
         }
         if want {
             taints.push(Taint {
@@ -435,7 +440,7 @@ impl NodeLoop {
         self.nodes
             .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
-            .map(drop)
+            .map(|_| true)
     }
 
     /// Evicts `pod` through the Eviction API; false when the API server refused or failed
