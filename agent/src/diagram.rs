@@ -307,19 +307,11 @@ pub fn layout(t: &NodeTopology, users: Option<&BTreeMap<String, String>>) -> Lay
             }
         }
     }
-    // Host bridges hang from their NUMA node's box.
-    for b in &devices {
-        let d = &t.devices[b.index];
-        if d.pci_path.is_empty() {
-            continue;
-        }
-        let cx = centre(&below[&d.pci_path[..1]]);
-        let numa = numa_boxes
-            .get(&d.numa_node.filter(|n| known.contains(n)))
-            .map_or(numa_y + NUMA_H, Rect::bottom);
-        let wire = (cx, PACKAGE_H + TITLE_H, cx, tree_top);
-        if numa <= PACKAGE_H + TITLE_H && !wires.contains(&wire) {
-            wires.push(wire);
+    // Each host bridge hangs from the package band above it.
+    for (prefix, xs) in &below {
+        if prefix.len() == 1 {
+            let cx = centre(xs);
+            wires.push((cx, PACKAGE_H + TITLE_H, cx, tree_top));
         }
     }
 

@@ -152,8 +152,17 @@ pub struct Service {
     ledger: RwLock<Ledger>,
     pub settings: Settings,
     kube: OnceLock<KubeOps>,
-    /// The last [`DECISIONS_KEPT`] scorings (prioritize calls), oldest first, for `/ui`.
-    decisions: Mutex<VecDeque<Decision>>,
+    /// The last [`DECISIONS_KEPT`] scorings (prioritize calls), oldest first, for `/ui`: kept
+    /// as the verdicts the verb already had, turned into rows only when the page asks.
+    decisions: Mutex<VecDeque<Recorded>>,
+}
+
+/// A scoring as the verb left it.
+#[derive(Debug)]
+struct Recorded {
+    pod: String,
+    at: SystemTime,
+    verdicts: Vec<NodeVerdict>,
 }
 
 /// How many scorings `/ui` shows.
@@ -205,18 +214,13 @@ impl Service {
         f(Cluster::new(&view, &ledger, Instant::now()))
     }
 
-    /// Remembers a scoring of `pod` (the last [`DECISIONS_KEPT`] are kept).
-    pub fn record_decision(&self, pod: &Pod, mut verdicts: Vec<NodeVerdict>) {
-        let view = self.view();
-        crate::score::gpu_aware::best_first(&mut verdicts);
-        let rows = verdicts
-            .into_iter()
-            .map(|v| crate::explain::Row::new(v, self.scorer(), &view))
-            .collect();
-        let decision = Decision {
+    /// Remembers a scoring of `pod` (the last [`DECISIONS_KEPT`] are kept). On the prioritize
+    /// path: it only moves the verdicts in; sorting and naming devices wait for `/ui`.
+    pub fn record_decision(&self, pod: &Pod, verdicts: Vec<NodeVerdict>) {
+        let recorded = Recorded {
             pod: crate::request::pod_key(pod),
             at: SystemTime::now(),
-            rows,
+            verdicts,
         };
         let mut kept = match self.decisions.lock() {
             Ok(g) => g,
@@ -225,16 +229,32 @@ impl Service {
         if kept.len() == DECISIONS_KEPT {
             kept.pop_front();
         }
-        kept.push_back(decision);
+        kept.push_back(recorded);
     }
 
-    /// The recorded scorings, newest first.
+    /// The recorded scorings, newest first, as `explain` rows (device ids from the current
+    /// view).
     pub fn decisions(&self) -> Vec<Decision> {
+        let view = self.view();
         let kept = match self.decisions.lock() {
             Ok(g) => g,
             Err(poisoned) => poisoned.into_inner(),
         };
-        kept.iter().rev().cloned().collect()
+        kept.iter()
+            .rev()
+            .map(|r| {
+                let mut verdicts = r.verdicts.clone();
+                crate::score::gpu_aware::best_first(&mut verdicts);
+                Decision {
+                    pod: r.pod.clone(),
+                    at: r.at,
+                    rows: verdicts
+                        .into_iter()
+                        .map(|v| crate::explain::Row::new(v, self.scorer(), &view))
+                        .collect(),
+                }
+            })
+            .collect()
     }
 
     /// The API client, in live mode.

@@ -292,11 +292,11 @@ fn waiting_reason(
             if grouped {
                 return "gpu-group-size unit: no scoring asked for yet".into();
             }
-            let view = svc.view();
-            let names: Vec<String> = view.nodes().map(|n| n.name.clone()).collect();
+            if svc.view().is_empty() {
+                return "no nodes".into();
+            }
             match crate::explain::explain(svc, pod) {
-                Ok((_, rows)) if !names.is_empty() => rows,
-                Ok(_) => return "no nodes".into(),
+                Ok((_, rows)) => rows,
                 Err(e) => return e.to_string(),
             }
         }

@@ -303,13 +303,6 @@ impl NodeLoop {
         usage: Option<Usage>,
         pods: &[Arc<Pod>],
     ) {
-        let tainted = has_taint(node);
-        let evictor = self
-            .evictor
-            .get_or_insert_with(|| Evictor::new(config.eviction, tainted, facts));
-        evictor.set_settings(config.eviction);
-        // Someone may have added or removed the taint: the next decision starts from the node.
-        evictor.observe_taint(tainted);
         let sample = Sample {
             cpu_percent: usage.and_then(|u| evict::percent(u.cpu_millis, allocatable.cpu_millis)),
             memory_percent: usage
@@ -321,9 +314,13 @@ impl NodeLoop {
                 None
             },
         };
-        let Some(evictor) = self.evictor.as_mut() else {
-            return;
-        };
+        let tainted = has_taint(node);
+        let evictor = self
+            .evictor
+            .get_or_insert_with(|| Evictor::new(config.eviction, tainted, facts));
+        evictor.set_settings(config.eviction);
+        // Someone may have added or removed the taint: the next decision starts from the node.
+        evictor.observe_taint(tainted);
         let decision = evictor.round(&sample, facts);
         if let Some(want) = decision.taint {
             match self.set_taint(want).await {
