@@ -83,33 +83,36 @@ impl Overrides {
             path: path.to_path_buf(),
             reason,
         })?;
-        let invalid = |message: String| OverrideError::Invalid {
+        Self::parse(&text).map_err(|message| OverrideError::Invalid {
             path: path.to_path_buf(),
             message,
-        };
-        let parsed: Overrides =
-            serde_norway::from_str(&text).map_err(|e| invalid(e.to_string()))?;
+        })
+    }
+
+    /// An override file's text, checked for its own consistency as [`Overrides::load`] does.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let parsed: Overrides = serde_norway::from_str(text).map_err(|e| e.to_string())?;
         if let Some(m) = &parsed.matrix {
             let n = m.devices.len();
             if m.classes.len() != n || m.classes.iter().any(|row| row.len() != n) {
-                return Err(invalid(format!(
+                return Err(format!(
                     "matrix: {n} devices need {n} rows of {n} classes each"
-                )));
+                ));
             }
             for (i, row) in m.classes.iter().enumerate() {
                 for (j, cell) in row.iter().enumerate() {
                     if i == j {
                         continue;
                     }
-                    let class = parse_short_class(cell)
-                        .map_err(|e| invalid(format!("matrix[{i}][{j}]: {e}")))?;
+                    let class =
+                        parse_short_class(cell).map_err(|e| format!("matrix[{i}][{j}]: {e}"))?;
                     let mirror = parse_short_class(&m.classes[j][i])
-                        .map_err(|e| invalid(format!("matrix[{j}][{i}]: {e}")))?;
+                        .map_err(|e| format!("matrix[{j}][{i}]: {e}"))?;
                     if class != mirror {
-                        return Err(invalid(format!(
+                        return Err(format!(
                             "matrix is not symmetric: [{i}][{j}] is {cell} but [{j}][{i}] is {}",
                             m.classes[j][i]
-                        )));
+                        ));
                     }
                 }
             }
@@ -118,9 +121,7 @@ impl Overrides {
             && z.class == ZoneClass::Nvlink
             && z.nvlink_count == 0
         {
-            return Err(invalid(
-                "linkZones: class nvlink needs nvlinkCount > 0".into(),
-            ));
+            return Err("linkZones: class nvlink needs nvlinkCount > 0".into());
         }
         Ok(parsed)
     }

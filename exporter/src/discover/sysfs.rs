@@ -50,10 +50,7 @@ impl Root {
 
     /// `numa_node` of a PCI device; `-1` (no affinity) and bad content are `None`.
     pub fn pci_numa_node(&self, bus_id: &str) -> Option<u32> {
-        self.pci_attr(bus_id, "numa_node")?
-            .parse::<i64>()
-            .ok()
-            .and_then(|n| u32::try_from(n).ok())
+        parse_numa_node(&self.pci_attr(bus_id, "numa_node")?)
     }
 
     /// `local_cpulist` of a PCI device; bad content is logged and ignored.
@@ -84,18 +81,16 @@ impl Root {
     /// The NVIDIA driver's `/proc/driver/nvidia/gpus/<bus_id>/information`.
     pub fn nvidia_info(&self, bus_id: &str) -> Option<NvidiaProcInfo> {
         let text = self.read(&format!("/proc/driver/nvidia/gpus/{bus_id}/information"))?;
-        let field = |key: &str| {
-            text.lines()
-                .find_map(|l| l.split_once(':').filter(|(k, _)| k.trim() == key))
-                .map(|(_, v)| v.trim().to_owned())
-                .filter(|v| !v.is_empty() && !v.starts_with("N/A") && !v.starts_with("??"))
-        };
-        Some(NvidiaProcInfo {
-            model: field("Model"),
-            uuid: field("GPU UUID"),
-            minor: field("Device Minor").and_then(|m| m.parse().ok()),
-        })
+        Some(NvidiaProcInfo::parse(&text))
     }
+}
+
+/// A `numa_node` attribute's value; `-1` (no affinity) and bad content are `None`.
+pub fn parse_numa_node(text: &str) -> Option<u32> {
+    text.trim()
+        .parse::<i64>()
+        .ok()
+        .and_then(|n| u32::try_from(n).ok())
 }
 
 /// What the NVIDIA kernel driver tells about one GPU without NVML.
@@ -104,6 +99,23 @@ pub struct NvidiaProcInfo {
     pub model: Option<String>,
     pub uuid: Option<String>,
     pub minor: Option<u32>,
+}
+
+impl NvidiaProcInfo {
+    /// The `Key: value` lines of an `information` file; `N/A` and `??` values are absent.
+    pub fn parse(text: &str) -> Self {
+        let field = |key: &str| {
+            text.lines()
+                .find_map(|l| l.split_once(':').filter(|(k, _)| k.trim() == key))
+                .map(|(_, v)| v.trim().to_owned())
+                .filter(|v| !v.is_empty() && !v.starts_with("N/A") && !v.starts_with("??"))
+        };
+        NvidiaProcInfo {
+            model: field("Model"),
+            uuid: field("GPU UUID"),
+            minor: field("Device Minor").and_then(|m| m.parse().ok()),
+        }
+    }
 }
 
 #[cfg(test)]

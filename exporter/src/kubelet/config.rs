@@ -65,15 +65,16 @@ impl KubeletConfig {
             path: path.to_path_buf(),
             reason,
         })?;
-        let config: KubeletConfig =
-            serde_norway::from_str(&text).map_err(|e| ConfigError::Invalid {
-                path: path.to_path_buf(),
-                reason: e.to_string(),
-            })?;
-        config.policies().map_err(|reason| ConfigError::Invalid {
+        Self::parse(&text).map_err(|reason| ConfigError::Invalid {
             path: path.to_path_buf(),
             reason,
         })
+    }
+
+    /// The validated policies of a configuration's text (YAML or JSON).
+    pub fn parse(text: &str) -> Result<KubeletPolicies, String> {
+        let config: KubeletConfig = serde_norway::from_str(text).map_err(|e| e.to_string())?;
+        config.policies()
     }
 
     /// Validated policies; the error names the field and the value.
@@ -96,7 +97,10 @@ impl KubeletConfig {
                 ("systemReserved", &self.system_reserved),
             ] {
                 if let Some(v) = map.get(key) {
-                    total += parse(v).map_err(|e| format!("{section}.{key}: {e}"))?;
+                    let value = parse(v).map_err(|e| format!("{section}.{key}: {e}"))?;
+                    total = total
+                        .checked_add(value)
+                        .ok_or_else(|| format!("{section}.{key}: {v:?} is too large"))?;
                 }
             }
             Ok::<u64, String>(total)
@@ -133,7 +137,9 @@ impl KubeletConfig {
                 "container",
             )?,
             reserved_cpu_millis: sum("cpu", quantity::cpu_millis)?,
-            reserved_memory_bytes: sum("memory", quantity::bytes)? + eviction_memory,
+            reserved_memory_bytes: sum("memory", quantity::bytes)?
+                .checked_add(eviction_memory)
+                .ok_or("evictionHard.memory.available: the reserved memory is too large")?,
             reserved_system_cpus,
         })
     }
@@ -182,6 +188,15 @@ mod tests {
             ("kubeReserved: {cpu: lots}", "kubeReserved.cpu"),
             ("reservedSystemCPUs: 3-1", "reservedSystemCPUs"),
             ("cpuManagerPolicy: [static", ""),
+            // Found while writing the kubelet_config fuzz target: the sum overflowed (a panic).
+            (
+                "kubeReserved: {memory: 20E}\nsystemReserved: {memory: 1Ki}",
+                "systemReserved.memory: \"1Ki\" is too large",
+            ),
+            (
+                "kubeReserved: {memory: 16E}\nevictionHard: {memory.available: 3E}",
+                "evictionHard.memory.available",
+            ),
         ] {
             std::fs::write(&path, text).unwrap();
             let err = KubeletConfig::load(&path).unwrap_err().to_string();

@@ -47,19 +47,23 @@ impl CpuManagerState {
             path: path.to_path_buf(),
             reason,
         })?;
-        let corrupt = |reason: String| StateError::Corrupt {
+        Self::parse(&text).map_err(|reason| StateError::Corrupt {
             path: path.to_path_buf(),
             reason,
-        };
-        let raw: Raw = serde_json::from_str(&text).map_err(|e| corrupt(e.to_string()))?;
-        let default_cpu_set = CpuSet::parse(&raw.default_cpu_set)
-            .map_err(|e| corrupt(format!("defaultCpuSet: {e}")))?;
+        })
+    }
+
+    /// A checkpoint's text; the error says what is corrupt.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let raw: Raw = serde_json::from_str(text).map_err(|e| e.to_string())?;
+        let default_cpu_set =
+            CpuSet::parse(&raw.default_cpu_set).map_err(|e| format!("defaultCpuSet: {e}"))?;
         let mut entries = BTreeMap::new();
         for (uid, containers) in raw.entries {
             let mut parsed = BTreeMap::new();
             for (name, cpus) in containers {
-                let set = CpuSet::parse(&cpus)
-                    .map_err(|e| corrupt(format!("entries[{uid}][{name}]: {e}")))?;
+                let set =
+                    CpuSet::parse(&cpus).map_err(|e| format!("entries[{uid}][{name}]: {e}"))?;
                 parsed.insert(name, set);
             }
             entries.insert(uid, parsed);
