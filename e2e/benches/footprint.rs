@@ -16,30 +16,11 @@ use std::time::{Duration, Instant};
 
 use fumarole_e2e::cluster::free_port;
 use fumarole_e2e::fumarole::agent_bin;
-use fumarole_e2e::process::Proc;
+use fumarole_e2e::process::{Footprint, Proc};
 use fumarole_e2e::{KubeletDm, NodeSpec, TestCluster};
 
 const WARM_UP: Duration = Duration::from_secs(30);
 const EVERY: Duration = Duration::from_secs(5);
-
-/// RSS in KiB, CPU time in clock ticks, open descriptors.
-fn sample(pid: u32) -> (u64, u64, usize) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let rss = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap();
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    // Fields after the command name (which may hold spaces): utime is the 14th field overall.
-    let after = &stat[stat.rfind(')').unwrap() + 2..];
-    let fields: Vec<&str> = after.split_whitespace().collect();
-    let ticks = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
-    let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .unwrap()
-        .count();
-    (rss, ticks, fds)
-}
 
 fn clock_ticks_per_second() -> f64 {
     let out = std::process::Command::new("getconf")
@@ -118,25 +99,25 @@ fn main() {
         tokio::time::sleep(WARM_UP).await;
         let pid = agent.pid();
         let start = Instant::now();
-        let first = sample(pid);
+        let first = Footprint::of(pid).unwrap();
         let mut last = first;
-        let mut max_rss = first.0;
+        let mut max_rss = first.rss_kib;
         while start.elapsed() < window {
             tokio::time::sleep(EVERY).await;
-            last = sample(pid);
-            max_rss = max_rss.max(last.0);
+            last = Footprint::of(pid).unwrap();
+            max_rss = max_rss.max(last.rss_kib);
         }
         let seconds = start.elapsed().as_secs_f64();
-        let cpu = (last.1 - first.1) as f64 / clock_ticks_per_second() / seconds * 100.0;
-        let mib = |kib: u64| kib as f64 / 1024.0;
+        let cpu =
+            (last.cpu_ticks - first.cpu_ticks) as f64 / clock_ticks_per_second() / seconds * 100.0;
         println!(
             "agent steady state over {seconds:.0} s: RSS {:.1} MiB at start, {:.1} MiB at end, {:.1} MiB max; \
              fds {} -> {}; CPU {cpu:.2} % of one core",
-            mib(first.0),
-            mib(last.0),
-            mib(max_rss),
-            first.2,
-            last.2
+            first.rss_mib(),
+            last.rss_mib(),
+            max_rss as f64 / 1024.0,
+            first.fds,
+            last.fds
         );
     });
 }

@@ -190,6 +190,7 @@ pub struct AgentRun<'a> {
     kubelet_config: &'a Path,
     scratch: &'a Path,
     kubeconfig: Option<&'a Path>,
+    root: Option<&'a Path>,
     config_namespace: &'a str,
     extra: &'a [&'a str],
 }
@@ -204,6 +205,7 @@ impl<'a> AgentRun<'a> {
             kubelet_config,
             scratch,
             kubeconfig: None,
+            root: None,
             config_namespace: "default",
             extra: &[],
         }
@@ -212,6 +214,13 @@ impl<'a> AgentRun<'a> {
     /// Acts as whoever `kubeconfig` says (e.g. a ServiceAccount, impersonated).
     pub fn kubeconfig(mut self, kubeconfig: &'a Path) -> Self {
         self.kubeconfig = Some(kubeconfig);
+        self
+    }
+
+    /// Discovers the node under `root` (a fixture written out, so the test can take device
+    /// nodes away) instead of the bundled dgx-h100 fixture.
+    pub fn root(mut self, root: &'a Path) -> Self {
+        self.root = Some(root);
         self
     }
 
@@ -232,8 +241,8 @@ impl<'a> AgentRun<'a> {
         let metrics_port = free_port()?;
         let mut args: Vec<String> = vec![
             "run".into(),
-            "--fixture".into(),
-            "dgx-h100".into(),
+            self.root.map_or("--fixture".into(), |_| "--root".into()),
+            self.root.map_or("dgx-h100".into(), path),
             "--node-name".into(),
             self.node.into(),
             "--kubelet-config".into(),

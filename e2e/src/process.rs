@@ -136,3 +136,55 @@ impl Drop for Proc {
         self.stop();
     }
 }
+
+/// What a process holds at one moment, read from `/proc`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Footprint {
+    /// Resident set size, KiB.
+    pub rss_kib: u64,
+    /// User plus system CPU time, in clock ticks (`getconf CLK_TCK`).
+    pub cpu_ticks: u64,
+    /// Open file descriptors.
+    pub fds: usize,
+}
+
+impl Footprint {
+    /// Samples process `pid`.
+    pub fn of(pid: u32) -> Result<Footprint> {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .with_context(|| format!("reading /proc/{pid}/status"))?;
+        let rss_kib = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .context("no VmRSS in /proc/<pid>/status")?;
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .with_context(|| format!("reading /proc/{pid}/stat"))?;
+        // Fields after the command name (which may hold spaces): utime and stime are the 14th
+        // and 15th fields overall.
+        let after = stat
+            .rfind(')')
+            .and_then(|i| stat.get(i + 2..))
+            .context("malformed /proc/<pid>/stat")?;
+        let fields: Vec<&str> = after.split_whitespace().collect();
+        let field = |i: usize| -> Result<u64> {
+            fields
+                .get(i)
+                .and_then(|f| f.parse().ok())
+                .context("malformed /proc/<pid>/stat")
+        };
+        let cpu_ticks = field(11)? + field(12)?;
+        let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .with_context(|| format!("listing /proc/{pid}/fd"))?
+            .count();
+        Ok(Footprint {
+            rss_kib,
+            cpu_ticks,
+            fds,
+        })
+    }
+
+    pub fn rss_mib(&self) -> f64 {
+        self.rss_kib as f64 / 1024.0
+    }
+}

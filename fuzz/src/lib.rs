@@ -37,8 +37,11 @@ use scheduler_ext::score::gpu_aware::GpuAware;
 use scheduler_ext::view::ClusterView;
 use scheduler_ext::volcano::VOLCANO_PREFIX;
 
+/// A fuzz target: takes any input, panics only on a bug.
+pub type Target = fn(&[u8]);
+
 /// Every target by name, as `fuzz_targets/` and the corpus directories name them.
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+pub const TARGETS: &[(&str, Target)] = &[
     ("cpuset", cpuset),
     ("sysfs_attributes", sysfs_attributes),
     ("override_file", override_file),

@@ -1,6 +1,8 @@
 //! Replays every committed seed (`corpus/<target>/`) and every crash found so far
 //! (`regressions/<target>/`) through its target on stable, so CI keeps them passing.
 
+#![allow(clippy::unwrap_used)]
+
 use std::path::Path;
 
 #[test]

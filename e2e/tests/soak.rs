@@ -1,0 +1,452 @@
+//! Fault soak: `fumarole-agent run` in cluster mode (device plugins, publishing, co-location)
+//! on the dgx-h100 fixture, against the real API server, kubelet-dm and the real kernel's
+//! cgroup v1 `cpu` hierarchy, while the test keeps breaking its world for a bounded number of
+//! rounds (10 by default, about a minute; `FUMAROLE_SOAK_ROUNDS` sets another count):
+//!
+//! - every round: the kubelet side restarts (kubelet-dm drops its registrations and re-creates
+//!   `kubelet.sock`), pods churn (the last round's pods and their cgroups go, three new ones
+//!   come: a BE pod, a CPU-burst pod, a pod with bad QoS and burst annotations) and a pending
+//!   pod carries a garbled `fumarole.dev/devices`;
+//! - GPU 3's device node disappears on odd rounds and comes back on even ones;
+//! - round 3 replaces the co-location ConfigMap with invalid JSON, round 5 restores a valid
+//!   one; round 4 stops the API server for a few seconds.
+//!
+//! Afterwards every object is current (DeviceTopology device health and co-location report,
+//! NodeResourceTopology GPU counts, batch resources on the Node), every device is registered
+//! with the kubelet with its health, the last round's cgroups hold what their annotations ask
+//! (and the badly annotated pod's hold the kubelet's values), the agent never panicked, and its
+//! RSS and open descriptors at the end are where they were after warm-up (both printed).
+//!
+//! Needs root and cgroup v1 `cpu` (with `cpu.idle`, `cpu.cfs_burst_us`), `cpuacct` and
+//! `memory` hierarchies; skipped otherwise.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use fumarole_e2e::cluster::{http_get, metric_sum};
+use fumarole_e2e::colocation::{AgentRun, CgroupTree, config_map, log, read, running_pod};
+use fumarole_e2e::fumarole::{device_topologies, fixture_root, node_resource_topologies};
+use fumarole_e2e::process::Footprint;
+use fumarole_e2e::{NodeSpec, TestCluster};
+use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod};
+use kube::api::{Api, DeleteParams, PostParams};
+use serde_json::{Value, json};
+
+const NODE: &str = "soak-1";
+const GPU: &str = "nvidia.com/gpu";
+const CONFIG: &str = "volcano-agent-configuration";
+/// GPU 3 (NUMA node 0) is the one whose device node comes and goes.
+const FLIPPED: usize = 3;
+
+fn good_config() -> ConfigMap {
+    config_map(&json!({"globalConfig": {
+        "cpuQosConfig": {"enable": true},
+        "cpuBurstConfig": {"enable": true},
+        // The machine's own load and memory pressure are not under test.
+        "evictingConfig": {"monitorInterval": 1, "evictingCPUHighWatermark": 100,
+            "evictingCPULowWatermark": 99, "evictingMemoryHighWatermark": 100,
+            "evictingMemoryLowWatermark": 99, "evictingCPUPressureThreshold": 100,
+            "evictingMemoryPressureThreshold": 100},
+    }}))
+}
+
+fn bad_config() -> ConfigMap {
+    let mut cm = good_config();
+    cm.data = Some(
+        [(
+            "colocation-config".to_string(),
+            "{\"globalConfig\": {".to_string(),
+        )]
+        .into(),
+    );
+    cm
+}
+
+/// One round's pods: name, container id, cgroup directories (pod, container).
+struct RoundPods {
+    pods: Vec<(String, PathBuf, PathBuf)>,
+    pending: String,
+}
+
+/// The kubelet's side of a pod: its cgroup and its container's, with the values it sets.
+fn kubelet_cgroups(
+    tree: &CgroupTree,
+    class: &str,
+    uid: &str,
+    container: &str,
+    shares: &str,
+    quota: &str,
+) -> (PathBuf, PathBuf) {
+    let pod = tree
+        .mkdir("cpu", &format!("kubepods/{class}/pod{uid}"))
+        .unwrap();
+    let c = tree
+        .mkdir("cpu", &format!("kubepods/{class}/pod{uid}/{container}"))
+        .unwrap();
+    for dir in [&pod, &c] {
+        std::fs::write(dir.join("cpu.shares"), shares).unwrap();
+        std::fs::write(dir.join("cpu.cfs_quota_us"), quota).unwrap();
+    }
+    (pod, c)
+}
+
+fn burst_time(round: usize) -> u64 {
+    20_000 + 1_000 * round as u64
+}
+
+async fn churn(
+    tree: &CgroupTree,
+    pods: &Api<Pod>,
+    round: usize,
+    last: Option<RoundPods>,
+) -> RoundPods {
+    let gone = DeleteParams {
+        grace_period_seconds: Some(0),
+        ..DeleteParams::default()
+    };
+    if let Some(last) = last {
+        for (name, pod, container) in last.pods {
+            pods.delete(&name, &gone).await.unwrap();
+            // The kubelet removes the cgroups once the containers are gone.
+            std::fs::remove_dir(container).unwrap();
+            std::fs::remove_dir(pod).unwrap();
+        }
+        pods.delete(&last.pending, &gone).await.unwrap();
+    }
+    let be = format!("be-{round}");
+    let burst = format!("burst-{round}");
+    let bad = format!("bad-{round}");
+    let id = |kind: u32| format!("{kind:04x}{round:04x}");
+    let requests = json!({"resources": {"requests": {"cpu": "500m"}}});
+    let limited = json!({"resources": {"requests": {"cpu": "250m"}, "limits": {"cpu": "500m"}}});
+    let be_uid = running_pod(
+        pods,
+        NODE,
+        &be,
+        json!({"volcano.sh/qos-level": "BE"}),
+        requests.clone(),
+        &id(1),
+    )
+    .await
+    .unwrap();
+    let burst_uid = running_pod(
+        pods,
+        NODE,
+        &burst,
+        json!({"volcano.sh/enable-quota-burst": "true",
+               "volcano.sh/quota-burst-time": burst_time(round).to_string()}),
+        limited.clone(),
+        &id(2),
+    )
+    .await
+    .unwrap();
+    let bad_annotations = [
+        json!({"volcano.sh/qos-level": "be", "volcano.sh/enable-quota-burst": "yes"}),
+        json!({"volcano.sh/qos-level": "", "volcano.sh/enable-quota-burst": "true",
+               "volcano.sh/quota-burst-time": "-5"}),
+        json!({"volcano.sh/qos-level": "LC\n", "volcano.sh/enable-quota-burst": "true",
+               "volcano.sh/quota-burst-time": "18446744073709551616"}),
+    ][round % 3]
+        .clone();
+    let bad_uid = running_pod(pods, NODE, &bad, bad_annotations, limited, &id(3))
+        .await
+        .unwrap();
+    let (be_pod, be_c) = kubelet_cgroups(tree, "burstable", &be_uid, &id(1), "512", "-1");
+    let (burst_pod, burst_c) =
+        kubelet_cgroups(tree, "burstable", &burst_uid, &id(2), "256", "50000");
+    let (bad_pod, bad_c) = kubelet_cgroups(tree, "burstable", &bad_uid, &id(3), "256", "50000");
+
+    let pending = format!("pending-{round}");
+    let garbled: Pod = serde_json::from_value(json!({
+        "metadata": {"name": pending, "annotations": {"fumarole.dev/devices": "GPU-1,GPU-2"}},
+        "spec": {"nodeName": NODE, "containers": [{"name": "c", "image": "example.invalid/none",
+            "resources": {"limits": {GPU: "2"}}}]}
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &garbled).await.unwrap();
+    RoundPods {
+        pods: vec![
+            (be, be_pod, be_c),
+            (burst, burst_pod, burst_c),
+            (bad, bad_pod, bad_c),
+        ],
+        pending,
+    }
+}
+
+/// Takes GPU 3's device node away (`present == false`) or puts it back.
+fn flip(root: &Path, present: bool) {
+    let node = root.join(format!("dev/nvidia{FLIPPED}"));
+    let away = root.join(format!("dev/nvidia{FLIPPED}.away"));
+    if present && away.exists() {
+        std::fs::rename(away, node).unwrap();
+    } else if !present && node.exists() {
+        std::fs::rename(node, away).unwrap();
+    }
+}
+
+async fn until(what: &str, secs: u64, mut check: impl AsyncFnMut() -> Result<(), String>) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        match check().await {
+            Ok(()) => return,
+            Err(why) if Instant::now() > deadline => panic!("timed out: {what}: {why}"),
+            Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+        }
+    }
+}
+
+fn healths(devices: &[Value]) -> Vec<bool> {
+    devices.iter().map(|d| d["health"] == "Healthy").collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn agent_survives_restarts_churn_flips_and_bad_input_with_flat_footprint() {
+    let Some(tree) = CgroupTree::create(
+        "soak",
+        &["cpu", "cpuacct", "memory"],
+        &[
+            ("cpu", "cpu.cfs_burst_us"),
+            ("cpu", "cpu.idle"),
+            ("cpuacct", "cpuacct.usage"),
+            ("memory", "memory.stat"),
+        ],
+    ) else {
+        return;
+    };
+    let rounds: usize = std::env::var("FUMAROLE_SOAK_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(10);
+    let cluster = TestCluster::start().await.unwrap();
+    cluster.install_fumarole_crds().await.unwrap();
+    cluster
+        .create_node(
+            &NodeSpec::new(NODE)
+                .capacity("cpu", "224")
+                .capacity("memory", "2Ti")
+                .capacity(GPU, "8")
+                .label("volcano.sh/colocation", "true")
+                .label("volcano.sh/oversubscription", "true"),
+        )
+        .await
+        .unwrap();
+    let configmaps: Api<ConfigMap> = Api::namespaced(cluster.client(), "default");
+    configmaps
+        .create(&PostParams::default(), &good_config())
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let nodes: Api<Node> = Api::all(cluster.client());
+
+    let dir = tempfile::tempdir().unwrap();
+    let root = fixture_root("dgx-h100", dir.path()).unwrap();
+    let plugins = dir.path().join("device-plugins");
+    std::fs::create_dir_all(&plugins).unwrap();
+    let kdm = cluster.start_kubelet_dm(&plugins).await.unwrap();
+    let kubelet_config = tree.kubelet_config(dir.path()).unwrap();
+    let plugin_dir = plugins.display().to_string();
+    let extra = [
+        "--device-plugin-dir",
+        plugin_dir.as_str(),
+        "--recheck-interval",
+        "2s",
+        "--qos-interval",
+        "1s",
+    ];
+    let (mut agent, metrics) =
+        AgentRun::new("fumarole-agent-soak", NODE, &kubelet_config, dir.path())
+            .root(&root)
+            .args(&extra)
+            .start(&cluster)
+            .unwrap();
+
+    // Warm-up: registered, published, one round of pods handled.
+    kdm.wait_devices(GPU, Duration::from_secs(60), |d| d.len() == 8)
+        .await
+        .unwrap();
+    let mut last = Some(churn(&tree, &pods, 0, None).await);
+    let dts = device_topologies(cluster.client());
+    until("the first co-location report", 60, async || {
+        let dt = dts.get_opt(NODE).await.map_err(|e| e.to_string())?;
+        let burst = dt
+            .as_ref()
+            .map(|o| o.data["status"]["colocation"]["burstPods"].clone());
+        (burst == Some(json!(1)))
+            .then_some(())
+            .ok_or(format!("{burst:?}"))
+    })
+    .await;
+    let start = Footprint::of(agent.pid()).unwrap();
+    let started = Instant::now();
+
+    for round in 1..=rounds {
+        let since = kdm.state().await.unwrap()["generation"].as_u64().unwrap();
+        let generation = kdm.restart().await.unwrap();
+        assert_eq!(generation, since + 1);
+        flip(&root, round.is_multiple_of(2));
+        match round {
+            3 => {
+                configmaps
+                    .replace(CONFIG, &PostParams::default(), &bad_config())
+                    .await
+                    .unwrap();
+            }
+            5 => {
+                configmaps
+                    .replace(CONFIG, &PostParams::default(), &good_config())
+                    .await
+                    .unwrap();
+            }
+            4 => {
+                cluster.stop_apiserver().unwrap();
+                tokio::time::sleep(Duration::from_secs(4)).await;
+                cluster.start_apiserver().await.unwrap();
+            }
+            _ => {}
+        }
+        last = Some(churn(&tree, &pods, round, last.take()).await);
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        agent.check_running().unwrap();
+    }
+    let last = last.unwrap();
+    let gpu3_healthy = rounds.is_multiple_of(2);
+    let mut want_health = vec![true; 8];
+    want_health[FLIPPED] = gpu3_healthy;
+
+    // Every device registered with the kubelet, with its health.
+    kdm.wait_devices(GPU, Duration::from_secs(60), |d| healths(d) == want_health)
+        .await
+        .unwrap();
+    let state = kdm.state().await.unwrap();
+    assert_eq!(state["generation"].as_u64().unwrap() as usize, rounds + 1);
+    // A preferred allocation still works, with the garbled pending pod skipped.
+    let offered: Vec<Value> = kdm.state().await.unwrap()["devices"][GPU]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| d["health"] == "Healthy")
+        .map(|d| d["ID"].clone())
+        .collect();
+    let preferred = kdm
+        .preferred(
+            GPU,
+            json!({"container_requests": [{"available_deviceIDs": offered, "must_include_deviceIDs": [],
+                "allocation_size": 2}]}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        preferred["container_responses"][0]["deviceIDs"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
+
+    // Every object current.
+    let nrts = node_resource_topologies(cluster.client());
+    until(
+        "DeviceTopology, NodeResourceTopology and the Node to be current",
+        60,
+        async || {
+            let dt = dts.get(NODE).await.map_err(|e| e.to_string())?;
+            let status = &dt.data["status"];
+            let healthy = status["healthyCount"].as_u64();
+            if healthy != Some(want_health.iter().filter(|h| **h).count() as u64) {
+                return Err(format!("healthyCount {healthy:?}"));
+            }
+            let colocation = &status["colocation"];
+            if colocation["burstPods"] != json!(1)
+                || colocation["qosLevelPods"]["BE"] != json!(1)
+                || colocation.get("configError").is_some()
+            {
+                return Err(format!("colocation report {colocation}"));
+            }
+            let nrt = nrts.get(NODE).await.map_err(|e| e.to_string())?;
+            let zone0_gpus = nrt.data["zones"]
+                .as_array()
+                .and_then(|z| z.iter().find(|z| z["name"] == "node-0"))
+                .and_then(|z| z["resources"].as_array())
+                .and_then(|r| r.iter().find(|r| r["name"] == GPU))
+                .map(|r| r["allocatable"].clone());
+            let want = json!(if gpu3_healthy { "4" } else { "3" });
+            if zone0_gpus != Some(want.clone()) {
+                return Err(format!(
+                    "NUMA node 0 {GPU} allocatable {zone0_gpus:?}, want {want}"
+                ));
+            }
+            let node = nodes.get(NODE).await.map_err(|e| e.to_string())?;
+            let capacity = node.status.and_then(|s| s.capacity).unwrap_or_default();
+            if !capacity.contains_key("kubernetes.io/batch-cpu") {
+                return Err("no batch-cpu on the Node".into());
+            }
+            Ok(())
+        },
+    )
+    .await;
+
+    // Cgroups as desired for the last round's pods.
+    let [(_, be_pod, _), (_, burst_pod, burst_c), (_, bad_pod, bad_c)] = &last.pods[..] else {
+        unreachable!()
+    };
+    let want_burst = burst_time(rounds).to_string();
+    until("the last round's cgroups", 30, async || {
+        let got = [
+            read(be_pod, "cpu.idle"),
+            read(burst_c, "cpu.cfs_burst_us"),
+            read(burst_pod, "cpu.cfs_burst_us"),
+        ];
+        let want = ["1", want_burst.as_str(), want_burst.as_str()];
+        (got == want).then_some(()).ok_or(format!("{got:?}"))
+    })
+    .await;
+    // Bad annotations are skipped: the kubelet's values stay.
+    for dir in [bad_pod, bad_c] {
+        assert_eq!(read(dir, "cpu.idle"), "0", "{}", dir.display());
+        assert_eq!(read(dir, "cpu.cfs_burst_us"), "0", "{}", dir.display());
+        assert_eq!(read(dir, "cpu.shares"), "256", "{}", dir.display());
+    }
+    let metrics_text = http_get(metrics, "/metrics").await.unwrap();
+    assert_eq!(
+        metric_sum(&metrics_text, "fumarole_colocation_config_valid"),
+        1.0
+    );
+
+    // Settled again: the footprint is where it was after warm-up.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    agent.check_running().unwrap();
+    let end = Footprint::of(agent.pid()).unwrap();
+    let text = log(&agent);
+    eprintln!(
+        "soak: {rounds} rounds in {:.0} s; agent RSS {:.1} MiB -> {:.1} MiB, fds {} -> {}; \
+         log {} lines",
+        started.elapsed().as_secs_f64(),
+        start.rss_mib(),
+        end.rss_mib(),
+        start.fds,
+        end.fds,
+        text.lines().count()
+    );
+    assert!(!text.contains("panicked"), "{text}");
+    // The faults reached the agent: a registration per kubelet start, the flips, the bad
+    // ConfigMap refused.
+    let lines = |needle: &str| text.lines().filter(|l| l.contains(needle)).count();
+    assert_eq!(lines("registered with the kubelet"), rounds + 1);
+    assert!(lines("device health changed") >= rounds / 2, "{text}");
+    assert_eq!(lines("co-location config refused"), 1, "{text}");
+    assert!(
+        end.fds <= start.fds + 4,
+        "descriptors grew: {} -> {}",
+        start.fds,
+        end.fds
+    );
+    assert!(
+        end.rss_kib <= start.rss_kib + start.rss_kib / 4,
+        "RSS grew: {:.1} MiB -> {:.1} MiB",
+        start.rss_mib(),
+        end.rss_mib()
+    );
+}
