@@ -5,11 +5,14 @@
 //!   every gpu-group-size unit of more than one pod stayed within one super-node. Also given per
 //!   pod (`Q` only).
 //! - **Units split**: gpu-group-size units of more than one pod whose pods ended up in more
-//!   than one super-node, out of all such units placed.
+//!   than one super-node, out of all such units placed (the unit SHOULD share one). **Atomic
+//!   parts split**: the same for the atomic parts (`atomic-gpu-group-size`, by default the
+//!   whole unit), which MUST share one: fumarole never splits them, it waits instead.
 //! - **Stranded devices**: [`super::stranded`], averaged over time from the first to the last
 //!   arrival of the trace (the cluster drains afterwards), in devices and as a share of the
 //!   cluster's devices; the plot shows it over time.
-//! - **Queueing delay**: start minus arrival of the placed jobs (mean, 95th percentile);
+//! - **Queueing delay**: start minus arrival of the placed jobs (mean, 95th percentile, and
+//!   the mean over the jobs of more than one pod);
 //!   **never placed**: jobs still waiting when the simulation ends.
 //! - **Makespan**: when the last job finished.
 
@@ -35,6 +38,11 @@ pub struct Metrics {
     /// Placed gpu-group-size units of more than one pod.
     pub units: usize,
     pub units_split: usize,
+    /// Placed atomic parts (`atomic-gpu-group-size`, default the whole unit) of more than one
+    /// pod, and those whose pods ended up in more than one super-node: a broken MUST, which
+    /// only policies that ignore super-nodes commit.
+    pub atomic_parts: usize,
+    pub atomic_split: usize,
     /// Time-weighted mean of the stranded devices over the arrival window.
     pub stranded_mean: f64,
     pub stranded_max: f64,
@@ -44,6 +52,8 @@ pub struct Metrics {
     pub delay_mean: f64,
     pub delay_p95: f64,
     pub delay_max: f64,
+    /// Mean delay of the placed jobs of more than one pod, seconds.
+    pub delay_mean_multi: f64,
     /// Seconds from 0 to the last completion.
     pub makespan: u64,
 }
@@ -70,33 +80,53 @@ impl Metrics {
             ideal_pods: 0,
             units: 0,
             units_split: 0,
+            atomic_parts: 0,
+            atomic_split: 0,
             stranded_mean: 0.0,
             stranded_max: 0.0,
             stranded_share: 0.0,
             delay_mean: 0.0,
             delay_p95: 0.0,
             delay_max: 0.0,
+            delay_mean_multi: 0.0,
             makespan: 0,
         };
         let mut delays = Vec::new();
+        let mut multi = Vec::new();
         for (sj, jo) in sim.jobs.iter().zip(&out.jobs) {
             let Some(start) = jo.start else {
                 m.never_placed += 1;
                 continue;
             };
             m.placed += 1;
-            delays.push(start.saturating_sub(sj.job.arrival) as f64);
+            let delay = start.saturating_sub(sj.job.arrival) as f64;
+            delays.push(delay);
+            if sj.job.pods > 1 {
+                multi.push(delay);
+            }
             m.makespan = m.makespan.max(start.saturating_add(sj.job.duration));
             m.pods += jo.pods.len();
             let ideal_pods = jo.pods.iter().filter(|p| p.ideal).count();
             m.ideal_pods += ideal_pods;
             // Unit -> its super-nodes (only units of more than one pod).
             let mut units: BTreeMap<u32, (usize, BTreeSet<&str>)> = BTreeMap::new();
+            let mut atomic: BTreeMap<u32, (usize, BTreeSet<&str>)> = BTreeMap::new();
             for (req, p) in sj.pods.iter().zip(&jo.pods) {
                 if let Some(g) = &req.group {
-                    let u = units.entry(g.spec.unit).or_default();
-                    u.0 += 1;
-                    u.1.insert(&p.super_node);
+                    for (map, key) in [(&mut units, g.spec.unit), (&mut atomic, g.spec.atomic_unit)]
+                    {
+                        let u = map.entry(key).or_default();
+                        u.0 += 1;
+                        u.1.insert(&p.super_node);
+                    }
+                }
+            }
+            for (pods, sns) in atomic.values() {
+                if *pods > 1 {
+                    m.atomic_parts += 1;
+                    if sns.len() > 1 {
+                        m.atomic_split += 1;
+                    }
                 }
             }
             let mut split = 0;
@@ -119,6 +149,9 @@ impl Metrics {
             let i = ((delays.len() as f64 * 0.95).ceil() as usize).clamp(1, delays.len()) - 1;
             m.delay_p95 = delays.get(i).copied().unwrap_or(0.0);
             m.delay_max = delays.last().copied().unwrap_or(0.0);
+        }
+        if !multi.is_empty() {
+            m.delay_mean_multi = multi.iter().sum::<f64>() / multi.len() as f64;
         }
         let (t0, t1) = sim.arrival_window();
         m.stranded_mean = time_mean(&out.stranded, t0, t1);
@@ -176,9 +209,11 @@ fn cells(ms: &[Metrics]) -> (Vec<&'static str>, Vec<Vec<String>>) {
         "ideal interconnect (jobs)",
         "ideal pods",
         "units split across super-nodes",
+        "atomic parts split (MUST broken)",
         "stranded devices (mean)",
         "queueing delay (mean)",
         "queueing delay (p95)",
+        "queueing delay, multi-pod jobs (mean)",
         "never placed",
         "makespan",
     ];
@@ -196,9 +231,16 @@ fn cells(ms: &[Metrics]) -> (Vec<&'static str>, Vec<Vec<String>>) {
                     m.units,
                     pct(share(m.units_split, m.units))
                 ),
+                format!(
+                    "{}/{} ({})",
+                    m.atomic_split,
+                    m.atomic_parts,
+                    pct(share(m.atomic_split, m.atomic_parts))
+                ),
                 format!("{:.1} ({})", m.stranded_mean, pct(m.stranded_share)),
                 minutes(m.delay_mean),
                 minutes(m.delay_p95),
+                minutes(m.delay_mean_multi),
                 m.never_placed.to_string(),
                 format!("{:.1} h", m.makespan as f64 / 3600.0),
             ]

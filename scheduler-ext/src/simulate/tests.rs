@@ -60,6 +60,8 @@ fn fumarole_keeps_a_unit_in_one_super_node_where_binpack_splits_it() {
     let nodes: Vec<&str> = bo.jobs[1].pods.iter().map(|p| p.node.as_str()).collect();
     assert_eq!(nodes, ["node-001", "node-002"]);
     assert_eq!((bm.units, bm.units_split, bm.ideal_jobs), (1, 1, 1));
+    // Its atomic parts are single pods: nothing to split there.
+    assert_eq!((bm.atomic_parts, bm.atomic_split), (0, 0));
     let (fo, fm) = metrics(&s, Policy::Fumarole);
     assert_eq!(fo.jobs[0].pods[0].node, "node-000");
     let sns: Vec<&str> = fo.jobs[1]
@@ -95,6 +97,8 @@ fn units_that_never_fit_stay_queued_and_gangs_are_all_or_nothing() {
     let (bo, bm) = metrics(&s, Policy::Binpack);
     assert_eq!(bo.jobs[0].start, Some(0));
     assert_eq!(bm.units_split, 1);
+    assert_eq!((bm.atomic_parts, bm.atomic_split), (1, 1));
+    assert_eq!(fm.atomic_parts, 0);
     // "huge" never fits 2 nodes; "later" waits for "atomic" to end at 100, not for "huge".
     assert_eq!(bo.jobs[1].start, None);
     assert_eq!(bo.jobs[2].start, Some(100));
