@@ -193,7 +193,7 @@ pub fn metrics_svg(sim: &Simulation, ms: &[Metrics]) -> String {
         fn(&Metrics) -> f64,
         &'static str,
     );
-    let panels: [Figure; 4] = [
+    let panels: [Figure; 5] = [
         (
             "Jobs with ideal interconnect",
             "% of placed jobs; higher is better",
@@ -204,6 +204,12 @@ pub fn metrics_svg(sim: &Simulation, ms: &[Metrics]) -> String {
             "Units split across super-nodes",
             "% of multi-pod units; lower is better",
             |m| share(m.units_split, m.units) * 100.0,
+            "%",
+        ),
+        (
+            "Atomic parts split (MUST broken)",
+            "% of multi-pod parts; lower is better",
+            |m| share(m.atomic_split, m.atomic_parts) * 100.0,
             "%",
         ),
         (
@@ -219,7 +225,7 @@ pub fn metrics_svg(sim: &Simulation, ms: &[Metrics]) -> String {
             "",
         ),
     ];
-    let (panel_w, gap) = (250.0, 20.0);
+    let (panel_w, gap) = (236.0, 24.0);
     let (top, plot_h, label_h) = (100.0, 220.0, 70.0);
     let w = 30.0 + panels.len() as f64 * (panel_w + gap);
     let h = top + plot_h + label_h;

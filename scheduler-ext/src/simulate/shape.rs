@@ -14,7 +14,7 @@ use fumarole_topology::crd::device_topology::{DeviceInfo, LinkInfo, SuperNodeInf
 use fumarole_topology::crd::{DeviceTopology, DeviceTopologySpec};
 use fumarole_topology::{LinkClass, LinkMatrix, baseline, shapes};
 
-use crate::view::{ClusterView, MAX_DEVICES, ViewError, resource_of};
+use crate::view::{ClusterView, ViewError, resource_of};
 
 /// Why a cluster shape cannot be used.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -218,7 +218,6 @@ impl ClusterShape {
             fixture: self.fixture.clone(),
             known: shapes::NAMES.join(", "),
         })?;
-        let n = links.len();
         let dts: Vec<DeviceTopology> = (0..self.nodes)
             .map(|i| {
                 let sn = i * self.super_nodes / self.nodes;
@@ -243,12 +242,11 @@ impl ClusterShape {
             .and_then(|dt| dt.spec.devices.first())
             .map(resource_of)
             .unwrap_or_default();
-        debug_assert!(n <= MAX_DEVICES);
         Ok(SimCluster {
             shape: self.clone(),
             view,
             resource,
-            devices_per_node: n,
+            devices_per_node: links.len(),
             nvidia_scores: baseline::nvidia_scores(&links),
             links,
         })
