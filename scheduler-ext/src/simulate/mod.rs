@@ -15,8 +15,10 @@
 //! later jobs may still go ahead (as kube-scheduler and Volcano do). A pass after a completion
 //! tries the whole queue; a pass after arrivals only tries the new jobs (nothing else changed).
 //! Gang: a job's pods are placed rank by rank and the job starts only when every pod got a
-//! node; otherwise what its pods got is released and it waits. A job still queued when nothing
-//! runs and nothing arrives any more can never be placed; the report counts it.
+//! node; otherwise what its pods got is released and it waits. While jobs wait, the moment a
+//! super-node reservation lapses is an event too (it frees room; the scheduler retries pods all
+//! the time). A job still queued when nothing runs, nothing arrives and no reservation is left
+//! can never be placed; the report counts it.
 //!
 //! # State
 //!
@@ -33,7 +35,7 @@ pub mod shape;
 pub mod trace;
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::{BTreeMap, BinaryHeap, HashSet};
 use std::time::{Duration, Instant};
 
 use fumarole_topology::baseline::nvidia_baseline;
@@ -42,6 +44,7 @@ use rand::{RngExt, SeedableRng};
 
 use crate::cluster::Cluster;
 use crate::decide;
+use crate::group::UnitKey;
 use crate::ledger::{Commit, Ledger};
 use crate::request::PodRequest;
 use crate::score::gpu_aware::{GpuAware, best_first};
@@ -243,14 +246,17 @@ pub fn run(sim: &Simulation, policy: Policy, opts: &Options) -> Outcome {
     loop {
         let next_arrival = arrivals.peek().map(|&j| sim.jobs[j].job.arrival);
         let next_done = running.peek().map(|Reverse((t, _))| *t);
-        let t = match (next_arrival, next_done) {
-            (None, None) => break,
-            (Some(a), None) => a,
-            (None, Some(d)) => d,
-            (Some(a), Some(d)) => a.min(d),
+        // A reservation that lapses frees room for the waiting jobs: a wake-up then.
+        let wake = if queue.is_empty() {
+            None
+        } else {
+            e.next_plan_expiry(end, &queue)
+        };
+        let Some(t) = [next_arrival, next_done, wake].into_iter().flatten().min() else {
+            break;
         };
         let now = e.at(t);
-        let mut freed = false;
+        let mut freed = wake == Some(t);
         while let Some(&Reverse((done, j))) = running.peek() {
             if done != t {
                 break;
@@ -326,6 +332,25 @@ impl<'a> Engine<'a> {
                 self.free_total += c.devices.len();
             }
         }
+    }
+
+    /// The first second after `after` at which a live reservation of a unit not waiting in
+    /// `queue` has lapsed (those of waiting units are renewed at every pass).
+    fn next_plan_expiry(&self, after: u64, queue: &[usize]) -> Option<u64> {
+        let waiting: HashSet<&UnitKey> = queue
+            .iter()
+            .flat_map(|&j| &self.sim.jobs[j].pods)
+            .filter_map(|r| r.group.as_ref().map(|g| &g.key))
+            .collect();
+        self.ledger
+            .plans(self.at(after))
+            .filter(|(k, _)| !waiting.contains(k))
+            .map(|(_, p)| {
+                let d = p.expires.saturating_duration_since(self.base);
+                d.as_secs() + u64::from(d.subsec_nanos() > 0)
+            })
+            .filter(|&t| t > after)
+            .min()
     }
 
     /// Renews the reservations of the waiting units (their pods are retried all along), then

@@ -181,3 +181,25 @@ fn pods_larger_than_a_node_are_refused_with_the_line() {
         "t line 2: job \"big\": 16 devices per pod, but a atlas-800-910 node has 8"
     );
 }
+
+/// A unit that ends before its super-node reservation lapses keeps the room reserved until
+/// then (the service's rule: a plan lives for `--reservation-ttl` after its last pod was
+/// committed). The job waiting behind it starts when the reservation lapses, an event of its
+/// own, not never.
+#[test]
+fn a_lapsing_reservation_wakes_the_queue() {
+    let trace = [
+        r#"{"job":"u","arrival":0,"duration":100,"pods":2,"devices":8,"gpu-group-size":16}"#
+            .to_string(),
+        job("w", 50, 10, 1, 8),
+    ]
+    .join("\n");
+    let s = sim("2xdgx-h100", &trace);
+    let (fo, fm) = metrics(&s, Policy::Fumarole);
+    assert_eq!(fo.jobs[0].start, Some(0));
+    assert_eq!(fo.jobs[1].start, Some(300));
+    assert_eq!(fm.never_placed, 0);
+    // Binpack has no reservations: the job starts when the unit ends.
+    let (bo, _) = metrics(&s, Policy::Binpack);
+    assert_eq!(bo.jobs[1].start, Some(100));
+}
