@@ -217,7 +217,16 @@ fn run(cli: Cli) -> Result<()> {
 }
 
 fn simulate_cmd(args: SimulateArgs) -> Result<()> {
+    use simulate::report::{self, Metrics};
     let scorer = args.scoring.gpu_aware()?;
+    let horizon = Duration::from_secs(simulate::trace::MAX_SECONDS);
+    if args.reservation_ttl > horizon {
+        bail!(
+            "--reservation-ttl must be at most {}, got {}",
+            humantime::format_duration(horizon),
+            humantime::format_duration(args.reservation_ttl)
+        );
+    }
     let cluster = args.cluster.build()?;
     let text = std::fs::read_to_string(&args.trace)
         .with_context(|| format!("reading {}", args.trace.display()))?;
@@ -236,44 +245,22 @@ fn simulate_cmd(args: SimulateArgs) -> Result<()> {
         scorer,
         reservation_ttl: args.reservation_ttl,
     };
-    let outcomes: Vec<simulate::Outcome> = policies
-        .iter()
-        .map(|&p| {
-            let started = std::time::Instant::now();
-            let out = simulate::run(&sim, p, &opts);
-            tracing::info!(policy = %p, seconds = started.elapsed().as_secs_f64(), "simulated");
-            out
-        })
-        .collect();
-    let metrics: Vec<simulate::report::Metrics> = outcomes
-        .iter()
-        .map(|o| simulate::report::Metrics::of(&sim, o))
-        .collect();
+    let runs = simulate::compare(&sim, &policies, &opts);
+    let metrics: Vec<Metrics> = runs.iter().map(|o| Metrics::of(&sim, o)).collect();
     match args.format {
-        ReportFormat::Table => print!("{}", simulate::report::table(&sim, &metrics)),
-        ReportFormat::Markdown => print!("{}", simulate::report::markdown(&sim, &metrics)),
-        ReportFormat::Json => print!("{}", simulate::report::json(&sim, &metrics)),
+        ReportFormat::Table => print!("{}", report::table(&sim, &metrics)),
+        ReportFormat::Markdown => print!("{}", report::markdown(&sim, &metrics)),
+        ReportFormat::Json => print!("{}", report::json(&sim, &metrics)),
     }
     if let Some(dir) = &args.plot_dir {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let stem = args
             .trace
             .file_stem()
             .map_or_else(|| "trace".to_string(), |s| s.to_string_lossy().into_owned());
-        let runs: Vec<&simulate::Outcome> = outcomes.iter().collect();
-        for (file, svg) in [
-            (
-                format!("{stem}.stranded.svg"),
-                simulate::plot::stranded_svg(&sim, &runs),
-            ),
-            (
-                format!("{stem}.metrics.svg"),
-                simulate::plot::metrics_svg(&sim, &metrics),
-            ),
-        ] {
-            let path = dir.join(file);
-            std::fs::write(&path, svg).with_context(|| format!("writing {}", path.display()))?;
-            tracing::info!(path = %path.display(), "plot written");
+        let paths = simulate::plot::write_all(dir, &stem, &sim, &runs, &metrics)
+            .with_context(|| format!("writing plots into {}", dir.display()))?;
+        for p in paths {
+            tracing::info!(path = %p.display(), "plot written");
         }
     }
     Ok(())

@@ -129,7 +129,7 @@ fn bad_input_is_named_and_never_a_panic() {
     )
     .unwrap();
     let good = traces().join("atlas-800-910-32.jsonl");
-    let cases: [(Vec<&str>, &str); 5] = [
+    let cases: [(Vec<&str>, &str); 6] = [
         (
             vec!["--cluster", "4xdgx-h100", "--trace", bad.to_str().unwrap()],
             "bad.jsonl line 2: invalid type: string \"soon\"",
@@ -162,6 +162,17 @@ fn bad_input_is_named_and_never_a_panic() {
             ],
             "8 devices per pod, but a pcie-4gpu node has 4",
         ),
+        (
+            vec![
+                "--cluster",
+                "4xdgx-h100",
+                "--trace",
+                good.to_str().unwrap(),
+                "--reservation-ttl",
+                "20years",
+            ],
+            "--reservation-ttl must be at most",
+        ),
     ];
     for (args, want) in cases {
         let mut all = vec!["simulate"];
@@ -174,4 +185,33 @@ fn bad_input_is_named_and_never_a_panic() {
     }
     let out = bin(&["generate-trace", "--cluster", "8xdgx-h100", "--load=-1"]);
     assert!(stderr(&out).contains("--load must be a number > 0, got -1"));
+}
+
+/// The README's figures for the Atlas trace are what the simulator prints today (the two DGX
+/// traces take longer in a debug build; they come from the same code).
+#[test]
+fn readme_figures_are_current() {
+    let trace = traces().join("atlas-800-910-32.jsonl");
+    let out = bin(&[
+        "simulate",
+        "--cluster",
+        "32xatlas-800-910:4",
+        "--trace",
+        trace.to_str().unwrap(),
+        "--format",
+        "markdown",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let table = String::from_utf8(out.stdout).unwrap();
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
+            .unwrap();
+    let rows: Vec<&str> = table.lines().filter(|l| l.starts_with("| ")).collect();
+    assert_eq!(rows.len(), 6, "{table}");
+    for row in rows {
+        assert!(
+            readme.contains(row),
+            "README.md lacks this row of `simulate` output (rerun the commands in its Placement quality section):\n{row}"
+        );
+    }
 }

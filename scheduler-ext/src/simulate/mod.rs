@@ -308,6 +308,19 @@ pub fn run(sim: &Simulation, policy: Policy, opts: &Options) -> Outcome {
     }
 }
 
+/// [`run`] for each of `policies`, in order.
+pub fn compare(sim: &Simulation, policies: &[Policy], opts: &Options) -> Vec<Outcome> {
+    policies
+        .iter()
+        .map(|&p| {
+            let started = Instant::now();
+            let out = run(sim, p, opts);
+            tracing::info!(policy = %p, seconds = started.elapsed().as_secs_f64(), "simulated");
+            out
+        })
+        .collect()
+}
+
 /// The running state of one policy's run.
 struct Engine<'a> {
     sim: &'a Simulation,

@@ -3,6 +3,7 @@
 //! [`metrics_svg`], one bar panel per headline figure.
 
 use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
 
 use super::policy::Policy;
 use super::report::{Metrics, share, time_mean};
@@ -178,6 +179,29 @@ pub fn stranded_svg(sim: &Simulation, runs: &[&Outcome]) -> String {
     }
     o.push_str("</svg>\n");
     o
+}
+
+/// Writes `<stem>.stranded.svg` and `<stem>.metrics.svg` into `dir` (created when missing);
+/// returns their paths.
+pub fn write_all(
+    dir: &Path,
+    stem: &str,
+    sim: &Simulation,
+    runs: &[Outcome],
+    metrics: &[Metrics],
+) -> std::io::Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(dir)?;
+    let refs: Vec<&Outcome> = runs.iter().collect();
+    let mut out = Vec::new();
+    for (file, svg) in [
+        (format!("{stem}.stranded.svg"), stranded_svg(sim, &refs)),
+        (format!("{stem}.metrics.svg"), metrics_svg(sim, metrics)),
+    ] {
+        let path = dir.join(file);
+        std::fs::write(&path, svg)?;
+        out.push(path);
+    }
+    Ok(out)
 }
 
 fn trim(v: f64) -> String {

@@ -10,8 +10,8 @@
 //! |---|---|
 //! | `job` | name, unique in the trace |
 //! | `arrival` | seconds from the start of the trace when the job is submitted |
-//! | `duration` | seconds the job runs once all its pods are placed (> 0) |
-//! | `pods` | number of pods (ranks `0..pods`), placed all or nothing (gang) |
+//! | `duration` | seconds the job runs once all its pods are placed (> 0; arrival + duration at most [`MAX_SECONDS`]) |
+//! | `pods` | number of pods (ranks `0..pods`, at most [`MAX_PODS`]), placed all or nothing (gang) |
 //! | `devices` | accelerators per pod |
 //! | `gpu-group-size` | optional: devices of one model-parallel unit (`metax-tech.com/gpu-group-size`) |
 //! | `atomic-gpu-group-size` | optional: devices that must share a super-node (`metax-tech.com/atomic-gpu-group-size`) |
@@ -44,6 +44,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::group;
 use crate::request::{self, PodRequest};
+
+/// The latest second a trace may reach (arrival + duration): 10 years.
+pub const MAX_SECONDS: u64 = 10 * 365 * 24 * 3600;
+
+/// Most pods one job may have.
+pub const MAX_PODS: u32 = 10_000;
 
 /// One job of a trace.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -111,6 +117,19 @@ pub fn parse(text: &str, source_name: &str) -> Result<Vec<TraceJob>, TraceError>
             return Err(err(format!(
                 "job {:?}: duration must be at least 1",
                 job.job
+            )));
+        }
+        if job.arrival.saturating_add(job.duration) > MAX_SECONDS {
+            return Err(err(format!(
+                "job {:?}: arrival + duration = {} s is past the simulator's horizon of {MAX_SECONDS} s (10 years)",
+                job.job,
+                job.arrival.saturating_add(job.duration)
+            )));
+        }
+        if job.pods > MAX_PODS {
+            return Err(err(format!(
+                "job {:?}: {} pods; at most {MAX_PODS} per job",
+                job.job, job.pods
             )));
         }
         if job.job.is_empty()
@@ -386,6 +405,20 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("pods must be at least 1"), "{e}");
+        let e = parse(
+            "{\"job\":\"a\",\"arrival\":18446744073709551615,\"duration\":5,\"pods\":1,\"devices\":1}",
+            "x",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("past the simulator's horizon"), "{e}");
+        let e = parse(
+            "{\"job\":\"a\",\"arrival\":0,\"duration\":5,\"pods\":4000000000,\"devices\":1}",
+            "x",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("4000000000 pods; at most 10000 per job"), "{e}");
         assert!(parse("\n# only comments\n", "e").unwrap_err().to_string() == "e: no jobs");
         let tj = TraceJob {
             line: 4,
