@@ -133,7 +133,7 @@ enum Format {
 
 #[derive(clap::Args)]
 struct SimulateArgs {
-    /// The simulated cluster: NODESxFIXTURE[:SUPER_NODES], e.g. 64xdgx-h100:8 or
+    /// The simulated cluster: `NODESxFIXTURE[:SUPER_NODES]`, e.g. 64xdgx-h100:8 or
     /// 32xatlas-800-910:4 (fixtures: dgx-h100, atlas-800-910, pcie-4gpu, metax-c500-8 and the
     /// 16-device dgx-h100-x2, atlas-910b-16, pcie-16gpu, metax-c500-16).
     #[arg(long, value_name = "SHAPE")]
