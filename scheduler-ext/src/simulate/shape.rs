@@ -280,6 +280,27 @@ mod tests {
         assert_eq!(nv.select.context.class_count(), 2);
     }
 
+    /// The simulated dgx-h100 node has the links the agent publishes for the fixture (the
+    /// two-dgx snapshot is real `fumarole-agent discover` output).
+    #[test]
+    fn dgx_h100_matches_the_agents_published_links() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/snapshots/two-dgx");
+        let real = crate::snapshot::load(&dir).unwrap();
+        let real = &real.node("dgx-a").unwrap().select.context;
+        let sim = "1xdgx-h100"
+            .parse::<ClusterShape>()
+            .unwrap()
+            .build()
+            .unwrap();
+        let ours = &sim.view.node("node-000").unwrap().select.context;
+        assert_eq!(real.len(), ours.len());
+        for a in 0..ours.len() {
+            for b in 0..ours.len() {
+                assert_eq!(real.weight(a, b), ours.weight(a, b), "{a}-{b}");
+            }
+        }
+    }
+
     #[test]
     fn bad_shapes_name_the_value() {
         let e = "64xdgx-a100:8".parse::<ClusterShape>().unwrap_err();
