@@ -153,6 +153,10 @@ struct SimulateArgs {
     reservation_ttl: Duration,
     #[arg(long, value_enum, default_value_t = ReportFormat::Table)]
     format: ReportFormat,
+    /// Drop the jobs' gpu-group-size and atomic-gpu-group-size (to see what the super-node
+    /// rules cost).
+    #[arg(long)]
+    without_groups: bool,
     /// Write `<trace>.stranded.svg` and `<trace>.metrics.svg` into this directory.
     #[arg(long, value_name = "DIR")]
     plot_dir: Option<PathBuf>,
@@ -234,7 +238,10 @@ fn simulate_cmd(args: SimulateArgs) -> Result<()> {
         || args.trace.display().to_string(),
         |n| n.to_string_lossy().into_owned(),
     );
-    let sim = simulate::Simulation::load(cluster, &text, &name)?;
+    let mut sim = simulate::Simulation::load(cluster, &text, &name)?;
+    if args.without_groups {
+        sim = sim.without_groups();
+    }
     let policies = if args.policies.is_empty() {
         Policy::ALL.to_vec()
     } else {

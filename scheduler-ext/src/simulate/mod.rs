@@ -126,6 +126,20 @@ impl Simulation {
         })
     }
 
+    /// The same jobs without their `gpu-group-size` / `atomic-gpu-group-size` (every pod on
+    /// its own, no super-node rule): what the rules cost, by comparison.
+    pub fn without_groups(mut self) -> Self {
+        for sj in &mut self.jobs {
+            sj.job.gpu_group_size = None;
+            sj.job.atomic_gpu_group_size = None;
+            for req in &mut sj.pods {
+                req.group = None;
+            }
+        }
+        self.trace_name = format!("{} (without gpu-group-size)", self.trace_name);
+        self
+    }
+
     /// Arrival of the first and the last job, seconds.
     pub fn arrival_window(&self) -> (u64, u64) {
         let first = self.jobs.iter().map(|j| j.job.arrival).min().unwrap_or(0);

@@ -71,6 +71,13 @@ fn fumarole_keeps_a_unit_in_one_super_node_where_binpack_splits_it() {
         .collect();
     assert_eq!(sns, ["sn-1", "sn-1"]);
     assert_eq!((fm.units, fm.units_split, fm.ideal_jobs), (1, 0, 2));
+    // Without the group annotation fumarole packs the pair as binpack does.
+    let plain = s.clone().without_groups();
+    let (po, pm) = metrics(&plain, Policy::Fumarole);
+    let nodes: Vec<&str> = po.jobs[1].pods.iter().map(|p| p.node.as_str()).collect();
+    assert_eq!(nodes, ["node-001", "node-002"]);
+    assert_eq!(pm.units, 0);
+    assert!(plain.trace_name.ends_with("(without gpu-group-size)"));
     // Spread puts the second unit's pods on the emptiest nodes, first by name.
     let (so, _) = metrics(&s, Policy::Spread);
     assert_eq!(so.jobs[1].pods[0].node, "node-001");
