@@ -15,7 +15,9 @@
 //! [`explain`] prints the verdicts per node; [`hypernode`] publishes Volcano `HyperNode`
 //! objects for the super-nodes.
 //! [`metrics`] counts and times the requests per verb and serves `/metrics`; [`server`] serves
-//! the routes over plain HTTP or HTTPS (rustls) until shutdown.
+//! the routes over plain HTTP or HTTPS (rustls) until shutdown. [`simulate`] replays a job
+//! trace over a simulated cluster through the same `decide` path and compares the placements
+//! with other policies.
 
 pub mod cluster;
 pub mod decide;
@@ -31,6 +33,7 @@ pub mod placement;
 pub mod request;
 pub mod score;
 pub mod server;
+pub mod simulate;
 pub mod snapshot;
 pub mod ui;
 pub mod view;

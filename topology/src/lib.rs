@@ -3,16 +3,19 @@
 //! Start at [`NodeTopology`] (CPUs, NUMA nodes, accelerators, the link matrix, the
 //! super-node). [`link`] explains link classes and their weights; [`cpuset`] the Linux list
 //! format used wherever CPUs are written down; [`crd`] the Kubernetes objects built from it;
-//! [`annotation`] the pod annotation carrying the scheduler's device choice. Nothing here does
-//! I/O or async work: discovery lives in `fumarole-exporter`, and every function here is a pure
-//! function of its inputs.
+//! [`annotation`] the pod annotation carrying the scheduler's device choice; [`shapes`] the link
+//! matrices of the fixture node shapes and [`baseline`] the NVIDIA-style allocator `select` is
+//! compared with. Nothing here does I/O or async work: discovery lives in `fumarole-exporter`,
+//! and every function here is a pure function of its inputs.
 
 pub mod annotation;
+pub mod baseline;
 pub mod cpuset;
 pub mod crd;
 pub mod link;
 pub mod model;
 pub mod select;
+pub mod shapes;
 
 pub use cpuset::{CpuSet, CpuSetError};
 pub use link::{Link, LinkClass, LinkMatrix, LinkMatrixError, pcie_class};
