@@ -87,7 +87,8 @@ fn node_row(c: &Cluster, nv: &NodeView) -> NodeRow {
     }
 }
 
-fn esc(text: &str) -> String {
+/// `text` safe inside HTML or SVG text and attribute values.
+pub(crate) fn esc(text: &str) -> String {
     text.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")

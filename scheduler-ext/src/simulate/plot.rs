@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use super::policy::Policy;
 use super::report::{Metrics, share, time_mean};
 use super::{Outcome, Simulation};
+use crate::ui::esc;
 
 const FONT: &str = "DejaVu Sans, Helvetica, Arial, sans-serif";
 /// Time buckets of the stranded plot: each point is the mean over one bucket.
@@ -32,13 +33,6 @@ pub fn dash(p: Policy) -> &'static str {
         Policy::Random => "2 3",
         Policy::Nvidia => "7 4",
     }
-}
-
-fn esc(text: &str) -> String {
-    text.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
 }
 
 /// A round step for about `n` ticks up to `max`.
