@@ -64,7 +64,7 @@ fn bad_config() -> ConfigMap {
     cm
 }
 
-/// One round's pods: name, container id, cgroup directories (pod, container).
+/// One round's pods: (name, pod cgroup, container cgroup) each, and the pending pod's name.
 struct RoundPods {
     pods: Vec<(String, PathBuf, PathBuf)>,
     pending: String,

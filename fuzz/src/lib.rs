@@ -234,7 +234,7 @@ pub fn colocation_config(data: &[u8]) {
     }
 }
 
-/// The service over the two-DGX snapshot the extender tests use, made once.
+/// The cluster view of the two-DGX snapshot the extender tests use, loaded once.
 fn cluster_view() -> &'static ClusterView {
     static VIEW: OnceLock<ClusterView> = OnceLock::new();
     VIEW.get_or_init(|| {

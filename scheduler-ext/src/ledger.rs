@@ -139,6 +139,12 @@ impl Ledger {
         self.plans.insert(unit, plan);
     }
 
+    /// Forgets `unit`'s plan (the simulator's stand-in for the view showing the whole unit
+    /// placed, after which [`Ledger::prune`] drops it).
+    pub fn drop_plan(&mut self, unit: &UnitKey) {
+        self.plans.remove(unit);
+    }
+
     /// Pushes the expiry of `unit`'s plan to `until`.
     pub fn renew_plan(&mut self, unit: &UnitKey, until: Instant) {
         if let Some(p) = self.plans.get_mut(unit) {

@@ -126,7 +126,9 @@ pub fn predicate(svc: &Service, req: &PredicateRequest) -> PredicateResponse {
             };
         }
     };
-    match verdict.and_then(|v| v.reason) {
+    let reason = verdict.and_then(|v| v.reason);
+    tracing::debug!(pod = %pod_key(pod), node = %node.name, reason = ?reason, "Volcano predicate");
+    match reason {
         None => PredicateResponse::default(),
         Some(reason) => {
             let view = svc.view();
@@ -166,6 +168,7 @@ pub fn prioritize(svc: &Service, req: &PrioritizeRequest) -> PrioritizeResponse 
             (n, score)
         })
         .collect();
+    tracing::debug!(pod = %pod_key(pod), scores = ?node_score, "Volcano prioritize");
     if !verdicts.is_empty() {
         svc.record_decision(pod, verdicts);
     }

@@ -130,7 +130,7 @@ pub fn kube_scheduler_config(port: u16) -> String {
 /// pod of the same task, but a gpu-group-size pod's super-node depends on its rank.
 pub fn volcano_conf_with_extender(port: u16) -> String {
     let extender = format!(
-        "  - name: extender\n    arguments:\n      extender.urlPrefix: http://127.0.0.1:{port}{VOLCANO_PREFIX}\n      extender.httpTimeout: 1s\n      extender.predicateVerb: predicate\n      extender.prioritizeVerb: prioritize\n      extender.allocateFuncVerb: allocateFunc\n      extender.deallocateFuncVerb: deallocateFunc\n"
+        "  - name: extender\n    arguments:\n      extender.urlPrefix: http://127.0.0.1:{port}{VOLCANO_PREFIX}\n      extender.httpTimeout: 5s\n      extender.predicateVerb: predicate\n      extender.prioritizeVerb: prioritize\n      extender.allocateFuncVerb: allocateFunc\n      extender.deallocateFuncVerb: deallocateFunc\n"
     );
     format!(
         "{}configurations:\n- name: allocate\n  arguments:\n    predicateErrorCacheEnable: false\n",

@@ -15,10 +15,8 @@
 //! later jobs may still go ahead (as kube-scheduler and Volcano do). A pass after a completion
 //! tries the whole queue; a pass after arrivals only tries the new jobs (nothing else changed).
 //! Gang: a job's pods are placed rank by rank and the job starts only when every pod got a
-//! node; otherwise what its pods got is released and it waits. While jobs wait, the moment a
-//! super-node reservation lapses is an event too (it frees room; the scheduler retries pods all
-//! the time). A job still queued when nothing runs, nothing arrives and no reservation is left
-//! can never be placed; the report counts it.
+//! node; otherwise what its pods got is released and it waits. A job still queued when nothing
+//! runs and nothing arrives can never be placed; the report counts it.
 //!
 //! # State
 //!
@@ -26,7 +24,9 @@
 //! devices are [`Cluster::free_mask`] everywhere. The ledger's clock is the simulated one
 //! (`Instant` = start + simulated seconds), so the super-node reservations of gpu-group-size
 //! units live and expire on simulated time. A waiting unit's reservation is renewed at every
-//! pass, as the scheduler's retries of its pods would renew it.
+//! pass, as the scheduler's retries of its pods would renew it; a unit placed whole drops it at
+//! once, as the service does when its view shows the unit's pods bound. So every reservation
+//! belongs to a waiting job, and none lapses while it waits.
 
 pub mod plot;
 pub mod policy;
@@ -35,7 +35,7 @@ pub mod shape;
 pub mod trace;
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashSet};
+use std::collections::{BTreeMap, BinaryHeap};
 use std::time::{Duration, Instant};
 
 use fumarole_topology::baseline::nvidia_baseline;
@@ -44,7 +44,6 @@ use rand::{RngExt, SeedableRng};
 
 use crate::cluster::Cluster;
 use crate::decide;
-use crate::group::UnitKey;
 use crate::ledger::{Commit, Ledger};
 use crate::request::PodRequest;
 use crate::score::gpu_aware::{GpuAware, best_first};
@@ -260,17 +259,11 @@ pub fn run(sim: &Simulation, policy: Policy, opts: &Options) -> Outcome {
     loop {
         let next_arrival = arrivals.peek().map(|&j| sim.jobs[j].job.arrival);
         let next_done = running.peek().map(|Reverse((t, _))| *t);
-        // A reservation that lapses frees room for the waiting jobs: a wake-up then.
-        let wake = if queue.is_empty() {
-            None
-        } else {
-            e.next_plan_expiry(end, &queue)
-        };
-        let Some(t) = [next_arrival, next_done, wake].into_iter().flatten().min() else {
+        let Some(t) = [next_arrival, next_done].into_iter().flatten().min() else {
             break;
         };
         let now = e.at(t);
-        let mut freed = wake == Some(t);
+        let mut freed = false;
         while let Some(&Reverse((done, j))) = running.peek() {
             if done != t {
                 break;
@@ -361,25 +354,6 @@ impl<'a> Engine<'a> {
         }
     }
 
-    /// The first second after `after` at which a live reservation of a unit not waiting in
-    /// `queue` has lapsed (those of waiting units are renewed at every pass).
-    fn next_plan_expiry(&self, after: u64, queue: &[usize]) -> Option<u64> {
-        let waiting: HashSet<&UnitKey> = queue
-            .iter()
-            .flat_map(|&j| &self.sim.jobs[j].pods)
-            .filter_map(|r| r.group.as_ref().map(|g| &g.key))
-            .collect();
-        self.ledger
-            .plans(self.at(after))
-            .filter(|(k, _)| !waiting.contains(k))
-            .map(|(_, p)| {
-                let d = p.expires.saturating_duration_since(self.base);
-                d.as_secs() + u64::from(d.subsec_nanos() > 0)
-            })
-            .filter(|&t| t > after)
-            .min()
-    }
-
     /// Renews the reservations of the waiting units (their pods are retried all along), then
     /// drops expired ones.
     fn keep_reservations(&mut self, queue: &[usize], now: Instant) {
@@ -440,6 +414,13 @@ impl<'a> Engine<'a> {
                 devices,
                 ideal,
             });
+        }
+        // Placed whole: in the service the view now shows the unit's pods bound, and the next
+        // prune drops its plan; the simulated view never changes, so drop it here.
+        for req in &sj.pods {
+            if let Some(g) = &req.group {
+                self.ledger.drop_plan(&g.key);
+            }
         }
         Some(placed)
     }

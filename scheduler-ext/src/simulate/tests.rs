@@ -189,12 +189,11 @@ fn pods_larger_than_a_node_are_refused_with_the_line() {
     );
 }
 
-/// A unit that ends before its super-node reservation lapses keeps the room reserved until
-/// then (the service's rule: a plan lives for `--reservation-ttl` after its last pod was
-/// committed). The job waiting behind it starts when the reservation lapses, an event of its
-/// own, not never.
+/// A unit placed whole gives up its super-node reservation at once (the service drops a plan
+/// when its view shows all the unit's pods bound), so the job behind it starts when the unit's
+/// devices come back, as under binpack, not when the reservation would have lapsed (300 s).
 #[test]
-fn a_lapsing_reservation_wakes_the_queue() {
+fn a_placed_unit_keeps_no_reservation() {
     let trace = [
         r#"{"job":"u","arrival":0,"duration":100,"pods":2,"devices":8,"gpu-group-size":16}"#
             .to_string(),
@@ -204,7 +203,7 @@ fn a_lapsing_reservation_wakes_the_queue() {
     let s = sim("2xdgx-h100", &trace);
     let (fo, fm) = metrics(&s, Policy::Fumarole);
     assert_eq!(fo.jobs[0].start, Some(0));
-    assert_eq!(fo.jobs[1].start, Some(300));
+    assert_eq!(fo.jobs[1].start, Some(100));
     assert_eq!(fm.never_placed, 0);
     // Binpack has no reservations: the job starts when the unit ends.
     let (bo, _) = metrics(&s, Policy::Binpack);
