@@ -34,6 +34,9 @@ use k8s_openapi::api::core::v1::Pod;
 use prost::Message;
 use scheduler_ext::extender::{ExtenderFilterResult, HostPriority, KUBE_PREFIX, Service, router};
 use scheduler_ext::score::gpu_aware::GpuAware;
+use scheduler_ext::simulate::{
+    self, Simulation, policy::Policy, shape::ClusterShape, shape::SimCluster,
+};
 use scheduler_ext::view::ClusterView;
 use scheduler_ext::volcano::VOLCANO_PREFIX;
 
@@ -54,6 +57,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("device_plugin_requests", device_plugin_requests),
     ("device_plugin_config", device_plugin_config),
     ("kernel_files", kernel_files),
+    ("simulate_trace", simulate_trace),
 ];
 
 /// `cpuset`, `local_cpulist` and the kubelet's CPU lists; sysfs `cpumap` masks. A list that
@@ -454,4 +458,49 @@ pub fn kernel_files(data: &[u8]) {
     let _ = text.parse::<ContainerId>();
     let _ = text.parse::<PodQos>();
     let _ = text.parse::<Driver>();
+}
+
+/// The cluster small traces run on: two dgx-h100 nodes in one super-node, built once.
+fn sim_cluster() -> &'static SimCluster {
+    static CLUSTER: OnceLock<SimCluster> = OnceLock::new();
+    CLUSTER.get_or_init(|| {
+        let built = "2xdgx-h100:1"
+            .parse::<ClusterShape>()
+            .map_err(|e| e.to_string())
+            .and_then(|shape| shape.build().map_err(|e| e.to_string()));
+        match built {
+            Ok(cluster) => cluster,
+            Err(e) => unreachable!("a bundled shape: {e}"),
+        }
+    })
+}
+
+/// A `simulate` job trace (JSON lines). One the reader accepts and that is small (a few jobs
+/// and pods) is also run under the fumarole policy: every job either starts, at or after its
+/// arrival, with all its pods placed, or is reported never placed.
+pub fn simulate_trace(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let Ok(sim) = Simulation::load(sim_cluster().clone(), text, "fuzz") else {
+        return;
+    };
+    let pods: u64 = sim.jobs.iter().map(|j| u64::from(j.job.pods)).sum();
+    if sim.jobs.len() > 8 || pods > 32 {
+        return;
+    }
+    let outcome = simulate::run(&sim, Policy::Fumarole, &simulate::Options::default());
+    for (job, got) in sim.jobs.iter().zip(&outcome.jobs) {
+        match got.start {
+            Some(start) => {
+                assert!(
+                    start >= job.job.arrival,
+                    "{} started before it arrived",
+                    job.job.job
+                );
+                assert_eq!(got.pods.len(), job.job.pods as usize, "{}", job.job.job);
+            }
+            None => assert!(got.pods.is_empty()),
+        }
+    }
 }
