@@ -86,7 +86,17 @@ fn kubelet_cgroups(
         .mkdir("cpu", &format!("kubepods/{class}/pod{uid}/{container}"))
         .unwrap();
     for dir in [&pod, &c] {
-        std::fs::write(dir.join("cpu.shares"), shares).unwrap();
+        // The agent may have made a BE pod's group idle already (it acts on the pod from its
+        // creation), and the kernel refuses cpu.shares on an idle group: the kubelet's value
+        // no longer matters there.
+        if let Err(e) = std::fs::write(dir.join("cpu.shares"), shares) {
+            assert_eq!(
+                read(dir, "cpu.idle"),
+                "1",
+                "cpu.shares in {}: {e}",
+                dir.display()
+            );
+        }
         std::fs::write(dir.join("cpu.cfs_quota_us"), quota).unwrap();
     }
     (pod, c)
