@@ -3,11 +3,11 @@
 //!
 //! The SVG reads top to bottom the way the hardware is wired: packages with their NUMA nodes
 //! (CPUs, memory), the PCIe tree from each host bridge through its switches, the accelerators
-//! (model, bus id, health, and the pod using each when known), then the vendor fabric below
+//! (model, bus id, health), then the vendor fabric below
 //! them. A fabric whose devices are all linked pairwise by the same class (an NVSwitch
 //! baseboard, an HCCS group, a MetaXLink zone) is drawn as one bus with a drop per device;
-//! other fabric pairs as arcs labelled with their class. [`layout`] does the geometry and is
-//! what the tests look at; [`svg`] only paints it.
+//! other fabric pairs as arcs labelled with their class. [`layout`] does the geometry; [`svg`]
+//! only paints it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -55,8 +55,6 @@ pub struct DeviceBox {
     pub rect: Rect,
     pub label: String,
     pub healthy: bool,
-    /// The pod using it (`namespace/name`) or `free`; `None` when allocations are unknown.
-    pub user: Option<String>,
 }
 
 /// A fabric drawn as one bus: every pair of `members` has `class`.
@@ -131,9 +129,8 @@ fn class_color(class: LinkClass) -> &'static str {
     }
 }
 
-/// Lays out `t`. `users`, when the allocations are known, maps device ids to the pod using
-/// them (`namespace/name`); devices not in it are drawn as free.
-pub fn layout(t: &NodeTopology, users: Option<&BTreeMap<String, String>>) -> Layout {
+/// Lays out `t`.
+pub fn layout(t: &NodeTopology) -> Layout {
     // Devices in NUMA order, then along the PCIe tree, so siblings sit side by side.
     let mut order: Vec<usize> = (0..t.devices.len()).collect();
     order.sort_by(|&a, &b| {
@@ -219,7 +216,6 @@ pub fn layout(t: &NodeTopology, users: Option<&BTreeMap<String, String>>) -> Lay
                 },
                 label: label(t, i),
                 healthy: d.health == Health::Healthy,
-                user: users.map(|u| u.get(&d.id).cloned().unwrap_or_else(|| "free".into())),
             });
         }
         x += w + NUMA_GAP;
@@ -442,9 +438,9 @@ fn esc(text: &str) -> String {
         .replace('"', "&quot;")
 }
 
-/// The node as an SVG document; `users` as for [`layout`].
-pub fn svg(t: &NodeTopology, users: Option<&BTreeMap<String, String>>) -> String {
-    let l = layout(t, users);
+/// The node as an SVG document.
+pub fn svg(t: &NodeTopology) -> String {
+    let l = layout(t);
     let mut o = String::new();
     let _ = writeln!(
         o,
@@ -591,14 +587,11 @@ pub fn svg(t: &NodeTopology, users: Option<&BTreeMap<String, String>>) -> String
             r.w,
             r.h
         );
-        let mut lines = vec![
+        let lines = [
             (format!("{} · {health}", d.label), "bold"),
             (model, "normal"),
             (dev.pci_bus_id.clone(), "normal"),
         ];
-        if let Some(user) = &d.user {
-            lines.push((user.clone(), "normal"));
-        }
         for (k, (text, weight)) in lines.iter().enumerate() {
             let _ = writeln!(
                 o,

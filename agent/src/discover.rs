@@ -76,7 +76,7 @@ pub fn run(args: DiscoverArgs) -> Result<()> {
         Format::Table => render::table(&topology),
         Format::Matrix => render::matrix(&topology),
         // Discovery alone does not know which pod uses a device.
-        Format::Svg => diagram::svg(&topology, None),
+        Format::Svg => diagram::svg(&topology),
         Format::Dot => diagram::dot(&topology),
     };
     print!("{text}");

@@ -13,7 +13,7 @@
 use std::time::Duration;
 
 use fumarole_e2e::cluster::{Identity, eventually, free_port, http_post_json};
-use fumarole_e2e::colocation::AgentRun;
+use fumarole_e2e::colocation::{AgentRun, log};
 use fumarole_e2e::deploy::{apply, deploy_dir, documents, kustomization};
 use fumarole_e2e::fumarole::scheduler_ext_bin;
 use fumarole_e2e::process::Proc;
@@ -307,8 +307,11 @@ async fn each_component_does_its_job_with_only_its_rights_and_the_agent_writes_o
     })
     .await
     .unwrap();
-    let log = std::fs::read_to_string(agent.log_path()).unwrap();
-    assert!(!log.to_lowercase().contains("forbidden"), "{log}");
+    let agent_log = log(&agent);
+    assert!(
+        !agent_log.to_lowercase().contains("forbidden"),
+        "{agent_log}"
+    );
 
     // Node-scoped writes: its own node's objects pass, node-b's are denied by the policy.
     let as_agent = cluster.client_for(&agent_id).await.unwrap();
@@ -431,7 +434,7 @@ async fn each_component_does_its_job_with_only_its_rights_and_the_agent_writes_o
         &cluster.root().join("logs"),
     )
     .unwrap();
-    let ext_log = || std::fs::read_to_string(ext.log_path()).unwrap_or_default();
+    let ext_log = || log(&ext);
     eventually(
         "the extension's cluster view",
         Duration::from_secs(30),

@@ -333,7 +333,7 @@ async fn agent_survives_restarts_churn_flips_and_bad_input_with_flat_footprint()
     let state = kdm.state().await.unwrap();
     assert_eq!(state["generation"].as_u64().unwrap() as usize, rounds + 1);
     // A preferred allocation still works, with the garbled pending pod skipped.
-    let offered: Vec<Value> = kdm.state().await.unwrap()["devices"][GPU]
+    let offered: Vec<Value> = state["devices"][GPU]
         .as_array()
         .unwrap()
         .iter()

@@ -20,7 +20,7 @@
 
 use std::collections::VecDeque;
 use std::collections::{BTreeMap, HashSet};
-use std::sync::{Arc, Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant, SystemTime};
 
 use axum::Router;
@@ -222,10 +222,7 @@ impl Service {
             at: SystemTime::now(),
             verdicts,
         };
-        let mut kept = match self.decisions.lock() {
-            Ok(g) => g,
-            Err(poisoned) => poisoned.into_inner(),
-        };
+        let mut kept = self.decisions_kept();
         if kept.len() == DECISIONS_KEPT {
             kept.pop_front();
         }
@@ -236,10 +233,7 @@ impl Service {
     /// view).
     pub fn decisions(&self) -> Vec<Decision> {
         let view = self.view();
-        let kept = match self.decisions.lock() {
-            Ok(g) => g,
-            Err(poisoned) => poisoned.into_inner(),
-        };
+        let kept = self.decisions_kept();
         kept.iter()
             .rev()
             .map(|r| {
@@ -287,6 +281,13 @@ impl Service {
         }
         self.ledger_mut()
             .prune(&view, Instant::now(), self.settings.commit_ttl)
+    }
+
+    fn decisions_kept(&self) -> MutexGuard<'_, VecDeque<Recorded>> {
+        match self.decisions.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        }
     }
 
     fn ledger(&self) -> RwLockReadGuard<'_, Ledger> {

@@ -165,7 +165,7 @@ impl Metrics {
             .inc();
     }
 
-    /// The node's accelerators as last published: how many are healthy, unhealthy, allocated.
+    /// The node's accelerators as last discovered: how many are healthy, unhealthy, allocated.
     pub fn devices(&self, healthy: usize, unhealthy: usize, allocated: usize) {
         let gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
         for (health, n) in [("healthy", healthy), ("unhealthy", unhealthy)] {

@@ -46,17 +46,6 @@ impl Policy {
             Policy::Nvidia => "nvidia",
         }
     }
-
-    /// What the policy does, for reports.
-    pub fn describe(self) -> &'static str {
-        match self {
-            Policy::Fumarole => "gpu-aware score + gpu-group-size placement (the service's code)",
-            Policy::Binpack => "fewest free devices that fit; lowest device indices",
-            Policy::Spread => "most free devices; lowest device indices",
-            Policy::Random => "random node that fits (seeded); lowest device indices",
-            Policy::Nvidia => "binpack node; NVIDIA partition search for the devices",
-        }
-    }
 }
 
 impl fmt::Display for Policy {

@@ -127,8 +127,6 @@ pub struct SimCluster {
     pub resource: String,
     /// Devices per node.
     pub devices_per_node: usize,
-    /// The fixture's link matrix.
-    pub links: LinkMatrix,
     /// NVIDIA's pair scores of the fixture ([`baseline::nvidia_scores`]).
     pub nvidia_scores: Vec<Vec<u32>>,
 }
@@ -248,7 +246,6 @@ impl ClusterShape {
             resource,
             devices_per_node: links.len(),
             nvidia_scores: baseline::nvidia_scores(&links),
-            links,
         })
     }
 }
