@@ -25,7 +25,8 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use fumarole_e2e::cluster::{http_get, metric_sum};
+use anyhow::{anyhow, ensure};
+use fumarole_e2e::cluster::{eventually, http_get, metric_sum};
 use fumarole_e2e::colocation::{AgentRun, CgroupTree, config_map, log, read, running_pod};
 use fumarole_e2e::fumarole::{device_topologies, fixture_root, node_resource_topologies};
 use fumarole_e2e::process::Footprint;
@@ -197,17 +198,6 @@ fn flip(root: &Path, present: bool) {
     }
 }
 
-async fn until(what: &str, secs: u64, mut check: impl AsyncFnMut() -> Result<(), String>) {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
-        match check().await {
-            Ok(()) => return,
-            Err(why) if Instant::now() > deadline => panic!("timed out: {what}: {why}"),
-            Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
-        }
-    }
-}
-
 fn healths(devices: &[Value]) -> Vec<bool> {
     devices.iter().map(|d| d["health"] == "Healthy").collect()
 }
@@ -279,16 +269,23 @@ async fn agent_survives_restarts_churn_flips_and_bad_input_with_flat_footprint()
         .unwrap();
     let mut last = Some(churn(&tree, &pods, 0, None).await);
     let dts = device_topologies(cluster.client());
-    until("the first co-location report", 60, async || {
-        let dt = dts.get_opt(NODE).await.map_err(|e| e.to_string())?;
-        let burst = dt
-            .as_ref()
-            .map(|o| o.data["status"]["colocation"]["burstPods"].clone());
-        (burst == Some(json!(1)))
-            .then_some(())
-            .ok_or(format!("{burst:?}"))
-    })
-    .await;
+    eventually(
+        "the first co-location report",
+        Duration::from_secs(60),
+        || {
+            let dts = &dts;
+            async move {
+                let dt = dts.get_opt(NODE).await?;
+                let burst = dt
+                    .as_ref()
+                    .map(|o| o.data["status"]["colocation"]["burstPods"].clone());
+                ensure!(burst == Some(json!(1)), "burstPods {burst:?}");
+                Ok(Some(()))
+            }
+        },
+    )
+    .await
+    .unwrap();
     let start = Footprint::of(agent.pid()).unwrap();
     let started = Instant::now();
 
@@ -358,61 +355,69 @@ async fn agent_survives_restarts_churn_flips_and_bad_input_with_flat_footprint()
 
     // Every object current.
     let nrts = node_resource_topologies(cluster.client());
-    until(
+    let want_healthy = want_health.iter().filter(|h| **h).count() as u64;
+    eventually(
         "DeviceTopology, NodeResourceTopology and the Node to be current",
-        60,
-        async || {
-            let dt = dts.get(NODE).await.map_err(|e| e.to_string())?;
-            let status = &dt.data["status"];
-            let healthy = status["healthyCount"].as_u64();
-            if healthy != Some(want_health.iter().filter(|h| **h).count() as u64) {
-                return Err(format!("healthyCount {healthy:?}"));
-            }
-            let colocation = &status["colocation"];
-            if colocation["burstPods"] != json!(1)
-                || colocation["qosLevelPods"]["BE"] != json!(1)
-                || colocation.get("configError").is_some()
-            {
-                return Err(format!("colocation report {colocation}"));
-            }
-            let nrt = nrts.get(NODE).await.map_err(|e| e.to_string())?;
-            let zone0_gpus = nrt.data["zones"]
-                .as_array()
-                .and_then(|z| z.iter().find(|z| z["name"] == "node-0"))
-                .and_then(|z| z["resources"].as_array())
-                .and_then(|r| r.iter().find(|r| r["name"] == GPU))
-                .map(|r| r["allocatable"].clone());
-            let want = json!(if gpu3_healthy { "4" } else { "3" });
-            if zone0_gpus != Some(want.clone()) {
-                return Err(format!(
+        Duration::from_secs(60),
+        || {
+            let (dts, nrts, nodes) = (&dts, &nrts, &nodes);
+            async move {
+                let dt = dts.get(NODE).await?;
+                let status = &dt.data["status"];
+                let healthy = status["healthyCount"].as_u64();
+                ensure!(healthy == Some(want_healthy), "healthyCount {healthy:?}");
+                let colocation = &status["colocation"];
+                ensure!(
+                    colocation["burstPods"] == json!(1)
+                        && colocation["qosLevelPods"]["BE"] == json!(1)
+                        && colocation.get("configError").is_none(),
+                    "colocation report {colocation}"
+                );
+                let nrt = nrts.get(NODE).await?;
+                let zone0_gpus = nrt.data["zones"]
+                    .as_array()
+                    .and_then(|z| z.iter().find(|z| z["name"] == "node-0"))
+                    .and_then(|z| z["resources"].as_array())
+                    .and_then(|r| r.iter().find(|r| r["name"] == GPU))
+                    .map(|r| r["allocatable"].clone());
+                let want = json!(if gpu3_healthy { "4" } else { "3" });
+                ensure!(
+                    zone0_gpus == Some(want.clone()),
                     "NUMA node 0 {GPU} allocatable {zone0_gpus:?}, want {want}"
-                ));
+                );
+                let node = nodes.get(NODE).await?;
+                let capacity = node.status.and_then(|s| s.capacity).unwrap_or_default();
+                ensure!(
+                    capacity.contains_key("kubernetes.io/batch-cpu"),
+                    "no batch-cpu on the Node"
+                );
+                Ok(Some(()))
             }
-            let node = nodes.get(NODE).await.map_err(|e| e.to_string())?;
-            let capacity = node.status.and_then(|s| s.capacity).unwrap_or_default();
-            if !capacity.contains_key("kubernetes.io/batch-cpu") {
-                return Err("no batch-cpu on the Node".into());
-            }
-            Ok(())
         },
     )
-    .await;
+    .await
+    .unwrap();
 
     // Cgroups as desired for the last round's pods.
     let [(_, be_pod, _), (_, burst_pod, burst_c), (_, bad_pod, bad_c)] = &last.pods[..] else {
         unreachable!()
     };
     let want_burst = burst_time(rounds).to_string();
-    until("the last round's cgroups", 30, async || {
+    eventually("the last round's cgroups", Duration::from_secs(30), || {
         let got = [
             read(be_pod, "cpu.idle"),
             read(burst_c, "cpu.cfs_burst_us"),
             read(burst_pod, "cpu.cfs_burst_us"),
         ];
         let want = ["1", want_burst.as_str(), want_burst.as_str()];
-        (got == want).then_some(()).ok_or(format!("{got:?}"))
+        std::future::ready(if got == want {
+            Ok(Some(()))
+        } else {
+            Err(anyhow!("{got:?}"))
+        })
     })
-    .await;
+    .await
+    .unwrap();
     // Bad annotations are skipped: the kubelet's values stay.
     for dir in [bad_pod, bad_c] {
         assert_eq!(read(dir, "cpu.idle"), "0", "{}", dir.display());

@@ -208,6 +208,17 @@ pub fn rank(pod: &Pod) -> Option<u32> {
     digits.parse().ok()
 }
 
+/// True when the pod carries a gpu-group-size or atomic-gpu-group-size annotation (any
+/// spelling), well-formed or not.
+pub fn has_group_annotations(pod: &Pod) -> bool {
+    pod.metadata.annotations.as_ref().is_some_and(|a| {
+        GROUP_SIZE
+            .iter()
+            .chain(&ATOMIC_GROUP_SIZE)
+            .any(|k| a.contains_key(*k))
+    })
+}
+
 /// The pod's unit, or `None` when it has no group-size annotation. `gpus` is the pod's GPU
 /// count (from [`crate::request::device_request`]).
 pub fn group_spec(pod: &Pod, gpus: u32) -> Result<Option<GroupSpec>, GroupError> {

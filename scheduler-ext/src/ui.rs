@@ -54,7 +54,7 @@ pub struct NodeRow {
 pub fn largest_ideal_block(nv: &NodeView, free: u64) -> usize {
     (1..=free.count_ones() as usize)
         .rev()
-        .find(|&k| nv.select.select(free, k).is_ok_and(|s| s.q >= 1.0 - 1e-9))
+        .find(|&k| nv.ideal_fit(free, k))
         .unwrap_or(0)
 }
 
@@ -284,13 +284,7 @@ fn waiting_reason(
     let rows: Vec<Row> = match decisions.iter().find(|d| d.pod == key) {
         Some(d) => d.rows.clone(),
         None => {
-            let grouped = pod.metadata.annotations.as_ref().is_some_and(|a| {
-                crate::group::GROUP_SIZE
-                    .iter()
-                    .chain(&crate::group::ATOMIC_GROUP_SIZE)
-                    .any(|k| a.contains_key(*k))
-            });
-            if grouped {
+            if crate::group::has_group_annotations(pod) {
                 return "gpu-group-size unit: no scoring asked for yet".into();
             }
             if svc.view().is_empty() {

@@ -122,6 +122,21 @@ pub struct NodeView {
 }
 
 impl NodeView {
+    /// True when `k` of the devices in `free` have ideal interconnect: the best `k` of them
+    /// reach `Q_ideal(k)`, the best any `k` devices of this node have.
+    pub fn ideal_fit(&self, free: u64, k: usize) -> bool {
+        if (free.count_ones() as usize) < k {
+            return false;
+        }
+        match (
+            self.select.select(free, k),
+            self.select.context.ideal_quality(k),
+        ) {
+            (Ok(s), Some(ideal)) => s.quality >= ideal,
+            _ => false,
+        }
+    }
+
     /// The view of one node, reusing the context of an earlier node with the same links.
     fn with_contexts(dt: &DeviceTopology, contexts: &mut Contexts) -> Result<Self, ViewError> {
         let name = dt.metadata.name.clone().ok_or(ViewError::NoName {
@@ -525,13 +540,7 @@ impl ClusterView {
                 Err(e) => self.warnings.push(format!("pod {key}: {e}")),
             }
         }
-        let grouped = pod.metadata.annotations.as_ref().is_some_and(|a| {
-            group::GROUP_SIZE
-                .iter()
-                .chain(&group::ATOMIC_GROUP_SIZE)
-                .any(|k| a.contains_key(*k))
-        });
-        if !grouped {
+        if !group::has_group_annotations(pod) {
             return;
         }
         let Ok(req) = request::device_request(pod, &self.resources()) else {

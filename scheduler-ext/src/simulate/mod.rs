@@ -214,26 +214,12 @@ pub fn stranded(c: &Cluster, resource: &str, common: &[(usize, f64)]) -> f64 {
             continue;
         }
         for &(k, p) in common {
-            if !ideal_fit(nv, free, k) {
+            if !nv.ideal_fit(free, k) {
                 s += p * n as f64;
             }
         }
     }
     s
-}
-
-/// True when `k` of the devices in `free` on `nv` have ideal interconnect.
-pub fn ideal_fit(nv: &NodeView, free: u64, k: usize) -> bool {
-    if (free.count_ones() as usize) < k {
-        return false;
-    }
-    match (
-        nv.select.select(free, k),
-        nv.select.context.ideal_quality(k),
-    ) {
-        (Ok(s), Some(ideal)) => s.quality >= ideal,
-        _ => false,
-    }
 }
 
 /// Runs `policy` over the whole trace (see the module doc).
