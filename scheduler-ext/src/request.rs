@@ -1,8 +1,7 @@
 //! A pod's accelerator request: which accelerator resource and how many devices.
 //!
-//! Per container the limit counts (the request when no limit is set, as Kubernetes defaults
-//! extended-resource requests to limits); the pod asks for the sum over its containers, or the
-//! largest init container's amount when that is larger (the kubelet's effective request).
+//! The pod asks for its effective request of the resource, as the kubelet counts it
+//! ([`fumarole_topology::pod::effective_request`]: containers, init containers and sidecars).
 //! A resource is an accelerator when a known vendor prefix names it (`nvidia.com/`,
 //! `huawei.com/`, `metax-tech.com/`, `amd.com/gpu`, `gpu.intel.com/`,
 //! `fumarole.dev/accelerator`) or some node of the view offers it.
@@ -13,7 +12,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::core::v1::{Container, Pod};
+use fumarole_topology::{pod, quantity};
+use k8s_openapi::api::core::v1::Pod;
 
 use crate::group::{self, GroupError, UnitKey};
 use crate::placement::PodGroup;
@@ -106,49 +106,19 @@ pub fn pod_request(pod: &Pod, offered: &BTreeSet<&str>) -> Result<PodRequest, Re
     })
 }
 
-/// A CPU quantity in millicores: `500m`, `2`, `1.5`.
-fn parse_cpu(q: &str) -> Option<u32> {
-    let q = q.trim();
-    if let Some(m) = q.strip_suffix('m') {
-        return m.parse().ok();
-    }
-    let v: f64 = q.parse().ok()?;
-    (v.is_finite() && v >= 0.0 && v * 1000.0 <= f64::from(u32::MAX))
-        .then(|| (v * 1000.0).ceil() as u32)
-}
-
-/// The pod's effective CPU request in millicores (requests, else limits; sum of containers or
-/// the largest init container).
+/// The pod's effective CPU request in millicores ([`pod::effective_request`]).
 fn cpu_millis(pod: &Pod, key: &str) -> Result<u32, RequestError> {
-    let one = |c: &Container| -> Result<u32, RequestError> {
-        let res = c.resources.as_ref();
-        let q = res
-            .and_then(|r| r.requests.as_ref())
-            .and_then(|m| m.get("cpu"))
-            .or_else(|| {
-                res.and_then(|r| r.limits.as_ref())
-                    .and_then(|m| m.get("cpu"))
-            });
-        match q {
-            None => Ok(0),
-            Some(q) => parse_cpu(&q.0).ok_or_else(|| RequestError::BadCpu {
-                pod: key.to_string(),
-                container: c.name.clone(),
-                value: q.0.clone(),
-            }),
-        }
-    };
     let Some(spec) = pod.spec.as_ref() else {
         return Ok(0);
     };
-    let mut sum = 0u32;
-    for c in &spec.containers {
-        sum = sum.saturating_add(one(c)?);
-    }
-    for c in spec.init_containers.iter().flatten() {
-        sum = sum.max(one(c)?);
-    }
-    Ok(sum)
+    let millis = pod::effective_request(spec, "cpu", quantity::cpu_millis).map_err(|e| {
+        RequestError::BadCpu {
+            pod: key.to_string(),
+            container: e.container.unwrap_or_else(|| e.field.clone()),
+            value: e.value,
+        }
+    })?;
+    Ok(u32::try_from(millis).unwrap_or(u32::MAX))
 }
 
 /// Resource-name prefixes of the accelerator vendors the project knows.
@@ -170,78 +140,48 @@ pub struct DeviceRequest {
     pub count: usize,
 }
 
-/// `namespace/name` of a pod.
-pub fn pod_key(pod: &Pod) -> String {
-    format!(
-        "{}/{}",
-        pod.metadata.namespace.as_deref().unwrap_or("default"),
-        pod.metadata
-            .name
-            .as_deref()
-            .or(pod.metadata.generate_name.as_deref())
-            .unwrap_or("<unnamed>")
-    )
-}
+/// `namespace/name` of a pod ([`fumarole_topology::pod::key`]).
+pub use fumarole_topology::pod::key as pod_key;
 
 fn is_accelerator(name: &str, offered: &BTreeSet<&str>) -> bool {
     offered.contains(name) || KNOWN_PREFIXES.iter().any(|p| name.starts_with(p))
 }
 
-/// Accelerator amounts of one container.
-fn container_amounts(
-    pod: &str,
-    c: &Container,
-    offered: &BTreeSet<&str>,
-) -> Result<BTreeMap<String, usize>, RequestError> {
-    let mut out = BTreeMap::new();
-    let Some(res) = c.resources.as_ref() else {
-        return Ok(out);
+/// The accelerator resources the pod's containers name, in requests or limits.
+fn accelerator_names(pod: &Pod, offered: &BTreeSet<&str>) -> BTreeSet<String> {
+    let Some(spec) = pod.spec.as_ref() else {
+        return BTreeSet::new();
     };
-    let mut names = BTreeSet::new();
-    for m in [&res.limits, &res.requests].into_iter().flatten() {
-        names.extend(m.keys().filter(|k| is_accelerator(k, offered)).cloned());
-    }
-    for name in names {
-        let q = res
-            .limits
-            .as_ref()
-            .and_then(|m| m.get(&name))
-            .or_else(|| res.requests.as_ref().and_then(|m| m.get(&name)));
-        let Some(q) = q else { continue };
-        let n: usize = q.0.trim().parse().map_err(|_| RequestError::BadQuantity {
-            pod: pod.to_string(),
-            container: c.name.clone(),
-            resource: name.clone(),
-            value: q.0.clone(),
-        })?;
-        if n > 0 {
-            out.insert(name, n);
-        }
-    }
-    Ok(out)
+    spec.containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .filter_map(|c| c.resources.as_ref())
+        .flat_map(|r| [&r.limits, &r.requests])
+        .flatten()
+        .flat_map(|m| m.keys())
+        .filter(|k| is_accelerator(k, offered))
+        .cloned()
+        .collect()
 }
 
 /// The pod's accelerator request, checked against the resources the view's nodes offer.
 pub fn device_request(pod: &Pod, offered: &BTreeSet<&str>) -> Result<DeviceRequest, RequestError> {
     let key = pod_key(pod);
     let mut total: BTreeMap<String, usize> = BTreeMap::new();
-    let mut init_max: BTreeMap<String, usize> = BTreeMap::new();
     if let Some(spec) = pod.spec.as_ref() {
-        for c in &spec.containers {
-            for (r, n) in container_amounts(&key, c, offered)? {
-                *total.entry(r).or_default() += n;
+        for name in accelerator_names(pod, offered) {
+            let n = pod::effective_request(spec, &name, quantity::whole).map_err(|e| {
+                RequestError::BadQuantity {
+                    pod: key.clone(),
+                    container: e.container.unwrap_or_else(|| e.field.clone()),
+                    resource: name.clone(),
+                    value: e.value,
+                }
+            })?;
+            if n > 0 {
+                total.insert(name, usize::try_from(n).unwrap_or(usize::MAX));
             }
         }
-        for c in spec.init_containers.iter().flatten() {
-            for (r, n) in container_amounts(&key, c, offered)? {
-                let e = init_max.entry(r).or_default();
-                *e = (*e).max(n);
-            }
-        }
-    }
-    for (r, n) in init_max {
-        let e = total.entry(r).or_default();
-        *e = (*e).max(n);
     }
     let mut it = total.into_iter();
     let Some((resource, count)) = it.next() else {

@@ -3,9 +3,10 @@
 //! Start at [`NodeTopology`] (CPUs, NUMA nodes, accelerators, the link matrix, the
 //! super-node). [`link`] explains link classes and their weights; [`cpuset`] the Linux list
 //! format used wherever CPUs are written down; [`crd`] the Kubernetes objects built from it;
-//! [`annotation`] the pod annotation carrying the scheduler's device choice; [`shapes`] the link
-//! matrices of the fixture node shapes and [`baseline`] the NVIDIA-style allocator `select` is
-//! compared with. Nothing here does I/O or async work: discovery lives in `fumarole-exporter`,
+//! [`annotation`] the pod annotation carrying the scheduler's device choice; [`quantity`] and
+//! [`pod`] the Kubernetes quantities and effective pod requests every component reads alike;
+//! [`shapes`] the link matrices of the fixture node shapes and [`baseline`] the NVIDIA-style
+//! allocator `select` is compared with. Nothing here does I/O or async work: discovery lives in `fumarole-exporter`,
 //! and every function here is a pure function of its inputs.
 
 pub mod annotation;
@@ -14,6 +15,8 @@ pub mod cpuset;
 pub mod crd;
 pub mod link;
 pub mod model;
+pub mod pod;
+pub mod quantity;
 pub mod select;
 pub mod shapes;
 

@@ -24,9 +24,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use fumarole_exporter::kubelet::quantity;
 use fumarole_exporter::publish::metrics::Metrics;
 use fumarole_topology::crd::{BatchResourcesStatus, EvictionRecord};
+use fumarole_topology::quantity;
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod, Taint};
 use kube::api::{DeleteParams, EvictParams, Patch, PatchParams, Preconditions};
 use kube::runtime::events::{Event, EventType, Recorder};
@@ -513,7 +513,7 @@ fn allocatable(node: &Node, static_cpu_manager: bool) -> Result<NodeAllocatable,
     let memory = get("memory")?;
     Ok(NodeAllocatable {
         cpu_millis: quantity::cpu_millis(&cpu).map_err(|e| format!("allocatable cpu: {e}"))?,
-        memory_bytes: quantity::bytes(&memory).map_err(|e| format!("allocatable memory: {e}"))?,
+        memory_bytes: quantity::units(&memory).map_err(|e| format!("allocatable memory: {e}"))?,
         static_cpu_manager,
     })
 }
@@ -524,8 +524,8 @@ fn batch_on_node(node: &Node) -> Option<BatchResources> {
     let cpu = capacity.get(BATCH_CPU)?;
     let memory = capacity.get(BATCH_MEMORY)?;
     Some(BatchResources {
-        cpu_millis: quantity::bytes(&cpu.0).ok()?,
-        memory_bytes: quantity::bytes(&memory.0).ok()?,
+        cpu_millis: quantity::units(&cpu.0).ok()?,
+        memory_bytes: quantity::units(&memory.0).ok()?,
     })
 }
 

@@ -46,8 +46,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use fumarole_exporter::kubelet::quantity;
-use k8s_openapi::api::core::v1::{Container, Pod};
+use fumarole_topology::{pod, quantity};
+use k8s_openapi::api::core::v1::Pod;
 
 use super::config::EvictionSettings;
 
@@ -176,9 +176,9 @@ impl PodFacts {
                 let who = pod_ref.to_string();
                 Requests {
                     cpu_millis: pod_request(spec, "cpu", quantity::cpu_millis, &who)?,
-                    memory_bytes: pod_request(spec, "memory", quantity::bytes, &who)?,
-                    batch_cpu_millis: pod_request(spec, BATCH_CPU, quantity::bytes, &who)?,
-                    batch_memory_bytes: pod_request(spec, BATCH_MEMORY, quantity::bytes, &who)?,
+                    memory_bytes: pod_request(spec, "memory", quantity::units, &who)?,
+                    batch_cpu_millis: pod_request(spec, BATCH_CPU, quantity::units, &who)?,
+                    batch_memory_bytes: pod_request(spec, BATCH_MEMORY, quantity::units, &who)?,
                 }
             }
             None => Requests::default(),
@@ -243,70 +243,21 @@ pub fn pod_cpu_request_millis(
     pod_request(spec, "cpu", quantity::cpu_millis, who)
 }
 
-type Parse = fn(&str) -> Result<u64, quantity::QuantityError>;
-
-fn container_request(c: &Container, name: &str, parse: Parse, who: &str) -> Result<u64, PodError> {
-    let Some(q) = c
-        .resources
-        .as_ref()
-        .and_then(|r| r.requests.as_ref())
-        .and_then(|r| r.get(name))
-    else {
-        return Ok(0);
-    };
-    parse(&q.0).map_err(|_| PodError::Quantity {
-        pod: who.into(),
-        field: format!("container {} requests.{name}", c.name),
-        value: q.0.clone(),
-    })
-}
-
-/// The pod's effective request of `name`, as Kubernetes computes it: pod-level resources if
-/// set, else the larger of (app containers + sidecars) and each regular init container plus the
-/// sidecars started before it; plus the pod overhead.
+/// The pod's effective request of `name` ([`fumarole_topology::pod::effective_request`]).
 fn pod_request(
     spec: &k8s_openapi::api::core::v1::PodSpec,
     name: &str,
-    parse: Parse,
+    parse: pod::Parse,
     who: &str,
 ) -> Result<u64, PodError> {
-    let pod_level = spec
-        .resources
-        .as_ref()
-        .and_then(|r| r.requests.as_ref())
-        .and_then(|r| r.get(name));
-    let base = if let Some(q) = pod_level {
-        parse(&q.0).map_err(|_| PodError::Quantity {
-            pod: who.into(),
-            field: format!("spec.resources.requests.{name}"),
-            value: q.0.clone(),
-        })?
-    } else {
-        let mut sidecars = 0u64;
-        let mut init_peak = 0u64;
-        for c in spec.init_containers.iter().flatten() {
-            let r = container_request(c, name, parse, who)?;
-            if c.restart_policy.as_deref() == Some("Always") {
-                sidecars = sidecars.saturating_add(r);
-            } else {
-                init_peak = init_peak.max(sidecars.saturating_add(r));
-            }
-        }
-        let mut app = 0u64;
-        for c in &spec.containers {
-            app = app.saturating_add(container_request(c, name, parse, who)?);
-        }
-        init_peak.max(app.saturating_add(sidecars))
-    };
-    let overhead = match spec.overhead.as_ref().and_then(|o| o.get(name)) {
-        Some(q) => parse(&q.0).map_err(|_| PodError::Quantity {
-            pod: who.into(),
-            field: format!("spec.overhead.{name}"),
-            value: q.0.clone(),
-        })?,
-        None => 0,
-    };
-    Ok(base.saturating_add(overhead))
+    pod::effective_request(spec, name, parse).map_err(|e| PodError::Quantity {
+        pod: who.into(),
+        field: match e.container {
+            Some(c) => format!("container {c} {}", e.field),
+            None => e.field,
+        },
+        value: e.value,
+    })
 }
 
 /// One line of a pressure file: percents of wall time over 10 s, 60 s and 300 s, and the total

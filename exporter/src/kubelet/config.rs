@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use fumarole_topology::CpuSet;
 use serde::Deserialize;
 
-use super::quantity;
+use fumarole_topology::quantity;
 
 /// The fields of `KubeletConfiguration` we read; unknown fields are ignored.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
@@ -109,7 +109,7 @@ impl KubeletConfig {
             // A percentage depends on capacity; only absolute thresholds are reserved here.
             Some(v) if v.ends_with('%') => 0,
             Some(v) => {
-                quantity::bytes(v).map_err(|e| format!("evictionHard.memory.available: {e}"))?
+                quantity::units(v).map_err(|e| format!("evictionHard.memory.available: {e}"))?
             }
             None => 0,
         };
@@ -137,7 +137,7 @@ impl KubeletConfig {
                 "container",
             )?,
             reserved_cpu_millis: sum("cpu", quantity::cpu_millis)?,
-            reserved_memory_bytes: sum("memory", quantity::bytes)?
+            reserved_memory_bytes: sum("memory", quantity::units)?
                 .checked_add(eviction_memory)
                 .ok_or("evictionHard.memory.available: the reserved memory is too large")?,
             reserved_system_cpus,
@@ -190,8 +190,8 @@ mod tests {
             ("cpuManagerPolicy: [static", ""),
             // Found while writing the kubelet_config fuzz target: the sum overflowed (a panic).
             (
-                "kubeReserved: {memory: 20E}\nsystemReserved: {memory: 1Ki}",
-                "systemReserved.memory: \"1Ki\" is too large",
+                "kubeReserved: {memory: 10E}\nsystemReserved: {memory: 9E}",
+                "systemReserved.memory: \"9E\" is too large",
             ),
             (
                 "kubeReserved: {memory: 16E}\nevictionHard: {memory.available: 3E}",

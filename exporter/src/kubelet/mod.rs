@@ -7,7 +7,6 @@
 pub mod config;
 pub mod cpu_manager_state;
 pub mod podresources;
-pub mod quantity;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

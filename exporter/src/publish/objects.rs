@@ -14,8 +14,8 @@ use fumarole_topology::crd::{
 use fumarole_topology::{CpuSet, Health, NodeTopology};
 
 use crate::kubelet::config::KubeletPolicies;
-use crate::kubelet::quantity::format_cpu;
 use crate::kubelet::{AllocationSource, Allocations};
+use fumarole_topology::quantity::format_cpu;
 
 /// Label keys we own on the Node; everything under this prefix is ours.
 pub const LABEL_PREFIX: &str = "fumarole.dev/";
