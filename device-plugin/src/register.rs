@@ -9,10 +9,9 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use hyper_util::rt::TokioIo;
 use tokio::net::UnixListener;
 use tokio_stream::wrappers::UnixListenerStream;
-use tonic::transport::{Endpoint, Server, Uri};
+use tonic::transport::{Endpoint, Server};
 
 use crate::api;
 use crate::api::device_plugin_server::DevicePluginServer;
@@ -54,17 +53,10 @@ pub async fn register(dir: &Path, service: &DevicePluginService) -> Result<(), R
         path: kubelet.clone(),
         reason,
     };
-    let path = kubelet.clone();
-    let channel = Endpoint::from_static("http://[::]:0")
+    let channel = Endpoint::from_shared(format!("unix:{}", kubelet.display()))
+        .map_err(|e| err(e.to_string()))?
         .connect_timeout(Duration::from_secs(5))
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let path = path.clone();
-            async move {
-                tokio::net::UnixStream::connect(path)
-                    .await
-                    .map(TokioIo::new)
-            }
-        }))
+        .connect()
         .await
         .map_err(|e| err(e.to_string()))?;
     RegistrationClient::new(channel)

@@ -7,8 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use fumarole_topology::CpuSet;
-use hyper_util::rt::TokioIo;
-use tonic::transport::{Endpoint, Uri};
+use tonic::transport::Endpoint;
 
 use super::{ContainerAllocation, PodAllocation};
 
@@ -27,25 +26,17 @@ pub enum PodResourcesError {
 
 /// Every pod's exclusive CPUs and devices.
 pub async fn list(socket: &Path) -> Result<Vec<PodAllocation>, PodResourcesError> {
-    let path = socket.to_path_buf();
-    let display = path.display().to_string();
-    // The URI is a placeholder: the connector below always dials the socket.
-    let channel = Endpoint::from_static("http://[::]:0")
+    let connect_err = |e: tonic::transport::Error| PodResourcesError::Connect {
+        path: socket.display().to_string(),
+        reason: e.to_string(),
+    };
+    let channel = Endpoint::from_shared(format!("unix:{}", socket.display()))
+        .map_err(connect_err)?
         .connect_timeout(Duration::from_secs(5))
         .timeout(Duration::from_secs(10))
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let path = path.clone();
-            async move {
-                tokio::net::UnixStream::connect(path)
-                    .await
-                    .map(TokioIo::new)
-            }
-        }))
+        .connect()
         .await
-        .map_err(|e| PodResourcesError::Connect {
-            path: display.clone(),
-            reason: e.to_string(),
-        })?;
+        .map_err(connect_err)?;
     let mut client = v1::pod_resources_lister_client::PodResourcesListerClient::new(channel);
     let response = client
         .list(v1::ListPodResourcesRequest {})
