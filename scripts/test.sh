@@ -10,6 +10,7 @@ export CARGO_TERM_COLOR=never
 export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
 
 cargo fmt --all -- --check
+scripts/module-cycles.py
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --exclude fumarole-e2e --locked
 e2e/ci.sh --locked

@@ -283,3 +283,48 @@ fn super_node_flag_wins_over_the_override_file() {
         ("rack-9", SuperNodeSource::Config)
     );
 }
+
+/// `topology::shapes` writes the fixture nodes' link matrices out by hand for the `select`
+/// benches, the simulator and the load bench. Each shape that names a fixture must be exactly
+/// what discovering that fixture gives: the same class for every pair, and the same published
+/// `DeviceTopology` links (kind, count, weight) as the agent writes.
+#[test]
+fn shapes_are_what_discovery_finds() {
+    use fumarole_topology::crd::DeviceTopologySpec;
+    use fumarole_topology::shapes::{self, SHAPES};
+
+    let mut checked = 0;
+    for shape in SHAPES {
+        let Some(fixture) = shape.fixture else {
+            continue;
+        };
+        let (t, _) = discover(&["--fixture", fixture]);
+        let links = (shape.links)();
+        assert_eq!(t.devices.len(), links.len(), "{}", shape.name);
+        for a in 0..links.len() {
+            for b in 0..links.len() {
+                assert_eq!(
+                    t.links.class(a, b),
+                    links.class(a, b),
+                    "{} ({fixture}): devices {a}-{b}",
+                    shape.name
+                );
+            }
+        }
+        let published = DeviceTopologySpec::from_topology(&t).links;
+        let built = shapes::device_topology("n", shape.name, &links, "sn")
+            .spec
+            .links;
+        let key = |l: &fumarole_topology::crd::device_topology::LinkInfo| {
+            (l.a, l.b, l.kind.clone(), l.count, l.weight)
+        };
+        assert_eq!(
+            published.iter().map(key).collect::<Vec<_>>(),
+            built.iter().map(key).collect::<Vec<_>>(),
+            "{} ({fixture}): published links",
+            shape.name
+        );
+        checked += 1;
+    }
+    assert_eq!(checked, 5, "every shape with a fixture was checked");
+}

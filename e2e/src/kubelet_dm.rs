@@ -16,9 +16,9 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::cluster::eventually;
 use crate::process::Proc;
 use crate::upstream::Upstream;
+use crate::wait::eventually;
 
 /// One recorded event (see `e2e/README.md`).
 #[derive(Debug, Clone, Deserialize, PartialEq)]

@@ -18,6 +18,7 @@ pub mod kubelet_dm;
 pub mod pki;
 pub mod process;
 pub mod upstream;
+pub mod wait;
 
 pub use cluster::{NodeSpec, TestCluster};
 pub use kubelet_dm::KubeletDm;

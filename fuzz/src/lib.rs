@@ -29,16 +29,16 @@ use fumarole_exporter::discover::overrides::Overrides;
 use fumarole_exporter::discover::sysfs::{NvidiaProcInfo, parse_numa_node};
 use fumarole_exporter::kubelet::KubeletConfig;
 use fumarole_exporter::kubelet::cpu_manager_state::CpuManagerState;
+use fumarole_sim::{self, Simulation, policy::Policy, shape::ClusterShape, shape::SimCluster};
 use fumarole_topology::{CpuSet, NodeTopology, annotation as devices_annotation};
 use k8s_openapi::api::core::v1::Pod;
 use prost::Message;
-use scheduler_ext::extender::{ExtenderFilterResult, HostPriority, KUBE_PREFIX, Service, router};
-use scheduler_ext::score::gpu_aware::GpuAware;
-use scheduler_ext::simulate::{
-    self, Simulation, policy::Policy, shape::ClusterShape, shape::SimCluster,
-};
-use scheduler_ext::view::ClusterView;
-use scheduler_ext::volcano::VOLCANO_PREFIX;
+use scheduler_ext::core::score::gpu_aware::GpuAware;
+use scheduler_ext::core::view::ClusterView;
+use scheduler_ext::http::router::router;
+use scheduler_ext::protocol::kube_scheduler::{ExtenderFilterResult, HostPriority, KUBE_PREFIX};
+use scheduler_ext::protocol::volcano::VOLCANO_PREFIX;
+use scheduler_ext::service::Service;
 
 /// A fuzz target: takes any input, panics only on a bug.
 pub type Target = fn(&[u8]);
@@ -187,7 +187,7 @@ pub fn pod_annotations(data: &[u8]) {
         status: None,
     };
     let offered = BTreeSet::from(["nvidia.com/gpu"]);
-    if let Ok(request) = scheduler_ext::request::pod_request(&pod, &offered)
+    if let Ok(request) = scheduler_ext::core::request::pod_request(&pod, &offered)
         && let Some(group) = request.group
     {
         assert!(group.spec.group_size % group.spec.atomic_size == 0);
@@ -489,7 +489,7 @@ pub fn simulate_trace(data: &[u8]) {
     if sim.jobs.len() > 8 || pods > 32 {
         return;
     }
-    let outcome = simulate::run(&sim, Policy::Fumarole, &simulate::Options::default());
+    let outcome = fumarole_sim::run(&sim, Policy::Fumarole, &fumarole_sim::Options::default());
     for (job, got) in sim.jobs.iter().zip(&outcome.jobs) {
         match got.start {
             Some(start) => {

@@ -36,10 +36,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
-use fumarole_topology::crd::device_topology::{DeviceInfo, LinkInfo, NumaNodeInfo, SuperNodeInfo};
 use fumarole_topology::crd::{
-    DeviceAllocation, DeviceStatus, DeviceTopology, DeviceTopologySpec, DeviceTopologyStatus,
+    DeviceAllocation, DeviceStatus, DeviceTopology, DeviceTopologyStatus,
 };
+use fumarole_topology::shapes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper::client::conn::http1::SendRequest;
@@ -168,65 +168,16 @@ fn allocated(i: usize) -> Vec<u32> {
     order
 }
 
-/// A DGX-H100-like node: 8 GPUs, NVLink x18 between every pair, GPUs 0-3 on NUMA node 0 and
-/// 4-7 on NUMA node 1, every GPU healthy, `allocated(i)` in use.
+/// A `dgx-h100` node as the agent publishes it ([`shapes::device_topology`], the shape the
+/// fixture tests check against discovery), with per-node GPU ids and `allocated(i)` in use.
 fn topology(i: usize) -> DeviceTopology {
     let name = node_name(i);
-    let cpus = ["0-55,112-167", "56-111,168-223"];
-    let devices = (0..GPUS)
-        .map(|d| {
-            let numa = d / 4;
-            DeviceInfo {
-                id: gpu_id(i, d),
-                index: d,
-                vendor: "nvidia".into(),
-                kind: "gpu".into(),
-                model: "NVIDIA H100 80GB HBM3".into(),
-                pci_bus_id: format!(
-                    "0000:{:02x}:00.0",
-                    [0x13, 0x14, 0x33, 0x34, 0x93, 0x94, 0xb3, 0xb4][d as usize]
-                ),
-                numa_node: Some(numa),
-                local_cpus: cpus[numa as usize].into(),
-                uuid: Some(gpu_id(i, d)),
-            }
-        })
-        .collect();
-    let mut links = Vec::new();
-    for a in 0..GPUS {
-        for b in a + 1..GPUS {
-            links.push(LinkInfo {
-                a,
-                b,
-                kind: "nvlink".into(),
-                count: Some(18),
-                weight: 280,
-            });
-        }
+    let mut t = shapes::device_topology(&name, "dgx-h100", &shapes::dgx_h100(), &super_node(i));
+    for d in &mut t.spec.devices {
+        d.id = gpu_id(i, d.index);
+        d.uuid = Some(d.id.clone());
     }
-    let numa_nodes = (0..2)
-        .map(|id| NumaNodeInfo {
-            id,
-            cpus: cpus[id as usize].into(),
-            memory_bytes: 1 << 40,
-            distances: if id == 0 { vec![10, 21] } else { vec![21, 10] },
-        })
-        .collect();
     let busy = allocated(i);
-    let mut t = DeviceTopology::new(
-        &name,
-        DeviceTopologySpec {
-            accelerator_count: GPUS,
-            model: "NVIDIA H100 80GB HBM3".into(),
-            numa_nodes,
-            devices,
-            links,
-            super_node: Some(SuperNodeInfo {
-                id: super_node(i),
-                source: "nvlinkClique".into(),
-            }),
-        },
-    );
     t.status = Some(DeviceTopologyStatus {
         healthy_count: GPUS,
         devices: (0..GPUS)

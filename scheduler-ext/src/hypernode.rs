@@ -13,8 +13,8 @@ use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind,
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
 
+use crate::core::view::ClusterView;
 use crate::kube_ops::FIELD_MANAGER;
-use crate::view::ClusterView;
 
 /// The label marking HyperNodes this service owns.
 pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", FIELD_MANAGER);

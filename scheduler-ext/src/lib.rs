@@ -1,40 +1,29 @@
-//! fumarole's cluster service: where each accelerator pod should go and which devices it gets.
+//! fumarole's cluster service: where each accelerator pod should go and which devices it gets,
+//! for kube-scheduler (extender API) and Volcano (its `extender` plugin).
 //!
-//! Start at [`view::ClusterView`]: the nodes with their published `DeviceTopology` (one
-//! [`fumarole_topology::SelectContext`] per node, built once), the devices in use and the
-//! devices still free. [`live`] keeps a view current from API server reflectors; [`snapshot`]
-//! builds one from YAML files (`kubectl get -o yaml` output) instead. [`ledger`] holds what the
-//! service decided that the view does not show yet (devices committed to pods, super-node
-//! plans of gpu-group-size units); [`cluster::Cluster`] is the two read together.
+//! Layers, each importing only the ones below it:
 //!
-//! For one pod: [`request`] reads what it asks for, [`group`] its unit, [`decide`] plans the
-//! unit's super-node ([`placement`]) and judges each node: [`score::gpu_aware`] (fit, NUMA fit,
-//! `q`, `loss`, score, devices via `topology::select`) and the group checks. [`extender`] is
-//! the HTTP server answering kube-scheduler's extender API and (through [`volcano`]) Volcano's
-//! `extender` plugin; [`kube_ops`] writes the chosen devices on pods and binds them;
-//! [`explain`] prints the verdicts per node; [`hypernode`] publishes Volcano `HyperNode`
-//! objects for the super-nodes.
-//! [`metrics`] counts and times the requests per verb and serves `/metrics`; [`server`] serves
-//! the routes over plain HTTP or HTTPS (rustls) until shutdown. [`simulate`] replays a job
-//! trace over a simulated cluster through the same `decide` path and compares the placements
-//! with other policies.
+//! 1. [`core`]: the decision core. Start at [`core::view::ClusterView`] (every node, its devices
+//!    and which are free) and [`core::decide`] (plan a pod's gpu-group-size unit over
+//!    super-nodes, then judge each node: gpu-aware fit and score, NUMA fit, the devices
+//!    `topology::select` would give). Pure: no HTTP, no API client.
+//! 2. [`service::Service`]: the one view and ledger every request shares, with
+//!    `evaluate` / `commit` / `assign` / `release` / `explain`.
+//! 3. [`protocol`]: one module per scheduler protocol, its verbs functions over `&Service`.
+//! 4. [`http`]: the router (protocols, `/ui`, `/healthz`), `/metrics`, TLS.
+//!
+//! Beside them: [`live`] keeps the service's view current from API server reflectors,
+//! [`snapshot`] builds a view from YAML files instead, [`kube_ops`] writes the chosen devices
+//! and Bindings, [`hypernode`] publishes Volcano `HyperNode` objects for the super-nodes.
+//! The binary's subcommands (`serve`, `explain`) only wire these together. The trace simulator
+//! that replays jobs through the same core lives in its own crate, `fumarole-sim`.
 
-pub mod cluster;
-pub mod decide;
-pub mod explain;
-pub mod extender;
-pub mod group;
+pub mod args;
+pub mod core;
+pub mod http;
 pub mod hypernode;
 pub mod kube_ops;
-pub mod ledger;
 pub mod live;
-pub mod metrics;
-pub mod placement;
-pub mod request;
-pub mod score;
-pub mod server;
-pub mod simulate;
+pub mod protocol;
+pub mod service;
 pub mod snapshot;
-pub mod ui;
-pub mod view;
-pub mod volcano;

@@ -33,11 +33,11 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource};
 use tokio::sync::Notify;
 
-use crate::extender::Service;
+use crate::core::request::pod_key;
+use crate::core::view::{ClusterView, ContextCache};
 use crate::hypernode;
 use crate::kube_ops::KubeOps;
-use crate::request::pod_key;
-use crate::view::{ClusterView, ContextCache};
+use crate::service::Service;
 
 /// How the live view behaves.
 #[derive(Clone, Debug)]
@@ -276,7 +276,9 @@ async fn rebuild(stores: &Stores, svc: &Service, opts: &LiveOptions, late: &mut 
     if opts.annotate_schedulers.is_empty() {
         return;
     }
-    let Some(ops) = svc.kube() else { return };
+    if svc.kube().is_none() {
+        return;
+    }
     let view = svc.view();
     if late.tried.len() > 100_000 {
         late.tried.clear();
@@ -307,22 +309,13 @@ async fn rebuild(stores: &Stores, svc: &Service, opts: &LiveOptions, late: &mut 
             continue;
         }
         late.tried.insert(key.clone());
-        match svc.commit(&pod, node) {
+        match svc.assign(&pod, node).await {
             Ok(Some(c)) => {
-                let (ns, name) = key.split_once('/').unwrap_or(("default", &key));
-                match ops.annotate(ns, name, Some(&c.choice())).await {
-                    Ok(()) => {
-                        tracing::info!(pod = %key, node = %node, devices = ?c.devices, "annotated a pod bound by {scheduler}")
-                    }
-                    Err(e) => {
-                        svc.release(&key);
-                        tracing::warn!(pod = %key, error = %e, "annotating a bound pod failed");
-                    }
-                }
+                tracing::info!(pod = %key, node = %node, devices = ?c.devices, "annotated a pod bound by {scheduler}")
             }
             Ok(None) => {}
             Err(e) => {
-                tracing::warn!(pod = %key, node = %node, error = %e, "cannot choose devices for a bound pod")
+                tracing::warn!(pod = %key, node = %node, error = %e, "cannot give devices to a bound pod")
             }
         }
     }

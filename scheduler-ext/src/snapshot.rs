@@ -11,7 +11,7 @@ use fumarole_topology::crd::{DeviceTopology, Numatopology};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde::Deserialize;
 
-use crate::view::{ClusterView, ViewError};
+use crate::core::view::{ClusterView, ViewError};
 
 /// Why a snapshot cannot be read.
 #[derive(Debug, thiserror::Error)]

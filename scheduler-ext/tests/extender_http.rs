@@ -6,8 +6,10 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use scheduler_ext::extender::{ExtenderFilterResult, HostPriority, Service, router};
-use scheduler_ext::score::gpu_aware::GpuAware;
+use scheduler_ext::core::score::gpu_aware::GpuAware;
+use scheduler_ext::http::router::router;
+use scheduler_ext::protocol::kube_scheduler::{ExtenderFilterResult, HostPriority};
+use scheduler_ext::service::Service;
 use scheduler_ext::snapshot;
 use serde_json::{Value, json};
 use tower::ServiceExt;

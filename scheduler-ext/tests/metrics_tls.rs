@@ -7,10 +7,11 @@ use std::path::Path;
 use std::sync::Arc;
 
 use rustls::pki_types::{CertificateDer, ServerName};
-use scheduler_ext::extender::{Service, router};
-use scheduler_ext::metrics::{self, Metrics};
-use scheduler_ext::score::gpu_aware::GpuAware;
-use scheduler_ext::server::{TlsFiles, serve};
+use scheduler_ext::core::score::gpu_aware::GpuAware;
+use scheduler_ext::http::metrics::{self, Metrics};
+use scheduler_ext::http::router::router;
+use scheduler_ext::http::tls::{TlsFiles, serve};
+use scheduler_ext::service::Service;
 use scheduler_ext::snapshot;
 use serde_json::json;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};

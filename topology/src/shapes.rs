@@ -1,9 +1,70 @@
 //! Link matrices of the fixture node shapes, written out by hand (this crate must not depend on
-//! the exporter that owns the fixtures; each function names the fixture it mirrors). The
-//! `select` benches and tests and the scheduler extension's placement simulator
-//! (`fumarole-scheduler-ext simulate`) build their nodes from these.
+//! the exporter that owns the fixtures), and the `DeviceTopology` a node of each shape
+//! publishes ([`device_topology`]). The `select` benches and tests, the placement simulator
+//! (`fumarole-sim`) and the scheduler extension's load bench build their nodes from these.
+//!
+//! [`SHAPES`] is the one list: each shape names the bundled fixture it mirrors, and
+//! `agent/tests/fixtures.rs` checks that discovering that fixture gives exactly this matrix
+//! and these published link weights. The other shapes are 16-device variants with no fixture.
 
+use crate::crd::device_topology::{DeviceInfo, LinkInfo, SuperNodeInfo};
+use crate::crd::{DeviceTopology, DeviceTopologySpec};
 use crate::{LinkClass, LinkMatrix};
+
+/// One node shape.
+#[derive(Clone, Copy, Debug)]
+pub struct Shape {
+    /// The name `fumarole-sim --cluster NxNAME` and the benches use.
+    pub name: &'static str,
+    /// The bundled fixture (`fumarole-agent fixture`) whose discovered links this mirrors.
+    pub fixture: Option<&'static str>,
+    /// The link matrix.
+    pub links: fn() -> LinkMatrix,
+}
+
+/// Every shape: the 8-device ones (and `pcie-4gpu`), then the 16-device ones.
+pub const SHAPES: &[Shape] = &[
+    Shape {
+        name: "dgx-h100",
+        fixture: Some("dgx-h100"),
+        links: dgx_h100,
+    },
+    Shape {
+        name: "atlas-800-910",
+        fixture: Some("atlas-800-910"),
+        links: atlas_800_910,
+    },
+    Shape {
+        name: "pcie-4gpu",
+        fixture: Some("pcie-4gpu"),
+        links: pcie_4gpu,
+    },
+    Shape {
+        name: "metax-c500-8",
+        fixture: Some("metax-c500-8"),
+        links: metax_c500_8,
+    },
+    Shape {
+        name: "dgx-h100-x2",
+        fixture: None,
+        links: dgx_h100_x2,
+    },
+    Shape {
+        name: "atlas-910b-16",
+        fixture: Some("atlas-a3-16"),
+        links: atlas_910b_16,
+    },
+    Shape {
+        name: "pcie-16gpu",
+        fixture: None,
+        links: pcie_16gpu,
+    },
+    Shape {
+        name: "metax-c500-16",
+        fixture: None,
+        links: metax_c500_16,
+    },
+];
 
 const NV18: LinkClass = LinkClass::Nvlink { count: 18 };
 
@@ -38,7 +99,8 @@ pub fn dgx_h100_x2() -> LinkMatrix {
     halves(16, NV18)
 }
 
-/// 16-NPU Ascend 910B board (reference: halves 0-7 / 8-15): HCCS within a half, SYS across.
+/// Mirrors fixture `atlas-a3-16`: 16 Ascend 910B, HCCS within the halves 0-7 / 8-15, SYS
+/// across.
 pub fn atlas_910b_16() -> LinkMatrix {
     halves(16, LinkClass::Hccs)
 }
@@ -84,33 +146,65 @@ fn halves(n: usize, fabric: LinkClass) -> LinkMatrix {
     })
 }
 
-/// The 8-device shapes by fixture name (`dgx-h100`, `atlas-800-910`, `pcie-4gpu` (4 devices),
-/// `metax-c500-8`) and the 16-device ones (`dgx-h100-x2`, `atlas-910b-16`, `pcie-16gpu`,
-/// `metax-c500-16`).
-pub const NAMES: [&str; 8] = [
-    "dgx-h100",
-    "atlas-800-910",
-    "pcie-4gpu",
-    "metax-c500-8",
-    "dgx-h100-x2",
-    "atlas-910b-16",
-    "pcie-16gpu",
-    "metax-c500-16",
-];
+/// The names of [`SHAPES`], in order.
+pub fn names() -> Vec<&'static str> {
+    SHAPES.iter().map(|s| s.name).collect()
+}
 
-/// The matrix of the shape called `name` (one of [`NAMES`]).
+/// The matrix of the shape called `name`.
 pub fn by_name(name: &str) -> Option<LinkMatrix> {
-    Some(match name {
-        "dgx-h100" => dgx_h100(),
-        "atlas-800-910" => atlas_800_910(),
-        "pcie-4gpu" => pcie_4gpu(),
-        "metax-c500-8" => metax_c500_8(),
-        "dgx-h100-x2" => dgx_h100_x2(),
-        "atlas-910b-16" => atlas_910b_16(),
-        "pcie-16gpu" => pcie_16gpu(),
-        "metax-c500-16" => metax_c500_16(),
-        _ => return None,
-    })
+    SHAPES.iter().find(|s| s.name == name).map(|s| (s.links)())
+}
+
+/// Vendor, kind and device id of device `i` of a node of shape `shape`.
+fn device_identity(shape: &str, i: usize) -> (&'static str, &'static str, String) {
+    if shape.starts_with("atlas") {
+        ("huawei", "npu", format!("Ascend910-{i}"))
+    } else if shape.starts_with("metax") {
+        ("metax", "gpu", format!("GPU-metax-{i}"))
+    } else {
+        ("nvidia", "gpu", format!("GPU-{i}"))
+    }
+}
+
+/// The `DeviceTopology` the agent publishes for node `node` of shape `shape` with links
+/// `links`: devices `0..n` (the first half on NUMA node 0, the rest on 1), every pair's link
+/// as the agent publishes it ([`LinkInfo::all`]), the super-node; no status (every device
+/// healthy and free).
+pub fn device_topology(
+    node: &str,
+    shape: &str,
+    links: &LinkMatrix,
+    super_node: &str,
+) -> DeviceTopology {
+    let n = links.len();
+    let index = |i: usize| u32::try_from(i).unwrap_or(u32::MAX);
+    let devices = (0..n)
+        .map(|i| {
+            let (vendor, kind, id) = device_identity(shape, i);
+            DeviceInfo {
+                id,
+                index: index(i),
+                vendor: vendor.into(),
+                kind: kind.into(),
+                numa_node: Some(u32::from(i >= n / 2)),
+                ..Default::default()
+            }
+        })
+        .collect();
+    DeviceTopology::new(
+        node,
+        DeviceTopologySpec {
+            accelerator_count: index(n),
+            devices,
+            links: LinkInfo::all(links),
+            super_node: Some(SuperNodeInfo {
+                id: super_node.into(),
+                source: "config".into(),
+            }),
+            ..Default::default()
+        },
+    )
 }
 
 #[cfg(test)]
@@ -119,7 +213,7 @@ mod tests {
 
     #[test]
     fn every_name_has_a_symmetric_matrix() {
-        for name in NAMES {
+        for name in names() {
             let m = by_name(name);
             assert!(m.is_some(), "{name}");
             let m = m.unwrap_or_else(|| LinkMatrix::from_fn(0, |_, _| LinkClass::CrossNuma));

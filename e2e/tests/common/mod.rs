@@ -13,8 +13,8 @@ use fumarole_topology::crd::device_topology::SuperNodeInfo;
 use fumarole_topology::crd::{DeviceTopology, testing};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use scheduler_ext::extender::KUBE_PREFIX;
-use scheduler_ext::volcano::VOLCANO_PREFIX;
+use scheduler_ext::protocol::kube_scheduler::KUBE_PREFIX;
+use scheduler_ext::protocol::volcano::VOLCANO_PREFIX;
 
 /// A node of `gpus` NVIDIA GPUs `<name>-gpu<i>`, every pair on NVLink, the listed ones
 /// allocated (to pods the node runs), in super-node `rack` if given.

@@ -7,7 +7,7 @@
 //! for the library without a GPU.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
@@ -304,11 +304,6 @@ pub fn nvlink_counts(report: &NvmlReport) -> BTreeMap<(String, String), u32> {
         }
     }
     direct
-}
-
-/// Reads a recorded report if `path` exists, for fixtures that ship one.
-pub fn recorded_if_present(path: &Path) -> Option<RecordedProbe> {
-    path.is_file().then(|| RecordedProbe(path.to_path_buf()))
 }
 
 #[cfg(test)]

@@ -13,7 +13,8 @@ pub mod objects;
 mod publisher;
 pub mod state;
 
-pub use publisher::{Desired, FIELD_MANAGER, Publisher, run};
+pub use publisher::{FIELD_MANAGER, Publisher, run};
+pub use state::Desired;
 
 use std::sync::Arc;
 use std::time::Duration;

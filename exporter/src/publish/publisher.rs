@@ -2,9 +2,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fumarole_topology::crd::{
-    DeviceTopologySpec, DeviceTopologyStatus, NodeResourceTopology, NumatopologySpec,
-};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
@@ -16,20 +13,10 @@ use tokio::sync::Notify;
 
 use super::metrics::Metrics;
 use super::objects::LABEL_PREFIX;
-use super::state::NodeState;
+use super::state::{Desired, NodeState};
 
 /// Our server-side apply field manager.
 pub const FIELD_MANAGER: &str = "fumarole-exporter";
-
-/// What the node should look like. `None` keeps the last published object (its inputs could
-/// not be read this round).
-#[derive(Clone, Debug, Default)]
-pub struct Desired {
-    pub numatopology: Option<NumatopologySpec>,
-    pub node_resource_topology: Option<NodeResourceTopology>,
-    pub device_topology: Option<(DeviceTopologySpec, DeviceTopologyStatus)>,
-    pub labels: Option<BTreeMap<String, String>>,
-}
 
 /// The objects, by what we write of them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]

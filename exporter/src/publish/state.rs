@@ -6,8 +6,13 @@
 //! While PodResources is down and the CPU manager checkpoint stands in (it knows no
 //! devices), device accounting keeps the devices of the last PodResources answer.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
+
+use fumarole_topology::crd::{
+    DeviceTopologySpec, DeviceTopologyStatus, NodeResourceTopology, NumatopologySpec,
+};
 
 use crate::discover::nvml::NvmlProbe;
 use crate::discover::{DiscoverOptions, discover};
@@ -17,7 +22,16 @@ use crate::kubelet::{AllocationSource, Allocations, KubeletConfig, KubeletPaths}
 use super::LatestAllocations;
 use super::metrics::Metrics;
 use super::objects;
-use super::publisher::Desired;
+
+/// What the node should look like. `None` keeps the last published object (its inputs could
+/// not be read this round).
+#[derive(Clone, Debug, Default)]
+pub struct Desired {
+    pub numatopology: Option<NumatopologySpec>,
+    pub node_resource_topology: Option<NodeResourceTopology>,
+    pub device_topology: Option<(DeviceTopologySpec, DeviceTopologyStatus)>,
+    pub labels: Option<BTreeMap<String, String>>,
+}
 
 pub struct NodeState {
     pub discover: DiscoverOptions,

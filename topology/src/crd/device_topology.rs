@@ -99,6 +99,29 @@ pub struct LinkInfo {
     pub weight: u32,
 }
 
+impl LinkInfo {
+    /// Every pair of `links` (a < b), as published.
+    pub fn all(links: &crate::LinkMatrix) -> Vec<LinkInfo> {
+        links
+            .links()
+            .into_iter()
+            .map(|l| LinkInfo {
+                a: u32::try_from(l.a).unwrap_or(u32::MAX),
+                b: u32::try_from(l.b).unwrap_or(u32::MAX),
+                kind: match serde_json::to_value(l.class) {
+                    Ok(v) => v["kind"].as_str().unwrap_or_default().to_string(),
+                    Err(_) => String::new(),
+                },
+                count: match l.class {
+                    crate::LinkClass::Nvlink { count } => Some(count),
+                    _ => None,
+                },
+                weight: l.weight,
+            })
+            .collect()
+    }
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SuperNodeInfo {
@@ -240,24 +263,7 @@ impl DeviceTopologySpec {
                     uuid: d.uuid.clone(),
                 })
                 .collect(),
-            links: t
-                .links
-                .links()
-                .into_iter()
-                .map(|l| LinkInfo {
-                    a: u32::try_from(l.a).unwrap_or(u32::MAX),
-                    b: u32::try_from(l.b).unwrap_or(u32::MAX),
-                    kind: match serde_json::to_value(l.class) {
-                        Ok(v) => v["kind"].as_str().unwrap_or_default().to_string(),
-                        Err(_) => String::new(),
-                    },
-                    count: match l.class {
-                        crate::LinkClass::Nvlink { count } => Some(count),
-                        _ => None,
-                    },
-                    weight: l.weight,
-                })
-                .collect(),
+            links: LinkInfo::all(&t.links),
             super_node: t.super_node.as_ref().map(|s| SuperNodeInfo {
                 id: s.id.clone(),
                 source: camel(&s.source),

@@ -4,9 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-pub const API_VERSION: &str = "topology.node.k8s.io/v1alpha2";
 pub const KIND: &str = "NodeResourceTopology";
-pub const PLURAL: &str = "noderesourcetopologies";
 
 /// The object body without `metadata` (the publisher adds it).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

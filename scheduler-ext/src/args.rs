@@ -1,0 +1,36 @@
+//! Command-line arguments shared by the binaries that decide through the core
+//! (`fumarole-scheduler-ext serve` / `explain`, `fumarole-sim run`).
+
+use anyhow::{Result, bail};
+
+use crate::core::score::gpu_aware::GpuAware;
+
+/// gpu-aware scoring arguments (Volcano's `weight` and `loss.weight`).
+#[derive(clap::Args, Clone, Copy, Debug)]
+pub struct ScoringArgs {
+    /// Multiplies the 0..100 (Volcano) score.
+    #[arg(long, default_value_t = 1.0)]
+    pub weight: f64,
+    /// How much the loss counts against the quality (Volcano's `loss.weight`).
+    #[arg(long = "loss-weight", default_value_t = 1.0)]
+    pub loss_weight: f64,
+}
+
+impl ScoringArgs {
+    /// The scorer, or why the flags are out of range.
+    pub fn gpu_aware(self) -> Result<GpuAware> {
+        if !(self.weight.is_finite() && self.weight >= 0.0) {
+            bail!("--weight must be a number >= 0, got {}", self.weight);
+        }
+        if !(self.loss_weight.is_finite() && self.loss_weight >= 0.0) {
+            bail!(
+                "--loss-weight must be a number >= 0, got {}",
+                self.loss_weight
+            );
+        }
+        Ok(GpuAware {
+            weight: self.weight,
+            loss_weight: self.loss_weight,
+        })
+    }
+}

@@ -1,0 +1,55 @@
+//! `fumarole-scheduler-ext explain`: per node, where a pod could go and which devices it would
+//! get, from a cluster snapshot.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use clap::ValueEnum;
+use k8s_openapi::api::core::v1::Pod;
+use scheduler_ext::args::ScoringArgs;
+use scheduler_ext::core::explain;
+use scheduler_ext::service::Service;
+use scheduler_ext::snapshot;
+
+#[derive(clap::Args)]
+pub struct ExplainArgs {
+    /// Snapshot directory (see `serve`).
+    #[arg(long)]
+    cluster_snapshot: PathBuf,
+    /// The pod (YAML or JSON).
+    #[arg(long)]
+    pod: PathBuf,
+    #[arg(long, value_enum, default_value_t = Format::Table)]
+    format: Format,
+    #[command(flatten)]
+    scoring: ScoringArgs,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Format {
+    Table,
+    Json,
+}
+
+pub fn run(args: ExplainArgs) -> Result<()> {
+    let view = snapshot::load(&args.cluster_snapshot)?;
+    for w in &view.warnings {
+        tracing::warn!("{w}");
+    }
+    let pod = read_pod(&args.pod)?;
+    let svc = Service::new(view, args.scoring.gpu_aware()?);
+    let (req, rows) = svc.explain(&pod)?;
+    match args.format {
+        Format::Json => print!("{}", explain::json(&rows)),
+        Format::Table => print!("{}", explain::table(&req, &rows)),
+    }
+    Ok(())
+}
+
+fn read_pod(path: &Path) -> Result<Pod> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let pod: Pod = serde_norway::from_str(&text)
+        .with_context(|| format!("{}: not a Pod object", path.display()))?;
+    Ok(pod)
+}

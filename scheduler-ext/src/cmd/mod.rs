@@ -1,0 +1,4 @@
+//! The binary's subcommands, one module each; they parse flags and wire the library together.
+
+pub mod explain;
+pub mod serve;

@@ -1,0 +1,101 @@
+//! "Why did my pod go there": per node, the filter verdict and reason, `q`, `loss`, the score
+//! and the devices the pod would get, as a table or as JSON. The verdicts come from
+//! [`crate::service::Service::explain`]; this module only lays them out.
+//!
+//! JSON is a list of objects with exactly the keys `node`, `feasible`, `reason`, `q`, `loss`,
+//! `score`, `devices` (other tools rely on them). `reason`, `q`, `loss` and `score` are `null`
+//! where they do not apply (`reason` on feasible nodes, the others on filtered ones). `score` is
+//! the gpu-aware score on Volcano's scale (0..100 times `weight`). Rows come best first.
+
+use serde::Serialize;
+
+use crate::core::request::DeviceRequest;
+use crate::core::score::gpu_aware::GpuAware;
+use crate::core::verdict::NodeVerdict;
+use crate::core::view::ClusterView;
+
+/// One row of the explanation.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Row {
+    pub node: String,
+    pub feasible: bool,
+    pub reason: Option<String>,
+    pub q: Option<f64>,
+    pub loss: Option<f64>,
+    pub score: Option<f64>,
+    pub devices: Vec<String>,
+}
+
+impl Row {
+    pub fn new(v: NodeVerdict, g: &GpuAware, view: &ClusterView) -> Self {
+        Row {
+            feasible: v.feasible(),
+            devices: v.device_ids(view),
+            reason: v.reason(),
+            node: v.node,
+            q: v.q,
+            loss: v.loss,
+            score: v.raw.map(|r| g.volcano(r)),
+        }
+    }
+}
+
+/// JSON text (pretty, one trailing newline).
+pub fn json(rows: &[Row]) -> String {
+    let mut s = serde_json::to_string_pretty(rows).unwrap_or_else(|_| "[]".into());
+    s.push('\n');
+    s
+}
+
+fn num(v: Option<f64>, digits: usize) -> String {
+    v.map_or_else(|| "-".into(), |x| format!("{x:.digits$}"))
+}
+
+/// A plain-text table with a header line naming the request.
+pub fn table(req: &DeviceRequest, rows: &[Row]) -> String {
+    let mut cells = vec![[
+        "NODE".to_string(),
+        "FEASIBLE".into(),
+        "Q".into(),
+        "LOSS".into(),
+        "SCORE".into(),
+        "DEVICES / REASON".into(),
+    ]];
+    for r in rows {
+        cells.push([
+            r.node.clone(),
+            if r.feasible { "yes" } else { "no" }.into(),
+            num(r.q, 3),
+            num(r.loss, 3),
+            num(r.score, 1),
+            match &r.reason {
+                Some(reason) => reason.clone(),
+                None => r.devices.join(","),
+            },
+        ]);
+    }
+    let mut width = [0usize; 6];
+    for row in &cells {
+        for (w, c) in width.iter_mut().zip(row) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let mut out = format!("pod {} requests {} {}\n", req.pod, req.count, req.resource);
+    for row in &cells {
+        let line: Vec<String> = row
+            .iter()
+            .zip(width)
+            .enumerate()
+            .map(|(i, (c, w))| {
+                if i == 5 {
+                    c.clone()
+                } else {
+                    format!("{c:<w$}")
+                }
+            })
+            .collect();
+        out.push_str(line.join("  ").trim_end());
+        out.push('\n');
+    }
+    out
+}

@@ -1,0 +1,242 @@
+//! What this service decided that the cluster view does not show yet.
+//!
+//! - Commits: devices handed to a pod on bind (kube-scheduler), `allocateFunc` (Volcano) or
+//!   when a pod bound by Volcano without our choice is annotated afterwards. A commit is
+//!   dropped on release (`deallocateFunc`, failed bind, pod deletion), once the view shows the
+//!   pod bound with its `fumarole.dev/devices` annotation (the view counts it from then on), or
+//!   after the commit time-to-live when neither happens (the pod never arrived).
+//! - Plans: the super-node chosen for an atomic sub-unit of a gpu-group-size unit, made by the
+//!   first pod of the unit that is filtered ([`crate::core::placement`]). A plan reserves the
+//!   room the rest of the sub-unit needs there, so other pods do not crowd it out. Every filter or commit
+//!   of a member renews it; it expires when no member shows up for the reservation
+//!   time-to-live, and ends when the sub-unit is complete.
+//!
+//! All of it lives behind one lock in [`crate::service::Service`]: a commit checks and takes
+//! devices under the write lock, so two pods never get one device.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use fumarole_topology::annotation::DeviceChoice;
+
+use crate::core::group::UnitKey;
+use crate::core::view::ClusterView;
+
+/// Devices handed to one pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Commit {
+    pub node: String,
+    pub resource: String,
+    /// Device ids.
+    pub devices: Vec<String>,
+    /// The pod's unit and GPU count, for group placement.
+    pub unit: Option<(UnitKey, u32)>,
+    pub at: Instant,
+}
+
+impl Commit {
+    /// The annotation value's map.
+    pub fn choice(&self) -> DeviceChoice {
+        BTreeMap::from([(self.resource.clone(), self.devices.clone())])
+    }
+}
+
+/// The super-node chosen for an atomic sub-unit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Plan {
+    pub super_node: String,
+    /// GPUs of the whole sub-unit (its atomic size).
+    pub gpus: u32,
+    /// GPUs per pod of the unit.
+    pub pod_gpus: u32,
+    pub resource: String,
+    pub expires: Instant,
+}
+
+/// Commits and plans.
+#[derive(Debug, Default)]
+pub struct Ledger {
+    /// `namespace/name` -> commit.
+    commits: HashMap<String, Commit>,
+    /// Node -> device ids committed there.
+    by_node: HashMap<String, HashSet<String>>,
+    plans: HashMap<UnitKey, Plan>,
+}
+
+impl Ledger {
+    /// Records `commit` for `pod`, replacing an earlier one.
+    pub fn commit(&mut self, pod: &str, commit: Commit) {
+        self.release(pod);
+        self.by_node
+            .entry(commit.node.clone())
+            .or_default()
+            .extend(commit.devices.iter().cloned());
+        self.commits.insert(pod.to_string(), commit);
+    }
+
+    /// Drops the commit of `pod`, returning it.
+    pub fn release(&mut self, pod: &str) -> Option<Commit> {
+        let c = self.commits.remove(pod)?;
+        if let Some(set) = self.by_node.get_mut(&c.node) {
+            for d in &c.devices {
+                set.remove(d);
+            }
+            if set.is_empty() {
+                self.by_node.remove(&c.node);
+            }
+        }
+        Some(c)
+    }
+
+    /// The commit of `pod`.
+    pub fn commit_of(&self, pod: &str) -> Option<&Commit> {
+        self.commits.get(pod)
+    }
+
+    /// The device ids committed on `node`, if any.
+    pub fn committed_on(&self, node: &str) -> Option<&HashSet<String>> {
+        self.by_node.get(node)
+    }
+
+    /// Committed pods of `unit` not yet bound in `view`: (pod, node, GPUs).
+    pub fn unit_commits<'a>(
+        &'a self,
+        unit: &'a UnitKey,
+        view: &'a ClusterView,
+    ) -> impl Iterator<Item = (&'a str, &'a str, u32)> + 'a {
+        self.commits.iter().filter_map(move |(pod, c)| {
+            let (k, gpus) = c.unit.as_ref()?;
+            (k == unit && view.annotated_on(pod).is_none()).then_some((
+                pod.as_str(),
+                c.node.as_str(),
+                *gpus,
+            ))
+        })
+    }
+
+    /// The live plan of `unit`.
+    pub fn plan(&self, unit: &UnitKey, now: Instant) -> Option<&Plan> {
+        self.plans.get(unit).filter(|p| p.expires > now)
+    }
+
+    /// Every live plan.
+    pub fn plans(&self, now: Instant) -> impl Iterator<Item = (&UnitKey, &Plan)> {
+        self.plans.iter().filter(move |(_, p)| p.expires > now)
+    }
+
+    /// True when no plan is recorded (the common case: no group pods pending).
+    pub fn has_plans(&self) -> bool {
+        !self.plans.is_empty()
+    }
+
+    /// Records a plan.
+    pub fn set_plan(&mut self, unit: UnitKey, plan: Plan) {
+        self.plans.insert(unit, plan);
+    }
+
+    /// Forgets `unit`'s plan (the simulator's stand-in for the view showing the whole unit
+    /// placed, after which [`Ledger::prune`] drops it).
+    pub fn drop_plan(&mut self, unit: &UnitKey) {
+        self.plans.remove(unit);
+    }
+
+    /// Pushes the expiry of `unit`'s plan to `until`.
+    pub fn renew_plan(&mut self, unit: &UnitKey, until: Instant) {
+        if let Some(p) = self.plans.get_mut(unit) {
+            p.expires = p.expires.max(until);
+        }
+    }
+
+    /// Drops what the view now shows or what timed out: commits whose pod the view shows
+    /// bound with its annotation, commits older than `commit_ttl`, expired plans and plans whose
+    /// sub-unit is complete in the view. Returns the pods whose commits were dropped.
+    pub fn prune(&mut self, view: &ClusterView, now: Instant, commit_ttl: Duration) -> Vec<String> {
+        let stale: Vec<String> = self
+            .commits
+            .iter()
+            .filter(|(pod, c)| {
+                view.annotated_on(pod).is_some() || now.saturating_duration_since(c.at) > commit_ttl
+            })
+            .map(|(pod, _)| pod.clone())
+            .collect();
+        for pod in &stale {
+            self.release(pod);
+        }
+        self.plans.retain(|unit, p| {
+            let placed: u32 = view.members(unit).iter().map(|m| m.gpus).sum();
+            p.expires > now && placed < p.gpus
+        });
+        stale
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+
+    fn commit(node: &str, devices: &[&str], at: Instant) -> Commit {
+        Commit {
+            node: node.into(),
+            resource: "nvidia.com/gpu".into(),
+            devices: devices.iter().map(|d| d.to_string()).collect(),
+            unit: None,
+            at,
+        }
+    }
+
+    #[test]
+    fn commit_replace_release_and_ttl() {
+        let t0 = Instant::now();
+        let mut l = Ledger::default();
+        l.commit("ns/a", commit("n1", &["g0", "g1"], t0));
+        l.commit("ns/b", commit("n1", &["g2"], t0));
+        let committed = |l: &Ledger, node: &str, device: &str| {
+            l.committed_on(node).is_some_and(|s| s.contains(device))
+        };
+        assert!(committed(&l, "n1", "g1") && committed(&l, "n1", "g2"));
+        // A new commit for the same pod replaces the old one.
+        l.commit("ns/a", commit("n2", &["g0"], t0));
+        assert!(!committed(&l, "n1", "g0") && committed(&l, "n2", "g0"));
+        assert_eq!(l.release("ns/b").unwrap().devices, ["g2"]);
+        assert!(l.committed_on("n1").is_none());
+        let view = ClusterView::default();
+        assert!(
+            l.prune(&view, t0 + Duration::from_secs(5), Duration::from_secs(10))
+                .is_empty()
+        );
+        assert_eq!(
+            l.prune(&view, t0 + Duration::from_secs(11), Duration::from_secs(10)),
+            ["ns/a"]
+        );
+        assert!(l.committed_on("n2").is_none());
+    }
+
+    #[test]
+    fn plans_expire_and_renew() {
+        let t0 = Instant::now();
+        let mut l = Ledger::default();
+        let k = UnitKey {
+            job: "ns/j".into(),
+            unit: 0,
+            atomic: 0,
+        };
+        l.set_plan(
+            k.clone(),
+            Plan {
+                super_node: "rack-a".into(),
+                gpus: 8,
+                pod_gpus: 2,
+                resource: "nvidia.com/gpu".into(),
+                expires: t0 + Duration::from_secs(10),
+            },
+        );
+        assert!(l.plan(&k, t0).is_some());
+        assert!(l.plan(&k, t0 + Duration::from_secs(10)).is_none());
+        l.renew_plan(&k, t0 + Duration::from_secs(30));
+        assert!(l.plan(&k, t0 + Duration::from_secs(20)).is_some());
+        let view = ClusterView::default();
+        l.prune(&view, t0 + Duration::from_secs(31), Duration::from_secs(60));
+        assert!(!l.has_plans());
+    }
+}

@@ -1,0 +1,316 @@
+//! A pod's accelerator request: which accelerator resource and how many devices.
+//!
+//! The pod asks for its effective request of the resource, as the kubelet counts it
+//! ([`fumarole_topology::pod::effective_request`]: containers, init containers and sidecars).
+//! A resource is an accelerator when a known vendor prefix names it (`nvidia.com/`,
+//! `huawei.com/`, `metax-tech.com/`, `amd.com/gpu`, `gpu.intel.com/`,
+//! `fumarole.dev/accelerator`) or some node of the view offers it.
+//!
+//! [`pod_request`] adds what placement needs beyond the count: the pod's gpu-group-size unit
+//! ([`PodGroup`]) and, for `volcano.sh/numa-topology-policy:
+//! single-numa-node`, the whole CPUs that must sit on the devices' NUMA node.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use fumarole_topology::{pod, quantity};
+use k8s_openapi::api::core::v1::Pod;
+
+use crate::core::group::{self, GroupError, PodGroup, UnitKey};
+
+/// Volcano's pod annotation for the topology policy of one pod.
+pub const NUMA_POLICY: &str = "volcano.sh/numa-topology-policy";
+
+/// Why a pod's request cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    /// The pod asks for no accelerator at all.
+    #[error("pod {pod} requests no accelerator resource (none of {known})")]
+    NoAccelerator { pod: String, known: String },
+    /// An accelerator resource no node in the cluster view offers.
+    #[error(
+        "pod {pod} requests {resource}, which no node in the cluster view offers (offered: {offered})"
+    )]
+    UnknownResource {
+        pod: String,
+        resource: String,
+        offered: String,
+    },
+    /// A quantity that is not a whole number of devices.
+    #[error(
+        "pod {pod}, container {container}: {resource} = {value:?} is not a whole number of devices"
+    )]
+    BadQuantity {
+        pod: String,
+        container: String,
+        resource: String,
+        value: String,
+    },
+    /// More than one accelerator resource in one pod.
+    #[error("pod {pod} requests more than one accelerator resource ({resources}); not supported")]
+    Mixed { pod: String, resources: String },
+    /// Unusable gpu-group-size annotations.
+    #[error("pod {pod}: {source}")]
+    Group {
+        pod: String,
+        #[source]
+        source: GroupError,
+    },
+    /// A CPU quantity that cannot be read.
+    #[error("pod {pod}, container {container}: cpu = {value:?} is not a CPU quantity")]
+    BadCpu {
+        pod: String,
+        container: String,
+        value: String,
+    },
+}
+
+/// Everything placement needs to know about a pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodRequest {
+    pub devices: DeviceRequest,
+    pub group: Option<PodGroup>,
+    /// Whole CPUs that must share one NUMA node with the devices (`single-numa-node`).
+    pub numa_cpus: Option<u32>,
+}
+
+/// The pod's request: devices, unit and NUMA need.
+pub fn pod_request(pod: &Pod, offered: &BTreeSet<&str>) -> Result<PodRequest, RequestError> {
+    let devices = device_request(pod, offered)?;
+    let gpus = u32::try_from(devices.count).unwrap_or(u32::MAX);
+    let group = group::group_spec(pod, gpus)
+        .map_err(|source| RequestError::Group {
+            pod: devices.pod.clone(),
+            source,
+        })?
+        .map(|spec| PodGroup {
+            key: UnitKey::of(pod, &spec),
+            spec,
+            gpus,
+        });
+    let single_numa = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(NUMA_POLICY))
+        .is_some_and(|p| p.trim() == "single-numa-node");
+    let numa_cpus = if single_numa {
+        Some(cpu_millis(pod, &devices.pod)?.div_ceil(1000))
+    } else {
+        None
+    };
+    Ok(PodRequest {
+        devices,
+        group,
+        numa_cpus,
+    })
+}
+
+/// The pod's effective CPU request in millicores ([`pod::effective_request`]).
+fn cpu_millis(pod: &Pod, key: &str) -> Result<u32, RequestError> {
+    let Some(spec) = pod.spec.as_ref() else {
+        return Ok(0);
+    };
+    let millis = pod::effective_request(spec, "cpu", quantity::cpu_millis).map_err(|e| {
+        RequestError::BadCpu {
+            pod: key.to_string(),
+            container: e.container.unwrap_or_else(|| e.field.clone()),
+            value: e.value,
+        }
+    })?;
+    Ok(u32::try_from(millis).unwrap_or(u32::MAX))
+}
+
+/// Resource-name prefixes of the accelerator vendors the project knows.
+pub const KNOWN_PREFIXES: &[&str] = &[
+    "nvidia.com/",
+    "huawei.com/",
+    "metax-tech.com/",
+    "amd.com/gpu",
+    "gpu.intel.com/",
+    "fumarole.dev/accelerator",
+];
+
+/// What a pod asks for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceRequest {
+    /// `namespace/name`.
+    pub pod: String,
+    pub resource: String,
+    pub count: usize,
+}
+
+/// `namespace/name` of a pod ([`fumarole_topology::pod::key`]).
+pub use fumarole_topology::pod::key as pod_key;
+
+fn is_accelerator(name: &str, offered: &BTreeSet<&str>) -> bool {
+    offered.contains(name) || KNOWN_PREFIXES.iter().any(|p| name.starts_with(p))
+}
+
+/// The accelerator resources the pod's containers name, in requests or limits.
+fn accelerator_names(pod: &Pod, offered: &BTreeSet<&str>) -> BTreeSet<String> {
+    let Some(spec) = pod.spec.as_ref() else {
+        return BTreeSet::new();
+    };
+    spec.containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .filter_map(|c| c.resources.as_ref())
+        .flat_map(|r| [&r.limits, &r.requests])
+        .flatten()
+        .flat_map(|m| m.keys())
+        .filter(|k| is_accelerator(k, offered))
+        .cloned()
+        .collect()
+}
+
+/// The pod's accelerator request, checked against the resources the view's nodes offer.
+pub fn device_request(pod: &Pod, offered: &BTreeSet<&str>) -> Result<DeviceRequest, RequestError> {
+    let key = pod_key(pod);
+    let mut total: BTreeMap<String, usize> = BTreeMap::new();
+    if let Some(spec) = pod.spec.as_ref() {
+        for name in accelerator_names(pod, offered) {
+            let n = pod::effective_request(spec, &name, quantity::whole).map_err(|e| {
+                RequestError::BadQuantity {
+                    pod: key.clone(),
+                    container: e.container.unwrap_or_else(|| e.field.clone()),
+                    resource: name.clone(),
+                    value: e.value,
+                }
+            })?;
+            if n > 0 {
+                total.insert(name, usize::try_from(n).unwrap_or(usize::MAX));
+            }
+        }
+    }
+    let mut it = total.into_iter();
+    let Some((resource, count)) = it.next() else {
+        return Err(RequestError::NoAccelerator {
+            pod: key,
+            known: KNOWN_PREFIXES
+                .iter()
+                .copied()
+                .chain(offered.iter().copied())
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect::<Vec<_>>()
+                .join(", "),
+        });
+    };
+    if let Some((other, _)) = it.next() {
+        return Err(RequestError::Mixed {
+            pod: key,
+            resources: format!("{resource}, {other}"),
+        });
+    }
+    if !offered.contains(resource.as_str()) {
+        return Err(RequestError::UnknownResource {
+            pod: key,
+            resource,
+            offered: offered.iter().copied().collect::<Vec<_>>().join(", "),
+        });
+    }
+    Ok(DeviceRequest {
+        pod: key,
+        resource,
+        count,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+
+    fn pod(v: serde_json::Value) -> Pod {
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn offered() -> BTreeSet<&'static str> {
+        ["nvidia.com/gpu", "huawei.com/Ascend910"].into()
+    }
+
+    #[test]
+    fn sums_containers_limits_first_and_init_max() {
+        let p = pod(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ns"},
+            "spec": {
+                "initContainers": [{"name": "i", "resources": {"limits": {"nvidia.com/gpu": "5"}}}],
+                "containers": [
+                    {"name": "a", "resources": {"limits": {"nvidia.com/gpu": "2", "cpu": "1"}, "requests": {"nvidia.com/gpu": "2"}}},
+                    {"name": "b", "resources": {"requests": {"nvidia.com/gpu": "1"}}},
+                ]
+            }
+        }));
+        let r = device_request(&p, &offered()).unwrap();
+        assert_eq!(r.pod, "ns/p");
+        assert_eq!(r.resource, "nvidia.com/gpu");
+        assert_eq!(r.count, 5);
+    }
+
+    #[test]
+    fn numa_cpus_and_group() {
+        let p = pod(serde_json::json!({
+            "metadata": {"name": "w-3", "namespace": "ns", "annotations": {
+                NUMA_POLICY: "single-numa-node", "fumarole.dev/gpu-group-size": "4"}},
+            "spec": {"containers": [
+                {"name": "a", "resources": {"requests": {"cpu": "1500m"}, "limits": {"nvidia.com/gpu": "2"}}},
+                {"name": "b", "resources": {"limits": {"cpu": "2"}}}]}
+        }));
+        let r = pod_request(&p, &offered()).unwrap();
+        assert_eq!(r.numa_cpus, Some(4));
+        let g = r.group.unwrap();
+        assert_eq!((g.key.job.as_str(), g.key.unit, g.gpus), ("ns/w", 1, 2));
+        let bad = pod(serde_json::json!({
+            "metadata": {"name": "w-0", "annotations": {NUMA_POLICY: "single-numa-node"}},
+            "spec": {"containers": [
+                {"name": "a", "resources": {"requests": {"cpu": "lots"}, "limits": {"nvidia.com/gpu": "2"}}}]}
+        }));
+        assert!(matches!(
+            pod_request(&bad, &offered()),
+            Err(RequestError::BadCpu { .. })
+        ));
+        let odd = pod(serde_json::json!({
+            "metadata": {"name": "w-0", "annotations": {"metax-tech.com/gpu-group-size": "3"}},
+            "spec": {"containers": [{"name": "a", "resources": {"limits": {"nvidia.com/gpu": "2"}}}]}
+        }));
+        let e = pod_request(&odd, &offered()).unwrap_err();
+        assert!(
+            e.to_string().contains("not a multiple of the pod's 2 GPUs"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn errors_name_the_problem() {
+        let cpu = pod(
+            serde_json::json!({"metadata": {"name": "c"}, "spec": {"containers": [
+            {"name": "a", "resources": {"limits": {"cpu": "2"}}}]}}),
+        );
+        assert!(matches!(
+            device_request(&cpu, &offered()),
+            Err(RequestError::NoAccelerator { .. })
+        ));
+        let unknown = pod(
+            serde_json::json!({"metadata": {"name": "u"}, "spec": {"containers": [
+            {"name": "a", "resources": {"limits": {"metax-tech.com/gpu": "1"}}}]}}),
+        );
+        let e = device_request(&unknown, &offered()).unwrap_err();
+        assert!(e.to_string().contains("metax-tech.com/gpu"), "{e}");
+        let half = pod(
+            serde_json::json!({"metadata": {"name": "h"}, "spec": {"containers": [
+            {"name": "a", "resources": {"limits": {"nvidia.com/gpu": "500m"}}}]}}),
+        );
+        assert!(matches!(
+            device_request(&half, &offered()),
+            Err(RequestError::BadQuantity { .. })
+        ));
+        let mixed = pod(
+            serde_json::json!({"metadata": {"name": "m"}, "spec": {"containers": [
+            {"name": "a", "resources": {"limits": {"nvidia.com/gpu": "1", "huawei.com/Ascend910": "1"}}}]}}),
+        );
+        assert!(matches!(
+            device_request(&mixed, &offered()),
+            Err(RequestError::Mixed { .. })
+        ));
+    }
+}

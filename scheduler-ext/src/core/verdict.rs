@@ -1,0 +1,110 @@
+//! The answer for one pod on one node: fits (with the devices, `q`, `loss` and score) or does
+//! not, and why ([`Unfit`]). Every verb and `explain` read these; the reasons users see are
+//! [`Unfit`]'s `Display`.
+
+use std::sync::Arc;
+
+use fumarole_topology::{SelectError, Selection};
+
+use crate::core::placement::{GroupConflict, PlacementError};
+use crate::core::request::RequestError;
+use crate::core::view::ClusterView;
+
+/// Why a node cannot take a pod.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Unfit {
+    /// The view has neither a `DeviceTopology` nor a `Node` of that name.
+    #[error("unknown node: no DeviceTopology or Node object in the cluster view")]
+    UnknownNode,
+    /// A `Node` without a published `DeviceTopology`: no devices.
+    #[error("node publishes no DeviceTopology")]
+    NoTopology,
+    /// Fewer free devices of the resource than the pod asks for.
+    #[error("needs {need} {resource}, {free} free")]
+    NotEnoughFree {
+        need: usize,
+        resource: String,
+        free: usize,
+    },
+    /// `select` refused the node's devices for another reason.
+    #[error(transparent)]
+    Select(SelectError),
+    /// `single-numa-node` on a node without a `Numatopology` (no CPU data).
+    #[error("single-numa-node: the node publishes no Numatopology")]
+    NoNumatopology,
+    /// `single-numa-node`, and no NUMA node has both the devices and the CPUs.
+    #[error(
+        "single-numa-node: no NUMA node has {need} free {resource} and {cpus} free CPUs ({})",
+        numa.iter().map(|(id, free, cpus)| format!("NUMA {id}: {free} free, {cpus} CPUs")).collect::<Vec<_>>().join("; ")
+    )]
+    NoNumaFit {
+        need: usize,
+        resource: String,
+        cpus: u32,
+        /// Per NUMA node: id, free devices of the resource, free CPUs.
+        numa: Vec<(u32, usize, u32)>,
+    },
+    /// The pod's gpu-group-size unit or another unit's reservation keeps it off the node.
+    #[error(transparent)]
+    Group(#[from] GroupConflict),
+    /// The pod's unit fits in no super-node (every node gets this reason).
+    #[error(transparent)]
+    Placement(#[from] PlacementError),
+    /// The pod's request is unusable (every node gets this reason).
+    #[error(transparent)]
+    Request(#[from] RequestError),
+}
+
+/// The verdict for one node.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodeVerdict {
+    pub node: String,
+    /// `None` when the node can hold the pod; else why not.
+    pub unfit: Option<Unfit>,
+    pub q: Option<f64>,
+    pub loss: Option<f64>,
+    /// 0..1 (see [`crate::core::score::gpu_aware`]); `None` when filtered.
+    pub raw: Option<f64>,
+    /// The devices the pod would get (indices into the node's devices, ascending); shared
+    /// with the select memo, so judging a node allocates nothing for it.
+    pub selection: Option<Arc<Selection>>,
+}
+
+impl NodeVerdict {
+    pub fn feasible(&self) -> bool {
+        self.unfit.is_none()
+    }
+
+    /// A node that cannot take the pod, with why.
+    pub fn filtered(node: &str, unfit: Unfit) -> Self {
+        NodeVerdict {
+            node: node.to_string(),
+            unfit: Some(unfit),
+            q: None,
+            loss: None,
+            raw: None,
+            selection: None,
+        }
+    }
+
+    /// Why the node cannot take the pod, as users read it.
+    pub fn reason(&self) -> Option<String> {
+        self.unfit.as_ref().map(Unfit::to_string)
+    }
+
+    /// The chosen devices' ids on `view` (empty when filtered).
+    pub fn device_ids(&self, view: &ClusterView) -> Vec<String> {
+        match (&self.selection, view.node(&self.node)) {
+            (Some(s), Some(nv)) => nv.ids_of(&s.devices),
+            _ => Vec::new(),
+        }
+    }
+}
+
+/// Orders verdicts best first: feasible by score, then name; then filtered ones by name.
+pub fn best_first(v: &mut [NodeVerdict]) {
+    v.sort_by(|a, b| {
+        let (ra, rb) = (a.raw.unwrap_or(-1.0), b.raw.unwrap_or(-1.0));
+        rb.total_cmp(&ra).then_with(|| a.node.cmp(&b.node))
+    });
+}

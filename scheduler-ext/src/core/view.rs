@@ -1,0 +1,740 @@
+//! The cluster view: every node the service knows, its devices and which of them are free.
+//!
+//! A node comes from its published `DeviceTopology` (devices, links, super-node, health and
+//! allocations in status) and optionally its `Node` object (labels). Each node's
+//! [`SelectContext`] is built once, when the node enters the view (one per distinct link
+//! matrix, shared by the nodes that have it, with a memo of its answers: [`NodeContext`]), and
+//! shared by every request.
+//! A device is free when it is healthy, not allocated in the node's status and not assumed by
+//! this service (a pod that carries our `fumarole.dev/devices` choice and is bound to the node
+//! but not yet reported by it).
+//!
+//! A node's super-node is the `DeviceTopology`'s `spec.superNode.id`, else its
+//! `fumarole.dev/super-node` label; a node with neither is a super-node of its own.
+//! Free CPUs per NUMA node come from the node's Volcano `Numatopology` (for NUMA fit).
+//! Pods bound with a gpu-group-size annotation are indexed by unit ([`ClusterView::members`]),
+//! so group placement sees where each unit already runs.
+//!
+//! The view is built by [`ClusterView::build`] from plain objects, so the snapshot loader and
+//! the API server reflectors ([`crate::live`]) go through the same code.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::{Arc, RwLock};
+
+use fumarole_topology::CpuSet;
+use fumarole_topology::annotation::{self, DEVICES_ANNOTATION};
+use fumarole_topology::crd::device_topology::DeviceInfo;
+use fumarole_topology::crd::{DeviceTopology, Numatopology};
+use fumarole_topology::{SelectContext, SelectError, Selection};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use crate::core::group::{self, UnitKey};
+use crate::core::request;
+
+/// Most devices one node may have (free sets are 64-bit masks, so the hot path allocates
+/// nothing).
+pub const MAX_DEVICES: usize = 64;
+
+/// Node label naming the node's super-node (what `fumarole-agent run --super-node` publishes).
+pub const SUPER_NODE_LABEL: &str = "fumarole.dev/super-node";
+
+/// Why a node's published objects cannot enter the view.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ViewError {
+    /// The object has no `metadata.name`.
+    #[error("a {kind} object has no metadata.name")]
+    NoName { kind: &'static str },
+    /// A link names a device index the spec does not have.
+    #[error(
+        "DeviceTopology {node}: link {a}-{b} names a device outside 0..{n} (spec.devices has {n})"
+    )]
+    LinkOutOfRange {
+        node: String,
+        a: u32,
+        b: u32,
+        n: usize,
+    },
+    /// The link list does not form a valid weight matrix.
+    #[error("DeviceTopology {node}: links are not a valid weight matrix: {source}")]
+    Links {
+        node: String,
+        #[source]
+        source: SelectError,
+    },
+    /// Two devices of one node share an id.
+    #[error("DeviceTopology {node}: device id {id:?} appears twice")]
+    DuplicateDevice { node: String, id: String },
+    /// More devices than a node view holds (device sets are 64-bit masks).
+    #[error("DeviceTopology {node}: {n} devices; at most {MAX_DEVICES} per node are supported")]
+    TooManyDevices { node: String, n: usize },
+    /// Two DeviceTopology objects for one node.
+    #[error("DeviceTopology {0} appears twice")]
+    DuplicateNode(String),
+}
+
+/// The extended resource a device is advertised as, the same names the device plugin uses by
+/// default (`fumarole_topology::Device::default_resource_name`).
+pub fn resource_of(d: &DeviceInfo) -> String {
+    match d.vendor.as_str() {
+        "nvidia" => "nvidia.com/gpu".into(),
+        "huawei" => match d.id.rsplit_once('-') {
+            Some((family, _)) if family.starts_with("Ascend") => format!("huawei.com/{family}"),
+            _ => "huawei.com/npu".into(),
+        },
+        "metax" => "metax-tech.com/gpu".into(),
+        "amd" => "amd.com/gpu".into(),
+        "intel" => "gpu.intel.com/i915".into(),
+        _ => "fumarole.dev/accelerator".into(),
+    }
+}
+
+/// One node as the scheduler extension sees it.
+#[derive(Clone, Debug)]
+pub struct NodeView {
+    pub name: String,
+    /// Device ids, in `DeviceTopology` order (the indices `select` works with).
+    pub device_ids: Vec<String>,
+    /// Resource name of each device.
+    pub resources: Vec<String>,
+    /// Devices healthy and not allocated in the node's own status (bit i = device i).
+    pub available_mask: u64,
+    /// Resource name -> mask of its devices.
+    pub resource_masks: Vec<(String, u64)>,
+    /// Devices named in the `fumarole.dev/devices` annotation of pods bound here.
+    pub assumed_mask: u64,
+    /// Devices the node reports unhealthy.
+    pub unhealthy_mask: u64,
+    /// Device id -> index.
+    pub index_of: HashMap<String, usize>,
+    /// NUMA node of each device, where known.
+    pub numa: Vec<Option<u32>>,
+    /// Free CPUs per NUMA node, from the node's `Numatopology` (`None` when it publishes none).
+    pub free_cpus: Option<BTreeMap<u32, u32>>,
+    /// Built once per distinct link matrix and shared by the nodes that have it.
+    pub select: Arc<NodeContext>,
+    /// Super-node id from the DeviceTopology or the node label, if any.
+    pub super_node: Option<String>,
+    /// Node labels (empty when no Node object was seen).
+    pub labels: BTreeMap<String, String>,
+    /// True when a `DeviceTopology` was published for the node; a bare `Node` has no devices.
+    pub has_topology: bool,
+}
+
+impl NodeView {
+    /// True when `k` of the devices in `free` have ideal interconnect: the best `k` of them
+    /// reach `Q_ideal(k)`, the best any `k` devices of this node have.
+    pub fn ideal_fit(&self, free: u64, k: usize) -> bool {
+        if (free.count_ones() as usize) < k {
+            return false;
+        }
+        match (
+            self.select.select(free, k),
+            self.select.context.ideal_quality(k),
+        ) {
+            (Ok(s), Some(ideal)) => s.quality >= ideal,
+            _ => false,
+        }
+    }
+
+    /// The view of one node, reusing the context of an earlier node with the same links.
+    fn with_contexts(dt: &DeviceTopology, contexts: &mut Contexts) -> Result<Self, ViewError> {
+        let name = dt.metadata.name.clone().ok_or(ViewError::NoName {
+            kind: "DeviceTopology",
+        })?;
+        let devices = &dt.spec.devices;
+        let n = devices.len();
+        if n > MAX_DEVICES {
+            return Err(ViewError::TooManyDevices { node: name, n });
+        }
+        let mut seen = BTreeSet::new();
+        for d in devices {
+            if !seen.insert(d.id.as_str()) {
+                return Err(ViewError::DuplicateDevice {
+                    node: name.clone(),
+                    id: d.id.clone(),
+                });
+            }
+        }
+        let mut weights = vec![vec![0u32; n]; n];
+        for l in &dt.spec.links {
+            let (a, b) = (l.a as usize, l.b as usize);
+            if a >= n || b >= n {
+                return Err(ViewError::LinkOutOfRange {
+                    node: name,
+                    a: l.a,
+                    b: l.b,
+                    n,
+                });
+            }
+            if a != b {
+                weights[a][b] = l.weight;
+                weights[b][a] = l.weight;
+            }
+        }
+        let select = match contexts.get(&weights) {
+            Some(c) => Arc::clone(c),
+            None => {
+                let ctx =
+                    SelectContext::from_weights(&weights).map_err(|source| ViewError::Links {
+                        node: name.clone(),
+                        source,
+                    })?;
+                let c = Arc::new(NodeContext::new(ctx));
+                contexts.insert(weights, Arc::clone(&c));
+                c
+            }
+        };
+        let status = dt.status.as_ref();
+        let available = devices
+            .iter()
+            .map(|d| match status.and_then(|s| s.devices.get(&d.id)) {
+                Some(s) => s.health == "Healthy" && s.allocation.is_none(),
+                // No status yet: the node has not reported health; count it healthy and free.
+                None => status.is_none(),
+            });
+        let unhealthy = devices.iter().map(|d| {
+            status
+                .and_then(|s| s.devices.get(&d.id))
+                .is_some_and(|s| s.health != "Healthy")
+        });
+        let resources: Vec<String> = devices.iter().map(resource_of).collect();
+        let mut resource_masks: Vec<(String, u64)> = Vec::new();
+        for (i, r) in resources.iter().enumerate() {
+            match resource_masks.iter_mut().find(|(name, _)| name == r) {
+                Some((_, m)) => *m |= 1 << i,
+                None => resource_masks.push((r.clone(), 1 << i)),
+            }
+        }
+        Ok(NodeView {
+            name,
+            device_ids: devices.iter().map(|d| d.id.clone()).collect(),
+            available_mask: mask_of(available),
+            resource_masks,
+            assumed_mask: 0,
+            unhealthy_mask: mask_of(unhealthy),
+            index_of: devices
+                .iter()
+                .enumerate()
+                .map(|(i, d)| (d.id.clone(), i))
+                .collect(),
+            resources,
+            numa: devices.iter().map(|d| d.numa_node).collect(),
+            free_cpus: None,
+            select,
+            super_node: dt.spec.super_node.as_ref().map(|s| s.id.clone()),
+            labels: BTreeMap::new(),
+            has_topology: true,
+        })
+    }
+
+    /// A node with a `Node` object but no DeviceTopology: no devices.
+    fn bare(name: String) -> Self {
+        NodeView {
+            name,
+            device_ids: Vec::new(),
+            resources: Vec::new(),
+            available_mask: 0,
+            resource_masks: Vec::new(),
+            assumed_mask: 0,
+            unhealthy_mask: 0,
+            index_of: HashMap::new(),
+            numa: Vec::new(),
+            free_cpus: None,
+            select: Arc::new(NodeContext::new(empty_context())),
+            super_node: None,
+            labels: BTreeMap::new(),
+            has_topology: false,
+        }
+    }
+
+    /// The super-node the node belongs to: its published one, else the node itself.
+    pub fn group(&self) -> &str {
+        self.super_node.as_deref().unwrap_or(&self.name)
+    }
+
+    /// Mask of the devices of `resource`.
+    pub fn resource_mask(&self, resource: &str) -> u64 {
+        self.resource_masks
+            .iter()
+            .find(|(r, _)| r == resource)
+            .map_or(0, |(_, m)| *m)
+    }
+
+    /// Mask of the devices named by `ids` (unknown ids are ignored).
+    pub fn mask_of_ids<'a>(&self, ids: impl IntoIterator<Item = &'a String>) -> u64 {
+        ids.into_iter()
+            .filter_map(|id| self.index_of.get(id))
+            .fold(0, |m, &i| m | 1 << i)
+    }
+
+    /// Device ids of the devices at `devices` (indices).
+    pub fn ids_of(&self, devices: &[usize]) -> Vec<String> {
+        devices
+            .iter()
+            .filter_map(|&i| self.device_ids.get(i).cloned())
+            .collect()
+    }
+}
+
+/// The mask with bit i set where the i-th item is true.
+fn mask_of(bits: impl Iterator<Item = bool>) -> u64 {
+    bits.enumerate()
+        .filter(|(_, b)| *b)
+        .fold(0, |m, (i, _)| m | 1 << i)
+}
+
+/// The indices of the set bits, ascending.
+pub fn indices(mask: u64) -> Vec<usize> {
+    let mut out = Vec::with_capacity(mask.count_ones() as usize);
+    let mut m = mask;
+    while m != 0 {
+        out.push(m.trailing_zeros() as usize);
+        m &= m - 1;
+    }
+    out
+}
+
+/// Select contexts by link matrix, kept from one view to the next so a rebuilt view reuses
+/// the contexts (and their memos) of the nodes that did not change.
+#[derive(Debug, Default)]
+pub struct ContextCache {
+    contexts: HashMap<Vec<Vec<u32>>, Arc<NodeContext>>,
+}
+
+impl ContextCache {
+    /// Most distinct link matrices kept; the cache starts over beyond it.
+    pub const LIMIT: usize = 1024;
+
+    fn get(&self, weights: &Vec<Vec<u32>>) -> Option<&Arc<NodeContext>> {
+        self.contexts.get(weights)
+    }
+
+    fn insert(&mut self, weights: Vec<Vec<u32>>, context: Arc<NodeContext>) {
+        if self.contexts.len() >= Self::LIMIT {
+            self.contexts.clear();
+        }
+        self.contexts.insert(weights, context);
+    }
+}
+
+type Contexts = ContextCache;
+
+/// Largest number of remembered answers per context; the memo starts over beyond it.
+pub const MEMO_LIMIT: usize = 4096;
+
+/// A [`SelectContext`] and the answers it gave. `select` is a pure function of the context, the
+/// free set and `k`, so nodes with the same links and the same free devices (most of a
+/// homogeneous cluster) share one search.
+#[derive(Debug)]
+pub struct NodeContext {
+    pub context: SelectContext,
+    memo: RwLock<Memo>,
+}
+
+/// An answer of `select`, shared by every node and request that asks the same.
+pub type Choice = Result<Arc<Selection>, SelectError>;
+
+/// `(free mask, k)` -> the answer of `select`.
+type Memo = HashMap<(u64, usize), Choice>;
+
+impl NodeContext {
+    pub fn new(context: SelectContext) -> Self {
+        NodeContext {
+            context,
+            memo: RwLock::new(HashMap::new()),
+        }
+    }
+
+    /// `SelectContext::select` over the devices in `free`, remembered.
+    pub fn select(&self, free: u64, k: usize) -> Choice {
+        let key = (free, k);
+        if let Ok(memo) = self.memo.read()
+            && let Some(r) = memo.get(&key)
+        {
+            return r.clone();
+        }
+        let r = self.context.select(&indices(free), &[], k).map(Arc::new);
+        if let Ok(mut memo) = self.memo.write() {
+            if memo.len() >= MEMO_LIMIT {
+                memo.clear();
+            }
+            memo.insert(key, r.clone());
+        }
+        r
+    }
+}
+
+/// The context of a node without devices.
+fn empty_context() -> SelectContext {
+    SelectContext::new(&fumarole_topology::LinkMatrix::from_fn(0, |_, _| {
+        fumarole_topology::LinkClass::CrossNuma
+    }))
+}
+
+/// A pod of a gpu-group-size unit that is bound to a node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Member {
+    /// `namespace/name`.
+    pub pod: String,
+    pub node: String,
+    pub gpus: u32,
+}
+
+/// Every node the service knows, and the devices it assumed for pods.
+#[derive(Clone, Debug, Default)]
+pub struct ClusterView {
+    nodes: HashMap<String, NodeView>,
+    /// Node names, sorted.
+    order: Vec<String>,
+    /// Node -> device ids named by pods bound there (their `fumarole.dev/devices`
+    /// annotation), while the view is built; then [`NodeView::assumed_mask`].
+    assumed: HashMap<String, BTreeSet<String>>,
+    /// Every resource name some node offers (computed once; requests check against it).
+    offered: BTreeSet<String>,
+    /// Super-node -> its nodes.
+    super_nodes: BTreeMap<String, Vec<String>>,
+    /// Unit -> its bound pods.
+    members: HashMap<UnitKey, Vec<Member>>,
+    /// Bound pods with a `fumarole.dev/devices` annotation (`namespace/name` -> node).
+    annotated: HashMap<String, String>,
+    /// Pods (`namespace/name`) some node reports devices allocated to.
+    reported: HashSet<String>,
+    /// Pods not bound yet, not finished, asking for an accelerator some node offers.
+    pending: Vec<Pod>,
+    /// Nodes left out because their `DeviceTopology` is unusable.
+    pub skipped: Vec<ViewError>,
+    /// Objects that could not be read, with the reason (logged by the caller, never fatal).
+    pub warnings: Vec<String>,
+}
+
+impl ClusterView {
+    /// The view from the objects of a cluster. `nodes` are the `Node` objects' metadata (labels).
+    /// Pods that are bound to a node, not finished and carry a valid `fumarole.dev/devices`
+    /// annotation count as using those devices. A node whose `DeviceTopology` is unusable is
+    /// left out and its error kept in [`Self::skipped`]; only a nameless object is an error.
+    pub fn build<'a>(
+        topologies: impl IntoIterator<Item = &'a DeviceTopology>,
+        numatopologies: impl IntoIterator<Item = &'a Numatopology>,
+        nodes: impl IntoIterator<Item = &'a ObjectMeta>,
+        pods: impl IntoIterator<Item = &'a Pod>,
+    ) -> Result<Self, ViewError> {
+        Self::build_with(
+            &mut ContextCache::default(),
+            topologies,
+            numatopologies,
+            nodes,
+            pods,
+        )
+    }
+
+    /// [`Self::build`], reusing (and filling) `contexts`.
+    pub fn build_with<'a>(
+        contexts: &mut ContextCache,
+        topologies: impl IntoIterator<Item = &'a DeviceTopology>,
+        numatopologies: impl IntoIterator<Item = &'a Numatopology>,
+        nodes: impl IntoIterator<Item = &'a ObjectMeta>,
+        pods: impl IntoIterator<Item = &'a Pod>,
+    ) -> Result<Self, ViewError> {
+        let mut view = ClusterView::default();
+        for dt in topologies {
+            let nv = match NodeView::with_contexts(dt, contexts) {
+                Ok(nv) => nv,
+                Err(e @ ViewError::NoName { .. }) => return Err(e),
+                Err(e) => {
+                    view.warnings.push(format!("skipping node: {e}"));
+                    view.skipped.push(e);
+                    continue;
+                }
+            };
+            if view.nodes.contains_key(&nv.name) {
+                view.skipped.push(ViewError::DuplicateNode(nv.name));
+                continue;
+            }
+            for s in dt.status.iter().flat_map(|s| s.devices.values()) {
+                if let Some(a) = &s.allocation {
+                    view.reported.insert(format!("{}/{}", a.namespace, a.pod));
+                }
+            }
+            view.nodes.insert(nv.name.clone(), nv);
+        }
+        for meta in nodes {
+            let name = meta
+                .name
+                .clone()
+                .ok_or(ViewError::NoName { kind: "Node" })?;
+            let nv = view
+                .nodes
+                .entry(name.clone())
+                .or_insert_with(|| NodeView::bare(name));
+            nv.labels = meta.labels.clone().unwrap_or_default();
+            if nv.super_node.is_none() {
+                nv.super_node = nv.labels.get(SUPER_NODE_LABEL).cloned();
+            }
+        }
+        for nt in numatopologies {
+            let Some(name) = nt.metadata.name.as_deref() else {
+                continue;
+            };
+            if let Some(nv) = view.nodes.get_mut(name) {
+                match free_cpus_by_numa(nt) {
+                    Ok(m) => nv.free_cpus = Some(m),
+                    Err(e) => view.warnings.push(format!("Numatopology {name}: {e}")),
+                }
+            }
+        }
+        view.order = view.nodes.keys().cloned().collect();
+        view.order.sort();
+        for name in &view.order {
+            if let Some(nv) = view.nodes.get(name) {
+                view.super_nodes
+                    .entry(nv.group().to_string())
+                    .or_default()
+                    .push(nv.name.clone());
+            }
+        }
+        view.offered = view
+            .nodes
+            .values()
+            .flat_map(|n| n.resources.iter().cloned())
+            .collect();
+        for pod in pods {
+            view.add_pod(pod);
+        }
+        for (node, ids) in std::mem::take(&mut view.assumed) {
+            if let Some(nv) = view.nodes.get_mut(&node) {
+                nv.assumed_mask = nv.mask_of_ids(&ids);
+            }
+        }
+        Ok(view)
+    }
+
+    /// Counts a bound, unfinished pod: its annotated devices as used, its unit membership; an
+    /// unbound one asking for an accelerator is pending.
+    fn add_pod(&mut self, pod: &Pod) {
+        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+        if matches!(phase, Some("Succeeded" | "Failed")) {
+            return;
+        }
+        let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
+            if pod.metadata.deletion_timestamp.is_none()
+                && request::device_request(pod, &self.resources()).is_ok()
+            {
+                self.pending.push(pod.clone());
+            }
+            return;
+        };
+        let key = request::pod_key(pod);
+        if let Some(value) = pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(DEVICES_ANNOTATION))
+        {
+            match annotation::parse(value) {
+                Ok(choice) => {
+                    let set = self.assumed.entry(node.clone()).or_default();
+                    set.extend(choice.into_values().flatten());
+                    self.annotated.insert(key.clone(), node.clone());
+                }
+                Err(e) => self.warnings.push(format!("pod {key}: {e}")),
+            }
+        }
+        if !group::has_group_annotations(pod) {
+            return;
+        }
+        let Ok(req) = request::device_request(pod, &self.resources()) else {
+            return;
+        };
+        let gpus = u32::try_from(req.count).unwrap_or(u32::MAX);
+        match group::group_spec(pod, gpus) {
+            Ok(Some(spec)) => self
+                .members
+                .entry(UnitKey::of(pod, &spec))
+                .or_default()
+                .push(Member {
+                    pod: key,
+                    node,
+                    gpus,
+                }),
+            Ok(None) => {}
+            Err(e) => self.warnings.push(format!("pod {key}: {e}")),
+        }
+    }
+
+    /// The node called `name`.
+    pub fn node(&self, name: &str) -> Option<&NodeView> {
+        self.nodes.get(name)
+    }
+
+    /// All nodes, by name.
+    pub fn nodes(&self) -> impl Iterator<Item = &NodeView> {
+        self.order.iter().filter_map(|n| self.nodes.get(n))
+    }
+
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// Every resource name some node offers.
+    pub fn resources(&self) -> BTreeSet<&str> {
+        self.offered.iter().map(String::as_str).collect()
+    }
+
+    /// Pods waiting for an accelerator: not bound, not finished, requesting a resource some
+    /// node offers.
+    pub fn pending(&self) -> &[Pod] {
+        &self.pending
+    }
+
+    /// Super-nodes and their nodes, by id.
+    pub fn super_nodes(&self) -> &BTreeMap<String, Vec<String>> {
+        &self.super_nodes
+    }
+
+    /// The bound pods of a unit.
+    pub fn members(&self, unit: &UnitKey) -> &[Member] {
+        self.members.get(unit).map_or(&[], Vec::as_slice)
+    }
+
+    /// True when some node reports devices allocated to the pod (`namespace/name`).
+    pub fn reported(&self, pod: &str) -> bool {
+        self.reported.contains(pod)
+    }
+
+    /// The node a pod is bound to with a `fumarole.dev/devices` annotation, if it is.
+    pub fn annotated_on(&self, pod: &str) -> Option<&str> {
+        self.annotated.get(pod).map(String::as_str)
+    }
+
+    /// Mask of the free devices of `resource` on `nv`: healthy, not allocated in status, not
+    /// chosen for a bound pod.
+    pub fn free_mask(&self, nv: &NodeView, resource: &str) -> u64 {
+        nv.available_mask & nv.resource_mask(resource) & !nv.assumed_mask
+    }
+
+    /// Indices (into the node's devices) of the free devices of `resource` on `node`
+    /// ([`Self::free_mask`]). Empty for unknown nodes.
+    pub fn free(&self, node: &str, resource: &str) -> Vec<usize> {
+        self.nodes
+            .get(node)
+            .map_or_else(Vec::new, |nv| indices(self.free_mask(nv, resource)))
+    }
+}
+
+/// Free CPUs per NUMA node: `numares.cpu.allocatable` (which the exporter publishes without the
+/// CPUs pinned to pods) counted by `cpuDetail`'s NUMA ids.
+fn free_cpus_by_numa(nt: &Numatopology) -> Result<BTreeMap<u32, u32>, String> {
+    let allocatable = nt
+        .spec
+        .numares
+        .get("cpu")
+        .map(|r| r.allocatable.as_str())
+        .unwrap_or_default();
+    let free = CpuSet::parse(allocatable).map_err(|e| format!("numares.cpu.allocatable: {e}"))?;
+    let mut out = BTreeMap::new();
+    for (cpu, info) in &nt.spec.cpu_detail {
+        let cpu: u32 = cpu
+            .parse()
+            .map_err(|_| format!("cpuDetail key {cpu:?} is not a CPU id"))?;
+        let numa =
+            u32::try_from(info.numa).map_err(|_| format!("cpu {cpu}: numa {}", info.numa))?;
+        let n = out.entry(numa).or_insert(0u32);
+        if free.contains(cpu) {
+            *n += 1;
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+    use k8s_openapi::api::core::v1::Node;
+
+    fn dt(name: &str, n: u32, weight: u32, allocated: &[u32]) -> DeviceTopology {
+        fumarole_topology::crd::testing::nvlink_node(name, n, weight, allocated, |i| {
+            format!("GPU-{i}")
+        })
+    }
+
+    #[test]
+    fn free_excludes_allocated_unhealthy_and_assumed() {
+        let mut t = dt("a", 4, 10, &[0]);
+        t.status
+            .as_mut()
+            .unwrap()
+            .devices
+            .get_mut("GPU-1")
+            .unwrap()
+            .health = "Unhealthy".into();
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "annotations": {DEVICES_ANNOTATION: r#"{"nvidia.com/gpu":["GPU-2"]}"#}},
+            "spec": {"nodeName": "a", "containers": []}
+        }))
+        .unwrap();
+        let view = ClusterView::build(&[t], &[], &[], &[pod]).unwrap();
+        assert_eq!(view.free("a", "nvidia.com/gpu"), vec![3]);
+        assert!(view.free("a", "huawei.com/Ascend910").is_empty());
+        assert!(view.free("nope", "nvidia.com/gpu").is_empty());
+    }
+
+    #[test]
+    fn bad_links_skip_the_node_with_the_reason() {
+        let mut t = dt("a", 2, 10, &[]);
+        t.spec.links[0].b = 7;
+        let view = ClusterView::build(&[t, dt("b", 2, 10, &[])], &[], &[], &[]).unwrap();
+        assert!(view.node("a").is_none() && view.node("b").is_some());
+        let e = &view.skipped[0];
+        assert!(e.to_string().contains("DeviceTopology a"), "{e}");
+    }
+
+    #[test]
+    fn same_links_share_one_context_and_memo_answers_match() {
+        let view = ClusterView::build(
+            &[
+                dt("a", 4, 10, &[0]),
+                dt("b", 4, 10, &[]),
+                dt("c", 4, 20, &[]),
+            ],
+            &[],
+            &[],
+            &[],
+        )
+        .unwrap();
+        let (a, b, c) = (
+            view.node("a").unwrap(),
+            view.node("b").unwrap(),
+            view.node("c").unwrap(),
+        );
+        assert!(Arc::ptr_eq(&a.select, &b.select));
+        assert!(!Arc::ptr_eq(&a.select, &c.select));
+        let free = view.free("a", "nvidia.com/gpu");
+        let direct = a.select.context.select(&free, &[], 2).map(Arc::new);
+        let mask = view.free_mask(a, "nvidia.com/gpu");
+        assert_eq!(indices(mask), free);
+        assert_eq!(a.select.select(mask, 2), direct);
+        assert_eq!(b.select.select(mask, 2), direct);
+        assert_eq!(
+            a.select.select(mask, 9),
+            a.select.context.select(&free, &[], 9).map(Arc::new)
+        );
+    }
+
+    #[test]
+    fn node_without_topology_has_no_devices() {
+        let node: Node = serde_json::from_value(
+            serde_json::json!({"metadata": {"name": "cpu", "labels": {"x": "y"}}}),
+        )
+        .unwrap();
+        let view = ClusterView::build(&[], &[], &[node.metadata], &[]).unwrap();
+        let nv = view.node("cpu").unwrap();
+        assert!(!nv.has_topology);
+        assert_eq!(nv.labels["x"], "y");
+    }
+}

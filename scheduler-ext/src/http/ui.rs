@@ -1,0 +1,315 @@
+//! `/ui`: the cluster page for people, "where is there room for an 8-GPU job". Server-rendered
+//! HTML that reloads itself every [`REFRESH_SECONDS`], no JavaScript.
+//!
+//! From the service's own state (the view and the ledger, as `filter` sees them):
+//! - per super-node, its nodes with a grid of their devices (free, in use, unhealthy) and the
+//!   largest job that still gets ideal interconnect there ([`largest_ideal_block`]: the most
+//!   devices a node can still give with `q = 1`, the same quality as on an empty node);
+//! - the pods waiting for an accelerator, with why (the scheduler's last verdict for the pod
+//!   when there is one, else the verdicts of a fresh evaluation; gpu-group-size pods are not
+//!   evaluated here, since planning their unit would reserve a super-node);
+//! - the last scorings the schedulers asked for, per node, the same rows as `explain`.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use axum::extract::State;
+use axum::response::Html;
+
+use html_escape::encode_double_quoted_attribute as esc;
+
+use crate::core::cluster::Cluster;
+use crate::core::explain::Row;
+use crate::core::group;
+use crate::core::request::{self, pod_key};
+use crate::core::view::NodeView;
+use crate::service::{Decision, Service};
+
+pub const REFRESH_SECONDS: u32 = 10;
+
+/// GET `/ui`.
+pub async fn page(State(svc): State<Arc<Service>>) -> Html<String> {
+    Html(render(&svc, SystemTime::now()))
+}
+
+/// Device states of one node, by device index.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceState {
+    Free,
+    Used,
+    Unhealthy,
+}
+
+/// What the page shows of a node.
+#[derive(Clone, Debug)]
+pub struct NodeRow {
+    pub name: String,
+    pub devices: Vec<(String, DeviceState)>,
+    pub free: usize,
+    /// [`largest_ideal_block`].
+    pub ideal: usize,
+}
+
+/// The most devices `nv` can still give one pod with ideal interconnect: the largest `k` for
+/// which the best selection among the free devices has `q = 1`.
+pub fn largest_ideal_block(nv: &NodeView, free: u64) -> usize {
+    (1..=free.count_ones() as usize)
+        .rev()
+        .find(|&k| nv.ideal_fit(free, k))
+        .unwrap_or(0)
+}
+
+fn node_row(c: &Cluster, nv: &NodeView) -> NodeRow {
+    let free = nv
+        .resource_masks
+        .iter()
+        .fold(0u64, |m, (r, _)| m | c.free_mask(nv, r));
+    let devices = nv
+        .device_ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| {
+            let bit = 1u64 << i;
+            let state = if nv.unhealthy_mask & bit != 0 {
+                DeviceState::Unhealthy
+            } else if free & bit != 0 {
+                DeviceState::Free
+            } else {
+                DeviceState::Used
+            };
+            (id.clone(), state)
+        })
+        .collect();
+    NodeRow {
+        name: nv.name.clone(),
+        devices,
+        free: free.count_ones() as usize,
+        ideal: largest_ideal_block(nv, free),
+    }
+}
+
+fn ago(now: SystemTime, at: SystemTime) -> String {
+    let secs = now.duration_since(at).map_or(0, |d| d.as_secs());
+    match secs {
+        0..60 => format!("{secs} s ago"),
+        60..3600 => format!("{} min ago", secs / 60),
+        _ => format!("{} h ago", secs / 3600),
+    }
+}
+
+const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:24px;color:#222}\
+h1{font-size:22px}h2{font-size:17px;margin-top:28px}table{border-collapse:collapse;margin:6px 0 14px}\
+td,th{border-bottom:1px solid #ddd;padding:4px 10px;text-align:left;font-size:13px;vertical-align:top}\
+th{background:#f3f5f7}td:first-child{white-space:nowrap}.dev{display:inline-block;width:16px;height:16px;margin:1px;border-radius:3px}\
+.free{background:#43a047}.used{background:#1e88e5}.unhealthy{background:#e53935}\
+.summary{color:#555;font-size:13px}.ok{color:#2e7d32}.no{color:#c62828}.legend span{margin-right:14px}";
+
+/// The page at `now`.
+pub fn render(svc: &Service, now: SystemTime) -> String {
+    let view = svc.view();
+    let decisions = svc.decisions();
+    let rows: BTreeMap<String, NodeRow> = svc.with_cluster(|c| {
+        view.nodes()
+            .filter(|nv| nv.has_topology)
+            .map(|nv| (nv.name.clone(), node_row(&c, nv)))
+            .collect()
+    });
+    let (mut free, mut used, mut unhealthy) = (0, 0, 0);
+    for r in rows.values() {
+        for (_, s) in &r.devices {
+            match s {
+                DeviceState::Free => free += 1,
+                DeviceState::Used => used += 1,
+                DeviceState::Unhealthy => unhealthy += 1,
+            }
+        }
+    }
+
+    let mut o = String::new();
+    let _ = write!(
+        o,
+        "<!doctype html><html><head><meta charset=\"utf-8\"><title>fumarole cluster</title>\
+         <meta http-equiv=\"refresh\" content=\"{REFRESH_SECONDS}\"><style>{STYLE}</style></head><body>"
+    );
+    let _ = write!(
+        o,
+        "<h1>fumarole cluster</h1><p class=\"summary\" id=\"totals\">{} nodes · {free} free · {used} in use · \
+         {unhealthy} unhealthy accelerators · refreshes every {REFRESH_SECONDS} s</p>\
+         <p class=\"legend\"><span><i class=\"dev free\"></i> free</span><span><i class=\"dev used\"></i> in use</span>\
+         <span><i class=\"dev unhealthy\"></i> unhealthy</span></p>",
+        rows.len()
+    );
+
+    // Super-nodes first, then the nodes outside any.
+    let mut groups: Vec<(Option<&str>, Vec<&NodeRow>)> = Vec::new();
+    let mut alone = Vec::new();
+    for (group, names) in view.super_nodes() {
+        let members: Vec<&NodeRow> = names.iter().filter_map(|n| rows.get(n)).collect();
+        let is_super = names
+            .iter()
+            .filter_map(|n| view.node(n))
+            .any(|nv| nv.super_node.is_some());
+        if is_super {
+            groups.push((Some(group.as_str()), members));
+        } else {
+            alone.extend(members);
+        }
+    }
+    if !alone.is_empty() {
+        groups.push((None, alone));
+    }
+    for (group, members) in &groups {
+        let total_ideal: usize = members.iter().map(|r| r.ideal).sum();
+        let best = members.iter().map(|r| r.ideal).max().unwrap_or(0);
+        let free: usize = members.iter().map(|r| r.free).sum();
+        let id = group.unwrap_or("");
+        let heading = group.map_or("Nodes outside super-nodes".to_string(), |g| {
+            format!("Super-node {g}")
+        });
+        let _ = write!(
+            o,
+            "<h2 class=\"super-node\" data-id=\"{}\">{}</h2><p class=\"summary\">{} nodes · {free} free · \
+             largest job with ideal interconnect: <b class=\"fits\">{total_ideal}</b> GPUs \
+             (each node's largest ideal block, summed; on one node: {best})</p>\
+             <table><tr><th>node</th><th>devices</th><th>free</th><th>largest ideal block</th></tr>",
+            esc(id),
+            esc(&heading),
+            members.len()
+        );
+        for r in members {
+            let _ = write!(
+                o,
+                "<tr class=\"node\" data-node=\"{}\"><td>{}</td><td>",
+                esc(&r.name),
+                esc(&r.name)
+            );
+            for (id, state) in &r.devices {
+                let class = match state {
+                    DeviceState::Free => "free",
+                    DeviceState::Used => "used",
+                    DeviceState::Unhealthy => "unhealthy",
+                };
+                let _ = write!(
+                    o,
+                    "<i class=\"dev {class}\" title=\"{} ({class})\"></i>",
+                    esc(id)
+                );
+            }
+            let _ = write!(o, "</td><td>{}</td><td>{}</td></tr>", r.free, r.ideal);
+        }
+        o.push_str("</table>");
+    }
+
+    // Pending pods and why they wait.
+    let offered = view.resources();
+    o.push_str("<h2>Pending accelerator pods</h2>");
+    if view.pending().is_empty() {
+        o.push_str("<p class=\"summary\" id=\"no-pending\">none</p>");
+    } else {
+        o.push_str(
+            "<table id=\"pending\"><tr><th>pod</th><th>asks for</th><th>why it waits</th></tr>",
+        );
+        for pod in view.pending() {
+            let key = pod_key(pod);
+            let asks = request::device_request(pod, &offered).map_or_else(
+                |e| e.to_string(),
+                |r| format!("{} × {}", r.count, r.resource),
+            );
+            let why = waiting_reason(svc, pod, &key, &decisions);
+            let _ = write!(
+                o,
+                "<tr class=\"pending\" data-pod=\"{}\"><td>{}</td><td>{}</td><td>{}</td></tr>",
+                esc(&key),
+                esc(&key),
+                esc(&asks),
+                esc(&why)
+            );
+        }
+        o.push_str("</table>");
+    }
+
+    // The last scorings.
+    o.push_str("<h2>Last decisions</h2>");
+    if decisions.is_empty() {
+        o.push_str("<p class=\"summary\">no scoring asked for yet</p>");
+    }
+    for d in &decisions {
+        let _ = write!(
+            o,
+            "<h3 class=\"decision\" data-pod=\"{}\">{} <span class=\"summary\">{}</span></h3>\
+             <table><tr><th>node</th><th>fits</th><th>score</th><th>q</th><th>loss</th><th>devices / reason</th></tr>",
+            esc(&d.pod),
+            esc(&d.pod),
+            ago(now, d.at)
+        );
+        for r in &d.rows {
+            let num = |v: Option<f64>| v.map_or("–".to_string(), |v| format!("{v:.2}"));
+            let detail = match &r.reason {
+                Some(reason) => reason.clone(),
+                None => r.devices.join(", "),
+            };
+            let _ = write!(
+                o,
+                "<tr><td>{}</td><td class=\"{}\">{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                esc(&r.node),
+                if r.feasible { "ok" } else { "no" },
+                if r.feasible { "yes" } else { "no" },
+                num(r.score),
+                num(r.q),
+                num(r.loss),
+                esc(&detail)
+            );
+        }
+        o.push_str("</table>");
+    }
+    o.push_str("</body></html>\n");
+    o
+}
+
+/// Why `pod` waits: from the scheduler's last scoring of it, else a fresh evaluation over every
+/// node (not for gpu-group-size pods: planning their unit would reserve a super-node).
+fn waiting_reason(
+    svc: &Service,
+    pod: &k8s_openapi::api::core::v1::Pod,
+    key: &str,
+    decisions: &[Decision],
+) -> String {
+    let rows: Vec<Row> = match decisions.iter().find(|d| d.pod == key) {
+        Some(d) => d.rows.clone(),
+        None => {
+            if group::has_group_annotations(pod) {
+                return "gpu-group-size unit: no scoring asked for yet".into();
+            }
+            if svc.view().is_empty() {
+                return "no nodes".into();
+            }
+            match svc.explain(pod) {
+                Ok((_, rows)) => rows,
+                Err(e) => return e.to_string(),
+            }
+        }
+    };
+    if let Some(best) = rows.iter().find(|r| r.feasible) {
+        return format!(
+            "fits on {} (devices {}): waiting for the scheduler",
+            best.node,
+            best.devices.join(", ")
+        );
+    }
+    let mut reasons: BTreeMap<&str, usize> = BTreeMap::new();
+    for r in &rows {
+        if let Some(reason) = &r.reason {
+            *reasons.entry(reason.as_str()).or_default() += 1;
+        }
+    }
+    let mut by_count: Vec<(&str, usize)> = reasons.into_iter().collect();
+    by_count.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    by_count
+        .iter()
+        .take(3)
+        .map(|(reason, n)| format!("{reason} ({n} node{})", if *n == 1 { "" } else { "s" }))
+        .collect::<Vec<_>>()
+        .join("; ")
+}

@@ -1,0 +1,321 @@
+//! The kube-scheduler extender API: `filter`, `prioritize` and `bind` under [`KUBE_PREFIX`].
+//!
+//! Bodies are the upstream structs with Go field names as keys (`Pod`, `Nodes`, `NodeNames`,
+//! `FailedNodes`, `Host`, `Score`, ...); see `../shared/reference/wire-contracts.md`, section 3.
+//! `filter` answers in the form it was asked (`NodeNames` when it got `NodeNames`, a `NodeList`
+//! in `Nodes` when it got `Nodes`). Pods without an accelerator request pass every node and get
+//! score 0; nodes that cannot hold the pod, and nodes the view does not know, are returned in
+//! `FailedNodes` with the reason. A body that is not valid `ExtenderArgs` gets 400 and a message.
+//!
+//! `bind` gives the pod its devices on the node ([`Service::assign`]: chosen under the ledger's
+//! lock and written on the pod as `fumarole.dev/devices`), then creates the pod's `Binding`;
+//! when either write fails the devices are released and kube-scheduler gets the error (and
+//! retries the pod).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::response::Response;
+use axum::routing::post;
+use k8s_openapi::api::core::v1::Pod;
+use serde::{Deserialize, Serialize};
+
+use crate::core::request::RequestError;
+use crate::protocol::{bad_request, json_response};
+use crate::service::{CommitError, Service};
+
+/// Route prefix of the kube-scheduler extender verbs (`urlPrefix` in the scheduler config is
+/// `http://HOST:PORT/kube-scheduler`).
+pub const KUBE_PREFIX: &str = "/kube-scheduler";
+
+/// `ExtenderArgs`.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct ExtenderArgs {
+    #[serde(rename = "Pod", alias = "pod", default)]
+    pub pod: Option<Pod>,
+    /// A `NodeList`, kept as JSON so it can be echoed back unchanged (when
+    /// `nodeCacheCapable=false`).
+    #[serde(rename = "Nodes", alias = "nodes", default)]
+    pub nodes: Option<serde_json::Value>,
+    /// Node names (when `nodeCacheCapable=true`).
+    #[serde(
+        rename = "NodeNames",
+        alias = "nodeNames",
+        alias = "nodenames",
+        default
+    )]
+    pub node_names: Option<Vec<String>>,
+}
+
+/// `ExtenderFilterResult`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ExtenderFilterResult {
+    #[serde(rename = "Nodes", default, skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<serde_json::Value>,
+    #[serde(rename = "NodeNames", default, skip_serializing_if = "Option::is_none")]
+    pub node_names: Option<Vec<String>>,
+    #[serde(rename = "FailedNodes", default)]
+    pub failed_nodes: BTreeMap<String, String>,
+    #[serde(rename = "FailedAndUnresolvableNodes", default)]
+    pub failed_and_unresolvable_nodes: BTreeMap<String, String>,
+    #[serde(rename = "Error", default)]
+    pub error: String,
+}
+
+/// One entry of `HostPriorityList`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostPriority {
+    #[serde(rename = "Host")]
+    pub host: String,
+    #[serde(rename = "Score")]
+    pub score: i64,
+}
+
+/// `ExtenderBindingArgs`.
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct ExtenderBindingArgs {
+    #[serde(rename = "PodName", alias = "podName", default)]
+    pub pod_name: String,
+    #[serde(rename = "PodNamespace", alias = "podNamespace", default)]
+    pub pod_namespace: String,
+    #[serde(rename = "PodUID", alias = "podUID", default)]
+    pub pod_uid: String,
+    #[serde(rename = "Node", alias = "node", default)]
+    pub node: String,
+}
+
+/// `ExtenderBindingResult`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExtenderBindingResult {
+    #[serde(rename = "Error", default)]
+    pub error: String,
+}
+
+/// Why an `ExtenderArgs` body is unusable (answered with 400).
+#[derive(Debug, thiserror::Error)]
+pub enum ArgsError {
+    #[error("malformed ExtenderArgs: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("ExtenderArgs has no Pod")]
+    NoPod,
+    #[error("ExtenderArgs has neither NodeNames nor Nodes")]
+    NoNodes,
+    #[error("ExtenderArgs.Nodes is not a NodeList with items")]
+    BadNodeList,
+}
+
+/// Why `bind` failed (the `Error` of `ExtenderBindingResult`).
+#[derive(Debug, thiserror::Error)]
+pub enum BindError {
+    #[error("ExtenderBindingArgs needs PodName and Node")]
+    Incomplete,
+    #[error("bind needs the API server; this service was started on a cluster snapshot")]
+    NoApiServer,
+    #[error("reading pod {pod}: {source}")]
+    ReadPod {
+        pod: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("pod {pod} has uid {actual}, not {asked} (deleted and created again?)")]
+    WrongUid {
+        pod: String,
+        actual: String,
+        asked: String,
+    },
+    #[error(transparent)]
+    Commit(#[from] CommitError),
+    #[error("binding pod {pod} to {node}: {source}")]
+    Binding {
+        pod: String,
+        node: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// The `filter` verb.
+pub fn filter(svc: &Service, args: &ExtenderArgs) -> Result<ExtenderFilterResult, ArgsError> {
+    let pod = args.pod.as_ref().ok_or(ArgsError::NoPod)?;
+    let names = node_names(args)?;
+    let mut failed = BTreeMap::new();
+    match svc.evaluate(pod, &names, true) {
+        // Not an accelerator pod: not ours to judge.
+        Err(RequestError::NoAccelerator { .. }) => {}
+        Err(e) => {
+            for n in &names {
+                failed.insert(n.clone(), e.to_string());
+            }
+        }
+        Ok(verdicts) => {
+            for v in verdicts {
+                if let Some(unfit) = v.unfit {
+                    failed.insert(v.node, unfit.to_string());
+                }
+            }
+        }
+    }
+    let mut out = ExtenderFilterResult {
+        failed_nodes: failed,
+        ..Default::default()
+    };
+    if let Some(given) = &args.node_names {
+        out.node_names = Some(
+            given
+                .iter()
+                .filter(|n| !out.failed_nodes.contains_key(*n))
+                .cloned()
+                .collect(),
+        );
+    } else if let Some(list) = &args.nodes {
+        let mut list = list.clone();
+        if let Some(items) = list.get_mut("items").and_then(|i| i.as_array_mut()) {
+            items.retain(|item| {
+                item.pointer("/metadata/name")
+                    .and_then(|n| n.as_str())
+                    .is_some_and(|n| !out.failed_nodes.contains_key(n))
+            });
+        }
+        out.nodes = Some(list);
+    }
+    Ok(out)
+}
+
+/// The `prioritize` verb: 0..10 per node; 0 for filtered or unknown nodes and for pods
+/// without an accelerator request.
+pub fn prioritize(svc: &Service, args: &ExtenderArgs) -> Result<Vec<HostPriority>, ArgsError> {
+    let pod = args.pod.as_ref().ok_or(ArgsError::NoPod)?;
+    let names = node_names(args)?;
+    let verdicts = svc.evaluate(pod, &names, true).unwrap_or_default();
+    let scorer = svc.scorer();
+    let answer = names
+        .into_iter()
+        .enumerate()
+        .map(|(i, host)| {
+            let score = verdicts
+                .get(i)
+                .and_then(|v| v.raw)
+                .map_or(0, |raw| scorer.kube(raw));
+            HostPriority { host, score }
+        })
+        .collect();
+    if !verdicts.is_empty() {
+        svc.record_decision(pod, verdicts);
+    }
+    Ok(answer)
+}
+
+/// The `bind` verb: give the pod its devices (written on the pod), then create its Binding.
+pub async fn bind(svc: &Service, args: &ExtenderBindingArgs) -> Result<(), BindError> {
+    let (ns, name, node) = (&args.pod_namespace, &args.pod_name, &args.node);
+    if name.is_empty() || node.is_empty() {
+        return Err(BindError::Incomplete);
+    }
+    let ns = if ns.is_empty() {
+        "default"
+    } else {
+        ns.as_str()
+    };
+    let key = format!("{ns}/{name}");
+    let ops = svc.kube().ok_or(BindError::NoApiServer)?;
+    let pod: Pod = ops
+        .pod(ns, name)
+        .await
+        .map_err(|source| BindError::ReadPod {
+            pod: key.clone(),
+            source,
+        })?;
+    let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+    if !args.pod_uid.is_empty() && uid != args.pod_uid {
+        return Err(BindError::WrongUid {
+            pod: key,
+            actual: uid.to_string(),
+            asked: args.pod_uid.clone(),
+        });
+    }
+    svc.assign(&pod, node).await?;
+    if let Err(source) = ops.bind(ns, name, uid, node).await {
+        svc.release(&key);
+        return Err(BindError::Binding {
+            pod: key,
+            node: node.clone(),
+            source,
+        });
+    }
+    tracing::info!(pod = %key, node = %node, "bound");
+    Ok(())
+}
+
+/// The node names of the request, from `NodeNames` or else the `NodeList`.
+fn node_names(args: &ExtenderArgs) -> Result<Vec<String>, ArgsError> {
+    if let Some(names) = &args.node_names {
+        return Ok(names.clone());
+    }
+    let list = args.nodes.as_ref().ok_or(ArgsError::NoNodes)?;
+    let items = match list.get("items") {
+        Some(serde_json::Value::Array(items)) => items,
+        // Go encodes an empty slice as null.
+        Some(serde_json::Value::Null) | None if list.is_object() => return Ok(Vec::new()),
+        _ => return Err(ArgsError::BadNodeList),
+    };
+    items
+        .iter()
+        .map(|i| {
+            i.pointer("/metadata/name")
+                .and_then(|n| n.as_str())
+                .map(str::to_string)
+                .ok_or(ArgsError::BadNodeList)
+        })
+        .collect()
+}
+
+fn parse_args(body: &[u8]) -> Result<ExtenderArgs, ArgsError> {
+    Ok(serde_json::from_slice(body)?)
+}
+
+fn bad_args(e: &ArgsError) -> Response {
+    bad_request("kube-scheduler", e)
+}
+
+async fn filter_handler(State(svc): State<Arc<Service>>, body: Bytes) -> Response {
+    match parse_args(&body).and_then(|a| filter(&svc, &a)) {
+        Ok(r) => json_response(&r),
+        Err(e) => bad_args(&e),
+    }
+}
+
+async fn prioritize_handler(State(svc): State<Arc<Service>>, body: Bytes) -> Response {
+    match parse_args(&body).and_then(|a| prioritize(&svc, &a)) {
+        Ok(r) => json_response(&r),
+        Err(e) => bad_args(&e),
+    }
+}
+
+async fn bind_handler(State(svc): State<Arc<Service>>, body: Bytes) -> Response {
+    let args: ExtenderBindingArgs = match serde_json::from_slice(&body) {
+        Ok(a) => a,
+        Err(e) => return bad_args(&ArgsError::Json(e)),
+    };
+    let error = match bind(&svc, &args).await {
+        Ok(()) => String::new(),
+        Err(e) => {
+            tracing::warn!(pod = %args.pod_name, node = %args.node, error = %e, "bind failed");
+            e.to_string()
+        }
+    };
+    json_response(&ExtenderBindingResult { error })
+}
+
+/// The routes of this protocol, under [`KUBE_PREFIX`].
+pub fn routes() -> Router<Arc<Service>> {
+    Router::new()
+        .route(&format!("{KUBE_PREFIX}/filter"), post(filter_handler))
+        .route(
+            &format!("{KUBE_PREFIX}/prioritize"),
+            post(prioritize_handler),
+        )
+        .route(&format!("{KUBE_PREFIX}/bind"), post(bind_handler))
+}

@@ -1,0 +1,385 @@
+//! The service: one [`ClusterView`] and one [`Ledger`] shared by every request, and the three
+//! things a scheduler asks of them: [`Service::evaluate`] (where could this pod go),
+//! [`Service::assign`] (give it devices on this node, recorded and written on the pod) and
+//! [`Service::release`] (take them back).
+//!
+//! The protocols ([`crate::protocol`]) are functions over `&Service`; the live view
+//! ([`crate::live`]) replaces the view as the reflectors see changes
+//! ([`Service::replace_view`]), which also prunes the ledger. `/ui` reads the last scorings the
+//! schedulers asked for ([`Service::decisions`]).
+//!
+//! Locking: the view is an `Arc` swapped under a short write lock; the ledger sits behind one
+//! `RwLock`, and a commit checks and takes devices under its write lock, so two pods never get
+//! one device.
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::{Duration, Instant, SystemTime};
+
+use k8s_openapi::api::core::v1::Pod;
+
+use crate::core::cluster::Cluster;
+use crate::core::decide;
+use crate::core::explain::Row;
+use crate::core::ledger::{Commit, Ledger};
+use crate::core::placement::PlacementError;
+use crate::core::request::{DeviceRequest, PodRequest, RequestError, pod_key, pod_request};
+use crate::core::score::gpu_aware::GpuAware;
+use crate::core::verdict::{NodeVerdict, Unfit, best_first};
+use crate::core::view::ClusterView;
+use crate::kube_ops::KubeOps;
+
+/// Why a pod cannot get devices on a node now ([`Service::commit`], [`Service::assign`]).
+#[derive(Debug, thiserror::Error)]
+pub enum CommitError {
+    /// The pod's request is unusable.
+    #[error(transparent)]
+    Request(#[from] RequestError),
+    /// The pod's gpu-group-size unit fits in no super-node.
+    #[error(transparent)]
+    Placement(#[from] PlacementError),
+    /// The node cannot take the pod.
+    #[error("node {node} cannot take pod {pod}: {unfit}")]
+    Unfit {
+        node: String,
+        pod: String,
+        unfit: Box<Unfit>,
+    },
+    /// Writing the choice on the pod failed; the devices were released.
+    #[error("annotating pod {pod}: {source}")]
+    Annotate {
+        pod: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// How the service decides, from flags.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Settings {
+    pub scorer: GpuAware,
+    /// How long a commit waits for the view to show its pod bound with its annotation.
+    pub commit_ttl: Duration,
+    /// How long a unit's plan waits for its next pod.
+    pub reservation_ttl: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            scorer: GpuAware::default(),
+            commit_ttl: Duration::from_secs(120),
+            reservation_ttl: Duration::from_secs(300),
+        }
+    }
+}
+
+/// The state every request shares: the cluster view, the ledger, the settings and (when serving
+/// a live cluster) the API client.
+#[derive(Debug)]
+pub struct Service {
+    view: RwLock<Arc<ClusterView>>,
+    ledger: RwLock<Ledger>,
+    pub settings: Settings,
+    kube: OnceLock<KubeOps>,
+    /// The last [`DECISIONS_KEPT`] scorings (prioritize calls), oldest first, for `/ui`: kept
+    /// as the verdicts the verb already had, turned into rows only when the page asks.
+    decisions: Mutex<VecDeque<Recorded>>,
+}
+
+/// A scoring as the verb left it.
+#[derive(Debug)]
+struct Recorded {
+    pod: String,
+    at: SystemTime,
+    verdicts: Vec<NodeVerdict>,
+}
+
+/// How many scorings `/ui` shows.
+pub const DECISIONS_KEPT: usize = 10;
+
+/// One scoring of a pod over nodes: what `explain` would say, as the scheduler asked it.
+#[derive(Clone, Debug)]
+pub struct Decision {
+    /// `namespace/name`.
+    pub pod: String,
+    pub at: SystemTime,
+    /// Best first.
+    pub rows: Vec<Row>,
+}
+
+impl Service {
+    /// A service over `view` with default time-to-lives.
+    pub fn new(view: ClusterView, scorer: GpuAware) -> Self {
+        Self::with_settings(
+            view,
+            Settings {
+                scorer,
+                ..Settings::default()
+            },
+        )
+    }
+
+    pub fn with_settings(view: ClusterView, settings: Settings) -> Self {
+        Service {
+            view: RwLock::new(Arc::new(view)),
+            ledger: RwLock::new(Ledger::default()),
+            settings,
+            kube: OnceLock::new(),
+            decisions: Mutex::new(VecDeque::new()),
+        }
+    }
+
+    /// Connects the service to the API server (for `bind` and the pod annotations); once.
+    pub fn set_kube(&self, ops: KubeOps) {
+        if self.kube.set(ops).is_err() {
+            tracing::warn!("API client already set; keeping the first");
+        }
+    }
+
+    /// Runs `f` over the view and the ledger as one request would see them.
+    pub fn with_cluster<R>(&self, f: impl FnOnce(Cluster<'_>) -> R) -> R {
+        let view = self.view();
+        let ledger = self.ledger();
+        f(Cluster::new(&view, &ledger, Instant::now()))
+    }
+
+    /// Remembers a scoring of `pod` (the last [`DECISIONS_KEPT`] are kept). On the prioritize
+    /// path: it only moves the verdicts in; sorting and naming devices wait for `/ui`.
+    pub fn record_decision(&self, pod: &Pod, verdicts: Vec<NodeVerdict>) {
+        let recorded = Recorded {
+            pod: pod_key(pod),
+            at: SystemTime::now(),
+            verdicts,
+        };
+        let mut kept = self.decisions_kept();
+        if kept.len() == DECISIONS_KEPT {
+            kept.pop_front();
+        }
+        kept.push_back(recorded);
+    }
+
+    /// The recorded scorings, newest first, as `explain` rows (device ids from the current
+    /// view).
+    pub fn decisions(&self) -> Vec<Decision> {
+        let view = self.view();
+        let kept = self.decisions_kept();
+        kept.iter()
+            .rev()
+            .map(|r| {
+                let mut verdicts = r.verdicts.clone();
+                best_first(&mut verdicts);
+                Decision {
+                    pod: r.pod.clone(),
+                    at: r.at,
+                    rows: verdicts
+                        .into_iter()
+                        .map(|v| Row::new(v, self.scorer(), &view))
+                        .collect(),
+                }
+            })
+            .collect()
+    }
+
+    /// The API client, in live mode.
+    pub fn kube(&self) -> Option<&KubeOps> {
+        self.kube.get()
+    }
+
+    pub fn scorer(&self) -> &GpuAware {
+        &self.settings.scorer
+    }
+
+    /// The current view.
+    pub fn view(&self) -> Arc<ClusterView> {
+        match self.view.read() {
+            Ok(v) => Arc::clone(&v),
+            Err(poisoned) => Arc::clone(&poisoned.into_inner()),
+        }
+    }
+
+    /// Replaces the view (new snapshot, reflector update) and drops the commits and plans it
+    /// makes redundant; returns the pods whose commits were dropped.
+    pub fn replace_view(&self, view: ClusterView) -> Vec<String> {
+        let view = Arc::new(view);
+        {
+            let mut guard = match self.view.write() {
+                Ok(g) => g,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            *guard = Arc::clone(&view);
+        }
+        self.ledger_mut()
+            .prune(&view, Instant::now(), self.settings.commit_ttl)
+    }
+
+    fn decisions_kept(&self) -> MutexGuard<'_, VecDeque<Recorded>> {
+        match self.decisions.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+
+    fn ledger(&self) -> RwLockReadGuard<'_, Ledger> {
+        match self.ledger.read() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+
+    fn ledger_mut(&self) -> RwLockWriteGuard<'_, Ledger> {
+        match self.ledger.write() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+
+    /// The verdicts for `pod` on `nodes`, in order. A pod of a gpu-group-size unit first gets
+    /// its sub-unit's super-node planned (among `nodes` when `plan_among_nodes`, else the whole
+    /// view); when no super-node can take it every node gets that reason.
+    pub fn evaluate(
+        &self,
+        pod: &Pod,
+        nodes: &[String],
+        plan_among_nodes: bool,
+    ) -> Result<Vec<NodeVerdict>, RequestError> {
+        let view = self.view();
+        let req = pod_request(pod, &view.resources())?;
+        Ok(self.evaluate_request(&view, &req, nodes, plan_among_nodes))
+    }
+
+    fn evaluate_request(
+        &self,
+        view: &ClusterView,
+        req: &PodRequest,
+        nodes: &[String],
+        plan_among_nodes: bool,
+    ) -> Vec<NodeVerdict> {
+        let now = Instant::now();
+        let planned = if req.group.is_some() {
+            let candidates: Option<HashSet<&str>> =
+                plan_among_nodes.then(|| nodes.iter().map(String::as_str).collect());
+            let mut ledger = self.ledger_mut();
+            match decide::plan(
+                view,
+                &mut ledger,
+                req,
+                candidates.as_ref(),
+                now,
+                self.settings.reservation_ttl,
+            ) {
+                Ok(p) => p,
+                Err(e) => {
+                    return nodes
+                        .iter()
+                        .map(|n| NodeVerdict::filtered(n, Unfit::Placement(e.clone())))
+                        .collect();
+                }
+            }
+        } else {
+            None
+        };
+        let ledger = self.ledger();
+        decide::judge(
+            Cluster::new(view, &ledger, now),
+            &self.settings.scorer,
+            req,
+            planned.as_deref(),
+            nodes.iter().map(String::as_str),
+        )
+    }
+
+    /// Chooses and records the devices `pod` gets on `node`. `Ok(None)` for pods without an
+    /// accelerator request; `Err` is why the node cannot take the pod now. Committing the same
+    /// pod to the same node again returns the earlier choice.
+    pub fn commit(&self, pod: &Pod, node: &str) -> Result<Option<Commit>, CommitError> {
+        let view = self.view();
+        let req = match pod_request(pod, &view.resources()) {
+            Ok(r) => r,
+            Err(RequestError::NoAccelerator { .. }) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        let key = req.devices.pod.clone();
+        let now = Instant::now();
+        let ttl = self.settings.reservation_ttl;
+        let mut ledger = self.ledger_mut();
+        if let Some(c) = ledger.commit_of(&key)
+            && c.node == node
+        {
+            return Ok(Some(c.clone()));
+        }
+        ledger.release(&key);
+        let planned = decide::plan(&view, &mut ledger, &req, None, now, ttl)?;
+        let verdict = decide::judge(
+            Cluster::new(&view, &ledger, now),
+            &self.settings.scorer,
+            &req,
+            planned.as_deref(),
+            [node],
+        )
+        .pop();
+        // judge answers once per node asked; an empty answer would be a bug, not a node's fault.
+        let v = verdict.unwrap_or_else(|| NodeVerdict::filtered(node, Unfit::UnknownNode));
+        if let Some(unfit) = v.unfit {
+            return Err(CommitError::Unfit {
+                node: node.to_string(),
+                pod: key,
+                unfit: Box::new(unfit),
+            });
+        }
+        let commit = Commit {
+            node: node.to_string(),
+            resource: req.devices.resource.clone(),
+            devices: v.device_ids(&view),
+            unit: req.group.as_ref().map(|g| (g.key.clone(), g.gpus)),
+            at: now,
+        };
+        ledger.commit(&key, commit.clone());
+        if let Some(g) = &req.group {
+            ledger.renew_plan(&g.key, now + ttl);
+        }
+        Ok(Some(commit))
+    }
+
+    /// [`Self::commit`], then (live mode) writes the choice on the pod as
+    /// `fumarole.dev/devices`; when the write fails the devices are released. Every path that
+    /// gives a pod devices goes through here: kube-scheduler's `bind`, Volcano's `allocateFunc`
+    /// and the after-the-fact annotation of pods bound without us.
+    pub async fn assign(&self, pod: &Pod, node: &str) -> Result<Option<Commit>, CommitError> {
+        let Some(c) = self.commit(pod, node)? else {
+            return Ok(None);
+        };
+        if let Some(ops) = self.kube() {
+            let key = pod_key(pod);
+            let (ns, name) = key.split_once('/').unwrap_or(("default", key.as_str()));
+            if let Err(source) = ops.annotate(ns, name, Some(&c.choice())).await {
+                self.release(&key);
+                return Err(CommitError::Annotate { pod: key, source });
+            }
+        }
+        Ok(Some(c))
+    }
+
+    /// The verdicts for `pod` on every node of the view, best first, through the same steps as
+    /// `filter` (group plans included, made in the service's own ledger).
+    pub fn explain(&self, pod: &Pod) -> Result<(DeviceRequest, Vec<Row>), RequestError> {
+        let view = self.view();
+        let names: Vec<String> = view.nodes().map(|n| n.name.clone()).collect();
+        let req = pod_request(pod, &view.resources())?;
+        let mut verdicts = self.evaluate_request(&view, &req, &names, false);
+        best_first(&mut verdicts);
+        let g = self.scorer();
+        Ok((
+            req.devices,
+            verdicts
+                .into_iter()
+                .map(|v| Row::new(v, g, &view))
+                .collect(),
+        ))
+    }
+
+    /// Drops the commit of `pod` (`namespace/name`).
+    pub fn release(&self, pod: &str) -> Option<Commit> {
+        self.ledger_mut().release(pod)
+    }
+}

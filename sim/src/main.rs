@@ -1,0 +1,193 @@
+//! `fumarole-sim`: the placement-quality simulator.
+//!
+//! Subcommands: `run` (replay a job trace over a simulated cluster once per placement policy
+//! and report the placement quality of each) and `generate-trace` (a seeded job trace for
+//! `run`). See the crate documentation of `fumarole_sim` for the model.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use clap::{Parser, Subcommand, ValueEnum};
+use fumarole_sim::policy::Policy;
+use fumarole_sim::report::{self, Metrics};
+use fumarole_sim::shape::ClusterShape;
+use scheduler_ext::args::ScoringArgs;
+
+#[derive(Parser)]
+#[command(name = "fumarole-sim", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Replay a job trace over a simulated cluster, once per placement policy, and report the
+    /// placement quality of each (table, Markdown or JSON; SVG plots with --plot-dir).
+    Run(Box<RunArgs>),
+    /// Write a seeded job trace for `run` (the same trace for the same arguments).
+    GenerateTrace(GenerateArgs),
+}
+
+#[derive(clap::Args)]
+pub struct RunArgs {
+    /// The simulated cluster: `NODESxFIXTURE[:SUPER_NODES]`, e.g. 64xdgx-h100:8 or
+    /// 32xatlas-800-910:4 (fixtures: dgx-h100, atlas-800-910, pcie-4gpu, metax-c500-8 and the
+    /// 16-device dgx-h100-x2, atlas-910b-16, pcie-16gpu, metax-c500-16).
+    #[arg(long, value_name = "SHAPE")]
+    cluster: ClusterShape,
+    /// The job trace (JSON lines; see `generate-trace`).
+    #[arg(long, value_name = "FILE")]
+    trace: PathBuf,
+    /// Policies to compare, in order (repeat the flag); default: all of fumarole, binpack,
+    /// spread, random, nvidia.
+    #[arg(long = "policy", value_name = "NAME")]
+    policies: Vec<Policy>,
+    /// Seed of the `random` policy.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// How long a gpu-group-size unit's super-node reservation waits for its pods (simulated).
+    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
+    reservation_ttl: Duration,
+    #[arg(long, value_enum, default_value_t = ReportFormat::Table)]
+    format: ReportFormat,
+    /// Drop the jobs' gpu-group-size and atomic-gpu-group-size (to see what the super-node
+    /// rules cost).
+    #[arg(long)]
+    without_groups: bool,
+    /// Write `<trace>.stranded.svg` and `<trace>.metrics.svg` into this directory.
+    #[arg(long, value_name = "DIR")]
+    plot_dir: Option<PathBuf>,
+    #[command(flatten)]
+    scoring: ScoringArgs,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ReportFormat {
+    Table,
+    Markdown,
+    Json,
+}
+
+#[derive(clap::Args)]
+pub struct GenerateArgs {
+    /// The cluster the trace is for (sets the load and the largest multi-node job).
+    #[arg(long, value_name = "SHAPE")]
+    cluster: ClusterShape,
+    /// Number of jobs.
+    #[arg(long, default_value_t = 1000)]
+    jobs: usize,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Offered load as a share of the cluster's devices (device-seconds asked per second).
+    #[arg(long, default_value_t = 0.9)]
+    load: f64,
+    /// Write the trace here instead of standard output.
+    #[arg(long, value_name = "FILE")]
+    out: Option<PathBuf>,
+}
+
+fn run_cmd(args: RunArgs) -> Result<()> {
+    let scorer = args.scoring.gpu_aware()?;
+    let horizon = Duration::from_secs(fumarole_sim::trace::MAX_SECONDS);
+    if args.reservation_ttl > horizon {
+        bail!(
+            "--reservation-ttl must be at most {}, got {}",
+            humantime::format_duration(horizon),
+            humantime::format_duration(args.reservation_ttl)
+        );
+    }
+    let cluster = args.cluster.build()?;
+    let text = std::fs::read_to_string(&args.trace)
+        .with_context(|| format!("reading {}", args.trace.display()))?;
+    let name = args.trace.file_name().map_or_else(
+        || args.trace.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    );
+    let mut sim = fumarole_sim::Simulation::load(cluster, &text, &name)?;
+    if args.without_groups {
+        sim = sim.without_groups();
+    }
+    let policies = if args.policies.is_empty() {
+        Policy::ALL.to_vec()
+    } else {
+        args.policies
+    };
+    let opts = fumarole_sim::Options {
+        seed: args.seed,
+        scorer,
+        reservation_ttl: args.reservation_ttl,
+    };
+    let runs = fumarole_sim::compare(&sim, &policies, &opts);
+    let metrics: Vec<Metrics> = runs.iter().map(|o| Metrics::of(&sim, o)).collect();
+    match args.format {
+        ReportFormat::Table => print!("{}", report::table(&sim, &metrics)),
+        ReportFormat::Markdown => print!("{}", report::markdown(&sim, &metrics)),
+        ReportFormat::Json => print!("{}", report::json(&sim, &metrics)),
+    }
+    if let Some(dir) = &args.plot_dir {
+        let stem = args
+            .trace
+            .file_stem()
+            .map_or_else(|| "trace".to_string(), |s| s.to_string_lossy().into_owned());
+        let paths = fumarole_sim::plot::write_all(dir, &stem, &sim, &runs, &metrics)
+            .with_context(|| format!("writing plots into {}", dir.display()))?;
+        for p in paths {
+            tracing::info!(path = %p.display(), "plot written");
+        }
+    }
+    Ok(())
+}
+
+fn generate_cmd(args: GenerateArgs) -> Result<()> {
+    if !(args.load.is_finite() && args.load > 0.0) {
+        bail!("--load must be a number > 0, got {}", args.load);
+    }
+    if args.jobs == 0 {
+        bail!("--jobs must be at least 1");
+    }
+    let cluster = args.cluster.build()?;
+    let spec = fumarole_sim::trace::GenSpec {
+        seed: args.seed,
+        jobs: args.jobs,
+        load: args.load,
+        capacity: cluster.capacity(),
+        devices_per_node: u32::try_from(cluster.devices_per_node).unwrap_or(u32::MAX),
+        super_node_size: u32::try_from(cluster.super_node_size()).unwrap_or(u32::MAX),
+    };
+    let jobs = fumarole_sim::trace::generate(&spec);
+    let header = [format!(
+        "fumarole-sim generate-trace --cluster {} --jobs {} --seed {} --load {}",
+        args.cluster, args.jobs, args.seed, args.load
+    )];
+    let text = fumarole_sim::trace::write(&jobs, &header);
+    match &args.out {
+        Some(path) => {
+            std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))?
+        }
+        None => print!("{text}"),
+    }
+    Ok(())
+}
+
+fn main() -> std::process::ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    let result = match Cli::parse().command {
+        Command::Run(args) => run_cmd(*args),
+        Command::GenerateTrace(args) => generate_cmd(args),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,98 @@
+//! The placement policies the simulator compares.
+//!
+//! - `fumarole`: the service's own path: [`scheduler_ext::core::decide::plan`] (the unit's super-node, with
+//!   reservations) then [`scheduler_ext::core::decide::judge`] over every node (gpu-aware fit, `q`, `loss`,
+//!   score, devices from `topology::select`, the group checks); the best verdict wins
+//!   ([`scheduler_ext::core::score::gpu_aware::best_first`]) and its devices are committed to the ledger.
+//! - `binpack`: the node with the fewest free devices that still has enough (kube-scheduler's
+//!   `MostAllocated` on the device count); the lowest free device indices.
+//! - `spread`: the node with the most free devices (`LeastAllocated`); lowest free indices.
+//! - `random`: a node that has enough, uniformly at random (seeded); lowest free indices.
+//! - `nvidia`: binpack's node, devices from the NVIDIA device plugin's partition search
+//!   ([`fumarole_topology::baseline::nvidia_baseline`]).
+//!
+//! Ties between nodes go to the first by name. No baseline knows super-nodes.
+
+use std::fmt;
+use std::str::FromStr;
+
+/// One placement policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Policy {
+    Fumarole,
+    Binpack,
+    Spread,
+    Random,
+    Nvidia,
+}
+
+impl Policy {
+    /// Every policy, in report order.
+    pub const ALL: [Policy; 5] = [
+        Policy::Fumarole,
+        Policy::Binpack,
+        Policy::Spread,
+        Policy::Random,
+        Policy::Nvidia,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::Fumarole => "fumarole",
+            Policy::Binpack => "binpack",
+            Policy::Spread => "spread",
+            Policy::Random => "random",
+            Policy::Nvidia => "nvidia",
+        }
+    }
+}
+
+impl fmt::Display for Policy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A policy name that is not one of [`Policy::ALL`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown policy {0:?} (known: fumarole, binpack, spread, random, nvidia)")]
+pub struct UnknownPolicy(pub String);
+
+impl FromStr for Policy {
+    type Err = UnknownPolicy;
+
+    fn from_str(s: &str) -> Result<Self, UnknownPolicy> {
+        Policy::ALL
+            .into_iter()
+            .find(|p| p.name() == s.trim().to_ascii_lowercase())
+            .ok_or_else(|| UnknownPolicy(s.to_string()))
+    }
+}
+
+/// The `k` lowest set bits of `free` (`None` when it has fewer).
+pub fn lowest(free: u64, k: usize) -> Option<Vec<usize>> {
+    let out: Vec<usize> = scheduler_ext::core::view::indices(free)
+        .into_iter()
+        .take(k)
+        .collect();
+    (out.len() == k).then_some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_unknown_is_named() {
+        for p in Policy::ALL {
+            assert_eq!(p.name().parse::<Policy>().unwrap(), p);
+        }
+        assert_eq!(" Binpack".parse::<Policy>().unwrap(), Policy::Binpack);
+        let e = "tetris".parse::<Policy>().unwrap_err().to_string();
+        assert!(e.starts_with("unknown policy \"tetris\""), "{e}");
+        assert_eq!(lowest(0b1011_0100, 3), Some(vec![2, 4, 5]));
+        assert_eq!(lowest(0b100, 2), None);
+    }
+}
