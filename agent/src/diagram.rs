@@ -15,6 +15,7 @@ use std::fmt::Write as _;
 use fumarole_topology::{Health, LinkClass, NodeTopology};
 
 use crate::render::{gib, label};
+use html_escape::encode_double_quoted_attribute as esc;
 
 const MARGIN: f64 = 24.0;
 const SLOT_W: f64 = 150.0;
@@ -429,13 +430,6 @@ pub fn layout(t: &NodeTopology) -> Layout {
         fabric_top,
         bus_rows: rows.len(),
     }
-}
-
-fn esc(text: &str) -> String {
-    text.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-        .replace('"', "&quot;")
 }
 
 /// The node as an SVG document.
