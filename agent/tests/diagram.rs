@@ -8,21 +8,14 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+
 use std::fmt::Write as _;
 use std::path::Path;
 use std::process::Command;
 
 fn discover(fixture: &str, format: &str) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_fumarole-agent"))
-        .args(["discover", "--fixture", fixture, "--format", format])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{fixture}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    common::discover_text(&["--fixture", fixture], format)
 }
 
 /// The texts directly inside `node` and its descendants, joined.

@@ -4,26 +4,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::process::Command;
+mod common;
 
+use common::discover;
 use fumarole_topology::{DeviceKind, Health, NodeTopology, SuperNodeSource, Vendor};
-
-fn discover(args: &[&str]) -> (NodeTopology, serde_json::Value) {
-    let out = Command::new(env!("CARGO_BIN_EXE_fumarole-agent"))
-        .arg("discover")
-        .args(args)
-        .args(["--format", "json"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let value: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let topology: NodeTopology = serde_json::from_value(value.clone()).unwrap();
-    (topology, value)
-}
 
 /// The link matrix as `matrix` prints it, one string per row, `X` on the diagonal.
 fn matrix(t: &NodeTopology) -> Vec<String> {

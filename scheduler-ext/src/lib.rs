@@ -18,7 +18,7 @@
 //! The binary's subcommands (`serve`, `explain`) only wire these together. The trace simulator
 //! that replays jobs through the same core lives in its own crate, `fumarole-sim`.
 
-pub mod args;
+pub mod cli;
 pub mod core;
 pub mod http;
 pub mod hypernode;

@@ -12,7 +12,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use fumarole_sim::policy::Policy;
 use fumarole_sim::report::{self, Metrics};
 use fumarole_sim::shape::ClusterShape;
-use scheduler_ext::args::ScoringArgs;
+use scheduler_ext::cli::ScoringArgs;
 
 #[derive(Parser)]
 #[command(name = "fumarole-sim", version, about)]
@@ -172,22 +172,8 @@ fn generate_cmd(args: GenerateArgs) -> Result<()> {
 }
 
 fn main() -> std::process::ExitCode {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
-    let result = match Cli::parse().command {
+    scheduler_ext::cli::main_with(|| match Cli::parse().command {
         Command::Run(args) => run_cmd(*args),
         Command::GenerateTrace(args) => generate_cmd(args),
-    };
-    match result {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    })
 }

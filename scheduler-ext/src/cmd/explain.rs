@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use clap::ValueEnum;
 use k8s_openapi::api::core::v1::Pod;
-use scheduler_ext::args::ScoringArgs;
+use scheduler_ext::cli::ScoringArgs;
 use scheduler_ext::core::explain;
 use scheduler_ext::service::Service;
 use scheduler_ext::snapshot;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use scheduler_ext::args::ScoringArgs;
+use scheduler_ext::cli::ScoringArgs;
 use scheduler_ext::core::view::ClusterView;
 use scheduler_ext::http::metrics::{self, Metrics};
 use scheduler_ext::http::router::router;

@@ -1,5 +1,8 @@
-//! Command-line arguments shared by the binaries that decide through the core
-//! (`fumarole-scheduler-ext serve` / `explain`, `fumarole-sim run`).
+//! Command-line plumbing shared by the binaries that decide through the core
+//! (`fumarole-scheduler-ext`, `fumarole-sim`): the gpu-aware flags and the `main` frame
+//! (logging to stderr, `error: ...` and exit code 1 on failure).
+
+use std::process::ExitCode;
 
 use anyhow::{Result, bail};
 
@@ -32,5 +35,24 @@ impl ScoringArgs {
             weight: self.weight,
             loss_weight: self.loss_weight,
         })
+    }
+}
+
+/// Logs to stderr (`RUST_LOG`, default `info`), runs `command`, and turns its error into
+/// `error: ...` on stderr and exit code 1.
+pub fn main_with(command: impl FnOnce() -> Result<()>) -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    match command() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
     }
 }
