@@ -187,10 +187,10 @@ fn bad_input_is_named_and_never_a_panic() {
     assert!(stderr(&out).contains("--load must be a number > 0, got -1"));
 }
 
-/// The README's figures for the Atlas trace are what the simulator prints today (the two DGX
+/// docs/placement.md's figures for the Atlas trace are what the simulator prints today (the two DGX
 /// traces take longer in a debug build; they come from the same code).
 #[test]
-fn readme_figures_are_current() {
+fn documented_figures_are_current() {
     let trace = traces().join("atlas-800-910-32.jsonl");
     let out = bin(&[
         "run",
@@ -203,15 +203,15 @@ fn readme_figures_are_current() {
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
     let table = String::from_utf8(out.stdout).unwrap();
-    let readme =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md"))
+    let doc =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/placement.md"))
             .unwrap();
     let rows: Vec<&str> = table.lines().filter(|l| l.starts_with("| ")).collect();
     assert_eq!(rows.len(), 6, "{table}");
     for row in rows {
         assert!(
-            readme.contains(row),
-            "README.md lacks this row of `simulate` output (rerun the commands in its Placement quality section):\n{row}"
+            doc.contains(row),
+            "docs/placement.md lacks this row of `fumarole-sim run` output (rerun the commands there):\n{row}"
         );
     }
 }
