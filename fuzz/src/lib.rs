@@ -187,8 +187,11 @@ pub fn pod_annotations(data: &[u8]) {
         status: None,
     };
     let offered = BTreeSet::from(["nvidia.com/gpu"]);
-    if let Ok(request) = scheduler_ext::core::request::pod_request(&pod, &offered)
-        && let Some(group) = request.group
+    if let Ok(request) = scheduler_ext::core::request::pod_request(
+        &pod,
+        &offered,
+        &scheduler_ext::core::group::Jobs::of([&pod]),
+    ) && let Some(group) = request.group
     {
         assert!(group.spec.group_size % group.spec.atomic_size == 0);
     }

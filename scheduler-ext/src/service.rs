@@ -244,7 +244,7 @@ impl Service {
         plan_among_nodes: bool,
     ) -> Result<Vec<NodeVerdict>, RequestError> {
         let view = self.view();
-        let req = pod_request(pod, &view.resources())?;
+        let req = pod_request(pod, &view.resources(), view.jobs())?;
         Ok(self.evaluate_request(&view, &req, nodes, plan_among_nodes))
     }
 
@@ -294,7 +294,7 @@ impl Service {
     /// pod to the same node again returns the earlier choice.
     pub fn commit(&self, pod: &Pod, node: &str) -> Result<Option<Commit>, CommitError> {
         let view = self.view();
-        let req = match pod_request(pod, &view.resources()) {
+        let req = match pod_request(pod, &view.resources(), view.jobs()) {
             Ok(r) => r,
             Err(RequestError::NoAccelerator { .. }) => return Ok(None),
             Err(e) => return Err(e.into()),
@@ -365,7 +365,7 @@ impl Service {
     pub fn explain(&self, pod: &Pod) -> Result<(DeviceRequest, Vec<Row>), RequestError> {
         let view = self.view();
         let names: Vec<String> = view.nodes().map(|n| n.name.clone()).collect();
-        let req = pod_request(pod, &view.resources())?;
+        let req = pod_request(pod, &view.resources(), view.jobs())?;
         let mut verdicts = self.evaluate_request(&view, &req, &names, false);
         best_first(&mut verdicts);
         let g = self.scorer();

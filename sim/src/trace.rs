@@ -42,7 +42,7 @@ use rand::rngs::ChaCha8Rng;
 use rand::{RngExt, SeedableRng};
 use serde::{Deserialize, Serialize};
 
-use scheduler_ext::core::group;
+use scheduler_ext::core::group::{self, Jobs};
 use scheduler_ext::core::request::{self, PodRequest};
 
 /// The latest second a trace may reach (arrival + duration): 10 years.
@@ -205,10 +205,11 @@ pub fn requests(
         message,
     };
     let offered = BTreeSet::from([resource]);
+    let jobs = Jobs::default();
     (0..tj.job.pods)
         .map(|rank| {
             let p = pod(&tj.job, rank, resource).map_err(|e| err(e.to_string()))?;
-            let req = request::pod_request(&p, &offered).map_err(|e| err(e.to_string()))?;
+            let req = request::pod_request(&p, &offered, &jobs).map_err(|e| err(e.to_string()))?;
             if let Some(g) = &req.group {
                 // The service accepts a unit that ends past the last pod (it would wait for
                 // more pods forever); a trace job must consist of whole units.

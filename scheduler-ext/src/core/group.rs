@@ -1,4 +1,4 @@
-//! gpu-podaffinity input: a pod's model-parallel unit, read from its annotations.
+//! gpu-podaffinity input: a pod's model-parallel unit, read from its annotations and its job.
 //!
 //! Annotations (each also under the `fumarole.dev/` prefix; both spellings present must agree):
 //! - `metax-tech.com/gpu-group-size`: GPUs of one model-parallel unit; a positive multiple of
@@ -6,19 +6,35 @@
 //! - `metax-tech.com/atomic-gpu-group-size`: GPUs that must share one super-node; defaults to
 //!   the group size; a multiple of the pod's GPU count that divides the group size.
 //!
-//! A pod's rank orders the pods of a job: Volcano's `volcano.sh/task-index` annotation, else
-//! the PyTorchJob `training.kubeflow.org/replica-index` label or annotation (ranks of replica
-//! type `worker` come after the one `master`), else the trailing number of the pod's name
-//! (`job-worker-3` -> 3). Consecutive ranks form units: pod `rank` with `g` GPUs is in unit
-//! `rank·g / group_size` and atomic sub-unit `rank·g / atomic_size`.
+//! **The unit is the job.** Users annotate one pod template of a job (MetaX's own examples
+//! annotate only the master's); the annotations then hold for every pod of the job
+//! ([`Jobs`]: what the view knows about each job from all of its pods). A pod's own
+//! annotations win; pods of one job that carry different values are an error.
 //!
-//! Pods of one job share a job key ([`job_key`]): namespace plus Volcano's `volcano.sh/job-name`
-//! and task spec, else the Kubeflow `training.kubeflow.org/job-name`, else the controlling
-//! owner, else the pod name without its trailing number. A unit is identified by
-//! [`UnitKey`]; a pod's place in its unit is a [`PodGroup`]; [`crate::core::placement`] places units
-//! over super-nodes.
+//! **Ranks are the framework's.** A pod's rank orders the pods of its whole job, across its
+//! tasks, the way the job's framework numbers them ([`rank`]):
+//! 1. the literal `RANK` environment variable of its first container that sets one: what
+//!    Volcano's `pytorch` plugin (master 0, worker i as i+1) and Kubeflow's training-operator
+//!    (PyTorchJob: the same) write into the pods;
+//! 2. DLRover ElasticJob's `elasticjob.dlrover/rank-index` label;
+//! 3. Kubeflow's `training.kubeflow.org/replica-index` (replica type `worker` after the one
+//!    `master`);
+//! 4. Volcano's `volcano.sh/task-index` plus the pods of the job's tasks ordered before the
+//!    pod's task (a task named `master`, `chief` or `launcher` first, then by name; pods counted
+//!    in the view): one task alone numbers as before;
+//! 5. a StatefulSet's `apps.kubernetes.io/pod-index` label;
+//! 6. the trailing number of the pod's name (`job-worker-3` -> 3).
+//!
+//! Consecutive ranks form units: pod `rank` with `g` GPUs is in unit `rank·g / group_size` and
+//! atomic sub-unit `rank·g / atomic_size`.
+//!
+//! Pods of one job share a job key ([`job_key`]): namespace plus Volcano's
+//! `volcano.sh/job-name`, else the Kubeflow `training.kubeflow.org/job-name`, else DLRover's
+//! `elasticjob.dlrover/name`, else the controlling owner, else the pod name without its
+//! trailing number. A unit is identified by [`UnitKey`]; a pod's place in its unit is a
+//! [`PodGroup`]; [`crate::core::placement`] places units over super-nodes.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use k8s_openapi::api::core::v1::Pod;
 
@@ -32,17 +48,27 @@ pub const ATOMIC_GROUP_SIZE: [&str; 2] = [
     "metax-tech.com/atomic-gpu-group-size",
     "fumarole.dev/atomic-gpu-group-size",
 ];
-/// Volcano's task index annotation.
+/// The environment variable PyTorch launchers read the global rank from.
+pub const RANK_ENV: &str = "RANK";
+/// Volcano's task index annotation (index of the pod within its task).
 pub const VOLCANO_TASK_INDEX: &str = "volcano.sh/task-index";
 /// Kubeflow training-operator replica index and type.
 pub const KUBEFLOW_REPLICA_INDEX: &str = "training.kubeflow.org/replica-index";
 pub const KUBEFLOW_REPLICA_TYPE: &str = "training.kubeflow.org/replica-type";
+/// DLRover ElasticJob's job name and rank labels.
+pub const DLROVER_JOB_NAME: &str = "elasticjob.dlrover/name";
+pub const DLROVER_RANK_INDEX: &str = "elasticjob.dlrover/rank-index";
+/// A StatefulSet pod's ordinal (Kubernetes 1.28 and later).
+pub const STATEFULSET_POD_INDEX: &str = "apps.kubernetes.io/pod-index";
 
 /// Volcano's job name and task spec annotations (also labels on Volcano's pods).
 pub const VOLCANO_JOB_NAME: &str = "volcano.sh/job-name";
 pub const VOLCANO_TASK_SPEC: &str = "volcano.sh/task-spec";
 /// Kubeflow training-operator job name label.
 pub const KUBEFLOW_JOB_NAME: &str = "training.kubeflow.org/job-name";
+
+/// Task names that lead their job's rank order (Volcano's pytorch and MPI plugins, Kubeflow).
+const LEADING_TASKS: [&str; 3] = ["master", "chief", "launcher"];
 
 /// Why a pod's group annotations are unusable (the pod is unschedulable with this reason).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -66,9 +92,12 @@ pub enum GroupError {
     )]
     AtomicWithoutGroup { key: String },
     #[error(
-        "pod {pod} has no rank: no {VOLCANO_TASK_INDEX}, no {KUBEFLOW_REPLICA_INDEX} and no number at the end of its name"
+        "pod {pod} has no rank: no {RANK_ENV} env, no {VOLCANO_TASK_INDEX}, no {KUBEFLOW_REPLICA_INDEX}, no {DLROVER_RANK_INDEX}, no {STATEFULSET_POD_INDEX} and no number at the end of its name"
     )]
     NoRank { pod: String },
+    /// Pods of one job carry different group annotations.
+    #[error("pods of job {job} disagree on their group annotations: {a} and {b}")]
+    JobConflict { job: String, a: String, b: String },
 }
 
 /// A pod's unit.
@@ -139,20 +168,10 @@ impl PodGroup {
 pub fn job_key(pod: &Pod) -> String {
     let meta = &pod.metadata;
     let ns = meta.namespace.as_deref().unwrap_or("default");
-    let get = |key: &str| {
-        meta.annotations
-            .as_ref()
-            .and_then(|a| a.get(key))
-            .or_else(|| meta.labels.as_ref().and_then(|l| l.get(key)))
-    };
-    if let Some(job) = get(VOLCANO_JOB_NAME) {
-        return match get(VOLCANO_TASK_SPEC) {
-            Some(task) => format!("{ns}/{job}/{task}"),
-            None => format!("{ns}/{job}"),
-        };
-    }
-    if let Some(job) = get(KUBEFLOW_JOB_NAME) {
-        return format!("{ns}/{job}");
+    for key in [VOLCANO_JOB_NAME, KUBEFLOW_JOB_NAME, DLROVER_JOB_NAME] {
+        if let Some(job) = meta_value(pod, key) {
+            return format!("{ns}/{job}");
+        }
     }
     if let Some(owner) = meta
         .owner_references
@@ -166,6 +185,20 @@ pub fn job_key(pod: &Pod) -> String {
     let stem = name.trim_end_matches(|c: char| c.is_ascii_digit());
     let stem = stem.strip_suffix(['-', '_', '.']).unwrap_or(stem);
     format!("{ns}/{stem}")
+}
+
+/// An annotation, else a label, of the pod.
+fn meta_value<'a>(pod: &'a Pod, key: &str) -> Option<&'a str> {
+    let meta = &pod.metadata;
+    meta.annotations
+        .as_ref()
+        .and_then(|a| a.get(key))
+        .or_else(|| meta.labels.as_ref().and_then(|l| l.get(key)))
+        .map(String::as_str)
+}
+
+fn meta_index(pod: &Pod, key: &str) -> Option<u32> {
+    meta_value(pod, key).and_then(|v| v.trim().parse().ok())
 }
 
 /// The value of the first of `keys` present, checked against the other and parsed.
@@ -201,38 +234,174 @@ fn annotation(
     }
 }
 
-/// The pod's rank (see the module doc), if it has one.
-pub fn rank(pod: &Pod) -> Option<u32> {
-    let meta = &pod.metadata;
-    let get = |key: &str| {
-        meta.annotations
-            .as_ref()
-            .and_then(|a| a.get(key))
-            .or_else(|| meta.labels.as_ref().and_then(|l| l.get(key)))
-            .and_then(|v| v.trim().parse::<u32>().ok())
-    };
-    if let Some(i) = get(VOLCANO_TASK_INDEX) {
-        return Some(i);
+/// A pod's group annotations, parsed: the group size and the atomic size, each with the key it
+/// was read from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sizes {
+    pub group: Option<(&'static str, u32)>,
+    pub atomic: Option<(&'static str, u32)>,
+}
+
+impl Sizes {
+    /// The pod's own annotations; `None` when it carries none.
+    fn of(pod: &Pod) -> Result<Option<Sizes>, GroupError> {
+        let Some(annotations) = pod.metadata.annotations.as_ref() else {
+            return Ok(None);
+        };
+        let sizes = Sizes {
+            group: annotation(annotations, GROUP_SIZE)?,
+            atomic: annotation(annotations, ATOMIC_GROUP_SIZE)?,
+        };
+        Ok((sizes.group.is_some() || sizes.atomic.is_some()).then_some(sizes))
     }
-    if let Some(i) = get(KUBEFLOW_REPLICA_INDEX) {
-        let kind = meta
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(KUBEFLOW_REPLICA_TYPE))
-            .map(|t| t.to_ascii_lowercase());
+
+    fn describe(&self) -> String {
+        let part = |v: Option<(&str, u32)>| v.map_or("-".to_string(), |(_, n)| n.to_string());
+        format!("group {} / atomic {}", part(self.group), part(self.atomic))
+    }
+}
+
+/// What the view knows about one job from all of its pods.
+#[derive(Clone, Debug, Default)]
+struct JobFacts {
+    /// The group annotations its pods carry (first seen), or why they cannot be used.
+    sizes: Option<Result<Sizes, GroupError>>,
+    /// Volcano task -> pods of that task seen.
+    tasks: BTreeMap<String, u32>,
+}
+
+/// Every job's group annotations and Volcano task sizes, gathered from all the pods of the
+/// cluster view (bound or pending), so pods without annotations of their own inherit their
+/// job's and ranks run across a job's tasks.
+#[derive(Clone, Debug, Default)]
+pub struct Jobs {
+    jobs: HashMap<String, JobFacts>,
+}
+
+impl Jobs {
+    /// The jobs of `pods`.
+    pub fn of<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> Self {
+        let mut jobs = Jobs::default();
+        for pod in pods {
+            jobs.add(pod);
+        }
+        jobs
+    }
+
+    /// Takes one pod into account.
+    pub fn add(&mut self, pod: &Pod) {
+        let key = job_key(pod);
+        let facts = self.jobs.entry(key.clone()).or_default();
+        if meta_value(pod, VOLCANO_JOB_NAME).is_some()
+            && let Some(task) = meta_value(pod, VOLCANO_TASK_SPEC)
+        {
+            *facts.tasks.entry(task.to_string()).or_default() += 1;
+        }
+        let own = match Sizes::of(pod) {
+            Ok(Some(s)) => Ok(s),
+            Ok(None) => return,
+            Err(e) => Err(e),
+        };
+        facts.sizes = Some(match facts.sizes.take() {
+            None => own,
+            Some(Ok(seen)) => match own {
+                Ok(s) if s == seen => Ok(seen),
+                Ok(s) => Err(GroupError::JobConflict {
+                    job: key,
+                    a: seen.describe(),
+                    b: s.describe(),
+                }),
+                Err(e) => Err(e),
+            },
+            Some(Err(e)) => Err(e),
+        });
+    }
+
+    /// The group annotations that hold for `pod`: its own, else its job's.
+    fn sizes(&self, pod: &Pod) -> Result<Option<Sizes>, GroupError> {
+        if let Some(own) = Sizes::of(pod)? {
+            return Ok(Some(own));
+        }
+        match self.jobs.get(&job_key(pod)).and_then(|j| j.sizes.as_ref()) {
+            None => Ok(None),
+            Some(Ok(s)) => Ok(Some(*s)),
+            Some(Err(e)) => Err(e.clone()),
+        }
+    }
+
+    /// True when `pod` or another pod of its job carries a gpu-group-size or
+    /// atomic-gpu-group-size annotation (any spelling), well-formed or not.
+    pub fn in_group(&self, pod: &Pod) -> bool {
+        has_group_annotations(pod)
+            || self
+                .jobs
+                .get(&job_key(pod))
+                .is_some_and(|j| j.sizes.is_some())
+    }
+
+    /// Pods of the job's Volcano tasks that come before `task` in rank order.
+    fn task_offset(&self, pod: &Pod, task: &str) -> u32 {
+        let Some(facts) = self.jobs.get(&job_key(pod)) else {
+            return 0;
+        };
+        let order = |t: &str| {
+            (
+                !LEADING_TASKS.contains(&t.to_ascii_lowercase().as_str()),
+                t.to_string(),
+            )
+        };
+        let mine = order(task);
+        facts
+            .tasks
+            .iter()
+            .filter(|(t, _)| order(t) < mine)
+            .map(|(_, n)| *n)
+            .sum()
+    }
+}
+
+/// The literal `RANK` of the pod's first container that sets one.
+fn rank_env(pod: &Pod) -> Option<u32> {
+    pod.spec
+        .as_ref()?
+        .containers
+        .iter()
+        .flat_map(|c| c.env.iter().flatten())
+        .find(|e| e.name == RANK_ENV)
+        .and_then(|e| e.value.as_deref())
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// The pod's rank within its job (see the module doc), if it has one.
+pub fn rank(pod: &Pod, jobs: &Jobs) -> Option<u32> {
+    if let Some(r) = rank_env(pod) {
+        return Some(r);
+    }
+    if let Some(r) = meta_index(pod, DLROVER_RANK_INDEX) {
+        return Some(r);
+    }
+    if let Some(i) = meta_index(pod, KUBEFLOW_REPLICA_INDEX) {
+        let kind = meta_value(pod, KUBEFLOW_REPLICA_TYPE).map(str::to_ascii_lowercase);
         return Some(if kind.as_deref() == Some("worker") {
             i + 1
         } else {
             i
         });
     }
-    let name = meta.name.as_deref()?;
+    if let Some(i) = meta_index(pod, VOLCANO_TASK_INDEX) {
+        let offset = meta_value(pod, VOLCANO_TASK_SPEC).map_or(0, |t| jobs.task_offset(pod, t));
+        return Some(offset.saturating_add(i));
+    }
+    if let Some(i) = meta_index(pod, STATEFULSET_POD_INDEX) {
+        return Some(i);
+    }
+    let name = pod.metadata.name.as_deref()?;
     let digits = name.rsplit(|c: char| !c.is_ascii_digit()).next()?;
     digits.parse().ok()
 }
 
-/// True when the pod carries a gpu-group-size or atomic-gpu-group-size annotation (any
-/// spelling), well-formed or not.
+/// True when the pod itself carries a gpu-group-size or atomic-gpu-group-size annotation (any
+/// spelling), well-formed or not. [`Jobs::in_group`] also looks at the pod's job.
 pub fn has_group_annotations(pod: &Pod) -> bool {
     pod.metadata.annotations.as_ref().is_some_and(|a| {
         GROUP_SIZE
@@ -242,15 +411,14 @@ pub fn has_group_annotations(pod: &Pod) -> bool {
     })
 }
 
-/// The pod's unit, or `None` when it has no group-size annotation. `gpus` is the pod's GPU
-/// count (from [`crate::core::request::device_request`]).
-pub fn group_spec(pod: &Pod, gpus: u32) -> Result<Option<GroupSpec>, GroupError> {
-    let empty = BTreeMap::new();
-    let annotations = pod.metadata.annotations.as_ref().unwrap_or(&empty);
-    let group = annotation(annotations, GROUP_SIZE)?;
-    let atomic = annotation(annotations, ATOMIC_GROUP_SIZE)?;
-    let Some((gkey, group_size)) = group else {
-        return match atomic {
+/// The pod's unit, or `None` when neither it nor its job has a group-size annotation. `gpus`
+/// is the pod's GPU count (from [`crate::core::request::device_request`]).
+pub fn group_spec(pod: &Pod, gpus: u32, jobs: &Jobs) -> Result<Option<GroupSpec>, GroupError> {
+    let Some(sizes) = jobs.sizes(pod)? else {
+        return Ok(None);
+    };
+    let Some((gkey, group_size)) = sizes.group else {
+        return match sizes.atomic {
             Some((key, _)) => Err(GroupError::AtomicWithoutGroup {
                 key: key.to_string(),
             }),
@@ -265,7 +433,7 @@ pub fn group_spec(pod: &Pod, gpus: u32) -> Result<Option<GroupSpec>, GroupError>
             gpus,
         });
     }
-    let (akey, atomic_size) = atomic.unwrap_or((gkey, group_size));
+    let (akey, atomic_size) = sizes.atomic.unwrap_or((gkey, group_size));
     if atomic_size % gpus != 0 {
         return Err(GroupError::NotMultiple {
             key: akey.to_string(),
@@ -279,7 +447,7 @@ pub fn group_spec(pod: &Pod, gpus: u32) -> Result<Option<GroupSpec>, GroupError>
             group: group_size,
         });
     }
-    let rank = rank(pod).ok_or_else(|| GroupError::NoRank {
+    let rank = rank(pod, jobs).ok_or_else(|| GroupError::NoRank {
         pod: fumarole_topology::pod::key(pod),
     })?;
     let first_gpu = u64::from(rank) * u64::from(gpus);
@@ -315,7 +483,7 @@ mod tests {
                                "fumarole.dev/atomic-gpu-group-size": "4"}),
             serde_json::json!({}),
         );
-        let g = group_spec(&p, 2).unwrap().unwrap();
+        let g = group_spec(&p, 2, &Jobs::default()).unwrap().unwrap();
         assert_eq!(
             g,
             GroupSpec {
@@ -331,7 +499,7 @@ mod tests {
             serde_json::json!({"fumarole.dev/gpu-group-size": "16", VOLCANO_TASK_INDEX: "9"}),
             serde_json::json!({}),
         );
-        let g = group_spec(&v, 4).unwrap().unwrap();
+        let g = group_spec(&v, 4, &Jobs::default()).unwrap().unwrap();
         assert_eq!(
             (g.rank, g.unit, g.atomic_size, g.atomic_unit),
             (9, 2, 16, 2)
@@ -341,9 +509,17 @@ mod tests {
             serde_json::json!({"fumarole.dev/gpu-group-size": "8"}),
             serde_json::json!({KUBEFLOW_REPLICA_INDEX: "0", KUBEFLOW_REPLICA_TYPE: "Worker"}),
         );
-        assert_eq!(group_spec(&k, 8).unwrap().unwrap().rank, 1);
         assert_eq!(
-            group_spec(&pod("a", serde_json::json!({}), serde_json::json!({})), 1).unwrap(),
+            group_spec(&k, 8, &Jobs::default()).unwrap().unwrap().rank,
+            1
+        );
+        assert_eq!(
+            group_spec(
+                &pod("a", serde_json::json!({}), serde_json::json!({})),
+                1,
+                &Jobs::default()
+            )
+            .unwrap(),
             None
         );
     }
@@ -351,7 +527,7 @@ mod tests {
     #[test]
     fn bad_annotations_get_reasons() {
         let bad = |a: serde_json::Value, name: &str, gpus: u32| {
-            group_spec(&pod(name, a, serde_json::json!({})), gpus).unwrap_err()
+            group_spec(&pod(name, a, serde_json::json!({})), gpus, &Jobs::default()).unwrap_err()
         };
         assert!(matches!(
             bad(
@@ -407,5 +583,130 @@ mod tests {
             1,
         );
         assert!(e.to_string().contains("has no rank"), "{e}");
+    }
+
+    /// A pod of a Volcano Job as vc-controller-manager creates it: `task-spec`, `task-index`,
+    /// `job-name`, and (with the pytorch plugin) a `RANK` env.
+    fn volcano_pod(
+        job: &str,
+        task: &str,
+        index: u32,
+        rank_env: Option<u32>,
+        annotations: serde_json::Value,
+    ) -> Pod {
+        let mut a = serde_json::json!({
+            VOLCANO_JOB_NAME: job, VOLCANO_TASK_SPEC: task, VOLCANO_TASK_INDEX: index.to_string()
+        });
+        if let (Some(a), Some(extra)) = (a.as_object_mut(), annotations.as_object()) {
+            a.extend(extra.clone());
+        }
+        let env = rank_env.map_or_else(Vec::new, |r| {
+            vec![serde_json::json!({"name": RANK_ENV, "value": r.to_string()})]
+        });
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": format!("{job}-{task}-{index}"), "namespace": "ml", "annotations": a},
+            "spec": {"containers": [{"name": "c", "env": env}]}
+        }))
+        .unwrap()
+    }
+
+    /// The seed's `pytorch-demo`: master 1 + worker 7, 8 GPUs each, gpu-group-size 32 on the
+    /// master's template only. Ranks 0-3 are unit 0, 4-7 unit 1, across both tasks, with the
+    /// pytorch plugin's RANK env and without it (task order: master first).
+    #[test]
+    fn the_master_annotation_holds_for_the_whole_job() {
+        for with_env in [true, false] {
+            let group = serde_json::json!({"metax-tech.com/gpu-group-size": "32"});
+            let mut pods = vec![volcano_pod(
+                "pytorch-demo",
+                "master",
+                0,
+                with_env.then_some(0),
+                group,
+            )];
+            for i in 0..7 {
+                pods.push(volcano_pod(
+                    "pytorch-demo",
+                    "worker",
+                    i,
+                    with_env.then_some(i + 1),
+                    serde_json::json!({}),
+                ));
+            }
+            let jobs = Jobs::of(&pods);
+            let units: Vec<(u32, u32)> = pods
+                .iter()
+                .map(|p| {
+                    let g = group_spec(p, 8, &jobs).unwrap().unwrap();
+                    assert_eq!(UnitKey::of(p, &g).job, "ml/pytorch-demo");
+                    (g.rank, g.unit)
+                })
+                .collect();
+            assert_eq!(
+                units,
+                [
+                    (0, 0),
+                    (1, 0),
+                    (2, 0),
+                    (3, 0),
+                    (4, 1),
+                    (5, 1),
+                    (6, 1),
+                    (7, 1)
+                ],
+                "RANK env: {with_env}"
+            );
+            assert!(pods.iter().all(|p| jobs.in_group(p)));
+        }
+        // Without the job's other pods a worker has no group.
+        let lone = volcano_pod("pytorch-demo", "worker", 3, Some(4), serde_json::json!({}));
+        assert_eq!(group_spec(&lone, 8, &Jobs::default()).unwrap(), None);
+    }
+
+    #[test]
+    fn framework_ranks() {
+        let jobs = Jobs::default();
+        let with = |labels: serde_json::Value| -> Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "x", "labels": labels}
+            }))
+            .unwrap()
+        };
+        let dlrover = with(serde_json::json!({DLROVER_JOB_NAME: "ej", DLROVER_RANK_INDEX: "5"}));
+        assert_eq!(rank(&dlrover, &jobs), Some(5));
+        assert_eq!(job_key(&dlrover), "default/ej");
+        let sts = with(serde_json::json!({STATEFULSET_POD_INDEX: "3"}));
+        assert_eq!(rank(&sts, &jobs), Some(3));
+        let kubeflow_master = with(serde_json::json!({
+            KUBEFLOW_JOB_NAME: "pt", KUBEFLOW_REPLICA_INDEX: "0", KUBEFLOW_REPLICA_TYPE: "master"}));
+        assert_eq!(rank(&kubeflow_master, &jobs), Some(0));
+    }
+
+    #[test]
+    fn pods_of_one_job_must_agree() {
+        let a = volcano_pod(
+            "j",
+            "master",
+            0,
+            Some(0),
+            serde_json::json!({"fumarole.dev/gpu-group-size": "16"}),
+        );
+        let b = volcano_pod(
+            "j",
+            "worker",
+            0,
+            Some(1),
+            serde_json::json!({"fumarole.dev/gpu-group-size": "32"}),
+        );
+        let c = volcano_pod("j", "worker", 1, Some(2), serde_json::json!({}));
+        let jobs = Jobs::of([&a, &b, &c]);
+        // Annotated pods use their own values; the others cannot tell which holds.
+        assert_eq!(group_spec(&a, 8, &jobs).unwrap().unwrap().group_size, 16);
+        let e = group_spec(&c, 8, &jobs).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("pods of job ml/j disagree on their group annotations"),
+            "{e}"
+        );
     }
 }

@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use fumarole_topology::{pod, quantity};
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::core::group::{self, GroupError, PodGroup, UnitKey};
+use crate::core::group::{self, GroupError, Jobs, PodGroup, UnitKey};
 
 /// Volcano's pod annotation for the topology policy of one pod.
 pub const NUMA_POLICY: &str = "volcano.sh/numa-topology-policy";
@@ -73,11 +73,16 @@ pub struct PodRequest {
     pub numa_cpus: Option<u32>,
 }
 
-/// The pod's request: devices, unit and NUMA need.
-pub fn pod_request(pod: &Pod, offered: &BTreeSet<&str>) -> Result<PodRequest, RequestError> {
+/// The pod's request: devices, unit and NUMA need. `jobs` holds what the other pods of the
+/// pod's job say (their group annotations, their tasks).
+pub fn pod_request(
+    pod: &Pod,
+    offered: &BTreeSet<&str>,
+    jobs: &Jobs,
+) -> Result<PodRequest, RequestError> {
     let devices = device_request(pod, offered)?;
     let gpus = u32::try_from(devices.count).unwrap_or(u32::MAX);
-    let group = group::group_spec(pod, gpus)
+    let group = group::group_spec(pod, gpus, jobs)
         .map_err(|source| RequestError::Group {
             pod: devices.pod.clone(),
             source,
@@ -256,7 +261,7 @@ mod tests {
                 {"name": "a", "resources": {"requests": {"cpu": "1500m"}, "limits": {"nvidia.com/gpu": "2"}}},
                 {"name": "b", "resources": {"limits": {"cpu": "2"}}}]}
         }));
-        let r = pod_request(&p, &offered()).unwrap();
+        let r = pod_request(&p, &offered(), &Jobs::default()).unwrap();
         assert_eq!(r.numa_cpus, Some(4));
         let g = r.group.unwrap();
         assert_eq!((g.key.job.as_str(), g.key.unit, g.gpus), ("ns/w", 1, 2));
@@ -266,14 +271,14 @@ mod tests {
                 {"name": "a", "resources": {"requests": {"cpu": "lots"}, "limits": {"nvidia.com/gpu": "2"}}}]}
         }));
         assert!(matches!(
-            pod_request(&bad, &offered()),
+            pod_request(&bad, &offered(), &Jobs::default()),
             Err(RequestError::BadCpu { .. })
         ));
         let odd = pod(serde_json::json!({
             "metadata": {"name": "w-0", "annotations": {"metax-tech.com/gpu-group-size": "3"}},
             "spec": {"containers": [{"name": "a", "resources": {"limits": {"nvidia.com/gpu": "2"}}}]}
         }));
-        let e = pod_request(&odd, &offered()).unwrap_err();
+        let e = pod_request(&odd, &offered(), &Jobs::default()).unwrap_err();
         assert!(
             e.to_string().contains("not a multiple of the pod's 2 GPUs"),
             "{e}"

@@ -12,8 +12,9 @@
 //! A node's super-node is the `DeviceTopology`'s `spec.superNode.id`, else its
 //! `fumarole.dev/super-node` label; a node with neither is a super-node of its own.
 //! Free CPUs per NUMA node come from the node's Volcano `Numatopology` (for NUMA fit).
-//! Pods bound with a gpu-group-size annotation are indexed by unit ([`ClusterView::members`]),
-//! so group placement sees where each unit already runs.
+//! Pods bound with a gpu-group-size annotation, their own or their job's, are indexed by unit
+//! ([`ClusterView::members`]), so group placement sees where each unit already runs; what every
+//! job's pods say about the job is [`ClusterView::jobs`].
 //!
 //! The view is built by [`ClusterView::build`] from plain objects, so the snapshot loader and
 //! the API server reflectors ([`crate::live`]) go through the same code.
@@ -29,7 +30,7 @@ use fumarole_topology::{SelectContext, SelectError, Selection};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::core::group::{self, UnitKey};
+use crate::core::group::{self, Jobs, UnitKey};
 use crate::core::request;
 
 /// Most devices one node may have (free sets are 64-bit masks, so the hot path allocates
@@ -396,6 +397,8 @@ pub struct ClusterView {
     super_nodes: BTreeMap<String, Vec<String>>,
     /// Unit -> its bound pods.
     members: HashMap<UnitKey, Vec<Member>>,
+    /// Every job's group annotations and Volcano task sizes, from all pods.
+    jobs: Jobs,
     /// Bound pods with a `fumarole.dev/devices` annotation (`namespace/name` -> node).
     annotated: HashMap<String, String>,
     /// Pods (`namespace/name`) some node reports devices allocated to.
@@ -498,6 +501,8 @@ impl ClusterView {
             .values()
             .flat_map(|n| n.resources.iter().cloned())
             .collect();
+        let pods: Vec<&Pod> = pods.into_iter().collect();
+        view.jobs = Jobs::of(pods.iter().copied());
         for pod in pods {
             view.add_pod(pod);
         }
@@ -540,14 +545,14 @@ impl ClusterView {
                 Err(e) => self.warnings.push(format!("pod {key}: {e}")),
             }
         }
-        if !group::has_group_annotations(pod) {
+        if !self.jobs.in_group(pod) {
             return;
         }
         let Ok(req) = request::device_request(pod, &self.resources()) else {
             return;
         };
         let gpus = u32::try_from(req.count).unwrap_or(u32::MAX);
-        match group::group_spec(pod, gpus) {
+        match group::group_spec(pod, gpus, &self.jobs) {
             Ok(Some(spec)) => self
                 .members
                 .entry(UnitKey::of(pod, &spec))
@@ -594,6 +599,11 @@ impl ClusterView {
     /// Super-nodes and their nodes, by id.
     pub fn super_nodes(&self) -> &BTreeMap<String, Vec<String>> {
         &self.super_nodes
+    }
+
+    /// What the pods of each job say about the job (group annotations, Volcano tasks).
+    pub fn jobs(&self) -> &Jobs {
+        &self.jobs
     }
 
     /// The bound pods of a unit.

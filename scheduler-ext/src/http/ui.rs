@@ -22,7 +22,6 @@ use html_escape::encode_double_quoted_attribute as esc;
 
 use crate::core::cluster::Cluster;
 use crate::core::explain::Row;
-use crate::core::group;
 use crate::core::request::{self, pod_key};
 use crate::core::view::NodeView;
 use crate::service::{Decision, Service};
@@ -279,7 +278,7 @@ fn waiting_reason(
     let rows: Vec<Row> = match decisions.iter().find(|d| d.pod == key) {
         Some(d) => d.rows.clone(),
         None => {
-            if group::has_group_annotations(pod) {
+            if svc.view().jobs().in_group(pod) {
                 return "gpu-group-size unit: no scoring asked for yet".into();
             }
             if svc.view().is_empty() {
