@@ -1,24 +1,57 @@
-//! Starting the node's device plugins and keeping their health current.
+//! Starting the node's device plugins, keeping their health current, and counting what became
+//! of the scheduler's device choices ([`ChoiceMetrics`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use fumarole_device_plugin::annotation::PodSource;
+use fumarole_device_plugin::admission::Outcome;
 use fumarole_device_plugin::config::Config;
-use fumarole_device_plugin::plugin::DevicePluginService;
+use fumarole_device_plugin::plugin::{DevicePluginService, Pods};
 use fumarole_device_plugin::register;
 use fumarole_device_plugin::resources::{self, Resource};
 use fumarole_topology::NodeTopology;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
 use tokio::sync::{Notify, watch};
+
+/// `fumarole_device_choice_total{resource, outcome}`: what became of the scheduler extension's
+/// device choice per container (`honoured`, `no-choice`, `invalid`, `not-honoured`,
+/// `differs`, `no-choice-in-time`; see `fumarole_device_plugin::admission::Outcome`).
+#[derive(Debug, Default)]
+pub struct ChoiceMetrics {
+    total: Family<Vec<(String, String)>, Counter>,
+}
+
+impl ChoiceMetrics {
+    /// Registers the counter (names under the registry's `fumarole` prefix).
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "device_choice",
+            "What became of the scheduler's device choice, per container",
+            self.total.clone(),
+        );
+    }
+
+    pub fn count(&self, resource: &str, outcome: &Outcome) {
+        self.total
+            .get_or_create(&vec![
+                ("resource".to_string(), resource.to_string()),
+                ("outcome".to_string(), outcome.label().to_string()),
+            ])
+            .inc();
+    }
+}
 
 /// How often device nodes are checked; a health change reaches the kubelet within this.
 const HEALTH_POLL: Duration = Duration::from_millis(500);
 
 /// Serves one plugin per resource of `topology` in `dir`, registered with the kubelet there.
 /// Device health follows the device nodes under `root`; `on_change` is poked when it changes.
-/// With `pods`, the scheduler's device choice for pending pods is honoured. `config` is the
+/// With `pods`, the scheduler's device choice for the pod being admitted is honoured (or its
+/// fate reported). `config` is the
 /// `--device-plugin-config` file (resource names, env vars, device nodes per device class).
 pub fn start(
     topology: &NodeTopology,
@@ -26,7 +59,7 @@ pub fn start(
     dir: PathBuf,
     cdi: bool,
     on_change: Option<Arc<Notify>>,
-    pods: Option<Arc<dyn PodSource>>,
+    pods: Option<Pods>,
     config: Option<&Path>,
 ) -> Result<()> {
     let config = match config {

@@ -1,27 +1,65 @@
-//! The pods assigned to this node, watched: the device plugins' [`PodSource`] (pending pods with
-//! the scheduler extension's `fumarole.dev/devices` choice) and the co-location loop's pod list
-//! ([`NodePods::pods`], with [`NodePods::changes`] notified on every change).
+//! The pods assigned to this node, watched: the device plugins' [`PodSource`] (every pod bound
+//! here, with its requests, the scheduler extension's `fumarole.dev/devices` choice and the
+//! devices the kubelet reports for it) and the co-location loop's pod list ([`NodePods::pods`],
+//! with [`NodePods::changes`] notified on every change).
+//!
+//! What the device plugins did with a pod's choice comes back through [`PodSource::report`]:
+//! a log line always, a Warning Event on the pod when the container does not get the
+//! scheduler's devices or the choice was ignored, and the counter
+//! `fumarole_device_choice_total{resource, outcome}`.
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::sync::{Arc, OnceLock};
 
 use fumarole_agent::watched::Watched;
-use fumarole_device_plugin::annotation::{self, DEVICES_ANNOTATION, PendingPod, PodSource};
-use k8s_openapi::api::core::v1::Pod;
+use fumarole_device_plugin::admission::{BoundPod, Outcome, PodSource};
+use fumarole_device_plugin::annotation::DEVICES_ANNOTATION;
+use fumarole_exporter::publish::LatestAllocations;
+use fumarole_topology::{pod, quantity};
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::watcher;
 use kube::{Api, Client};
 use tokio::sync::Notify;
 
+/// Event reasons for the device choice outcomes users should hear of.
+const REASON_IGNORED: &str = "DeviceChoiceIgnored";
+const REASON_NOT_HONOURED: &str = "DeviceChoiceNotHonoured";
+const REASON_DIFFERS: &str = "DeviceChoiceDiffers";
+
 pub struct NodePods {
     pods: Watched<Pod>,
+    /// The kubelet's allocations, once the publisher reads them: pods that got devices before
+    /// a plugin restart.
+    allocations: OnceLock<LatestAllocations>,
+    /// Writes the Events of [`PodSource::report`].
+    recorder: Recorder,
+    choices: Option<Arc<crate::plugins::ChoiceMetrics>>,
 }
 
 impl NodePods {
-    /// Starts watching the pods whose `spec.nodeName` is `node`.
-    pub fn watch(client: Client, node: &str) -> Arc<Self> {
+    /// Starts watching the pods whose `spec.nodeName` is `node`; Events are recorded as
+    /// `recorder`'s reporter.
+    pub fn watch(
+        client: Client,
+        node: &str,
+        recorder: Recorder,
+        choices: Option<Arc<crate::plugins::ChoiceMetrics>>,
+    ) -> Arc<Self> {
         let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
         Arc::new(Self {
             pods: Watched::spawn(Api::<Pod>::all(client), config),
+            allocations: OnceLock::new(),
+            recorder,
+            choices,
         })
+    }
+
+    /// Lets [`PodSource::bound`] read the kubelet's allocations (once).
+    pub fn set_allocations(&self, allocations: LatestAllocations) {
+        if self.allocations.set(allocations).is_err() {
+            tracing::debug!("kubelet allocations already connected");
+        }
     }
 
     /// The node's pods as last seen (empty until the first list).
@@ -38,46 +76,144 @@ impl NodePods {
     pub async fn ready(&self) {
         self.pods.ready().await;
     }
+
+    /// `namespace/name` -> resource -> device ids, from the kubelet's last allocations.
+    fn reported(&self) -> BTreeMap<(String, String), BTreeMap<String, Vec<String>>> {
+        let mut out: BTreeMap<(String, String), BTreeMap<String, Vec<String>>> = BTreeMap::new();
+        let Some(rx) = self.allocations.get() else {
+            return out;
+        };
+        if let Some(Ok(allocations)) = rx.borrow().as_ref() {
+            for p in &allocations.pods {
+                let devices = out
+                    .entry((p.namespace.clone(), p.name.clone()))
+                    .or_default();
+                for c in &p.containers {
+                    for (resource, ids) in &c.devices {
+                        devices
+                            .entry(resource.clone())
+                            .or_default()
+                            .extend(ids.iter().cloned());
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+/// What the device plugins need to know of one pod bound to this node; `None` for a pod being
+/// deleted or without a name.
+fn bound_pod(
+    p: &Pod,
+    reported: &BTreeMap<(String, String), BTreeMap<String, Vec<String>>>,
+) -> Option<BoundPod> {
+    let meta = &p.metadata;
+    if meta.deletion_timestamp.is_some() {
+        return None;
+    }
+    let namespace = meta.namespace.clone().unwrap_or_default();
+    let name = meta.name.clone()?;
+    let spec = p.spec.as_ref();
+    let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+    // Extended resources: domain-qualified names, outside kubernetes.io.
+    let names: std::collections::BTreeSet<&String> = spec
+        .into_iter()
+        .flat_map(|s| {
+            s.containers
+                .iter()
+                .chain(s.init_containers.iter().flatten())
+        })
+        .filter_map(|c| c.resources.as_ref())
+        .flat_map(|r| [&r.limits, &r.requests])
+        .flatten()
+        .flat_map(|m| m.keys())
+        .filter(|k| k.contains('/') && !k.starts_with("kubernetes.io/"))
+        .collect();
+    let requests = names
+        .into_iter()
+        .filter_map(|r| {
+            let n = pod::effective_request(spec?, r, quantity::whole).ok()?;
+            (n > 0).then(|| (r.clone(), n))
+        })
+        .collect();
+    Some(BoundPod {
+        reported: reported
+            .get(&(namespace.clone(), name.clone()))
+            .cloned()
+            .unwrap_or_default(),
+        namespace,
+        name,
+        uid: meta.uid.clone().unwrap_or_default(),
+        created: meta
+            .creation_timestamp
+            .as_ref()
+            .map(|t| t.0.to_string())
+            .unwrap_or_default(),
+        scheduler: spec
+            .and_then(|s| s.scheduler_name.clone())
+            .unwrap_or_else(|| "default-scheduler".into()),
+        started: matches!(phase, Some("Running" | "Succeeded" | "Failed")),
+        requests,
+        choice: meta
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(DEVICES_ANNOTATION))
+            .cloned(),
+    })
 }
 
 impl PodSource for NodePods {
-    fn pending(&self) -> Vec<PendingPod> {
-        let mut pods: Vec<PendingPod> = self
-            .pods
+    fn bound(&self) -> Vec<BoundPod> {
+        let reported = self.reported();
+        self.pods
             .state()
             .iter()
-            .filter(|p| p.metadata.deletion_timestamp.is_none())
-            .filter(|p| {
-                let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
-                phase.is_none_or(|ph| ph == "Pending")
-            })
-            .filter_map(|p| {
-                let value = p.metadata.annotations.as_ref()?.get(DEVICES_ANNOTATION)?;
-                let name = format!(
-                    "{}/{}",
-                    p.metadata.namespace.as_deref().unwrap_or_default(),
-                    p.metadata.name.as_deref().unwrap_or_default()
-                );
-                match annotation::parse(value) {
-                    Ok(devices) => Some(PendingPod {
-                        namespace: p.metadata.namespace.clone().unwrap_or_default(),
-                        name: p.metadata.name.clone().unwrap_or_default(),
-                        created: p
-                            .metadata
-                            .creation_timestamp
-                            .as_ref()
-                            .map(|t| t.0.to_string())
-                            .unwrap_or_default(),
-                        devices,
-                    }),
-                    Err(e) => {
-                        tracing::warn!(pod = %name, error = %e, "ignoring the pod's device choice");
-                        None
-                    }
-                }
-            })
-            .collect();
-        pods.sort_by(|a, b| a.created.cmp(&b.created).then(a.name.cmp(&b.name)));
-        pods
+            .filter_map(|p| bound_pod(p, &reported))
+            .collect()
+    }
+
+    fn report(&self, pod: &BoundPod, resource: &str, outcome: &Outcome) {
+        if let Some(m) = &self.choices {
+            m.count(resource, outcome);
+        }
+        if !outcome.is_warning() {
+            tracing::info!(pod = %pod, resource, "{outcome}");
+            return;
+        }
+        tracing::warn!(pod = %pod, resource, "{outcome}");
+        let reason = match outcome {
+            Outcome::Invalid { .. } => REASON_IGNORED,
+            Outcome::Differs { .. } => REASON_DIFFERS,
+            _ => REASON_NOT_HONOURED,
+        };
+        let event = Event {
+            type_: EventType::Warning,
+            reason: reason.into(),
+            // The Events API caps the note at 1 kB.
+            note: Some(
+                format!("{resource}: {outcome}")
+                    .chars()
+                    .take(1000)
+                    .collect(),
+            ),
+            action: "AllocateDevices".into(),
+            secondary: None,
+        };
+        let object = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            namespace: Some(pod.namespace.clone()),
+            name: Some(pod.name.clone()),
+            uid: Some(pod.uid.clone()),
+            ..Default::default()
+        };
+        let recorder = self.recorder.clone();
+        let who = pod.to_string();
+        tokio::spawn(async move {
+            if let Err(e) = recorder.publish(&event, &object).await {
+                tracing::warn!(pod = %who, error = %e, "recording the device choice Event failed");
+            }
+        });
     }
 }

@@ -14,7 +14,8 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use fumarole_agent::watched::Watched;
-use fumarole_device_plugin::annotation::PodSource;
+use fumarole_device_plugin::admission::{AwaitChoice, PodSource};
+use fumarole_device_plugin::plugin::Pods;
 use fumarole_exporter::discover;
 use fumarole_exporter::kubelet::{KubeletConfig, KubeletPaths};
 use fumarole_exporter::publish::{self, Publisher, metrics, metrics::Metrics, state::NodeState};
@@ -51,6 +52,20 @@ pub struct RunArgs {
     /// device class; see the `fumarole_device_plugin::config` docs.
     #[arg(long, value_name = "FILE")]
     device_plugin_config: Option<PathBuf>,
+    /// Schedulers (`spec.schedulerName`) that write the scheduler extension's device choice
+    /// after binding (Volcano v1.10 binds without telling the extension): the device plugin
+    /// waits for the choice of their pods before choosing itself. Comma-separated.
+    #[arg(
+        long,
+        value_name = "NAMES",
+        value_delimiter = ',',
+        default_value = "volcano"
+    )]
+    await_device_choice_from: Vec<String>,
+    /// Longest wait, at admission, for a pod the agent has not seen yet or a choice not
+    /// written yet; then the plugin chooses and says why (an Event on the pod).
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = humantime::parse_duration)]
+    await_device_choice_timeout: Duration,
     /// The kubelet configuration file.
     #[arg(
         long,
@@ -179,11 +194,39 @@ pub fn run(args: RunArgs) -> Result<()> {
         tokio::spawn(metrics::serve(listener, metrics.clone()));
 
         let wake = Arc::new(Notify::new());
+        let kubelet = KubeletPaths {
+            config: args.kubelet_config.clone(),
+            pod_resources_socket: args.pod_resources_socket.clone(),
+            cpu_manager_state: args.cpu_manager_state.clone(),
+        };
+        let allocations =
+            publish::watch_allocations(kubelet.clone(), Duration::from_secs(1), wake.clone());
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: "fumarole-agent".into(),
+                instance: Some(node_name.clone()),
+            },
+        );
         let node_pods = (args.device_plugin_dir.is_some() || args.colocation.colocation)
-            .then(|| pods::NodePods::watch(client.clone(), &node_name));
-        if let Some(dir) = args.device_plugin_dir.clone() {
-            let pods = node_pods.clone().map(|p| p as Arc<dyn PodSource>);
-            serve_device_plugins(&args, &prepared, dir, Some(wake.clone()), pods)?;
+            .then(|| pods::NodePods::watch(client.clone(), &node_name, recorder, None));
+        if let Some(dir) = args.device_plugin_dir.clone()
+            && let Some(node_pods) = &node_pods
+        {
+            node_pods.set_allocations(allocations.clone());
+            let pods = Pods {
+                source: node_pods.clone() as Arc<dyn PodSource>,
+                await_choice: AwaitChoice {
+                    schedulers: args
+                        .await_device_choice_from
+                        .iter()
+                        .filter(|s| !s.is_empty())
+                        .cloned()
+                        .collect(),
+                    timeout: args.await_device_choice_timeout,
+                },
+            };
+            serve_device_plugins(&args, &prepared, dir, Some(wake.clone()), Some(pods))?;
         }
         if args.colocation.colocation
             && let Some(pods) = node_pods
@@ -191,12 +234,6 @@ pub fn run(args: RunArgs) -> Result<()> {
             start_colocation(&args, &client, &node_name, pods, metrics.clone());
         }
         let publisher = Publisher::new(client, &node_name, metrics.clone(), wake.clone());
-        let kubelet = KubeletPaths {
-            config: args.kubelet_config,
-            pod_resources_socket: args.pod_resources_socket,
-            cpu_manager_state: args.cpu_manager_state,
-        };
-        let allocations = publish::watch_allocations(kubelet.clone(), Duration::from_secs(1), wake.clone());
         let state = NodeState::new(prepared.options.clone(), prepared.nvml, kubelet, allocations, metrics);
         tracing::info!(node = %node_name, recheck = ?args.recheck_interval, "publishing node topology");
         tokio::select! {
@@ -328,7 +365,7 @@ fn serve_device_plugins(
     prepared: &Prepared,
     dir: PathBuf,
     on_change: Option<Arc<Notify>>,
-    pods: Option<Arc<dyn PodSource>>,
+    pods: Option<Pods>,
 ) -> Result<()> {
     let topology = discover::discover(&prepared.options, prepared.nvml.as_ref())?;
     let root = prepared.options.source.root().unwrap_or(Path::new("/"));

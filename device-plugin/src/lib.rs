@@ -4,9 +4,11 @@
 //! `GetPreferredAllocation`, `Allocate`) and [`register::serve`] (serve on
 //! `<dir>/fumarole-<resource>.sock`, then register with the kubelet, and again whenever the
 //! kubelet restarts). [`resources`] says which resources a node has and what a container gets;
-//! [`annotation`] how the scheduler extension's device choice reaches the plugin; [`config`] the
+//! [`admission`] which pod the kubelet is admitting and how the scheduler extension's device
+//! choice ([`annotation`]) is honoured or reported; [`config`] the
 //! configuration file that renames resources and sets env vars and device nodes per device class.
 
+pub mod admission;
 pub mod annotation;
 pub mod config;
 pub mod plugin;

@@ -2,10 +2,13 @@
 //!
 //! Health lives in a `watch` channel: whoever checks devices sends the new health vector and
 //! every `ListAndWatch` stream forwards it to the kubelet at once. `GetPreferredAllocation`
-//! uses `topology::select` over this resource's devices, with a context built once.
+//! prefers the scheduler extension's choice for the pod being admitted
+//! ([`crate::admission`]), else `topology::select` over this resource's devices, with a
+//! context built once; `Allocate` checks what the kubelet took against that preference.
 
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use fumarole_topology::NodeTopology;
 use fumarole_topology::{SelectContext, SelectError};
@@ -14,7 +17,7 @@ use tokio_stream::wrappers::WatchStream;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
 
-use crate::annotation::PodSource;
+use crate::admission::{Admissions, AwaitChoice, ContainerRequest, Decision, PodSource};
 use crate::api;
 use crate::api::device_plugin_server::DevicePlugin;
 use crate::resources::Resource;
@@ -29,10 +32,21 @@ pub struct DevicePluginService {
     inner: Arc<Inner>,
 }
 
+/// How often a request waiting for a pod or its choice looks again.
+const AWAIT_POLL: Duration = Duration::from_millis(50);
+
+/// The node's pods, when running against an API server: where the scheduler's choices come
+/// from and where outcomes are reported.
+#[derive(Clone)]
+pub struct Pods {
+    pub source: Arc<dyn PodSource>,
+    pub await_choice: AwaitChoice,
+}
+
 struct Inner {
     resource: Resource,
-    /// Pending pods with the scheduler's device choice, when running against an API server.
-    pods: Option<Arc<dyn PodSource>>,
+    pods: Option<Pods>,
+    admissions: Admissions,
     /// Weights among this resource's devices, for `select`.
     select: SelectContext,
     health: watch::Receiver<Vec<bool>>,
@@ -45,7 +59,7 @@ impl DevicePluginService {
     pub fn new(
         topology: &NodeTopology,
         resource: Resource,
-        pods: Option<Arc<dyn PodSource>>,
+        pods: Option<Pods>,
     ) -> Result<(Self, watch::Sender<Vec<bool>>), SelectError> {
         let weights: Vec<Vec<u32>> = resource
             .devices
@@ -63,6 +77,10 @@ impl DevicePluginService {
         Ok((
             Self {
                 inner: Arc::new(Inner {
+                    admissions: Admissions::new(
+                        &resource.name,
+                        resource.devices.iter().map(|d| d.id.clone()),
+                    ),
                     resource,
                     pods,
                     select,
@@ -96,9 +114,9 @@ impl DevicePluginService {
         }
     }
 
-    /// The preferred devices for one container request: the scheduler's choice for the
-    /// oldest pending pod it fits (see [`crate::annotation`]), else `topology::select`.
-    pub fn preferred(
+    /// The preferred devices for one container request: the scheduler's choice for the pod
+    /// being admitted (see [`crate::admission`]), else `topology::select`.
+    pub async fn preferred(
         &self,
         req: &api::ContainerPreferredAllocationRequest,
     ) -> Result<Vec<String>, Status> {
@@ -119,7 +137,7 @@ impl DevicePluginService {
         let must = r
             .positions(&req.must_include_device_i_ds)
             .map_err(|e| invalid(e.to_string()))?;
-        if let Some(ids) = self.scheduler_choice(req, k) {
+        if let Some(ids) = self.scheduler_choice(req, k).await {
             return Ok(ids);
         }
         let chosen = self
@@ -134,44 +152,63 @@ impl DevicePluginService {
             .collect())
     }
 
-    /// The first `k` still-available devices the scheduler chose for a pending pod (see
-    /// [`crate::annotation`]), when they cover the request's must-include devices. A pod whose
-    /// choice cannot be honoured is logged with the reason, and `select` decides.
-    fn scheduler_choice(
+    /// The scheduler's devices for the pod being admitted, waiting a bounded time for the pod
+    /// or its choice to arrive; `None` (after reporting why, when the pod is known) lets
+    /// `select` decide.
+    async fn scheduler_choice(
         &self,
         req: &api::ContainerPreferredAllocationRequest,
         k: usize,
     ) -> Option<Vec<String>> {
+        let pods = self.inner.pods.as_ref()?;
         let r = &self.inner.resource;
-        for pod in self.inner.pods.as_ref()?.pending() {
-            let Some(ids) = pod.devices.get(&r.name) else {
-                continue;
-            };
-            let who = format!("{}/{}", pod.namespace, pod.name);
-            let available: Vec<&String> = ids
-                .iter()
-                .filter(|id| req.available_device_i_ds.contains(id))
-                .collect();
-            if available.len() < k {
-                tracing::info!(pod = %who, resource = %r.name, chosen = ?ids, wanted = k,
-                    available = available.len(),
-                    "not enough of the scheduler's devices are available; choosing with select");
-                continue;
+        let request = ContainerRequest {
+            available: &req.available_device_i_ds,
+            must_include: &req.must_include_device_i_ds,
+            size: k,
+        };
+        let start = Instant::now();
+        loop {
+            let bound = pods.source.bound();
+            let decision =
+                self.inner
+                    .admissions
+                    .decide(&bound, request, &pods.await_choice, start.elapsed());
+            match decision {
+                Decision::Prefer { pod, devices } => {
+                    tracing::info!(pod = %pod, resource = %r.name, devices = ?devices,
+                        "preferring the scheduler's devices");
+                    return Some(devices);
+                }
+                Decision::Select {
+                    pod: Some(pod),
+                    outcome,
+                } => {
+                    pods.source.report(&pod, &r.name, &outcome);
+                    return None;
+                }
+                Decision::Select { pod: None, .. } => {
+                    tracing::info!(resource = %r.name, waited = ?start.elapsed(),
+                        "no pod bound to this node is waiting for this resource; choosing with select");
+                    return None;
+                }
+                Decision::Wait => tokio::time::sleep(AWAIT_POLL).await,
             }
-            let picked: Vec<String> = available.into_iter().take(k).cloned().collect();
-            if !req
-                .must_include_device_i_ds
-                .iter()
-                .all(|m| picked.contains(m))
-            {
-                tracing::info!(pod = %who, resource = %r.name,
-                    "the kubelet's must-include devices are not the scheduler's; choosing with select");
-                continue;
-            }
-            tracing::info!(pod = %who, resource = %r.name, devices = ?picked, "using the scheduler's devices");
-            return Some(picked);
         }
-        None
+    }
+
+    /// Records the devices `Allocate` gave, and reports whether they are the scheduler's.
+    fn allocated(&self, devices: &[String]) {
+        let Some(pods) = &self.inner.pods else {
+            return;
+        };
+        let bound = pods.source.bound();
+        let admissions = &self.inner.admissions;
+        admissions.retain(&bound);
+        if let Some((pod, Some(outcome))) = admissions.allocated(&bound, devices) {
+            pods.source
+                .report(&pod, &self.inner.resource.name, &outcome);
+        }
     }
 }
 
@@ -207,15 +244,12 @@ impl DevicePlugin for DevicePluginService {
         &self,
         request: Request<api::PreferredAllocationRequest>,
     ) -> Result<Response<api::PreferredAllocationResponse>, Status> {
-        let container_responses = request
-            .into_inner()
-            .container_requests
-            .iter()
-            .map(|req| {
-                self.preferred(req)
-                    .map(|ids| api::ContainerPreferredAllocationResponse { device_i_ds: ids })
-            })
-            .collect::<Result<Vec<_>, Status>>()?;
+        let mut container_responses = Vec::new();
+        for req in &request.into_inner().container_requests {
+            container_responses.push(api::ContainerPreferredAllocationResponse {
+                device_i_ds: self.preferred(req).await?,
+            });
+        }
         Ok(Response::new(api::PreferredAllocationResponse {
             container_responses,
         }))
@@ -226,8 +260,8 @@ impl DevicePlugin for DevicePluginService {
         request: Request<api::AllocateRequest>,
     ) -> Result<Response<api::AllocateResponse>, Status> {
         let r = &self.inner.resource;
-        let container_responses = request
-            .into_inner()
+        let requests = request.into_inner();
+        let container_responses = requests
             .container_requests
             .iter()
             .map(|c| {
@@ -240,6 +274,9 @@ impl DevicePlugin for DevicePluginService {
                 "{}: no container requests",
                 r.name
             )));
+        }
+        for c in &requests.container_requests {
+            self.allocated(&c.devices_ids);
         }
         Ok(Response::new(api::AllocateResponse {
             container_responses,

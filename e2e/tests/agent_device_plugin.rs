@@ -2,7 +2,7 @@
 //! (`kubelet-dm`): registration, `ListAndWatch` contents, health both ways,
 //! `GetPreferredAllocation` through `topology::select`, `Allocate` per vendor, bad requests,
 //! re-registration after a kubelet restart (timed), and the scheduler's `fumarole.dev/devices`
-//! choice honoured in cluster mode.
+//! choice honoured or reported (Events on the pod) in cluster mode.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -314,8 +314,34 @@ async fn ascend_plugin_hands_out_davinci_numbers_and_manager_nodes() {
     );
 }
 
+/// Warning Events the agent recorded on `pod`, as `reason: note`.
+async fn pod_events(cluster: &fumarole_e2e::TestCluster, pod: &str) -> Vec<String> {
+    use k8s_openapi::api::events::v1::Event;
+    use kube::api::{Api, ListParams};
+    let events: Api<Event> = Api::namespaced(cluster.client(), "default");
+    events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(pod))
+        .map(|e| {
+            format!(
+                "{}: {}",
+                e.reason.unwrap_or_default(),
+                e.note.unwrap_or_default()
+            )
+        })
+        .collect()
+}
+
+/// The device plugin in cluster mode: the pod being admitted is the oldest one bound to the
+/// node that asks for GPUs and has not got them; its `fumarole.dev/devices` choice is
+/// preferred, and every way it is not (devices taken, a garbled value, a kubelet that
+/// allocates others) is a Warning Event on the pod, never a silent difference.
 #[tokio::test(flavor = "multi_thread")]
-async fn scheduler_device_choice_is_honoured_with_a_logged_fallback() {
+async fn scheduler_device_choice_is_honoured_or_reported() {
     use fumarole_e2e::cluster::{eventually, free_port};
     use fumarole_e2e::{NodeSpec, TestCluster};
     use k8s_openapi::api::core::v1::Pod;
@@ -345,6 +371,8 @@ async fn scheduler_device_choice_is_honoured_with_a_logged_fallback() {
         "dgx-1",
         "--device-plugin-dir",
         plugins.to_str().unwrap(),
+        "--await-device-choice-timeout",
+        "1s",
         "--kubelet-config",
         dir.path().join("absent.yaml").to_str().unwrap(),
         "--cpu-manager-state",
@@ -364,7 +392,8 @@ async fn scheduler_device_choice_is_honoured_with_a_logged_fallback() {
         .wait_devices(GPU, Duration::from_secs(30), |d| d.len() == 8)
         .await
         .unwrap());
-    // Without a choice, select takes the two lowest of eight NV18-equal GPUs.
+    // No pod waits for GPUs: after the bounded wait, select takes the two lowest of eight
+    // NV18-equal GPUs.
     assert_eq!(
         pick(&kdm, &all, &[], 2).await,
         vec![all[0].clone(), all[1].clone()]
@@ -385,7 +414,7 @@ async fn scheduler_device_choice_is_honoured_with_a_logged_fallback() {
         .unwrap();
     let want = vec![all[5].clone(), all[6].clone()];
     eventually(
-        "the plugin to honour the scheduler's choice",
+        "the plugin to prefer the scheduler's choice",
         Duration::from_secs(30),
         || {
             let (kdm, all, want) = (&kdm, &all, &want);
@@ -395,18 +424,47 @@ async fn scheduler_device_choice_is_honoured_with_a_logged_fallback() {
     .await
     .unwrap();
 
-    // The chosen devices are not all available: select decides, and the log says why.
+    // The chosen devices are not all available: select decides, and the pod hears why.
     assert_eq!(
         pick(&kdm, &all[..6], &[], 2).await,
         vec![all[0].clone(), all[1].clone()]
     );
-    let log = cluster.log_tail("fumarole-agent", 300).unwrap();
-    assert!(
-        log.contains("not enough of the scheduler's devices are available"),
-        "{log}"
-    );
+    let taken = format!("{} is not available", all[6]);
+    eventually("the NotHonoured Event", Duration::from_secs(30), || {
+        let (cluster, taken) = (&cluster, &taken);
+        async move {
+            let events = pod_events(cluster, "chosen").await;
+            Ok(events
+                .iter()
+                .any(|e| e.starts_with("DeviceChoiceNotHonoured") && e.contains(taken.as_str()))
+                .then_some(()))
+        }
+    })
+    .await
+    .unwrap();
 
-    // A malformed annotation is a logged skip, never a failed admission.
+    // The kubelet allocates other devices than the preferred ones: reported on the pod.
+    assert_eq!(pick(&kdm, &all, &[], 2).await, want);
+    kdm.allocate(
+        GPU,
+        json!({"container_requests": [{"devices_ids": [all[5], all[7]]}]}),
+    )
+    .await
+    .unwrap();
+    eventually("the Differs Event", Duration::from_secs(30), || {
+        let cluster = &cluster;
+        async move {
+            let events = pod_events(cluster, "chosen").await;
+            Ok(events
+                .iter()
+                .any(|e| e.starts_with("DeviceChoiceDiffers"))
+                .then_some(()))
+        }
+    })
+    .await
+    .unwrap();
+
+    // A malformed annotation is ignored with the reason, never a failed admission.
     pods.delete("chosen", &DeleteParams::default())
         .await
         .unwrap();
@@ -421,9 +479,12 @@ async fn scheduler_device_choice_is_honoured_with_a_logged_fallback() {
             async move {
                 let got = pick(kdm, all, &[], 2).await;
                 assert_eq!(got, vec![all[0].clone(), all[1].clone()]);
-                let log = cluster.log_tail("fumarole-agent", 300)?;
-                Ok(log
-                    .contains("ignoring the pod's device choice")
+                let events = pod_events(cluster, "garbled").await;
+                Ok(events
+                    .iter()
+                    .any(|e| {
+                        e.starts_with("DeviceChoiceIgnored") && e.contains("not a JSON object")
+                    })
                     .then_some(()))
             }
         },

@@ -194,3 +194,130 @@ async fn volcano_job_lands_unit_by_unit_in_single_super_nodes() {
     assert!(reason.contains("unit 0 of job default/huge "), "{reason}");
     assert_no_failed_calls(&cluster);
 }
+
+/// The seed's `pytorch-demo`: a Volcano Job with the pytorch plugin, master 1 + worker 7, 8
+/// GPUs each, `metax-tech.com/gpu-group-size: "32"` (and `atomic`, when given) on the
+/// master's template only, as MetaX's examples write it.
+fn pytorch_demo(atomic: Option<u32>) -> DynamicObject {
+    let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(
+        "batch.volcano.sh",
+        "v1alpha1",
+        "Job",
+    ));
+    let mut annotations = json!({"metax-tech.com/gpu-group-size": "32"});
+    if let Some(a) = atomic {
+        annotations["metax-tech.com/atomic-gpu-group-size"] = json!(a.to_string());
+    }
+    let container = json!({
+        "name": "pytorch", "image": "example.invalid/pytorch",
+        "resources": {"requests": {"cpu": "1", "memory": "1Gi"},
+                      "limits": {"nvidia.com/gpu": "8"}}
+    });
+    let mut job = DynamicObject::new("pytorch-demo", &ar).within("default");
+    job.data = json!({"spec": {
+        "schedulerName": "volcano",
+        "queue": "default",
+        "minAvailable": 8,
+        "plugins": {"pytorch": ["--master=master", "--worker=worker", "--port=23456"]},
+        "tasks": [
+            {"name": "master", "replicas": 1, "template": {
+                "metadata": {"annotations": annotations},
+                "spec": {"restartPolicy": "OnFailure", "containers": [container.clone()]}}},
+            {"name": "worker", "replicas": 7, "template": {
+                "spec": {"restartPolicy": "OnFailure", "containers": [container]}}}
+        ]
+    }});
+    job
+}
+
+/// Three super-nodes of whole free 8-GPU nodes: rack-a (a0..a3) and rack-b (b0..b3) hold 32
+/// GPUs each, rack-c (c0..c2) 24: a 32-GPU unit fits rack-a or rack-b, never rack-c.
+fn free_racks() -> Vec<fumarole_topology::crd::DeviceTopology> {
+    let mut out = Vec::new();
+    for (rack, prefix, n) in [("rack-a", "a", 4), ("rack-b", "b", 4), ("rack-c", "c", 3)] {
+        for i in 0..n {
+            out.push(common::dgx(&format!("{prefix}{i}"), 8, &[], Some(rack)));
+        }
+    }
+    out
+}
+
+/// `pytorch-demo` through real Volcano (vc-controller-manager creates the pods with the
+/// pytorch plugin's RANK env; only the master carries the group annotation): ranks 0-3 (the
+/// master and workers 0-2) form unit 0, ranks 4-7 unit 1, and each lands whole in one
+/// super-node, with or without an atomic size of 16.
+async fn pytorch_demo_lands_unit_by_unit(atomic: Option<u32>) {
+    let (cluster, port) = common::cluster_with_extender(&free_racks(), &[]).await;
+    cluster
+        .start_volcano(&common::volcano_conf_with_extender(port))
+        .await
+        .unwrap();
+    let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(
+        "batch.volcano.sh",
+        "v1alpha1",
+        "Job",
+    ));
+    let jobs: Api<DynamicObject> = Api::namespaced_with(cluster.client(), "default", &ar);
+    jobs.create(&PostParams::default(), &pytorch_demo(atomic))
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let names: Vec<String> = std::iter::once("pytorch-demo-master-0".to_string())
+        .chain((0..7).map(|i| format!("pytorch-demo-worker-{i}")))
+        .collect();
+    let placed = eventually(
+        "all 8 pods bound and annotated",
+        Duration::from_secs(150),
+        || {
+            let pods = pods.clone();
+            let names = names.clone();
+            async move {
+                let placed = common::placements(&pods, &names).await;
+                Ok((placed.len() == names.len()).then_some(placed))
+            }
+        },
+    )
+    .await;
+    let placed = match placed {
+        Ok(p) => p,
+        Err(e) => panic!(
+            "{e}\npods: {:?}\nscheduler-ext:\n{}\nvc-scheduler:\n{}",
+            common::pod_states(&pods).await,
+            cluster.log_tail("fumarole-scheduler-ext", 60).unwrap(),
+            cluster.log_tail("vc-scheduler", 60).unwrap()
+        ),
+    };
+    assert_no_failed_calls(&cluster);
+    // The rank the framework gave each pod: the pytorch plugin's RANK env.
+    let mut ranks = std::collections::BTreeMap::new();
+    for n in &names {
+        let p = pods.get(n).await.unwrap();
+        let rank = p.spec.unwrap().containers[0]
+            .env
+            .iter()
+            .flatten()
+            .find(|e| e.name == "RANK")
+            .and_then(|e| e.value.clone())
+            .unwrap()
+            .parse::<u32>()
+            .unwrap();
+        ranks.insert(n.clone(), rank);
+    }
+    assert_eq!(ranks["pytorch-demo-master-0"], 0);
+    assert_eq!(ranks["pytorch-demo-worker-6"], 7);
+    let units = common::check_units(&placed, |pod| ranks[pod], 4);
+    let racks: BTreeSet<&str> = units.values().map(String::as_str).collect();
+    assert_eq!(racks, BTreeSet::from(["rack-a", "rack-b"]), "{placed:?}");
+    let nodes: BTreeSet<&str> = placed.values().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(nodes.len(), 8, "one 8-GPU pod per node: {placed:?}");
+}
+
+#[tokio::test]
+async fn pytorch_demo_master_annotation_places_the_whole_job() {
+    pytorch_demo_lands_unit_by_unit(None).await;
+}
+
+#[tokio::test]
+async fn pytorch_demo_with_atomic_16_places_the_whole_job() {
+    pytorch_demo_lands_unit_by_unit(Some(16)).await;
+}

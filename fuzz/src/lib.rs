@@ -21,10 +21,11 @@ use fumarole_agent::qos::cgroup::{ContainerId, Driver, PodQos, Version};
 use fumarole_agent::qos::config as qos_config;
 use fumarole_agent::qos::evict::parse_psi;
 use fumarole_agent::qos::level::QosLevel;
-use fumarole_device_plugin::annotation::{PendingPod, PodSource};
+use fumarole_device_plugin::admission::{AwaitChoice, BoundPod, Outcome, PodSource};
 use fumarole_device_plugin::api;
 use fumarole_device_plugin::api::device_plugin_server::DevicePlugin;
 use fumarole_device_plugin::plugin::DevicePluginService;
+use fumarole_device_plugin::plugin::Pods;
 use fumarole_exporter::discover::overrides::Overrides;
 use fumarole_exporter::discover::sysfs::{NvidiaProcInfo, parse_numa_node};
 use fumarole_exporter::kubelet::KubeletConfig;
@@ -335,18 +336,28 @@ pub fn extender_volcano(data: &[u8]) {
     );
 }
 
-/// One pending pod whose `fumarole.dev/devices` names the first four GPUs.
+/// One pod bound to the node, asking for 4 GPUs, whose `fumarole.dev/devices` names the first
+/// four.
 struct OnePendingPod(Vec<String>);
 
 impl PodSource for OnePendingPod {
-    fn pending(&self) -> Vec<PendingPod> {
-        vec![PendingPod {
+    fn bound(&self) -> Vec<BoundPod> {
+        vec![BoundPod {
             namespace: "default".into(),
             name: "chosen".into(),
+            uid: "uid-chosen".into(),
             created: "2026-01-01T00:00:00Z".into(),
-            devices: BTreeMap::from([("nvidia.com/gpu".to_string(), self.0.clone())]),
+            scheduler: "default-scheduler".into(),
+            requests: BTreeMap::from([("nvidia.com/gpu".to_string(), 4)]),
+            choice: Some(devices_annotation::format(&BTreeMap::from([(
+                "nvidia.com/gpu".to_string(),
+                self.0.clone(),
+            )]))),
+            ..Default::default()
         }]
     }
+
+    fn report(&self, _: &BoundPod, _: &str, _: &Outcome) {}
 }
 
 /// The `dgx-h100` fixture as discovery sees it, and its GPU plugin's service.
@@ -360,7 +371,15 @@ fn gpu_plugin() -> &'static DevicePluginService {
             unreachable!("dgx-h100 has NVIDIA GPUs");
         };
         let chosen = gpus.devices.iter().take(4).map(|d| d.id.clone()).collect();
-        match DevicePluginService::new(&topology, gpus, Some(Arc::new(OnePendingPod(chosen)))) {
+        // No waiting: a request no pod is waiting for is answered by `select` at once.
+        let pods = Pods {
+            source: Arc::new(OnePendingPod(chosen)),
+            await_choice: AwaitChoice {
+                timeout: std::time::Duration::ZERO,
+                ..AwaitChoice::default()
+            },
+        };
+        match DevicePluginService::new(&topology, gpus, Some(pods)) {
             Ok((service, _health)) => service,
             Err(e) => unreachable!("dgx-h100 links: {e}"),
         }

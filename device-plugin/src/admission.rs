@@ -1,0 +1,430 @@
+//! Which pod the kubelet is admitting, and the devices the scheduler chose for it.
+//!
+//! The kubelet's device-plugin calls do not name the pod: for each container that needs devices
+//! it sends `GetPreferredAllocation` (available devices, must-include, size) and then
+//! `Allocate` (the devices it took). It admits the pods of its node one at a time, oldest
+//! first (`HandlePodAdditions` sorts by creation time). So the pod being admitted is the oldest
+//! pod bound to this node that asks for this resource, has not started, and has not yet got
+//! all its devices of the resource (from this plugin, or by PodResources' account after a
+//! plugin restart). [`Admissions::decide`] picks it from a [`PodSource`]'s snapshot.
+//!
+//! The scheduler extension's choice for that pod is its `fumarole.dev/devices` annotation
+//! ([`crate::annotation`]). It is honoured when it is valid for the pod (every resource it
+//! names is one the pod asks for, no more devices than asked, every id a device of this
+//! resource) and its next devices are available and cover the kubelet's must-include ones.
+//! Otherwise the plugin chooses with `topology::select`, and says why ([`Outcome`]): the
+//! [`PodSource`] turns outcomes into Events on the pod, metrics and log lines, so a difference
+//! between the scheduler's choice and the container's devices is never silent. `Allocate`
+//! then checks that the kubelet took the devices this plugin preferred ([`Admissions::allocated`]).
+//!
+//! Races, bounded: when the pod source does not show the pod yet (its watch lags the kubelet's),
+//! or shows it bound without a choice although its scheduler writes choices after binding
+//! (Volcano v1.10 binds without telling the extension, which annotates the bound pod at once),
+//! the plugin waits up to [`AwaitChoice::timeout`] for the choice to arrive before it falls
+//! back, and reports the fallback.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use crate::annotation::{self, DeviceChoice};
+
+/// A pod bound to this node, as the device plugin needs to know it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BoundPod {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    /// RFC 3339 creation time: the kubelet admits older pods first.
+    pub created: String,
+    /// `spec.schedulerName`.
+    pub scheduler: String,
+    /// Phase `Running`, `Succeeded` or `Failed`: admitted (or refused) already.
+    pub started: bool,
+    /// Effective request of each extended resource the pod asks for.
+    pub requests: BTreeMap<String, u64>,
+    /// The `fumarole.dev/devices` value, raw.
+    pub choice: Option<String>,
+    /// Devices of each resource the kubelet reports for the pod (PodResources).
+    pub reported: BTreeMap<String, Vec<String>>,
+}
+
+impl fmt::Display for BoundPod {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// What became of the scheduler's choice for one container of a pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The scheduler's devices were preferred and the kubelet took them.
+    Honoured { devices: Vec<String> },
+    /// The pod carries no choice (not scheduled through fumarole): `select` chose.
+    NoChoice,
+    /// The annotation is unusable for this pod; ignored.
+    Invalid { reason: String },
+    /// A valid choice that cannot be honoured now (devices taken, unhealthy, or not what the
+    /// kubelet must include); `select` chose.
+    NotHonoured { chosen: Vec<String>, reason: String },
+    /// The kubelet allocated other devices than the ones this plugin preferred.
+    Differs {
+        preferred: Vec<String>,
+        allocated: Vec<String>,
+    },
+    /// The pod's scheduler writes choices after binding, and none came in time.
+    NoChoiceInTime { waited: Duration },
+}
+
+impl Outcome {
+    /// The metric label of the outcome.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Outcome::Honoured { .. } => "honoured",
+            Outcome::NoChoice => "no-choice",
+            Outcome::Invalid { .. } => "invalid",
+            Outcome::NotHonoured { .. } => "not-honoured",
+            Outcome::Differs { .. } => "differs",
+            Outcome::NoChoiceInTime { .. } => "no-choice-in-time",
+        }
+    }
+
+    /// True when users should hear of it (a Warning Event on the pod).
+    pub fn is_warning(&self) -> bool {
+        !matches!(self, Outcome::Honoured { .. } | Outcome::NoChoice)
+    }
+}
+
+impl fmt::Display for Outcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Outcome::Honoured { devices } => {
+                write!(f, "got the scheduler's devices {}", devices.join(","))
+            }
+            Outcome::NoChoice => write!(f, "no device choice from the scheduler"),
+            Outcome::Invalid { reason } => {
+                write!(f, "ignoring {}: {reason}", annotation::DEVICES_ANNOTATION)
+            }
+            Outcome::NotHonoured { chosen, reason } => write!(
+                f,
+                "cannot give the scheduler's devices {}: {reason}; choosing on the node",
+                chosen.join(",")
+            ),
+            Outcome::Differs {
+                preferred,
+                allocated,
+            } => write!(
+                f,
+                "the kubelet allocated {} instead of the scheduler's {}",
+                allocated.join(","),
+                preferred.join(",")
+            ),
+            Outcome::NoChoiceInTime { waited } => write!(
+                f,
+                "the scheduler's device choice did not arrive within {waited:?}; choosing on the node"
+            ),
+        }
+    }
+}
+
+/// Where the plugin learns about the node's pods and reports what it did with their choices
+/// (the agent watches the API server and records Events and metrics; standalone mode has none).
+pub trait PodSource: Send + Sync {
+    /// The pods bound to this node that are not being deleted, as last seen.
+    fn bound(&self) -> Vec<BoundPod>;
+    /// Tells users what became of the scheduler's choice for `pod` (resource `resource`).
+    fn report(&self, pod: &BoundPod, resource: &str, outcome: &Outcome);
+}
+
+/// How long to wait for a choice the scheduler has not written yet.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AwaitChoice {
+    /// Schedulers (`spec.schedulerName`) that write the choice after binding.
+    pub schedulers: BTreeSet<String>,
+    /// Longest wait, for a pod not seen yet or a choice not written yet.
+    pub timeout: Duration,
+}
+
+impl Default for AwaitChoice {
+    fn default() -> Self {
+        AwaitChoice {
+            schedulers: BTreeSet::from(["volcano".to_string()]),
+            timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// One container's request from the kubelet.
+#[derive(Clone, Copy, Debug)]
+pub struct ContainerRequest<'a> {
+    pub available: &'a [String],
+    pub must_include: &'a [String],
+    pub size: usize,
+}
+
+/// What to do with one `GetPreferredAllocation` request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Prefer these devices (the scheduler's choice for `pod`).
+    Prefer { pod: BoundPod, devices: Vec<String> },
+    /// Choose with `select`; `pod` (when known) hears `outcome`.
+    Select {
+        pod: Option<BoundPod>,
+        outcome: Outcome,
+    },
+    /// Ask again shortly: the pod or its choice may still arrive.
+    Wait,
+}
+
+/// The pod being admitted and, when the scheduler chose, the devices preferred for its
+/// container.
+#[derive(Clone, Debug)]
+struct Preferred {
+    pod: BoundPod,
+    devices: Vec<String>,
+    /// From the scheduler's choice (else from `select`, checked against nothing).
+    from_choice: bool,
+}
+
+/// Per resource: which pods got which devices from this plugin, and the last preference.
+#[derive(Debug)]
+pub struct Admissions {
+    resource: String,
+    /// The device ids of this resource on this node.
+    known: BTreeSet<String>,
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Pod uid -> devices `Allocate` gave it.
+    allocated: HashMap<String, Vec<String>>,
+    preferred: Option<Preferred>,
+}
+
+impl Admissions {
+    pub fn new(resource: &str, known: impl IntoIterator<Item = String>) -> Self {
+        Admissions {
+            resource: resource.to_string(),
+            known: known.into_iter().collect(),
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        match self.state.lock() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+
+    /// The devices of this resource `pod` holds: from this plugin's `Allocate`s, or by
+    /// PodResources' account (after a plugin restart).
+    fn held(&self, state: &State, pod: &BoundPod) -> usize {
+        let ours = state.allocated.get(&pod.uid).map_or(0, Vec::len);
+        let reported = pod.reported.get(&self.resource).map_or(0, Vec::len);
+        ours.max(reported)
+    }
+
+    /// The pod the kubelet is admitting for this resource: the oldest bound, not started pod
+    /// that asks for it and does not hold all of it yet.
+    fn admitting(&self, state: &State, pods: &[BoundPod]) -> Option<BoundPod> {
+        pods.iter()
+            .filter(|p| !p.started)
+            .filter(|p| {
+                let wants = p.requests.get(&self.resource).copied().unwrap_or(0);
+                wants > 0 && (self.held(state, p) as u64) < wants
+            })
+            .min_by(|a, b| {
+                (&a.created, &a.namespace, &a.name).cmp(&(&b.created, &b.namespace, &b.name))
+            })
+            .cloned()
+    }
+
+    /// The scheduler's devices of this resource for `pod`, if its choice is valid for it.
+    fn choice_for(&self, pod: &BoundPod, value: &str) -> Result<Vec<String>, String> {
+        let choice: DeviceChoice = annotation::parse(value).map_err(|e| e.to_string())?;
+        for (resource, ids) in &choice {
+            let asked = pod.requests.get(resource).copied().unwrap_or(0);
+            if asked == 0 {
+                return Err(format!(
+                    "it names {resource}, which the pod does not request"
+                ));
+            }
+            if ids.len() as u64 > asked {
+                return Err(format!(
+                    "it names {} {resource} devices, the pod requests {asked}",
+                    ids.len()
+                ));
+            }
+        }
+        let ids = choice.get(&self.resource).cloned().unwrap_or_default();
+        if let Some(unknown) = ids.iter().find(|id| !self.known.contains(*id)) {
+            return Err(format!(
+                "{unknown:?} is not a {} device of this node",
+                self.resource
+            ));
+        }
+        Ok(ids)
+    }
+
+    /// What to answer for one container. `waited` is how long this request has already waited;
+    /// past `await_choice.timeout` the plugin stops waiting.
+    pub fn decide(
+        &self,
+        pods: &[BoundPod],
+        req: ContainerRequest<'_>,
+        await_choice: &AwaitChoice,
+        waited: Duration,
+    ) -> Decision {
+        let mut state = self.state();
+        let may_wait = waited < await_choice.timeout;
+        let Some(pod) = self.admitting(&state, pods) else {
+            return if may_wait {
+                Decision::Wait
+            } else {
+                Decision::Select {
+                    pod: None,
+                    outcome: Outcome::NoChoice,
+                }
+            };
+        };
+        let Some(value) = pod.choice.clone() else {
+            if await_choice.schedulers.contains(&pod.scheduler) {
+                if may_wait {
+                    return Decision::Wait;
+                }
+                return self.select(&mut state, pod, Outcome::NoChoiceInTime { waited });
+            }
+            return self.select(&mut state, pod, Outcome::NoChoice);
+        };
+        let chosen = match self.choice_for(&pod, &value) {
+            Ok(ids) if ids.is_empty() => return self.select(&mut state, pod, Outcome::NoChoice),
+            Ok(ids) => ids,
+            Err(reason) => return self.select(&mut state, pod, Outcome::Invalid { reason }),
+        };
+        let next = self.next_of(&state, &pod, &chosen, req.size);
+        let reason = if next.len() < req.size {
+            Some(format!(
+                "the container needs {} devices, {} of the choice are left",
+                req.size,
+                next.len()
+            ))
+        } else if let Some(taken) = next.iter().find(|id| !req.available.contains(id)) {
+            Some(format!("{taken} is not available (in use or unhealthy)"))
+        } else {
+            req.must_include
+                .iter()
+                .find(|m| !next.contains(m))
+                .map(|m| format!("the kubelet must include {m}"))
+        };
+        if let Some(reason) = reason {
+            return self.select(&mut state, pod, Outcome::NotHonoured { chosen, reason });
+        }
+        state.preferred = Some(Preferred {
+            pod: pod.clone(),
+            devices: next.clone(),
+            from_choice: true,
+        });
+        Decision::Prefer { pod, devices: next }
+    }
+
+    /// The first `size` devices of `chosen` the pod has not got yet: containers take the chosen
+    /// devices in order.
+    fn next_of(
+        &self,
+        state: &State,
+        pod: &BoundPod,
+        chosen: &[String],
+        size: usize,
+    ) -> Vec<String> {
+        let given: BTreeSet<&String> = state
+            .allocated
+            .get(&pod.uid)
+            .into_iter()
+            .flatten()
+            .chain(pod.reported.get(&self.resource).into_iter().flatten())
+            .collect();
+        chosen
+            .iter()
+            .filter(|id| !given.contains(id))
+            .take(size)
+            .cloned()
+            .collect()
+    }
+
+    fn select(&self, state: &mut State, pod: BoundPod, outcome: Outcome) -> Decision {
+        state.preferred = Some(Preferred {
+            pod: pod.clone(),
+            devices: Vec::new(),
+            from_choice: false,
+        });
+        Decision::Select {
+            pod: Some(pod),
+            outcome,
+        }
+    }
+
+    /// Records `Allocate`'s devices for the pod being admitted. Returns the pod and, when the
+    /// pod had a choice, how it ended: [`Outcome::Honoured`], or [`Outcome::Differs`] when
+    /// the kubelet took other devices than the plugin preferred. Without a preference before
+    /// (the kubelet skips `GetPreferredAllocation` when it has no choice to make) the pod is
+    /// found in `pods` and its choice, if valid, is what the devices are checked against.
+    pub fn allocated(
+        &self,
+        pods: &[BoundPod],
+        devices: &[String],
+    ) -> Option<(BoundPod, Option<Outcome>)> {
+        let mut state = self.state();
+        let preferred = match state.preferred.take() {
+            Some(p) => p,
+            None => {
+                let pod = self.admitting(&state, pods)?;
+                let chosen = pod
+                    .choice
+                    .as_deref()
+                    .and_then(|v| self.choice_for(&pod, v).ok())
+                    .unwrap_or_default();
+                let devices = self.next_of(&state, &pod, &chosen, devices.len());
+                Preferred {
+                    from_choice: !devices.is_empty(),
+                    pod,
+                    devices,
+                }
+            }
+        };
+        state
+            .allocated
+            .entry(preferred.pod.uid.clone())
+            .or_default()
+            .extend(devices.iter().cloned());
+        let same = {
+            let a: BTreeSet<&String> = devices.iter().collect();
+            let b: BTreeSet<&String> = preferred.devices.iter().collect();
+            a == b
+        };
+        let outcome = match (preferred.from_choice, same) {
+            (true, true) => Some(Outcome::Honoured {
+                devices: devices.to_vec(),
+            }),
+            (true, false) => Some(Outcome::Differs {
+                preferred: preferred.devices,
+                allocated: devices.to_vec(),
+            }),
+            _ => None,
+        };
+        Some((preferred.pod, outcome))
+    }
+
+    /// Forgets pods that are gone from `pods` (deleted, or finished and removed).
+    pub fn retain(&self, pods: &[BoundPod]) {
+        let live: BTreeSet<&str> = pods.iter().map(|p| p.uid.as_str()).collect();
+        self.state()
+            .allocated
+            .retain(|uid, _| live.contains(uid.as_str()));
+    }
+}
+
+#[cfg(test)]
+mod tests;

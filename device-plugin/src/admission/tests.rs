@@ -1,0 +1,286 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! The admission rules on plain snapshots: which pod is being admitted, when its choice is
+//! honoured, waited for, refused, and how `Allocate` is checked.
+
+use super::*;
+
+const GPU: &str = "nvidia.com/gpu";
+
+fn ids(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| s.to_string()).collect()
+}
+
+fn admissions() -> Admissions {
+    Admissions::new(GPU, (0..8).map(|i| format!("GPU-{i}")))
+}
+
+fn pod(name: &str, created: &str, gpus: u64, choice: Option<&str>) -> BoundPod {
+    BoundPod {
+        namespace: "ml".into(),
+        name: name.into(),
+        uid: format!("uid-{name}"),
+        created: created.into(),
+        scheduler: "default-scheduler".into(),
+        started: false,
+        requests: BTreeMap::from([(GPU.to_string(), gpus)]),
+        choice: choice.map(str::to_string),
+        reported: BTreeMap::new(),
+    }
+}
+
+fn choice(devices: &[&str]) -> String {
+    format!(
+        r#"{{"nvidia.com/gpu":{}}}"#,
+        serde_json::to_string(devices).unwrap()
+    )
+}
+
+fn all() -> Vec<String> {
+    (0..8).map(|i| format!("GPU-{i}")).collect()
+}
+
+fn request<'a>(available: &'a [String], size: usize) -> ContainerRequest<'a> {
+    ContainerRequest {
+        available,
+        must_include: &[],
+        size,
+    }
+}
+
+const NOW: Duration = Duration::ZERO;
+const LATE: Duration = Duration::from_secs(60);
+
+#[test]
+fn the_oldest_waiting_pod_gets_its_choice_and_allocate_confirms_it() {
+    let a = admissions();
+    let available = all();
+    let older = pod(
+        "older",
+        "2026-01-01T00:00:00Z",
+        2,
+        Some(&choice(&["GPU-4", "GPU-5"])),
+    );
+    let newer = pod(
+        "newer",
+        "2026-01-01T00:00:05Z",
+        1,
+        Some(&choice(&["GPU-0"])),
+    );
+    let pods = vec![newer.clone(), older.clone()];
+    let d = a.decide(&pods, request(&available, 2), &AwaitChoice::default(), NOW);
+    assert_eq!(
+        d,
+        Decision::Prefer {
+            pod: older.clone(),
+            devices: ids(&["GPU-4", "GPU-5"])
+        }
+    );
+    let (who, outcome) = a.allocated(&pods, &ids(&["GPU-5", "GPU-4"])).unwrap();
+    assert_eq!(who, older);
+    assert_eq!(
+        outcome,
+        Some(Outcome::Honoured {
+            devices: ids(&["GPU-5", "GPU-4"])
+        })
+    );
+    // The older pod holds all it asked for: the next admission is the newer pod's.
+    let d = a.decide(&pods, request(&available, 1), &AwaitChoice::default(), NOW);
+    assert_eq!(
+        d,
+        Decision::Prefer {
+            pod: newer,
+            devices: ids(&["GPU-0"])
+        }
+    );
+}
+
+#[test]
+fn a_different_allocation_is_reported() {
+    let a = admissions();
+    let available = all();
+    let p = pod("p", "t", 2, Some(&choice(&["GPU-1", "GPU-2"])));
+    let pods = vec![p.clone()];
+    assert!(matches!(
+        a.decide(&pods, request(&available, 2), &AwaitChoice::default(), NOW),
+        Decision::Prefer { .. }
+    ));
+    let (_, outcome) = a.allocated(&pods, &ids(&["GPU-1", "GPU-7"])).unwrap();
+    assert_eq!(
+        outcome,
+        Some(Outcome::Differs {
+            preferred: ids(&["GPU-1", "GPU-2"]),
+            allocated: ids(&["GPU-1", "GPU-7"]),
+        })
+    );
+    // Without a GetPreferredAllocation before (the kubelet had no choice to make), Allocate
+    // is still checked against the pod's choice.
+    let q = pod("q", "t", 1, Some(&choice(&["GPU-3"])));
+    let pods = vec![q.clone()];
+    let (who, outcome) = a.allocated(&pods, &ids(&["GPU-6"])).unwrap();
+    assert_eq!(who, q);
+    assert!(
+        matches!(outcome, Some(Outcome::Differs { .. })),
+        "{outcome:?}"
+    );
+}
+
+#[test]
+fn bad_choices_are_ignored_with_a_reason() {
+    let available = all();
+    let cases = [
+        ("not json", "is not a JSON object"),
+        (
+            r#"{"nvidia.com/gpu":["GPU-1","GPU-2","GPU-3"]}"#,
+            "names 3 nvidia.com/gpu devices, the pod requests 2",
+        ),
+        (
+            r#"{"huawei.com/Ascend910":["Ascend910-0"]}"#,
+            "names huawei.com/Ascend910, which the pod does not request",
+        ),
+        (
+            r#"{"nvidia.com/gpu":["GPU-9","GPU-1"]}"#,
+            "\"GPU-9\" is not a nvidia.com/gpu device of this node",
+        ),
+        (r#"{"nvidia.com/gpu":["GPU-1","GPU-1"]}"#, "twice"),
+    ];
+    for (value, want) in cases {
+        let a = admissions();
+        let p = pod("p", "t", 2, Some(value));
+        match a.decide(
+            &[p.clone()],
+            request(&available, 2),
+            &AwaitChoice::default(),
+            NOW,
+        ) {
+            Decision::Select {
+                pod: Some(who),
+                outcome: Outcome::Invalid { reason },
+            } => {
+                assert_eq!(who, p);
+                assert!(reason.contains(want), "{value}: {reason}");
+            }
+            other => panic!("{value}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn unavailable_devices_and_must_include_fall_back() {
+    let a = admissions();
+    let p = pod("p", "t", 2, Some(&choice(&["GPU-1", "GPU-2"])));
+    let available = ids(&["GPU-1", "GPU-3", "GPU-4"]);
+    match a.decide(
+        &[p.clone()],
+        request(&available, 2),
+        &AwaitChoice::default(),
+        NOW,
+    ) {
+        Decision::Select {
+            outcome: Outcome::NotHonoured { reason, .. },
+            ..
+        } => assert!(reason.contains("GPU-2 is not available"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+    let all = all();
+    let must = ids(&["GPU-5"]);
+    let req = ContainerRequest {
+        available: &all,
+        must_include: &must,
+        size: 2,
+    };
+    match a.decide(&[p], req, &AwaitChoice::default(), NOW) {
+        Decision::Select {
+            outcome: Outcome::NotHonoured { reason, .. },
+            ..
+        } => assert!(reason.contains("must include GPU-5"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn waits_for_a_late_pod_or_choice_then_falls_back() {
+    let a = admissions();
+    let available = all();
+    let wait = AwaitChoice::default();
+    // The pod source has not seen the pod yet.
+    assert_eq!(
+        a.decide(&[], request(&available, 1), &wait, NOW),
+        Decision::Wait
+    );
+    assert_eq!(
+        a.decide(&[], request(&available, 1), &wait, LATE),
+        Decision::Select {
+            pod: None,
+            outcome: Outcome::NoChoice
+        }
+    );
+    // Volcano bound it; the extension writes the choice right after.
+    let mut p = pod("v", "t", 1, None);
+    p.scheduler = "volcano".into();
+    assert_eq!(
+        a.decide(&[p.clone()], request(&available, 1), &wait, NOW),
+        Decision::Wait
+    );
+    assert!(matches!(
+        a.decide(&[p.clone()], request(&available, 1), &wait, LATE),
+        Decision::Select {
+            outcome: Outcome::NoChoiceInTime { .. },
+            ..
+        }
+    ));
+    // Pods of other schedulers without a choice do not wait.
+    let plain = pod("plain", "t", 1, None);
+    assert_eq!(
+        a.decide(&[plain.clone()], request(&available, 1), &wait, NOW),
+        Decision::Select {
+            pod: Some(plain),
+            outcome: Outcome::NoChoice
+        }
+    );
+}
+
+#[test]
+fn started_pods_and_pods_holding_their_devices_are_not_admitted_again() {
+    let a = admissions();
+    let available = all();
+    let mut running = pod(
+        "running",
+        "2020-01-01T00:00:00Z",
+        1,
+        Some(&choice(&["GPU-0"])),
+    );
+    running.started = true;
+    // Admitted before a plugin restart: PodResources reports its devices.
+    let mut held = pod("held", "2021-01-01T00:00:00Z", 1, Some(&choice(&["GPU-1"])));
+    held.reported.insert(GPU.into(), ids(&["GPU-1"]));
+    let next = pod("next", "2022-01-01T00:00:00Z", 1, Some(&choice(&["GPU-2"])));
+    let d = a.decide(
+        &[running, held, next.clone()],
+        request(&available, 1),
+        &AwaitChoice::default(),
+        NOW,
+    );
+    assert_eq!(
+        d,
+        Decision::Prefer {
+            pod: next,
+            devices: ids(&["GPU-2"])
+        }
+    );
+}
+
+#[test]
+fn containers_take_the_choice_in_order() {
+    let a = admissions();
+    let available = all();
+    let p = pod("p", "t", 3, Some(&choice(&["GPU-6", "GPU-2", "GPU-3"])));
+    let pods = vec![p];
+    let first = a.decide(&pods, request(&available, 1), &AwaitChoice::default(), NOW);
+    assert!(matches!(&first, Decision::Prefer { devices, .. } if *devices == ids(&["GPU-6"])));
+    a.allocated(&pods, &ids(&["GPU-6"]));
+    let second = a.decide(&pods, request(&available, 2), &AwaitChoice::default(), NOW);
+    assert!(
+        matches!(&second, Decision::Prefer { devices, .. } if *devices == ids(&["GPU-2", "GPU-3"])),
+        "{second:?}"
+    );
+}
