@@ -1,10 +1,10 @@
 //! The pods assigned to this node, watched: the device plugins' [`PodSource`] (pending pods with
-//! the scheduler extension's `fumarole.dev/devices` choice) and the co-location loop's pod list
+//! the scheduler extension's `fumarole.dev/devices` choice) and the co-location tasks' pod list
 //! ([`NodePods::pods`], with [`NodePods::changes`] notified on every change).
 
 use std::sync::Arc;
 
-use fumarole_agent::watched::Watched;
+use fumarole_colocation::watched::Watched;
 use fumarole_device_plugin::annotation::{self, DEVICES_ANNOTATION, PendingPod, PodSource};
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::watcher;
