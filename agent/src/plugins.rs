@@ -26,13 +26,15 @@ pub struct ChoiceMetrics {
 }
 
 impl ChoiceMetrics {
-    /// Registers the counter (names under the registry's `fumarole` prefix).
-    pub fn register(&self, registry: &mut Registry) {
+    /// The counter, registered in `registry` (names under its `fumarole` prefix).
+    pub fn register(registry: &mut Registry) -> Arc<Self> {
+        let m = Self::default();
         registry.register(
             "device_choice",
             "What became of the scheduler's device choice, per container",
-            self.total.clone(),
+            m.total.clone(),
         );
+        Arc::new(m)
     }
 
     pub fn count(&self, resource: &str, outcome: &Outcome) {

@@ -1,6 +1,6 @@
 //! The pods assigned to this node, watched: the device plugins' [`PodSource`] (every pod bound
 //! here, with its requests, the scheduler extension's `fumarole.dev/devices` choice and the
-//! devices the kubelet reports for it) and the co-location loop's pod list ([`NodePods::pods`],
+//! devices the kubelet reports for it) and the co-location tasks' pod list ([`NodePods::pods`],
 //! with [`NodePods::changes`] notified on every change).
 //!
 //! What the device plugins did with a pod's choice comes back through [`PodSource::report`]:
@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
 
-use fumarole_agent::watched::Watched;
+use fumarole_colocation::watched::Watched;
 use fumarole_device_plugin::admission::{BoundPod, Outcome, PodSource};
 use fumarole_device_plugin::annotation::DEVICES_ANNOTATION;
 use fumarole_exporter::publish::LatestAllocations;

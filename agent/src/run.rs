@@ -2,7 +2,7 @@
 //! `Numatopology`, `NodeResourceTopology`, `DeviceTopology` and labels, keeps them current,
 //! serves `/metrics` and `/healthz`, and, with `--device-plugin-dir`, the device plugins.
 //! `--standalone` serves only the device plugins, with no API server. `--colocation` also does
-//! volcano-agent's job for this node ([`fumarole_agent::colocation`]): QoS levels and CPU burst
+//! volcano-agent's job for this node ([`fumarole_colocation::tasks`]): QoS levels and CPU burst
 //! on the pods' cgroups, batch resources, pressure taint and eviction, configured by the
 //! `volcano-agent-configuration` ConfigMap.
 
@@ -13,7 +13,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use fumarole_agent::watched::Watched;
+use fumarole_colocation::cgroup;
+use fumarole_colocation::metrics::ColocationMetrics;
+use fumarole_colocation::watched::Watched;
 use fumarole_device_plugin::admission::{AwaitChoice, PodSource};
 use fumarole_device_plugin::plugin::Pods;
 use fumarole_exporter::discover;
@@ -124,10 +126,10 @@ struct ColocationArgs {
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
     qos_interval: Duration,
     /// Where the cgroup filesystems are mounted.
-    #[arg(long, value_name = "DIR", default_value = fumarole_agent::qos::cgroup::DEFAULT_ROOT)]
+    #[arg(long, value_name = "DIR", default_value = cgroup::DEFAULT_ROOT)]
     cgroup_root: PathBuf,
     /// The mount table that tells cgroup v1 from v2.
-    #[arg(long, value_name = "FILE", default_value = fumarole_agent::qos::cgroup::DEFAULT_MOUNTINFO)]
+    #[arg(long, value_name = "FILE", default_value = cgroup::DEFAULT_MOUNTINFO)]
     cgroup_mountinfo: PathBuf,
     /// The kubelet's cgroup driver (`cgroupfs` or `systemd`); default: the kubelet config's
     /// `cgroupDriver`, else whichever kubepods cgroup exists.
@@ -143,7 +145,7 @@ impl ColocationArgs {
     /// The cgroup settings, with what the flags leave open taken from the kubelet
     /// configuration, and whether the kubelet gives Guaranteed pods exclusive CPUs
     /// (`cpuManagerPolicy: static`).
-    fn settings(&self, kubelet_config: &Path) -> (fumarole_agent::colocation::Settings, bool) {
+    fn settings(&self, kubelet_config: &Path) -> (cgroup::Settings, bool) {
         let kubelet = std::fs::read_to_string(kubelet_config)
             .map_err(|e| e.to_string())
             .and_then(|text| {
@@ -153,7 +155,7 @@ impl ColocationArgs {
                 tracing::warn!(file = %kubelet_config.display(), error = %e, "co-location: kubelet config unreadable; detecting the cgroup driver, assuming no static CPU manager")
             })
             .unwrap_or_default();
-        let settings = fumarole_agent::colocation::Settings {
+        let settings = cgroup::Settings {
             cgroup_root: self.cgroup_root.clone(),
             mountinfo: self.cgroup_mountinfo.clone(),
             driver: self.cgroup_driver.clone().or(kubelet.cgroup_driver),
@@ -187,7 +189,14 @@ pub fn run(args: RunArgs) -> Result<()> {
         {
             prepared.options.super_node = super_node_from_label(&client, &node_name, key).await?;
         }
-        let metrics = Metrics::new(args.recheck_interval);
+        // The co-location metrics are on /metrics with or without --colocation.
+        let (metrics, (colocation_metrics, choice_metrics)) =
+            Metrics::new(args.recheck_interval, |registry| {
+                (
+                    ColocationMetrics::register(registry),
+                    plugins::ChoiceMetrics::register(registry),
+                )
+            });
         let listener = tokio::net::TcpListener::bind(args.metrics_addr)
             .await
             .with_context(|| format!("--metrics-addr {}", args.metrics_addr))?;
@@ -209,7 +218,9 @@ pub fn run(args: RunArgs) -> Result<()> {
             },
         );
         let node_pods = (args.device_plugin_dir.is_some() || args.colocation.colocation)
-            .then(|| pods::NodePods::watch(client.clone(), &node_name, recorder, None));
+            .then(|| {
+                pods::NodePods::watch(client.clone(), &node_name, recorder, Some(choice_metrics))
+            });
         if let Some(dir) = args.device_plugin_dir.clone()
             && let Some(node_pods) = &node_pods
         {
@@ -231,7 +242,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         if args.colocation.colocation
             && let Some(pods) = node_pods
         {
-            start_colocation(&args, &client, &node_name, pods, metrics.clone());
+            start_colocation(&args, &client, &node_name, pods, colocation_metrics);
         }
         let publisher = Publisher::new(client, &node_name, metrics.clone(), wake.clone());
         let state = NodeState::new(prepared.options.clone(), prepared.nvml, kubelet, allocations, metrics);
@@ -244,16 +255,18 @@ pub fn run(args: RunArgs) -> Result<()> {
     })
 }
 
-/// Starts the co-location tasks ([`fumarole_agent::colocation`]): the configuration watch,
+/// Starts the co-location tasks ([`fumarole_colocation::tasks`]): the configuration watch,
 /// the pod cgroup loop, the node loop and the state report.
 fn start_colocation(
     args: &RunArgs,
     client: &kube::Client,
     node_name: &str,
     pods: Arc<pods::NodePods>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<ColocationMetrics>,
 ) {
-    use fumarole_agent::colocation::{self, config, node::NodeLoop, node::NodeLoopSettings};
+    use fumarole_colocation::tasks::node_loop::{NodeLoop, NodeLoopSettings};
+    use fumarole_colocation::tasks::pod_cgroups::{self, Summary};
+    use fumarole_colocation::tasks::{config_watch, report};
     let (settings, static_cpu_manager) = args.colocation.settings(&args.kubelet_config);
     let interval = args.colocation.qos_interval;
     tracing::info!(?settings, ?interval, namespace = %args.colocation.colocation_config_namespace, "co-location on");
@@ -269,12 +282,8 @@ fn start_colocation(
         watcher::Config::default().fields(&format!("metadata.name={node_name}")),
     ));
     let (status, reports) = tokio::sync::watch::channel(ColocationStatus::default());
-    tokio::spawn(colocation::report::run(
-        client.clone(),
-        node_name.to_string(),
-        reports,
-    ));
-    let config = config::watch(
+    tokio::spawn(report::run(client.clone(), node_name.to_string(), reports));
+    let config = config_watch::watch(
         client.clone(),
         &args.colocation.colocation_config_namespace,
         node_name,
@@ -307,12 +316,12 @@ fn start_colocation(
     tokio::spawn(async move {
         pods.ready().await;
         let changes = pods.changes();
-        let record = |s: &colocation::Summary| {
+        let record = |s: &Summary| {
             let gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
             let levels = s.by_level_name().map(|(name, n)| (name, gauge(n)));
-            metrics.colocation(&levels, gauge(s.burst_enabled), gauge(s.failed));
+            metrics.pods(&levels, gauge(s.burst_enabled), gauge(s.failed));
         };
-        colocation::pods::run(
+        pod_cgroups::run(
             settings,
             interval,
             || pods.pods(),

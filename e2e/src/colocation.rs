@@ -265,7 +265,10 @@ impl<'a> AgentRun<'a> {
             &args,
             &[
                 ("KUBECONFIG", kubeconfig.as_str()),
-                ("FUMAROLE_LOG", "info,fumarole_agent=debug"),
+                (
+                    "FUMAROLE_LOG",
+                    "info,fumarole_agent=debug,fumarole_colocation=debug",
+                ),
             ],
             &cluster.root().join("logs"),
         )?;

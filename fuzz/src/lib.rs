@@ -15,12 +15,13 @@ use std::sync::{Arc, OnceLock};
 
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
-use fumarole_agent::colocation::config::{Document, Resolver};
-use fumarole_agent::qos::burst::{self, BurstRequest, Quota};
-use fumarole_agent::qos::cgroup::{ContainerId, Driver, PodQos, Version};
-use fumarole_agent::qos::config as qos_config;
-use fumarole_agent::qos::evict::parse_psi;
-use fumarole_agent::qos::level::QosLevel;
+use fumarole_colocation::cgroup::{ContainerId, Driver};
+use fumarole_colocation::rules::burst::{self, BurstRequest, Quota};
+use fumarole_colocation::rules::config::{Document, Resolver, parse as parse_config};
+use fumarole_colocation::rules::kernel::Version;
+use fumarole_colocation::rules::level::QosLevel;
+use fumarole_colocation::rules::pod::QosClass;
+use fumarole_colocation::rules::psi::parse_psi;
 use fumarole_device_plugin::admission::{AwaitChoice, BoundPod, Outcome, PodSource};
 use fumarole_device_plugin::api;
 use fumarole_device_plugin::api::device_plugin_server::DevicePlugin;
@@ -221,7 +222,7 @@ pub fn colocation_config(data: &[u8]) {
         "volcano.sh/oversubscription".to_string(),
         "true".to_string(),
     )]);
-    let refused = qos_config::parse(document).is_err();
+    let refused = parse_config(document).is_err();
 
     let mut resolver = Resolver::new();
     resolver.resolve(Document::Absent, &labels, &BTreeMap::new());
@@ -478,7 +479,7 @@ pub fn kernel_files(data: &[u8]) {
         assert!(psi.some.avg10.is_finite());
     }
     let _ = text.parse::<ContainerId>();
-    let _ = text.parse::<PodQos>();
+    let _ = text.parse::<QosClass>();
     let _ = text.parse::<Driver>();
 }
 

@@ -147,7 +147,7 @@ fn bad_choices_are_ignored_with_a_reason() {
         let a = admissions();
         let p = pod("p", "t", 2, Some(value));
         match a.decide(
-            &[p.clone()],
+            std::slice::from_ref(&p),
             request(&available, 2),
             &AwaitChoice::default(),
             NOW,
@@ -170,7 +170,7 @@ fn unavailable_devices_and_must_include_fall_back() {
     let p = pod("p", "t", 2, Some(&choice(&["GPU-1", "GPU-2"])));
     let available = ids(&["GPU-1", "GPU-3", "GPU-4"]);
     match a.decide(
-        &[p.clone()],
+        std::slice::from_ref(&p),
         request(&available, 2),
         &AwaitChoice::default(),
         NOW,
@@ -231,7 +231,12 @@ fn waits_for_a_late_pod_or_choice_then_falls_back() {
     // Pods of other schedulers without a choice do not wait.
     let plain = pod("plain", "t", 1, None);
     assert_eq!(
-        a.decide(&[plain.clone()], request(&available, 1), &wait, NOW),
+        a.decide(
+            std::slice::from_ref(&plain),
+            request(&available, 1),
+            &wait,
+            NOW
+        ),
         Decision::Select {
             pod: Some(plain),
             outcome: Outcome::NoChoice

@@ -1,5 +1,5 @@
 //! The pod cgroup loop of `fumarole-agent run --colocation`: QoS levels
-//! ([`crate::qos::level`]) and CPU burst ([`crate::qos::burst`]) applied to the cgroups of this
+//! ([`crate::rules::level`]) and CPU burst ([`crate::rules::burst`]) applied to the cgroups of this
 //! node's pods, as far as the configuration in force enables them ([`Features`]).
 //!
 //! Start at [`Syncer::sync`]: one round over the pods the API server lists for the node. It is
@@ -10,7 +10,7 @@
 //!
 //! What a round does per pod (`Pending` or `Running`, with a uid and `status.qosClass`):
 //!
-//! - finds the pod cgroup from the [`Layout`](crate::qos::cgroup::Layout) and the containers' cgroups
+//! - finds the pod cgroup from the [`Layout`](crate::cgroup::Layout) and the containers' cgroups
 //!   from `status.containerStatuses[].containerID`; a pod whose cgroup does not exist yet is
 //!   skipped (debug) and retried on the next round, as are containers not started yet;
 //! - writes [`level::desired`] for the pod's `volcano.sh/qos-level` (the CPU files with
@@ -18,7 +18,7 @@
 //!   [`QosLevel::Unset`] are written only to pods this agent gave a level before, or whose
 //!   cgroup still shows one (`cpu.idle = 1`, `cpu.qos_level != 0`): an annotation removed while
 //!   the agent was down is still undone, and pods nobody annotated are left to the kubelet;
-//! - runs [`burst::sync`] for the pod's burst annotations (burst 0 without them, or with
+//! - runs [`burst_files::sync`] for the pod's burst annotations (burst 0 without them, or with
 //!   `cpuBurstConfig` off).
 //!
 //! Switching a feature off therefore restores the kubelet's values on the next round.
@@ -27,43 +27,21 @@
 //! the message, never stop the round, and are retried every round.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::{Notify, watch};
 
-use super::config::ConfigState;
-use super::{Features, StatusTx};
-use crate::qos::burst::{self, BurstRequest};
-use crate::qos::cgroup::{self, Applied, CgroupPath, Cgroups, ContainerId, PodQos};
-use crate::qos::evict::pod_cpu_request_millis;
-use crate::qos::level::{self, Kernel, PodResources, QosLevel};
-
-/// Where the cgroups are and how the kubelet names them; [`Cgroups::detect`] fills the rest.
-#[derive(Clone, Debug)]
-pub struct Settings {
-    /// Where the cgroup filesystems are mounted (`/sys/fs/cgroup`).
-    pub cgroup_root: PathBuf,
-    /// The mount table that tells v1 from v2 (`/proc/self/mountinfo`).
-    pub mountinfo: PathBuf,
-    /// The kubelet's `cgroupDriver`; `None` detects it from the kubepods cgroup.
-    pub driver: Option<String>,
-    /// The kubelet's `cgroupRoot`; `None` for `/`.
-    pub kubelet_cgroup_root: Option<String>,
-}
-
-impl Settings {
-    pub fn detect(&self) -> cgroup::Result<Cgroups> {
-        Cgroups::detect(
-            &self.cgroup_root,
-            &self.mountinfo,
-            self.driver.as_deref(),
-            self.kubelet_cgroup_root.as_deref(),
-        )
-    }
-}
+use super::report::StatusTx;
+use crate::cgroup::{
+    self, Applied, CgroupPath, Cgroups, ContainerId, Settings, burst_files, level_files,
+};
+use crate::rules::burst::BurstRequest;
+use crate::rules::config::{ConfigState, Features};
+use crate::rules::kernel::Kernel;
+use crate::rules::level::{self, PodResources, QosLevel};
+use crate::rules::pod::{QosClass, pod_cpu_request_millis};
 
 /// What one round saw: pods per QoS level and with burst on, among the pods whose cgroups
 /// exist; logged when it changes.
@@ -174,13 +152,17 @@ impl Syncer {
         errors: &mut Vec<String>,
     ) -> Outcome {
         let cgroups = &self.cgroups;
-        let (qos, path) = match qos_class
-            .parse::<PodQos>()
-            .and_then(|qos| Ok((qos, cgroups.layout().pod(qos, uid)?)))
-        {
+        let found = qos_class
+            .parse::<QosClass>()
+            .map_err(|e| e.to_string())
+            .and_then(|qos| {
+                let path = cgroups.layout().pod(qos, uid).map_err(|e| e.to_string())?;
+                Ok((qos, path))
+            });
+        let (qos, path) = match found {
             Ok(found) => found,
             Err(e) => {
-                errors.push(e.to_string());
+                errors.push(e);
                 return Outcome::NotStarted;
             }
         };
@@ -218,7 +200,7 @@ impl Syncer {
                 BurstRequest::Disabled
             }
         };
-        if let Err(e) = burst::sync(&self.cgroups, &path, &containers, request) {
+        if let Err(e) = burst_files::sync(&self.cgroups, &path, &containers, request) {
             note(e, errors);
         }
         if gone {
@@ -237,7 +219,7 @@ impl Syncer {
         &self,
         pod: &Pod,
         name: &str,
-        qos: PodQos,
+        qos: QosClass,
         uid: &str,
         errors: &mut Vec<String>,
     ) -> Vec<CgroupPath> {
@@ -303,7 +285,7 @@ impl Syncer {
         };
         let resources = PodResources {
             cpu_request_millis,
-            memory_limit_bytes: level::memory_limit(cgroups, path)?,
+            memory_limit_bytes: level_files::memory_limit(cgroups, path)?,
         };
         let kernel = Kernel::probe(cgroups, path);
         let is_memory = |file: &&str| file.starts_with("memory.");
@@ -316,7 +298,7 @@ impl Syncer {
                 .into_iter()
                 .filter(|(file, _)| is_memory(file)),
         );
-        let applied = level::apply(cgroups, path, &plan)?;
+        let applied = level_files::apply(cgroups, path, &plan)?;
         if unset {
             self.leveled.remove(uid);
         } else {
@@ -432,8 +414,20 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::qos::cgroup::{Driver, Layout, Version};
+    use crate::cgroup::{Driver, Layout};
+    use crate::rules::kernel::Version;
     use std::path::Path;
+
+    impl Features {
+        /// Everything on.
+        fn all() -> Self {
+            Self {
+                cpu_qos: true,
+                memory_qos: true,
+                cpu_burst: true,
+            }
+        }
+    }
 
     const BE_UID: &str = "11111111-1111-1111-1111-111111111111";
     const BURST_UID: &str = "22222222-2222-2222-2222-222222222222";

@@ -7,13 +7,14 @@
 //! minimal `cpu.shares` / `cpu.weight`, and on v2 a `memory.high` below their limit; every other
 //! level gets the values the kubelet would set, so removing the annotation restores them.
 //!
-//! [`desired`] is the pure plan, [`apply`] writes it through [`Cgroups`], [`Kernel::probe`] says
-//! which files exist.
+//! [`desired`] is the pure plan for a level, a [`PodResources`] and the [`Kernel`]'s files; the
+//! cgroup layer finds out which files exist and writes the plan (`crate::cgroup::level_files`).
 
 use std::collections::BTreeMap;
 
-use super::cgroup::{Applied, CgroupPath, Cgroups, Result, Version};
+use super::kernel::{Kernel, Version};
 
+/// Pod annotation with the QoS level (`LC`, `HLS`, `LS`, `BE`); `BE` marks an offline pod.
 pub const QOS_LEVEL_ANNOTATION: &str = "volcano.sh/qos-level";
 
 /// The kubelet's bounds for `cpu.shares` (`MinShares`, `MaxShares`).
@@ -62,15 +63,9 @@ impl QosLevel {
         }
     }
 
+    /// The level of a pod with these annotations.
     pub fn from_annotations(annotations: &BTreeMap<String, String>) -> Result<Self, LevelError> {
         Self::parse(annotations.get(QOS_LEVEL_ANNOTATION).map(String::as_str))
-    }
-
-    /// The pod's level, or `None` with a warning naming the pod when the annotation is bad.
-    pub fn of_pod(pod: &str, annotations: &BTreeMap<String, String>) -> Option<Self> {
-        Self::from_annotations(annotations)
-            .inspect_err(|e| tracing::warn!(pod, error = %e, "skipping the pod's QoS level"))
-            .ok()
     }
 
     pub fn value(self) -> i64 {
@@ -85,34 +80,6 @@ impl QosLevel {
     /// Offline pods (level < 0) are the ones that use batch resources and get evicted.
     pub fn is_offline(self) -> bool {
         self.value() < 0
-    }
-}
-
-/// The QoS files this kernel has for the pod's cgroup.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Kernel {
-    pub version: Version,
-    /// openEuler's `cpu.qos_level`.
-    pub cpu_qos_level: bool,
-    /// openEuler's `memory.qos_level`.
-    pub memory_qos_level: bool,
-    /// `cpu.idle` (mainline >= 5.15).
-    pub cpu_idle: bool,
-    /// v2 `memory.high` (the memory controller enabled for the pod).
-    pub memory_high: bool,
-}
-
-impl Kernel {
-    /// Looks at the pod's cgroup to see which files exist.
-    pub fn probe(cgroups: &Cgroups, pod: &CgroupPath) -> Self {
-        let version = cgroups.version();
-        Kernel {
-            version,
-            cpu_qos_level: cgroups.has(pod, "cpu.qos_level"),
-            memory_qos_level: cgroups.has(pod, "memory.qos_level"),
-            cpu_idle: cgroups.has(pod, "cpu.idle"),
-            memory_high: version == Version::V2 && cgroups.has(pod, "memory.high"),
-        }
     }
 }
 
@@ -205,38 +172,6 @@ pub fn desired(
     plan
 }
 
-/// The pod's memory limit from its v2 `memory.max` (`None` for `max`, on v1, or without the
-/// memory controller), to fill [`PodResources::memory_limit_bytes`].
-pub fn memory_limit(cgroups: &Cgroups, pod: &CgroupPath) -> Result<Option<u64>> {
-    if cgroups.version() != Version::V2 {
-        return Ok(None);
-    }
-    let text = match cgroups.read(pod, "memory.max") {
-        Ok(text) => text,
-        Err(e) if e.is_unsupported() => return Ok(None),
-        Err(e) => return Err(e),
-    };
-    if text == "max" {
-        return Ok(None);
-    }
-    text.parse()
-        .map(Some)
-        .map_err(|_| super::cgroup::Error::Content {
-            path: cgroups.dir("memory", pod).join("memory.max"),
-            content: text,
-            reason: "expected bytes or max",
-        })
-}
-
-/// Writes the plan to the pod's cgroup; only differing values are written (and logged).
-pub fn apply(
-    cgroups: &Cgroups,
-    pod: &CgroupPath,
-    plan: &[(&'static str, String)],
-) -> Result<Applied> {
-    cgroups.apply(pod, plan)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -268,12 +203,7 @@ mod tests {
                 e.contains(QOS_LEVEL_ANNOTATION) && e.contains(&format!("{bad:?}")),
                 "{e}"
             );
-            assert!(QosLevel::of_pod("ns/p", &annotations(Some(bad))).is_none());
         }
-        assert_eq!(
-            QosLevel::of_pod("ns/p", &annotations(Some("LS"))),
-            Some(QosLevel::Sensitive)
-        );
     }
 
     #[test]
@@ -418,52 +348,5 @@ mod tests {
             plan(QosLevel::Unset, POD, k),
             want(&[("cpu.qos_level", "0"), ("memory.qos_level", "0")])
         );
-    }
-
-    #[test]
-    fn probe_apply_and_memory_limit_on_a_fake_v2_tree() {
-        use super::super::cgroup::{Driver, Layout, PodQos};
-        let tmp = tempfile::tempdir().unwrap();
-        let cgroups = Cgroups::new(tmp.path(), Layout::new(Version::V2, Driver::Systemd));
-        let pod = cgroups.layout().pod(PodQos::Burstable, "u1").unwrap();
-        let dir = cgroups.dir("cpu", &pod);
-        std::fs::create_dir_all(&dir).unwrap();
-        for (f, v) in [
-            ("cpu.idle", "0"),
-            ("cpu.weight", "20"),
-            ("memory.high", "max"),
-            ("memory.max", "1073741824"),
-        ] {
-            std::fs::write(dir.join(f), format!("{v}\n")).unwrap();
-        }
-        let k = Kernel::probe(&cgroups, &pod);
-        assert_eq!(k, kernel(Version::V2));
-        let resources = PodResources {
-            cpu_request_millis: 500,
-            memory_limit_bytes: memory_limit(&cgroups, &pod).unwrap(),
-        };
-        assert_eq!(resources, POD);
-        assert!(
-            apply(&cgroups, &pod, &desired(QosLevel::Unset, &resources, &k))
-                .unwrap()
-                .is_noop()
-        );
-        let be = apply(
-            &cgroups,
-            &pod,
-            &desired(QosLevel::BestEffort, &resources, &k),
-        )
-        .unwrap();
-        assert_eq!(be.changed.len(), 2);
-        assert_eq!(
-            std::fs::read_to_string(dir.join("memory.high")).unwrap(),
-            "858980352"
-        );
-
-        std::fs::write(dir.join("memory.max"), "lots\n").unwrap();
-        let e = memory_limit(&cgroups, &pod).unwrap_err().to_string();
-        assert!(e.contains("memory.max") && e.contains("lots"), "{e}");
-        std::fs::write(dir.join("memory.max"), "max\n").unwrap();
-        assert_eq!(memory_limit(&cgroups, &pod).unwrap(), None);
     }
 }

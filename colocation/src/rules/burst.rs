@@ -6,14 +6,16 @@
 //! Per container the burst is the annotation's value capped at the container's quota (the
 //! kernel refuses a burst above the quota), or the quota itself without a value; containers
 //! without a quota are left alone. The pod cgroup gets the sum, capped at its own quota. A
-//! disabled or removed annotation sets 0 everywhere. [`desired`] plans, [`apply`] writes,
-//! [`sync`] does both after reading the quotas.
+//! disabled or removed annotation sets 0 everywhere. [`desired`] plans from the quotas; the cgroup
+//! layer reads the quotas and writes the plan (`crate::cgroup::burst_files`).
 
 use std::collections::BTreeMap;
 
-use super::cgroup::{Applied, CgroupPath, Cgroups, Error, Result, Version};
+use super::kernel::Version;
 
+/// Pod annotation: `"true"` turns CPU burst on for the pod's containers.
 pub const ENABLE_ANNOTATION: &str = "volcano.sh/enable-quota-burst";
+/// Pod annotation: the burst in µs per container (default: each container's quota).
 pub const BURST_TIME_ANNOTATION: &str = "volcano.sh/quota-burst-time";
 
 /// What the pod's annotations ask for.
@@ -66,15 +68,6 @@ impl BurstRequest {
         };
         Ok(BurstRequest::Enabled { burst_us })
     }
-
-    /// The pod's request, or [`BurstRequest::Disabled`] with a warning naming the pod when an
-    /// annotation is bad.
-    pub fn of_pod(pod: &str, annotations: &BTreeMap<String, String>) -> Self {
-        Self::from_annotations(annotations).unwrap_or_else(|e| {
-            tracing::warn!(pod, error = %e, "CPU burst off for the pod");
-            BurstRequest::Disabled
-        })
-    }
 }
 
 /// A cgroup's CFS quota per period, in µs.
@@ -102,31 +95,6 @@ impl Quota {
                 }),
             },
         }
-    }
-
-    /// Reads the cgroup's quota.
-    pub fn read(cgroups: &Cgroups, path: &CgroupPath) -> Result<Self> {
-        let file = quota_file(cgroups.version());
-        let text = cgroups.read(path, file)?;
-        Quota::parse(cgroups.version(), &text).map_err(|reason| Error::Content {
-            path: cgroups.dir("cpu", path).join(file),
-            content: text,
-            reason,
-        })
-    }
-}
-
-fn quota_file(version: Version) -> &'static str {
-    match version {
-        Version::V1 => "cpu.cfs_quota_us",
-        Version::V2 => "cpu.max",
-    }
-}
-
-fn burst_file(version: Version) -> &'static str {
-    match version {
-        Version::V1 => "cpu.cfs_burst_us",
-        Version::V2 => "cpu.max.burst",
     }
 }
 
@@ -164,63 +132,9 @@ pub fn desired(request: BurstRequest, pod_quota: Quota, container_quotas: &[Quot
     BurstPlan { containers, pod }
 }
 
-/// Writes the plan: containers first, then the pod. Only differing values are written (and
-/// logged); a kernel without burst files reports them as unsupported.
-pub fn apply(
-    cgroups: &Cgroups,
-    pod: &CgroupPath,
-    containers: &[CgroupPath],
-    plan: &BurstPlan,
-) -> Result<Applied> {
-    if containers.len() != plan.containers.len() {
-        return Err(Error::Invalid {
-            what: "burst plan",
-            value: format!("{} values", plan.containers.len()),
-            reason: format!("the pod has {} container cgroups", containers.len()),
-        });
-    }
-    let file = burst_file(cgroups.version());
-    let mut applied = Applied::default();
-    let targets = containers
-        .iter()
-        .zip(&plan.containers)
-        .chain([(pod, &plan.pod)]);
-    for (path, burst) in targets {
-        if let Some(us) = burst {
-            applied.merge(cgroups.apply(path, &[(file, us.to_string())])?);
-        }
-    }
-    Ok(applied)
-}
-
-/// Reads the quotas of the pod and its containers, plans and applies.
-pub fn sync(
-    cgroups: &Cgroups,
-    pod: &CgroupPath,
-    containers: &[CgroupPath],
-    request: BurstRequest,
-) -> Result<Applied> {
-    let plan = match request {
-        BurstRequest::Disabled => desired(
-            request,
-            Quota::Unlimited,
-            &vec![Quota::Unlimited; containers.len()],
-        ),
-        BurstRequest::Enabled { .. } => {
-            let quotas = containers
-                .iter()
-                .map(|c| Quota::read(cgroups, c))
-                .collect::<Result<Vec<_>>>()?;
-            desired(request, Quota::read(cgroups, pod)?, &quotas)
-        }
-    };
-    apply(cgroups, pod, containers, &plan)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::qos::cgroup::{Driver, Layout, PodQos};
 
     fn annotations(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs
@@ -274,12 +188,6 @@ mod tests {
         assert!(
             e.contains(ENABLE_ANNOTATION) && e.contains("\"yes\""),
             "{e}"
-        );
-        assert_eq!(BurstRequest::of_pod("ns/p", &a), BurstRequest::Disabled);
-        let bad_time = annotations(&[(ENABLE_ANNOTATION, "true"), (BURST_TIME_ANNOTATION, "0")]);
-        assert_eq!(
-            BurstRequest::of_pod("ns/p", &bad_time),
-            BurstRequest::Disabled
         );
     }
 
@@ -346,123 +254,6 @@ mod tests {
                 containers: vec![Some(0); 3],
                 pod: Some(0)
             }
-        );
-    }
-
-    fn fake_pod(
-        version: Version,
-        quotas: &[&str],
-    ) -> (tempfile::TempDir, Cgroups, CgroupPath, Vec<CgroupPath>) {
-        let tmp = tempfile::tempdir().unwrap();
-        let cgroups = Cgroups::new(tmp.path(), Layout::new(version, Driver::Systemd));
-        let pod = cgroups.layout().pod(PodQos::Burstable, "u1").unwrap();
-        let mut containers = Vec::new();
-        for (i, quota) in quotas.iter().enumerate() {
-            let id = format!("containerd://c{i}").parse().unwrap();
-            let path = if i == 0 {
-                pod.clone()
-            } else {
-                cgroups
-                    .layout()
-                    .container(PodQos::Burstable, "u1", &id)
-                    .unwrap()
-            };
-            let dir = cgroups.dir("cpu", &path);
-            std::fs::create_dir_all(&dir).unwrap();
-            std::fs::write(dir.join(quota_file(version)), format!("{quota}\n")).unwrap();
-            std::fs::write(dir.join(burst_file(version)), "0\n").unwrap();
-            if i > 0 {
-                containers.push(path);
-            }
-        }
-        (tmp, cgroups, pod, containers)
-    }
-
-    #[test]
-    fn sync_reads_quotas_writes_bursts_and_is_idempotent() {
-        // First entry is the pod, then its containers.
-        let (_tmp, cgroups, pod, containers) =
-            fake_pod(Version::V2, &["max 100000", "30000 100000", "max 100000"]);
-        let on = BurstRequest::Enabled {
-            burst_us: Some(50_000),
-        };
-        let first = sync(&cgroups, &pod, &containers, on).unwrap();
-        assert_eq!(
-            first.changed,
-            vec![cgroups.file(&containers[0], "cpu.max.burst").unwrap()]
-        );
-        assert_eq!(
-            cgroups.read(&containers[0], "cpu.max.burst").unwrap(),
-            "30000"
-        );
-        assert_eq!(
-            cgroups.read(&pod, "cpu.max.burst").unwrap(),
-            "0",
-            "unlimited pod left alone"
-        );
-        assert!(sync(&cgroups, &pod, &containers, on).unwrap().is_noop());
-        let off = sync(&cgroups, &pod, &containers, BurstRequest::Disabled).unwrap();
-        assert_eq!(off.changed.len(), 1);
-        assert_eq!(cgroups.read(&containers[0], "cpu.max.burst").unwrap(), "0");
-        assert!(
-            sync(&cgroups, &pod, &containers, BurstRequest::Disabled)
-                .unwrap()
-                .is_noop()
-        );
-
-        let (_tmp, cgroups, pod, containers) = fake_pod(Version::V1, &["50000", "20000", "30000"]);
-        let all = sync(
-            &cgroups,
-            &pod,
-            &containers,
-            BurstRequest::Enabled { burst_us: None },
-        )
-        .unwrap();
-        assert_eq!(all.changed.len(), 3);
-        assert_eq!(cgroups.read(&pod, "cpu.cfs_burst_us").unwrap(), "50000");
-
-        std::fs::write(
-            cgroups.dir("cpu", &containers[1]).join("cpu.cfs_quota_us"),
-            "lots\n",
-        )
-        .unwrap();
-        let e = sync(
-            &cgroups,
-            &pod,
-            &containers,
-            BurstRequest::Enabled { burst_us: None },
-        )
-        .unwrap_err()
-        .to_string();
-        assert!(e.contains("cpu.cfs_quota_us") && e.contains("lots"), "{e}");
-        let e = apply(
-            &cgroups,
-            &pod,
-            &containers[..1],
-            &desired(BurstRequest::Disabled, Quota::Unlimited, &[]),
-        )
-        .unwrap_err();
-        assert!(e.to_string().contains("burst plan"), "{e}");
-    }
-
-    #[test]
-    fn kernels_without_burst_report_unsupported() {
-        let (_tmp, cgroups, pod, containers) = fake_pod(Version::V1, &["50000", "20000"]);
-        std::fs::remove_file(cgroups.dir("cpu", &containers[0]).join("cpu.cfs_burst_us")).unwrap();
-        let applied = sync(
-            &cgroups,
-            &pod,
-            &containers,
-            BurstRequest::Enabled { burst_us: None },
-        )
-        .unwrap();
-        assert_eq!(
-            applied.unsupported,
-            vec![cgroups.file(&containers[0], "cpu.cfs_burst_us").unwrap()]
-        );
-        assert_eq!(
-            applied.changed,
-            vec![cgroups.file(&pod, "cpu.cfs_burst_us").unwrap()]
         );
     }
 }

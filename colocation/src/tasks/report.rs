@@ -1,7 +1,7 @@
-//! The co-location state report: the [`ColocationStatus`] the other tasks fill in, written to
-//! `status.colocation` of this node's `DeviceTopology` (server-side apply on the status
-//! subresource, field manager [`FIELD_MANAGER`], so the publish loop's device status and ours
-//! never overwrite each other).
+//! The co-location state report: the [`ColocationStatus`] the other tasks fill in through a
+//! [`StatusTx`], written to `status.colocation` of this node's `DeviceTopology` (server-side apply
+//! on the status subresource, field manager [`FIELD_MANAGER`], so the publish loop's device
+//! status and ours never overwrite each other).
 //!
 //! Until that object exists (the publish loop creates it; it may still be starting or failing)
 //! the report goes to the Node annotation [`ANNOTATION`] as JSON; once the `DeviceTopology`
@@ -16,6 +16,10 @@ use kube::api::{Patch, PatchParams};
 use kube::{Api, Client, CustomResourceExt};
 use serde_json::{Value, json};
 use tokio::sync::watch;
+
+/// The shared state report: each task fills in its part with `send_if_modified`, [`run`] writes
+/// it out.
+pub type StatusTx = watch::Sender<ColocationStatus>;
 
 /// Our server-side apply field manager for `status.colocation`.
 pub const FIELD_MANAGER: &str = "fumarole-agent-colocation";

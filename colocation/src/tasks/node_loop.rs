@@ -2,8 +2,8 @@
 //! of the kubepods cgroup tree and PSI in, batch resources on the Node status, the
 //! `volcano.sh/offline-job-evicting` taint and evictions of offline pods out.
 //!
-//! The decisions are the pure state machines of [`crate::qos::oversub`] and
-//! [`crate::qos::evict`]; this module reads their inputs and applies their outputs:
+//! The decisions are the pure state machines of [`crate::rules::oversub`] and
+//! [`crate::rules::evict`]; this module reads their inputs and applies their outputs:
 //!
 //! - batch resources: a JSON merge patch of the Node's `status.capacity` and
 //!   `status.allocatable` naming only `kubernetes.io/batch-cpu` / `batch-memory` (the kubelet
@@ -24,7 +24,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use fumarole_exporter::publish::metrics::Metrics;
 use fumarole_topology::crd::{BatchResourcesStatus, EvictionRecord};
 use fumarole_topology::quantity;
 use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod, Taint};
@@ -34,18 +33,19 @@ use kube::{Api, Client};
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
-use super::StatusTx;
-use super::config::ConfigState;
-use super::pods::Settings;
-use crate::qos::cgroup::{Cgroups, PodQos, Version};
-use crate::qos::config::NodeConfig;
-use crate::qos::evict::{
-    self, Evictor, PodFacts, PodRef, Psi, PsiSource, Sample, TAINT_EFFECT, TAINT_KEY,
+use super::report::StatusTx;
+use crate::cgroup::psi_files::{PsiSource, read_psi};
+use crate::cgroup::usage::KubepodsUsage;
+use crate::cgroup::{Cgroups, Settings};
+use crate::metrics::ColocationMetrics;
+use crate::rules::config::{ConfigState, NodeConfig};
+use crate::rules::evict::{self, Evictor, Sample, TAINT_EFFECT, TAINT_KEY};
+use crate::rules::kernel::Version;
+use crate::rules::oversub::{
+    BatchResources, CpuMeter, NodeAllocatable, Oversubscription, Usage, oversold,
 };
-use crate::qos::oversub::{
-    BATCH_CPU, BATCH_MEMORY, BatchResources, CpuMeter, KubepodsUsage, NodeAllocatable,
-    Oversubscription, Usage, oversold,
-};
+use crate::rules::pod::{BATCH_CPU, BATCH_MEMORY, PodFacts, PodRef, QosClass, is_offline};
+use crate::rules::psi::Psi;
 use crate::watched::Watched;
 
 /// What the node loop needs besides the API server.
@@ -66,7 +66,7 @@ pub struct NodeLoop {
     nodes: Api<Node>,
     node: Arc<Watched<Node>>,
     recorder: Recorder,
-    metrics: Arc<Metrics>,
+    metrics: Arc<ColocationMetrics>,
     status: StatusTx,
     cgroups: Option<Cgroups>,
     meter: CpuMeter,
@@ -88,7 +88,7 @@ impl NodeLoop {
         client: Client,
         node: Arc<Watched<Node>>,
         recorder: Recorder,
-        metrics: Arc<Metrics>,
+        metrics: Arc<ColocationMetrics>,
         status: StatusTx,
     ) -> Self {
         let memory_psi = PsiSource::new(settings.memory_pressure.clone());
@@ -150,7 +150,7 @@ impl NodeLoop {
         };
         let usage = self.usage();
         if let Some(u) = usage {
-            let m = self.metrics.colocation_node();
+            let m = &self.metrics;
             if let Some(p) = evict::percent(u.cpu_millis, allocatable.cpu_millis) {
                 m.usage("cpu", p);
             }
@@ -200,16 +200,7 @@ impl NodeLoop {
                 .ok();
         }
         let cgroups = self.cgroups.as_ref()?;
-        let kubepods = cgroups.layout().kubepods();
-        let tree = match cgroups.version() {
-            Version::V1 => KubepodsUsage::V1 {
-                cpuacct: cgroups.dir("cpuacct", &kubepods),
-                memory: cgroups.dir("memory", &kubepods),
-            },
-            Version::V2 => KubepodsUsage::V2 {
-                dir: cgroups.dir("cpu", &kubepods),
-            },
-        };
+        let tree = KubepodsUsage::of(cgroups);
         let read = tree
             .cpu_ns()
             .and_then(|cpu| Ok((cpu, tree.memory_bytes()?)));
@@ -346,7 +337,7 @@ impl NodeLoop {
         {
             evictor.eviction_failed(pod);
         }
-        let m = self.metrics.colocation_node();
+        let m = &self.metrics;
         m.pressure("cpu", decision.pressure.cpu.is_some());
         m.pressure("memory", decision.pressure.memory.is_some());
         let Some(evictor) = self.evictor.as_ref() else {
@@ -378,7 +369,7 @@ impl NodeLoop {
             cpu_millis: v.cpu_millis,
             memory_bytes: v.memory_bytes,
         });
-        let m = self.metrics.colocation_node();
+        let m = &self.metrics;
         match &value {
             Some(v) => m.batch(v.cpu_millis, v.memory_bytes),
             None => m.batch(0, 0),
@@ -457,7 +448,7 @@ impl NodeLoop {
         match api.evict(&pod.name, &params).await {
             Ok(_) => {
                 tracing::info!(pod = %pod, reason, "co-location: offline pod evicted");
-                self.metrics.colocation_node().eviction(kind);
+                self.metrics.eviction(kind);
                 let event = Event {
                     type_: EventType::Warning,
                     reason: "Evicted".into(),
@@ -492,7 +483,7 @@ impl NodeLoop {
             }
             Err(e) => {
                 tracing::warn!(pod = %pod, error = %e, "co-location: eviction refused; trying another pod next round");
-                self.metrics.colocation_node().eviction_failure();
+                self.metrics.eviction_failure();
                 false
             }
         }
@@ -547,10 +538,7 @@ fn online_cpu_psi(cgroups: &Cgroups, pods: &[Arc<Pod>]) -> Option<Psi> {
     }
     let mut worst: Option<Psi> = None;
     for pod in pods {
-        let annotations = pod.metadata.annotations.as_ref();
-        let offline = annotations
-            .and_then(|a| a.get(evict::QOS_LEVEL_ANNOTATION))
-            .is_some_and(|l| l == "BE");
+        let offline = is_offline(pod);
         let status = pod.status.as_ref();
         let (Some(uid), Some(class)) = (
             pod.metadata.uid.as_deref(),
@@ -561,13 +549,14 @@ fn online_cpu_psi(cgroups: &Cgroups, pods: &[Arc<Pod>]) -> Option<Psi> {
         if offline || status.and_then(|s| s.phase.as_deref()) != Some("Running") {
             continue;
         }
-        let Ok(path) = class
-            .parse::<PodQos>()
-            .and_then(|qos| cgroups.layout().pod(qos, uid))
+        let Some(path) = class
+            .parse::<QosClass>()
+            .ok()
+            .and_then(|qos| cgroups.layout().pod(qos, uid).ok())
         else {
             continue;
         };
-        if let Ok(psi) = evict::read_psi(&cgroups.dir("cpu", &path).join("cpu.pressure")) {
+        if let Ok(psi) = read_psi(&cgroups.dir("cpu", &path).join("cpu.pressure")) {
             worst = Some(worst.map_or(psi, |w| w.worst(psi)));
         }
     }

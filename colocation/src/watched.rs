@@ -1,7 +1,8 @@
 //! One kind of object watched into a local store (a kube-rs reflector): the agent's own Node,
 //! its pods and the co-location ConfigMap. [`Watched::changes`] is notified on every change,
 //! with one stored permit, so it suits one consumer; others read [`Watched::state`] when they
-//! need it.
+//! need it. The co-location tasks watch through it, and so does the agent's pod watch for the
+//! device plugins, which is why it lives here, below both.
 
 use std::fmt::Debug;
 use std::hash::Hash;

@@ -15,9 +15,13 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use fumarole_agent::qos::burst::{self, BURST_TIME_ANNOTATION, BurstRequest, ENABLE_ANNOTATION};
-use fumarole_agent::qos::cgroup::{CgroupPath, Cgroups, Changed, Driver, Layout, PodQos, Version};
-use fumarole_agent::qos::level::{self, Kernel, PodResources, QOS_LEVEL_ANNOTATION, QosLevel};
+use fumarole_colocation::cgroup::{
+    CgroupPath, Cgroups, Changed, Driver, Layout, burst_files, level_files,
+};
+use fumarole_colocation::rules::burst::{BURST_TIME_ANNOTATION, BurstRequest, ENABLE_ANNOTATION};
+use fumarole_colocation::rules::kernel::{Kernel, Version};
+use fumarole_colocation::rules::level::{self, PodResources, QOS_LEVEL_ANNOTATION, QosLevel};
+use fumarole_colocation::rules::pod::QosClass;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
@@ -203,9 +207,9 @@ const PHASED_LOAD: &str =
 /// (50 ms per 100 ms period).
 fn pod_with_quota(tree: &mut Tree) -> (CgroupPath, CgroupPath) {
     let layout = tree.cgroups.layout().clone();
-    let pod = layout.pod(PodQos::Burstable, UID).unwrap();
+    let pod = layout.pod(QosClass::Burstable, UID).unwrap();
     let container = layout
-        .container(PodQos::Burstable, UID, &CONTAINER.parse().unwrap())
+        .container(QosClass::Burstable, UID, &CONTAINER.parse().unwrap())
         .unwrap();
     for path in [&pod, &container] {
         let dir = tree.mkdir(path);
@@ -229,7 +233,7 @@ fn burst_enabled_through_annotations_shows_in_cpu_stat() {
     ]))
     .unwrap();
 
-    let applied = burst::sync(
+    let applied = burst_files::sync(
         &tree.cgroups,
         &pod,
         std::slice::from_ref(&container),
@@ -246,7 +250,7 @@ fn burst_enabled_through_annotations_shows_in_cpu_stat() {
         tree.cgroups.read(&pod, "cpu.cfs_burst_us").unwrap(),
         "50000"
     );
-    let again = burst::sync(
+    let again = burst_files::sync(
         &tree.cgroups,
         &pod,
         std::slice::from_ref(&container),
@@ -291,9 +295,9 @@ fn burst_removed_from_annotations_means_no_bursts() {
     let mut tree = Tree::new();
     let (pod, container) = pod_with_quota(&mut tree);
     let containers = std::slice::from_ref(&container);
-    let on = BurstRequest::of_pod("ns/p", &annotations(&[(ENABLE_ANNOTATION, "true")]));
+    let on = BurstRequest::from_annotations(&annotations(&[(ENABLE_ANNOTATION, "true")])).unwrap();
     assert_eq!(
-        burst::sync(&tree.cgroups, &pod, containers, on)
+        burst_files::sync(&tree.cgroups, &pod, containers, on)
             .unwrap()
             .changed
             .len(),
@@ -305,17 +309,17 @@ fn burst_removed_from_annotations_means_no_bursts() {
     );
 
     // The annotation goes away: burst 0 everywhere, once.
-    let off = BurstRequest::of_pod("ns/p", &BTreeMap::new());
+    let off = BurstRequest::from_annotations(&BTreeMap::new()).unwrap();
     assert_eq!(off, BurstRequest::Disabled);
     assert_eq!(
-        burst::sync(&tree.cgroups, &pod, containers, off)
+        burst_files::sync(&tree.cgroups, &pod, containers, off)
             .unwrap()
             .changed
             .len(),
         2
     );
     assert!(
-        burst::sync(&tree.cgroups, &pod, containers, off)
+        burst_files::sync(&tree.cgroups, &pod, containers, off)
             .unwrap()
             .is_noop()
     );
@@ -346,7 +350,7 @@ fn be_pod_becomes_idle_and_gets_kubelet_shares_back() {
         return;
     }
     let mut tree = Tree::new();
-    let pod = tree.cgroups.layout().pod(PodQos::Burstable, UID).unwrap();
+    let pod = tree.cgroups.layout().pod(QosClass::Burstable, UID).unwrap();
     tree.mkdir(&pod);
     // What the kubelet writes for a pod requesting 500m.
     std::fs::write(tree.cgroups.dir("cpu", &pod).join("cpu.shares"), "512").unwrap();
@@ -358,7 +362,7 @@ fn be_pod_becomes_idle_and_gets_kubelet_shares_back() {
     assert!(kernel.cpu_idle && !kernel.cpu_qos_level, "{kernel:?}");
 
     let be = QosLevel::from_annotations(&annotations(&[(QOS_LEVEL_ANNOTATION, "BE")])).unwrap();
-    let applied = level::apply(
+    let applied = level_files::apply(
         &tree.cgroups,
         &pod,
         &level::desired(be, &resources, &kernel),
@@ -379,7 +383,7 @@ fn be_pod_becomes_idle_and_gets_kubelet_shares_back() {
     // The kernel gives an idle group its minimal weight (WEIGHT_IDLEPRIO, 3).
     assert!(shares <= 3, "cpu.shares {shares}");
     assert!(
-        level::apply(
+        level_files::apply(
             &tree.cgroups,
             &pod,
             &level::desired(be, &resources, &kernel)
@@ -390,7 +394,7 @@ fn be_pod_becomes_idle_and_gets_kubelet_shares_back() {
 
     // The annotation goes away: not idle, and the kubelet's shares again.
     let unset = QosLevel::from_annotations(&BTreeMap::new()).unwrap();
-    let applied = level::apply(
+    let applied = level_files::apply(
         &tree.cgroups,
         &pod,
         &level::desired(unset, &resources, &kernel),
@@ -400,7 +404,7 @@ fn be_pod_becomes_idle_and_gets_kubelet_shares_back() {
     assert_eq!(tree.cgroups.read(&pod, "cpu.idle").unwrap(), "0");
     assert_eq!(tree.cgroups.read(&pod, "cpu.shares").unwrap(), "512");
     assert!(
-        level::apply(
+        level_files::apply(
             &tree.cgroups,
             &pod,
             &level::desired(unset, &resources, &kernel)
@@ -414,7 +418,7 @@ fn be_pod_becomes_idle_and_gets_kubelet_shares_back() {
         cpu_idle: false,
         ..kernel
     };
-    level::apply(
+    level_files::apply(
         &tree.cgroups,
         &pod,
         &level::desired(be, &resources, &old_kernel),
@@ -422,7 +426,7 @@ fn be_pod_becomes_idle_and_gets_kubelet_shares_back() {
     .unwrap();
     assert_eq!(tree.cgroups.read(&pod, "cpu.shares").unwrap(), "2");
     assert_eq!(tree.cgroups.read(&pod, "cpu.idle").unwrap(), "0");
-    level::apply(
+    level_files::apply(
         &tree.cgroups,
         &pod,
         &level::desired(unset, &resources, &kernel),
