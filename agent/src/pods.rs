@@ -16,7 +16,7 @@ use fumarole_device_plugin::admission::{BoundPod, Outcome, PodSource};
 use fumarole_device_plugin::annotation::DEVICES_ANNOTATION;
 use fumarole_exporter::publish::LatestAllocations;
 use fumarole_topology::{pod, quantity};
-use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::watcher;
 use kube::{Api, Client};
@@ -200,14 +200,7 @@ impl PodSource for NodePods {
             action: "AllocateDevices".into(),
             secondary: None,
         };
-        let object = ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Pod".into()),
-            namespace: Some(pod.namespace.clone()),
-            name: Some(pod.name.clone()),
-            uid: Some(pod.uid.clone()),
-            ..Default::default()
-        };
+        let object = pod::reference(&pod.namespace, &pod.name, &pod.uid);
         let recorder = self.recorder.clone();
         let who = pod.to_string();
         tokio::spawn(async move {

@@ -1,5 +1,6 @@
 //! Facts about a Kubernetes pod that more than one component needs, written once: its
-//! `namespace/name` key and its effective request of a resource, as Kubernetes computes it.
+//! `namespace/name` key, a reference to it for Events, and its effective request of a
+//! resource, as Kubernetes computes it.
 //!
 //! Effective request (the rule of `k8s.io/component-helpers/resource`, which both the scheduler
 //! and the kubelet use): pod-level `spec.resources.requests` when set; else the larger of
@@ -9,7 +10,7 @@
 //! request to the limit, so objects built without that defaulting (snapshots, tests) count the
 //! same.
 
-use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
+use k8s_openapi::api::core::v1::{Container, ObjectReference, Pod, PodSpec};
 
 use crate::quantity::QuantityError;
 
@@ -25,6 +26,18 @@ pub fn key(pod: &Pod) -> String {
             .or(pod.metadata.generate_name.as_deref())
             .unwrap_or("<unnamed>")
     )
+}
+
+/// A reference to a pod, as Events about it name it.
+pub fn reference(namespace: &str, name: &str, uid: &str) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Pod".into()),
+        namespace: Some(namespace.to_string()),
+        name: Some(name.to_string()),
+        uid: Some(uid.to_string()),
+        ..ObjectReference::default()
+    }
 }
 
 /// A quantity in a pod spec that could not be read.

@@ -26,7 +26,7 @@ use std::time::Instant;
 
 use fumarole_topology::crd::{BatchResourcesStatus, EvictionRecord};
 use fumarole_topology::quantity;
-use k8s_openapi::api::core::v1::{Node, ObjectReference, Pod, Taint};
+use k8s_openapi::api::core::v1::{Node, Pod, Taint};
 use kube::api::{DeleteParams, EvictParams, Patch, PatchParams, Preconditions};
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Api, Client};
@@ -456,14 +456,7 @@ impl NodeLoop {
                     action: "Evict".into(),
                     secondary: None,
                 };
-                let object = ObjectReference {
-                    api_version: Some("v1".into()),
-                    kind: Some("Pod".into()),
-                    namespace: Some(pod.namespace.clone()),
-                    name: Some(pod.name.clone()),
-                    uid: Some(pod.uid.clone()),
-                    ..ObjectReference::default()
-                };
+                let object = fumarole_topology::pod::reference(&pod.namespace, &pod.name, &pod.uid);
                 if let Err(e) = self.recorder.publish(&event, &object).await {
                     tracing::warn!(pod = %pod, error = %e, "could not record the eviction Event");
                 }
