@@ -12,7 +12,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use fumarole_e2e::cluster::eventually;
+use fumarole_e2e::cluster::{eventually, free_port};
 use fumarole_e2e::fumarole::agent_bin;
 use fumarole_e2e::harness_node::PodRecord;
 use fumarole_e2e::{HarnessNode, HarnessOptions, NodeSpec, TestCluster};
@@ -444,4 +444,79 @@ async fn the_checkpoint_carries_allocations_over_a_kubelet_restart() {
     let third = node.wait_decided(&created, T).await.unwrap();
     assert_eq!(third.state, "rejected");
     assert_eq!(third.reason, "UnexpectedAdmissionError");
+}
+
+/// The agent in cluster mode on a harness node that admits pods 3 s after they appear (a busy
+/// kubelet's latency, so the agent's pod watch has seen them): the scheduler's
+/// `fumarole.dev/devices` choice goes through the kubelet's `GetPreferredAllocation` call and
+/// is what the container gets; a choice of devices already taken falls back to `select`, with
+/// the reason logged.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_schedulers_device_choice_is_what_the_kubelet_allocates() {
+    let cluster = TestCluster::start().await.unwrap();
+    cluster.install_fumarole_crds().await.unwrap();
+    cluster
+        .create_node(&NodeSpec::new("dgx-1").capacity("cpu", "224"))
+        .await
+        .unwrap();
+    let options = HarnessOptions {
+        extra_args: vec!["--admit-delay=3s".into()],
+        ..Default::default()
+    };
+    let node = cluster
+        .start_harness_node_with("dgx-1", &options)
+        .await
+        .unwrap();
+    let absent = |f: &str| cluster.root().join(f).to_str().unwrap().to_string();
+    let args = vec![
+        "run".to_string(),
+        "--fixture=dgx-h100".into(),
+        "--node-name=dgx-1".into(),
+        format!("--device-plugin-dir={}", node.plugin_dir().display()),
+        format!("--kubelet-config={}", absent("absent.yaml")),
+        format!("--cpu-manager-state={}", absent("absent_state")),
+        format!("--pod-resources-socket={}", absent("absent.sock")),
+        format!("--metrics-addr=127.0.0.1:{}", free_port().unwrap()),
+    ];
+    cluster
+        .start_program("fumarole-agent", &agent_bin().unwrap(), &args, &[])
+        .unwrap();
+    node.wait_allocatable(GPU, 8, T).await.unwrap();
+    let mut healthy: Vec<String> = node.devices().await.unwrap()["healthy"][GPU]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["ID"].as_str().unwrap().to_string())
+        .collect();
+    healthy.sort();
+
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let pp = PostParams::default();
+    let chosen = vec![healthy[5].clone(), healthy[6].clone()];
+    let annotated = |name: &str| {
+        let mut p = pod(name, "dgx-1", GPU, 2);
+        p.metadata.annotations = Some(
+            [(
+                "fumarole.dev/devices".to_string(),
+                json!({GPU: chosen}).to_string(),
+            )]
+            .into(),
+        );
+        p
+    };
+    let created = pods.create(&pp, &annotated("chosen")).await.unwrap();
+    let rec = node.wait_decided(&created, T).await.unwrap();
+    assert_eq!(checked_gpus(&rec), chosen);
+    let log = cluster.log_tail("fumarole-agent", 300).unwrap();
+    assert!(log.contains("using the scheduler's devices"), "{log}");
+
+    // The same choice again: those two are taken, so select decides and says why.
+    let created = pods.create(&pp, &annotated("late")).await.unwrap();
+    let late = checked_gpus(&node.wait_decided(&created, T).await.unwrap());
+    assert!(disjoint(&late, &chosen), "{late:?}");
+    let log = cluster.log_tail("fumarole-agent", 300).unwrap();
+    assert!(
+        log.contains("not enough of the scheduler's devices are available"),
+        "{log}"
+    );
 }

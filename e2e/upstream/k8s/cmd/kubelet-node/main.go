@@ -72,6 +72,7 @@ func main() {
 	predicates := flag.Bool("predicates", true, "also run the kubelet's predicate admit handler (resources, node affinity, taints, ports) after the topology manager")
 	statusInterval := flag.Duration("status-interval", time.Second, "how often the device capacity is written to the Node")
 	hostIP := flag.String("host-ip", "127.0.0.1", "status.hostIP of admitted pods")
+	admitDelay := flag.Duration("admit-delay", 0, "admit a new pod no sooner than this after it appeared (the kubelet's sync latency)")
 	klog.InitFlags(flag.CommandLine)
 	flag.Parse()
 	if *nodeName == "" || *pluginDir == "" {
@@ -125,6 +126,7 @@ func main() {
 		scope:      *scope,
 		options:    opts,
 		predicates: *predicates,
+		admitDelay: *admitDelay,
 		events:     newEventLog(),
 		pods:       map[types.UID]*podRecord{},
 		capacity:   map[string]capacityPair{},
@@ -138,14 +140,14 @@ func main() {
 	}))
 	podInformer := factory.Core().V1().Pods().Informer()
 	_, err = podInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { queue <- podEvent{pod: obj.(*v1.Pod)} },
-		UpdateFunc: func(_, obj any) { queue <- podEvent{pod: obj.(*v1.Pod)} },
+		AddFunc:    func(obj any) { queue <- podEvent{pod: obj.(*v1.Pod), at: time.Now()} },
+		UpdateFunc: func(_, obj any) { queue <- podEvent{pod: obj.(*v1.Pod), at: time.Now()} },
 		DeleteFunc: func(obj any) {
 			if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 				obj = t.Obj
 			}
 			if pod, ok := obj.(*v1.Pod); ok {
-				queue <- podEvent{pod: pod, deleted: true}
+				queue <- podEvent{pod: pod, deleted: true, at: time.Now()}
 			}
 		},
 	})

@@ -162,6 +162,7 @@ type node struct {
 	scope      string
 	options    map[string]string
 	predicates bool
+	admitDelay time.Duration
 	events     *eventLog
 	synced     atomic.Bool
 
@@ -314,6 +315,7 @@ func (n *node) getNode() (*v1.Node, error) {
 type podEvent struct {
 	pod     *v1.Pod
 	deleted bool
+	at      time.Time
 }
 
 // handle is the kubelet's pod sync for one notification, in informer order.
@@ -340,6 +342,11 @@ func (n *node) handle(ctx context.Context, ev podEvent) {
 	case podutil.IsPodPhaseTerminal(pod.Status.Phase):
 		// The kubelet does not admit pods that already ended.
 	default:
+		// The kubelet's sync latency, when asked for: watchers of the node's pods (the
+		// device plugins) see the pod before its admission.
+		if wait := time.Until(ev.at.Add(n.admitDelay)); wait > 0 {
+			time.Sleep(wait)
+		}
 		n.admit(ctx, pod)
 	}
 }
