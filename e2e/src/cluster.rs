@@ -1,5 +1,5 @@
 //! [`TestCluster`]: etcd + kube-apiserver on loopback, plus optional
-//! kube-scheduler, Volcano and `kubelet-dm`, all torn down on drop.
+//! kube-scheduler, Volcano, `kubelet-dm` and harness nodes, all torn down on drop.
 
 use std::collections::BTreeMap;
 use std::net::TcpListener;
@@ -17,6 +17,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tempfile::TempDir;
 
+use crate::harness_node::{HarnessNode, HarnessOptions};
 use crate::kubelet_dm::KubeletDm;
 use crate::pki::Pki;
 use crate::process::Proc;
@@ -724,6 +725,33 @@ impl TestCluster {
         KubeletDm::start_with_pod_resources(
             socket_dir,
             pod_resources_socket,
+            &self.root.join("logs"),
+        )
+        .await
+    }
+
+    /// Starts a harness node for Node `node` (create the Node object too): `kubelet-node`, the
+    /// kubelet's device manager and topology manager (policy `none`) admitting the pods bound
+    /// to `node`, serving `kubelet.sock` in `<root>/harness/<node>/device-plugins`
+    /// ([`HarnessNode::plugin_dir`]). The handle stops it when dropped.
+    pub async fn start_harness_node(&self, node: &str) -> Result<HarnessNode> {
+        self.start_harness_node_with(node, &HarnessOptions::default())
+            .await
+    }
+
+    /// [`TestCluster::start_harness_node`] with a topology-manager policy, scope and NUMA
+    /// node count.
+    pub async fn start_harness_node_with(
+        &self,
+        node: &str,
+        options: &HarnessOptions,
+    ) -> Result<HarnessNode> {
+        let dir = self.root.join("harness").join(node).join("device-plugins");
+        HarnessNode::start(
+            node,
+            &dir,
+            &self.admin_kubeconfig,
+            options,
             &self.root.join("logs"),
         )
         .await

@@ -13,8 +13,6 @@ use std::time::Duration;
 use anyhow::{Context, Result, anyhow, bail};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 
 use crate::process::Proc;
 use crate::upstream::Upstream;
@@ -147,35 +145,7 @@ impl KubeletDm {
         path: &str,
         body: Option<&Value>,
     ) -> Result<(u16, Value)> {
-        let body = body.map(|b| b.to_string()).unwrap_or_default();
-        let mut stream = TcpStream::connect(&self.addr)
-            .await
-            .with_context(|| format!("connecting to kubelet-dm at {}", self.addr))?;
-        let head = format!(
-            "{method} {path} HTTP/1.0\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-            self.addr,
-            body.len()
-        );
-        stream.write_all(head.as_bytes()).await?;
-        stream.write_all(body.as_bytes()).await?;
-        let mut buf = Vec::new();
-        stream.read_to_end(&mut buf).await?;
-        let text = String::from_utf8(buf)?;
-        let (head, body) = text
-            .split_once("\r\n\r\n")
-            .ok_or_else(|| anyhow!("malformed HTTP response from kubelet-dm: {text:?}"))?;
-        let status: u16 = head
-            .split_whitespace()
-            .nth(1)
-            .ok_or_else(|| anyhow!("no status in {head:?}"))?
-            .parse()?;
-        let value = if body.trim().is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_str(body)
-                .with_context(|| format!("kubelet-dm {path} returned {body:?}"))?
-        };
-        Ok((status, value))
+        crate::json_api::request("kubelet-dm", &self.addr, method, path, body).await
     }
 
     async fn ok(&self, method: &str, path: &str, body: Option<&Value>) -> Result<Value> {

@@ -5,7 +5,8 @@
 //! [`kube::Client`]. From there a test can install CRDs, create Node objects,
 //! act as any user or ServiceAccount, and start kube-scheduler, Volcano, and
 //! `kubelet-dm` (the kubelet's own device-plugin code, driven over HTTP; see
-//! [`KubeletDm`]). Everything stops and the temp dir goes away when the
+//! [`KubeletDm`]), and harness nodes: the kubelet's device manager and topology manager
+//! admitting the pods bound to a Node ([`HarnessNode`]). Everything stops and the temp dir goes away when the
 //! cluster is dropped, also when the test panics.
 //!
 //! The binaries come from `e2e/build-upstream.sh` (see [`upstream`]).
@@ -14,6 +15,8 @@ pub mod cluster;
 pub mod colocation;
 pub mod deploy;
 pub mod fumarole;
+pub mod harness_node;
+pub mod json_api;
 pub mod kubelet_dm;
 pub mod pki;
 pub mod process;
@@ -21,5 +24,6 @@ pub mod upstream;
 pub mod wait;
 
 pub use cluster::{NodeSpec, TestCluster};
+pub use harness_node::{HarnessNode, HarnessOptions};
 pub use kubelet_dm::KubeletDm;
 pub use upstream::Upstream;

@@ -20,6 +20,7 @@ pub const BINARIES: &[&str] = &[
     "kube-apiserver",
     "kube-scheduler",
     "kubelet-dm",
+    "kubelet-node",
     "vc-scheduler",
     "vc-controller-manager",
 ];

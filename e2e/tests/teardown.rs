@@ -39,6 +39,13 @@ async fn drop_stops_every_process_and_removes_the_temp_dir() {
         !dm_dir.join("kubelet.sock").exists(),
         "kubelet-dm left its socket"
     );
+    let hn = cluster.start_harness_node("n1").await.unwrap();
+    let (hn_pid, hn_socket) = (hn.pid(), hn.socket().to_path_buf());
+    assert!(alive(hn_pid), "kubelet-node is not running");
+    assert!(hn_socket.exists(), "{} missing", hn_socket.display());
+    drop(hn);
+    assert!(!alive(hn_pid), "kubelet-node (pid {hn_pid}) still running");
+    assert!(!hn_socket.exists(), "kubelet-node left its socket");
     drop(cluster);
     assert_gone(&pids, &root);
 }
