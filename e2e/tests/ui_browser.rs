@@ -30,6 +30,7 @@ async fn ui_in_headless_chromium() {
     let snapshot =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../scheduler-ext/tests/snapshots/ui-cluster");
     let port = free_port().unwrap();
+    let ui = free_port().unwrap();
     let _ext = Proc::spawn(
         "fumarole-scheduler-ext",
         &scheduler_ext_bin().unwrap(),
@@ -37,6 +38,7 @@ async fn ui_in_headless_chromium() {
             "serve".to_string(),
             format!("--cluster-snapshot={}", snapshot.display()),
             format!("--listen=127.0.0.1:{port}"),
+            format!("--ui-listen=127.0.0.1:{ui}"),
         ],
         logs.path(),
     )
@@ -56,7 +58,7 @@ async fn ui_in_headless_chromium() {
         .current_dir(&ui_dir)
         .args([
             "screenshot.mjs",
-            &format!("http://127.0.0.1:{port}/ui"),
+            &format!("http://127.0.0.1:{ui}/ui"),
             "h2.super-node",
             &shot.display().to_string(),
             r#"h3.decision[data-pod="ml/p4"]"#,

@@ -34,6 +34,19 @@ impl KubeOps {
         Api::namespaced(self.client.clone(), ns)
     }
 
+    /// True when the pod store holds `pod` (same namespace, name and uid): a pod the API
+    /// server knows, not one made up in a request body.
+    pub fn knows(&self, pod: &Pod) -> bool {
+        let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
+        let (Some(name), Some(uid)) = (pod.metadata.name.as_deref(), pod.metadata.uid.as_deref())
+        else {
+            return false;
+        };
+        self.pods
+            .get(&ObjectRef::new(name).within(ns))
+            .is_some_and(|p| p.metadata.uid.as_deref() == Some(uid))
+    }
+
     /// The pod, from the store or else the API server.
     pub async fn pod(&self, ns: &str, name: &str) -> Result<Pod, kube::Error> {
         if let Some(p) = self.pods.get(&ObjectRef::new(name).within(ns)) {

@@ -12,7 +12,8 @@
 //! `RwLock`, and a commit checks and takes devices under its write lock, so two pods never get
 //! one device.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{BTreeSet, HashSet, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -28,6 +29,27 @@ use crate::core::score::gpu_aware::GpuAware;
 use crate::core::verdict::{NodeVerdict, Unfit, best_first};
 use crate::core::view::ClusterView;
 use crate::kube_ops::KubeOps;
+
+/// Why a verb refuses the pod a request names.
+#[derive(Debug, thiserror::Error)]
+pub enum PodCheckError {
+    #[error("pod {pod} does not exist")]
+    Unknown { pod: String },
+    #[error("reading pod {pod}: {source}")]
+    Read {
+        pod: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("pod {pod} has uid {actual}, not {claimed} (deleted and created again?)")]
+    Uid {
+        pod: String,
+        actual: String,
+        claimed: String,
+    },
+    #[error("pod {pod} is scheduled by {scheduler:?}, which this service does not serve")]
+    NotOurs { pod: String, scheduler: String },
+}
 
 /// Why a pod cannot get devices on a node now ([`Service::commit`], [`Service::assign`]).
 #[derive(Debug, thiserror::Error)]
@@ -55,13 +77,15 @@ pub enum CommitError {
 }
 
 /// How the service decides, from flags.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Settings {
     pub scorer: GpuAware,
     /// How long a commit waits for the view to show its pod bound with its annotation.
     pub commit_ttl: Duration,
     /// How long a unit's plan waits for its next pod.
     pub reservation_ttl: Duration,
+    /// The schedulers (`spec.schedulerName`) whose pods the verbs accept.
+    pub scheduler_names: BTreeSet<String>,
 }
 
 impl Default for Settings {
@@ -70,6 +94,10 @@ impl Default for Settings {
             scorer: GpuAware::default(),
             commit_ttl: Duration::from_secs(120),
             reservation_ttl: Duration::from_secs(300),
+            scheduler_names: ["default-scheduler", "volcano"]
+                .into_iter()
+                .map(String::from)
+                .collect(),
         }
     }
 }
@@ -85,6 +113,8 @@ pub struct Service {
     /// The last [`DECISIONS_KEPT`] scorings (prioritize calls), oldest first, for `/ui`: kept
     /// as the verdicts the verb already had, turned into rows only when the page asks.
     decisions: Mutex<VecDeque<Recorded>>,
+    /// Counts view replacements and recorded scorings: what `/ui` shows changed when it moves.
+    generation: AtomicU64,
 }
 
 /// A scoring as the verb left it.
@@ -127,6 +157,7 @@ impl Service {
             settings,
             kube: OnceLock::new(),
             decisions: Mutex::new(VecDeque::new()),
+            generation: AtomicU64::new(0),
         }
     }
 
@@ -157,6 +188,7 @@ impl Service {
             kept.pop_front();
         }
         kept.push_back(recorded);
+        self.generation.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The recorded scorings, newest first, as `explain` rows (device ids from the current
@@ -179,6 +211,11 @@ impl Service {
                 }
             })
             .collect()
+    }
+
+    /// Moves whenever the view is replaced or a scoring is recorded.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Relaxed)
     }
 
     /// The API client, in live mode.
@@ -208,6 +245,7 @@ impl Service {
                 Err(poisoned) => poisoned.into_inner(),
             };
             *guard = Arc::clone(&view);
+            self.generation.fetch_add(1, Ordering::Relaxed);
         }
         self.ledger_mut()
             .prune(&view, Instant::now(), self.settings.commit_ttl)
@@ -245,24 +283,92 @@ impl Service {
     ) -> Result<Vec<NodeVerdict>, RequestError> {
         let view = self.view();
         let req = pod_request(pod, &view.resources(), view.jobs())?;
-        Ok(self.evaluate_request(&view, &req, nodes, plan_among_nodes))
+        let reserve = self.kube().is_none_or(|ops| ops.knows(pod));
+        Ok(self.evaluate_request(&view, &req, nodes, plan_among_nodes, reserve))
     }
 
+    /// The pod a request names, as the API server has it: a verb that writes acts on this, never
+    /// on the request body's copy. Refused when it does not exist, its uid is not the one
+    /// claimed (when one is), or its scheduler is not one this service serves. Without an API
+    /// server (a snapshot) the claimed pod is taken as it is.
+    pub async fn checked_pod(
+        &self,
+        namespace: &str,
+        name: &str,
+        claimed_uid: Option<&str>,
+    ) -> Result<Option<Pod>, PodCheckError> {
+        let Some(ops) = self.kube() else {
+            return Ok(None);
+        };
+        let key = format!("{namespace}/{name}");
+        let pod = match ops.pod(namespace, name).await {
+            Ok(p) => p,
+            Err(kube::Error::Api(s)) if s.code == 404 => {
+                return Err(PodCheckError::Unknown { pod: key });
+            }
+            Err(source) => return Err(PodCheckError::Read { pod: key, source }),
+        };
+        let actual = pod.metadata.uid.clone().unwrap_or_default();
+        if let Some(claimed) = claimed_uid.filter(|u| !u.is_empty())
+            && claimed != actual
+        {
+            return Err(PodCheckError::Uid {
+                pod: key,
+                actual,
+                claimed: claimed.to_string(),
+            });
+        }
+        if !self.serves(&pod) {
+            let scheduler = pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.scheduler_name.clone())
+                .unwrap_or_default();
+            return Err(PodCheckError::NotOurs {
+                pod: key,
+                scheduler,
+            });
+        }
+        Ok(Some(pod))
+    }
+
+    /// True when `pod` is scheduled by one of the schedulers this service serves.
+    pub fn serves(&self, pod: &Pod) -> bool {
+        let name = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.scheduler_name.as_deref())
+            .unwrap_or("default-scheduler");
+        self.settings.scheduler_names.contains(name)
+    }
+
+    /// The verdicts for `req` on `nodes`. With `reserve` false (a pod the API server does not
+    /// know: a forged or stale request) a unit's plan is made on a copy of the ledger, so it
+    /// reserves nothing.
     fn evaluate_request(
         &self,
         view: &ClusterView,
         req: &PodRequest,
         nodes: &[String],
         plan_among_nodes: bool,
+        reserve: bool,
     ) -> Vec<NodeVerdict> {
         let now = Instant::now();
         let planned = if req.group.is_some() {
             let candidates: Option<HashSet<&str>> =
                 plan_among_nodes.then(|| nodes.iter().map(String::as_str).collect());
-            let mut ledger = self.ledger_mut();
+            let mut shared = self.ledger_mut();
+            let mut scratch;
+            let ledger: &mut Ledger = if reserve {
+                &mut shared
+            } else {
+                scratch = shared.clone();
+                drop(shared);
+                &mut scratch
+            };
             match decide::plan(
                 view,
-                &mut ledger,
+                ledger,
                 req,
                 candidates.as_ref(),
                 now,
@@ -366,7 +472,7 @@ impl Service {
         let view = self.view();
         let names: Vec<String> = view.nodes().map(|n| n.name.clone()).collect();
         let req = pod_request(pod, &view.resources(), view.jobs())?;
-        let mut verdicts = self.evaluate_request(&view, &req, &names, false);
+        let mut verdicts = self.evaluate_request(&view, &req, &names, false, true);
         best_first(&mut verdicts);
         let g = self.scorer();
         Ok((

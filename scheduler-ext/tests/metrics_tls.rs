@@ -1,6 +1,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 //! The extender routes served for real (`server::serve` on a TCP port): request metrics at
-//! `/metrics`, and HTTPS with a self-signed certificate.
+//! `/metrics`; HTTPS with a self-signed certificate, reloaded when its files change; client
+//! certificates and tokens as the access rules require them; connection limits.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -10,7 +11,7 @@ use rustls::pki_types::{CertificateDer, ServerName};
 use scheduler_ext::core::score::gpu_aware::GpuAware;
 use scheduler_ext::http::metrics::{self, Metrics};
 use scheduler_ext::http::router::router;
-use scheduler_ext::http::tls::{TlsFiles, serve};
+use scheduler_ext::http::server::{Limits, Tls, TlsFiles, serve};
 use scheduler_ext::service::Service;
 use scheduler_ext::snapshot;
 use serde_json::json;
@@ -36,13 +37,17 @@ struct Running {
 
 impl Running {
     async fn start(app: axum::Router, tls: Option<TlsFiles>) -> Running {
+        Self::start_with(app, tls.map(|f| Tls::load(f).unwrap()), Limits::default()).await
+    }
+
+    async fn start_with(app: axum::Router, tls: Option<Arc<Tls>>, limits: Limits) -> Running {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
         let shutdown = async move {
             let _ = stopped.await;
         };
-        let task = tokio::spawn(serve(listener, app, tls, shutdown));
+        let task = tokio::spawn(serve(listener, app, tls, limits, shutdown));
         Running { addr, stop, task }
     }
 
@@ -178,6 +183,7 @@ fn self_signed(dir: &Path) -> (TlsFiles, CertificateDer<'static>) {
     let files = TlsFiles {
         cert: dir.join("cert.pem"),
         key: dir.join("key.pem"),
+        client_ca: None,
     };
     std::fs::write(&files.cert, ck.cert.pem()).unwrap();
     std::fs::write(&files.key, ck.signing_key.serialize_pem()).unwrap();
@@ -266,12 +272,7 @@ async fn serves_https_and_survives_bad_clients() {
 }
 
 async fn serve_error(tls: TlsFiles) -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let app = axum::Router::new();
-    let err = serve(listener, app, Some(tls), std::future::pending())
-        .await
-        .unwrap_err();
-    format!("{err:#}")
+    format!("{:#}", Tls::load(tls).unwrap_err())
 }
 
 #[tokio::test]
@@ -283,6 +284,7 @@ async fn unusable_cert_or_key_is_an_error_naming_the_file() {
     let err = serve_error(TlsFiles {
         cert: files.cert.clone(),
         key: missing.clone(),
+        client_ca: None,
     })
     .await;
     assert!(
@@ -294,6 +296,7 @@ async fn unusable_cert_or_key_is_an_error_naming_the_file() {
     let err = serve_error(TlsFiles {
         cert: files.cert.clone(),
         key: files.cert.clone(),
+        client_ca: None,
     })
     .await;
     assert_eq!(
@@ -305,10 +308,293 @@ async fn unusable_cert_or_key_is_an_error_naming_the_file() {
     let err = serve_error(TlsFiles {
         cert: files.key.clone(),
         key: files.key.clone(),
+        client_ca: None,
     })
     .await;
     assert_eq!(
         err,
         format!("{}: no certificate found", files.key.display())
     );
+}
+
+/// A test CA and certificates it signs (server for `localhost`, clients by common name).
+struct Ca {
+    issuer: rcgen::CertifiedIssuer<'static, rcgen::KeyPair>,
+}
+
+impl Ca {
+    fn new(name: &str) -> Ca {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, name);
+        let issuer =
+            rcgen::CertifiedIssuer::self_signed(params, rcgen::KeyPair::generate().unwrap())
+                .unwrap();
+        Ca { issuer }
+    }
+
+    /// A leaf certificate and key (PEM) for `names` (SANs) and common name `cn`.
+    fn leaf(&self, cn: &str, names: &[&str]) -> (String, String, CertificateDer<'static>) {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params =
+            rcgen::CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+                .unwrap();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, cn);
+        let cert = params.signed_by(&key, &self.issuer).unwrap();
+        (cert.pem(), key.serialize_pem(), cert.der().clone())
+    }
+
+    fn pem(&self) -> String {
+        self.issuer.pem()
+    }
+}
+
+/// A client that trusts `ca` and presents `identity` (certificate and key PEM) when given.
+fn client(ca: &Ca, identity: Option<(&str, &str)>) -> TlsConnector {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca.issuer.der().clone()).unwrap();
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots);
+    let config = match identity {
+        None => builder.with_no_client_auth(),
+        Some((cert, key)) => {
+            use rustls::pki_types::PrivateKeyDer;
+            use rustls::pki_types::pem::PemObject;
+            let certs: Vec<CertificateDer<'static>> =
+                CertificateDer::pem_slice_iter(cert.as_bytes())
+                    .collect::<Result<_, _>>()
+                    .unwrap();
+            let key = PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap();
+            builder.with_client_auth_cert(certs, key).unwrap()
+        }
+    };
+    TlsConnector::from(Arc::new(config))
+}
+
+/// `POST path` with `auth` as the Authorization header, over `tls`: the status, or `None`
+/// when the handshake fails.
+async fn call(tls: &TlsConnector, addr: SocketAddr, path: &str, auth: Option<&str>) -> Option<u16> {
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let mut stream = tls
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .ok()?;
+    let auth = auth.map_or_else(String::new, |a| format!("authorization: {a}\r\n"));
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: 2\r\n{auth}connection: close\r\n\r\n{{}}"
+    );
+    stream.write_all(head.as_bytes()).await.ok()?;
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).await.ok()?;
+    raw.split(' ').nth(1)?.parse().ok()
+}
+
+/// kube-scheduler's verbs need a client certificate from the configured CA; Volcano's accept
+/// one too, or the token as Bearer or as the Basic credentials Go's client sends for
+/// `https://fumarole:<token>@host`; a certificate from another CA fails the handshake.
+#[tokio::test]
+async fn verbs_need_a_client_certificate_or_the_token() {
+    use scheduler_ext::http::access::{Rule, Token};
+    use scheduler_ext::http::router::{Options, router_with};
+
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("test CA");
+    let (server_cert, server_key, _) = ca.leaf("fumarole-scheduler-ext", &["localhost"]);
+    let files = TlsFiles {
+        cert: dir.path().join("tls.crt"),
+        key: dir.path().join("tls.key"),
+        client_ca: Some(dir.path().join("ca.crt")),
+    };
+    std::fs::write(&files.cert, &server_cert).unwrap();
+    std::fs::write(&files.key, &server_key).unwrap();
+    std::fs::write(files.client_ca.as_ref().unwrap(), ca.pem()).unwrap();
+    let view =
+        snapshot::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/snapshots/two-dgx"))
+            .unwrap();
+    let svc = Arc::new(Service::new(view, GpuAware::default()));
+    let options = Options {
+        kube: Rule {
+            client_cert: true,
+            token: None,
+        },
+        volcano: Rule {
+            client_cert: true,
+            token: Some(Token::new("s3cret")),
+        },
+        ..Options::default()
+    };
+    let server = Running::start(router_with(svc, &options), Some(files)).await;
+
+    let (cert, key, _) = ca.leaf("kube-scheduler", &[]);
+    let scheduler = client(&ca, Some((&cert, &key)));
+    let anonymous = client(&ca, None);
+    let other_ca = Ca::new("someone else");
+    let (cert, key, _) = other_ca.leaf("kube-scheduler", &[]);
+    let impostor = client(&ca, Some((&cert, &key)));
+    let filter = "/kube-scheduler/filter";
+    let predicate = "/volcano/predicate";
+
+    // With the certificate the verb runs (400: `{}` is not ExtenderArgs); without it, 401.
+    assert_eq!(call(&scheduler, server.addr, filter, None).await, Some(400));
+    assert_eq!(call(&anonymous, server.addr, filter, None).await, Some(401));
+    assert_eq!(
+        call(&anonymous, server.addr, filter, Some("Bearer s3cret")).await,
+        Some(401),
+        "the Volcano token does not open kube-scheduler's verbs"
+    );
+    assert_eq!(call(&impostor, server.addr, filter, None).await, None);
+    // Volcano: the token either way, or the certificate.
+    let basic = format!(
+        "Basic {}",
+        base64::Engine::encode(
+            &base64::engine::general_purpose::STANDARD,
+            "fumarole:s3cret"
+        )
+    );
+    for auth in [Some("Bearer s3cret"), Some(basic.as_str())] {
+        assert_eq!(
+            call(&anonymous, server.addr, predicate, auth).await,
+            Some(200)
+        );
+    }
+    assert_eq!(
+        call(&scheduler, server.addr, predicate, None).await,
+        Some(200)
+    );
+    assert_eq!(
+        call(&anonymous, server.addr, predicate, None).await,
+        Some(401)
+    );
+    assert_eq!(
+        call(&anonymous, server.addr, predicate, Some("Bearer wrong")).await,
+        Some(401)
+    );
+    server.stop().await;
+}
+
+/// Certificate files replaced on disk are served from the next connection on, without a
+/// restart; files that cannot be used keep the previous certificate.
+#[tokio::test]
+async fn certificates_are_reloaded_when_their_files_change() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new("rotating CA");
+    let files = TlsFiles {
+        cert: dir.path().join("tls.crt"),
+        key: dir.path().join("tls.key"),
+        client_ca: None,
+    };
+    let (cert, key, first) = ca.leaf("first", &["localhost"]);
+    std::fs::write(&files.cert, &cert).unwrap();
+    std::fs::write(&files.key, &key).unwrap();
+    let tls = Tls::load(files.clone()).unwrap();
+    let expiry = tls.not_after().unwrap();
+    assert!(expiry > 1_700_000_000, "{expiry}");
+    let server = Running::start_with(
+        axum::Router::new().route("/healthz", axum::routing::get(|| async { "ok" })),
+        Some(Arc::clone(&tls)),
+        Limits::default(),
+    )
+    .await;
+    let served = |addr: SocketAddr| {
+        let ca = &ca;
+        async move {
+            let tcp = TcpStream::connect(addr).await.unwrap();
+            let stream = client(ca, None)
+                .connect(ServerName::try_from("localhost").unwrap(), tcp)
+                .await
+                .unwrap();
+            stream.get_ref().1.peer_certificates().unwrap()[0].clone()
+        }
+    };
+    assert_eq!(served(server.addr).await, first);
+    assert!(!tls.reload_if_changed().unwrap(), "nothing changed yet");
+
+    let (cert, key, second) = ca.leaf("second", &["localhost"]);
+    std::fs::write(&files.key, &key).unwrap();
+    std::fs::write(&files.cert, &cert).unwrap();
+    assert!(tls.reload_if_changed().unwrap());
+    assert_eq!(served(server.addr).await, second);
+
+    // A half-written certificate: the error names the file, the second one stays.
+    std::fs::write(&files.cert, "-----BEGIN CERTIFICATE-----\n").unwrap();
+    let err = tls.reload_if_changed().unwrap_err();
+    assert!(format!("{err:#}").contains("tls.crt"), "{err:#}");
+    assert_eq!(served(server.addr).await, second);
+    server.stop().await;
+}
+
+/// At most `max_connections` at once (the next is closed at once and served again when one
+/// goes); a client that never finishes its request head is disconnected.
+#[tokio::test]
+async fn connections_are_capped_and_slow_heads_cut_off() {
+    let limits = Limits {
+        max_connections: 2,
+        header_timeout: std::time::Duration::from_millis(300),
+        ..Limits::default()
+    };
+    let app = axum::Router::new().route("/healthz", axum::routing::get(|| async { "ok\n" }));
+    let server = Running::start_with(app, None, limits).await;
+    let slow_a = TcpStream::connect(server.addr).await.unwrap();
+    let slow_b = TcpStream::connect(server.addr).await.unwrap();
+    // Give the server time to accept both.
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let mut third = TcpStream::connect(server.addr).await.unwrap();
+    let mut buf = Vec::new();
+    let n = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        third.read_to_end(&mut buf),
+    )
+    .await
+    .expect("the third connection is closed at once");
+    assert!(
+        n.is_err() || buf.is_empty(),
+        "{:?}",
+        String::from_utf8_lossy(&buf)
+    );
+
+    // A partial head: the server gives up after the header timeout and frees the slot.
+    let mut partial = slow_a;
+    partial
+        .write_all(b"GET /healthz HTTP/1.1\r\n")
+        .await
+        .unwrap();
+    let mut rest = Vec::new();
+    let read = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        partial.read_to_end(&mut rest),
+    )
+    .await
+    .expect("a slow request head is cut off");
+    assert!(
+        read.is_err() || !rest.starts_with(b"HTTP/1.1 200"),
+        "{:?}",
+        String::from_utf8_lossy(&rest)
+    );
+    drop(partial);
+    drop(slow_b);
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let (code, body) = http(server.addr, "GET", "/healthz", "").await;
+    assert_eq!((code, body.trim()), (200, "ok"));
+    server.stop().await;
+}
+
+/// Every verb has a body limit sized to its requests: a `bind` body of 100 KiB is refused.
+#[tokio::test]
+async fn oversized_bodies_are_refused() {
+    let m = Arc::new(Metrics::new());
+    let server = Running::start(app(&m), None).await;
+    let big = format!("{{\"PodName\":\"{}\"}}", "x".repeat(100 << 10));
+    let (code, _) = http(server.addr, "POST", "/kube-scheduler/bind", &big).await;
+    assert_eq!(code, 413);
+    let (code, _) = http(server.addr, "GET", "/healthz", "").await;
+    assert_eq!(code, 200);
+    server.stop().await;
 }

@@ -42,9 +42,11 @@ fn http(port: u16, method: &str, path: &str, body: &str) -> std::io::Result<(Str
     ))
 }
 
-/// `serve --cluster-snapshot tests/snapshots/<snapshot>` on a free port, healthy.
-fn serve_snapshot(snapshot: &str) -> (Server, u16) {
+/// `serve --cluster-snapshot tests/snapshots/<snapshot>` on a free port, healthy; `/ui` on
+/// another free port.
+fn serve_snapshot(snapshot: &str) -> (Server, u16, u16) {
     let port = free_port();
+    let ui = free_port();
     let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("tests/snapshots")
         .join(snapshot);
@@ -55,6 +57,8 @@ fn serve_snapshot(snapshot: &str) -> (Server, u16) {
             .arg(&dir)
             .arg("--listen")
             .arg(format!("127.0.0.1:{port}"))
+            .arg("--ui-listen")
+            .arg(format!("127.0.0.1:{ui}"))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -68,12 +72,12 @@ fn serve_snapshot(snapshot: &str) -> (Server, u16) {
             other => panic!("server never became healthy: {other:?}"),
         }
     }
-    (server, port)
+    (server, port, ui)
 }
 
 #[test]
 fn serves_healthz_and_filter_from_a_snapshot() {
-    let (_server, port) = serve_snapshot("two-dgx");
+    let (_server, port, _ui) = serve_snapshot("two-dgx");
     let args = serde_json::json!({
         "Pod": {"metadata": {"name": "p"}, "spec": {"containers": [
             {"name": "c", "resources": {"limits": {"nvidia.com/gpu": "4"}}}]}},
@@ -100,9 +104,12 @@ fn serves_healthz_and_filter_from_a_snapshot() {
 
 #[test]
 fn ui_shows_super_nodes_devices_pending_pods_and_decisions() {
-    let (_server, port) = serve_snapshot("ui-cluster");
+    let (_server, port, ui) = serve_snapshot("ui-cluster");
+    // Never on the schedulers' port.
+    let (status, _) = http(port, "GET", "/ui", "").unwrap();
+    assert!(status.contains(" 404 "), "{status}");
     let page = |path: &str| {
-        let (status, body) = http(port, "GET", path, "").unwrap();
+        let (status, body) = http(ui, "GET", path, "").unwrap();
         assert!(status.contains(" 200 "), "{status}");
         body
     };
@@ -208,6 +215,29 @@ fn serve_flags_are_checked() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // A live service's verbs without credentials on an address other than loopback are
+    // refused (before the API server is even looked for)...
+    let out = Command::new(env!("CARGO_BIN_EXE_fumarole-scheduler-ext"))
+        .args(["serve", "--listen", "0.0.0.0:0"])
+        .env("KUBECONFIG", "/nonexistent/kubeconfig")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("kube-scheduler and Volcano verbs would be open to anyone"),
+        "{err}"
+    );
+    // ... and a client CA needs TLS to check certificates with.
+    let out = run(&[
+        "serve",
+        "--cluster-snapshot",
+        snapshot,
+        "--client-ca-file",
+        "/ca.pem",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--tls-cert-file"));
     // Bad durations are refused by clap.
     let out = run(&[
         "serve",

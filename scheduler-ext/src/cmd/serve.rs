@@ -1,17 +1,23 @@
 //! `fumarole-scheduler-ext serve`: the extender APIs over the live cluster (API server
 //! reflectors) or over a snapshot directory, until SIGINT / SIGTERM.
+//!
+//! Two listeners: `--listen` for the schedulers (their verbs, each protocol guarded by its
+//! access rule, `/healthz`, `/metrics`) and `--ui-listen` (localhost by default) for `/ui`.
+//! Verbs open to anyone are refused on any address but loopback unless
+//! `--allow-unauthenticated` says so.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use scheduler_ext::cli::ScoringArgs;
 use scheduler_ext::core::view::ClusterView;
+use scheduler_ext::http::access::{Rule, Token};
 use scheduler_ext::http::metrics::{self, Metrics};
-use scheduler_ext::http::router::router;
-use scheduler_ext::http::tls::{self, TlsFiles};
+use scheduler_ext::http::router::{self, Options};
+use scheduler_ext::http::server::{self, Limits, Tls, TlsFiles, TlsMetrics};
 use scheduler_ext::live::{self, LiveOptions};
 use scheduler_ext::service::{Service, Settings};
 use scheduler_ext::snapshot;
@@ -27,15 +33,47 @@ pub struct ServeArgs {
     /// Kubeconfig file for the API server (default: KUBECONFIG, ~/.kube/config, in-cluster).
     #[arg(long, conflicts_with = "cluster_snapshot")]
     kubeconfig: Option<PathBuf>,
-    /// Address to listen on.
+    /// Address the schedulers call.
     #[arg(long, default_value = "0.0.0.0:8888")]
     listen: SocketAddr,
-    /// PEM certificate (chain) for HTTPS; with --tls-key-file.
+    /// Address of `/ui` (a page for people, off the schedulers' port); `off` for none. A busy
+    /// address is logged and `/ui` is left out.
+    #[arg(long, default_value = "127.0.0.1:8890")]
+    ui_listen: String,
+    /// PEM certificate (chain) for HTTPS; with --tls-key-file. Reloaded when it changes.
     #[arg(long, requires = "tls_key_file")]
     tls_cert_file: Option<PathBuf>,
     /// PEM private key for HTTPS; with --tls-cert-file.
     #[arg(long, requires = "tls_cert_file")]
     tls_key_file: Option<PathBuf>,
+    /// CA bundle for client certificates (kube-scheduler's extender `tlsConfig.certFile`):
+    /// with it, kube-scheduler's verbs need a client certificate this CA signed. Needs TLS.
+    #[arg(long, requires = "tls_cert_file")]
+    client_ca_file: Option<PathBuf>,
+    /// File holding the token Volcano's verbs need (as `https://fumarole:<token>@host/volcano`
+    /// in `extender.urlPrefix`, or `Authorization: Bearer <token>`); a client certificate
+    /// signed by --client-ca-file is accepted too.
+    #[arg(long)]
+    volcano_token_file: Option<PathBuf>,
+    /// Serve verbs that need no credentials on an address other than loopback.
+    #[arg(long)]
+    allow_unauthenticated: bool,
+    /// How often the TLS files are checked for changes.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    tls_reload_interval: Duration,
+    /// Most connections open at once on each listener.
+    #[arg(long, default_value_t = 512)]
+    max_connections: usize,
+    /// Longest a request may take.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    request_timeout: Duration,
+    /// The schedulers (`spec.schedulerName`) whose pods the verbs accept; comma-separated.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "default-scheduler,volcano"
+    )]
+    scheduler_names: Vec<String>,
     /// How long devices committed to a pod are held until the pod shows up bound with them.
     #[arg(long, default_value = "2m", value_parser = humantime::parse_duration)]
     commit_ttl: Duration,
@@ -61,10 +99,32 @@ pub fn run(args: ServeArgs) -> Result<()> {
         scorer: args.scoring.gpu_aware()?,
         commit_ttl: args.commit_ttl,
         reservation_ttl: args.reservation_ttl,
+        scheduler_names: args
+            .scheduler_names
+            .iter()
+            .filter(|s| !s.is_empty())
+            .cloned()
+            .collect(),
     };
-    let tls = match (args.tls_cert_file, args.tls_key_file) {
-        (Some(cert), Some(key)) => Some(TlsFiles { cert, key }),
+    let tls = match (&args.tls_cert_file, &args.tls_key_file) {
+        (Some(cert), Some(key)) => Some(Tls::load(TlsFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+            client_ca: args.client_ca_file.clone(),
+        })?),
         _ => None,
+    };
+    let options = access_options(&args)?;
+    let ui_listen: Option<SocketAddr> = match args.ui_listen.as_str() {
+        "" | "off" => None,
+        a => Some(
+            a.parse()
+                .with_context(|| format!("--ui-listen {a:?} is not an address or off"))?,
+        ),
+    };
+    let limits = Limits {
+        max_connections: args.max_connections,
+        ..Limits::default()
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -100,10 +160,84 @@ pub fn run(args: ServeArgs) -> Result<()> {
         let listener = tokio::net::TcpListener::bind(args.listen)
             .await
             .with_context(|| format!("listening on {}", args.listen))?;
-        tracing::info!(address = %listener.local_addr()?, https = tls.is_some(), "serving");
-        let app = metrics::instrument(router(svc), Arc::new(Metrics::new()));
-        tls::serve(listener, app, tls, shutdown_signal()).await
+        let mut metrics = Metrics::new();
+        if let Some(tls) = &tls {
+            let m = TlsMetrics::register(metrics.registry_mut());
+            tokio::spawn(Arc::clone(tls).watch(args.tls_reload_interval, m));
+        }
+        if let Some(addr) = ui_listen {
+            start_ui(addr, Arc::clone(&svc), limits).await;
+        }
+        tracing::info!(address = %listener.local_addr()?, https = tls.is_some(),
+            kube_scheduler_open = options.kube.is_open(), volcano_open = options.volcano.is_open(), "serving");
+        let app = metrics::instrument(router::router_with(svc, &options), Arc::new(metrics));
+        server::serve(listener, app, tls, limits, shutdown_signal()).await
     })
+}
+
+/// Who may call the verbs, from the flags; refuses open verbs on a non-loopback address of a
+/// live service unless `--allow-unauthenticated`.
+fn access_options(args: &ServeArgs) -> Result<Options> {
+    let token = match &args.volcano_token_file {
+        Some(path) => {
+            let secret = std::fs::read_to_string(path)
+                .with_context(|| format!("reading --volcano-token-file {}", path.display()))?;
+            if secret.trim().is_empty() {
+                bail!("--volcano-token-file {} is empty", path.display());
+            }
+            Some(Token::new(&secret))
+        }
+        None => None,
+    };
+    let client_cert = args.client_ca_file.is_some();
+    let options = Options {
+        kube: Rule {
+            client_cert,
+            token: None,
+        },
+        volcano: Rule { client_cert, token },
+        request_timeout: args.request_timeout,
+    };
+    let open: Vec<&str> = [
+        ("kube-scheduler", options.kube.is_open()),
+        ("Volcano", options.volcano.is_open()),
+    ]
+    .into_iter()
+    .filter_map(|(name, open)| open.then_some(name))
+    .collect();
+    // A snapshot is read only: its verbs write nothing (bind and allocateFunc need the API
+    // server), so only a live service must not serve open verbs beyond loopback.
+    let live = args.cluster_snapshot.is_none();
+    if !open.is_empty() {
+        if live && !args.listen.ip().is_loopback() && !args.allow_unauthenticated {
+            bail!(
+                "the {} verbs would be open to anyone who reaches {}: give --client-ca-file (kube-scheduler) and --volcano-token-file (Volcano), or --allow-unauthenticated",
+                open.join(" and "),
+                args.listen
+            );
+        }
+        tracing::warn!(verbs = ?open, "these verbs need no credentials");
+    }
+    Ok(options)
+}
+
+/// Serves `/ui` on `addr` in the background; an address that cannot be bound is logged and
+/// `/ui` left out (it is not what the schedulers need).
+async fn start_ui(addr: SocketAddr, svc: Arc<Service>, limits: Limits) {
+    match tokio::net::TcpListener::bind(addr).await {
+        Ok(listener) => {
+            tracing::info!(%addr, "serving /ui");
+            let app = router::ui_router(svc);
+            tokio::spawn(async move {
+                if let Err(e) =
+                    server::serve(listener, app, None, limits, std::future::pending()).await
+                {
+                    tracing::warn!(error = %format!("{e:#}"), "/ui stopped");
+                }
+            });
+        }
+        Err(e) => tracing::warn!(%addr, error = %e, "cannot serve /ui there; going on without it"),
+    }
 }
 
 /// Resolves on SIGINT or SIGTERM (what the kubelet sends on pod deletion).

@@ -54,7 +54,7 @@ pub struct Plan {
 }
 
 /// Commits and plans.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Ledger {
     /// `namespace/name` -> commit.
     commits: HashMap<String, Commit>,

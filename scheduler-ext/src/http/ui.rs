@@ -6,14 +6,20 @@
 //!   largest job that still gets ideal interconnect there ([`largest_ideal_block`]: the most
 //!   devices a node can still give with `q = 1`, the same quality as on an empty node);
 //! - the pods waiting for an accelerator, with why (the scheduler's last verdict for the pod
-//!   when there is one, else the verdicts of a fresh evaluation; gpu-group-size pods are not
-//!   evaluated here, since planning their unit would reserve a super-node);
+//!   when there is one, else the verdicts of a fresh evaluation, for at most
+//!   [`EVALUATED_MAX`] pods; gpu-group-size pods are not evaluated here, since planning their
+//!   unit would reserve a super-node);
 //! - the last scorings the schedulers asked for, per node, the same rows as `explain`.
+//!
+//! The page is rendered again only when the service's state moved (a new view, a new scoring)
+//! or [`RENDER_EVERY`] passed, whatever the rate of GETs: a burst of page loads costs one
+//! evaluation. It is served on its own listener
+//! ([`crate::http::router::ui_router`]), never on the schedulers' port.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, Instant, SystemTime};
 
 use axum::extract::State;
 use axum::response::Html;
@@ -28,9 +34,41 @@ use crate::service::{Decision, Service};
 
 pub const REFRESH_SECONDS: u32 = 10;
 
-/// GET `/ui`.
-pub async fn page(State(svc): State<Arc<Service>>) -> Html<String> {
-    Html(render(&svc, SystemTime::now()))
+/// Longest a rendered page is served again before it is rendered anew.
+pub const RENDER_EVERY: Duration = Duration::from_secs(5);
+
+/// Most pending pods evaluated afresh per render (the others show their last scoring only).
+pub const EVALUATED_MAX: usize = 50;
+
+/// The service and the last rendered page (when, at which service generation).
+pub struct Page {
+    svc: Arc<Service>,
+    last: tokio::sync::Mutex<Option<(Instant, u64, Arc<str>)>>,
+}
+
+impl Page {
+    pub fn new(svc: Arc<Service>) -> Arc<Self> {
+        Arc::new(Page {
+            svc,
+            last: tokio::sync::Mutex::new(None),
+        })
+    }
+}
+
+/// GET `/ui`: the last rendered page while the service's state has not moved and it is
+/// younger than [`RENDER_EVERY`]; else a new one.
+pub async fn page(State(page): State<Arc<Page>>) -> Html<String> {
+    let mut last = page.last.lock().await;
+    let generation = page.svc.generation();
+    if let Some((at, seen, html)) = last.as_ref()
+        && *seen == generation
+        && at.elapsed() < RENDER_EVERY
+    {
+        return Html(html.to_string());
+    }
+    let html: Arc<str> = render(&page.svc, SystemTime::now()).into();
+    *last = Some((Instant::now(), generation, Arc::clone(&html)));
+    Html(html.to_string())
 }
 
 /// Device states of one node, by device index.
@@ -210,13 +248,14 @@ pub fn render(svc: &Service, now: SystemTime) -> String {
         o.push_str(
             "<table id=\"pending\"><tr><th>pod</th><th>asks for</th><th>why it waits</th></tr>",
         );
+        let mut evaluated = 0;
         for pod in view.pending() {
             let key = pod_key(pod);
             let asks = request::device_request(pod, &offered).map_or_else(
                 |e| e.to_string(),
                 |r| format!("{} × {}", r.count, r.resource),
             );
-            let why = waiting_reason(svc, pod, &key, &decisions);
+            let why = waiting_reason(svc, pod, &key, &decisions, &mut evaluated);
             let _ = write!(
                 o,
                 "<tr class=\"pending\" data-pod=\"{}\"><td>{}</td><td>{}</td><td>{}</td></tr>",
@@ -274,6 +313,7 @@ fn waiting_reason(
     pod: &k8s_openapi::api::core::v1::Pod,
     key: &str,
     decisions: &[Decision],
+    evaluated: &mut usize,
 ) -> String {
     let rows: Vec<Row> = match decisions.iter().find(|d| d.pod == key) {
         Some(d) => d.rows.clone(),
@@ -284,6 +324,12 @@ fn waiting_reason(
             if svc.view().is_empty() {
                 return "no nodes".into();
             }
+            if *evaluated >= EVALUATED_MAX {
+                return format!(
+                    "no scoring asked for yet (more than {EVALUATED_MAX} pods wait; not evaluated here)"
+                );
+            }
+            *evaluated += 1;
             match svc.explain(pod) {
                 Ok((_, rows)) => rows,
                 Err(e) => return e.to_string(),

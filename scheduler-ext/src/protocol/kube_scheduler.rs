@@ -7,17 +7,20 @@
 //! score 0; nodes that cannot hold the pod, and nodes the view does not know, are returned in
 //! `FailedNodes` with the reason. A body that is not valid `ExtenderArgs` gets 400 and a message.
 //!
-//! `bind` gives the pod its devices on the node ([`Service::assign`]: chosen under the ledger's
-//! lock and written on the pod as `fumarole.dev/devices`), then creates the pod's `Binding`;
-//! when either write fails the devices are released and kube-scheduler gets the error (and
-//! retries the pod).
+//! `bind` re-reads the pod from the API server and refuses it unless it is scheduled by a
+//! scheduler this service serves, not bound yet, of the uid kube-scheduler named, and asking
+//! for an accelerator; then it gives the pod its devices on the node ([`Service::assign`]:
+//! judged and chosen under the ledger's lock, so a node that does not pass the filter is
+//! refused, and written on the pod as `fumarole.dev/devices`), then creates the pod's
+//! `Binding`; when either write fails the devices are released and kube-scheduler gets the
+//! error (and retries the pod).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::response::Response;
 use axum::routing::post;
 use k8s_openapi::api::core::v1::Pod;
@@ -25,7 +28,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::core::request::RequestError;
 use crate::protocol::{bad_request, json_response};
-use crate::service::{CommitError, Service};
+use crate::service::{CommitError, PodCheckError, Service};
 
 /// Route prefix of the kube-scheduler extender verbs (`urlPrefix` in the scheduler config is
 /// `http://HOST:PORT/kube-scheduler`).
@@ -114,18 +117,14 @@ pub enum BindError {
     Incomplete,
     #[error("bind needs the API server; this service was started on a cluster snapshot")]
     NoApiServer,
-    #[error("reading pod {pod}: {source}")]
-    ReadPod {
-        pod: String,
-        #[source]
-        source: kube::Error,
-    },
-    #[error("pod {pod} has uid {actual}, not {asked} (deleted and created again?)")]
-    WrongUid {
-        pod: String,
-        actual: String,
-        asked: String,
-    },
+    #[error(transparent)]
+    Pod(#[from] PodCheckError),
+    #[error("pod {pod} is already bound to {node}")]
+    AlreadyBound { pod: String, node: String },
+    #[error(
+        "pod {pod} requests no accelerator: this extender binds only accelerator pods (set managedResources in the extender configuration)"
+    )]
+    NoAccelerator { pod: String },
     #[error(transparent)]
     Commit(#[from] CommitError),
     #[error("binding pod {pod} to {node}: {source}")]
@@ -221,22 +220,21 @@ pub async fn bind(svc: &Service, args: &ExtenderBindingArgs) -> Result<(), BindE
     };
     let key = format!("{ns}/{name}");
     let ops = svc.kube().ok_or(BindError::NoApiServer)?;
-    let pod: Pod = ops
-        .pod(ns, name)
-        .await
-        .map_err(|source| BindError::ReadPod {
-            pod: key.clone(),
-            source,
-        })?;
-    let uid = pod.metadata.uid.as_deref().unwrap_or_default();
-    if !args.pod_uid.is_empty() && uid != args.pod_uid {
-        return Err(BindError::WrongUid {
+    // Act on the pod as the API server has it, never on what the request says.
+    let pod: Pod = svc
+        .checked_pod(ns, name, Some(&args.pod_uid))
+        .await?
+        .ok_or(BindError::NoApiServer)?;
+    if let Some(bound) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) {
+        return Err(BindError::AlreadyBound {
             pod: key,
-            actual: uid.to_string(),
-            asked: args.pod_uid.clone(),
+            node: bound,
         });
     }
-    svc.assign(&pod, node).await?;
+    if svc.assign(&pod, node).await?.is_none() {
+        return Err(BindError::NoAccelerator { pod: key });
+    }
+    let uid = pod.metadata.uid.as_deref().unwrap_or_default();
     if let Err(source) = ops.bind(ns, name, uid, node).await {
         svc.release(&key);
         return Err(BindError::Binding {
@@ -309,13 +307,25 @@ async fn bind_handler(State(svc): State<Arc<Service>>, body: Bytes) -> Response 
     json_response(&ExtenderBindingResult { error })
 }
 
-/// The routes of this protocol, under [`KUBE_PREFIX`].
+/// Largest `filter` / `prioritize` body: a whole `NodeList` of thousands of nodes when
+/// `nodeCacheCapable` is false (about 10 KiB a node; `NodeNames` alone are far smaller).
+pub const ARGS_LIMIT: usize = 64 << 20;
+/// Largest `bind` body: four names.
+pub const BIND_LIMIT: usize = 64 << 10;
+
+/// The routes of this protocol, under [`KUBE_PREFIX`], each with its body limit.
 pub fn routes() -> Router<Arc<Service>> {
     Router::new()
-        .route(&format!("{KUBE_PREFIX}/filter"), post(filter_handler))
+        .route(
+            &format!("{KUBE_PREFIX}/filter"),
+            post(filter_handler).layer(DefaultBodyLimit::max(ARGS_LIMIT)),
+        )
         .route(
             &format!("{KUBE_PREFIX}/prioritize"),
-            post(prioritize_handler),
+            post(prioritize_handler).layer(DefaultBodyLimit::max(ARGS_LIMIT)),
         )
-        .route(&format!("{KUBE_PREFIX}/bind"), post(bind_handler))
+        .route(
+            &format!("{KUBE_PREFIX}/bind"),
+            post(bind_handler).layer(DefaultBodyLimit::max(BIND_LIMIT)),
+        )
 }

@@ -1,8 +1,10 @@
-//! The schedulers' wire protocols, one module each: [`kube_scheduler`] (the extender API) and
-//! [`volcano`] (Volcano's `extender` plugin). Each holds its wire types, its verbs as
-//! functions over [`crate::service::Service`], and the HTTP routes that parse a body, call a
-//! verb and answer; [`crate::http::router`] mounts them side by side.
+//! The wire protocols, one module each: [`kube_scheduler`] (the extender API), [`volcano`]
+//! (Volcano's `extender` plugin) and [`admission`] (the API server's webhook that keeps
+//! agents to their own node). Each holds its wire types, its verbs as functions over
+//! [`crate::service::Service`], and the HTTP routes that parse a body, call a verb and
+//! answer; [`crate::http::router`] mounts them side by side.
 
+pub mod admission;
 pub mod kube_scheduler;
 pub mod volcano;
 

@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::{DefaultBodyLimit, State};
 use axum::response::Response;
 use axum::routing::post;
 use k8s_openapi::api::core::v1::Pod;
@@ -33,7 +33,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::core::request::{RequestError, pod_key};
 use crate::protocol::{bad_request, json_response};
-use crate::service::Service;
+use crate::service::{PodCheckError, Service};
 
 /// Route prefix of the Volcano verbs (`extender.urlPrefix` is `http://HOST:PORT/volcano`).
 pub const VOLCANO_PREFIX: &str = "/volcano";
@@ -187,10 +187,12 @@ pub fn prioritize(svc: &Service, req: &PrioritizeRequest) -> PrioritizeResponse 
 }
 
 /// `allocateFunc`: the task is allocated to `TaskInfo.NodeName`; commit its devices and, in
-/// live mode, write them on the pod.
+/// live mode, write them on the pod. The pod is re-read from the API server (the body's copy
+/// is never trusted): a pod that does not exist, has another uid, or belongs to another
+/// scheduler is refused.
 pub async fn allocate(svc: &Service, req: &EventHandlerRequest) -> EventHandlerResponse {
     let task = req.task.as_ref();
-    let Some(pod) = task_pod(task) else {
+    let Some(claimed) = task_pod(task) else {
         return EventHandlerResponse {
             error_message: "allocateFunc request has no task.Pod".into(),
         };
@@ -198,39 +200,62 @@ pub async fn allocate(svc: &Service, req: &EventHandlerRequest) -> EventHandlerR
     let node = task
         .map(|t| t.node_name.as_str())
         .filter(|n| !n.is_empty())
-        .or_else(|| pod.spec.as_ref().and_then(|s| s.node_name.as_deref()));
+        .or_else(|| claimed.spec.as_ref().and_then(|s| s.node_name.as_deref()));
     let Some(node) = node else {
         return EventHandlerResponse {
             error_message: "allocateFunc request has no task.NodeName".into(),
         };
     };
-    let error_message = match svc.assign(pod, node).await {
-        Ok(_) => String::new(),
+    let (ns, name) = ns_name(claimed);
+    let error_message = match svc
+        .checked_pod(&ns, &name, claimed.metadata.uid.as_deref())
+        .await
+    {
         Err(e) => e.to_string(),
+        Ok(live) => match svc.assign(live.as_ref().unwrap_or(claimed), node).await {
+            Ok(_) => String::new(),
+            Err(e) => e.to_string(),
+        },
     };
     if !error_message.is_empty() {
-        tracing::warn!(pod = %pod_key(pod), node, error = %error_message, "allocateFunc failed");
+        tracing::warn!(pod = %pod_key(claimed), node, error = %error_message, "allocateFunc refused");
     }
     EventHandlerResponse { error_message }
 }
 
-/// `deallocateFunc`: the allocation was undone; release the devices and the annotation.
+/// `deallocateFunc`: the allocation was undone; release the devices and the annotation. A pod
+/// that still exists must be the one named (uid) and ours; a deleted one only loses its
+/// commit.
 pub async fn deallocate(svc: &Service, req: &EventHandlerRequest) -> EventHandlerResponse {
-    let Some(pod) = task_pod(req.task.as_ref()) else {
+    let Some(claimed) = task_pod(req.task.as_ref()) else {
         return EventHandlerResponse {
             error_message: "deallocateFunc request has no task.Pod".into(),
         };
     };
-    if svc.release(&pod_key(pod)).is_none() {
+    let (ns, name) = ns_name(claimed);
+    let exists = match svc
+        .checked_pod(&ns, &name, claimed.metadata.uid.as_deref())
+        .await
+    {
+        Ok(_) => true,
+        Err(PodCheckError::Unknown { .. }) => false,
+        Err(e) => {
+            tracing::warn!(pod = %pod_key(claimed), error = %e, "deallocateFunc refused");
+            return EventHandlerResponse {
+                error_message: e.to_string(),
+            };
+        }
+    };
+    if svc.release(&pod_key(claimed)).is_none() {
         return EventHandlerResponse::default();
     }
     let mut error_message = String::new();
-    if let Some(ops) = svc.kube() {
-        let (ns, name) = ns_name(pod);
-        if let Err(e) = ops.annotate(&ns, &name, None).await {
-            error_message = format!("removing the annotation of pod {ns}/{name}: {e}");
-            tracing::warn!(error = %error_message, "deallocateFunc");
-        }
+    if exists
+        && let Some(ops) = svc.kube()
+        && let Err(e) = ops.annotate(&ns, &name, None).await
+    {
+        error_message = format!("removing the annotation of pod {ns}/{name}: {e}");
+        tracing::warn!(error = %error_message, "deallocateFunc");
     }
     EventHandlerResponse { error_message }
 }
@@ -283,14 +308,35 @@ async fn session_handler() -> Response {
     json_response(&serde_json::json!({}))
 }
 
-/// The routes of this protocol, under [`VOLCANO_PREFIX`].
+/// Largest `prioritize` body: a `NodeInfo` (with the node's tasks) per candidate node.
+pub const PRIORITIZE_LIMIT: usize = 64 << 20;
+/// Largest `predicate` body: one `TaskInfo` and one `NodeInfo`.
+pub const PREDICATE_LIMIT: usize = 8 << 20;
+/// Largest `allocateFunc` / `deallocateFunc` body: one `TaskInfo`.
+pub const TASK_LIMIT: usize = 4 << 20;
+
+/// The routes of this protocol, under [`VOLCANO_PREFIX`], each with its body limit (the
+/// session verbs read no body).
 pub fn routes() -> Router<Arc<Service>> {
     let at = |verb: &str| format!("{VOLCANO_PREFIX}/{verb}");
+    let limit = DefaultBodyLimit::max;
     Router::new()
-        .route(&at("predicate"), post(predicate_handler))
-        .route(&at("prioritize"), post(prioritize_handler))
-        .route(&at("allocateFunc"), post(allocate_handler))
-        .route(&at("deallocateFunc"), post(deallocate_handler))
+        .route(
+            &at("predicate"),
+            post(predicate_handler).layer(limit(PREDICATE_LIMIT)),
+        )
+        .route(
+            &at("prioritize"),
+            post(prioritize_handler).layer(limit(PRIORITIZE_LIMIT)),
+        )
+        .route(
+            &at("allocateFunc"),
+            post(allocate_handler).layer(limit(TASK_LIMIT)),
+        )
+        .route(
+            &at("deallocateFunc"),
+            post(deallocate_handler).layer(limit(TASK_LIMIT)),
+        )
         .route(&at("onSessionOpen"), post(session_handler))
         .route(&at("onSessionClose"), post(session_handler))
 }
