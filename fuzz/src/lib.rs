@@ -259,12 +259,15 @@ fn cluster_view() -> &'static ClusterView {
 
 fn runtime() -> &'static tokio::runtime::Runtime {
     static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    RUNTIME.get_or_init(
-        || match tokio::runtime::Builder::new_current_thread().build() {
+    RUNTIME.get_or_init(|| {
+        match tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+        {
             Ok(rt) => rt,
             Err(e) => unreachable!("tokio runtime: {e}"),
-        },
-    )
+        }
+    })
 }
 
 /// `POST`s `body` to `uri` on the router; the status and the body of the answer.
@@ -428,7 +431,7 @@ pub fn device_plugin_requests(data: &[u8]) {
             return;
         };
         let asked = request.container_requests.len();
-        match futures::executor::block_on(plugin.allocate(tonic::Request::new(request))) {
+        match runtime().block_on(plugin.allocate(tonic::Request::new(request))) {
             Ok(r) => assert_eq!(r.into_inner().container_responses.len(), asked),
             Err(s) => refused_properly(&s),
         }
@@ -437,9 +440,8 @@ pub fn device_plugin_requests(data: &[u8]) {
             return;
         };
         let asked = request.container_requests.clone();
-        let answer = futures::executor::block_on(
-            plugin.get_preferred_allocation(tonic::Request::new(request)),
-        );
+        let answer =
+            runtime().block_on(plugin.get_preferred_allocation(tonic::Request::new(request)));
         match answer {
             Ok(r) => {
                 let answers = r.into_inner().container_responses;
