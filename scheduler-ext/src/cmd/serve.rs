@@ -1,8 +1,9 @@
 //! `fumarole-scheduler-ext serve`: the extender APIs over the live cluster (API server
 //! reflectors) or over a snapshot directory, until SIGINT / SIGTERM.
 //!
-//! Two listeners: `--listen` for the schedulers (their verbs, each protocol guarded by its
-//! access rule, `/healthz`, `/metrics`) and `--ui-listen` (localhost by default) for `/ui`.
+//! Listeners: `--listen` for the schedulers (their verbs, each protocol guarded by its access
+//! rule, `/healthz`, `/metrics`), `--ui-listen` (localhost by default) for `/ui`, and
+//! `--webhook-listen` for the API server's admission webhook.
 //! Verbs open to anyone are refused on any address but loopback unless
 //! `--allow-unauthenticated` says so.
 
@@ -40,6 +41,11 @@ pub struct ServeArgs {
     /// address is logged and `/ui` is left out.
     #[arg(long, default_value = "127.0.0.1:8890")]
     ui_listen: String,
+    /// Address of the admission webhook that keeps agents to their own node
+    /// (`/admission/agent-writes`, HTTPS with the same certificate when TLS is on); off when
+    /// not given.
+    #[arg(long)]
+    webhook_listen: Option<SocketAddr>,
     /// PEM certificate (chain) for HTTPS; with --tls-key-file. Reloaded when it changes.
     #[arg(long, requires = "tls_key_file")]
     tls_cert_file: Option<PathBuf>,
@@ -167,6 +173,21 @@ pub fn run(args: ServeArgs) -> Result<()> {
         }
         if let Some(addr) = ui_listen {
             start_ui(addr, Arc::clone(&svc), limits).await;
+        }
+        if let Some(addr) = args.webhook_listen {
+            let listener = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("--webhook-listen {addr}"))?;
+            tracing::info!(%addr, "serving the admission webhook");
+            let app = router::webhook_router(Arc::clone(&svc));
+            let tls = tls.clone();
+            tokio::spawn(async move {
+                if let Err(e) =
+                    server::serve(listener, app, tls, limits, std::future::pending()).await
+                {
+                    tracing::error!(error = %format!("{e:#}"), "the admission webhook stopped");
+                }
+            });
         }
         tracing::info!(address = %listener.local_addr()?, https = tls.is_some(),
             kube_scheduler_open = options.kube.is_open(), volcano_open = options.volcano.is_open(), "serving");

@@ -3,8 +3,11 @@
 //! - [`router`]: what the schedulers call, kube-scheduler's extender verbs under
 //!   [`KUBE_PREFIX`](crate::protocol::kube_scheduler::KUBE_PREFIX) and Volcano's under
 //!   [`VOLCANO_PREFIX`](crate::protocol::volcano::VOLCANO_PREFIX), each protocol behind its
-//!   [`Rule`] ([`crate::http::access`]), the API server's admission webhook
-//!   ([`crate::protocol::admission`], open: it writes nothing), plus `GET /healthz`. Every request is bounded in time
+//!   [`Rule`] ([`crate::http::access`]), plus `GET /healthz`.
+//! - [`webhook_router`]: the API server's admission webhook ([`crate::protocol::admission`])
+//!   and `GET /healthz`, on a listener of its own: the API server must reach it (it presents
+//!   no credentials; the webhook answers allow or deny and writes nothing), while network
+//!   policy keeps everyone but the schedulers off the schedulers' port. Every request is bounded in time
 //!   ([`Options::request_timeout`]) and every verb in body size (its protocol module's limits).
 //! - [`ui_router`]: `GET /ui` (the page for people) and `GET /healthz`, served on a listener
 //!   of its own (localhost by default), never on the schedulers' port.
@@ -67,12 +70,18 @@ pub fn router_with(svc: Arc<Service>, options: &Options) -> Router {
         .route("/healthz", get(healthz))
         .merge(kube)
         .merge(volcano)
-        // The API server calls it; it answers allow or deny and writes nothing.
-        .merge(admission::routes())
         .layer(middleware::from_fn_with_state(
             options.request_timeout,
             time_limit,
         ))
+        .with_state(svc)
+}
+
+/// The admission webhook and `/healthz` over `svc`.
+pub fn webhook_router(svc: Arc<Service>) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .merge(admission::routes())
         .with_state(svc)
 }
 
