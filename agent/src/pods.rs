@@ -8,8 +8,8 @@
 //! scheduler's devices or the choice was ignored, and the counter
 //! `fumarole_device_choice_total{resource, outcome}`.
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, OnceLock};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use fumarole_colocation::watched::Watched;
 use fumarole_device_plugin::admission::{BoundPod, Outcome, PodSource};
@@ -29,6 +29,9 @@ const REASON_DIFFERS: &str = "DeviceChoiceDiffers";
 
 pub struct NodePods {
     pods: Watched<Pod>,
+    /// Pod uid -> when the watch first delivered it (a sequence number): the order the
+    /// kubelet, watching the same pods, admits them in.
+    arrivals: Arc<Mutex<Arrivals>>,
     /// The kubelet's allocations, once the publisher reads them: pods that got devices before
     /// a plugin restart.
     allocations: OnceLock<LatestAllocations>,
@@ -47,8 +50,16 @@ impl NodePods {
         choices: Option<Arc<crate::plugins::ChoiceMetrics>>,
     ) -> Arc<Self> {
         let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
+        let arrivals = Arc::new(Mutex::new(Arrivals::default()));
+        let seen = Arc::clone(&arrivals);
+        let observe = move |p: &Pod| {
+            if let Some(uid) = p.metadata.uid.as_deref() {
+                lock(&seen).of(uid);
+            }
+        };
         Arc::new(Self {
-            pods: Watched::spawn(Api::<Pod>::all(client), config),
+            pods: Watched::spawn_observed(Api::<Pod>::all(client), config, observe),
+            arrivals,
             allocations: OnceLock::new(),
             recorder,
             choices,
@@ -102,10 +113,39 @@ impl NodePods {
     }
 }
 
+/// Arrival numbers of the pods the watch delivered, in order.
+#[derive(Debug, Default)]
+struct Arrivals {
+    next: u64,
+    by_uid: HashMap<String, u64>,
+}
+
+impl Arrivals {
+    /// The pod's arrival number, numbering it now if the watch has not yet.
+    fn of(&mut self, uid: &str) -> u64 {
+        if let Some(n) = self.by_uid.get(uid) {
+            return *n;
+        }
+        self.next += 1;
+        self.by_uid.insert(uid.to_string(), self.next);
+        self.next
+    }
+
+    /// Forgets pods no longer on the node.
+    fn retain(&mut self, live: &HashSet<&str>) {
+        self.by_uid.retain(|uid, _| live.contains(uid.as_str()));
+    }
+}
+
+fn lock(a: &Mutex<Arrivals>) -> std::sync::MutexGuard<'_, Arrivals> {
+    a.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// What the device plugins need to know of one pod bound to this node; `None` for a pod being
 /// deleted or without a name.
 fn bound_pod(
     p: &Pod,
+    arrival: u64,
     reported: &BTreeMap<(String, String), BTreeMap<String, Vec<String>>>,
 ) -> Option<BoundPod> {
     let meta = &p.metadata;
@@ -145,6 +185,7 @@ fn bound_pod(
         namespace,
         name,
         uid: meta.uid.clone().unwrap_or_default(),
+        arrival,
         created: meta
             .creation_timestamp
             .as_ref()
@@ -166,10 +207,19 @@ fn bound_pod(
 impl PodSource for NodePods {
     fn bound(&self) -> Vec<BoundPod> {
         let reported = self.reported();
-        self.pods
-            .state()
-            .iter()
-            .filter_map(|p| bound_pod(p, &reported))
+        let pods = self.pods.state();
+        let mut arrivals = lock(&self.arrivals);
+        arrivals.retain(
+            &pods
+                .iter()
+                .filter_map(|p| p.metadata.uid.as_deref())
+                .collect(),
+        );
+        pods.iter()
+            .filter_map(|p| {
+                let arrival = arrivals.of(p.metadata.uid.as_deref()?);
+                bound_pod(p, arrival, &reported)
+            })
             .collect()
     }
 

@@ -35,6 +35,16 @@ where
     /// Starts watching what `config` selects through `api`, with kube-rs' default backoff: a
     /// lost watch is re-listed, never given up.
     pub fn spawn(api: Api<K>, config: watcher::Config) -> Self {
+        Self::spawn_observed(api, config, |_| {})
+    }
+
+    /// [`Self::spawn`], calling `observe` with every object the watch touches, in the order
+    /// the API server sends them (after the store has it).
+    pub fn spawn_observed(
+        api: Api<K>,
+        config: watcher::Config,
+        observe: impl Fn(&K) + Send + 'static,
+    ) -> Self {
         let (store, writer) = reflector::store();
         let stream = reflector::reflector(writer, watcher(api, config))
             .default_backoff()
@@ -46,7 +56,10 @@ where
             futures::pin_mut!(stream);
             while let Some(event) = stream.next().await {
                 match event {
-                    Ok(_) => notify.notify_one(),
+                    Ok(object) => {
+                        observe(&object);
+                        notify.notify_one();
+                    }
                     Err(e) => tracing::debug!(kind, error = %e, "watch interrupted; retrying"),
                 }
             }

@@ -2,11 +2,14 @@
 //!
 //! The kubelet's device-plugin calls do not name the pod: for each container that needs devices
 //! it sends `GetPreferredAllocation` (available devices, must-include, size) and then
-//! `Allocate` (the devices it took). It admits the pods of its node one at a time, oldest
-//! first (`HandlePodAdditions` sorts by creation time). So the pod being admitted is the oldest
-//! pod bound to this node that asks for this resource, has not started, and has not yet got
-//! all its devices of the resource (from this plugin, or by PodResources' account after a
-//! plugin restart). [`Admissions::decide`] picks it from a [`PodSource`]'s snapshot.
+//! `Allocate` (the devices it took). It admits the pods of its node one at a time, in the
+//! order its watch of the node's pods delivers them (the order they were bound), not in
+//! creation order (a pod created earlier may be bound later). The agent watches the same
+//! pods from the same API server and numbers them as they arrive ([`BoundPod::arrival`]). So
+//! the pod being admitted is the earliest-arrived pod bound to this node that asks for this
+//! resource, has not started, and still needs at least the requested number of devices of it
+//! (counted from this plugin's `Allocate`s, and from PodResources after a plugin restart).
+//! [`Admissions::decide`] picks it from a [`PodSource`]'s snapshot.
 //!
 //! The scheduler extension's choice for that pod is its `fumarole.dev/devices` annotation
 //! ([`crate::annotation`]). It is honoured when it is valid for the pod (every resource it
@@ -36,7 +39,10 @@ pub struct BoundPod {
     pub namespace: String,
     pub name: String,
     pub uid: String,
-    /// RFC 3339 creation time: the kubelet admits older pods first.
+    /// When the pod source first saw the pod bound to this node (a sequence number in watch
+    /// order): the kubelet admits pods in this order.
+    pub arrival: u64,
+    /// RFC 3339 creation time (breaks ties of `arrival`).
     pub created: String,
     /// `spec.schedulerName`.
     pub scheduler: String,
@@ -227,17 +233,23 @@ impl Admissions {
         ours.max(reported)
     }
 
-    /// The pod the kubelet is admitting for this resource: the oldest bound, not started pod
-    /// that asks for it and does not hold all of it yet.
-    fn admitting(&self, state: &State, pods: &[BoundPod]) -> Option<BoundPod> {
+    /// The pod the kubelet is admitting for this resource: the earliest-arrived bound, not
+    /// started pod that asks for it and still needs at least `size` devices of it.
+    fn admitting(&self, state: &State, pods: &[BoundPod], size: usize) -> Option<BoundPod> {
         pods.iter()
             .filter(|p| !p.started)
             .filter(|p| {
                 let wants = p.requests.get(&self.resource).copied().unwrap_or(0);
-                wants > 0 && (self.held(state, p) as u64) < wants
+                let held = self.held(state, p) as u64;
+                wants > held && wants - held >= size as u64
             })
             .min_by(|a, b| {
-                (&a.created, &a.namespace, &a.name).cmp(&(&b.created, &b.namespace, &b.name))
+                (a.arrival, &a.created, &a.namespace, &a.name).cmp(&(
+                    b.arrival,
+                    &b.created,
+                    &b.namespace,
+                    &b.name,
+                ))
             })
             .cloned()
     }
@@ -280,7 +292,7 @@ impl Admissions {
     ) -> Decision {
         let mut state = self.state();
         let may_wait = waited < await_choice.timeout;
-        let Some(pod) = self.admitting(&state, pods) else {
+        let Some(pod) = self.admitting(&state, pods, req.size) else {
             return if may_wait {
                 Decision::Wait
             } else {
@@ -380,7 +392,7 @@ impl Admissions {
         let preferred = match state.preferred.take() {
             Some(p) => p,
             None => {
-                let pod = self.admitting(&state, pods)?;
+                let pod = self.admitting(&state, pods, devices.len())?;
                 let chosen = pod
                     .choice
                     .as_deref()
@@ -415,6 +427,24 @@ impl Admissions {
             _ => None,
         };
         Some((preferred.pod, outcome))
+    }
+
+    /// Devices of this resource the scheduler chose for the other pods waiting on this node
+    /// (bound, not started, not `except`), and not given to them yet: when the plugin chooses
+    /// on its own it keeps off these where it can, so one pod's fallback does not take the
+    /// next pod's choice and cascade.
+    pub fn spoken_for(&self, pods: &[BoundPod], except: Option<&str>) -> BTreeSet<String> {
+        let state = self.state();
+        pods.iter()
+            .filter(|p| !p.started && Some(p.uid.as_str()) != except)
+            .filter_map(|p| {
+                let chosen = self.choice_for(p, p.choice.as_deref()?).ok()?;
+                let wants = p.requests.get(&self.resource).copied().unwrap_or(0) as usize;
+                let held = self.held(&state, p);
+                Some(self.next_of(&state, p, &chosen, wants.saturating_sub(held)))
+            })
+            .flatten()
+            .collect()
     }
 
     /// Forgets pods that are gone from `pods` (deleted, or finished and removed).

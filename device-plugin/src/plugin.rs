@@ -6,6 +6,7 @@
 //! ([`crate::admission`]), else `topology::select` over this resource's devices, with a
 //! context built once; `Allocate` checks what the kubelet took against that preference.
 
+use std::collections::BTreeSet;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -30,6 +31,14 @@ pub const UNHEALTHY: &str = "Unhealthy";
 #[derive(Clone)]
 pub struct DevicePluginService {
     inner: Arc<Inner>,
+}
+
+/// What to prefer for one container.
+enum Choice {
+    /// The scheduler's devices for the pod being admitted.
+    Scheduler(Vec<String>),
+    /// Choose with `select`, keeping off `avoid` (other waiting pods' choices) if possible.
+    Select { avoid: BTreeSet<String> },
 }
 
 /// How often a request waiting for a pod or its choice looks again.
@@ -137,13 +146,21 @@ impl DevicePluginService {
         let must = r
             .positions(&req.must_include_device_i_ds)
             .map_err(|e| invalid(e.to_string()))?;
-        if let Some(ids) = self.scheduler_choice(req, k).await {
-            return Ok(ids);
-        }
+        let avoid = match self.scheduler_choice(req, k).await {
+            Choice::Scheduler(ids) => return Ok(ids),
+            Choice::Select { avoid } => avoid,
+        };
+        // Keep off the devices chosen for the other waiting pods when enough others are free.
+        let spare: Vec<usize> = free
+            .iter()
+            .copied()
+            .filter(|&i| !avoid.contains(&r.devices[i].id) || must.contains(&i))
+            .collect();
+        let pool = if spare.len() >= k { &spare } else { &free };
         let chosen = self
             .inner
             .select
-            .select(&free, &must, k)
+            .select(pool, &must, k)
             .map_err(|e| invalid(e.to_string()))?;
         Ok(chosen
             .devices
@@ -153,14 +170,18 @@ impl DevicePluginService {
     }
 
     /// The scheduler's devices for the pod being admitted, waiting a bounded time for the pod
-    /// or its choice to arrive; `None` (after reporting why, when the pod is known) lets
-    /// `select` decide.
+    /// or its choice to arrive; else (after reporting why, when the pod is known) `select`
+    /// decides, keeping off the devices chosen for other waiting pods.
     async fn scheduler_choice(
         &self,
         req: &api::ContainerPreferredAllocationRequest,
         k: usize,
-    ) -> Option<Vec<String>> {
-        let pods = self.inner.pods.as_ref()?;
+    ) -> Choice {
+        let Some(pods) = self.inner.pods.as_ref() else {
+            return Choice::Select {
+                avoid: BTreeSet::new(),
+            };
+        };
         let r = &self.inner.resource;
         let request = ContainerRequest {
             available: &req.available_device_i_ds,
@@ -178,19 +199,21 @@ impl DevicePluginService {
                 Decision::Prefer { pod, devices } => {
                     tracing::info!(pod = %pod, resource = %r.name, devices = ?devices,
                         "preferring the scheduler's devices");
-                    return Some(devices);
+                    return Choice::Scheduler(devices);
                 }
                 Decision::Select {
                     pod: Some(pod),
                     outcome,
                 } => {
                     pods.source.report(&pod, &r.name, &outcome);
-                    return None;
+                    let avoid = self.inner.admissions.spoken_for(&bound, Some(&pod.uid));
+                    return Choice::Select { avoid };
                 }
                 Decision::Select { pod: None, .. } => {
                     tracing::info!(resource = %r.name, waited = ?start.elapsed(),
                         "no pod bound to this node is waiting for this resource; choosing with select");
-                    return None;
+                    let avoid = self.inner.admissions.spoken_for(&bound, None);
+                    return Choice::Select { avoid };
                 }
                 Decision::Wait => tokio::time::sleep(AWAIT_POLL).await,
             }

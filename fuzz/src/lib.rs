@@ -350,6 +350,7 @@ impl PodSource for OnePendingPod {
             namespace: "default".into(),
             name: "chosen".into(),
             uid: "uid-chosen".into(),
+            arrival: 1,
             created: "2026-01-01T00:00:00Z".into(),
             scheduler: "default-scheduler".into(),
             requests: BTreeMap::from([("nvidia.com/gpu".to_string(), 4)]),

@@ -309,7 +309,7 @@ async fn rebuild(stores: &Stores, svc: &Service, opts: &LiveOptions, late: &mut 
             continue;
         }
         late.tried.insert(key.clone());
-        match svc.assign(&pod, node).await {
+        match svc.assign_bound(&pod, node).await {
             Ok(Some(c)) => {
                 tracing::info!(pod = %key, node = %node, devices = ?c.devices, "annotated a pod bound by {scheduler}")
             }

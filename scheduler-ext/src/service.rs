@@ -30,6 +30,13 @@ use crate::core::verdict::{NodeVerdict, Unfit, best_first};
 use crate::core::view::ClusterView;
 use crate::kube_ops::KubeOps;
 
+/// Whether a commit still chooses the node, or only the devices on a node already bound.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Placing {
+    Choose,
+    Bound,
+}
+
 /// Why a verb refuses the pod a request names.
 #[derive(Debug, thiserror::Error)]
 pub enum PodCheckError {
@@ -399,6 +406,22 @@ impl Service {
     /// accelerator request; `Err` is why the node cannot take the pod now. Committing the same
     /// pod to the same node again returns the earlier choice.
     pub fn commit(&self, pod: &Pod, node: &str) -> Result<Option<Commit>, CommitError> {
+        self.commit_as(pod, node, Placing::Choose)
+    }
+
+    /// [`Self::commit`] for a pod the scheduler already bound to `node`: only which devices
+    /// remains to decide, so neither its unit's super-node nor other units' reservations can
+    /// refuse it (the pod is there either way); it fails only when the node lacks the devices.
+    pub fn commit_bound(&self, pod: &Pod, node: &str) -> Result<Option<Commit>, CommitError> {
+        self.commit_as(pod, node, Placing::Bound)
+    }
+
+    fn commit_as(
+        &self,
+        pod: &Pod,
+        node: &str,
+        placing: Placing,
+    ) -> Result<Option<Commit>, CommitError> {
         let view = self.view();
         let req = match pod_request(pod, &view.resources(), view.jobs()) {
             Ok(r) => r,
@@ -415,15 +438,24 @@ impl Service {
             return Ok(Some(c.clone()));
         }
         ledger.release(&key);
-        let planned = decide::plan(&view, &mut ledger, &req, None, now, ttl)?;
-        let verdict = decide::judge(
-            Cluster::new(&view, &ledger, now),
-            &self.settings.scorer,
-            &req,
-            planned.as_deref(),
-            [node],
-        )
-        .pop();
+        let verdict = match placing {
+            Placing::Choose => {
+                let planned = decide::plan(&view, &mut ledger, &req, None, now, ttl)?;
+                decide::judge(
+                    Cluster::new(&view, &ledger, now),
+                    &self.settings.scorer,
+                    &req,
+                    planned.as_deref(),
+                    [node],
+                )
+                .pop()
+            }
+            Placing::Bound => Some(self.settings.scorer.node(
+                &Cluster::new(&view, &ledger, now),
+                node,
+                &req,
+            )),
+        };
         // judge answers once per node asked; an empty answer would be a bug, not a node's fault.
         let v = verdict.unwrap_or_else(|| NodeVerdict::filtered(node, Unfit::UnknownNode));
         if let Some(unfit) = v.unfit {
@@ -450,9 +482,25 @@ impl Service {
     /// [`Self::commit`], then (live mode) writes the choice on the pod as
     /// `fumarole.dev/devices`; when the write fails the devices are released. Every path that
     /// gives a pod devices goes through here: kube-scheduler's `bind`, Volcano's `allocateFunc`
-    /// and the after-the-fact annotation of pods bound without us.
+    /// and ([`Self::assign_bound`]) the after-the-fact annotation of pods bound without us.
     pub async fn assign(&self, pod: &Pod, node: &str) -> Result<Option<Commit>, CommitError> {
-        let Some(c) = self.commit(pod, node)? else {
+        let c = self.commit(pod, node)?;
+        self.write_choice(pod, c).await
+    }
+
+    /// [`Self::assign`] for a pod already bound to `node` ([`Self::commit_bound`]).
+    pub async fn assign_bound(&self, pod: &Pod, node: &str) -> Result<Option<Commit>, CommitError> {
+        let c = self.commit_bound(pod, node)?;
+        self.write_choice(pod, c).await
+    }
+
+    /// Writes a commit on its pod (live mode), releasing it when the write fails.
+    async fn write_choice(
+        &self,
+        pod: &Pod,
+        commit: Option<Commit>,
+    ) -> Result<Option<Commit>, CommitError> {
+        let Some(c) = commit else {
             return Ok(None);
         };
         if let Some(ops) = self.kube() {
@@ -487,5 +535,66 @@ impl Service {
     /// Drops the commit of `pod` (`namespace/name`).
     pub fn release(&self, pod: &str) -> Option<Commit> {
         self.ledger_mut().release(pod)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+    use fumarole_topology::crd::device_topology::SuperNodeInfo;
+
+    /// rack-a: a0, a1; rack-b: b0; 8 free GPUs each.
+    fn service() -> Service {
+        let dts: Vec<_> = [("a0", "rack-a"), ("a1", "rack-a"), ("b0", "rack-b")]
+            .into_iter()
+            .map(|(name, rack)| {
+                let mut t = fumarole_topology::crd::testing::nvlink_node(name, 8, 10, &[], |i| {
+                    format!("{name}-g{i}")
+                });
+                t.spec.super_node = Some(SuperNodeInfo {
+                    id: rack.into(),
+                    source: "config".into(),
+                });
+                t
+            })
+            .collect();
+        let view = ClusterView::build(&dts, &[], &[], &[]).unwrap();
+        Service::new(view, GpuAware::default())
+    }
+
+    fn pod(name: &str, gpus: u32, group: Option<u32>) -> Pod {
+        let annotations = group.map_or_else(
+            || serde_json::json!({}),
+            |g| serde_json::json!({"fumarole.dev/gpu-group-size": g.to_string()}),
+        );
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "ml", "annotations": annotations},
+            "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": gpus.to_string()}}}]}
+        }))
+        .unwrap()
+    }
+
+    /// A unit's reservation keeps a newcomer off the reserved super-node when the service
+    /// chooses, but a pod the scheduler already bound there still gets its devices.
+    #[test]
+    fn a_bound_pod_gets_devices_whatever_the_reservations() {
+        let svc = service();
+        // Unit job-0/1 of 16 GPUs (two pods of 8) reserves a whole super-node: rack-a.
+        let unit = pod("job-0", 8, Some(16));
+        let planned = svc.evaluate(&unit, &["a0".into(), "a1".into()], false).unwrap();
+        assert!(planned[0].feasible(), "{planned:?}");
+        let stranger = pod("stranger", 4, None);
+        let refused = svc.commit(&stranger, "a0").unwrap_err();
+        assert!(refused.to_string().contains("reserved for"), "{refused}");
+        let c = svc.commit_bound(&stranger, "a0").unwrap().unwrap();
+        assert_eq!(c.devices.len(), 4);
+        // Only a node without the devices refuses a bound pod.
+        let big = pod("big", 8, None);
+        let e = svc.commit_bound(&big, "a0").unwrap_err();
+        assert!(
+            e.to_string().contains("needs 8 nvidia.com/gpu, 4 free"),
+            "{e}"
+        );
     }
 }

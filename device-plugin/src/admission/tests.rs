@@ -14,11 +14,13 @@ fn admissions() -> Admissions {
     Admissions::new(GPU, (0..8).map(|i| format!("GPU-{i}")))
 }
 
+/// A pod that arrived `arrival`-th, created at `created`.
 fn pod(name: &str, created: &str, gpus: u64, choice: Option<&str>) -> BoundPod {
     BoundPod {
         namespace: "ml".into(),
         name: name.into(),
         uid: format!("uid-{name}"),
+        arrival: 0,
         created: created.into(),
         scheduler: "default-scheduler".into(),
         started: false,
@@ -92,6 +94,47 @@ fn the_oldest_waiting_pod_gets_its_choice_and_allocate_confirms_it() {
             devices: ids(&["GPU-0"])
         }
     );
+}
+
+/// The kubelet admits in bind order: a pod created later but bound first is admitted first,
+/// and a pod needing fewer devices than asked is not the one being admitted.
+#[test]
+fn bind_order_not_creation_order() {
+    let a = admissions();
+    let available = all();
+    let mut created_first = pod(
+        "created-first",
+        "2026-01-01T00:00:00Z",
+        2,
+        Some(&choice(&["GPU-0", "GPU-1"])),
+    );
+    created_first.arrival = 2;
+    let mut bound_first = pod(
+        "bound-first",
+        "2026-01-01T00:00:09Z",
+        2,
+        Some(&choice(&["GPU-6", "GPU-7"])),
+    );
+    bound_first.arrival = 1;
+    let pods = vec![created_first.clone(), bound_first.clone()];
+    assert_eq!(
+        a.decide(&pods, request(&available, 2), &AwaitChoice::default(), NOW),
+        Decision::Prefer {
+            pod: bound_first,
+            devices: ids(&["GPU-6", "GPU-7"])
+        }
+    );
+    // A 1-GPU pod that arrived first cannot be the one asking for 2.
+    let b = admissions();
+    let mut small = pod("small", "t", 1, Some(&choice(&["GPU-3"])));
+    small.arrival = 0;
+    let d = b.decide(
+        &[small, created_first.clone()],
+        request(&available, 2),
+        &AwaitChoice::default(),
+        NOW,
+    );
+    assert!(matches!(d, Decision::Prefer { pod, .. } if pod == created_first));
 }
 
 #[test]
@@ -288,4 +331,23 @@ fn containers_take_the_choice_in_order() {
         matches!(&second, Decision::Prefer { devices, .. } if *devices == ids(&["GPU-2", "GPU-3"])),
         "{second:?}"
     );
+}
+
+/// A fallback keeps off the devices chosen for the other pods waiting on the node, minus what
+/// they already got.
+#[test]
+fn other_waiting_pods_choices_are_spoken_for() {
+    let a = admissions();
+    let mut first = pod("first", "t", 2, Some(&choice(&["GPU-0", "GPU-1"])));
+    first.arrival = 1;
+    let mut second = pod("second", "t", 2, Some(&choice(&["GPU-2", "GPU-3"])));
+    second.arrival = 2;
+    let mut running = pod("running", "t", 1, Some(&choice(&["GPU-7"])));
+    running.started = true;
+    let garbled = pod("garbled", "t", 1, Some("GPU-5"));
+    let pods = vec![first.clone(), second, running, garbled];
+    let spoken: Vec<String> = a.spoken_for(&pods, Some(&first.uid)).into_iter().collect();
+    assert_eq!(spoken, ids(&["GPU-2", "GPU-3"]));
+    let all: Vec<String> = a.spoken_for(&pods, None).into_iter().collect();
+    assert_eq!(all, ids(&["GPU-0", "GPU-1", "GPU-2", "GPU-3"]));
 }
