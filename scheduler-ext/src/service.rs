@@ -582,7 +582,9 @@ mod tests {
         let svc = service();
         // Unit job-0/1 of 16 GPUs (two pods of 8) reserves a whole super-node: rack-a.
         let unit = pod("job-0", 8, Some(16));
-        let planned = svc.evaluate(&unit, &["a0".into(), "a1".into()], false).unwrap();
+        let planned = svc
+            .evaluate(&unit, &["a0".into(), "a1".into()], false)
+            .unwrap();
         assert!(planned[0].feasible(), "{planned:?}");
         let stranger = pod("stranger", 4, None);
         let refused = svc.commit(&stranger, "a0").unwrap_err();
