@@ -6,10 +6,12 @@
 //! What the device plugins did with a pod's choice comes back through [`PodSource::report`]:
 //! a log line always, a Warning Event on the pod when the container does not get the
 //! scheduler's devices or the choice was ignored, and the counter
-//! `fumarole_device_choice_total{resource, outcome}`.
+//! `fumarole_device_choice_total{resource, outcome}`. Pods deleted before they started stay
+//! candidates for a while: the kubelet still admits them.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use fumarole_colocation::watched::Watched;
 use fumarole_device_plugin::admission::{BoundPod, Outcome, PodSource};
@@ -27,11 +29,18 @@ const REASON_IGNORED: &str = "DeviceChoiceIgnored";
 const REASON_NOT_HONOURED: &str = "DeviceChoiceNotHonoured";
 const REASON_DIFFERS: &str = "DeviceChoiceDiffers";
 
+/// How long a pod deleted before it started stays a candidate for admission: the kubelet
+/// admits every pod it was told of, deleted or not, and may be behind this watch by the
+/// admissions queued before it (each waiting up to the device-choice timeout).
+const DELETED_POD_TTL: Duration = Duration::from_secs(60);
+
 pub struct NodePods {
     pods: Watched<Pod>,
     /// Pod uid -> when the watch first delivered it (a sequence number): the order the
     /// kubelet, watching the same pods, admits them in.
     arrivals: Arc<Mutex<Arrivals>>,
+    /// Pods deleted before they started, still to be admitted by the kubelet.
+    deleted: Arc<Mutex<DeletedPods>>,
     /// The kubelet's allocations, once the publisher reads them: pods that got devices before
     /// a plugin restart.
     allocations: OnceLock<LatestAllocations>,
@@ -51,15 +60,26 @@ impl NodePods {
     ) -> Arc<Self> {
         let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
         let arrivals = Arc::new(Mutex::new(Arrivals::default()));
-        let seen = Arc::clone(&arrivals);
-        let observe = move |p: &Pod| {
-            if let Some(uid) = p.metadata.uid.as_deref() {
-                lock(&seen).of(uid);
+        let deleted = Arc::new(Mutex::new(DeletedPods::default()));
+        let (seen, gone) = (Arc::clone(&arrivals), Arc::clone(&deleted));
+        let observe = move |event: &watcher::Event<Pod>| {
+            let arrival = lock(&seen).observe(event);
+            if let (watcher::Event::Delete(p), Some(arrival)) = (event, arrival)
+                && let Some(pod) = bound_pod(p, arrival, &BTreeMap::new())
+                && !pod.started
+                && !pod.requests.is_empty()
+            {
+                let pod = BoundPod {
+                    deleting: true,
+                    ..pod
+                };
+                lock(&gone).insert(pod, Instant::now());
             }
         };
         Arc::new(Self {
             pods: Watched::spawn_observed(Api::<Pod>::all(client), config, observe),
             arrivals,
+            deleted,
             allocations: OnceLock::new(),
             recorder,
             choices,
@@ -118,6 +138,8 @@ impl NodePods {
 struct Arrivals {
     next: u64,
     by_uid: HashMap<String, u64>,
+    /// The pods of a relist in progress: when it is done, the others are gone.
+    relisted: Option<HashSet<String>>,
 }
 
 impl Arrivals {
@@ -131,27 +153,67 @@ impl Arrivals {
         self.next
     }
 
-    /// Forgets pods no longer on the node.
-    fn retain(&mut self, live: &HashSet<&str>) {
-        self.by_uid.retain(|uid, _| live.contains(uid.as_str()));
+    /// Follows the watch: numbers new pods, forgets deleted ones (returning a deleted pod's
+    /// number) and, after a relist, those the relist no longer has.
+    fn observe(&mut self, event: &watcher::Event<Pod>) -> Option<u64> {
+        let uid = |p: &Pod| p.metadata.uid.clone();
+        match event {
+            watcher::Event::Init => self.relisted = Some(HashSet::new()),
+            watcher::Event::InitApply(p) => {
+                let uid = uid(p)?;
+                self.of(&uid);
+                self.relisted.get_or_insert_default().insert(uid);
+            }
+            watcher::Event::InitDone => {
+                if let Some(live) = self.relisted.take() {
+                    self.by_uid.retain(|uid, _| live.contains(uid));
+                }
+            }
+            watcher::Event::Apply(p) => {
+                self.of(&uid(p)?);
+            }
+            watcher::Event::Delete(p) => {
+                let uid = uid(p)?;
+                let n = self.of(&uid);
+                self.by_uid.remove(&uid);
+                return Some(n);
+            }
+        }
+        None
     }
 }
 
-fn lock(a: &Mutex<Arrivals>) -> std::sync::MutexGuard<'_, Arrivals> {
-    a.lock().unwrap_or_else(|p| p.into_inner())
+/// Pods deleted before they started: the kubelet, told of them before the deletion, still
+/// admits them, in their turn; they stay candidates for [`DELETED_POD_TTL`].
+#[derive(Debug, Default)]
+struct DeletedPods(HashMap<String, (BoundPod, Instant)>);
+
+impl DeletedPods {
+    fn insert(&mut self, pod: BoundPod, now: Instant) {
+        tracing::debug!(pod = %pod, "deleted before it started; the kubelet may still admit it");
+        self.0.insert(pod.uid.clone(), (pod, now + DELETED_POD_TTL));
+    }
+
+    /// The deleted pods still to be admitted, those of `present` (back after a relist) left out.
+    fn candidates(&mut self, present: &HashSet<&str>, now: Instant) -> Vec<BoundPod> {
+        self.0
+            .retain(|uid, (_, until)| *until > now && !present.contains(uid.as_str()));
+        self.0.values().map(|(p, _)| p.clone()).collect()
+    }
 }
 
-/// What the device plugins need to know of one pod bound to this node; `None` for a pod being
-/// deleted or without a name.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// What the device plugins need to know of one pod bound to this node; `None` for a pod
+/// without a name.
 fn bound_pod(
     p: &Pod,
     arrival: u64,
     reported: &BTreeMap<(String, String), BTreeMap<String, Vec<String>>>,
 ) -> Option<BoundPod> {
     let meta = &p.metadata;
-    if meta.deletion_timestamp.is_some() {
-        return None;
-    }
     let namespace = meta.namespace.clone().unwrap_or_default();
     let name = meta.name.clone()?;
     let spec = p.spec.as_ref();
@@ -195,6 +257,7 @@ fn bound_pod(
             .and_then(|s| s.scheduler_name.clone())
             .unwrap_or_else(|| "default-scheduler".into()),
         started: matches!(phase, Some("Running" | "Succeeded" | "Failed")),
+        deleting: meta.deletion_timestamp.is_some(),
         requests,
         choice: meta
             .annotations
@@ -208,18 +271,18 @@ impl PodSource for NodePods {
     fn bound(&self) -> Vec<BoundPod> {
         let reported = self.reported();
         let pods = self.pods.state();
+        let present: HashSet<&str> = pods
+            .iter()
+            .filter_map(|p| p.metadata.uid.as_deref())
+            .collect();
+        let deleted = lock(&self.deleted).candidates(&present, Instant::now());
         let mut arrivals = lock(&self.arrivals);
-        arrivals.retain(
-            &pods
-                .iter()
-                .filter_map(|p| p.metadata.uid.as_deref())
-                .collect(),
-        );
         pods.iter()
             .filter_map(|p| {
                 let arrival = arrivals.of(p.metadata.uid.as_deref()?);
                 bound_pod(p, arrival, &reported)
             })
+            .chain(deleted)
             .collect()
     }
 
@@ -258,5 +321,52 @@ impl PodSource for NodePods {
                 tracing::warn!(pod = %who, error = %e, "recording the device choice Event failed");
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn pod(uid: &str) -> Pod {
+        serde_json::from_value(serde_json::json!({"metadata": {"name": uid, "uid": uid}})).unwrap()
+    }
+
+    #[test]
+    fn arrivals_follow_the_watch_through_deletes_and_relists() {
+        let mut a = Arrivals::default();
+        a.observe(&watcher::Event::Apply(pod("a")));
+        a.observe(&watcher::Event::Apply(pod("b")));
+        assert_eq!(a.observe(&watcher::Event::Delete(pod("a"))), Some(1));
+        assert_eq!(a.of("b"), 2);
+        // A relist that no longer has b (deleted while the watch was down) forgets it.
+        a.observe(&watcher::Event::Apply(pod("c")));
+        a.observe(&watcher::Event::Init);
+        a.observe(&watcher::Event::InitApply(pod("c")));
+        a.observe(&watcher::Event::InitApply(pod("d")));
+        a.observe(&watcher::Event::InitDone);
+        assert_eq!(a.by_uid.keys().count(), 2);
+        assert_eq!((a.of("c"), a.of("d")), (3, 4));
+        assert_eq!(a.of("b"), 5);
+    }
+
+    #[test]
+    fn deleted_pods_stay_candidates_for_a_while_unless_back() {
+        let now = Instant::now();
+        let mut d = DeletedPods::default();
+        let gone = |uid: &str| BoundPod {
+            uid: uid.into(),
+            deleting: true,
+            ..Default::default()
+        };
+        d.insert(gone("x"), now);
+        d.insert(gone("y"), now);
+        let none = HashSet::new();
+        assert_eq!(d.candidates(&none, now).len(), 2);
+        let back = HashSet::from(["y"]);
+        let left = d.candidates(&back, now + Duration::from_secs(1));
+        assert_eq!(left, vec![gone("x")]);
+        assert!(d.candidates(&none, now + DELETED_POD_TTL).is_empty());
     }
 }

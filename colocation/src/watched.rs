@@ -38,17 +38,16 @@ where
         Self::spawn_observed(api, config, |_| {})
     }
 
-    /// [`Self::spawn`], calling `observe` with every object the watch touches, in the order
-    /// the API server sends them (after the store has it).
+    /// [`Self::spawn`], calling `observe` with every event of the watch, in the order the API
+    /// server sends them (after the store has taken it): the objects added or changed
+    /// (`Apply`, `InitApply`), deleted (`Delete`), and the relists (`Init`, `InitDone`).
     pub fn spawn_observed(
         api: Api<K>,
         config: watcher::Config,
-        observe: impl Fn(&K) + Send + 'static,
+        observe: impl Fn(&watcher::Event<K>) + Send + 'static,
     ) -> Self {
         let (store, writer) = reflector::store();
-        let stream = reflector::reflector(writer, watcher(api, config))
-            .default_backoff()
-            .touched_objects();
+        let stream = reflector::reflector(writer, watcher(api, config)).default_backoff();
         let changed = Arc::new(Notify::new());
         let notify = changed.clone();
         let kind = K::kind(&K::DynamicType::default()).to_string();
@@ -56,9 +55,16 @@ where
             futures::pin_mut!(stream);
             while let Some(event) = stream.next().await {
                 match event {
-                    Ok(object) => {
-                        observe(&object);
-                        notify.notify_one();
+                    Ok(event) => {
+                        observe(&event);
+                        if matches!(
+                            event,
+                            watcher::Event::Apply(_)
+                                | watcher::Event::InitApply(_)
+                                | watcher::Event::Delete(_)
+                        ) {
+                            notify.notify_one();
+                        }
                     }
                     Err(e) => tracing::debug!(kind, error = %e, "watch interrupted; retrying"),
                 }

@@ -48,6 +48,9 @@ pub struct BoundPod {
     pub scheduler: String,
     /// Phase `Running`, `Succeeded` or `Failed`: admitted (or refused) already.
     pub started: bool,
+    /// Being deleted, or gone from the API server before it started: the kubelet still admits
+    /// a pod it was told of before the deletion, but no scheduler will write its choice now.
+    pub deleting: bool,
     /// Effective request of each extended resource the pod asks for.
     pub requests: BTreeMap<String, u64>,
     /// The `fumarole.dev/devices` value, raw.
@@ -81,6 +84,8 @@ pub enum Outcome {
     },
     /// The pod's scheduler writes choices after binding, and none came in time.
     NoChoiceInTime { waited: Duration },
+    /// The pod is being deleted and has no choice: no point waiting for one.
+    Deleting,
 }
 
 impl Outcome {
@@ -93,12 +98,16 @@ impl Outcome {
             Outcome::NotHonoured { .. } => "not-honoured",
             Outcome::Differs { .. } => "differs",
             Outcome::NoChoiceInTime { .. } => "no-choice-in-time",
+            Outcome::Deleting => "pod-deleting",
         }
     }
 
     /// True when users should hear of it (a Warning Event on the pod).
     pub fn is_warning(&self) -> bool {
-        !matches!(self, Outcome::Honoured { .. } | Outcome::NoChoice)
+        !matches!(
+            self,
+            Outcome::Honoured { .. } | Outcome::NoChoice | Outcome::Deleting
+        )
     }
 }
 
@@ -130,6 +139,10 @@ impl fmt::Display for Outcome {
                 f,
                 "the scheduler's device choice did not arrive within {waited:?}; choosing on the node"
             ),
+            Outcome::Deleting => write!(
+                f,
+                "the pod is being deleted before its admission; not waiting for a device choice"
+            ),
         }
     }
 }
@@ -137,7 +150,8 @@ impl fmt::Display for Outcome {
 /// Where the plugin learns about the node's pods and reports what it did with their choices
 /// (the agent watches the API server and records Events and metrics; standalone mode has none).
 pub trait PodSource: Send + Sync {
-    /// The pods bound to this node that are not being deleted, as last seen.
+    /// The pods bound to this node, as last seen: with those being deleted, and for a while
+    /// those deleted before they started (the kubelet may admit them still).
     fn bound(&self) -> Vec<BoundPod>;
     /// Tells users what became of the scheduler's choice for `pod` (resource `resource`).
     fn report(&self, pod: &BoundPod, resource: &str, outcome: &Outcome);
@@ -303,6 +317,9 @@ impl Admissions {
             };
         };
         let Some(value) = pod.choice.clone() else {
+            if pod.deleting {
+                return self.select(&mut state, pod, Outcome::Deleting);
+            }
             if await_choice.schedulers.contains(&pod.scheduler) {
                 if may_wait {
                     return Decision::Wait;

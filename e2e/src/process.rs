@@ -108,6 +108,16 @@ impl Proc {
         lines[lines.len().saturating_sub(n)..].join("\n")
     }
 
+    /// SIGKILL to the group at once (a crash), and reaps the child.
+    pub fn kill(&mut self) {
+        if self.stopped {
+            return;
+        }
+        self.stopped = true;
+        let _ = killpg(Pid::from_raw(self.child.id() as i32), Signal::SIGKILL);
+        let _ = self.child.wait();
+    }
+
     /// SIGTERM to the group, up to 5 s grace, then SIGKILL; reaps the child.
     pub fn stop(&mut self) {
         if self.stopped {

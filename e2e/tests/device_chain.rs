@@ -14,7 +14,7 @@
 //! the `NVIDIA_VISIBLE_DEVICES` the agent's `Allocate` answered must be the same set; no device
 //! is given to two running pods of a node; every unit runs in one super-node. Every difference
 //! is counted and the test fails on any. `FUMAROLE_CHAIN_PODS` sets how many pods (default 96
-//! per scheduler; the run used 200 through Volcano, see docs/testing.md).
+//! per scheduler; the run used 240 through each, see docs/testing.md).
 
 // Test code: helpers outside #[test] fns may unwrap and panic too.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]

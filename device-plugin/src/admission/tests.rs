@@ -24,6 +24,7 @@ fn pod(name: &str, created: &str, gpus: u64, choice: Option<&str>) -> BoundPod {
         created: created.into(),
         scheduler: "default-scheduler".into(),
         started: false,
+        deleting: false,
         requests: BTreeMap::from([(GPU.to_string(), gpus)]),
         choice: choice.map(str::to_string),
         reported: BTreeMap::new(),
@@ -283,6 +284,59 @@ fn waits_for_a_late_pod_or_choice_then_falls_back() {
         Decision::Select {
             pod: Some(plain),
             outcome: Outcome::NoChoice
+        }
+    );
+}
+
+#[test]
+fn a_pod_deleted_before_its_admission_is_admitted_without_waiting_and_keeps_its_place() {
+    let a = admissions();
+    let available = all();
+    let wait = AwaitChoice::default();
+    // Volcano bound it, then it was deleted before the extension wrote a choice: the kubelet
+    // still admits it, first; nobody will write its choice now.
+    let mut gone = pod("gone", "2020-01-01T00:00:00Z", 2, None);
+    gone.scheduler = "volcano".into();
+    gone.deleting = true;
+    let next = pod(
+        "next",
+        "2020-01-01T00:00:01Z",
+        2,
+        Some(&choice(&["GPU-6", "GPU-7"])),
+    );
+    let pods = [gone.clone(), next.clone()];
+    assert_eq!(
+        a.decide(&pods, request(&available, 2), &wait, NOW),
+        Decision::Select {
+            pod: Some(gone.clone()),
+            outcome: Outcome::Deleting
+        }
+    );
+    assert!(!Outcome::Deleting.is_warning());
+    // Its devices are its own, not the next pod's.
+    let (who, outcome) = a.allocated(&pods, &ids(&["GPU-0", "GPU-1"])).unwrap();
+    assert_eq!((who.name.as_str(), outcome), ("gone", None));
+    assert_eq!(
+        a.decide(&pods, request(&available, 2), &wait, NOW),
+        Decision::Prefer {
+            pod: next,
+            devices: ids(&["GPU-6", "GPU-7"])
+        }
+    );
+    // A deleted pod that had its choice still gets it (the ledger holds it until it goes).
+    let mut chosen = pod("chosen", "t", 1, Some(&choice(&["GPU-3"])));
+    chosen.deleting = true;
+    let b = admissions();
+    assert_eq!(
+        b.decide(
+            std::slice::from_ref(&chosen),
+            request(&available, 1),
+            &wait,
+            NOW
+        ),
+        Decision::Prefer {
+            pod: chosen,
+            devices: ids(&["GPU-3"])
         }
     );
 }
