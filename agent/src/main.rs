@@ -7,6 +7,7 @@
 
 mod diagram;
 mod discover;
+mod health;
 mod node;
 mod plugins;
 mod pods;

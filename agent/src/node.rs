@@ -1,5 +1,6 @@
 //! Which node the agent describes: this host, a filesystem root, a bundled fixture or an hwloc
-//! XML file, and where NVIDIA answers come from. Shared by `discover` and `run`.
+//! XML file, and where NVIDIA answers come from (the library, `--nvml-library`, recorded
+//! answers). Shared by `discover` and `run`.
 //!
 //! hwloc takes its filesystem root from the environment, so [`NodeArgs::prepare`] must run
 //! before the process starts any thread (before the tokio runtime).
@@ -32,17 +33,31 @@ pub struct NodeArgs {
     #[arg(long = "override", value_name = "FILE")]
     override_file: Option<PathBuf>,
     /// Recorded NVML answers (JSON) to use instead of the NVML library.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", conflicts_with = "nvml_library")]
     nvml_answers: Option<PathBuf>,
+    /// The NVML library to load (default: `libnvidia-ml.so.1` from the library path on this
+    /// host; on a `--root` or `--fixture` node only when given, instead of recorded answers).
+    #[arg(long, value_name = "FILE", env = "FUMAROLE_NVML_LIBRARY")]
+    nvml_library: Option<PathBuf>,
     /// Super-node id of this node (wins over the override file and the NVLink fabric).
     #[arg(long, value_name = "ID")]
     super_node: Option<String>,
+}
+
+/// Where NVIDIA answers come from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NvmlSource {
+    /// The NVML library (a path, or the default `libnvidia-ml.so.1`).
+    Library(Option<PathBuf>),
+    /// Recorded answers (a file), or none at all: no NVML health either.
+    Recorded,
 }
 
 /// A node ready to discover.
 pub struct Prepared {
     pub options: DiscoverOptions,
     pub nvml: Box<dyn NvmlProbe + Send + Sync>,
+    pub nvml_source: NvmlSource,
     /// Keeps a materialized fixture alive.
     _fixture_dir: Option<tempfile::TempDir>,
 }
@@ -89,19 +104,28 @@ impl NodeArgs {
             unsafe { discover::use_fsroot(root) };
         }
 
-        let nvml: Box<dyn NvmlProbe + Send + Sync> = match (&self.nvml_answers, &source) {
-            (Some(file), _) => Box::new(RecordedProbe(file.clone())),
-            (None, Source::Host) => Box::new(LibraryProbe::default()),
-            (None, Source::FsRoot(root)) => {
-                let recorded = root.join(RECORDED_NVML_FILE.trim_start_matches('/'));
-                if recorded.is_file() {
-                    Box::new(RecordedProbe(recorded))
-                } else {
-                    Box::new(NoProbe)
-                }
-            }
-            (None, Source::Xml(_)) => Box::new(NoProbe),
+        let nvml_source = match (&self.nvml_answers, &self.nvml_library, &source) {
+            (Some(_), _, _) => NvmlSource::Recorded,
+            (None, Some(lib), _) => NvmlSource::Library(Some(lib.clone())),
+            (None, None, Source::Host) => NvmlSource::Library(None),
+            (None, None, _) => NvmlSource::Recorded,
         };
+        let nvml: Box<dyn NvmlProbe + Send + Sync> =
+            match (&self.nvml_answers, &nvml_source, &source) {
+                (Some(file), _, _) => Box::new(RecordedProbe(file.clone())),
+                (None, NvmlSource::Library(lib_path), _) => Box::new(LibraryProbe {
+                    lib_path: lib_path.clone(),
+                }),
+                (None, _, Source::FsRoot(root)) => {
+                    let recorded = root.join(RECORDED_NVML_FILE.trim_start_matches('/'));
+                    if recorded.is_file() {
+                        Box::new(RecordedProbe(recorded))
+                    } else {
+                        Box::new(NoProbe)
+                    }
+                }
+                (None, _, _) => Box::new(NoProbe),
+            };
 
         let mut options = DiscoverOptions::new(source);
         options.restrict_to_allowed = self.restrict_to_allowed;
@@ -114,6 +138,7 @@ impl NodeArgs {
         Ok(Prepared {
             options,
             nvml,
+            nvml_source,
             _fixture_dir: fixture_dir,
         })
     }

@@ -1,9 +1,9 @@
-//! Starting the node's device plugins, keeping their health current, and counting what became
-//! of the scheduler's device choices ([`ChoiceMetrics`]).
+//! Starting the node's device plugins, keeping their health and link weights equal to the
+//! node's health stream, and counting what became of the scheduler's device choices
+//! ([`ChoiceMetrics`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::{Context, Result};
 use fumarole_device_plugin::admission::Outcome;
@@ -11,11 +11,11 @@ use fumarole_device_plugin::config::Config;
 use fumarole_device_plugin::plugin::{DevicePluginService, Pods};
 use fumarole_device_plugin::register;
 use fumarole_device_plugin::resources::{self, Resource};
-use fumarole_topology::NodeTopology;
+use fumarole_topology::{NodeHealth, NodeTopology};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
-use tokio::sync::{Notify, watch};
+use tokio::sync::watch;
 
 /// `fumarole_device_choice_total{resource, outcome}`: what became of the scheduler extension's
 /// device choice per container (`honoured`, `no-choice`, `invalid`, `not-honoured`,
@@ -47,84 +47,108 @@ impl ChoiceMetrics {
     }
 }
 
-/// How often device nodes are checked; a health change reaches the kubelet within this.
-const HEALTH_POLL: Duration = Duration::from_millis(500);
-
-/// Serves one plugin per resource of `topology` in `dir`, registered with the kubelet there.
-/// Device health follows the device nodes under `root`; `on_change` is poked when it changes.
-/// With `pods`, the scheduler's device choice for the pod being admitted is honoured (or its
-/// fate reported). `config` is the
-/// `--device-plugin-config` file (resource names, env vars, device nodes per device class).
-pub fn start(
+/// The resources of `topology` under the `--device-plugin-config` file `config` (resource
+/// names, env vars, device nodes per device class), their device nodes looked up under `root`.
+pub fn resources(
     topology: &NodeTopology,
     root: &Path,
-    dir: PathBuf,
     cdi: bool,
-    on_change: Option<Arc<Notify>>,
-    pods: Option<Pods>,
     config: Option<&Path>,
-) -> Result<()> {
+) -> Result<Vec<Resource>> {
     let config = match config {
         Some(path) => Config::load(path).context("--device-plugin-config")?,
         None => Config::default(),
     };
-    let resources = resources::resources_with(topology, root, cdi, &config)
-        .context("--device-plugin-config")?;
+    resources::resources_with(topology, root, cdi, &config).context("--device-plugin-config")
+}
+
+/// Each served device and the device nodes it needs: what the device-node health source
+/// checks (a device is healthy while they all exist).
+pub fn dev_nodes(resources: &[Resource]) -> Vec<(String, Vec<String>)> {
+    resources
+        .iter()
+        .flat_map(|r| {
+            r.devices
+                .iter()
+                .map(|d| (d.id.clone(), d.dev_nodes.clone()))
+        })
+        .collect()
+}
+
+/// Serves one plugin per resource in `dir`, registered with the kubelet there. Device health
+/// and link weights follow the node's health stream `health` over `topology` (the node as
+/// discovered). With `pods`, the scheduler's device choice for the pod being admitted is
+/// honoured (or its fate reported).
+pub fn start(
+    topology: &NodeTopology,
+    resources: Vec<Resource>,
+    dir: PathBuf,
+    pods: Option<Pods>,
+    health: &watch::Receiver<NodeHealth>,
+) -> Result<()> {
     std::fs::create_dir_all(&dir)
         .with_context(|| format!("--device-plugin-dir {}", dir.display()))?;
     for resource in resources {
-        let (service, health) = DevicePluginService::new(topology, resource.clone(), pods.clone())
+        let (service, tx) = DevicePluginService::new(topology, resource.clone(), pods.clone())
             .with_context(|| format!("building the {} plugin", resource.name))?;
         tracing::info!(resource = %resource.name, devices = resource.devices.len(), "serving device plugin");
         let dir = dir.clone();
+        let served = service.clone();
         tokio::spawn(async move {
-            if let Err(e) = register::serve(dir, service).await {
+            if let Err(e) = register::serve(dir, served).await {
                 tracing::error!(error = %e, "device plugin stopped");
             }
         });
-        tokio::spawn(watch_health(
-            resource,
-            root.to_path_buf(),
-            health,
-            on_change.clone(),
-        ));
+        tokio::spawn(follow_health(service, topology.clone(), tx, health.clone()));
     }
     Ok(())
 }
 
-/// A device is healthy while all its device nodes exist; a node that comes back makes the
-/// device healthy again (the kubelet sees both directions).
-async fn watch_health(
-    resource: Resource,
-    root: PathBuf,
-    health: watch::Sender<Vec<bool>>,
-    on_change: Option<Arc<Notify>>,
+/// Keeps one plugin's device health (what `ListAndWatch` sends the kubelet) and link weights
+/// (what `GetPreferredAllocation`'s `select` uses) equal to what the health stream says.
+async fn follow_health(
+    service: DevicePluginService,
+    topology: NodeTopology,
+    devices: watch::Sender<Vec<bool>>,
+    mut health: watch::Receiver<NodeHealth>,
 ) {
+    let name = service.resource().name.clone();
     loop {
-        tokio::time::sleep(HEALTH_POLL).await;
-        let now: Vec<bool> = resource
+        let now = health.borrow_and_update().clone();
+        let healthy: Vec<bool> = service
+            .resource()
             .devices
             .iter()
-            .map(|d| {
-                d.dev_nodes
-                    .iter()
-                    .all(|n| root.join(n.trim_start_matches('/')).exists())
-            })
+            .map(|d| now.is_healthy(&d.id))
             .collect();
-        let changed = health.send_if_modified(|current| {
-            if *current == now {
+        devices.send_if_modified(|current| {
+            if *current == healthy {
                 return false;
             }
-            for (d, (was, is)) in resource.devices.iter().zip(current.iter().zip(&now)) {
+            for (d, (was, is)) in service
+                .resource()
+                .devices
+                .iter()
+                .zip(current.iter().zip(&healthy))
+            {
                 if was != is {
-                    tracing::warn!(resource = %resource.name, device = %d.id, healthy = is, "device health changed");
+                    tracing::warn!(resource = %name, device = %d.id, healthy = is, "device health changed");
                 }
             }
-            *current = now.clone();
+            current.clone_from(&healthy);
             true
         });
-        if changed && let Some(n) = &on_change {
-            n.notify_one();
+        match service.update_links(&topology.with_health(&now)) {
+            Ok(true) => {
+                tracing::info!(resource = %name, "link weights changed: select uses the new ones")
+            }
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(resource = %name, error = %e, "link weights unusable: keeping the last ones")
+            }
+        }
+        if health.changed().await.is_err() {
+            return;
         }
     }
 }

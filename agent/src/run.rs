@@ -28,7 +28,12 @@ use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::watcher;
 use tokio::sync::Notify;
 
-use crate::node::{NodeArgs, Prepared};
+use fumarole_exporter::health::HealthStream;
+use fumarole_exporter::health::nvml::NvmlSession;
+use fumarole_topology::NodeTopology;
+
+use crate::health::{self, HealthArgs};
+use crate::node::{NodeArgs, NvmlSource, Prepared};
 use crate::{plugins, pods};
 
 #[derive(Args)]
@@ -99,6 +104,8 @@ pub struct RunArgs {
     /// Address of `/metrics` and `/healthz`.
     #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:9400")]
     metrics_addr: SocketAddr,
+    #[command(flatten)]
+    health: HealthArgs,
     #[command(flatten)]
     colocation: ColocationArgs,
 }
@@ -190,11 +197,12 @@ pub fn run(args: RunArgs) -> Result<()> {
             prepared.options.super_node = super_node_from_label(&client, &node_name, key).await?;
         }
         // The co-location metrics are on /metrics with or without --colocation.
-        let (metrics, (colocation_metrics, choice_metrics)) =
+        let (metrics, (colocation_metrics, choice_metrics, fault_metrics)) =
             Metrics::new(args.recheck_interval, |registry| {
                 (
                     ColocationMetrics::register(registry),
                     plugins::ChoiceMetrics::register(registry),
+                    health::DeviceFaultMetrics::register(registry),
                 )
             });
         let listener = tokio::net::TcpListener::bind(args.metrics_addr)
@@ -202,7 +210,31 @@ pub fn run(args: RunArgs) -> Result<()> {
             .with_context(|| format!("--metrics-addr {}", args.metrics_addr))?;
         tokio::spawn(metrics::serve(listener, metrics.clone()));
 
+        let stream = HealthStream::new();
+        let mut resources = None;
+        match discover_node(&args, &mut prepared) {
+            Ok((topology, session)) => {
+                if args.device_plugin_dir.is_some() {
+                    resources = Some((
+                        plugins::resources(
+                            &topology,
+                            root_of(&prepared),
+                            args.cdi,
+                            args.device_plugin_config.as_deref(),
+                        )?,
+                        topology.clone(),
+                    ));
+                }
+                let served = resources.as_ref().map(|(r, _)| r.as_slice());
+                start_health(&args, &prepared, &topology, served, session.as_ref(), &stream);
+            }
+            // The device plugins cannot start without the node; the publisher can keep trying.
+            Err(e) if args.device_plugin_dir.is_some() => return Err(e),
+            Err(e) => tracing::warn!(error = %e, "discovery failed: no health sources; publishing retries discovery"),
+        }
+
         let wake = Arc::new(Notify::new());
+        publish::wake_on_health(stream.subscribe(), wake.clone());
         let kubelet = KubeletPaths {
             config: args.kubelet_config.clone(),
             pod_resources_socket: args.pod_resources_socket.clone(),
@@ -217,11 +249,16 @@ pub fn run(args: RunArgs) -> Result<()> {
                 instance: Some(node_name.clone()),
             },
         );
+        health::spawn_reports(
+            stream.subscribe(),
+            Some((recorder.clone(), health::node_reference(&node_name))),
+            Some(fault_metrics),
+        );
         let node_pods = (args.device_plugin_dir.is_some() || args.colocation.colocation)
             .then(|| {
                 pods::NodePods::watch(client.clone(), &node_name, recorder, Some(choice_metrics))
             });
-        if let Some(dir) = args.device_plugin_dir.clone()
+        if let (Some(dir), Some((resources, topology))) = (args.device_plugin_dir.clone(), resources)
             && let Some(node_pods) = &node_pods
         {
             node_pods.set_allocations(allocations.clone());
@@ -237,7 +274,7 @@ pub fn run(args: RunArgs) -> Result<()> {
                     timeout: args.await_device_choice_timeout,
                 },
             };
-            serve_device_plugins(&args, &prepared, dir, Some(wake.clone()), Some(pods))?;
+            plugins::start(&topology, resources, dir, Some(pods), &stream.subscribe())?;
         }
         if args.colocation.colocation
             && let Some(pods) = node_pods
@@ -245,7 +282,8 @@ pub fn run(args: RunArgs) -> Result<()> {
             start_colocation(&args, &client, &node_name, pods, colocation_metrics);
         }
         let publisher = Publisher::new(client, &node_name, metrics.clone(), wake.clone());
-        let state = NodeState::new(prepared.options.clone(), prepared.nvml, kubelet, allocations, metrics);
+        let state = NodeState::new(prepared.options.clone(), prepared.nvml, kubelet, allocations, metrics)
+            .with_health(stream.subscribe());
         tracing::info!(node = %node_name, recheck = ?args.recheck_interval, "publishing node topology");
         tokio::select! {
             () = publish::run(publisher, state, args.recheck_interval, wake) => {}
@@ -357,36 +395,88 @@ async fn super_node_from_label(
     }))
 }
 
-/// `--standalone`: discover once, serve the device plugins, nothing else.
-async fn standalone(args: RunArgs, prepared: Prepared) -> Result<()> {
+/// `--standalone`: discover once, serve the device plugins with their health, nothing else.
+async fn standalone(args: RunArgs, mut prepared: Prepared) -> Result<()> {
     let Some(dir) = args.device_plugin_dir.clone() else {
         bail!("--standalone needs --device-plugin-dir")
     };
-    serve_device_plugins(&args, &prepared, dir, None, None)?;
+    let (topology, session) = discover_node(&args, &mut prepared)?;
+    let resources = plugins::resources(
+        &topology,
+        root_of(&prepared),
+        args.cdi,
+        args.device_plugin_config.as_deref(),
+    )?;
+    let stream = HealthStream::new();
+    start_health(
+        &args,
+        &prepared,
+        &topology,
+        Some(&resources),
+        session.as_ref(),
+        &stream,
+    );
+    health::spawn_reports(stream.subscribe(), None, None);
+    plugins::start(&topology, resources, dir, None, &stream.subscribe())?;
     shutdown().await;
     tracing::info!("shutting down");
     Ok(())
 }
 
-/// Discovers the node and serves one device plugin per resource in `dir`.
-fn serve_device_plugins(
+/// The filesystem root device nodes are looked up under.
+fn root_of(prepared: &Prepared) -> &Path {
+    prepared.options.source.root().unwrap_or(Path::new("/"))
+}
+
+/// Discovers the node once. When NVIDIA answers come from the library, one NVML session
+/// serves discovery (now and in every publish round) and the health thread.
+fn discover_node(
+    args: &RunArgs,
+    prepared: &mut Prepared,
+) -> Result<(NodeTopology, Option<NvmlSession>)> {
+    let session = match &prepared.nvml_source {
+        NvmlSource::Library(path) => {
+            let session = args.health.nvml_session(path.clone());
+            prepared.nvml = Box::new(session.clone());
+            Some(session)
+        }
+        NvmlSource::Recorded => None,
+    };
+    // Discovery reads sysfs and may wait for NVML's first answer: not on a runtime worker.
+    let topology = tokio::task::block_in_place(|| {
+        discover::discover(&prepared.options, prepared.nvml.as_ref())
+    })?;
+    Ok((topology, session))
+}
+
+/// Starts the node's health sources (see [`health::start_sources`]).
+fn start_health(
     args: &RunArgs,
     prepared: &Prepared,
-    dir: PathBuf,
-    on_change: Option<Arc<Notify>>,
-    pods: Option<Pods>,
-) -> Result<()> {
-    let topology = discover::discover(&prepared.options, prepared.nvml.as_ref())?;
-    let root = prepared.options.source.root().unwrap_or(Path::new("/"));
-    plugins::start(
-        &topology,
-        root,
-        dir,
-        args.cdi,
-        on_change,
-        pods,
-        args.device_plugin_config.as_deref(),
-    )
+    topology: &NodeTopology,
+    resources: Option<&[fumarole_device_plugin::resources::Resource]>,
+    session: Option<&NvmlSession>,
+    stream: &HealthStream,
+) {
+    // The device plugins' device nodes when they are served, else what discovery found.
+    let dev_nodes = match resources {
+        Some(r) => plugins::dev_nodes(r),
+        None => topology
+            .devices
+            .iter()
+            .map(|d| (d.id.clone(), d.dev_nodes.clone()))
+            .collect(),
+    };
+    let host = matches!(prepared.options.source, discover::Source::Host);
+    health::start_sources(
+        &args.health,
+        topology,
+        root_of(prepared).to_path_buf(),
+        dev_nodes,
+        session,
+        host,
+        stream,
+    );
 }
 
 /// SIGTERM (the kubelet stopping the pod) or Ctrl-C.

@@ -1,14 +1,16 @@
 //! The kubelet device-plugin gRPC service for one resource.
 //!
 //! Health lives in a `watch` channel: whoever checks devices sends the new health vector and
-//! every `ListAndWatch` stream forwards it to the kubelet at once. `GetPreferredAllocation`
+//! every `ListAndWatch` stream forwards it to the kubelet at once. Link weights can change
+//! too (a fabric link that goes down, [`DevicePluginService::update_links`]): `select` then
+//! works on the lowered weights. `GetPreferredAllocation`
 //! prefers the scheduler extension's choice for the pod being admitted
 //! ([`crate::admission`]), else `topology::select` over this resource's devices, with a
 //! context built once; `Allocate` checks what the kubelet took against that preference.
 
 use std::collections::BTreeSet;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
 use fumarole_topology::NodeTopology;
@@ -56,8 +58,8 @@ struct Inner {
     resource: Resource,
     pods: Option<Pods>,
     admissions: Admissions,
-    /// Weights among this resource's devices, for `select`.
-    select: SelectContext,
+    /// Weights among this resource's devices, for `select` (replaced when links change).
+    select: RwLock<Arc<SelectContext>>,
     health: watch::Receiver<Vec<bool>>,
 }
 
@@ -70,18 +72,7 @@ impl DevicePluginService {
         resource: Resource,
         pods: Option<Pods>,
     ) -> Result<(Self, watch::Sender<Vec<bool>>), SelectError> {
-        let weights: Vec<Vec<u32>> = resource
-            .devices
-            .iter()
-            .map(|a| {
-                resource
-                    .devices
-                    .iter()
-                    .map(|b| topology.links.weight(a.position, b.position))
-                    .collect()
-            })
-            .collect();
-        let select = SelectContext::from_weights(&weights)?;
+        let select = SelectContext::from_weights(&weights(topology, &resource))?;
         let (tx, rx) = watch::channel(resource.devices.iter().map(|d| d.healthy).collect());
         Ok((
             Self {
@@ -92,7 +83,7 @@ impl DevicePluginService {
                     ),
                     resource,
                     pods,
-                    select,
+                    select: RwLock::new(Arc::new(select)),
                     health: rx,
                 }),
             },
@@ -102,6 +93,37 @@ impl DevicePluginService {
 
     pub fn resource(&self) -> &Resource {
         &self.inner.resource
+    }
+
+    /// Takes the link weights among this resource's devices from `topology` (the same node,
+    /// its links as health leaves them); returns whether they changed. A matrix `select`
+    /// cannot use is refused and the current one kept.
+    pub fn update_links(&self, topology: &NodeTopology) -> Result<bool, SelectError> {
+        let weights = weights(topology, &self.inner.resource);
+        let current = self.select_context();
+        let same = weights.iter().enumerate().all(|(a, row)| {
+            row.iter()
+                .enumerate()
+                .all(|(b, w)| a == b || current.weight(a, b) == *w)
+        });
+        if same {
+            return Ok(false);
+        }
+        let select = SelectContext::from_weights(&weights)?;
+        *self
+            .inner
+            .select
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = Arc::new(select);
+        Ok(true)
+    }
+
+    fn select_context(&self) -> Arc<SelectContext> {
+        self.inner
+            .select
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     fn devices(&self, health: &[bool]) -> api::ListAndWatchResponse {
@@ -158,8 +180,7 @@ impl DevicePluginService {
             .collect();
         let pool = if spare.len() >= k { &spare } else { &free };
         let chosen = self
-            .inner
-            .select
+            .select_context()
             .select(pool, &must, k)
             .map_err(|e| invalid(e.to_string()))?;
         Ok(chosen
@@ -233,6 +254,21 @@ impl DevicePluginService {
                 .report(&pod, &self.inner.resource.name, &outcome);
         }
     }
+}
+
+/// The weights among `resource`'s devices in `topology`.
+fn weights(topology: &NodeTopology, resource: &Resource) -> Vec<Vec<u32>> {
+    resource
+        .devices
+        .iter()
+        .map(|a| {
+            resource
+                .devices
+                .iter()
+                .map(|b| topology.links.weight(a.position, b.position))
+                .collect()
+        })
+        .collect()
 }
 
 type ListAndWatchStream =

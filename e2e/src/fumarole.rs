@@ -36,6 +36,38 @@ fn our_bin(name: &str, package: &str) -> Result<PathBuf> {
     Ok(bin)
 }
 
+/// A stand-in vendor library built by the workspace (`fumarole-standin-nvml`,
+/// `fumarole-standin-dcmi`: `target/<profile>/libfumarole_standin_nvml.so`), beside the test
+/// binaries like [`agent_bin`]; e2e/ci.sh builds them, and when one is missing this builds it
+/// with cargo.
+pub fn standin_lib(package: &str) -> Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    let Some(dir) = exe.parent().and_then(Path::parent) else {
+        bail!("no target directory above {}", exe.display());
+    };
+    let lib = dir.join(format!("lib{}.so", package.replace('-', "_")));
+    if !lib.exists() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut cmd = std::process::Command::new(cargo);
+        cmd.args(["build", "-p", package]);
+        if dir.file_name().is_some_and(|n| n == "release") {
+            cmd.arg("--release");
+        }
+        if let Some(target) = dir.parent() {
+            cmd.env("CARGO_TARGET_DIR", target);
+        }
+        let out = cmd.output()?;
+        if !out.status.success() || !lib.exists() {
+            bail!(
+                "{} missing and `cargo build -p {package}` failed: {}",
+                lib.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+    Ok(lib)
+}
+
 /// Our `DeviceTopology` CRD, as kept in `deploy/crds/`.
 pub fn device_topology_crd() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

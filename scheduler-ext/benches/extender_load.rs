@@ -191,6 +191,7 @@ fn topology(i: usize) -> DeviceTopology {
                     gpu_id(i, d),
                     DeviceStatus {
                         health: "Healthy".into(),
+                        reason: None,
                         allocation,
                     },
                 )

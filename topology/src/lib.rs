@@ -3,6 +3,7 @@
 //! Start at [`NodeTopology`] (CPUs, NUMA nodes, accelerators, the link matrix, the
 //! super-node). [`link`] explains link classes and their weights; [`cpuset`] the Linux list
 //! format used wherever CPUs are written down; [`crd`] the Kubernetes objects built from it;
+//! [`health`] device and link faults ([`NodeHealth`]) and what they do to a topology;
 //! [`annotation`] the pod annotation carrying the scheduler's device choice; [`quantity`] and
 //! [`pod`] the Kubernetes quantities and effective pod requests every component reads alike;
 //! [`shapes`] the link matrices of the fixture node shapes and [`baseline`] the NVIDIA-style
@@ -13,6 +14,7 @@ pub mod annotation;
 pub mod baseline;
 pub mod cpuset;
 pub mod crd;
+pub mod health;
 pub mod link;
 pub mod model;
 pub mod pod;
@@ -21,6 +23,7 @@ pub mod select;
 pub mod shapes;
 
 pub use cpuset::{CpuSet, CpuSetError};
+pub use health::{Fault, FaultKind, LinkFault, NodeHealth};
 pub use link::{Link, LinkClass, LinkMatrix, LinkMatrixError, pcie_class};
 pub use model::{
     Device, DeviceKind, Health, NodeTopology, NumaNode, Package, PciId, ProcessingUnit, Summary,

@@ -124,31 +124,42 @@ pub struct LibraryProbe {
 
 impl NvmlProbe for LibraryProbe {
     fn probe(&self) -> Result<Option<NvmlReport>, NvmlError> {
-        use nvml_wrapper::Nvml;
-        use nvml_wrapper::error::NvmlError as E;
-
-        let mut builder = Nvml::builder();
-        if let Some(p) = &self.lib_path {
-            builder.lib_path(p.as_os_str());
+        match open_library(self.lib_path.as_deref())? {
+            Some(nvml) => read_report(&nvml).map(Some),
+            None => Ok(None),
         }
-        let nvml = match builder.init() {
-            Ok(nvml) => nvml,
-            Err(E::LibloadingError(e)) => {
-                tracing::info!(
-                    error = %e,
-                    "NVML library not found: NVIDIA links come from the PCI tree only"
-                );
-                return Ok(None);
-            }
-            Err(E::DriverNotLoaded) => {
-                tracing::info!(
-                    "NVIDIA driver not loaded: NVIDIA links come from the PCI tree only"
-                );
-                return Ok(None);
-            }
-            Err(e) => return Err(call("nvmlInit", e)),
-        };
-        read_report(&nvml).map(Some)
+    }
+}
+
+/// Loads and initialises the NVML library (`lib_path`, else `libnvidia-ml.so.1` from the
+/// loader's search path). `Ok(None)` when there is no NVML on this node (library not
+/// installed, driver not loaded), which is logged once here.
+pub fn open_library(
+    lib_path: Option<&std::path::Path>,
+) -> Result<Option<nvml_wrapper::Nvml>, NvmlError> {
+    use nvml_wrapper::Nvml;
+    use nvml_wrapper::error::NvmlError as E;
+
+    let mut builder = Nvml::builder();
+    if let Some(p) = lib_path {
+        builder.lib_path(p.as_os_str());
+    }
+    match builder.init() {
+        Ok(nvml) => Ok(Some(nvml)),
+        Err(E::LibloadingError(e)) => {
+            tracing::info!(
+                error = %e,
+                "NVML library not found: NVIDIA links come from the PCI tree only, health from device nodes"
+            );
+            Ok(None)
+        }
+        Err(E::DriverNotLoaded) => {
+            tracing::info!(
+                "NVIDIA driver not loaded: NVIDIA links come from the PCI tree only, health from device nodes"
+            );
+            Ok(None)
+        }
+        Err(e) => Err(call("nvmlInit", e)),
     }
 }
 
@@ -159,7 +170,11 @@ fn call(call: &'static str, e: nvml_wrapper::error::NvmlError) -> NvmlError {
     }
 }
 
-fn read_report(nvml: &nvml_wrapper::Nvml) -> Result<NvmlReport, NvmlError> {
+/// `NVML_NVLINK_MAX_LINKS` on Hopper: the lanes a GPU may have.
+pub const NVLINK_MAX_LANES: u32 = 18;
+
+/// Everything discovery asks NVML, from an initialised library.
+pub fn read_report(nvml: &nvml_wrapper::Nvml) -> Result<NvmlReport, NvmlError> {
     let count = nvml
         .device_count()
         .map_err(|e| call("nvmlDeviceGetCount", e))?;
@@ -172,8 +187,8 @@ fn read_report(nvml: &nvml_wrapper::Nvml) -> Result<NvmlReport, NvmlError> {
             .pci_info()
             .map_err(|e| call("nvmlDeviceGetPciInfo", e))?;
         let mut nvlinks = Vec::new();
-        // NVML_NVLINK_MAX_LINKS is 18 on Hopper; unsupported lanes answer NotSupported.
-        for lane in 0..18 {
+        // Unsupported lanes answer NotSupported.
+        for lane in 0..NVLINK_MAX_LANES {
             let link = dev.link_wrapper_for(lane);
             if !link.is_active().unwrap_or(false) {
                 continue;
@@ -206,7 +221,11 @@ fn read_report(nvml: &nvml_wrapper::Nvml) -> Result<NvmlReport, NvmlError> {
 
 /// `nvmlDeviceGetNvLinkRemoteDeviceType`, called directly: nvml-wrapper 0.13's wrapper reads
 /// its answer from a temporary and always reports `Unknown`.
-fn remote_kind(nvml: &nvml_wrapper::Nvml, dev: &nvml_wrapper::Device<'_>, lane: u32) -> RemoteKind {
+pub fn remote_kind(
+    nvml: &nvml_wrapper::Nvml,
+    dev: &nvml_wrapper::Device<'_>,
+    lane: u32,
+) -> RemoteKind {
     use nvml_wrapper_sys::bindings as sys;
     let Ok(get) = nvml.lib().nvmlDeviceGetNvLinkRemoteDeviceType.as_ref() else {
         return RemoteKind::Other;

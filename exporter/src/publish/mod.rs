@@ -6,7 +6,8 @@
 //! field someone overwrote is restored, with no reads in steady state); [`run`] is the loop:
 //! re-check every interval or at once when poked, back off exponentially while the API server
 //! fails, recover by itself; [`watch_allocations`] pokes it when a pod gets or frees
-//! exclusive CPUs or devices. [`metrics`] serves `/metrics` and `/healthz`.
+//! exclusive CPUs or devices, [`wake_on_health`] when a device's or link's health changes.
+//! [`metrics`] serves `/metrics` and `/healthz`.
 
 pub mod metrics;
 pub mod objects;
@@ -19,6 +20,7 @@ pub use state::Desired;
 use std::sync::Arc;
 use std::time::Duration;
 
+use fumarole_topology::NodeHealth;
 use tokio::sync::{Notify, watch};
 
 use crate::kubelet::{AllocationReader, Allocations, KubeletPaths};
@@ -59,4 +61,14 @@ pub fn watch_allocations(
         }
     });
     rx
+}
+
+/// Pokes `wake` whenever `health` changes, so a fault or a recovery is published at once
+/// rather than at the next re-check.
+pub fn wake_on_health(mut health: watch::Receiver<NodeHealth>, wake: Arc<Notify>) {
+    tokio::spawn(async move {
+        while health.changed().await.is_ok() {
+            wake.notify_one();
+        }
+    });
 }

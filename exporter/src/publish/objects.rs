@@ -11,7 +11,7 @@ use fumarole_topology::crd::numatopology::{
 use fumarole_topology::crd::{
     DeviceTopologySpec, DeviceTopologyStatus, NodeResourceTopology, NumatopologySpec,
 };
-use fumarole_topology::{CpuSet, Health, NodeTopology};
+use fumarole_topology::{CpuSet, Health, NodeHealth, NodeTopology};
 
 use crate::kubelet::config::KubeletPolicies;
 use crate::kubelet::{AllocationSource, Allocations};
@@ -129,14 +129,17 @@ pub fn device_allocations(
     out
 }
 
-/// `DeviceTopology` spec and status.
+/// `DeviceTopology` spec and status. `t` is the topology `health` was applied to
+/// (`NodeTopology::with_health`: unhealthy devices, lowered links); `health` gives each
+/// device's reason.
 pub fn device_topology(
     t: &NodeTopology,
     alloc: &Allocations,
+    health: &NodeHealth,
 ) -> (DeviceTopologySpec, DeviceTopologyStatus) {
     (
         DeviceTopologySpec::from_topology(t),
-        DeviceTopologyStatus::new(t, &device_allocations(t, alloc)),
+        DeviceTopologyStatus::with_health(t, &device_allocations(t, alloc), health),
     )
 }
 

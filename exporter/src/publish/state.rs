@@ -10,9 +10,11 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use fumarole_topology::NodeHealth;
 use fumarole_topology::crd::{
     DeviceTopologySpec, DeviceTopologyStatus, NodeResourceTopology, NumatopologySpec,
 };
+use tokio::sync::watch;
 
 use crate::discover::nvml::NvmlProbe;
 use crate::discover::{DiscoverOptions, discover};
@@ -39,6 +41,7 @@ pub struct NodeState {
     pub kubelet: KubeletPaths,
     pub metrics: Arc<Metrics>,
     allocations: LatestAllocations,
+    health: Option<watch::Receiver<NodeHealth>>,
     last_allocations: Option<Allocations>,
     /// The last allocations read from PodResources (for devices while it is down).
     last_pod_resources: Option<Allocations>,
@@ -60,10 +63,17 @@ impl NodeState {
             kubelet,
             allocations,
             metrics,
+            health: None,
             last_allocations: None,
             last_pod_resources: None,
             last_problem: None,
         }
+    }
+
+    /// Builds every object with the health `health` carries (see the module doc).
+    pub fn with_health(mut self, health: watch::Receiver<NodeHealth>) -> Self {
+        self.health = Some(health);
+        self
     }
 
     fn problem(&mut self, problem: Option<String>) {
@@ -99,8 +109,13 @@ impl NodeState {
         // Discovery reads sysfs synchronously (about 15 ms on an 8-GPU node).
         let topology = tokio::task::block_in_place(|| discover(&self.discover, self.nvml.as_ref()));
         self.metrics.discovery(topology.is_ok());
+        let health = self
+            .health
+            .as_ref()
+            .map(|h| h.borrow().clone())
+            .unwrap_or_default();
         let topology = match topology {
-            Ok(t) => t,
+            Ok(t) => t.with_health(&health),
             Err(e) => {
                 tracing::warn!(error = %e, "discovery failed; keeping every published object");
                 return Desired::default();
@@ -143,13 +158,13 @@ impl NodeState {
         let device_topology = self
             .last_allocations
             .as_ref()
-            .map(|a| objects::device_topology(&topology, a))
+            .map(|a| objects::device_topology(&topology, a, &health))
             .or_else(|| {
                 let none = Allocations {
                     source: crate::kubelet::AllocationSource::None,
                     pods: vec![],
                 };
-                Some(objects::device_topology(&topology, &none))
+                Some(objects::device_topology(&topology, &none, &health))
             });
         if let Some((_, status)) = &device_topology {
             let healthy = usize::try_from(status.healthy_count).unwrap_or(usize::MAX);

@@ -736,6 +736,29 @@ mod tests {
         );
     }
 
+    /// What an agent publishes while GPU 3 is out (health and a reason) and GPU 1 has an
+    /// NVLink lane down (its pairs at NV17, weight 270, the others NV18, 280): GPU 3 is never
+    /// free, and select stops pairing GPU 1 first.
+    #[test]
+    fn faults_the_agent_publishes_flow_into_the_view() {
+        let mut t = dt("a", 4, 280, &[]);
+        let status = t.status.as_mut().unwrap().devices.get_mut("GPU-3").unwrap();
+        status.health = "Unhealthy".into();
+        status.reason = Some("xid: XID 79 (GPU has fallen off the bus)".into());
+        for l in &mut t.spec.links {
+            if l.a == 1 || l.b == 1 {
+                l.count = Some(17);
+                l.weight = 270;
+            }
+        }
+        let view = ClusterView::build(&[t], &[], &[], &[]).unwrap();
+        assert_eq!(view.free("a", "nvidia.com/gpu"), vec![0, 1, 2]);
+        let nv = view.node("a").unwrap();
+        assert_eq!(nv.select.context.weight(0, 1), 270);
+        let pair = nv.select.context.select(&[0, 1, 2], &[], 2).unwrap();
+        assert_eq!(pair.devices, vec![0, 2]);
+    }
+
     #[test]
     fn node_without_topology_has_no_devices() {
         let node: Node = serde_json::from_value(

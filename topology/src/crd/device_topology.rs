@@ -7,6 +7,7 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::health::NodeHealth;
 use crate::model::{Health, NodeTopology};
 
 /// The node's hardware as schedulers need it.
@@ -202,6 +203,10 @@ pub struct EvictionRecord {
 pub struct DeviceStatus {
     /// Healthy | Unhealthy
     pub health: String,
+    /// Why: the device's faults as `kind: what` (`xid: XID 79 (GPU has fallen off the bus)`,
+    /// `nvlink-down: NVLink lane 5 down`), disabling ones first; absent when it has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allocation: Option<DeviceAllocation>,
 }
@@ -275,12 +280,29 @@ impl DeviceTopologySpec {
 impl DeviceTopologyStatus {
     /// Status from each device's health and the allocations known for it (by device id).
     pub fn new(t: &NodeTopology, allocations: &BTreeMap<String, DeviceAllocation>) -> Self {
+        Self::with_health(t, allocations, &NodeHealth::default())
+    }
+
+    /// Like [`DeviceTopologyStatus::new`], with each device's faults from `health` as its
+    /// reason. `t` is the topology `health` was applied to
+    /// ([`NodeTopology::with_health`]); a device unhealthy with no fault reported lost a device
+    /// node (discovery's rule).
+    pub fn with_health(
+        t: &NodeTopology,
+        allocations: &BTreeMap<String, DeviceAllocation>,
+        health: &NodeHealth,
+    ) -> Self {
         let devices: BTreeMap<String, DeviceStatus> = t
             .devices
             .iter()
             .map(|d| {
+                let reason = health.reason(&d.id).or_else(|| {
+                    (d.health == Health::Unhealthy)
+                        .then(|| "dev-node-missing: a device node is missing".to_string())
+                });
                 let status = DeviceStatus {
                     health: camel(&d.health),
+                    reason,
                     allocation: allocations.get(&d.id).cloned(),
                 };
                 (d.id.clone(), status)

@@ -60,6 +60,7 @@ pub fn nvlink_node(
                     id(i),
                     DeviceStatus {
                         health: "Healthy".into(),
+                        reason: None,
                         allocation,
                     },
                 )

@@ -1,0 +1,866 @@
+//! Device health through the real FFI, without hardware: the agent loads stand-ins for
+//! `libnvidia-ml.so.1` and `libdcmi.so` (the workspace's `fumarole-standin-nvml` and
+//! `fumarole-standin-dcmi` cdylibs, driven by a JSON state file this test rewrites) through
+//! the same flags and code path as the real libraries, with the kubelet's own device-plugin
+//! client (`kubelet-dm`), the real API server and the scheduler extension.
+//!
+//! - An XID 79 on GPU 3 (the GPU then lost to NVML) reaches the kubelet (ListAndWatch),
+//!   `DeviceTopology` status (health and reason), a Node Event, the metric, and the
+//!   extension, which stops choosing the GPU; an ignored XID (13) changes nothing; an NVLink
+//!   lane down lowers the published weights of that GPU's pairs and `select`'s choice; and
+//!   recovery brings all of it back. Propagation times are printed.
+//! - A library that hangs or answers errors and garbage never delays `ListAndWatch` or
+//!   `GetPreferredAllocation`; once it answers again, faults are seen again.
+//! - No library: today's `/dev` rule.
+//! - Ascend through DCMI on atlas-800-910: a chip fault, a RoCE network fault and an HCCS fault
+//!   code (lowering the chip's HCCS pairs), and their recovery.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use fumarole_e2e::cluster::{free_port, http_get, http_post_json, metric_sum};
+use fumarole_e2e::fumarole::{agent_bin, device_topologies, fixture_root, standin_lib};
+use fumarole_e2e::process::Proc;
+use fumarole_e2e::{KubeletDm, NodeSpec, TestCluster};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use serde_json::{Value, json};
+
+const GPU: &str = "nvidia.com/gpu";
+const NPU: &str = "huawei.com/Ascend910";
+const NODE: &str = "dgx-1";
+
+/// A stand-in library's state file: edited in memory, written whole (renamed into place).
+struct StandIn {
+    path: PathBuf,
+    state: Value,
+}
+
+impl StandIn {
+    fn new(path: PathBuf, state: Value) -> Self {
+        let s = StandIn { path, state };
+        s.write();
+        s
+    }
+
+    fn write(&self) {
+        let tmp = self.path.with_extension("tmp");
+        std::fs::write(&tmp, self.state.to_string()).unwrap();
+        std::fs::rename(&tmp, &self.path).unwrap();
+    }
+
+    /// Applies `f` and writes the file; returns the moment it was written.
+    fn edit(&mut self, f: impl FnOnce(&mut Value)) -> Instant {
+        f(&mut self.state);
+        self.write();
+        Instant::now()
+    }
+
+    /// Appends an event for the stand-in NVML to deliver.
+    fn event(&mut self, event: Value) -> Instant {
+        self.edit(|s| {
+            let events = s["events"].as_array_mut().unwrap();
+            let id = events.len() as u64 + 1;
+            let mut e = event;
+            e["id"] = json!(id);
+            events.push(e);
+        })
+    }
+}
+
+/// Polls `check` every 10 ms until it is true; returns the time since `since`.
+async fn until<F, Fut>(what: &str, since: Instant, timeout: Duration, mut check: F) -> Duration
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    loop {
+        if check().await {
+            return since.elapsed();
+        }
+        assert!(since.elapsed() < timeout, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn ids(devices: &[Value]) -> Vec<String> {
+    devices
+        .iter()
+        .map(|d| d["ID"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// The latest seq of kubelet-dm's events.
+async fn last_seq(kdm: &KubeletDm) -> u64 {
+    kdm.events(0, Duration::ZERO)
+        .await
+        .unwrap()
+        .last()
+        .map_or(0, |e| e.seq)
+}
+
+/// Waits for a ListAndWatch answer of `resource` whose device `id` has `health`; returns the
+/// time since `since`.
+async fn kubelet_sees(
+    kdm: &KubeletDm,
+    resource: &str,
+    seq: u64,
+    id: &str,
+    health: &str,
+    since: Instant,
+) -> Duration {
+    kdm.wait_event(seq, Duration::from_secs(20), |e| {
+        e.kind == "list_and_watch"
+            && e.resource == resource
+            && e.devices
+                .as_ref()
+                .is_some_and(|d| d.iter().any(|x| x["ID"] == id && x["health"] == health))
+    })
+    .await
+    .unwrap();
+    since.elapsed()
+}
+
+/// The published `DeviceTopology` of `node` as JSON (`Null` before it exists).
+async fn dtopo(cluster: &TestCluster, node: &str) -> Value {
+    match device_topologies(cluster.client())
+        .get_opt(node)
+        .await
+        .unwrap()
+    {
+        Some(o) => serde_json::to_value(o).unwrap(),
+        None => Value::Null,
+    }
+}
+
+fn device_status<'a>(dt: &'a Value, id: &str) -> &'a Value {
+    &dt["status"]["devices"][id]
+}
+
+/// The published weight between devices `a` and `b` (spec indices).
+fn weight(dt: &Value, a: usize, b: usize) -> u64 {
+    let (a, b) = (a.min(b), a.max(b));
+    dt["spec"]["links"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["a"] == a && l["b"] == b)
+        .map(|l| l["weight"].as_u64().unwrap())
+        .unwrap()
+}
+
+/// The Events recorded on Node `node` as `reason: note`.
+async fn node_events(cluster: &TestCluster, node: &str) -> Vec<String> {
+    let events: Api<Event> = Api::all(cluster.client());
+    events
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.regarding.as_ref().is_some_and(|r| {
+                r.kind.as_deref() == Some("Node") && r.name.as_deref() == Some(node)
+            })
+        })
+        .map(|e| {
+            format!(
+                "{}: {}",
+                e.reason.unwrap_or_default(),
+                e.note.unwrap_or_default()
+            )
+        })
+        .collect()
+}
+
+/// `GetPreferredAllocation` for one container through the kubelet's client.
+async fn pick(kdm: &KubeletDm, resource: &str, available: &[String], size: i32) -> Vec<String> {
+    let r = kdm
+        .preferred(
+            resource,
+            json!({"container_requests": [{"available_deviceIDs": available, "allocation_size": size}]}),
+        )
+        .await
+        .unwrap();
+    r["container_responses"][0]["deviceIDs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_string())
+        .collect()
+}
+
+fn gpu_pod(name: &str, gpus: u32) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}")},
+        "spec": {"containers": [{"name": "c", "image": "example.invalid/none",
+            "resources": {"limits": {GPU: gpus.to_string()}}}]}
+    })
+}
+
+/// Whether the extension's kube-scheduler `filter` keeps `node` for a pod of `gpus` GPUs.
+async fn extension_keeps(port: u16, node: &str, gpus: u32) -> bool {
+    let body = http_post_json(
+        port,
+        "/kube-scheduler/filter",
+        &json!({"Pod": gpu_pod("probe", gpus), "NodeNames": [node]}),
+    )
+    .await
+    .unwrap();
+    let v: Value = serde_json::from_str(&body).unwrap();
+    v["NodeNames"]
+        .as_array()
+        .is_some_and(|n| n.iter().any(|x| x == node))
+}
+
+/// The fixture written out as a root, its recorded NVML answers turned into the stand-in's
+/// state (and removed, so only the library answers), and the library copied in as
+/// `libnvidia-ml.so.1`.
+fn nvidia_root(dir: &Path) -> (PathBuf, PathBuf, StandIn) {
+    let root = fixture_root("dgx-h100", dir).unwrap();
+    let recorded = root.join("fumarole/nvml.json");
+    let mut state: Value =
+        serde_json::from_str(&std::fs::read_to_string(&recorded).unwrap()).unwrap();
+    std::fs::remove_file(&recorded).unwrap();
+    state["events"] = json!([]);
+    let lib = dir.join("libnvidia-ml.so.1");
+    std::fs::copy(standin_lib("fumarole-standin-nvml").unwrap(), &lib).unwrap();
+    (root, lib, StandIn::new(dir.join("nvml-state.json"), state))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn nvidia_faults_reach_kubelet_devicetopology_and_extension_and_recover() {
+    let cluster = TestCluster::start().await.unwrap();
+    cluster.install_fumarole_crds().await.unwrap();
+    cluster
+        .create_node(
+            &NodeSpec::new(NODE)
+                .capacity("cpu", "224")
+                .capacity(GPU, "8"),
+        )
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (root, lib, mut nvml) = nvidia_root(dir.path());
+    let plugins = dir.path().join("device-plugins");
+    std::fs::create_dir_all(&plugins).unwrap();
+    let kdm = KubeletDm::start(&plugins, &dir.path().join("logs"))
+        .await
+        .unwrap();
+    let metrics_port = free_port().unwrap();
+    let args: Vec<String> = [
+        "run",
+        "--root",
+        root.to_str().unwrap(),
+        "--node-name",
+        NODE,
+        "--device-plugin-dir",
+        plugins.to_str().unwrap(),
+        "--nvml-library",
+        lib.to_str().unwrap(),
+        "--health-quiet-period",
+        "2s",
+        "--health-poll-interval",
+        "500ms",
+        "--await-device-choice-timeout",
+        "1s",
+        "--kubelet-config",
+        dir.path().join("absent.yaml").to_str().unwrap(),
+        "--cpu-manager-state",
+        dir.path().join("absent_state").to_str().unwrap(),
+        "--pod-resources-socket",
+        dir.path().join("absent.sock").to_str().unwrap(),
+        "--metrics-addr",
+        &format!("127.0.0.1:{metrics_port}"),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let state = nvml.path.display().to_string();
+    cluster
+        .start_program(
+            "fumarole-agent",
+            &agent_bin().unwrap(),
+            &args,
+            &[("FUMAROLE_NVML_STANDIN", &state)],
+        )
+        .unwrap();
+    let ext = cluster.start_scheduler_ext(&[]).await.unwrap();
+
+    // The library answers discovery: the uuids are the stand-in's, all healthy.
+    let all = ids(&kdm
+        .wait_devices(GPU, Duration::from_secs(60), |d| {
+            d.len() == 8 && d.iter().all(|x| x["health"] == "Healthy")
+        })
+        .await
+        .unwrap());
+    assert_eq!(all[3], nvml.state["gpus"][3]["uuid"]);
+    let published = Instant::now();
+    until(
+        "DeviceTopology with 8 healthy GPUs",
+        published,
+        Duration::from_secs(60),
+        || async { dtopo(&cluster, NODE).await["status"]["healthyCount"] == 8 },
+    )
+    .await;
+    until(
+        "the extension to see the node",
+        published,
+        Duration::from_secs(30),
+        || extension_keeps(ext, NODE, 8),
+    )
+    .await;
+    let dt = dtopo(&cluster, NODE).await;
+    assert_eq!(weight(&dt, 3, 4), 280, "NV18 between every pair");
+
+    // XID 79 on GPU 3, which falls off the bus: out everywhere, within about a second.
+    let seq = last_seq(&kdm).await;
+    let t0 = nvml.event(json!({"gpu": 3, "xid": 79}));
+    nvml.edit(|s| s["gpus"][3]["lost"] = json!(true));
+    let to_kubelet = kubelet_sees(&kdm, GPU, seq, &all[3], "Unhealthy", t0).await;
+    let to_dtopo = until(
+        "DeviceTopology to show GPU 3 unhealthy",
+        t0,
+        Duration::from_secs(20),
+        || async {
+            let dt = dtopo(&cluster, NODE).await;
+            let s = device_status(&dt, &all[3]);
+            s["health"] == "Unhealthy"
+                && s["reason"]
+                    .as_str()
+                    .is_some_and(|r| r.contains("XID 79 (GPU has fallen off the bus)"))
+        },
+    )
+    .await;
+    let to_extension = until(
+        "the extension to refuse 8 GPUs",
+        t0,
+        Duration::from_secs(20),
+        || async { !extension_keeps(ext, NODE, 8).await },
+    )
+    .await;
+    println!(
+        "XID 79 -> kubelet ListAndWatch {to_kubelet:?}, DeviceTopology status {to_dtopo:?}, extension filter {to_extension:?}"
+    );
+    // The periodic check finds it lost too.
+    until(
+        "the fell-off-bus reason",
+        t0,
+        Duration::from_secs(20),
+        || async {
+            let dt = dtopo(&cluster, NODE).await;
+            dt["status"]["healthyCount"] == 7
+                && device_status(&dt, &all[3])["reason"]
+                    .as_str()
+                    .is_some_and(|r| r.contains("fell-off-bus"))
+        },
+    )
+    .await;
+    // The extension binds a 4-GPU pod to the other GPUs.
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let mut p4: Pod = serde_json::from_value(gpu_pod("p4", 4)).unwrap();
+    p4.metadata.uid = None;
+    let p4 = pods.create(&PostParams::default(), &p4).await.unwrap();
+    let bound = http_post_json(
+        ext,
+        "/kube-scheduler/bind",
+        &json!({"PodName": "p4", "PodNamespace": "default",
+            "PodUID": p4.metadata.uid.clone().unwrap(), "Node": NODE}),
+    )
+    .await
+    .unwrap();
+    let bound: Value = serde_json::from_str(&bound).unwrap();
+    assert!(
+        bound["Error"].as_str().unwrap_or_default().is_empty(),
+        "{bound}"
+    );
+    let p4 = pods.get("p4").await.unwrap();
+    let choice: Value =
+        serde_json::from_str(&p4.metadata.annotations.unwrap()["fumarole.dev/devices"]).unwrap();
+    let chosen: Vec<&str> = choice[GPU]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert_eq!(chosen.len(), 4);
+    assert!(!chosen.contains(&all[3].as_str()), "{chosen:?}");
+    // Bound to a node without a kubelet: only a forced delete removes it.
+    pods.delete("p4", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    // A Node Event names the device and the fault; the metric counts it.
+    until(
+        "the DeviceUnhealthy Event",
+        t0,
+        Duration::from_secs(20),
+        || async {
+            node_events(&cluster, NODE).await.iter().any(|e| {
+                e.starts_with("DeviceUnhealthy")
+                    && e.contains(all[3].as_str())
+                    && e.contains("XID 79")
+            })
+        },
+    )
+    .await;
+    let metrics = http_get(metrics_port, "/metrics").await.unwrap();
+    let xid_count = |id: &str| {
+        metric_sum(
+            &metrics,
+            &format!("fumarole_device_faults_total{{device=\"{id}\",kind=\"xid\"}}"),
+        )
+    };
+    assert_eq!(xid_count(&all[3]), 1.0, "{metrics}");
+
+    // An ignored XID (13, the application's fault) on GPU 2 changes nothing; a critical one
+    // after it (XID 48 on GPU 6) shows the stand-in delivered both, in order.
+    let seq = last_seq(&kdm).await;
+    nvml.event(json!({"gpu": 2, "xid": 13}));
+    let t48 = nvml.event(json!({"gpu": 6, "xid": 48}));
+    kubelet_sees(&kdm, GPU, seq, &all[6], "Unhealthy", t48).await;
+    let events = kdm.events(seq, Duration::ZERO).await.unwrap();
+    assert!(
+        events
+            .iter()
+            .filter_map(|e| e.devices.as_ref())
+            .all(|d| d[2]["health"] == "Healthy"),
+        "{events:#?}"
+    );
+    let dt = dtopo(&cluster, NODE).await;
+    assert_eq!(device_status(&dt, &all[2])["health"], "Healthy");
+    assert!(device_status(&dt, &all[2]).get("reason").is_none());
+    // XID 48 clears by itself: quiet period (2 s) passed and a check found GPU 6 healthy.
+    let seq = last_seq(&kdm).await;
+    let back = kubelet_sees(&kdm, GPU, seq, &all[6], "Healthy", t48).await;
+    println!("XID 48 (no lasting condition) given back after {back:?} (quiet period 2 s)");
+
+    // An NVLink lane of GPU 5 goes down: its pairs drop from NV18 (280) to NV17 (270) in the
+    // published spec, the device stays in use, and select stops pairing it first.
+    assert_eq!(
+        pick(
+            &kdm,
+            GPU,
+            &[all[4].clone(), all[5].clone(), all[6].clone()],
+            2
+        )
+        .await,
+        vec![all[4].clone(), all[5].clone()]
+    );
+    let t_lane = nvml.edit(|s| s["gpus"][5]["nvlinks"][4]["up"] = json!(false));
+    let to_weight = until(
+        "GPU 5's pairs at NV17",
+        t_lane,
+        Duration::from_secs(20),
+        || async {
+            let dt = dtopo(&cluster, NODE).await;
+            dt.is_object() && weight(&dt, 4, 5) == 270
+        },
+    )
+    .await;
+    println!("NVLink lane down -> DeviceTopology link weight {to_weight:?}");
+    let dt = dtopo(&cluster, NODE).await;
+    assert_eq!(weight(&dt, 5, 7), 270);
+    assert_eq!(weight(&dt, 4, 6), 280);
+    assert_eq!(device_status(&dt, &all[5])["health"], "Healthy");
+    assert!(
+        device_status(&dt, &all[5])["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("nvlink-down: NVLink lane 4 down")),
+        "{dt}"
+    );
+    until(
+        "select to prefer the full pair",
+        t_lane,
+        Duration::from_secs(10),
+        || async {
+            pick(
+                &kdm,
+                GPU,
+                &[all[4].clone(), all[5].clone(), all[6].clone()],
+                2,
+            )
+            .await
+                == vec![all[4].clone(), all[6].clone()]
+        },
+    )
+    .await;
+    until(
+        "the DeviceLinkDegraded Event",
+        t_lane,
+        Duration::from_secs(20),
+        || async {
+            node_events(&cluster, NODE)
+                .await
+                .iter()
+                .any(|e| e.starts_with("DeviceLinkDegraded") && e.contains(all[5].as_str()))
+        },
+    )
+    .await;
+
+    // Recovery: GPU 3 back on the bus, the lane up again. Everything returns.
+    let seq = last_seq(&kdm).await;
+    let t_back = nvml.edit(|s| {
+        s["gpus"][3]["lost"] = json!(false);
+        s["gpus"][5]["nvlinks"][4]["up"] = json!(true);
+    });
+    let to_kubelet = kubelet_sees(&kdm, GPU, seq, &all[3], "Healthy", t_back).await;
+    let to_dtopo = until(
+        "DeviceTopology all healthy, NV18 everywhere",
+        t_back,
+        Duration::from_secs(20),
+        || async {
+            let dt = dtopo(&cluster, NODE).await;
+            dt["status"]["healthyCount"] == 8
+                && weight(&dt, 4, 5) == 280
+                && dt["status"]["devices"]
+                    .as_object()
+                    .unwrap()
+                    .values()
+                    .all(|d| d.get("reason").is_none())
+        },
+    )
+    .await;
+    let to_extension = until(
+        "the extension to take 8 GPUs again",
+        t_back,
+        Duration::from_secs(30),
+        || extension_keeps(ext, NODE, 8),
+    )
+    .await;
+    println!(
+        "recovery (back on the bus + 2 s quiet period) -> kubelet {to_kubelet:?}, DeviceTopology {to_dtopo:?}, extension {to_extension:?}"
+    );
+    until(
+        "the DeviceRecovered Event",
+        t_back,
+        Duration::from_secs(20),
+        || async {
+            node_events(&cluster, NODE)
+                .await
+                .iter()
+                .any(|e| e.starts_with("DeviceRecovered") && e.contains(all[3].as_str()))
+        },
+    )
+    .await;
+    assert_eq!(
+        pick(
+            &kdm,
+            GPU,
+            &[all[4].clone(), all[5].clone(), all[6].clone()],
+            2
+        )
+        .await,
+        vec![all[4].clone(), all[5].clone()]
+    );
+}
+
+/// Starts `fumarole-agent run --standalone` on `root` with `extra` arguments and `env`.
+fn standalone_agent(
+    root: &Path,
+    plugins: &Path,
+    logs: &Path,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Proc {
+    let mut args: Vec<String> = [
+        "run",
+        "--standalone",
+        "--root",
+        root.to_str().unwrap(),
+        "--device-plugin-dir",
+        plugins.to_str().unwrap(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    args.extend(extra.iter().map(|s| s.to_string()));
+    Proc::spawn_with_env("fumarole-agent", &agent_bin().unwrap(), &args, env, logs).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_library_that_hangs_or_answers_garbage_never_delays_the_plugin() {
+    let dir = tempfile::tempdir().unwrap();
+    let (root, lib, mut nvml) = nvidia_root(dir.path());
+    let plugins = dir.path().join("device-plugins");
+    let logs = dir.path().join("logs");
+    std::fs::create_dir_all(&plugins).unwrap();
+    let kdm = KubeletDm::start(&plugins, &logs).await.unwrap();
+    let state = nvml.path.display().to_string();
+    let _agent = standalone_agent(
+        &root,
+        &plugins,
+        &logs,
+        &[
+            "--nvml-library",
+            lib.to_str().unwrap(),
+            "--health-quiet-period",
+            "1s",
+            "--health-poll-interval",
+            "300ms",
+        ],
+        &[("FUMAROLE_NVML_STANDIN", &state)],
+    );
+    let all = ids(&kdm
+        .wait_devices(GPU, Duration::from_secs(60), |d| d.len() == 8)
+        .await
+        .unwrap());
+
+    // Every call the health thread makes hangs. The plugin answers as ever: a preferred
+    // allocation, and ListAndWatch after a kubelet restart.
+    nvml.edit(|s| s["hang"] = json!(["*"]));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let t = Instant::now();
+    assert_eq!(pick(&kdm, GPU, &all, 2).await.len(), 2);
+    let preferred = t.elapsed();
+    let seq = last_seq(&kdm).await;
+    let t = Instant::now();
+    assert_eq!(kdm.restart().await.unwrap(), 2);
+    let again = kdm
+        .wait_event(seq, Duration::from_secs(10), |e| {
+            e.kind == "list_and_watch" && e.generation == 2
+        })
+        .await
+        .unwrap();
+    let relisted = t.elapsed();
+    assert_eq!(again.devices.unwrap().len(), 8);
+    println!(
+        "library hung: GetPreferredAllocation answered in {preferred:?}, ListAndWatch after a kubelet restart in {relisted:?}"
+    );
+    assert!(preferred < Duration::from_secs(5) && relisted < Duration::from_secs(10));
+
+    // Errors, then garbage, from every health call: nothing changes, answers still come.
+    nvml.edit(|s| {
+        s["hang"] = json!([]);
+        s["fail"] = json!({"*": 999});
+    });
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    nvml.edit(|s| {
+        s["fail"] = json!({});
+        s["garbage"] = json!([
+            "nvmlDeviceGetNvLinkState",
+            "nvmlDeviceGetRetiredPagesPendingStatus"
+        ]);
+    });
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let t = Instant::now();
+    assert_eq!(pick(&kdm, GPU, &all, 4).await.len(), 4);
+    assert!(t.elapsed() < Duration::from_secs(5));
+    let st = kdm.state().await.unwrap();
+    assert!(
+        st["devices"][GPU]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|d| d["health"] == "Healthy"),
+        "{st}"
+    );
+
+    // The library answers properly again: a fault is seen again, and cleared again.
+    let seq = last_seq(&kdm).await;
+    let t0 = nvml.edit(|s| {
+        s["garbage"] = json!([]);
+        s["gpus"][0]["rowRemapFailed"] = json!(true);
+    });
+    let seen = kubelet_sees(&kdm, GPU, seq, &all[0], "Unhealthy", t0).await;
+    let seq = last_seq(&kdm).await;
+    let t1 = nvml.edit(|s| s["gpus"][0]["rowRemapFailed"] = json!(false));
+    kubelet_sees(&kdm, GPU, seq, &all[0], "Healthy", t1).await;
+    println!("after the hang: row-remap failure seen in {seen:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn without_the_library_device_nodes_decide() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = fixture_root("dgx-h100", dir.path()).unwrap();
+    let plugins = dir.path().join("device-plugins");
+    let logs = dir.path().join("logs");
+    std::fs::create_dir_all(&plugins).unwrap();
+    let kdm = KubeletDm::start(&plugins, &logs).await.unwrap();
+    let _agent = standalone_agent(
+        &root,
+        &plugins,
+        &logs,
+        &["--nvml-library", "/nonexistent/libnvidia-ml.so.1"],
+        &[],
+    );
+    // Ids from the driver's /proc entries (the same uuids NVML would give), all healthy.
+    let all = ids(&kdm
+        .wait_devices(GPU, Duration::from_secs(60), |d| {
+            d.len() == 8 && d.iter().all(|x| x["health"] == "Healthy")
+        })
+        .await
+        .unwrap());
+    assert_eq!(all[0], "GPU-f55b88b0-0000-4000-8000-000000000000");
+    let seq = last_seq(&kdm).await;
+    let t = Instant::now();
+    std::fs::remove_file(root.join("dev/nvidia3")).unwrap();
+    kubelet_sees(&kdm, GPU, seq, &all[3], "Unhealthy", t).await;
+    let seq = last_seq(&kdm).await;
+    std::fs::write(root.join("dev/nvidia3"), "").unwrap();
+    kubelet_sees(&kdm, GPU, seq, &all[3], "Healthy", t).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ascend_chip_network_and_hccs_faults_through_dcmi() {
+    let node = "atlas-1";
+    let cluster = TestCluster::start().await.unwrap();
+    cluster.install_fumarole_crds().await.unwrap();
+    cluster
+        .create_node(
+            &NodeSpec::new(node)
+                .capacity("cpu", "192")
+                .capacity(NPU, "8"),
+        )
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let root = fixture_root("atlas-800-910", dir.path()).unwrap();
+    let lib = dir.path().join("libdcmi.so");
+    std::fs::copy(standin_lib("fumarole-standin-dcmi").unwrap(), &lib).unwrap();
+    // One chip per card, davinci N = card N = logic id N = physical id N.
+    let chips: Vec<Value> = (0..8)
+        .map(|i| json!({"card": i, "device": 0, "logicId": i, "phyId": i, "health": 0, "errorCodes": [], "network": 0}))
+        .collect();
+    let mut dcmi = StandIn::new(dir.path().join("dcmi-state.json"), json!({"chips": chips}));
+    let plugins = dir.path().join("device-plugins");
+    std::fs::create_dir_all(&plugins).unwrap();
+    let kdm = KubeletDm::start(&plugins, &dir.path().join("logs"))
+        .await
+        .unwrap();
+    let args: Vec<String> = [
+        "run",
+        "--root",
+        root.to_str().unwrap(),
+        "--node-name",
+        node,
+        "--device-plugin-dir",
+        plugins.to_str().unwrap(),
+        "--dcmi-library",
+        lib.to_str().unwrap(),
+        "--hccs-fault-codes",
+        "0x8C204E00",
+        "--health-poll-interval",
+        "300ms",
+        "--kubelet-config",
+        dir.path().join("absent.yaml").to_str().unwrap(),
+        "--cpu-manager-state",
+        dir.path().join("absent_state").to_str().unwrap(),
+        "--pod-resources-socket",
+        dir.path().join("absent.sock").to_str().unwrap(),
+        "--metrics-addr",
+        &format!("127.0.0.1:{}", free_port().unwrap()),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let state = dcmi.path.display().to_string();
+    cluster
+        .start_program(
+            "fumarole-agent",
+            &agent_bin().unwrap(),
+            &args,
+            &[("FUMAROLE_DCMI_STANDIN", &state)],
+        )
+        .unwrap();
+    let all = ids(&kdm
+        .wait_devices(NPU, Duration::from_secs(60), |d| d.len() == 8)
+        .await
+        .unwrap());
+    assert_eq!(all[2], "Ascend910-2");
+    let start = Instant::now();
+    until(
+        "DeviceTopology with 8 healthy NPUs",
+        start,
+        Duration::from_secs(60),
+        || async { dtopo(&cluster, node).await["status"]["healthyCount"] == 8 },
+    )
+    .await;
+    let dt = dtopo(&cluster, node).await;
+    assert_eq!(weight(&dt, 0, 1), 200, "HCCS inside a group of four");
+    let cross = weight(&dt, 1, 4);
+    assert!(cross < 200);
+
+    // A critical chip alarm on Ascend910-2 and a RoCE port that cannot reach its peer on
+    // Ascend910-5: both out, each with its reason.
+    let seq = last_seq(&kdm).await;
+    let t0 = dcmi.edit(|s| {
+        s["chips"][2]["health"] = json!(3);
+        s["chips"][2]["errorCodes"] = json!([0x80E0_1801u32]);
+        s["chips"][5]["network"] = json!(3);
+    });
+    let chip = kubelet_sees(&kdm, NPU, seq, "Ascend910-2", "Unhealthy", t0).await;
+    kubelet_sees(&kdm, NPU, seq, "Ascend910-5", "Unhealthy", t0).await;
+    let published = until(
+        "DeviceTopology reasons",
+        t0,
+        Duration::from_secs(20),
+        || async {
+            let dt = dtopo(&cluster, node).await;
+            device_status(&dt, "Ascend910-2")["reason"]
+                .as_str()
+                .is_some_and(|r| {
+                    r.contains("dcmi-chip: chip health 3 (critical alarm), error codes 0x80E01801")
+                })
+                && device_status(&dt, "Ascend910-5")["reason"]
+                    .as_str()
+                    .is_some_and(|r| {
+                        r.contains("dcmi-network: RoCE network unhealthy: peer unreachable")
+                    })
+        },
+    )
+    .await;
+    println!("DCMI chip fault -> kubelet {chip:?}, DeviceTopology {published:?} (poll 300 ms)");
+
+    // An HCCS fault code on Ascend910-1: it stays in use, its HCCS pairs drop to PCIe.
+    let t1 = dcmi.edit(|s| s["chips"][1]["errorCodes"] = json!([0x8C20_4E00u32]));
+    until(
+        "Ascend910-1's HCCS pairs lowered",
+        t1,
+        Duration::from_secs(20),
+        || async {
+            let dt = dtopo(&cluster, node).await;
+            weight(&dt, 0, 1) < 200 && weight(&dt, 1, 3) < 200
+        },
+    )
+    .await;
+    let dt = dtopo(&cluster, node).await;
+    assert_eq!(
+        weight(&dt, 0, 3),
+        200,
+        "pairs without Ascend910-1 keep HCCS"
+    );
+    assert_eq!(device_status(&dt, "Ascend910-1")["health"], "Healthy");
+    let seq = last_seq(&kdm).await;
+    assert!(
+        kdm.state().await.unwrap()["devices"][NPU]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|d| d["ID"] == "Ascend910-1" && d["health"] == "Healthy")
+    );
+
+    // Recovery: health OK again on the next poll.
+    let t2 = dcmi.edit(|s| {
+        for c in s["chips"].as_array_mut().unwrap() {
+            c["health"] = json!(0);
+            c["errorCodes"] = json!([]);
+            c["network"] = json!(0);
+        }
+    });
+    kubelet_sees(&kdm, NPU, seq, "Ascend910-2", "Healthy", t2).await;
+    let back = until(
+        "DeviceTopology healthy, HCCS restored",
+        t2,
+        Duration::from_secs(20),
+        || async {
+            let dt = dtopo(&cluster, node).await;
+            dt["status"]["healthyCount"] == 8 && weight(&dt, 0, 1) == 200
+        },
+    )
+    .await;
+    println!("DCMI recovery -> DeviceTopology {back:?}");
+}

@@ -1,0 +1,283 @@
+//! Bindings to the part of Huawei's `libdcmi.so` the DCMI source calls, loaded at run time
+//! with `libloading` and written from the library's documented C signatures. Every call
+//! returns an `int`: 0 (`DCMI_OK`) or a negative error code (`DCMI_ERR_CODE_NOT_SUPPORT` is
+//! -8255). Cards come from `dcmi_get_card_num_list` (older drivers) or `dcmi_get_card_list`
+//! (newer ones, same signature); a chip is `(card id, device id in card)`.
+//!
+//! ```c
+//! int dcmi_init(void);
+//! int dcmi_get_card_num_list(int *card_num, int *card_list, int list_len);
+//! int dcmi_get_device_num_in_card(int card_id, int *device_num);
+//! int dcmi_get_device_logic_id(int *device_logic_id, int card_id, int device_id);
+//! int dcmi_get_device_phyid_from_logicid(unsigned int logicid, unsigned int *phyid);
+//! int dcmi_get_device_health(int card_id, int device_id, unsigned int *health);
+//! int dcmi_get_device_errorcode_v2(int card_id, int device_id, int *error_count,
+//!                                  unsigned int *error_code_list, unsigned int list_len);
+//! int dcmi_get_device_network_health(int card_id, int device_id,
+//!                                    enum dcmi_rdfx_detect_result *result);
+//! ```
+
+use std::ffi::{c_int, c_uint};
+use std::path::Path;
+
+use libloading::Library;
+
+/// `DCMI_ERR_CODE_NOT_SUPPORT`.
+pub const NOT_SUPPORTED: i32 = -8255;
+/// `MAX_CARD_NUM`: the most cards a node has.
+pub const MAX_CARDS: usize = 64;
+/// The most chips one card holds that we accept (A3 cards hold 2).
+pub const MAX_CHIPS_PER_CARD: i32 = 16;
+/// The most error codes read per chip.
+pub const MAX_ERROR_CODES: usize = 128;
+
+type InitFn = unsafe extern "C" fn() -> c_int;
+type CardListFn = unsafe extern "C" fn(*mut c_int, *mut c_int, c_int) -> c_int;
+type DeviceNumFn = unsafe extern "C" fn(c_int, *mut c_int) -> c_int;
+type LogicIdFn = unsafe extern "C" fn(*mut c_int, c_int, c_int) -> c_int;
+type PhyIdFn = unsafe extern "C" fn(c_uint, *mut c_uint) -> c_int;
+type HealthFn = unsafe extern "C" fn(c_int, c_int, *mut c_uint) -> c_int;
+type ErrorCodesFn = unsafe extern "C" fn(c_int, c_int, *mut c_int, *mut c_uint, c_uint) -> c_int;
+type NetworkHealthFn = unsafe extern "C" fn(c_int, c_int, *mut c_int) -> c_int;
+
+/// Why the library cannot be used at all.
+#[derive(Debug, thiserror::Error)]
+pub enum DcmiError {
+    /// The file is not there or not a loadable library.
+    #[error("loading {path}: {reason}")]
+    Load { path: String, reason: String },
+    /// A call the source cannot do without is missing (a library too old).
+    #[error("{path} has no {symbol}: a DCMI library too old for health checks")]
+    Missing { path: String, symbol: &'static str },
+    /// `dcmi_init` failed.
+    #[error("dcmi_init returned {0}")]
+    Init(i32),
+}
+
+/// A failed call: its name and return code, or an answer out of range.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{call} returned {code}")]
+pub struct CallError {
+    pub call: &'static str,
+    pub code: i64,
+}
+
+/// The loaded library and the calls resolved from it. The function pointers are valid while
+/// `_lib` is alive, that is as long as this value.
+pub struct Dcmi {
+    init: InitFn,
+    card_list: (CardListFn, &'static str),
+    device_num: DeviceNumFn,
+    logic_id: LogicIdFn,
+    health: HealthFn,
+    phy_id: Option<PhyIdFn>,
+    error_codes: Option<ErrorCodesFn>,
+    network_health: Option<NetworkHealthFn>,
+    _lib: Library,
+}
+
+fn check(call: &'static str, ret: c_int) -> Result<(), CallError> {
+    if ret == 0 {
+        Ok(())
+    } else {
+        Err(CallError {
+            call,
+            code: i64::from(ret),
+        })
+    }
+}
+
+impl Dcmi {
+    /// Loads the library at `path` (a file, or a name the loader searches for) and resolves
+    /// its calls. Optional ones (phy ids, error codes, network health) may be missing.
+    pub fn open(path: &Path) -> Result<Dcmi, DcmiError> {
+        let shown = path.display().to_string();
+        // SAFETY: loading a library runs its initialisers; libdcmi.so (or a stand-in for it)
+        // is a plain C library the operator pointed us at.
+        let lib = unsafe { Library::new(path.as_os_str()) }.map_err(|e| DcmiError::Load {
+            path: shown.clone(),
+            reason: e.to_string(),
+        })?;
+        /// Resolves `name` as a function of type `T`.
+        fn sym<T: Copy>(lib: &Library, name: &'static str) -> Option<T> {
+            let with_nul = format!("{name}\0");
+            // SAFETY: `T` is the documented C signature of `name`; the copied pointer is used
+            // only while `lib` is alive (it is stored beside it in `Dcmi`).
+            unsafe { lib.get::<T>(with_nul.as_bytes()).ok().map(|s| *s) }
+        }
+        let required = |name: &'static str| DcmiError::Missing {
+            path: shown.clone(),
+            symbol: name,
+        };
+        let card_list = sym::<CardListFn>(&lib, "dcmi_get_card_num_list")
+            .map(|f| (f, "dcmi_get_card_num_list"))
+            .or_else(|| {
+                sym::<CardListFn>(&lib, "dcmi_get_card_list").map(|f| (f, "dcmi_get_card_list"))
+            })
+            .ok_or_else(|| required("dcmi_get_card_num_list"))?;
+        Ok(Dcmi {
+            init: sym(&lib, "dcmi_init").ok_or_else(|| required("dcmi_init"))?,
+            card_list,
+            device_num: sym(&lib, "dcmi_get_device_num_in_card")
+                .ok_or_else(|| required("dcmi_get_device_num_in_card"))?,
+            logic_id: sym(&lib, "dcmi_get_device_logic_id")
+                .ok_or_else(|| required("dcmi_get_device_logic_id"))?,
+            health: sym(&lib, "dcmi_get_device_health")
+                .ok_or_else(|| required("dcmi_get_device_health"))?,
+            phy_id: sym(&lib, "dcmi_get_device_phyid_from_logicid"),
+            error_codes: sym(&lib, "dcmi_get_device_errorcode_v2"),
+            network_health: sym(&lib, "dcmi_get_device_network_health"),
+            _lib: lib,
+        })
+    }
+
+    /// The optional calls this library lacks.
+    pub fn missing_optional(&self) -> Vec<&'static str> {
+        let mut out = Vec::new();
+        if self.phy_id.is_none() {
+            out.push("dcmi_get_device_phyid_from_logicid");
+        }
+        if self.error_codes.is_none() {
+            out.push("dcmi_get_device_errorcode_v2");
+        }
+        if self.network_health.is_none() {
+            out.push("dcmi_get_device_network_health");
+        }
+        out
+    }
+
+    /// `dcmi_init`.
+    pub fn init(&self) -> Result<(), DcmiError> {
+        // SAFETY: no arguments; the pointer comes from the live library.
+        let ret = unsafe { (self.init)() };
+        if ret == 0 {
+            Ok(())
+        } else {
+            Err(DcmiError::Init(ret))
+        }
+    }
+
+    /// The card ids.
+    pub fn cards(&self) -> Result<Vec<i32>, CallError> {
+        let (f, call) = self.card_list;
+        let mut list = [0 as c_int; MAX_CARDS];
+        let mut count: c_int = 0;
+        let len = c_int::try_from(MAX_CARDS).unwrap_or(c_int::MAX);
+        // SAFETY: `count` is writable and `list` holds `len` ints, as the call requires.
+        check(call, unsafe { f(&mut count, list.as_mut_ptr(), len) })?;
+        let n = usize::try_from(count)
+            .ok()
+            .filter(|n| *n <= MAX_CARDS)
+            .ok_or(CallError {
+                call,
+                code: i64::from(count),
+            })?;
+        Ok(list[..n].to_vec())
+    }
+
+    /// How many chips card `card` holds.
+    pub fn chips_in_card(&self, card: i32) -> Result<i32, CallError> {
+        let call = "dcmi_get_device_num_in_card";
+        let mut n: c_int = 0;
+        // SAFETY: `n` is writable for the call.
+        check(call, unsafe { (self.device_num)(card, &mut n) })?;
+        if !(0..=MAX_CHIPS_PER_CARD).contains(&n) {
+            return Err(CallError {
+                call,
+                code: i64::from(n),
+            });
+        }
+        Ok(n)
+    }
+
+    /// The chip's logic id.
+    pub fn logic_id(&self, card: i32, chip: i32) -> Result<i32, CallError> {
+        let mut id: c_int = -1;
+        // SAFETY: `id` is writable for the call.
+        check("dcmi_get_device_logic_id", unsafe {
+            (self.logic_id)(&mut id, card, chip)
+        })?;
+        Ok(id)
+    }
+
+    /// The chip's physical id (its `/dev/davinciN` number); the logic id when the library
+    /// cannot say.
+    pub fn phy_id(&self, logic: i32) -> Result<u32, CallError> {
+        let logic_u = u32::try_from(logic).map_err(|_| CallError {
+            call: "dcmi_get_device_logic_id",
+            code: i64::from(logic),
+        })?;
+        let Some(f) = self.phy_id else {
+            return Ok(logic_u);
+        };
+        let mut phy: c_uint = 0;
+        // SAFETY: `phy` is writable for the call.
+        check("dcmi_get_device_phyid_from_logicid", unsafe {
+            f(logic_u, &mut phy)
+        })?;
+        Ok(phy)
+    }
+
+    /// `dcmi_get_device_health`.
+    pub fn health(&self, card: i32, chip: i32) -> Result<u32, CallError> {
+        let mut h: c_uint = 0;
+        // SAFETY: `h` is writable for the call.
+        check("dcmi_get_device_health", unsafe {
+            (self.health)(card, chip, &mut h)
+        })?;
+        Ok(h)
+    }
+
+    /// `dcmi_get_device_errorcode_v2`; `None` when the library lacks it.
+    pub fn error_codes(&self, card: i32, chip: i32) -> Option<Result<Vec<u32>, CallError>> {
+        let f = self.error_codes?;
+        let call = "dcmi_get_device_errorcode_v2";
+        let mut count: c_int = 0;
+        let mut list = [0 as c_uint; MAX_ERROR_CODES];
+        let len = c_uint::try_from(MAX_ERROR_CODES).unwrap_or(c_uint::MAX);
+        // SAFETY: `count` is writable and `list` holds `len` unsigned ints.
+        let ret = unsafe { f(card, chip, &mut count, list.as_mut_ptr(), len) };
+        Some(check(call, ret).and_then(|()| {
+            let n = usize::try_from(count)
+                .ok()
+                .filter(|n| *n <= MAX_ERROR_CODES)
+                .ok_or(CallError {
+                    call,
+                    code: i64::from(count),
+                })?;
+            Ok(list[..n].to_vec())
+        }))
+    }
+
+    /// `dcmi_get_device_network_health`; `None` when the library lacks it.
+    pub fn network_health(&self, card: i32, chip: i32) -> Option<Result<i32, CallError>> {
+        let f = self.network_health?;
+        let mut result: c_int = -1;
+        // SAFETY: `result` is writable for the call (a C enum is an int).
+        let ret = unsafe { f(card, chip, &mut result) };
+        Some(check("dcmi_get_device_network_health", ret).map(|()| result))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_library_is_a_load_error() {
+        let err = Dcmi::open(Path::new("/nonexistent/libdcmi.so"))
+            .err()
+            .unwrap();
+        assert!(matches!(err, DcmiError::Load { .. }), "{err}");
+    }
+
+    #[test]
+    fn a_library_without_the_calls_names_the_first_missing_one() {
+        // Any loadable library that is not DCMI: the C library.
+        let err = Dcmi::open(Path::new("libc.so.6")).err().unwrap();
+        assert_eq!(
+            err.to_string(),
+            "libc.so.6 has no dcmi_get_card_num_list: a DCMI library too old for health checks"
+        );
+    }
+}

@@ -1,0 +1,267 @@
+//! The DCMI source: Ascend NPU health from Huawei's `libdcmi.so`, loaded at run time, polled
+//! on one thread of its own.
+//!
+//! Start at [`start`]. The thread loads the library ([`ffi`]), initialises it, maps each chip
+//! `(card, device)` to our device through its physical id (`/dev/davinciN`, the `N` in
+//! `Ascend910-N`), then every poll interval reads per chip the health value and error codes,
+//! and the RoCE network health, and reports what they mean ([`answers`]). DCMI faults hold
+//! exactly as long as the library reports them: a chip is given back on the first poll that
+//! finds it healthy again. A missing library is one log line and no DCMI health (device nodes
+//! still count); a library without a call we need, a call that fails or an answer out of range
+//! is one log line and the last good state of that part; a call that hangs freezes only this
+//! thread (the [`watchdog`](crate::health::watchdog) says so).
+
+pub mod answers;
+pub mod ffi;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use fumarole_topology::{Fault, FaultKind, LinkFault, NodeHealth};
+
+use crate::health::watchdog::CallWatch;
+use crate::health::{LogOnce, SourceHandle};
+use ffi::{CallError, Dcmi};
+
+/// What the DCMI thread watches.
+pub struct DcmiSetup {
+    /// The library: a path, or a name the loader searches for (`libdcmi.so`).
+    pub library: PathBuf,
+    /// The node's Ascend devices: (davinci index, device id).
+    pub devices: Vec<(u32, String)>,
+    /// Device pairs joined by HCCS (lowered when a chip reports an HCCS fault code).
+    pub hccs_pairs: Vec<(String, String)>,
+    /// Error codes that mean an HCCS link fault (`--hccs-fault-codes`).
+    pub hccs_codes: BTreeSet<u32>,
+    pub poll: Duration,
+    pub source: SourceHandle,
+}
+
+/// One chip and what it last said (each part kept until read again).
+struct Chip {
+    card: i32,
+    chip: i32,
+    id: String,
+    fault: Option<Fault>,
+    network: Option<Fault>,
+    hccs: Option<Fault>,
+    network_supported: bool,
+}
+
+/// Starts the DCMI thread; returns what it is calling, for the watchdog.
+pub fn start(setup: DcmiSetup) -> Arc<CallWatch> {
+    let calls = Arc::new(CallWatch::default());
+    let thread_calls = calls.clone();
+    let spawned = std::thread::Builder::new()
+        .name("fumarole-dcmi".into())
+        .spawn(move || run(setup, &thread_calls));
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "cannot start the DCMI thread: no DCMI health");
+    }
+    calls
+}
+
+fn run(setup: DcmiSetup, calls: &CallWatch) {
+    let dcmi = {
+        let _call = calls.enter("dlopen");
+        Dcmi::open(&setup.library)
+    };
+    let dcmi = match dcmi {
+        Ok(d) => d,
+        Err(e @ ffi::DcmiError::Load { .. }) => {
+            tracing::info!(error = %e, "DCMI library not found: Ascend health from device nodes only");
+            return;
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "DCMI library unusable: Ascend health from device nodes only");
+            return;
+        }
+    };
+    for call in dcmi.missing_optional() {
+        tracing::info!(
+            call,
+            "this DCMI library lacks the call: that check is skipped"
+        );
+    }
+    let init = {
+        let _call = calls.enter("dcmi_init");
+        dcmi.init()
+    };
+    if let Err(e) = init {
+        tracing::warn!(error = %e, "DCMI failed to initialise: Ascend health from device nodes only");
+        return;
+    }
+    let mut chips = {
+        let _call = calls.enter("enumerate");
+        enumerate(&dcmi, &setup.devices)
+    };
+    tracing::info!(chips = chips.len(), poll = ?setup.poll, "DCMI health watching");
+    let mut logs = LogOnce::default();
+    loop {
+        for c in &mut chips {
+            poll_chip(&dcmi, c, &setup.hccs_codes, calls, &mut logs);
+        }
+        setup.source.report(view(&chips, &setup.hccs_pairs));
+        std::thread::sleep(setup.poll);
+    }
+}
+
+/// Every chip of every card, matched to our devices by physical id.
+fn enumerate(dcmi: &Dcmi, devices: &[(u32, String)]) -> Vec<Chip> {
+    let by_index: BTreeMap<u32, &str> = devices.iter().map(|(i, id)| (*i, id.as_str())).collect();
+    let cards = match dcmi.cards() {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(error = %e, "DCMI cannot list cards: no DCMI health");
+            return Vec::new();
+        }
+    };
+    let mut out = Vec::new();
+    for card in cards {
+        let n = match dcmi.chips_in_card(card) {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::warn!(card, error = %e, "DCMI cannot count the card's chips: skipped");
+                continue;
+            }
+        };
+        for chip in 0..n {
+            let phy = dcmi
+                .logic_id(card, chip)
+                .and_then(|logic| dcmi.phy_id(logic));
+            let phy = match phy {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::warn!(card, chip, error = %e, "DCMI cannot identify the chip: skipped");
+                    continue;
+                }
+            };
+            match by_index.get(&phy) {
+                Some(id) => out.push(Chip {
+                    card,
+                    chip,
+                    id: (*id).to_string(),
+                    fault: None,
+                    network: None,
+                    hccs: None,
+                    network_supported: true,
+                }),
+                None => {
+                    tracing::warn!(
+                        card,
+                        chip,
+                        phy,
+                        "DCMI chip matches no discovered NPU: skipped"
+                    )
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Logs a failed or garbage answer once per chip and call; returns `None` (keep the last).
+fn failed<T>(logs: &mut LogOnce, id: &str, e: &dyn std::fmt::Display, call: &str) -> Option<T> {
+    if logs.first(&format!("{id} {call}")) {
+        tracing::warn!(device = %id, call, error = %e, "DCMI answer unusable: keeping the last state it gave");
+    }
+    None
+}
+
+fn answered(logs: &mut LogOnce, id: &str, call: &str) {
+    if logs.cleared(&format!("{id} {call}")) {
+        tracing::info!(device = %id, call, "DCMI answers again");
+    }
+}
+
+fn poll_chip(
+    dcmi: &Dcmi,
+    c: &mut Chip,
+    hccs_codes: &BTreeSet<u32>,
+    calls: &CallWatch,
+    logs: &mut LogOnce,
+) {
+    let codes = {
+        let _call = calls.enter("dcmi_get_device_errorcode_v2");
+        dcmi.error_codes(c.card, c.chip)
+    };
+    let codes: Option<Vec<u32>> = match codes {
+        None => Some(Vec::new()),
+        Some(Ok(codes)) => {
+            answered(logs, &c.id, "dcmi_get_device_errorcode_v2");
+            Some(codes)
+        }
+        Some(Err(e)) => failed(logs, &c.id, &e, "dcmi_get_device_errorcode_v2"),
+    };
+    let health = {
+        let _call = calls.enter("dcmi_get_device_health");
+        dcmi.health(c.card, c.chip)
+    };
+    match health {
+        Ok(h) => match answers::chip(h, codes.as_deref().unwrap_or_default()) {
+            Ok(fault) => {
+                answered(logs, &c.id, "dcmi_get_device_health");
+                c.fault = fault;
+            }
+            Err(g) => {
+                failed::<()>(logs, &c.id, &g, "dcmi_get_device_health");
+            }
+        },
+        Err(e) => {
+            failed::<()>(logs, &c.id, &e, "dcmi_get_device_health");
+        }
+    }
+    if let Some(codes) = &codes {
+        c.hccs = answers::hccs(codes, hccs_codes);
+    }
+    if c.network_supported {
+        let net = {
+            let _call = calls.enter("dcmi_get_device_network_health");
+            dcmi.network_health(c.card, c.chip)
+        };
+        match net {
+            None => c.network_supported = false,
+            Some(Err(CallError { code, .. })) if code == i64::from(ffi::NOT_SUPPORTED) => {
+                tracing::info!(device = %c.id, "DCMI: network health not supported on this chip: not checked");
+                c.network_supported = false;
+            }
+            Some(Err(e)) => {
+                failed::<()>(logs, &c.id, &e, "dcmi_get_device_network_health");
+            }
+            Some(Ok(r)) => match answers::network(r) {
+                Ok(fault) => {
+                    answered(logs, &c.id, "dcmi_get_device_network_health");
+                    c.network = fault;
+                }
+                Err(g) => {
+                    failed::<()>(logs, &c.id, &g, "dcmi_get_device_network_health");
+                }
+            },
+        }
+    }
+}
+
+/// The source's view: each chip's faults, and the HCCS pairs of chips with an HCCS fault.
+fn view(chips: &[Chip], hccs_pairs: &[(String, String)]) -> NodeHealth {
+    let mut h = NodeHealth::default();
+    for c in chips {
+        for f in [&c.fault, &c.network, &c.hccs].into_iter().flatten() {
+            h.add(&c.id, f.clone());
+        }
+        if c.hccs.is_some() {
+            for (a, b) in hccs_pairs.iter().filter(|(a, b)| *a == c.id || *b == c.id) {
+                h.add_link(
+                    a,
+                    b,
+                    LinkFault {
+                        kind: FaultKind::HccsDown,
+                        lanes_up: None,
+                    },
+                );
+            }
+        }
+    }
+    h
+}

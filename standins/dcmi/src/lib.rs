@@ -1,0 +1,308 @@
+//! A stand-in for Huawei's `libdcmi.so`, for tests without an NPU: the subset of the DCMI C
+//! API fumarole calls, answering from a JSON state file the test writes and rewrites. The
+//! agent loads it exactly as it loads the real library (`--dcmi-library PATH`).
+//!
+//! The state file is named by the `FUMAROLE_DCMI_STANDIN` environment variable and re-read
+//! whenever it changes (write it whole). One entry per chip:
+//!
+//! ```json
+//! {
+//!   "chips": [
+//!     {"card": 0, "device": 0, "logicId": 0, "phyId": 0,
+//!      "health": 0, "errorCodes": [], "network": 0}
+//!   ],
+//!   "hang": ["dcmi_get_device_health"],
+//!   "fail": {"dcmi_get_device_network_health": -8255}
+//! }
+//! ```
+//!
+//! `health` is `dcmi_get_device_health`'s value (0 normal .. 3 critical), `errorCodes` what
+//! `dcmi_get_device_errorcode_v2` lists, `network` the `dcmi_rdfx_detect_result` of
+//! `dcmi_get_device_network_health` (0 OK). `hang` blocks the named calls (`"*"`: all) until
+//! the file no longer names them; `fail` makes them return that code. Cards are the distinct
+//! `card` values, in order. Test code standing in for a C library: it keeps the parsed file
+//! process-wide, as the real one keeps its state.
+
+use std::ffi::{c_int, c_uint};
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use serde::Deserialize;
+
+/// The environment variable naming the state file.
+pub const STATE_ENV: &str = "FUMAROLE_DCMI_STANDIN";
+
+const OK: c_int = 0;
+/// `DCMI_ERR_CODE_INVALID_PARAMETER`.
+const INVALID_PARAMETER: c_int = -8001;
+/// `DCMI_ERR_CODE_INVALID_DEVICE_ID`.
+const INVALID_DEVICE_ID: c_int = -8007;
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct State {
+    #[serde(default)]
+    chips: Vec<Chip>,
+    #[serde(default)]
+    hang: Vec<String>,
+    #[serde(default)]
+    fail: std::collections::BTreeMap<String, c_int>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Chip {
+    card: c_int,
+    #[serde(default)]
+    device: c_int,
+    logic_id: c_int,
+    phy_id: c_uint,
+    #[serde(default)]
+    health: c_uint,
+    #[serde(default)]
+    error_codes: Vec<c_uint>,
+    #[serde(default)]
+    network: c_int,
+}
+
+struct Loaded {
+    stamp: Option<(SystemTime, u64)>,
+    state: State,
+}
+
+static LOADED: Mutex<Option<Loaded>> = Mutex::new(None);
+
+fn state() -> State {
+    let Some(path) = std::env::var_os(STATE_ENV) else {
+        return State::default();
+    };
+    let stamp = std::fs::metadata(&path)
+        .ok()
+        .and_then(|m| Some((m.modified().ok()?, m.len())));
+    let mut loaded = LOADED.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(l) = loaded.as_ref()
+        && l.stamp == stamp
+        && stamp.is_some()
+    {
+        return l.state.clone();
+    }
+    let parsed = std::fs::read_to_string(&path)
+        .ok()
+        .and_then(|text| serde_json::from_str::<State>(&text).ok());
+    match parsed {
+        Some(state) => {
+            *loaded = Some(Loaded {
+                stamp,
+                state: state.clone(),
+            });
+            state
+        }
+        None => loaded.as_ref().map(|l| l.state.clone()).unwrap_or_default(),
+    }
+}
+
+/// Blocks while the state names `call` under `hang`, then returns its `fail` code if any.
+fn enter(call: &str) -> Option<c_int> {
+    loop {
+        let s = state();
+        if !s.hang.iter().any(|h| h == call || h == "*") {
+            return s.fail.get(call).or_else(|| s.fail.get("*")).copied();
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn chip(card: c_int, device: c_int) -> Option<Chip> {
+    state()
+        .chips
+        .into_iter()
+        .find(|c| c.card == card && c.device == device)
+}
+
+macro_rules! check {
+    ($call:expr) => {
+        if let Some(code) = enter($call) {
+            return code;
+        }
+    };
+}
+
+macro_rules! out {
+    ($ptr:expr, $value:expr) => {{
+        if $ptr.is_null() {
+            return INVALID_PARAMETER;
+        }
+        // SAFETY: the caller passes a writable out-parameter (checked non-null).
+        unsafe { *$ptr = $value };
+        OK
+    }};
+}
+
+/// `dcmi_init`.
+#[unsafe(no_mangle)]
+pub extern "C" fn dcmi_init() -> c_int {
+    check!("dcmi_init");
+    OK
+}
+
+/// `dcmi_get_card_num_list`.
+///
+/// # Safety
+/// `card_num` is writable and `card_list` holds `list_len` ints.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dcmi_get_card_num_list(
+    card_num: *mut c_int,
+    card_list: *mut c_int,
+    list_len: c_int,
+) -> c_int {
+    check!("dcmi_get_card_num_list");
+    let mut cards: Vec<c_int> = state().chips.iter().map(|c| c.card).collect();
+    cards.sort_unstable();
+    cards.dedup();
+    if card_num.is_null() || card_list.is_null() {
+        return INVALID_PARAMETER;
+    }
+    let len = usize::try_from(list_len).unwrap_or(0);
+    if cards.len() > len {
+        return INVALID_PARAMETER;
+    }
+    // SAFETY: `card_list` holds `list_len` >= `cards.len()` ints; `card_num` is writable.
+    unsafe {
+        std::ptr::copy_nonoverlapping(cards.as_ptr(), card_list, cards.len());
+        *card_num = c_int::try_from(cards.len()).unwrap_or(0);
+    }
+    OK
+}
+
+/// `dcmi_get_card_list` (newer drivers' name for the same call).
+///
+/// # Safety
+/// As [`dcmi_get_card_num_list`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dcmi_get_card_list(
+    card_num: *mut c_int,
+    card_list: *mut c_int,
+    list_len: c_int,
+) -> c_int {
+    // SAFETY: same contract.
+    unsafe { dcmi_get_card_num_list(card_num, card_list, list_len) }
+}
+
+/// `dcmi_get_device_num_in_card`.
+///
+/// # Safety
+/// `device_num` is a writable out-parameter.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dcmi_get_device_num_in_card(
+    card_id: c_int,
+    device_num: *mut c_int,
+) -> c_int {
+    check!("dcmi_get_device_num_in_card");
+    let n = state().chips.iter().filter(|c| c.card == card_id).count();
+    if n == 0 {
+        return INVALID_DEVICE_ID;
+    }
+    out!(device_num, c_int::try_from(n).unwrap_or(0))
+}
+
+/// `dcmi_get_device_logic_id`.
+///
+/// # Safety
+/// `logic_id` is a writable out-parameter.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dcmi_get_device_logic_id(
+    logic_id: *mut c_int,
+    card_id: c_int,
+    device_id: c_int,
+) -> c_int {
+    check!("dcmi_get_device_logic_id");
+    match chip(card_id, device_id) {
+        Some(c) => out!(logic_id, c.logic_id),
+        None => INVALID_DEVICE_ID,
+    }
+}
+
+/// `dcmi_get_device_phyid_from_logicid`.
+///
+/// # Safety
+/// `phy_id` is a writable out-parameter.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dcmi_get_device_phyid_from_logicid(
+    logic_id: c_uint,
+    phy_id: *mut c_uint,
+) -> c_int {
+    check!("dcmi_get_device_phyid_from_logicid");
+    let found = state()
+        .chips
+        .into_iter()
+        .find(|c| c_uint::try_from(c.logic_id).ok() == Some(logic_id));
+    match found {
+        Some(c) => out!(phy_id, c.phy_id),
+        None => INVALID_DEVICE_ID,
+    }
+}
+
+/// `dcmi_get_device_health`.
+///
+/// # Safety
+/// `health` is a writable out-parameter.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dcmi_get_device_health(
+    card_id: c_int,
+    device_id: c_int,
+    health: *mut c_uint,
+) -> c_int {
+    check!("dcmi_get_device_health");
+    match chip(card_id, device_id) {
+        Some(c) => out!(health, c.health),
+        None => INVALID_DEVICE_ID,
+    }
+}
+
+/// `dcmi_get_device_errorcode_v2`.
+///
+/// # Safety
+/// `error_count` is writable and `error_code_list` holds `list_len` unsigned ints.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dcmi_get_device_errorcode_v2(
+    card_id: c_int,
+    device_id: c_int,
+    error_count: *mut c_int,
+    error_code_list: *mut c_uint,
+    list_len: c_uint,
+) -> c_int {
+    check!("dcmi_get_device_errorcode_v2");
+    let Some(c) = chip(card_id, device_id) else {
+        return INVALID_DEVICE_ID;
+    };
+    if error_count.is_null() || error_code_list.is_null() {
+        return INVALID_PARAMETER;
+    }
+    let n = c
+        .error_codes
+        .len()
+        .min(usize::try_from(list_len).unwrap_or(0));
+    // SAFETY: `error_code_list` holds `list_len` >= `n` entries; `error_count` is writable.
+    unsafe {
+        std::ptr::copy_nonoverlapping(c.error_codes.as_ptr(), error_code_list, n);
+        *error_count = c_int::try_from(n).unwrap_or(0);
+    }
+    OK
+}
+
+/// `dcmi_get_device_network_health`.
+///
+/// # Safety
+/// `result` is a writable out-parameter (a C enum).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dcmi_get_device_network_health(
+    card_id: c_int,
+    device_id: c_int,
+    result: *mut c_int,
+) -> c_int {
+    check!("dcmi_get_device_network_health");
+    match chip(card_id, device_id) {
+        Some(c) => out!(result, c.network),
+        None => INVALID_DEVICE_ID,
+    }
+}

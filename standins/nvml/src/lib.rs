@@ -1,0 +1,707 @@
+//! A stand-in for NVIDIA's `libnvidia-ml.so.1`, for tests without a GPU: the subset of the NVML
+//! C API fumarole calls (discovery's questions and the health source's), answering from a JSON
+//! state file the test writes and rewrites. The agent loads it exactly as it loads the real
+//! library (`--nvml-library PATH`, through `nvml-wrapper`).
+//!
+//! The state file is named by the `FUMAROLE_NVML_STANDIN` environment variable and re-read
+//! whenever it changes (write it whole, e.g. to a temporary file renamed over it). Its shape
+//! extends the recorded NVML answers of the fixtures (`/fumarole/nvml.json`):
+//!
+//! ```json
+//! {
+//!   "driverVersion": "550.90.07",
+//!   "gpus": [{
+//!     "pciBusId": "00000000:1B:00.0", "index": 0, "uuid": "GPU-...", "name": "NVIDIA H100",
+//!     "serial": "1650000000000", "minor": 0,
+//!     "nvlinks": [{"remotePciBusId": "00000000:D2:00.0", "remote": "switch", "up": true}],
+//!     "lost": false, "retiredPagesPending": false,
+//!     "rowRemapPending": false, "rowRemapFailed": false
+//!   }],
+//!   "events": [{"id": 1, "gpu": 3, "xid": 79}, {"id": 2, "gpu": 3, "type": "dbe"}],
+//!   "hang": ["nvmlEventSetWait_v2"],
+//!   "fail": {"nvmlDeviceGetNvLinkState": 999},
+//!   "garbage": ["nvmlDeviceGetNvLinkState"]
+//! }
+//! ```
+//!
+//! - `lost`: every call about that GPU answers `NVML_ERROR_GPU_IS_LOST`.
+//! - `events`: delivered once each, in `id` order, by `nvmlEventSetWait_v2` to the event sets
+//!   that registered the GPU for the event's type (`xid`: a critical XID with that value;
+//!   `"type": "dbe"`: a double-bit ECC error).
+//! - `hang`: the named calls (or `"*"`: every call) block until the file no longer names
+//!   them.
+//! - `fail`: the named calls (or `"*"`) return that `nvmlReturn_t`.
+//! - `garbage`: the named calls succeed with a value outside their enum.
+//!
+//! Without the variable, or with a state file that cannot be read, the library has no GPU.
+//! This is test code standing in for a C library: it keeps process-wide state (the parsed
+//! file, the event sets), as the real one does.
+
+use std::ffi::{c_char, c_uint, c_ulonglong};
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant, SystemTime};
+
+use nvml_wrapper_sys::bindings::*;
+use serde::Deserialize;
+
+/// The environment variable naming the state file.
+pub const STATE_ENV: &str = "FUMAROLE_NVML_STANDIN";
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct State {
+    #[serde(default)]
+    driver_version: Option<String>,
+    #[serde(default)]
+    gpus: Vec<Gpu>,
+    #[serde(default)]
+    events: Vec<EventSpec>,
+    #[serde(default)]
+    hang: Vec<String>,
+    #[serde(default)]
+    fail: std::collections::BTreeMap<String, u32>,
+    #[serde(default)]
+    garbage: Vec<String>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Gpu {
+    pci_bus_id: String,
+    #[serde(default)]
+    uuid: String,
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    serial: Option<String>,
+    #[serde(default)]
+    minor: Option<u32>,
+    #[serde(default)]
+    nvlinks: Vec<Lane>,
+    #[serde(default)]
+    lost: bool,
+    #[serde(default)]
+    retired_pages_pending: bool,
+    #[serde(default)]
+    row_remap_pending: bool,
+    #[serde(default)]
+    row_remap_failed: bool,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Lane {
+    remote_pci_bus_id: String,
+    #[serde(default)]
+    remote: String,
+    #[serde(default = "yes")]
+    up: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct EventSpec {
+    id: u64,
+    gpu: usize,
+    #[serde(default)]
+    xid: Option<u64>,
+    #[serde(default, rename = "type")]
+    kind: Option<String>,
+}
+
+struct Loaded {
+    stamp: Option<(SystemTime, u64)>,
+    state: State,
+}
+
+/// The parsed state file, re-read when its modification time or size changes.
+static LOADED: Mutex<Option<Loaded>> = Mutex::new(None);
+/// Per event set: the GPUs registered and their event types.
+static SETS: Mutex<Vec<Vec<(usize, u64)>>> = Mutex::new(Vec::new());
+/// The highest event id delivered.
+static DELIVERED: Mutex<u64> = Mutex::new(0);
+
+fn state() -> State {
+    let Some(path) = std::env::var_os(STATE_ENV) else {
+        return State::default();
+    };
+    let stamp = std::fs::metadata(&path)
+        .ok()
+        .and_then(|m| Some((m.modified().ok()?, m.len())));
+    let mut loaded = LOADED.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(l) = loaded.as_ref()
+        && l.stamp == stamp
+        && stamp.is_some()
+    {
+        return l.state.clone();
+    }
+    let parsed = std::fs::read_to_string(&path)
+        .ok()
+        .and_then(|text| serde_json::from_str::<State>(&text).ok());
+    match parsed {
+        Some(state) => {
+            *loaded = Some(Loaded {
+                stamp,
+                state: state.clone(),
+            });
+            state
+        }
+        // A half-written file: keep what was read before.
+        None => loaded.as_ref().map(|l| l.state.clone()).unwrap_or_default(),
+    }
+}
+
+/// Blocks while the state names `call` under `hang`, then returns its `fail` code if any.
+fn enter(call: &str) -> Option<nvmlReturn_t> {
+    loop {
+        let s = state();
+        if !s.hang.iter().any(|h| h == call || h == "*") {
+            return s.fail.get(call).or_else(|| s.fail.get("*")).copied();
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn garbage(call: &str) -> bool {
+    state().garbage.iter().any(|g| g == call)
+}
+
+fn handle(index: usize) -> nvmlDevice_t {
+    std::ptr::without_provenance_mut(index + 1)
+}
+
+/// The GPU a handle names, unless it is lost: `Err` is the code to return.
+fn gpu(device: nvmlDevice_t) -> Result<(usize, Gpu), nvmlReturn_t> {
+    let index = device.addr().wrapping_sub(1);
+    match state().gpus.get(index) {
+        None => Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT),
+        Some(g) if g.lost => Err(nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST),
+        Some(g) => Ok((index, g.clone())),
+    }
+}
+
+/// Writes `s` and a NUL into the caller's buffer of `len` bytes.
+///
+/// # Safety
+/// `dst` must be null or point to `len` writable bytes.
+unsafe fn copy_str(dst: *mut c_char, len: c_uint, s: &str) -> nvmlReturn_t {
+    let bytes = s.as_bytes();
+    if dst.is_null() {
+        return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
+    }
+    if usize::try_from(len).unwrap_or(0) < bytes.len() + 1 {
+        return nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    // SAFETY: the caller's buffer holds at least `bytes.len() + 1` bytes (checked above).
+    unsafe {
+        std::ptr::copy_nonoverlapping(bytes.as_ptr().cast::<c_char>(), dst, bytes.len());
+        *dst.add(bytes.len()) = 0;
+    }
+    nvmlReturn_enum_NVML_SUCCESS
+}
+
+/// An `nvmlPciInfo_t` for a bus id in NVML's form (`00000000:1B:00.0`).
+fn pci_info(bus_id: &str) -> nvmlPciInfo_t {
+    // SAFETY: plain old data; all zeroes is a valid value.
+    let mut info: nvmlPciInfo_t = unsafe { std::mem::zeroed() };
+    let parts: Vec<&str> = bus_id.split([':', '.']).collect();
+    let hex = |i: usize| {
+        parts
+            .get(i)
+            .and_then(|p| u32::from_str_radix(p, 16).ok())
+            .unwrap_or(0)
+    };
+    info.domain = hex(0);
+    info.bus = hex(1);
+    info.device = hex(2);
+    info.pciDeviceId = 0x2330_10de;
+    for (dst, src) in info.busId.iter_mut().zip(bus_id.bytes().take(31)) {
+        *dst = src as c_char;
+    }
+    let legacy = bus_id.get(4..).unwrap_or(bus_id);
+    for (dst, src) in info.busIdLegacy.iter_mut().zip(legacy.bytes().take(15)) {
+        *dst = src as c_char;
+    }
+    info
+}
+
+macro_rules! check {
+    ($call:expr) => {
+        if let Some(code) = enter($call) {
+            return code;
+        }
+    };
+}
+
+macro_rules! out {
+    ($ptr:expr, $value:expr) => {{
+        if $ptr.is_null() {
+            return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
+        }
+        // SAFETY: the caller passes a writable out-parameter (checked non-null).
+        unsafe { *$ptr = $value };
+        nvmlReturn_enum_NVML_SUCCESS
+    }};
+}
+
+/// `nvmlInit_v2`.
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlInit_v2() -> nvmlReturn_t {
+    check!("nvmlInit_v2");
+    nvmlReturn_enum_NVML_SUCCESS
+}
+
+/// `nvmlInitWithFlags`.
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlInitWithFlags(_flags: c_uint) -> nvmlReturn_t {
+    nvmlInit_v2()
+}
+
+/// `nvmlShutdown`.
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlShutdown() -> nvmlReturn_t {
+    nvmlReturn_enum_NVML_SUCCESS
+}
+
+/// `nvmlErrorString`.
+// The bindings' constants keep NVML's C names.
+#[allow(non_upper_case_globals)]
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlErrorString(result: nvmlReturn_t) -> *const c_char {
+    let text: &'static [u8] = match result {
+        nvmlReturn_enum_NVML_SUCCESS => b"Success\0",
+        nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED => b"Not Supported\0",
+        nvmlReturn_enum_NVML_ERROR_TIMEOUT => b"Timeout\0",
+        nvmlReturn_enum_NVML_ERROR_GPU_IS_LOST => b"GPU is lost\0",
+        _ => b"Unknown Error (stand-in)\0",
+    };
+    text.as_ptr().cast()
+}
+
+/// `nvmlSystemGetDriverVersion`.
+///
+/// # Safety
+/// `version` points to `length` writable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlSystemGetDriverVersion(
+    version: *mut c_char,
+    length: c_uint,
+) -> nvmlReturn_t {
+    check!("nvmlSystemGetDriverVersion");
+    let v = state().driver_version.unwrap_or_else(|| "550.90.07".into());
+    // SAFETY: forwarded from the caller's contract.
+    unsafe { copy_str(version, length, &v) }
+}
+
+/// `nvmlDeviceGetCount_v2`.
+///
+/// # Safety
+/// `count` is a writable out-parameter.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetCount_v2(count: *mut c_uint) -> nvmlReturn_t {
+    check!("nvmlDeviceGetCount_v2");
+    let n = c_uint::try_from(state().gpus.len()).unwrap_or(0);
+    out!(count, n)
+}
+
+/// `nvmlDeviceGetHandleByIndex_v2`.
+///
+/// # Safety
+/// `device` is a writable out-parameter.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
+    index: c_uint,
+    device: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
+    check!("nvmlDeviceGetHandleByIndex_v2");
+    let i = usize::try_from(index).unwrap_or(usize::MAX);
+    if i >= state().gpus.len() {
+        return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
+    }
+    out!(device, handle(i))
+}
+
+/// `nvmlDeviceGetIndex`.
+///
+/// # Safety
+/// `index` is a writable out-parameter.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetIndex(
+    device: nvmlDevice_t,
+    index: *mut c_uint,
+) -> nvmlReturn_t {
+    check!("nvmlDeviceGetIndex");
+    match gpu(device) {
+        Ok((i, _)) => out!(index, c_uint::try_from(i).unwrap_or(0)),
+        Err(code) => code,
+    }
+}
+
+/// `nvmlDeviceGetPciInfo_v3`.
+///
+/// # Safety
+/// `pci` is a writable out-parameter.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetPciInfo_v3(
+    device: nvmlDevice_t,
+    pci: *mut nvmlPciInfo_t,
+) -> nvmlReturn_t {
+    check!("nvmlDeviceGetPciInfo_v3");
+    match gpu(device) {
+        Ok((_, g)) => out!(pci, pci_info(&g.pci_bus_id)),
+        Err(code) => code,
+    }
+}
+
+/// `nvmlDeviceGetUUID`.
+///
+/// # Safety
+/// `uuid` points to `length` writable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetUUID(
+    device: nvmlDevice_t,
+    uuid: *mut c_char,
+    length: c_uint,
+) -> nvmlReturn_t {
+    check!("nvmlDeviceGetUUID");
+    match gpu(device) {
+        // SAFETY: forwarded from the caller's contract.
+        Ok((_, g)) => unsafe { copy_str(uuid, length, &g.uuid) },
+        Err(code) => code,
+    }
+}
+
+/// `nvmlDeviceGetName`.
+///
+/// # Safety
+/// `name` points to `length` writable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetName(
+    device: nvmlDevice_t,
+    name: *mut c_char,
+    length: c_uint,
+) -> nvmlReturn_t {
+    check!("nvmlDeviceGetName");
+    match gpu(device) {
+        // SAFETY: forwarded from the caller's contract.
+        Ok((_, g)) => unsafe { copy_str(name, length, &g.name) },
+        Err(code) => code,
+    }
+}
+
+/// `nvmlDeviceGetSerial`.
+///
+/// # Safety
+/// `serial` points to `length` writable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetSerial(
+    device: nvmlDevice_t,
+    serial: *mut c_char,
+    length: c_uint,
+) -> nvmlReturn_t {
+    check!("nvmlDeviceGetSerial");
+    match gpu(device) {
+        Ok((_, g)) => match g.serial {
+            // SAFETY: forwarded from the caller's contract.
+            Some(s) => unsafe { copy_str(serial, length, &s) },
+            None => nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED,
+        },
+        Err(code) => code,
+    }
+}
+
+/// `nvmlDeviceGetMinorNumber`.
+///
+/// # Safety
+/// `minor` is a writable out-parameter.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMinorNumber(
+    device: nvmlDevice_t,
+    minor: *mut c_uint,
+) -> nvmlReturn_t {
+    check!("nvmlDeviceGetMinorNumber");
+    match gpu(device) {
+        Ok((i, g)) => out!(minor, g.minor.unwrap_or(c_uint::try_from(i).unwrap_or(0))),
+        Err(code) => code,
+    }
+}
+
+/// The lane `link` of a GPU, or the code to return.
+fn lane(device: nvmlDevice_t, link: c_uint) -> Result<Lane, nvmlReturn_t> {
+    let (_, g) = gpu(device)?;
+    let i = usize::try_from(link).unwrap_or(usize::MAX);
+    match g.nvlinks.get(i) {
+        Some(l) => Ok(l.clone()),
+        // Lanes the GPU does not have: what NVML answers for them.
+        None if link < 18 => Err(nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED),
+        None => Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT),
+    }
+}
+
+/// `nvmlDeviceGetNvLinkState`.
+///
+/// # Safety
+/// `is_active` is a writable out-parameter.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetNvLinkState(
+    device: nvmlDevice_t,
+    link: c_uint,
+    is_active: *mut nvmlEnableState_t,
+) -> nvmlReturn_t {
+    check!("nvmlDeviceGetNvLinkState");
+    match lane(device, link) {
+        Ok(_) if garbage("nvmlDeviceGetNvLinkState") => out!(is_active, 7),
+        Ok(l) => out!(
+            is_active,
+            if l.up {
+                nvmlEnableState_enum_NVML_FEATURE_ENABLED
+            } else {
+                nvmlEnableState_enum_NVML_FEATURE_DISABLED
+            }
+        ),
+        Err(code) => code,
+    }
+}
+
+/// `nvmlDeviceGetNvLinkRemotePciInfo_v2`.
+///
+/// # Safety
+/// `pci` is a writable out-parameter.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetNvLinkRemotePciInfo_v2(
+    device: nvmlDevice_t,
+    link: c_uint,
+    pci: *mut nvmlPciInfo_t,
+) -> nvmlReturn_t {
+    check!("nvmlDeviceGetNvLinkRemotePciInfo_v2");
+    match lane(device, link) {
+        Ok(l) => out!(pci, pci_info(&l.remote_pci_bus_id)),
+        Err(code) => code,
+    }
+}
+
+/// `nvmlDeviceGetNvLinkRemoteDeviceType`.
+///
+/// # Safety
+/// `kind` is a writable out-parameter.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetNvLinkRemoteDeviceType(
+    device: nvmlDevice_t,
+    link: c_uint,
+    kind: *mut nvmlIntNvLinkDeviceType_t,
+) -> nvmlReturn_t {
+    check!("nvmlDeviceGetNvLinkRemoteDeviceType");
+    match lane(device, link) {
+        Ok(l) => out!(
+            kind,
+            match l.remote.as_str() {
+                "gpu" => nvmlIntNvLinkDeviceType_enum_NVML_NVLINK_DEVICE_TYPE_GPU,
+                "switch" => nvmlIntNvLinkDeviceType_enum_NVML_NVLINK_DEVICE_TYPE_SWITCH,
+                _ => nvmlIntNvLinkDeviceType_enum_NVML_NVLINK_DEVICE_TYPE_UNKNOWN,
+            }
+        ),
+        Err(code) => code,
+    }
+}
+
+/// `nvmlDeviceGetGpuFabricInfo`: the stand-in's GPUs are in no NVLink fabric.
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlDeviceGetGpuFabricInfo(
+    _device: nvmlDevice_t,
+    _info: *mut nvmlGpuFabricInfo_t,
+) -> nvmlReturn_t {
+    nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED
+}
+
+/// `nvmlDeviceGetRetiredPagesPendingStatus`.
+///
+/// # Safety
+/// `pending` is a writable out-parameter.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetRetiredPagesPendingStatus(
+    device: nvmlDevice_t,
+    pending: *mut nvmlEnableState_t,
+) -> nvmlReturn_t {
+    check!("nvmlDeviceGetRetiredPagesPendingStatus");
+    match gpu(device) {
+        Ok(_) if garbage("nvmlDeviceGetRetiredPagesPendingStatus") => out!(pending, 7),
+        Ok((_, g)) => out!(
+            pending,
+            if g.retired_pages_pending {
+                nvmlEnableState_enum_NVML_FEATURE_ENABLED
+            } else {
+                nvmlEnableState_enum_NVML_FEATURE_DISABLED
+            }
+        ),
+        Err(code) => code,
+    }
+}
+
+/// `nvmlDeviceGetRemappedRows`.
+///
+/// # Safety
+/// The four pointers are writable out-parameters.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetRemappedRows(
+    device: nvmlDevice_t,
+    corrected: *mut c_uint,
+    uncorrected: *mut c_uint,
+    pending: *mut c_uint,
+    failure: *mut c_uint,
+) -> nvmlReturn_t {
+    check!("nvmlDeviceGetRemappedRows");
+    let g = match gpu(device) {
+        Ok((_, g)) => g,
+        Err(code) => return code,
+    };
+    if corrected.is_null() || uncorrected.is_null() || pending.is_null() || failure.is_null() {
+        return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
+    }
+    // SAFETY: all four are writable out-parameters (checked non-null).
+    unsafe {
+        *corrected = 0;
+        *uncorrected = u32::from(g.row_remap_pending || g.row_remap_failed);
+        *pending = u32::from(g.row_remap_pending);
+        *failure = u32::from(g.row_remap_failed);
+    }
+    nvmlReturn_enum_NVML_SUCCESS
+}
+
+/// The event types every stand-in GPU supports.
+const SUPPORTED_EVENTS: u64 = (nvmlEventTypeXidCriticalError
+    | nvmlEventTypeDoubleBitEccError
+    | nvmlEventTypeSingleBitEccError) as u64;
+
+/// `nvmlDeviceGetSupportedEventTypes`.
+///
+/// # Safety
+/// `types` is a writable out-parameter.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetSupportedEventTypes(
+    device: nvmlDevice_t,
+    types: *mut c_ulonglong,
+) -> nvmlReturn_t {
+    check!("nvmlDeviceGetSupportedEventTypes");
+    match gpu(device) {
+        Ok(_) => out!(types, SUPPORTED_EVENTS),
+        Err(code) => code,
+    }
+}
+
+fn set_index(set: nvmlEventSet_t) -> usize {
+    set.addr().wrapping_sub(1)
+}
+
+/// `nvmlEventSetCreate`.
+///
+/// # Safety
+/// `set` is a writable out-parameter.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlEventSetCreate(set: *mut nvmlEventSet_t) -> nvmlReturn_t {
+    check!("nvmlEventSetCreate");
+    let mut sets = SETS.lock().unwrap_or_else(PoisonError::into_inner);
+    sets.push(Vec::new());
+    out!(set, std::ptr::without_provenance_mut(sets.len()))
+}
+
+/// `nvmlEventSetFree`.
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlEventSetFree(set: nvmlEventSet_t) -> nvmlReturn_t {
+    let mut sets = SETS.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(s) = sets.get_mut(set_index(set)) {
+        s.clear();
+    }
+    nvmlReturn_enum_NVML_SUCCESS
+}
+
+/// `nvmlDeviceRegisterEvents`.
+#[unsafe(no_mangle)]
+pub extern "C" fn nvmlDeviceRegisterEvents(
+    device: nvmlDevice_t,
+    types: c_ulonglong,
+    set: nvmlEventSet_t,
+) -> nvmlReturn_t {
+    check!("nvmlDeviceRegisterEvents");
+    let index = match gpu(device) {
+        Ok((i, _)) => i,
+        Err(code) => return code,
+    };
+    if types & !SUPPORTED_EVENTS != 0 {
+        return nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED;
+    }
+    let mut sets = SETS.lock().unwrap_or_else(PoisonError::into_inner);
+    match sets.get_mut(set_index(set)) {
+        Some(s) => {
+            s.push((index, types));
+            nvmlReturn_enum_NVML_SUCCESS
+        }
+        None => nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT,
+    }
+}
+
+/// The next undelivered event for `set`: (gpu, type bit, data). Events for GPUs the set did
+/// not register count as delivered.
+fn next_event(set: usize) -> Option<(usize, u64, u64)> {
+    let registered = SETS
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .get(set)
+        .cloned()
+        .unwrap_or_default();
+    let mut events = state().events;
+    events.sort_by_key(|e| e.id);
+    let mut delivered = DELIVERED.lock().unwrap_or_else(PoisonError::into_inner);
+    let after = *delivered;
+    for e in events.iter().filter(|e| e.id > after) {
+        *delivered = e.id;
+        let (bit, data) = match (e.kind.as_deref(), e.xid) {
+            (Some("dbe"), _) => (u64::from(nvmlEventTypeDoubleBitEccError), 0),
+            (_, Some(xid)) => (u64::from(nvmlEventTypeXidCriticalError), xid),
+            _ => continue,
+        };
+        if registered
+            .iter()
+            .any(|(gpu, types)| *gpu == e.gpu && types & bit != 0)
+        {
+            return Some((e.gpu, bit, data));
+        }
+    }
+    None
+}
+
+/// `nvmlEventSetWait_v2`.
+///
+/// # Safety
+/// `data` is a writable out-parameter.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlEventSetWait_v2(
+    set: nvmlEventSet_t,
+    data: *mut nvmlEventData_t,
+    timeoutms: c_uint,
+) -> nvmlReturn_t {
+    check!("nvmlEventSetWait_v2");
+    let deadline = Instant::now() + Duration::from_millis(u64::from(timeoutms));
+    loop {
+        if let Some((gpu, bit, value)) = next_event(set_index(set)) {
+            return out!(
+                data,
+                nvmlEventData_t {
+                    device: handle(gpu),
+                    eventType: bit,
+                    eventData: value,
+                    gpuInstanceId: 0,
+                    computeInstanceId: 0,
+                }
+            );
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return nvmlReturn_enum_NVML_ERROR_TIMEOUT;
+        }
+        std::thread::sleep((deadline - now).min(Duration::from_millis(10)));
+    }
+}
