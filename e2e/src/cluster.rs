@@ -614,15 +614,20 @@ impl TestCluster {
 
     /// Waits until `url`/healthz answers (the cluster's processes still running).
     pub async fn wait_healthz(&self, what: &str, url: &str) -> Result<()> {
+        self.wait_ok(what, url, "/healthz").await
+    }
+
+    /// Waits until `url``path` answers 200 (the cluster's processes still running).
+    pub async fn wait_ok(&self, what: &str, url: &str, path: &str) -> Result<()> {
         let mut config = Config::new(url.parse()?);
         config.accept_invalid_certs = true;
         config.auth_info.token = Some(self.admin_token.clone().into());
         let client = Client::try_from(config)?;
-        eventually(&format!("{what} healthz"), Duration::from_secs(60), || {
+        eventually(&format!("{what} {path}"), Duration::from_secs(60), || {
             let client = client.clone();
             async move {
                 self.check_processes()?;
-                let req = http::Request::get("/healthz").body(Vec::new())?;
+                let req = http::Request::get(path).body(Vec::new())?;
                 Ok(client.request_text(req).await.ok().map(|_| ()))
             }
         })

@@ -84,7 +84,8 @@ impl TestCluster {
     }
 
     /// Starts `fumarole-scheduler-ext serve` against this cluster's API server on a free
-    /// loopback port (plus `extra` arguments), waits for its `/healthz` and returns the port.
+    /// loopback port (plus `extra` arguments), waits for its `/readyz` and
+    /// `/leaderz` and returns the port.
     pub async fn start_scheduler_ext(&self, extra: &[&str]) -> Result<u16> {
         let port = crate::cluster::free_port()?;
         let mut args = vec![
@@ -99,11 +100,12 @@ impl TestCluster {
             &args,
             &[("RUST_LOG", "info,scheduler_ext=debug")],
         )?;
-        self.wait_healthz(
-            "fumarole-scheduler-ext",
-            &format!("http://127.0.0.1:{port}"),
-        )
-        .await?;
+        // Ready (its view is current) and leading (the lease taken, the promises read).
+        let url = format!("http://127.0.0.1:{port}");
+        self.wait_ok("fumarole-scheduler-ext", &url, "/readyz")
+            .await?;
+        self.wait_ok("fumarole-scheduler-ext", &url, "/leaderz")
+            .await?;
         Ok(port)
     }
 }

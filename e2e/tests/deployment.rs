@@ -423,7 +423,8 @@ async fn each_component_does_its_job_with_only_its_rights_and_the_agent_writes_o
     let ext_id = Identity::service_account(NAMESPACE, "fumarole-scheduler-ext");
     let ext_kubeconfig = cluster.kubeconfig_for("ext.kubeconfig", &ext_id).unwrap();
     let port = free_port().unwrap();
-    let ext = Proc::spawn(
+    // POD_NAMESPACE as the Deployment's downward API sets it: the Lease lives there.
+    let ext = Proc::spawn_with_env(
         "fumarole-scheduler-ext",
         &scheduler_ext_bin().unwrap(),
         &[
@@ -431,6 +432,7 @@ async fn each_component_does_its_job_with_only_its_rights_and_the_agent_writes_o
             format!("--kubeconfig={}", ext_kubeconfig.display()),
             format!("--listen=127.0.0.1:{port}"),
         ],
+        &[("POD_NAMESPACE", NAMESPACE)],
         &cluster.root().join("logs"),
     )
     .unwrap();

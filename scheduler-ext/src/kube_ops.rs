@@ -1,8 +1,10 @@
-//! The API server writes of the service: the `fumarole.dev/devices` annotation and the pod's
-//! `Binding`. Pods are read from the reflector's store first and from the API server when the
+//! The API server writes of the service: the `fumarole.dev/devices` annotation (with the node
+//! it is for) and the pod's `Binding`. Pods are read from the reflector's store first and from the API server when the
 //! store has not seen them yet.
 
-use fumarole_topology::annotation::{self, DEVICES_ANNOTATION, DeviceChoice};
+use fumarole_topology::annotation::{
+    self, DEVICES_ANNOTATION, DEVICES_NODE_ANNOTATION, DeviceChoice,
+};
 use k8s_openapi::api::core::v1::{Binding, ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Client;
@@ -55,15 +57,22 @@ impl KubeOps {
         self.api(ns).get(name).await
     }
 
-    /// Sets (or with `None` removes) the pod's `fumarole.dev/devices` annotation.
+    /// Sets the pod's `fumarole.dev/devices` annotation to the devices `choice` gives it on
+    /// `node` (with `fumarole.dev/devices-node`), or with `None` removes both.
     pub async fn annotate(
         &self,
         ns: &str,
         name: &str,
-        choice: Option<&DeviceChoice>,
+        choice: Option<(&str, &DeviceChoice)>,
     ) -> Result<(), kube::Error> {
-        let value = choice.map(annotation::format);
-        let patch = serde_json::json!({"metadata": {"annotations": {DEVICES_ANNOTATION: value}}});
+        let (node, value) = match choice {
+            Some((node, c)) => (Some(node), Some(annotation::format(c))),
+            None => (None, None),
+        };
+        let patch = serde_json::json!({"metadata": {"annotations": {
+            DEVICES_ANNOTATION: value,
+            DEVICES_NODE_ANNOTATION: node,
+        }}});
         self.api(ns)
             .patch(
                 name,

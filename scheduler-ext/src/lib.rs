@@ -20,9 +20,11 @@
 
 pub mod cli;
 pub mod core;
+pub mod freshness;
 pub mod http;
 pub mod hypernode;
 pub mod kube_ops;
+pub mod leader;
 pub mod live;
 pub mod protocol;
 pub mod service;

@@ -2,8 +2,14 @@
 //! only: labels) and `Pod`, and a loop that rebuilds the [`ClusterView`] after changes.
 //!
 //! Changes are coalesced: after the first change the loop waits `debounce`, then builds one view
-//! from the stores and hands it to the [`Service`] (which prunes its ledger against it). A pod
-//! deletion releases the pod's commit at once.
+//! from the stores and hands it to the [`Service`] (which prunes its ledger against it); it
+//! also rebuilds every [`TICK`] so commits time out without changes. A pod deletion releases
+//! the pod's commit at once. Each watch reports to a [`Freshness`] (`/readyz`).
+//!
+//! Only the leader ([`crate::leader`]) writes: the after-the-fact annotations, HyperNodes, and
+//! the withdrawal of promises whose commit timed out (a pod Volcano allocated but never bound
+//! keeps no devices). A term begins by reading every unfinished pod's promise from the API
+//! server ([`begin_term`]), so what the last leader handed out counts before this one commits.
 //!
 //! Pods bound by a scheduler that does not tell us its choice (Volcano before `allocateFunc`,
 //! named in `annotate_schedulers`) get their devices chosen and written after the fact, so the
@@ -22,7 +28,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use fumarole_topology::annotation::DEVICES_ANNOTATION;
+use fumarole_topology::annotation::{self, DEVICES_ANNOTATION, DEVICES_NODE_ANNOTATION};
 use fumarole_topology::crd::{DeviceTopology, Numatopology};
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -35,12 +41,16 @@ use tokio::sync::Notify;
 
 use crate::core::request::pod_key;
 use crate::core::view::{ClusterView, ContextCache};
+use crate::freshness::Freshness;
 use crate::hypernode;
 use crate::kube_ops::KubeOps;
 use crate::service::Service;
 
+/// How often the view is rebuilt without changes (commit and promise time-outs).
+pub const TICK: Duration = Duration::from_secs(5);
+
 /// How the live view behaves.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct LiveOptions {
     /// Wait this long after a change before rebuilding, to take in a burst at once.
     pub debounce: Duration,
@@ -48,7 +58,19 @@ pub struct LiveOptions {
     pub annotate_schedulers: Vec<String>,
     /// Publish Volcano `HyperNode` objects for the super-nodes ([`crate::hypernode`]).
     pub publish_hypernodes: bool,
+    /// How long a watch may fail before the view counts as stale (`/readyz` fails).
+    pub max_staleness: Duration,
+    /// Client for the service's own writes (annotations, Bindings), with a short timeout under
+    /// leader election; the reflectors' client when `None`.
+    pub write_client: Option<Client>,
+    /// This replica's own Pod (namespace, name), labelled [`LEADER_LABEL`] while it leads so a
+    /// Service can select the leader.
+    pub own_pod: Option<(String, String)>,
 }
+
+/// The label the leading replica puts on its own Pod (`"true"`); the chart's Service selects
+/// it, so the schedulers reach the leader only.
+pub const LEADER_LABEL: &str = "fumarole.dev/scheduler-ext-leader";
 
 impl Default for LiveOptions {
     fn default() -> Self {
@@ -56,6 +78,9 @@ impl Default for LiveOptions {
             debounce: Duration::from_millis(50),
             annotate_schedulers: vec!["volcano".into()],
             publish_hypernodes: false,
+            max_staleness: Duration::from_secs(30),
+            write_client: None,
+            own_pod: None,
         }
     }
 }
@@ -106,29 +131,42 @@ where
     }
 }
 
-/// Drives one watch stream into its store, waking the rebuild loop on every event and calling
-/// `on_delete` for deleted objects.
+/// What every watch shares: the rebuild loop's wake-up and the freshness record.
+#[derive(Clone)]
+struct Watches {
+    changed: Arc<Notify>,
+    freshness: Arc<Freshness>,
+}
+
+/// Drives one watch stream into its store, waking the rebuild loop on every event, calling
+/// `on_delete` for deleted objects and telling `freshness` how the watch fares.
 async fn drive<K>(
     kind: &'static str,
     stream: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
-    changed: Arc<Notify>,
+    watches: Watches,
     on_delete: impl Fn(&K),
 ) {
     let mut stream = std::pin::pin!(stream);
     while let Some(ev) = stream.next().await {
         match ev {
-            Ok(watcher::Event::Delete(obj)) => on_delete(&obj),
-            Ok(_) => {}
-            Err(e) => tracing::warn!(kind, error = %e, "watch failed; retrying"),
+            Ok(ev) => {
+                watches
+                    .freshness
+                    .ok(kind, matches!(ev, watcher::Event::InitDone));
+                if let watcher::Event::Delete(obj) = ev {
+                    on_delete(&obj);
+                }
+            }
+            Err(e) => watches.freshness.failed(kind, &e),
         }
-        changed.notify_one();
+        watches.changed.notify_one();
     }
 }
 
 fn reflect<K>(
     kind: &'static str,
     api: Api<K>,
-    changed: &Arc<Notify>,
+    watches: &Watches,
     on_delete: impl Fn(&K) + Send + 'static,
 ) -> Store<K>
 where
@@ -139,7 +177,8 @@ where
     let stream = watcher(api, watcher::Config::default())
         .default_backoff()
         .reflect(writer);
-    tokio::spawn(drive(kind, stream, Arc::clone(changed), on_delete));
+    watches.freshness.track(kind);
+    tokio::spawn(drive(kind, stream, watches.clone(), on_delete));
     store
 }
 
@@ -150,7 +189,11 @@ pub async fn start(
     svc: Arc<Service>,
     opts: LiveOptions,
 ) -> Result<tokio::task::JoinHandle<()>> {
-    let changed = Arc::new(Notify::new());
+    let watches = Watches {
+        changed: Arc::new(Notify::new()),
+        freshness: Arc::new(Freshness::new(opts.max_staleness)),
+    };
+    svc.set_freshness(Arc::clone(&watches.freshness));
     let dt_api: Api<DeviceTopology> = Api::all(client.clone());
     if !served(&dt_api).await? {
         bail!(
@@ -159,7 +202,7 @@ pub async fn start(
     }
     let nt_api: Api<Numatopology> = Api::all(client.clone());
     let numatopologies = if served(&nt_api).await? {
-        Some(reflect("Numatopology", nt_api, &changed, |_| {}))
+        Some(reflect("Numatopology", nt_api, &watches, |_| {}))
     } else {
         tracing::warn!(
             "numatopologies.nodeinfo.volcano.sh is not served: NUMA fit has no CPU data"
@@ -172,15 +215,16 @@ pub async fn start(
         let stream = watcher(api, watcher::Config::default())
             .default_backoff()
             .reflect(writer);
-        tokio::spawn(drive("Node", stream, Arc::clone(&changed), |_| {}));
+        watches.freshness.track("Node");
+        tokio::spawn(drive("Node", stream, watches.clone(), |_| {}));
         store
     };
     let released = Arc::clone(&svc);
     let stores = Stores {
-        topologies: reflect("DeviceTopology", dt_api, &changed, |_| {}),
+        topologies: reflect("DeviceTopology", dt_api, &watches, |_| {}),
         numatopologies,
         nodes: node_store,
-        pods: reflect("Pod", Api::all(client.clone()), &changed, move |p: &Pod| {
+        pods: reflect("Pod", Api::all(client.clone()), &watches, move |p: &Pod| {
             if released.release(&pod_key(p)).is_some() {
                 tracing::debug!(pod = %pod_key(p), "pod deleted; devices released");
             }
@@ -217,22 +261,161 @@ pub async fn start(
             opts.publish_hypernodes = false;
         }
     }
-    svc.set_kube(KubeOps::new(client.clone(), stores.pods.clone()));
+    let writes = opts.write_client.clone().unwrap_or_else(|| client.clone());
+    svc.set_kube(KubeOps::new(writes, stores.pods.clone()));
     let mut late = LoopState {
-        client,
+        client: client.clone(),
         tried: HashSet::new(),
         hypernodes: None,
         contexts: ContextCache::default(),
     };
     rebuild(&stores, &svc, &opts, &mut late).await;
     tracing::info!(nodes = svc.view().len(), "cluster view ready");
+    if let Some(leadership) = svc.leadership().cloned() {
+        tokio::spawn(follow_terms(
+            client,
+            Arc::clone(&svc),
+            leadership,
+            opts.own_pod.clone(),
+        ));
+    }
+    let changed = watches.changed;
     Ok(tokio::spawn(async move {
         loop {
-            changed.notified().await;
+            // A quiet cluster still gets commits timed out.
+            let _ = tokio::time::timeout(TICK, changed.notified()).await;
             tokio::time::sleep(opts.debounce).await;
             rebuild(&stores, &svc, &opts, &mut late).await;
         }
     }))
+}
+
+/// Begins every term this replica's leadership starts ([`begin_term`]), retrying until done
+/// or the term is over, then labels `own_pod` as the leader's; takes the label off when the
+/// term ends.
+async fn follow_terms(
+    client: Client,
+    svc: Arc<Service>,
+    leadership: Arc<crate::leader::Leadership>,
+    own_pod: Option<(String, String)>,
+) {
+    let mut changes = leadership.subscribe();
+    loop {
+        if leadership.holds() {
+            let term = leadership.begin();
+            loop {
+                match begin_term(&client, &svc).await {
+                    Ok(adopted) => {
+                        tracing::info!(
+                            adopted,
+                            term,
+                            "read the pods' promises: committing as leader"
+                        );
+                        leadership.ready(term);
+                        if let Some(pod) = &own_pod {
+                            label_leader(&client, pod, true).await;
+                        }
+                        break;
+                    }
+                    Err(e) if leadership.holds() && leadership.begin() == term => {
+                        tracing::warn!(error = %format!("{e:#}"), "reading the pods' promises failed; retrying before committing");
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                    Err(_) => break,
+                }
+            }
+        } else if let Some(pod) = &own_pod {
+            label_leader(&client, pod, false).await;
+        }
+        if changes.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Puts [`LEADER_LABEL`] on this replica's Pod (and takes it off the other pods of its
+/// namespace that still carry it: a dead or cut-off leader cannot), or takes it off.
+async fn label_leader(client: &Client, (ns, name): &(String, String), leading: bool) {
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let set =
+        |value: Option<&str>| serde_json::json!({"metadata": {"labels": {LEADER_LABEL: value}}});
+    let params = kube::api::PatchParams::default();
+    if leading {
+        let others = ListParams::default().labels(&format!("{LEADER_LABEL}=true"));
+        match api.list_metadata(&others).await {
+            Ok(list) => {
+                for p in list.items.iter().filter_map(|p| p.metadata.name.as_deref()) {
+                    if p != name
+                        && let Err(e) = api
+                            .patch(p, &params, &kube::api::Patch::Merge(set(None)))
+                            .await
+                    {
+                        tracing::warn!(pod = %format!("{ns}/{p}"), error = %e, "taking the leader label off a former leader failed");
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "listing pods labelled leader failed"),
+        }
+    }
+    let value = leading.then_some("true");
+    match api
+        .patch(name, &params, &kube::api::Patch::Merge(set(value)))
+        .await
+    {
+        Ok(_) => tracing::info!(pod = %format!("{ns}/{name}"), leading, "leader label set"),
+        Err(e) => {
+            tracing::warn!(pod = %format!("{ns}/{name}"), error = %e, "setting the leader label failed")
+        }
+    }
+}
+
+/// Reads every unfinished pod's `fumarole.dev/devices` with its node from the API server (a
+/// fresh list, not the watch's store, which may lag) and adopts each as a commit: devices the
+/// last leader handed out, bound or not yet, count before this one hands out any. Returns how
+/// many were adopted.
+pub async fn begin_term(client: &Client, svc: &Service) -> Result<usize> {
+    let api: Api<PartialObjectMeta<Pod>> = Api::all(client.clone());
+    let mut params = ListParams::default()
+        .fields("status.phase!=Succeeded,status.phase!=Failed")
+        .limit(500);
+    let mut adopted = 0;
+    loop {
+        let page = api
+            .list_metadata(&params)
+            .await
+            .context("listing the pods' metadata")?;
+        for pod in &page.items {
+            let meta = &pod.metadata;
+            if meta.deletion_timestamp.is_some() {
+                continue;
+            }
+            let Some(a) = meta.annotations.as_ref() else {
+                continue;
+            };
+            let (Some(node), Some(value)) =
+                (a.get(DEVICES_NODE_ANNOTATION), a.get(DEVICES_ANNOTATION))
+            else {
+                continue;
+            };
+            let key = format!(
+                "{}/{}",
+                meta.namespace.as_deref().unwrap_or_default(),
+                meta.name.as_deref().unwrap_or_default()
+            );
+            match annotation::parse(value) {
+                Ok(choice) => {
+                    for (resource, devices) in choice {
+                        adopted += usize::from(svc.adopt(&key, node, &resource, devices));
+                    }
+                }
+                Err(e) => tracing::debug!(pod = %key, error = %e, "not a promise"),
+            }
+        }
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok(adopted),
+        }
+    }
 }
 
 /// What the rebuild loop remembers between rounds.
@@ -256,8 +439,18 @@ async fn rebuild(stores: &Stores, svc: &Service, opts: &LiveOptions, late: &mut 
         tracing::debug!("{w}");
     }
     let want = opts.publish_hypernodes.then(|| hypernode::desired(&view));
-    for dropped in svc.replace_view(view) {
-        tracing::debug!(pod = %dropped, "commit settled or timed out");
+    let dropped = svc.replace_view(view);
+    if !svc.leads() {
+        return;
+    }
+    let view = svc.view();
+    for (pod, commit) in dropped {
+        if view.promised_on(&pod) != Some(commit.node.as_str()) {
+            tracing::debug!(pod = %pod, "commit settled");
+            continue;
+        }
+        // Promised, never bound within the commit time-to-live: give the devices back.
+        withdraw(svc, &pod, commit).await;
     }
     if let Some(want) = want
         && late.hypernodes.as_ref() != Some(&want)
@@ -279,7 +472,6 @@ async fn rebuild(stores: &Stores, svc: &Service, opts: &LiveOptions, late: &mut 
     if svc.kube().is_none() {
         return;
     }
-    let view = svc.view();
     if late.tried.len() > 100_000 {
         late.tried.clear();
     }
@@ -294,11 +486,11 @@ async fn rebuild(stores: &Stores, svc: &Service, opts: &LiveOptions, late: &mut 
             pod.status.as_ref().and_then(|s| s.phase.as_deref()),
             Some("Succeeded" | "Failed")
         );
-        let annotated = pod
-            .metadata
-            .annotations
-            .as_ref()
-            .is_some_and(|a| a.contains_key(DEVICES_ANNOTATION));
+        // A choice made for another node is no choice here.
+        let annotated = pod.metadata.annotations.as_ref().is_some_and(|a| {
+            a.contains_key(DEVICES_ANNOTATION)
+                && a.get(DEVICES_NODE_ANNOTATION).is_none_or(|n| n == node)
+        });
         let key = pod_key(&pod);
         if finished
             || annotated
@@ -317,6 +509,51 @@ async fn rebuild(stores: &Stores, svc: &Service, opts: &LiveOptions, late: &mut 
             Err(e) => {
                 tracing::warn!(pod = %key, node = %node, error = %e, "cannot give devices to a bound pod")
             }
+        }
+    }
+}
+
+/// Removes a promise whose commit timed out from its pod, unless the pod moved on (bound, or
+/// promised elsewhere) meanwhile. When the write fails the commit is taken back, to try again
+/// when it times out.
+async fn withdraw(svc: &Service, pod: &str, commit: crate::core::ledger::Commit) {
+    let node = commit.node.as_str();
+    let Some(ops) = svc.kube() else {
+        return;
+    };
+    let (ns, name) = pod.split_once('/').unwrap_or(("default", pod));
+    match ops.pod(ns, name).await {
+        Ok(p) => {
+            let bound = p
+                .spec
+                .as_ref()
+                .and_then(|s| s.node_name.as_deref())
+                .is_some();
+            let still = p
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(DEVICES_NODE_ANNOTATION))
+                .is_some_and(|n| n == node);
+            if bound || !still {
+                return;
+            }
+        }
+        Err(kube::Error::Api(s)) if s.code == 404 => return,
+        Err(e) => {
+            tracing::warn!(pod, error = %e, "reading a pod whose promise timed out");
+            return;
+        }
+    }
+    match ops.annotate(ns, name, None).await {
+        Ok(()) => tracing::info!(
+            pod,
+            node,
+            "promise never bound within the commit time-to-live: withdrawn"
+        ),
+        Err(e) => {
+            tracing::warn!(pod, node, error = %e, "withdrawing a timed-out promise failed; trying again after the commit time-to-live");
+            svc.adopt(pod, node, &commit.resource, commit.devices);
         }
     }
 }

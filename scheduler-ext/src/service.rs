@@ -10,7 +10,8 @@
 //!
 //! Locking: the view is an `Arc` swapped under a short write lock; the ledger sits behind one
 //! `RwLock`, and a commit checks and takes devices under its write lock, so two pods never get
-//! one device.
+//! one device. Of several replicas only the leader commits ([`crate::leader`]); the others
+//! answer reads and refuse commits with [`CommitError::NotLeader`].
 
 use std::collections::{BTreeSet, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -28,7 +29,9 @@ use crate::core::request::{DeviceRequest, PodRequest, RequestError, pod_key, pod
 use crate::core::score::gpu_aware::GpuAware;
 use crate::core::verdict::{NodeVerdict, Unfit, best_first};
 use crate::core::view::ClusterView;
+use crate::freshness::Freshness;
 use crate::kube_ops::KubeOps;
+use crate::leader::Leadership;
 
 /// Whether a commit still chooses the node, or only the devices on a node already bound.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -81,6 +84,11 @@ pub enum CommitError {
         #[source]
         source: kube::Error,
     },
+    /// Another replica leads (or none does now): only the leader hands out devices.
+    #[error(
+        "this replica does not lead (the lease is held by {holder:?}): only the leader hands out devices"
+    )]
+    NotLeader { holder: String },
 }
 
 /// How the service decides, from flags.
@@ -117,6 +125,10 @@ pub struct Service {
     ledger: RwLock<Ledger>,
     pub settings: Settings,
     kube: OnceLock<KubeOps>,
+    /// Leader election, when on (live mode with several replicas).
+    leadership: OnceLock<Arc<Leadership>>,
+    /// How current the live view is, for `/readyz`.
+    freshness: OnceLock<Arc<Freshness>>,
     /// The last [`DECISIONS_KEPT`] scorings (prioritize calls), oldest first, for `/ui`: kept
     /// as the verdicts the verb already had, turned into rows only when the page asks.
     decisions: Mutex<VecDeque<Recorded>>,
@@ -163,6 +175,8 @@ impl Service {
             ledger: RwLock::new(Ledger::default()),
             settings,
             kube: OnceLock::new(),
+            leadership: OnceLock::new(),
+            freshness: OnceLock::new(),
             decisions: Mutex::new(VecDeque::new()),
             generation: AtomicU64::new(0),
         }
@@ -173,6 +187,70 @@ impl Service {
         if self.kube.set(ops).is_err() {
             tracing::warn!("API client already set; keeping the first");
         }
+    }
+
+    /// Puts the service under leader election (once).
+    pub fn set_leadership(&self, leadership: Arc<Leadership>) {
+        if self.leadership.set(leadership).is_err() {
+            tracing::warn!("leader election already set; keeping the first");
+        }
+    }
+
+    /// Leader election, when on.
+    pub fn leadership(&self) -> Option<&Arc<Leadership>> {
+        self.leadership.get()
+    }
+
+    /// True when this replica may hand out devices (always, without leader election).
+    pub fn leads(&self) -> bool {
+        self.leadership.get().is_none_or(|l| l.leads())
+    }
+
+    /// Lets `/readyz` judge the live view's watches (once).
+    pub fn set_freshness(&self, freshness: Arc<Freshness>) {
+        if self.freshness.set(freshness).is_err() {
+            tracing::warn!("view freshness already set; keeping the first");
+        }
+    }
+
+    /// `Ok` while the view is current (every watch listed, none failing for too long); else
+    /// why not.
+    pub fn readiness(&self) -> Result<(), String> {
+        self.freshness.get().map_or(Ok(()), |f| f.check())
+    }
+
+    /// `Ok` when this replica hands out devices; else who does.
+    pub fn leader_status(&self) -> Result<(), String> {
+        if self.leads() {
+            return Ok(());
+        }
+        let holder = self
+            .leadership
+            .get()
+            .map(|l| l.holder())
+            .unwrap_or_default();
+        Err(format!("not the leader (the lease is held by {holder:?})"))
+    }
+
+    /// Counts a promise found on a pod (`fumarole.dev/devices` for `node`, not bound yet) as a
+    /// commit, unless the pod has one: a new leader takes over what the last one handed out,
+    /// and the commit time-to-live then ends promises that are never bound.
+    pub fn adopt(&self, pod: &str, node: &str, resource: &str, devices: Vec<String>) -> bool {
+        let mut ledger = self.ledger_mut();
+        if ledger.commit_of(pod).is_some() {
+            return false;
+        }
+        ledger.commit(
+            pod,
+            Commit {
+                node: node.to_string(),
+                resource: resource.to_string(),
+                devices,
+                unit: None,
+                at: Instant::now(),
+            },
+        );
+        true
     }
 
     /// Runs `f` over the view and the ledger as one request would see them.
@@ -243,8 +321,8 @@ impl Service {
     }
 
     /// Replaces the view (new snapshot, reflector update) and drops the commits and plans it
-    /// makes redundant; returns the pods whose commits were dropped.
-    pub fn replace_view(&self, view: ClusterView) -> Vec<String> {
+    /// makes redundant; returns the pods whose commits were dropped, with them.
+    pub fn replace_view(&self, view: ClusterView) -> Vec<(String, Commit)> {
         let view = Arc::new(view);
         {
             let mut guard = match self.view.write() {
@@ -429,6 +507,14 @@ impl Service {
             Err(e) => return Err(e.into()),
         };
         let key = req.devices.pod.clone();
+        if !self.leads() {
+            let holder = self
+                .leadership
+                .get()
+                .map(|l| l.holder())
+                .unwrap_or_default();
+            return Err(CommitError::NotLeader { holder });
+        }
         let now = Instant::now();
         let ttl = self.settings.reservation_ttl;
         let mut ledger = self.ledger_mut();
@@ -506,7 +592,7 @@ impl Service {
         if let Some(ops) = self.kube() {
             let key = pod_key(pod);
             let (ns, name) = key.split_once('/').unwrap_or(("default", key.as_str()));
-            if let Err(source) = ops.annotate(ns, name, Some(&c.choice())).await {
+            if let Err(source) = ops.annotate(ns, name, Some((&c.node, &c.choice()))).await {
                 self.release(&key);
                 return Err(CommitError::Annotate { pod: key, source });
             }

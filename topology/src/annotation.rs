@@ -6,11 +6,19 @@
 //! `{"nvidia.com/gpu": ["GPU-8c2...", "GPU-3f1..."]}`. A pod whose containers request the
 //! resource one after another gets the ids in that order (each container takes the next ones
 //! that are still free).
+//!
+//! `fumarole.dev/devices-node` names the node the choice is for. It is written with the choice
+//! and matters while the pod is not bound yet (Volcano binds after `allocateFunc`): the devices
+//! are promised on that node, and a restarted or newly elected scheduler extension counts them
+//! as taken from the pod alone.
 
 use std::collections::BTreeMap;
 
 /// The pod annotation key.
 pub const DEVICES_ANNOTATION: &str = "fumarole.dev/devices";
+
+/// The node [`DEVICES_ANNOTATION`]'s devices are on.
+pub const DEVICES_NODE_ANNOTATION: &str = "fumarole.dev/devices-node";
 
 /// Resource name -> device ids.
 pub type DeviceChoice = BTreeMap<String, Vec<String>>;

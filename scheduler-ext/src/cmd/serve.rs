@@ -19,6 +19,7 @@ use scheduler_ext::http::access::{Rule, Token};
 use scheduler_ext::http::metrics::{self, Metrics};
 use scheduler_ext::http::router::{self, Options};
 use scheduler_ext::http::server::{self, Limits, Tls, TlsFiles, TlsMetrics};
+use scheduler_ext::leader::{self, LeaseConfig};
 use scheduler_ext::live::{self, LiveOptions};
 use scheduler_ext::service::{Service, Settings};
 use scheduler_ext::snapshot;
@@ -96,8 +97,73 @@ pub struct ServeArgs {
     /// Publish Volcano HyperNode objects (topology.volcano.sh/v1alpha1) for the super-nodes.
     #[arg(long)]
     publish_hypernodes: bool,
+    /// How long a watch of the live view may fail before `/readyz` fails.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    max_view_staleness: Duration,
+    #[command(flatten)]
+    election: ElectionArgs,
     #[command(flatten)]
     scoring: ScoringArgs,
+}
+
+/// Leader election among replicas (kube-scheduler's flag names and defaults).
+#[derive(clap::Args)]
+struct ElectionArgs {
+    /// Elect a leader over a Lease before handing out devices (live mode); only the leader
+    /// commits and is ready. `--leader-elect=false` for a single replica that must never wait.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    leader_elect: bool,
+    /// The Lease's name.
+    #[arg(long, default_value = "fumarole-scheduler-ext")]
+    leader_elect_resource_name: String,
+    /// The Lease's namespace (default: $POD_NAMESPACE, else kube-system).
+    #[arg(long)]
+    leader_elect_resource_namespace: Option<String>,
+    /// This replica's identity, unique among replicas (default: $POD_NAME, else the host name
+    /// and process id).
+    #[arg(long)]
+    leader_elect_identity: Option<String>,
+    #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
+    leader_elect_lease_duration: Duration,
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    leader_elect_renew_deadline: Duration,
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    leader_elect_retry_period: Duration,
+}
+
+impl ElectionArgs {
+    /// The Lease to elect over, `None` when election is off.
+    fn config(&self) -> Result<Option<LeaseConfig>> {
+        if !self.leader_elect {
+            return Ok(None);
+        }
+        let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        let identity = match (&self.leader_elect_identity, env("POD_NAME")) {
+            (Some(id), _) => id.clone(),
+            (None, Some(pod)) => pod,
+            (None, None) => format!(
+                "{}_{}",
+                std::fs::read_to_string("/proc/sys/kernel/hostname")
+                    .map(|h| h.trim().to_string())
+                    .unwrap_or_else(|_| "localhost".into()),
+                std::process::id()
+            ),
+        };
+        let config = LeaseConfig {
+            name: self.leader_elect_resource_name.clone(),
+            namespace: self
+                .leader_elect_resource_namespace
+                .clone()
+                .or_else(|| env("POD_NAMESPACE"))
+                .unwrap_or_else(|| "kube-system".into()),
+            identity,
+            lease_duration: self.leader_elect_lease_duration,
+            renew_deadline: self.leader_elect_renew_deadline,
+            retry_period: self.leader_elect_retry_period,
+        };
+        config.validate().map_err(anyhow::Error::msg)?;
+        Ok(Some(config))
+    }
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
@@ -132,11 +198,16 @@ pub fn run(args: ServeArgs) -> Result<()> {
         max_connections: args.max_connections,
         ..Limits::default()
     };
+    let election = match args.cluster_snapshot {
+        Some(_) => None,
+        None => args.election.config()?,
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("starting the tokio runtime")?;
     rt.block_on(async move {
+        let mut elected = None;
         let svc = match &args.cluster_snapshot {
             Some(dir) => {
                 let view = snapshot::load(dir)?;
@@ -147,8 +218,24 @@ pub fn run(args: ServeArgs) -> Result<()> {
                 Arc::new(Service::with_settings(view, settings))
             }
             None => {
-                let client = kube_client(args.kubeconfig.as_deref()).await?;
+                let config = kube_config(args.kubeconfig.as_deref()).await?;
+                let client =
+                    kube::Client::try_from(config.clone()).context("building the API client")?;
                 let svc = Arc::new(Service::with_settings(ClusterView::default(), settings));
+                let mut write_client = None;
+                if let Some(lease) = &election {
+                    // A commit's writes must land before another replica may lead.
+                    let mut short = config;
+                    let budget = Some(lease.write_budget());
+                    (short.read_timeout, short.write_timeout, short.connect_timeout) =
+                        (budget, budget, budget);
+                    write_client =
+                        Some(kube::Client::try_from(short).context("building the API client")?);
+                    let leadership = leader::spawn(client.clone(), lease.clone());
+                    svc.set_leadership(Arc::clone(&leadership));
+                    tracing::info!(identity = %lease.identity, lease = %format!("{}/{}", lease.namespace, lease.name), "leader election on");
+                    elected = Some((client.clone(), lease.clone(), leadership));
+                }
                 let opts = LiveOptions {
                     debounce: args.view_debounce,
                     annotate_schedulers: args
@@ -157,6 +244,9 @@ pub fn run(args: ServeArgs) -> Result<()> {
                         .filter(|s| !s.is_empty())
                         .collect(),
                     publish_hypernodes: args.publish_hypernodes,
+                    max_staleness: args.max_view_staleness,
+                    write_client,
+                    own_pod: own_pod(),
                 };
                 // The loop lives as long as the runtime; it ends with the process.
                 drop(live::start(client, Arc::clone(&svc), opts).await?);
@@ -192,7 +282,12 @@ pub fn run(args: ServeArgs) -> Result<()> {
         tracing::info!(address = %listener.local_addr()?, https = tls.is_some(),
             kube_scheduler_open = options.kube.is_open(), volcano_open = options.volcano.is_open(), "serving");
         let app = metrics::instrument(router::router_with(svc, &options), Arc::new(metrics));
-        server::serve(listener, app, tls, limits, shutdown_signal()).await
+        let served = server::serve(listener, app, tls, limits, shutdown_signal()).await;
+        // Hand over at once rather than after the lease expires.
+        if let Some((client, lease, leadership)) = elected {
+            leader::release(client, &lease, &leadership).await;
+        }
+        served
     })
 }
 
@@ -279,10 +374,16 @@ async fn shutdown_signal() {
     tracing::info!("shutting down");
 }
 
-/// A client from `--kubeconfig`, else the usual inference (KUBECONFIG, ~/.kube/config,
-/// in-cluster).
-async fn kube_client(kubeconfig: Option<&std::path::Path>) -> Result<kube::Client> {
-    let config = match kubeconfig {
+/// This replica's Pod, from the downward API's `POD_NAMESPACE` and `POD_NAME`.
+fn own_pod() -> Option<(String, String)> {
+    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    Some((env("POD_NAMESPACE")?, env("POD_NAME")?))
+}
+
+/// The client configuration from `--kubeconfig`, else the usual inference (KUBECONFIG,
+/// ~/.kube/config, in-cluster).
+async fn kube_config(kubeconfig: Option<&std::path::Path>) -> Result<kube::Config> {
+    Ok(match kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path)
                 .with_context(|| format!("reading kubeconfig {}", path.display()))?;
@@ -293,6 +394,5 @@ async fn kube_client(kubeconfig: Option<&std::path::Path>) -> Result<kube::Clien
         None => kube::Config::infer()
             .await
             .context("finding the API server (KUBECONFIG, ~/.kube/config or in-cluster)")?,
-    };
-    kube::Client::try_from(config).context("building the API client")
+    })
 }

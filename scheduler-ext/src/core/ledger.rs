@@ -149,8 +149,13 @@ impl Ledger {
 
     /// Drops what the view now shows or what timed out: commits whose pod the view shows
     /// bound with its annotation, commits older than `commit_ttl`, expired plans and plans whose
-    /// sub-unit is complete in the view. Returns the pods whose commits were dropped.
-    pub fn prune(&mut self, view: &ClusterView, now: Instant, commit_ttl: Duration) -> Vec<String> {
+    /// sub-unit is complete in the view. Returns the pods whose commits were dropped, with them.
+    pub fn prune(
+        &mut self,
+        view: &ClusterView,
+        now: Instant,
+        commit_ttl: Duration,
+    ) -> Vec<(String, Commit)> {
         let stale: Vec<String> = self
             .commits
             .iter()
@@ -159,14 +164,15 @@ impl Ledger {
             })
             .map(|(pod, _)| pod.clone())
             .collect();
-        for pod in &stale {
-            self.release(pod);
-        }
+        let dropped = stale
+            .into_iter()
+            .filter_map(|pod| self.release(&pod).map(|c| (pod, c)))
+            .collect();
         self.plans.retain(|unit, p| {
             let placed: u32 = view.members(unit).iter().map(|m| m.gpus).sum();
             p.expires > now && placed < p.gpus
         });
-        stale
+        dropped
     }
 }
 
@@ -206,7 +212,10 @@ mod tests {
                 .is_empty()
         );
         assert_eq!(
-            l.prune(&view, t0 + Duration::from_secs(11), Duration::from_secs(10)),
+            l.prune(&view, t0 + Duration::from_secs(11), Duration::from_secs(10))
+                .into_iter()
+                .map(|(pod, _)| pod)
+                .collect::<Vec<_>>(),
             ["ns/a"]
         );
         assert!(l.committed_on("n2").is_none());

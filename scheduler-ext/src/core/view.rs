@@ -6,8 +6,10 @@
 //! matrix, shared by the nodes that have it, with a memo of its answers: [`NodeContext`]), and
 //! shared by every request.
 //! A device is free when it is healthy, not allocated in the node's status and not assumed by
-//! this service (a pod that carries our `fumarole.dev/devices` choice and is bound to the node
-//! but not yet reported by it).
+//! this service: named in the `fumarole.dev/devices` choice of a pod bound to the node, or of a
+//! pod not bound yet whose `fumarole.dev/devices-node` is the node (a promise: Volcano binds
+//! after `allocateFunc`). Promises make the view, not the memory of one process, the record of
+//! what was handed out, so a restarted or newly elected extension starts from it.
 //!
 //! A node's super-node is the `DeviceTopology`'s `spec.superNode.id`, else its
 //! `fumarole.dev/super-node` label; a node with neither is a super-node of its own.
@@ -23,7 +25,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 
 use fumarole_topology::CpuSet;
-use fumarole_topology::annotation::{self, DEVICES_ANNOTATION};
+use fumarole_topology::annotation::{self, DEVICES_ANNOTATION, DEVICES_NODE_ANNOTATION};
 use fumarole_topology::crd::device_topology::DeviceInfo;
 use fumarole_topology::crd::{DeviceTopology, Numatopology};
 use fumarole_topology::{SelectContext, SelectError, Selection};
@@ -401,6 +403,8 @@ pub struct ClusterView {
     jobs: Jobs,
     /// Bound pods with a `fumarole.dev/devices` annotation (`namespace/name` -> node).
     annotated: HashMap<String, String>,
+    /// Pods not bound yet whose devices are promised on a node (`namespace/name` -> node).
+    promised: HashMap<String, String>,
     /// Pods (`namespace/name`) some node reports devices allocated to.
     reported: HashSet<String>,
     /// Pods not bound yet, not finished, asking for an accelerator some node offers.
@@ -515,36 +519,65 @@ impl ClusterView {
     }
 
     /// Counts a bound, unfinished pod: its annotated devices as used, its unit membership; an
-    /// unbound one asking for an accelerator is pending.
+    /// unbound one asking for an accelerator is pending, and counted like a bound one on the
+    /// node its devices are promised on.
     fn add_pod(&mut self, pod: &Pod) {
         let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
         if matches!(phase, Some("Succeeded" | "Failed")) {
             return;
         }
-        let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
-            if pod.metadata.deletion_timestamp.is_none()
-                && request::device_request(pod, &self.resources()).is_ok()
-            {
-                self.pending.push(pod.clone());
-            }
-            return;
-        };
+        let annotations = pod.metadata.annotations.as_ref();
+        let choice_node = annotations.and_then(|a| a.get(DEVICES_NODE_ANNOTATION));
         let key = request::pod_key(pod);
-        if let Some(value) = pod
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(DEVICES_ANNOTATION))
-        {
-            match annotation::parse(value) {
-                Ok(choice) => {
-                    let set = self.assumed.entry(node.clone()).or_default();
-                    set.extend(choice.into_values().flatten());
-                    self.annotated.insert(key.clone(), node.clone());
+        let bound = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+        let is_bound = bound.is_some();
+        let node = match bound {
+            Some(node) => {
+                if choice_node.is_some_and(|n| *n != node) {
+                    // Bound elsewhere than the choice was made for: the choice is void here.
+                    self.warnings.push(format!(
+                        "pod {key}: bound to {node}, its {DEVICES_ANNOTATION} is for another node"
+                    ));
+                    return self.add_member(pod, key, node);
                 }
-                Err(e) => self.warnings.push(format!("pod {key}: {e}")),
+                node
             }
+            None => {
+                let waiting = pod.metadata.deletion_timestamp.is_none();
+                if waiting && request::device_request(pod, &self.resources()).is_ok() {
+                    self.pending.push(pod.clone());
+                }
+                match choice_node {
+                    Some(node) if waiting => node.clone(),
+                    _ => return,
+                }
+            }
+        };
+        let choice = annotations
+            .and_then(|a| a.get(DEVICES_ANNOTATION))
+            .map(|v| {
+                annotation::parse(v).inspect_err(|e| self.warnings.push(format!("pod {key}: {e}")))
+            });
+        match choice {
+            Some(Ok(choice)) => {
+                let set = self.assumed.entry(node.clone()).or_default();
+                set.extend(choice.into_values().flatten());
+                let record = if is_bound {
+                    &mut self.annotated
+                } else {
+                    &mut self.promised
+                };
+                record.insert(key.clone(), node.clone());
+            }
+            // A promise without usable devices promises nothing.
+            _ if !is_bound => return,
+            _ => {}
         }
+        self.add_member(pod, key, node);
+    }
+
+    /// Indexes a pod placed on `node` (bound, or its devices promised there) by its unit.
+    fn add_member(&mut self, pod: &Pod, key: String, node: String) {
         if !self.jobs.in_group(pod) {
             return;
         }
@@ -621,6 +654,16 @@ impl ClusterView {
         self.annotated.get(pod).map(String::as_str)
     }
 
+    /// Pods not bound yet with devices promised on a node: (`namespace/name`, node).
+    pub fn promised(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.promised.iter().map(|(p, n)| (p.as_str(), n.as_str()))
+    }
+
+    /// The node `pod`'s devices are promised on, while it is not bound.
+    pub fn promised_on(&self, pod: &str) -> Option<&str> {
+        self.promised.get(pod).map(String::as_str)
+    }
+
     /// Mask of the free devices of `resource` on `nv`: healthy, not allocated in status, not
     /// chosen for a bound pod.
     pub fn free_mask(&self, nv: &NodeView, resource: &str) -> u64 {
@@ -692,6 +735,49 @@ mod tests {
         assert_eq!(view.free("a", "nvidia.com/gpu"), vec![3]);
         assert!(view.free("a", "huawei.com/Ascend910").is_empty());
         assert!(view.free("nope", "nvidia.com/gpu").is_empty());
+    }
+
+    /// Devices promised to a pod not bound yet count as taken on their node; a promise on a
+    /// pod being deleted, or one made for another node than the pod was bound to, does not.
+    #[test]
+    fn promises_count_until_bound_elsewhere_or_deleted() {
+        let pod =
+            |name: &str, node: Option<&str>, for_node: &str, gpu: &str, deleting: bool| -> Pod {
+                serde_json::from_value(serde_json::json!({
+                    "metadata": {
+                        "name": name, "namespace": "ml",
+                        "deletionTimestamp": deleting.then_some("2026-01-01T00:00:00Z"),
+                        "annotations": {
+                            DEVICES_ANNOTATION: format!(r#"{{"nvidia.com/gpu":["{gpu}"]}}"#),
+                            DEVICES_NODE_ANNOTATION: for_node,
+                        }
+                    },
+                    "spec": {"nodeName": node, "containers": [{"name": "c",
+                        "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
+                }))
+                .unwrap()
+            };
+        let pods = [
+            pod("promised", None, "a", "GPU-0", false),
+            pod("going", None, "a", "GPU-1", true),
+            pod("moved", Some("b"), "a", "GPU-2", false),
+            pod("bound", Some("a"), "a", "GPU-3", false),
+        ];
+        let view = ClusterView::build(&[dt("a", 4, 10, &[]), dt("b", 4, 10, &[])], &[], &[], &pods)
+            .unwrap();
+        assert_eq!(view.free("a", "nvidia.com/gpu"), vec![1, 2]);
+        assert_eq!(view.free("b", "nvidia.com/gpu"), vec![0, 1, 2, 3]);
+        assert_eq!(view.promised_on("ml/promised"), Some("a"));
+        assert_eq!(view.promised().count(), 1);
+        assert_eq!(view.annotated_on("ml/bound"), Some("a"));
+        assert_eq!(view.annotated_on("ml/moved"), None);
+        assert!(
+            view.warnings.iter().any(|w| w.contains("ml/moved")),
+            "{:?}",
+            view.warnings
+        );
+        // The promised pod is still waiting to be bound.
+        assert_eq!(view.pending().len(), 1);
     }
 
     #[test]

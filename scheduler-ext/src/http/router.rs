@@ -3,7 +3,8 @@
 //! - [`router`]: what the schedulers call, kube-scheduler's extender verbs under
 //!   [`KUBE_PREFIX`](crate::protocol::kube_scheduler::KUBE_PREFIX) and Volcano's under
 //!   [`VOLCANO_PREFIX`](crate::protocol::volcano::VOLCANO_PREFIX), each protocol behind its
-//!   [`Rule`] ([`crate::http::access`]), plus `GET /healthz`.
+//!   [`Rule`] ([`crate::http::access`]), plus `GET /healthz` (alive), `GET /readyz` (the
+//!   view is current) and `GET /leaderz` (this replica hands out devices).
 //! - [`webhook_router`]: the API server's admission webhook ([`crate::protocol::admission`])
 //!   and `GET /healthz`, on a listener of its own: the API server must reach it (it presents
 //!   no credentials; the webhook answers allow or deny and writes nothing), while network
@@ -68,6 +69,8 @@ pub fn router_with(svc: Arc<Service>, options: &Options) -> Router {
     ));
     Router::new()
         .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/leaderz", get(leaderz))
         .merge(kube)
         .merge(volcano)
         .layer(middleware::from_fn_with_state(
@@ -95,6 +98,24 @@ pub fn ui_router(svc: Arc<Service>) -> Router {
 
 async fn healthz() -> &'static str {
     "ok\n"
+}
+
+/// `200` while the view is current, else `503` with the reason.
+async fn readyz(State(svc): State<Arc<Service>>) -> Response {
+    status(svc.readiness())
+}
+
+/// `200` when this replica hands out devices (it leads, or there is no election), else `503`
+/// naming the leader.
+async fn leaderz(State(svc): State<Arc<Service>>) -> Response {
+    status(svc.leader_status())
+}
+
+fn status(result: Result<(), String>) -> Response {
+    match result {
+        Ok(()) => "ok\n".into_response(),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")).into_response(),
+    }
 }
 
 /// Answers `503` when the request is not done within `limit`.
