@@ -352,6 +352,19 @@ impl TestCluster {
         self.wait_ready().await
     }
 
+    /// Starts the cluster's process `name` again if it has exited (as a Deployment would
+    /// restart its pod); returns whether it did.
+    pub fn restart_if_exited(&self, name: &str) -> Result<bool> {
+        let mut procs = self
+            .procs
+            .lock()
+            .map_err(|_| anyhow!("process list poisoned"))?;
+        match procs.iter_mut().find(|p| p.name() == name) {
+            Some(p) => p.restart_if_exited(),
+            None => bail!("no process {name} in the cluster"),
+        }
+    }
+
     /// Fails (with a [`Fatal`] error) if any started process has exited,
     /// with its log tail.
     pub fn check_processes(&self) -> Result<()> {

@@ -11,6 +11,7 @@
 //!
 //! The binaries come from `e2e/build-upstream.sh` (see [`upstream`]).
 
+pub mod chain;
 pub mod cluster;
 pub mod colocation;
 pub mod deploy;
@@ -20,6 +21,7 @@ pub mod json_api;
 pub mod kubelet_dm;
 pub mod pki;
 pub mod process;
+pub mod service_front;
 pub mod upstream;
 pub mod wait;
 

@@ -24,6 +24,8 @@ pub struct Proc {
     stdout: PathBuf,
     log: PathBuf,
     stopped: bool,
+    /// How it was started, for [`Proc::restart_if_exited`].
+    command: (PathBuf, Vec<String>, Vec<(String, String)>),
 }
 
 impl Proc {
@@ -43,30 +45,38 @@ impl Proc {
         std::fs::create_dir_all(logs)?;
         let stdout = logs.join(format!("{name}.stdout"));
         let log = logs.join(format!("{name}.log"));
-        let mut cmd = Command::new(program);
-        cmd.args(args)
-            .envs(env.iter().copied())
-            .stdin(Stdio::null())
-            .stdout(File::create(&stdout)?)
-            .stderr(File::create(&log)?)
-            .process_group(0);
-        // SAFETY: the closure runs in the forked child before exec and only makes
-        // one prctl(2) system call, which is async-signal-safe.
-        unsafe {
-            cmd.pre_exec(|| {
-                nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)
-            });
-        }
-        let child = cmd
-            .spawn()
-            .with_context(|| format!("starting {name} ({})", program.display()))?;
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let child = start(name, program, args, &env, &stdout, &log, false)?;
         Ok(Proc {
             name: name.to_string(),
             child,
             stdout,
             log,
             stopped: false,
+            command: (program.to_path_buf(), args.to_vec(), env),
         })
+    }
+
+    /// Starts the process again, as a Deployment's pod restarts, when it has exited; its
+    /// logs go on in the same files. Returns whether it restarted.
+    pub fn restart_if_exited(&mut self) -> Result<bool> {
+        if self.stopped || self.child.try_wait()?.is_none() {
+            return Ok(false);
+        }
+        let (program, args, env) = &self.command;
+        self.child = start(
+            &self.name,
+            program,
+            args,
+            env,
+            &self.stdout,
+            &self.log,
+            true,
+        )?;
+        Ok(true)
     }
 
     /// The name given at spawn.
@@ -139,6 +149,43 @@ impl Proc {
         let _ = killpg(pgid, Signal::SIGKILL);
         let _ = self.child.wait();
     }
+}
+
+/// Spawns `program` in a process group of its own, dying with the test process; output to
+/// `stdout` and `log`, appended to when `append`.
+fn start(
+    name: &str,
+    program: &Path,
+    args: &[String],
+    env: &[(String, String)],
+    stdout: &Path,
+    log: &Path,
+    append: bool,
+) -> Result<Child> {
+    let open = |p: &Path| {
+        File::options()
+            .create(true)
+            .write(true)
+            .append(append)
+            .truncate(!append)
+            .open(p)
+    };
+    let mut cmd = Command::new(program);
+    cmd.args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
+        .stdout(open(stdout)?)
+        .stderr(open(log)?)
+        .process_group(0);
+    // SAFETY: the closure runs in the forked child before exec and only makes
+    // one prctl(2) system call, which is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)
+        });
+    }
+    cmd.spawn()
+        .with_context(|| format!("starting {name} ({})", program.display()))
 }
 
 impl Drop for Proc {

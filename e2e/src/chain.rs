@@ -1,0 +1,398 @@
+//! The device chain, shared by the e2e tests that follow pods from a scheduler to their
+//! containers: four dgx-h100 harness nodes in two super-nodes with an agent each
+//! ([`start_nodes`]), a mixed workload ([`submission`]) pushed through whichever scheduler the
+//! test started, and [`run`], which checks every admitted pod (the scheduler's
+//! `fumarole.dev/devices`, the kubelet's allocation, the agent's `NVIDIA_VISIBLE_DEVICES`) and
+//! every node (no device given to two running pods) and every unit (one super-node), and
+//! returns what it found ([`Findings`]).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use anyhow::{Result, bail};
+use fumarole_topology::annotation::{self, DEVICES_ANNOTATION};
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, PostParams};
+use serde_json::json;
+
+use crate::cluster::{NodeSpec, TestCluster, free_port};
+use crate::fumarole::agent_bin;
+use crate::harness_node::{HarnessNode, PodRecord};
+
+pub const GPU: &str = "nvidia.com/gpu";
+/// The nodes and their super-nodes.
+pub const NODES: [(&str, &str); 4] = [
+    ("dgx-0", "sn-a"),
+    ("dgx-1", "sn-a"),
+    ("dgx-2", "sn-b"),
+    ("dgx-3", "sn-b"),
+];
+/// Pods in flight at once (submitted, not yet checked): enough to keep every GPU busy and
+/// some pods waiting.
+pub const IN_FLIGHT: usize = 12;
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Scheduler {
+    Kube,
+    Volcano,
+}
+
+impl Scheduler {
+    pub fn name(self) -> &'static str {
+        match self {
+            Scheduler::Kube => "default-scheduler",
+            Scheduler::Volcano => "volcano",
+        }
+    }
+}
+
+/// Nodes, a harness node and an agent (cluster mode, dgx-h100 fixture, its super-node) per
+/// node of [`NODES`], once every node's kubelet has its 8 GPUs.
+pub async fn start_nodes(cluster: &TestCluster) -> Result<Vec<HarnessNode>> {
+    let mut harness = Vec::new();
+    for (node, super_node) in NODES {
+        cluster
+            .create_node(
+                &NodeSpec::new(node)
+                    .capacity("cpu", "224")
+                    .capacity("memory", "2Ti"),
+            )
+            .await?;
+        let h = cluster.start_harness_node(node).await?;
+        let absent = |f: &str| cluster.root().join(f).display().to_string();
+        let args = vec![
+            "run".to_string(),
+            "--fixture=dgx-h100".into(),
+            format!("--node-name={node}"),
+            format!("--super-node={super_node}"),
+            format!("--device-plugin-dir={}", h.plugin_dir().display()),
+            format!("--kubelet-config={}", absent("absent.yaml")),
+            format!("--cpu-manager-state={}", absent("absent_state")),
+            format!("--pod-resources-socket={}", absent("absent.sock")),
+            format!("--metrics-addr=127.0.0.1:{}", free_port()?),
+        ];
+        cluster.start_program(&format!("fumarole-agent-{node}"), &agent_bin()?, &args, &[])?;
+        harness.push(h);
+    }
+    for h in &harness {
+        h.wait_allocatable(GPU, 8, Duration::from_secs(120)).await?;
+    }
+    Ok(harness)
+}
+
+/// A submission: the objects to create, and the pods they make.
+pub struct Submission {
+    /// A Volcano Job (for Volcano; deleting it deletes its pods), or none (kube-scheduler).
+    pub job: Option<DynamicObject>,
+    pub pods: Vec<Pod>,
+}
+
+/// The i-th submission: a single pod, or (every 9th) a unit of two 4-GPU pods with
+/// gpu-group-size 8. Sizes cycle through 1, 2, 4, 8, 2, 1, 4, 1. Through Volcano each is a
+/// Volcano Job (its pods `<job>-main-<i>`), as users submit them; kube-scheduler gets bare
+/// pods.
+pub fn submission(i: usize, scheduler: Scheduler) -> Result<Submission> {
+    const SIZES: [u32; 8] = [1, 2, 4, 8, 2, 1, 4, 1];
+    let pod = |name: String, gpus: u32, annotations: serde_json::Value| -> Result<Pod> {
+        Ok(serde_json::from_value(json!({
+            "metadata": {"name": name, "annotations": annotations},
+            "spec": {
+                "schedulerName": scheduler.name(),
+                "containers": [{"name": "main", "image": "example.invalid/none",
+                    "resources": {"requests": {"cpu": "1", "memory": "1Gi"},
+                                  "limits": {GPU: gpus.to_string()}}}]
+            }
+        }))?)
+    };
+    let (name, replicas, gpus, annotations) = if i % 9 == 8 {
+        (
+            format!("unit{i}"),
+            2,
+            4,
+            json!({"fumarole.dev/gpu-group-size": "8"}),
+        )
+    } else {
+        (format!("single{i}"), 1, SIZES[i % SIZES.len()], json!({}))
+    };
+    Ok(match scheduler {
+        Scheduler::Kube => Submission {
+            job: None,
+            pods: (0..replicas)
+                .map(|r| {
+                    let pod_name = if replicas == 1 {
+                        name.clone()
+                    } else {
+                        format!("{name}-{r}")
+                    };
+                    pod(pod_name, gpus, annotations.clone())
+                })
+                .collect::<Result<_>>()?,
+        },
+        Scheduler::Volcano => {
+            let template = pod(String::new(), gpus, annotations)?;
+            let mut job = DynamicObject::new(&name, &vcjob_resource()).within("default");
+            job.data = json!({"spec": {
+                "schedulerName": "volcano",
+                "queue": "default",
+                "minAvailable": replicas,
+                "tasks": [{"name": "main", "replicas": replicas, "template": {
+                    "metadata": {"annotations": template.metadata.annotations},
+                    "spec": template.spec,
+                }}]
+            }});
+            Submission {
+                job: Some(job),
+                pods: (0..replicas)
+                    .map(|r| pod(format!("{name}-main-{r}"), gpus, json!({})))
+                    .collect::<Result<_>>()?,
+            }
+        }
+    })
+}
+
+pub fn vcjob_resource() -> ApiResource {
+    ApiResource::from_gvk(&GroupVersionKind::gvk(
+        "batch.volcano.sh",
+        "v1alpha1",
+        "Job",
+    ))
+}
+
+/// What went wrong, by kind, with examples.
+#[derive(Debug, Default)]
+pub struct Findings {
+    /// Pods admitted and checked.
+    pub checked: usize,
+    /// Units placed.
+    pub units: usize,
+    /// Wall time of the run.
+    pub seconds: f64,
+    /// Admitted pods without the scheduler's choice (none written before the node admitted
+    /// them: the extension was down past the plugin's wait).
+    pub unchosen: Vec<String>,
+    /// Admitted pods whose choice, kubelet allocation and env differ.
+    pub mismatches: Vec<String>,
+    /// Pods the kubelet refused.
+    pub rejected: Vec<String>,
+    /// A device held by two running pods of a node.
+    pub double: Vec<String>,
+    /// Units that ran in more than one super-node.
+    pub split_units: Vec<String>,
+}
+
+impl Findings {
+    /// Nothing wrong at all: every pod got exactly its choice.
+    pub fn clean(&self) -> bool {
+        self.unchosen.is_empty() && self.safe() && self.mismatches.is_empty()
+    }
+
+    /// Nothing unsafe: no refusal, no device given twice, no unit split.
+    pub fn safe(&self) -> bool {
+        self.rejected.is_empty() && self.double.is_empty() && self.split_units.is_empty()
+    }
+
+    /// One line of figures.
+    pub fn summary(&self) -> String {
+        format!(
+            "{} pods checked ({} units) in {:.0} s ({:.2} pods/s): {} without a choice, {} mismatches, {} rejected, {} devices given twice, {} units split",
+            self.checked,
+            self.units,
+            self.seconds,
+            self.checked as f64 / self.seconds.max(f64::EPSILON),
+            self.unchosen.len(),
+            self.mismatches.len(),
+            self.rejected.len(),
+            self.double.len(),
+            self.split_units.len(),
+        )
+    }
+}
+
+/// Every pod of the namespace as `name phase node (deleting)`, for a stall's message.
+pub async fn pod_states(pods: &Api<Pod>) -> Vec<String> {
+    pods.list(&Default::default())
+        .await
+        .map(|l| {
+            l.items
+                .iter()
+                .map(|p| {
+                    format!(
+                        "{} {:?} on {:?}{}",
+                        p.name_any(),
+                        p.status.as_ref().and_then(|s| s.phase.clone()),
+                        p.spec.as_ref().and_then(|s| s.node_name.clone()),
+                        if p.metadata.deletion_timestamp.is_some() {
+                            " (deleting)"
+                        } else {
+                            ""
+                        }
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn sorted(v: &[String]) -> Vec<String> {
+    let mut v = v.to_vec();
+    v.sort();
+    v
+}
+
+/// Compares one admitted pod's three device lists.
+fn check(pod: &Pod, node: &str, record: &PodRecord, findings: &mut Findings) -> Vec<String> {
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let chosen = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(DEVICES_ANNOTATION))
+        .and_then(|v| annotation::parse(v).ok())
+        .and_then(|c| c.get(GPU).cloned())
+        .unwrap_or_default();
+    let allocated = record.devices(GPU);
+    let env: Vec<String> = record
+        .container("main")
+        .and_then(|c| c.options.as_ref())
+        .and_then(|o| o.envs.get("NVIDIA_VISIBLE_DEVICES"))
+        .map(|v| v.split(',').map(str::to_string).collect())
+        .unwrap_or_default();
+    let (c, a, e) = (sorted(&chosen), sorted(&allocated), sorted(&env));
+    let line = format!("{name} on {node}: annotation {c:?}, kubelet {a:?}, env {e:?}");
+    if c.is_empty() {
+        findings.unchosen.push(line);
+    } else if c != a || a != e {
+        findings.mismatches.push(line);
+    }
+    a
+}
+
+/// Pushes `target` pods through `scheduler` (already started, with the extension) over
+/// `harness`, checking each as its node admits it and deleting it then, until all are checked
+/// or refused; `diagnostics` is printed if the run stalls past `deadline`.
+pub async fn run(
+    cluster: &TestCluster,
+    harness: &[HarnessNode],
+    scheduler: Scheduler,
+    target: usize,
+    deadline: Duration,
+    diagnostics: impl Fn() -> String,
+) -> Result<Findings> {
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let jobs: Api<DynamicObject> =
+        Api::namespaced_with(cluster.client(), "default", &vcjob_resource());
+    // Pod -> the Volcano Job that made it.
+    let mut owner: BTreeMap<String, String> = BTreeMap::new();
+    let started = Instant::now();
+    let mut findings = Findings::default();
+    // Pod name -> unit super-nodes, and which devices each running pod of a node holds.
+    let mut unit_super_nodes: BTreeMap<String, BTreeSet<&str>> = BTreeMap::new();
+    let mut held: BTreeMap<String, BTreeMap<String, Vec<String>>> = BTreeMap::new();
+    let mut in_flight: BTreeSet<String> = BTreeSet::new();
+    let mut submitted = 0usize;
+    let mut next = 0usize;
+    let deadline = started + deadline;
+    while findings.checked + findings.rejected.len() < target {
+        if Instant::now() >= deadline {
+            bail!(
+                "chain stalled: {} of {target} pods checked, in flight {in_flight:?}\npods: {:#?}\n{}",
+                findings.checked,
+                pod_states(&pods).await,
+                diagnostics()
+            );
+        }
+        while in_flight.len() < IN_FLIGHT && submitted < target {
+            let s = submission(next, scheduler)?;
+            if let Some(job) = &s.job {
+                jobs.create(&PostParams::default(), job).await?;
+                for p in &s.pods {
+                    owner.insert(p.name_any(), job.name_any());
+                }
+            }
+            for p in s.pods {
+                let name = p.name_any();
+                if s.job.is_none() {
+                    pods.create(&PostParams::default(), &p).await?;
+                }
+                in_flight.insert(name);
+                submitted += 1;
+            }
+            next += 1;
+        }
+        let mut done = Vec::new();
+        for (h, (node, super_node)) in harness.iter().zip(NODES) {
+            for record in h.pods().await? {
+                if !in_flight.contains(&record.name) || record.deleted {
+                    continue;
+                }
+                match record.state.as_str() {
+                    "admitted" => {
+                        let pod = pods.get(&record.name).await?;
+                        let devices = check(&pod, node, &record, &mut findings);
+                        let node_held = held.entry(node.to_string()).or_default();
+                        for (other, theirs) in node_held.iter() {
+                            if let Some(d) = devices.iter().find(|d| theirs.contains(d)) {
+                                findings
+                                    .double
+                                    .push(format!("{d} on {node}: {} and {other}", record.name));
+                            }
+                        }
+                        node_held.insert(record.name.clone(), devices);
+                        if record.name.starts_with("unit") {
+                            let unit = record.name.split('-').next().unwrap_or_default();
+                            unit_super_nodes
+                                .entry(unit.to_string())
+                                .or_default()
+                                .insert(super_node);
+                        }
+                        findings.checked += 1;
+                        done.push(record.name.clone());
+                    }
+                    "rejected" => {
+                        findings.rejected.push(format!(
+                            "{} on {node}: {} {}",
+                            record.name, record.reason, record.message
+                        ));
+                        done.push(record.name.clone());
+                    }
+                    _ => {}
+                }
+            }
+        }
+        for name in done {
+            in_flight.remove(&name);
+            for node_held in held.values_mut() {
+                node_held.remove(&name);
+            }
+            // A Volcano Job goes when all its pods are checked; its pods are deleted too (the
+            // test cluster runs no garbage collector to follow the owner references).
+            if let Some(job) = owner.get(&name) {
+                let siblings: Vec<String> = owner
+                    .iter()
+                    .filter(|(_, j)| *j == job)
+                    .map(|(p, _)| p.clone())
+                    .collect();
+                if siblings.iter().all(|p| !in_flight.contains(p)) {
+                    jobs.delete(job, &DeleteParams::default()).await?;
+                    for p in siblings {
+                        pods.delete(&p, &DeleteParams::default()).await?;
+                    }
+                }
+            } else {
+                pods.delete(&name, &DeleteParams::default()).await?;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    for (unit, super_nodes) in &unit_super_nodes {
+        if super_nodes.len() > 1 {
+            findings
+                .split_units
+                .push(format!("{unit} spans {super_nodes:?}"));
+        }
+    }
+    findings.units = unit_super_nodes.len();
+    findings.seconds = started.elapsed().as_secs_f64();
+    Ok(findings)
+}

@@ -1,0 +1,321 @@
+//! The scheduler extension killed while it works: a Volcano workload (Volcano Jobs: gang jobs
+//! of gpu-group-size units and single pods of 1 to 8 GPUs) flows through the real Volcano
+//! scheduler over four harness nodes (the kubelet's own device manager, an agent each, two
+//! super-nodes; see `fumarole_e2e::chain`) while the extension is SIGKILLed at random moments:
+//!
+//! - one replica, killed and started again several times (it takes its own Lease back at once:
+//!   same identity);
+//! - two replicas behind a stand-in for the chart's Service (the Pod labelled leader, and
+//!   ready), the leader killed several times; the standby takes over within the lease
+//!   duration and the killed one comes back as standby.
+//!
+//! Afterwards: no device was given to two running pods of a node (checked at the harness
+//! nodes), no unit ran in two super-nodes, the kubelet refused no pod, and every pod ran,
+//! within the run's deadline.
+//!
+//! vc-scheduler is restarted when it exits, as its Deployment would be: Volcano v1.10 crashes
+//! when an extender's `prioritize` fails in the middle of a session (`allocate.go:280`
+//! dereferences the nil best node `PrioritizeNodes` leaves after a batch-prioritize error),
+//! which a killed extension makes happen. The restarts are counted. Pods admitted while no replica could write their choice (the
+//! device plugin waits 5 s, then chooses) are counted, not failed. The kill moments come from
+//! a seed (`FUMAROLE_HA_SEED`, printed); `FUMAROLE_HA_PODS` sets the pods (default 96) and
+//! `FUMAROLE_HA_KILLS` the kills (default 3); the runs are in docs/testing.md.
+
+// Test code: helpers outside #[test] fns may unwrap and panic too.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use fumarole_e2e::TestCluster;
+use fumarole_e2e::chain::{self, Scheduler};
+use fumarole_e2e::cluster::{free_port, http_get};
+use fumarole_e2e::fumarole::scheduler_ext_bin;
+use fumarole_e2e::process::Proc;
+use fumarole_e2e::service_front::ServiceFront;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, PostParams};
+use serde_json::json;
+
+const LEADER_SELECTOR: &str = "fumarole.dev/scheduler-ext-leader=true";
+
+fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// splitmix64: kill moments from a seed, reproducible.
+struct Moments(u64);
+
+impl Moments {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// A duration in `[lo, hi)` milliseconds.
+    fn between(&mut self, lo: u64, hi: u64) -> Duration {
+        Duration::from_millis(lo + self.next() % (hi - lo))
+    }
+}
+
+/// One replica of the extension: its Pod object's name and its port.
+struct Replica {
+    name: String,
+    port: u16,
+    proc: Option<Proc>,
+    /// Processes started so far (each logs to a file of its own).
+    starts: usize,
+}
+
+impl Replica {
+    /// Starts (again) the replica's process: leader election over a short lease, so a kill
+    /// costs seconds, not the default 15 s.
+    fn start(&mut self, cluster: &TestCluster) {
+        let args = vec![
+            "serve".to_string(),
+            format!("--kubeconfig={}", cluster.admin_kubeconfig().display()),
+            format!("--listen=127.0.0.1:{}", self.port),
+            "--leader-elect-lease-duration=6s".into(),
+            "--leader-elect-renew-deadline=4s".into(),
+            "--leader-elect-retry-period=1s".into(),
+            "--ui-listen=off".into(),
+        ];
+        self.starts += 1;
+        self.proc = Some(
+            Proc::spawn_with_env(
+                &format!("scheduler-ext-{}-{}", self.name, self.starts),
+                &scheduler_ext_bin().unwrap(),
+                &args,
+                &[
+                    ("POD_NAME", &self.name),
+                    ("POD_NAMESPACE", "default"),
+                    ("RUST_LOG", "info"),
+                ],
+                &cluster.root().join("logs"),
+            )
+            .unwrap(),
+        );
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut p) = self.proc.take() {
+            p.kill();
+        }
+    }
+
+    async fn leads(&self) -> bool {
+        self.proc.is_some()
+            && http_get(self.port, "/leaderz")
+                .await
+                .is_ok_and(|a| a.lines().next().is_some_and(|l| l.contains(" 200 ")))
+    }
+
+    /// The logs of every process of the replica, in order.
+    fn log(&self, cluster: &TestCluster) -> String {
+        (1..=self.starts)
+            .map(|n| {
+                let file = format!("logs/scheduler-ext-{}-{n}.log", self.name);
+                std::fs::read_to_string(cluster.root().join(file)).unwrap_or_default()
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+/// The cluster, nodes, replicas (each with a Pod object to label), the Service stand-in and
+/// Volcano calling the extension through it.
+async fn start(
+    names: &[&str],
+) -> (
+    TestCluster,
+    Vec<fumarole_e2e::HarnessNode>,
+    Vec<Replica>,
+    ServiceFront,
+) {
+    let cluster = TestCluster::start().await.unwrap();
+    cluster.install_fumarole_crds().await.unwrap();
+    let harness = chain::start_nodes(&cluster).await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let mut replicas = Vec::new();
+    for name in names {
+        // The replica's own Pod, as the Deployment would make it (nobody schedules it).
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "fumarole-scheduler-ext"}},
+            "spec": {"schedulerName": "none", "containers": [{"name": "ext", "image": "example.invalid/ext"}]}
+        }))
+        .unwrap();
+        pods.create(&PostParams::default(), &pod).await.unwrap();
+        let mut r = Replica {
+            name: name.to_string(),
+            port: free_port().unwrap(),
+            proc: None,
+            starts: 0,
+        };
+        r.start(&cluster);
+        replicas.push(r);
+    }
+    let front = ServiceFront::start(
+        pods,
+        LEADER_SELECTOR,
+        "/readyz",
+        replicas.iter().map(|r| (r.name.clone(), r.port)).collect(),
+    )
+    .await
+    .unwrap();
+    fumarole_e2e::cluster::eventually(
+        "a leader behind the Service",
+        Duration::from_secs(60),
+        || async { Ok(front.endpoint()) },
+    )
+    .await
+    .unwrap();
+    cluster
+        .start_volcano(&common::volcano_conf_with_extender(front.port()))
+        .await
+        .unwrap();
+    (cluster, harness, replicas, front)
+}
+
+/// Runs the chain while SIGKILLs happen at seeded random moments: each kills the leading
+/// replica and starts it again after a pause drawn from `pause_ms`.
+async fn run_with_kills(names: &[&str], pause_ms: (u64, u64)) {
+    let seed = env_or("FUMAROLE_HA_SEED", 20261123);
+    let kills = env_or("FUMAROLE_HA_KILLS", 3) as usize;
+    let target = env_or("FUMAROLE_HA_PODS", 96) as usize;
+    eprintln!("seed {seed}, {target} pods, {kills} kills, replicas {names:?}");
+    let (cluster, harness, replicas, front) = start(names).await;
+    let cluster = Arc::new(cluster);
+    let replicas = Arc::new(tokio::sync::Mutex::new(replicas));
+    let done = Arc::new(AtomicBool::new(false));
+    // vc-scheduler's Deployment: restarted when it exits.
+    let supervisor = {
+        let (cluster, done) = (Arc::clone(&cluster), Arc::clone(&done));
+        tokio::spawn(async move {
+            let mut restarts = 0;
+            while !done.load(Ordering::Relaxed) {
+                if cluster.restart_if_exited("vc-scheduler").unwrap() {
+                    restarts += 1;
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            restarts
+        })
+    };
+    let killer = {
+        let (cluster, replicas, done) = (
+            Arc::clone(&cluster),
+            Arc::clone(&replicas),
+            Arc::clone(&done),
+        );
+        tokio::spawn(async move {
+            let mut moments = Moments(seed);
+            let mut log = Vec::new();
+            let started = Instant::now();
+            for k in 0..kills {
+                tokio::time::sleep(moments.between(3_000, 12_000)).await;
+                if done.load(Ordering::Relaxed) {
+                    break;
+                }
+                let mut rs = replicas.lock().await;
+                let mut victim = None;
+                for (i, r) in rs.iter().enumerate() {
+                    if r.leads().await {
+                        victim = Some(i);
+                    }
+                }
+                // No leader right now (a take-over under way): kill the first live one.
+                let i = victim.unwrap_or(0);
+                rs[i].kill();
+                let at = started.elapsed();
+                let pause = moments.between(pause_ms.0, pause_ms.1);
+                log.push(format!(
+                    "kill {k}: {} at {at:.1?}, back after {pause:.1?}",
+                    rs[i].name
+                ));
+                drop(rs);
+                tokio::time::sleep(pause).await;
+                replicas.lock().await[i].start(&cluster);
+            }
+            (log, started.elapsed())
+        })
+    };
+    let diagnostics = {
+        let cluster = Arc::clone(&cluster);
+        let replicas = Arc::clone(&replicas);
+        move || {
+            let rs = replicas.try_lock();
+            match rs {
+                Ok(rs) => rs
+                    .iter()
+                    .map(|r| {
+                        let log = r.log(&cluster);
+                        let tail: Vec<&str> = log.lines().rev().take(20).collect();
+                        format!(
+                            "---- {} ----\n{}",
+                            r.name,
+                            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join("\n"),
+                Err(_) => "replicas busy".into(),
+            }
+        }
+    };
+    let findings = chain::run(
+        &cluster,
+        &harness,
+        Scheduler::Volcano,
+        target,
+        Duration::from_secs(120 + 8 * target as u64),
+        diagnostics,
+    )
+    .await
+    .unwrap();
+    done.store(true, Ordering::Relaxed);
+    let (kill_log, _) = killer.await.unwrap();
+    let volcano_restarts = supervisor.await.unwrap();
+    for line in &kill_log {
+        eprintln!("{line}");
+    }
+    eprintln!(
+        "after {} kills ({volcano_restarts} vc-scheduler restarts): {}",
+        kill_log.len(),
+        findings.summary()
+    );
+    eprintln!("endpoint at the end: {:?}", front.endpoint());
+    assert!(!kill_log.is_empty(), "no kill happened during the run");
+    assert!(findings.safe(), "{findings:#?}");
+    assert!(findings.mismatches.is_empty(), "{findings:#?}");
+    let rs = replicas.lock().await;
+    let mut took_over = BTreeMap::new();
+    for r in rs.iter() {
+        let log = r.log(&cluster);
+        took_over.insert(
+            r.name.clone(),
+            log.matches("took the lease: leading").count(),
+        );
+    }
+    eprintln!("terms begun per replica: {took_over:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn one_replica_killed_again_and_again_never_gives_a_device_twice() {
+    run_with_kills(&["ext-a"], (0, 3_000)).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_leader_of_two_killed_again_and_again_never_gives_a_device_twice() {
+    // Back after the lease expired (6 s): the standby has taken over by then.
+    run_with_kills(&["ext-a", "ext-b"], (7_000, 10_000)).await;
+}
