@@ -182,6 +182,62 @@ where
     store
 }
 
+/// The pod reflector: unfinished pods only (a pod that finishes leaves the watch as if
+/// deleted), each trimmed to what the view reads ([`trim_pod`]) before the store keeps it.
+fn reflect_pods(
+    api: Api<Pod>,
+    watches: &Watches,
+    on_delete: impl Fn(&Pod) + Send + 'static,
+) -> Store<Pod> {
+    let (store, writer) = reflector::store();
+    let config = watcher::Config::default().fields("status.phase!=Succeeded,status.phase!=Failed");
+    let stream = watcher(api, config)
+        .default_backoff()
+        .modify(trim_pod)
+        .reflect(writer);
+    watches.freshness.track("Pod");
+    tokio::spawn(drive("Pod", stream, watches.clone(), on_delete));
+    store
+}
+
+/// Keeps of a pod what the view and the verbs read: identity, labels, annotations, owners,
+/// deletion; per container its name, resources, env (framework ranks) and restart policy
+/// (sidecars); the pod's node, scheduler, overhead and pod-level resources; its phase. The
+/// rest (managed fields, volumes, images, probes, statuses) is most of a pod's size.
+pub fn trim_pod(pod: &mut Pod) {
+    let meta = &mut pod.metadata;
+    meta.managed_fields = None;
+    meta.finalizers = None;
+    if let Some(spec) = pod.spec.as_mut() {
+        let keep = |c: &mut k8s_openapi::api::core::v1::Container| {
+            *c = k8s_openapi::api::core::v1::Container {
+                name: std::mem::take(&mut c.name),
+                resources: c.resources.take(),
+                env: c.env.take(),
+                restart_policy: c.restart_policy.take(),
+                ..Default::default()
+            };
+        };
+        spec.containers.iter_mut().for_each(keep);
+        spec.init_containers.iter_mut().flatten().for_each(keep);
+        *spec = k8s_openapi::api::core::v1::PodSpec {
+            containers: std::mem::take(&mut spec.containers),
+            init_containers: spec.init_containers.take(),
+            node_name: spec.node_name.take(),
+            scheduler_name: spec.scheduler_name.take(),
+            overhead: spec.overhead.take(),
+            resources: spec.resources.take(),
+            ..Default::default()
+        };
+    }
+    if let Some(status) = pod.status.as_mut() {
+        *status = k8s_openapi::api::core::v1::PodStatus {
+            phase: status.phase.take(),
+            ..Default::default()
+        };
+    }
+}
+
 /// Starts the reflectors, waits for their first lists, installs the first view and the API
 /// client in `svc`, and returns the task that keeps the view current.
 pub async fn start(
@@ -224,9 +280,9 @@ pub async fn start(
         topologies: reflect("DeviceTopology", dt_api, &watches, |_| {}),
         numatopologies,
         nodes: node_store,
-        pods: reflect("Pod", Api::all(client.clone()), &watches, move |p: &Pod| {
+        pods: reflect_pods(Api::all(client.clone()), &watches, move |p: &Pod| {
             if released.release(&pod_key(p)).is_some() {
-                tracing::debug!(pod = %pod_key(p), "pod deleted; devices released");
+                tracing::debug!(pod = %pod_key(p), "pod deleted or finished; devices released");
             }
         }),
     };
@@ -555,5 +611,52 @@ async fn withdraw(svc: &Service, pod: &str, commit: crate::core::ledger::Commit)
             tracing::warn!(pod, node, error = %e, "withdrawing a timed-out promise failed; trying again after the commit time-to-live");
             svc.adopt(pod, node, &commit.resource, commit.devices);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::core::request::pod_request;
+    use std::collections::BTreeSet;
+
+    /// A trimmed pod asks for the same devices, in the same unit, as the whole pod.
+    #[test]
+    fn trimming_keeps_what_the_view_reads() {
+        let full: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "w-3", "namespace": "ml", "uid": "u",
+                "labels": {"volcano.sh/job-name": "w", "volcano.sh/task-spec": "worker"},
+                "annotations": {"fumarole.dev/gpu-group-size": "16"},
+                "ownerReferences": [{"apiVersion": "batch.volcano.sh/v1alpha1", "kind": "Job",
+                    "name": "w", "uid": "j"}],
+                "managedFields": [{"manager": "kubectl", "operation": "Apply",
+                    "fieldsV1": {"f:spec": {}}}]},
+            "spec": {"schedulerName": "volcano", "nodeName": "n1",
+                "volumes": [{"name": "data", "emptyDir": {}}],
+                "initContainers": [{"name": "sidecar", "image": "s", "restartPolicy": "Always",
+                    "resources": {"limits": {"cpu": "1"}}}],
+                "containers": [{"name": "main", "image": "trainer:latest", "command": ["python"],
+                    "env": [{"name": "RANK", "value": "3"}],
+                    "resources": {"limits": {"nvidia.com/gpu": "4"}}}]},
+            "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True"}]}
+        }))
+        .unwrap();
+        let mut trimmed = full.clone();
+        trim_pod(&mut trimmed);
+        assert!(trimmed.metadata.managed_fields.is_none());
+        assert!(trimmed.spec.as_ref().unwrap().volumes.is_none());
+        assert!(trimmed.spec.as_ref().unwrap().containers[0].image.is_none());
+        assert!(trimmed.status.as_ref().unwrap().conditions.is_none());
+        let resources = BTreeSet::from(["nvidia.com/gpu"]);
+        let jobs = crate::core::group::Jobs::of([&full]);
+        let a = pod_request(&full, &resources, &jobs).unwrap();
+        let b = pod_request(
+            &trimmed,
+            &resources,
+            &crate::core::group::Jobs::of([&trimmed]),
+        )
+        .unwrap();
+        assert_eq!(format!("{a:?}"), format!("{b:?}"));
     }
 }
