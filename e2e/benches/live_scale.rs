@@ -171,6 +171,26 @@ async fn filter(port: u16, names: &Value) -> (Duration, Vec<String>) {
     (took, passed)
 }
 
+/// The upper bound of the histogram bucket holding quantile `q` of the extension's filter
+/// durations (the buckets double, so this bounds the quantile within a factor of two).
+fn server_side(metrics: &str, q: f64) -> String {
+    let prefix = "fumarole_scheduler_ext_request_duration_seconds_bucket{";
+    let buckets: Vec<(f64, f64)> = metrics
+        .lines()
+        .filter(|l| l.starts_with(prefix) && l.contains("verb=\"filter\""))
+        .filter_map(|l| {
+            let le = l.split("le=\"").nth(1)?.split('"').next()?;
+            let n: f64 = l.rsplit(' ').next()?.parse().ok()?;
+            Some((le.parse().unwrap_or(f64::INFINITY), n))
+        })
+        .collect();
+    let total = buckets.last().map_or(0.0, |b| b.1);
+    buckets
+        .iter()
+        .find(|(_, n)| *n >= q * total)
+        .map_or("?".into(), |(le, _)| format!("{:.1}ms", le * 1e3))
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
         return Duration::ZERO;
@@ -354,6 +374,14 @@ fn main() {
             percentile(&took, 0.5),
             percentile(&took, 0.99),
             took.last().copied().unwrap_or_default()
+        );
+        let metrics = fumarole_e2e::cluster::http_get(port, "/metrics")
+            .await
+            .unwrap();
+        println!(
+            "filter inside the extension (its request-duration histogram): p50 <= {}, p99 <= {}",
+            server_side(&metrics, 0.5),
+            server_side(&metrics, 0.99)
         );
         println!(
             "staleness, pod created -> seen: median {:.0?}, max {:.0?}; deleted -> seen: median {:.0?}, max {:.0?} ({} probes)",

@@ -1,6 +1,6 @@
 //! The API server writes of the service: the `fumarole.dev/devices` annotation (with the node
-//! it is for) and the pod's `Binding`. Pods are read from the reflector's store first and from the API server when the
-//! store has not seen them yet.
+//! it is for) and the pod's `Binding`. A pod not bound yet is read from the [`PodStore`] (which
+//! keeps those whole), any other from the API server.
 
 use fumarole_topology::annotation::{
     self, DEVICES_ANNOTATION, DEVICES_NODE_ANNOTATION, DeviceChoice,
@@ -9,7 +9,8 @@ use k8s_openapi::api::core::v1::{Binding, ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Client;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::runtime::reflector::{ObjectRef, Store};
+
+use crate::pod_store::PodStore;
 
 /// Field manager of the service's writes.
 pub const FIELD_MANAGER: &str = "fumarole-scheduler-ext";
@@ -18,7 +19,7 @@ pub const FIELD_MANAGER: &str = "fumarole-scheduler-ext";
 #[derive(Clone)]
 pub struct KubeOps {
     client: Client,
-    pods: Store<Pod>,
+    pods: PodStore,
 }
 
 impl std::fmt::Debug for KubeOps {
@@ -28,7 +29,7 @@ impl std::fmt::Debug for KubeOps {
 }
 
 impl KubeOps {
-    pub fn new(client: Client, pods: Store<Pod>) -> Self {
+    pub fn new(client: Client, pods: PodStore) -> Self {
         KubeOps { client, pods }
     }
 
@@ -45,13 +46,17 @@ impl KubeOps {
             return false;
         };
         self.pods
-            .get(&ObjectRef::new(name).within(ns))
-            .is_some_and(|p| p.metadata.uid.as_deref() == Some(uid))
+            .get(&format!("{ns}/{name}"))
+            .is_some_and(|p| p.uid.as_deref() == Some(uid))
     }
 
-    /// The pod, from the store or else the API server.
+    /// The pod: from the store while it is not bound, else from the API server.
     pub async fn pod(&self, ns: &str, name: &str) -> Result<Pod, kube::Error> {
-        if let Some(p) = self.pods.get(&ObjectRef::new(name).within(ns)) {
+        if let Some(p) = self
+            .pods
+            .get(&format!("{ns}/{name}"))
+            .and_then(|f| f.unbound.clone())
+        {
             return Ok((*p).clone());
         }
         self.api(ns).get(name).await

@@ -26,6 +26,7 @@ pub mod hypernode;
 pub mod kube_ops;
 pub mod leader;
 pub mod live;
+pub mod pod_store;
 pub mod protocol;
 pub mod service;
 pub mod snapshot;

@@ -44,6 +44,7 @@ use crate::core::view::{ClusterView, ContextCache};
 use crate::freshness::Freshness;
 use crate::hypernode;
 use crate::kube_ops::KubeOps;
+use crate::pod_store::PodStore;
 use crate::service::Service;
 
 /// How often the view is rebuilt without changes (commit and promise time-outs).
@@ -91,7 +92,7 @@ struct Stores {
     topologies: Store<DeviceTopology>,
     numatopologies: Option<Store<Numatopology>>,
     nodes: Store<PartialObjectMeta<Node>>,
-    pods: Store<Pod>,
+    pods: PodStore,
 }
 
 impl Stores {
@@ -138,13 +139,14 @@ struct Watches {
     freshness: Arc<Freshness>,
 }
 
-/// Drives one watch stream into its store, waking the rebuild loop on every event, calling
-/// `on_delete` for deleted objects and telling `freshness` how the watch fares.
+/// Drives one watch stream, waking the rebuild loop on every event, handing each event to
+/// `on_event` (after a reflector's store took it in) and telling `freshness` how the watch
+/// fares.
 async fn drive<K>(
     kind: &'static str,
     stream: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
     watches: Watches,
-    on_delete: impl Fn(&K),
+    on_event: impl Fn(&watcher::Event<K>),
 ) {
     let mut stream = std::pin::pin!(stream);
     while let Some(ev) = stream.next().await {
@@ -153,9 +155,7 @@ async fn drive<K>(
                 watches
                     .freshness
                     .ok(kind, matches!(ev, watcher::Event::InitDone));
-                if let watcher::Event::Delete(obj) = ev {
-                    on_delete(&obj);
-                }
+                on_event(&ev);
             }
             Err(e) => watches.freshness.failed(kind, &e),
         }
@@ -163,12 +163,7 @@ async fn drive<K>(
     }
 }
 
-fn reflect<K>(
-    kind: &'static str,
-    api: Api<K>,
-    watches: &Watches,
-    on_delete: impl Fn(&K) + Send + 'static,
-) -> Store<K>
+fn reflect<K>(kind: &'static str, api: Api<K>, watches: &Watches) -> Store<K>
 where
     K: Resource + Clone + Debug + Send + Sync + serde::de::DeserializeOwned + 'static,
     K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
@@ -178,25 +173,28 @@ where
         .default_backoff()
         .reflect(writer);
     watches.freshness.track(kind);
-    tokio::spawn(drive(kind, stream, watches.clone(), on_delete));
+    tokio::spawn(drive(kind, stream, watches.clone(), |_| {}));
     store
 }
 
-/// The pod reflector: unfinished pods only (a pod that finishes leaves the watch as if
-/// deleted), each trimmed to what the view reads ([`trim_pod`]) before the store keeps it.
+/// The pod watch: unfinished pods only (a pod that finishes leaves the watch as if deleted),
+/// each trimmed ([`trim_pod`]) and read into a [`PodStore`].
 fn reflect_pods(
     api: Api<Pod>,
     watches: &Watches,
     on_delete: impl Fn(&Pod) + Send + 'static,
-) -> Store<Pod> {
-    let (store, writer) = reflector::store();
+) -> PodStore {
+    let store = PodStore::default();
     let config = watcher::Config::default().fields("status.phase!=Succeeded,status.phase!=Failed");
-    let stream = watcher(api, config)
-        .default_backoff()
-        .modify(trim_pod)
-        .reflect(writer);
+    let stream = watcher(api, config).default_backoff().modify(trim_pod);
     watches.freshness.track("Pod");
-    tokio::spawn(drive("Pod", stream, watches.clone(), on_delete));
+    let writer = store.clone();
+    tokio::spawn(drive("Pod", stream, watches.clone(), move |ev| {
+        writer.apply(ev);
+        if let watcher::Event::Delete(pod) = ev {
+            on_delete(pod);
+        }
+    }));
     store
 }
 
@@ -258,7 +256,7 @@ pub async fn start(
     }
     let nt_api: Api<Numatopology> = Api::all(client.clone());
     let numatopologies = if served(&nt_api).await? {
-        Some(reflect("Numatopology", nt_api, &watches, |_| {}))
+        Some(reflect("Numatopology", nt_api, &watches))
     } else {
         tracing::warn!(
             "numatopologies.nodeinfo.volcano.sh is not served: NUMA fit has no CPU data"
@@ -277,7 +275,7 @@ pub async fn start(
     };
     let released = Arc::clone(&svc);
     let stores = Stores {
-        topologies: reflect("DeviceTopology", dt_api, &watches, |_| {}),
+        topologies: reflect("DeviceTopology", dt_api, &watches),
         numatopologies,
         nodes: node_store,
         pods: reflect_pods(Api::all(client.clone()), &watches, move |p: &Pod| {
@@ -296,11 +294,7 @@ pub async fn start(
         .wait_until_ready()
         .await
         .context("Node reflector")?;
-    stores
-        .pods
-        .wait_until_ready()
-        .await
-        .context("Pod reflector")?;
+    stores.pods.wait_until_ready().await;
     if let Some(nt) = &stores.numatopologies {
         nt.wait_until_ready()
             .await
@@ -337,11 +331,16 @@ pub async fn start(
     }
     let changed = watches.changed;
     Ok(tokio::spawn(async move {
+        let mut took = Duration::ZERO;
         loop {
             // A quiet cluster still gets commits timed out.
             let _ = tokio::time::timeout(TICK, changed.notified()).await;
-            tokio::time::sleep(opts.debounce).await;
+            // Waiting at least as long as the last build took keeps building to half a core
+            // however busy the cluster.
+            tokio::time::sleep(opts.debounce.max(took)).await;
+            let started = std::time::Instant::now();
             rebuild(&stores, &svc, &opts, &mut late).await;
+            took = started.elapsed();
         }
     }))
 }
@@ -478,7 +477,7 @@ pub async fn begin_term(client: &Client, svc: &Service) -> Result<usize> {
 struct LoopState {
     client: Client,
     /// Pods already tried by the after-the-fact annotation (so a failure is logged once).
-    tried: HashSet<String>,
+    tried: HashSet<Arc<str>>,
     /// The HyperNodes last published (`None`: not yet, or the last attempt failed).
     hypernodes: Option<BTreeMap<String, Vec<String>>>,
     /// Select contexts (and their memos) shared from one view to the next.
@@ -488,7 +487,20 @@ struct LoopState {
 /// Builds and installs a new view, publishes HyperNodes if asked, then annotates bound pods
 /// that lack our choice.
 async fn rebuild(stores: &Stores, svc: &Service, opts: &LiveOptions, late: &mut LoopState) {
-    let Some(view) = stores.view(&mut late.contexts) else {
+    // Off the runtime's workers, which answer the schedulers meanwhile.
+    let (built, contexts) = {
+        let stores = stores.clone();
+        let mut contexts = std::mem::take(&mut late.contexts);
+        match tokio::task::spawn_blocking(move || (stores.view(&mut contexts), contexts)).await {
+            Ok(done) => done,
+            Err(e) => {
+                tracing::warn!(error = %e, "building the cluster view failed; keeping the previous one");
+                return;
+            }
+        }
+    };
+    late.contexts = contexts;
+    let Some(view) = built else {
         return;
     };
     for w in &view.warnings {
@@ -525,39 +537,36 @@ async fn rebuild(stores: &Stores, svc: &Service, opts: &LiveOptions, late: &mut 
     if opts.annotate_schedulers.is_empty() {
         return;
     }
-    if svc.kube().is_none() {
+    let Some(ops) = svc.kube() else {
         return;
-    }
+    };
     if late.tried.len() > 100_000 {
         late.tried.clear();
     }
     for pod in stores.pods.state() {
-        let Some(spec) = pod.spec.as_ref() else {
+        let (Some(node), Some(scheduler)) = (&pod.node, &pod.scheduler) else {
             continue;
         };
-        let (Some(node), Some(scheduler)) = (&spec.node_name, &spec.scheduler_name) else {
-            continue;
-        };
-        let finished = matches!(
-            pod.status.as_ref().and_then(|s| s.phase.as_deref()),
-            Some("Succeeded" | "Failed")
-        );
+        let key = &pod.key;
         // A choice made for another node is no choice here.
-        let annotated = pod.metadata.annotations.as_ref().is_some_and(|a| {
-            a.contains_key(DEVICES_ANNOTATION)
-                && a.get(DEVICES_NODE_ANNOTATION).is_none_or(|n| n == node)
-        });
-        let key = pod_key(&pod);
-        if finished
-            || annotated
+        if pod.finished
+            || pod.annotated()
             || !opts.annotate_schedulers.contains(scheduler)
-            || view.reported(&key)
-            || late.tried.contains(&key)
+            || view.reported(key)
+            || late.tried.contains(&**key)
         {
             continue;
         }
-        late.tried.insert(key.clone());
-        match svc.assign_bound(&pod, node).await {
+        late.tried.insert(Arc::clone(key));
+        let (ns, name) = key.split_once('/').unwrap_or(("default", key));
+        let whole = match ops.pod(ns, name).await {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!(pod = %key, error = %e, "reading a pod bound by {scheduler}");
+                continue;
+            }
+        };
+        match svc.assign_bound(&whole, node).await {
             Ok(Some(c)) => {
                 tracing::info!(pod = %key, node = %node, devices = ?c.devices, "annotated a pod bound by {scheduler}")
             }

@@ -290,24 +290,30 @@ impl Jobs {
 
     /// Takes one pod into account.
     pub fn add(&mut self, pod: &Pod) {
-        let key = job_key(pod);
-        let facts = self.jobs.entry(key.clone()).or_default();
-        if meta_value(pod, VOLCANO_JOB_NAME).is_some()
-            && let Some(task) = meta_value(pod, VOLCANO_TASK_SPEC)
-        {
-            *facts.tasks.entry(task.to_string()).or_default() += 1;
+        self.add_facts(&GroupFacts::of(pod));
+    }
+
+    /// Takes one pod into account, from what was read of it.
+    pub fn add_facts(&mut self, pod: &GroupFacts) {
+        if pod.volcano_task.is_none() && matches!(pod.sizes, Ok(None)) {
+            // Says nothing about its job.
+            return;
         }
-        let own = match Sizes::of(pod) {
-            Ok(Some(s)) => Ok(s),
+        let facts = self.jobs.entry(pod.job.clone()).or_default();
+        if let Some(task) = &pod.volcano_task {
+            *facts.tasks.entry(task.clone()).or_default() += 1;
+        }
+        let own = match &pod.sizes {
+            Ok(Some(s)) => Ok(*s),
             Ok(None) => return,
-            Err(e) => Err(e),
+            Err(e) => Err(e.clone()),
         };
         facts.sizes = Some(match facts.sizes.take() {
             None => own,
             Some(Ok(seen)) => match own {
                 Ok(s) if s == seen => Ok(seen),
                 Ok(s) => Err(GroupError::JobConflict {
-                    job: key,
+                    job: pod.job.clone(),
                     a: seen.describe(),
                     b: s.describe(),
                 }),
@@ -317,12 +323,12 @@ impl Jobs {
         });
     }
 
-    /// The group annotations that hold for `pod`: its own, else its job's.
-    fn sizes(&self, pod: &Pod) -> Result<Option<Sizes>, GroupError> {
-        if let Some(own) = Sizes::of(pod)? {
+    /// The group annotations that hold for the pod: its own, else its job's.
+    fn sizes(&self, pod: &GroupFacts) -> Result<Option<Sizes>, GroupError> {
+        if let Some(own) = pod.sizes.clone()? {
             return Ok(Some(own));
         }
-        match self.jobs.get(&job_key(pod)).and_then(|j| j.sizes.as_ref()) {
+        match self.jobs.get(&pod.job).and_then(|j| j.sizes.as_ref()) {
             None => Ok(None),
             Some(Ok(s)) => Ok(Some(*s)),
             Some(Err(e)) => Err(e.clone()),
@@ -332,16 +338,17 @@ impl Jobs {
     /// True when `pod` or another pod of its job carries a gpu-group-size or
     /// atomic-gpu-group-size annotation (any spelling), well-formed or not.
     pub fn in_group(&self, pod: &Pod) -> bool {
-        has_group_annotations(pod)
-            || self
-                .jobs
-                .get(&job_key(pod))
-                .is_some_and(|j| j.sizes.is_some())
+        self.in_group_facts(&GroupFacts::of(pod))
+    }
+
+    /// [`Self::in_group`], from what was read of the pod.
+    pub fn in_group_facts(&self, pod: &GroupFacts) -> bool {
+        pod.annotated || self.jobs.get(&pod.job).is_some_and(|j| j.sizes.is_some())
     }
 
     /// Pods of the job's Volcano tasks that come before `task` in rank order.
-    fn task_offset(&self, pod: &Pod, task: &str) -> u32 {
-        let Some(facts) = self.jobs.get(&job_key(pod)) else {
+    fn task_offset(&self, job: &str, task: &str) -> u32 {
+        let Some(facts) = self.jobs.get(job) else {
             return 0;
         };
         let order = |t: &str| {
@@ -360,6 +367,95 @@ impl Jobs {
     }
 }
 
+/// What grouping reads of a pod, taken once per version of the pod, so a view rebuilt after a
+/// change elsewhere need not read the pod again. The pod-based functions read through it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupFacts {
+    /// `namespace/name`.
+    pod: String,
+    /// [`job_key`].
+    pub job: String,
+    /// The Volcano task the pod counts for in its job (a Volcano job's pod naming its task).
+    volcano_task: Option<String>,
+    /// The pod's own group annotations.
+    sizes: Result<Option<Sizes>, GroupError>,
+    /// The pod carries a group annotation, well-formed or not.
+    annotated: bool,
+    rank: RankFacts,
+}
+
+/// Where a pod's rank comes from (see [`rank`] for the order).
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum RankFacts {
+    /// Stated by the pod whatever its job: `RANK`, DLRover's or Kubeflow's index.
+    Own(u32),
+    /// Volcano's task index, offset by the pods of the job's tasks before `task`.
+    VolcanoTask { index: u32, task: Option<String> },
+    /// A StatefulSet ordinal, else the trailing number of the name, if any.
+    Fallback(Option<u32>),
+}
+
+impl GroupFacts {
+    pub fn of(pod: &Pod) -> Self {
+        let volcano_task = meta_value(pod, VOLCANO_JOB_NAME)
+            .and(meta_value(pod, VOLCANO_TASK_SPEC))
+            .map(str::to_string);
+        GroupFacts {
+            pod: fumarole_topology::pod::key(pod),
+            job: job_key(pod),
+            volcano_task,
+            sizes: Sizes::of(pod),
+            annotated: has_group_annotations(pod),
+            rank: RankFacts::of(pod),
+        }
+    }
+
+    /// The pod's rank within its job (see the module doc), if it has one.
+    fn rank(&self, jobs: &Jobs) -> Option<u32> {
+        match &self.rank {
+            RankFacts::Own(r) => Some(*r),
+            RankFacts::VolcanoTask { index, task } => {
+                let offset = task
+                    .as_deref()
+                    .map_or(0, |t| jobs.task_offset(&self.job, t));
+                Some(offset.saturating_add(*index))
+            }
+            RankFacts::Fallback(r) => *r,
+        }
+    }
+}
+
+impl RankFacts {
+    fn of(pod: &Pod) -> Self {
+        if let Some(r) = rank_env(pod) {
+            return RankFacts::Own(r);
+        }
+        if let Some(r) = meta_index(pod, DLROVER_RANK_INDEX) {
+            return RankFacts::Own(r);
+        }
+        if let Some(i) = meta_index(pod, KUBEFLOW_REPLICA_INDEX) {
+            let kind = meta_value(pod, KUBEFLOW_REPLICA_TYPE).map(str::to_ascii_lowercase);
+            return RankFacts::Own(if kind.as_deref() == Some("worker") {
+                i + 1
+            } else {
+                i
+            });
+        }
+        if let Some(index) = meta_index(pod, VOLCANO_TASK_INDEX) {
+            let task = meta_value(pod, VOLCANO_TASK_SPEC).map(str::to_string);
+            return RankFacts::VolcanoTask { index, task };
+        }
+        if let Some(i) = meta_index(pod, STATEFULSET_POD_INDEX) {
+            return RankFacts::Fallback(Some(i));
+        }
+        let digits = pod.metadata.name.as_deref().and_then(|name| {
+            let digits = name.rsplit(|c: char| !c.is_ascii_digit()).next()?;
+            digits.parse().ok()
+        });
+        RankFacts::Fallback(digits)
+    }
+}
+
 /// The literal `RANK` of the pod's first container that sets one.
 fn rank_env(pod: &Pod) -> Option<u32> {
     pod.spec
@@ -374,30 +470,7 @@ fn rank_env(pod: &Pod) -> Option<u32> {
 
 /// The pod's rank within its job (see the module doc), if it has one.
 pub fn rank(pod: &Pod, jobs: &Jobs) -> Option<u32> {
-    if let Some(r) = rank_env(pod) {
-        return Some(r);
-    }
-    if let Some(r) = meta_index(pod, DLROVER_RANK_INDEX) {
-        return Some(r);
-    }
-    if let Some(i) = meta_index(pod, KUBEFLOW_REPLICA_INDEX) {
-        let kind = meta_value(pod, KUBEFLOW_REPLICA_TYPE).map(str::to_ascii_lowercase);
-        return Some(if kind.as_deref() == Some("worker") {
-            i + 1
-        } else {
-            i
-        });
-    }
-    if let Some(i) = meta_index(pod, VOLCANO_TASK_INDEX) {
-        let offset = meta_value(pod, VOLCANO_TASK_SPEC).map_or(0, |t| jobs.task_offset(pod, t));
-        return Some(offset.saturating_add(i));
-    }
-    if let Some(i) = meta_index(pod, STATEFULSET_POD_INDEX) {
-        return Some(i);
-    }
-    let name = pod.metadata.name.as_deref()?;
-    let digits = name.rsplit(|c: char| !c.is_ascii_digit()).next()?;
-    digits.parse().ok()
+    GroupFacts::of(pod).rank(jobs)
 }
 
 /// True when the pod itself carries a gpu-group-size or atomic-gpu-group-size annotation (any
@@ -414,6 +487,15 @@ pub fn has_group_annotations(pod: &Pod) -> bool {
 /// The pod's unit, or `None` when neither it nor its job has a group-size annotation. `gpus`
 /// is the pod's GPU count (from [`crate::core::request::device_request`]).
 pub fn group_spec(pod: &Pod, gpus: u32, jobs: &Jobs) -> Result<Option<GroupSpec>, GroupError> {
+    group_spec_of(&GroupFacts::of(pod), gpus, jobs)
+}
+
+/// [`group_spec`], from what was read of the pod.
+pub fn group_spec_of(
+    pod: &GroupFacts,
+    gpus: u32,
+    jobs: &Jobs,
+) -> Result<Option<GroupSpec>, GroupError> {
     let Some(sizes) = jobs.sizes(pod)? else {
         return Ok(None);
     };
@@ -447,8 +529,8 @@ pub fn group_spec(pod: &Pod, gpus: u32, jobs: &Jobs) -> Result<Option<GroupSpec>
             group: group_size,
         });
     }
-    let rank = rank(pod, jobs).ok_or_else(|| GroupError::NoRank {
-        pod: fumarole_topology::pod::key(pod),
+    let rank = pod.rank(jobs).ok_or_else(|| GroupError::NoRank {
+        pod: pod.pod.clone(),
     })?;
     let first_gpu = u64::from(rank) * u64::from(gpus);
     let unit = u32::try_from(first_gpu / u64::from(group_size)).unwrap_or(u32::MAX);

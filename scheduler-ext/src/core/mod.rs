@@ -20,6 +20,7 @@ pub mod explain;
 pub mod group;
 pub mod ledger;
 pub mod placement;
+pub mod pod_facts;
 pub mod request;
 pub mod score;
 pub mod verdict;

@@ -10,7 +10,7 @@
 //! ([`PodGroup`]) and, for `volcano.sh/numa-topology-policy:
 //! single-numa-node`, the whole CPUs that must sit on the devices' NUMA node.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use fumarole_topology::{pod, quantity};
 use k8s_openapi::api::core::v1::Pod;
@@ -151,8 +151,9 @@ fn is_accelerator(name: &str, offered: &BTreeSet<&str>) -> bool {
     offered.contains(name) || KNOWN_PREFIXES.iter().any(|p| name.starts_with(p))
 }
 
-/// The accelerator resources the pod's containers name, in requests or limits.
-fn accelerator_names(pod: &Pod, offered: &BTreeSet<&str>) -> BTreeSet<String> {
+/// Every resource the pod's containers name with a domain (`vendor.com/thing`), in requests or
+/// limits: the names that may be accelerators, whatever the cluster offers.
+fn domain_resource_names(pod: &Pod) -> BTreeSet<String> {
     let Some(spec) = pod.spec.as_ref() else {
         return BTreeSet::new();
     };
@@ -163,62 +164,99 @@ fn accelerator_names(pod: &Pod, offered: &BTreeSet<&str>) -> BTreeSet<String> {
         .flat_map(|r| [&r.limits, &r.requests])
         .flatten()
         .flat_map(|m| m.keys())
-        .filter(|k| is_accelerator(k, offered))
+        .filter(|k| k.contains('/'))
         .cloned()
         .collect()
 }
 
-/// The pod's accelerator request, checked against the resources the view's nodes offer.
-pub fn device_request(pod: &Pod, offered: &BTreeSet<&str>) -> Result<DeviceRequest, RequestError> {
-    let key = pod_key(pod);
-    let mut total: BTreeMap<String, usize> = BTreeMap::new();
-    if let Some(spec) = pod.spec.as_ref() {
-        for name in accelerator_names(pod, offered) {
-            let n = pod::effective_request(spec, &name, quantity::whole).map_err(|e| {
-                RequestError::BadQuantity {
-                    pod: key.clone(),
-                    container: e.container.unwrap_or_else(|| e.field.clone()),
-                    resource: name.clone(),
-                    value: e.value,
-                }
-            })?;
-            if n > 0 {
-                total.insert(name, usize::try_from(n).unwrap_or(usize::MAX));
+/// What a pod's request depends on, read once per version of the pod: its effective count of
+/// every resource that may be an accelerator. [`Self::request`] then checks it against the
+/// resources a view offers, so a view rebuilt after a change elsewhere need not read the pod
+/// again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RequestFacts {
+    /// `namespace/name`.
+    pod: String,
+    /// Resource name (sorted) -> the effective request, or why it cannot be read.
+    counts: Vec<(String, Result<usize, RequestError>)>,
+}
+
+impl RequestFacts {
+    pub fn of(pod: &Pod) -> Self {
+        let key = pod_key(pod);
+        let counts = match pod.spec.as_ref() {
+            None => Vec::new(),
+            Some(spec) => domain_resource_names(pod)
+                .into_iter()
+                .map(|name| {
+                    let n = pod::effective_request(spec, &name, quantity::whole)
+                        .map(|n| usize::try_from(n).unwrap_or(usize::MAX))
+                        .map_err(|e| RequestError::BadQuantity {
+                            pod: key.clone(),
+                            container: e.container.unwrap_or_else(|| e.field.clone()),
+                            resource: name.clone(),
+                            value: e.value,
+                        });
+                    (name, n)
+                })
+                .collect(),
+        };
+        RequestFacts { pod: key, counts }
+    }
+
+    /// The pod's accelerator request, checked against the resources the view's nodes offer.
+    pub fn request(&self, offered: &BTreeSet<&str>) -> Result<DeviceRequest, RequestError> {
+        let key = &self.pod;
+        let mut asked = Vec::new();
+        for (name, n) in self
+            .counts
+            .iter()
+            .filter(|(k, _)| is_accelerator(k, offered))
+        {
+            match n {
+                Err(e) => return Err(e.clone()),
+                Ok(n) if *n > 0 => asked.push((name, *n)),
+                Ok(_) => {}
             }
         }
+        let mut it = asked.into_iter();
+        let Some((resource, count)) = it.next() else {
+            return Err(RequestError::NoAccelerator {
+                pod: key.clone(),
+                known: KNOWN_PREFIXES
+                    .iter()
+                    .copied()
+                    .chain(offered.iter().copied())
+                    .collect::<BTreeSet<_>>()
+                    .into_iter()
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            });
+        };
+        if let Some((other, _)) = it.next() {
+            return Err(RequestError::Mixed {
+                pod: key.clone(),
+                resources: format!("{resource}, {other}"),
+            });
+        }
+        if !offered.contains(resource.as_str()) {
+            return Err(RequestError::UnknownResource {
+                pod: key.clone(),
+                resource: resource.clone(),
+                offered: offered.iter().copied().collect::<Vec<_>>().join(", "),
+            });
+        }
+        Ok(DeviceRequest {
+            pod: key.clone(),
+            resource: resource.clone(),
+            count,
+        })
     }
-    let mut it = total.into_iter();
-    let Some((resource, count)) = it.next() else {
-        return Err(RequestError::NoAccelerator {
-            pod: key,
-            known: KNOWN_PREFIXES
-                .iter()
-                .copied()
-                .chain(offered.iter().copied())
-                .collect::<BTreeSet<_>>()
-                .into_iter()
-                .collect::<Vec<_>>()
-                .join(", "),
-        });
-    };
-    if let Some((other, _)) = it.next() {
-        return Err(RequestError::Mixed {
-            pod: key,
-            resources: format!("{resource}, {other}"),
-        });
-    }
-    if !offered.contains(resource.as_str()) {
-        return Err(RequestError::UnknownResource {
-            pod: key,
-            resource,
-            offered: offered.iter().copied().collect::<Vec<_>>().join(", "),
-        });
-    }
-    Ok(DeviceRequest {
-        pod: key,
-        resource,
-        count,
-    })
+}
+
+/// The pod's accelerator request, checked against the resources the view's nodes offer.
+pub fn device_request(pod: &Pod, offered: &BTreeSet<&str>) -> Result<DeviceRequest, RequestError> {
+    RequestFacts::of(pod).request(offered)
 }
 
 #[cfg(test)]

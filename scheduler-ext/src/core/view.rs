@@ -25,7 +25,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 
 use fumarole_topology::CpuSet;
-use fumarole_topology::annotation::{self, DEVICES_ANNOTATION, DEVICES_NODE_ANNOTATION};
+use fumarole_topology::annotation::DEVICES_ANNOTATION;
 use fumarole_topology::crd::device_topology::DeviceInfo;
 use fumarole_topology::crd::{DeviceTopology, Numatopology};
 use fumarole_topology::{SelectContext, SelectError, Selection};
@@ -33,7 +33,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::core::group::{self, Jobs, UnitKey};
-use crate::core::request;
+use crate::core::pod_facts::PodFacts;
 
 /// Most devices one node may have (free sets are 64-bit masks, so the hot path allocates
 /// nothing).
@@ -390,9 +390,6 @@ pub struct ClusterView {
     nodes: HashMap<String, NodeView>,
     /// Node names, sorted.
     order: Vec<String>,
-    /// Node -> device ids named by pods bound there (their `fumarole.dev/devices`
-    /// annotation), while the view is built; then [`NodeView::assumed_mask`].
-    assumed: HashMap<String, BTreeSet<String>>,
     /// Every resource name some node offers (computed once; requests check against it).
     offered: BTreeSet<String>,
     /// Super-node -> its nodes.
@@ -402,13 +399,13 @@ pub struct ClusterView {
     /// Every job's group annotations and Volcano task sizes, from all pods.
     jobs: Jobs,
     /// Bound pods with a `fumarole.dev/devices` annotation (`namespace/name` -> node).
-    annotated: HashMap<String, String>,
+    annotated: HashMap<Arc<str>, Arc<str>>,
     /// Pods not bound yet whose devices are promised on a node (`namespace/name` -> node).
-    promised: HashMap<String, String>,
+    promised: HashMap<Arc<str>, Arc<str>>,
     /// Pods (`namespace/name`) some node reports devices allocated to.
     reported: HashSet<String>,
     /// Pods not bound yet, not finished, asking for an accelerator some node offers.
-    pending: Vec<Pod>,
+    pending: Vec<Arc<Pod>>,
     /// Nodes left out because their `DeviceTopology` is unusable.
     pub skipped: Vec<ViewError>,
     /// Objects that could not be read, with the reason (logged by the caller, never fatal).
@@ -426,22 +423,24 @@ impl ClusterView {
         nodes: impl IntoIterator<Item = &'a ObjectMeta>,
         pods: impl IntoIterator<Item = &'a Pod>,
     ) -> Result<Self, ViewError> {
+        let facts: Vec<PodFacts> = pods.into_iter().map(PodFacts::of).collect();
         Self::build_with(
             &mut ContextCache::default(),
             topologies,
             numatopologies,
             nodes,
-            pods,
+            &facts,
         )
     }
 
-    /// [`Self::build`], reusing (and filling) `contexts`.
-    pub fn build_with<'a>(
+    /// [`Self::build`] from what was read of each pod ([`PodFacts`]), reusing (and filling)
+    /// `contexts`.
+    pub fn build_with<'a, 'p>(
         contexts: &mut ContextCache,
         topologies: impl IntoIterator<Item = &'a DeviceTopology>,
         numatopologies: impl IntoIterator<Item = &'a Numatopology>,
         nodes: impl IntoIterator<Item = &'a ObjectMeta>,
-        pods: impl IntoIterator<Item = &'a Pod>,
+        pods: impl IntoIterator<Item = &'p PodFacts>,
     ) -> Result<Self, ViewError> {
         let mut view = ClusterView::default();
         for dt in topologies {
@@ -505,15 +504,15 @@ impl ClusterView {
             .values()
             .flat_map(|n| n.resources.iter().cloned())
             .collect();
-        let pods: Vec<&Pod> = pods.into_iter().collect();
-        view.jobs = Jobs::of(pods.iter().copied());
-        for pod in pods {
-            view.add_pod(pod);
+        let pods: Vec<&PodFacts> = pods.into_iter().collect();
+        view.jobs = Jobs::default();
+        for pod in &pods {
+            view.jobs.add_facts(&pod.group);
         }
-        for (node, ids) in std::mem::take(&mut view.assumed) {
-            if let Some(nv) = view.nodes.get_mut(&node) {
-                nv.assumed_mask = nv.mask_of_ids(&ids);
-            }
+        let offered = view.offered.clone();
+        let offered: BTreeSet<&str> = offered.iter().map(String::as_str).collect();
+        for pod in pods {
+            view.add_pod(pod, &offered);
         }
         Ok(view)
     }
@@ -521,82 +520,86 @@ impl ClusterView {
     /// Counts a bound, unfinished pod: its annotated devices as used, its unit membership; an
     /// unbound one asking for an accelerator is pending, and counted like a bound one on the
     /// node its devices are promised on.
-    fn add_pod(&mut self, pod: &Pod) {
-        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-        if matches!(phase, Some("Succeeded" | "Failed")) {
+    fn add_pod(&mut self, pod: &PodFacts, offered: &BTreeSet<&str>) {
+        if pod.finished {
             return;
         }
-        let annotations = pod.metadata.annotations.as_ref();
-        let choice_node = annotations.and_then(|a| a.get(DEVICES_NODE_ANNOTATION));
-        let key = request::pod_key(pod);
-        let bound = pod.spec.as_ref().and_then(|s| s.node_name.clone());
-        let is_bound = bound.is_some();
-        let node = match bound {
+        let key = &pod.key;
+        let node = match &pod.node {
             Some(node) => {
-                if choice_node.is_some_and(|n| *n != node) {
+                if pod.choice_node.as_ref().is_some_and(|n| n != node) {
                     // Bound elsewhere than the choice was made for: the choice is void here.
                     self.warnings.push(format!(
                         "pod {key}: bound to {node}, its {DEVICES_ANNOTATION} is for another node"
                     ));
-                    return self.add_member(pod, key, node);
+                    return self.add_member(pod, node, offered);
                 }
                 node
             }
             None => {
-                let waiting = pod.metadata.deletion_timestamp.is_none();
-                if waiting && request::device_request(pod, &self.resources()).is_ok() {
-                    self.pending.push(pod.clone());
+                let waiting = !pod.deleting;
+                if waiting
+                    && pod.request.request(offered).is_ok()
+                    && let Some(whole) = &pod.unbound
+                {
+                    self.pending.push(Arc::clone(whole));
                 }
-                match choice_node {
-                    Some(node) if waiting => node.clone(),
+                match &pod.choice_node {
+                    Some(node) if waiting => node,
                     _ => return,
                 }
             }
         };
-        let choice = annotations
-            .and_then(|a| a.get(DEVICES_ANNOTATION))
-            .map(|v| {
-                annotation::parse(v).inspect_err(|e| self.warnings.push(format!("pod {key}: {e}")))
-            });
-        match choice {
-            Some(Ok(choice)) => {
-                let set = self.assumed.entry(node.clone()).or_default();
-                set.extend(choice.into_values().flatten());
-                let record = if is_bound {
+        match &pod.choice {
+            Some(Ok(ids)) => {
+                if let Some(nv) = self.nodes.get_mut(&**node) {
+                    nv.assumed_mask |= nv.mask_of_ids(ids);
+                }
+                let record = if pod.node.is_some() {
                     &mut self.annotated
                 } else {
                     &mut self.promised
                 };
-                record.insert(key.clone(), node.clone());
+                record.insert(Arc::clone(key), Arc::clone(node));
             }
-            // A promise without usable devices promises nothing.
-            _ if !is_bound => return,
-            _ => {}
+            Some(Err(e)) => {
+                self.warnings.push(e.clone());
+                // A promise without usable devices promises nothing.
+                if pod.node.is_none() {
+                    return;
+                }
+            }
+            None if pod.node.is_none() => return,
+            None => {}
         }
-        self.add_member(pod, key, node);
+        self.add_member(pod, node, offered);
     }
 
     /// Indexes a pod placed on `node` (bound, or its devices promised there) by its unit.
-    fn add_member(&mut self, pod: &Pod, key: String, node: String) {
-        if !self.jobs.in_group(pod) {
+    fn add_member(&mut self, pod: &PodFacts, node: &str, offered: &BTreeSet<&str>) {
+        if !self.jobs.in_group_facts(&pod.group) {
             return;
         }
-        let Ok(req) = request::device_request(pod, &self.resources()) else {
+        let Ok(req) = pod.request.request(offered) else {
             return;
         };
         let gpus = u32::try_from(req.count).unwrap_or(u32::MAX);
-        match group::group_spec(pod, gpus, &self.jobs) {
+        match group::group_spec_of(&pod.group, gpus, &self.jobs) {
             Ok(Some(spec)) => self
                 .members
-                .entry(UnitKey::of(pod, &spec))
+                .entry(UnitKey {
+                    job: pod.group.job.clone(),
+                    unit: spec.unit,
+                    atomic: spec.atomic_unit,
+                })
                 .or_default()
                 .push(Member {
-                    pod: key,
-                    node,
+                    pod: pod.key.to_string(),
+                    node: node.to_string(),
                     gpus,
                 }),
             Ok(None) => {}
-            Err(e) => self.warnings.push(format!("pod {key}: {e}")),
+            Err(e) => self.warnings.push(format!("pod {}: {e}", pod.key)),
         }
     }
 
@@ -625,7 +628,7 @@ impl ClusterView {
 
     /// Pods waiting for an accelerator: not bound, not finished, requesting a resource some
     /// node offers.
-    pub fn pending(&self) -> &[Pod] {
+    pub fn pending(&self) -> &[Arc<Pod>] {
         &self.pending
     }
 
@@ -651,17 +654,17 @@ impl ClusterView {
 
     /// The node a pod is bound to with a `fumarole.dev/devices` annotation, if it is.
     pub fn annotated_on(&self, pod: &str) -> Option<&str> {
-        self.annotated.get(pod).map(String::as_str)
+        self.annotated.get(pod).map(AsRef::as_ref)
     }
 
     /// Pods not bound yet with devices promised on a node: (`namespace/name`, node).
     pub fn promised(&self) -> impl Iterator<Item = (&str, &str)> {
-        self.promised.iter().map(|(p, n)| (p.as_str(), n.as_str()))
+        self.promised.iter().map(|(p, n)| (p.as_ref(), n.as_ref()))
     }
 
     /// The node `pod`'s devices are promised on, while it is not bound.
     pub fn promised_on(&self, pod: &str) -> Option<&str> {
-        self.promised.get(pod).map(String::as_str)
+        self.promised.get(pod).map(AsRef::as_ref)
     }
 
     /// Mask of the free devices of `resource` on `nv`: healthy, not allocated in status, not
@@ -708,6 +711,7 @@ fn free_cpus_by_numa(nt: &Numatopology) -> Result<BTreeMap<u32, u32>, String> {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
+    use fumarole_topology::annotation::DEVICES_NODE_ANNOTATION;
     use k8s_openapi::api::core::v1::Node;
 
     fn dt(name: &str, n: u32, weight: u32, allocated: &[u32]) -> DeviceTopology {
