@@ -187,9 +187,14 @@ pub fn run(args: RunArgs) -> Result<()> {
         bail!("--node-name (or NODE_NAME) is required unless --standalone");
     };
     runtime.block_on(async move {
-        let client = kube::Client::try_default()
+        let mut config = kube::Config::infer()
             .await
-            .context("connecting to the API server (in-cluster config or KUBECONFIG)")?;
+            .context("finding the API server (in-cluster config or KUBECONFIG)")?;
+        // No retries inside the client: kube's start 5 ms apart and grow from there, a burst per
+        // call on every 5xx. Each loop retries on its own, spread out (the publisher's jittered
+        // backoff with Retry-After as a floor, the watches' jittered exponential backoff).
+        config.default_retry = false;
+        let client = kube::Client::try_from(config).context("building the API client")?;
         let mut prepared = prepared;
         if let Some(key) = &args.super_node_label
             && prepared.options.super_node.is_none()

@@ -15,6 +15,7 @@ pub mod chain;
 pub mod cluster;
 pub mod colocation;
 pub mod deploy;
+pub mod fault_proxy;
 pub mod fumarole;
 pub mod harness_node;
 pub mod json_api;

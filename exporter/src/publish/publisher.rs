@@ -285,9 +285,32 @@ impl Publisher {
     }
 }
 
-/// Exponential backoff between failed rounds: 200 ms doubling to 30 s.
-fn backoff(failures: u32) -> Duration {
-    Duration::from_millis(200u64.saturating_mul(1 << failures.min(8))).min(Duration::from_secs(30))
+/// The wait after `failures` failed rounds in a row: a bound doubling from 400 ms to 30 s, and
+/// a random point in its upper half ("equal jitter"), so agents that failed together (an API
+/// server outage) do not come back together; never shorter than what the server asked for
+/// (`Retry-After`, which the API server also puts in the Status as `retryAfterSeconds`),
+/// itself spread by up to a quarter.
+fn retry_delay(failures: u32, retry_after: Option<Duration>, random: f64) -> Duration {
+    let bound = Duration::from_millis(200u64.saturating_mul(1 << failures.min(8)))
+        .min(Duration::from_secs(30));
+    let backoff = bound / 2 + (bound / 2).mul_f64(random);
+    match retry_after {
+        Some(asked) => backoff.max(asked + (asked / 4).mul_f64(random)),
+        None => backoff,
+    }
+}
+
+/// The `Retry-After` of a failed request, when the API server gave one (429, some 5xx).
+fn retry_after(e: &kube::Error) -> Option<Duration> {
+    match e {
+        kube::Error::Api(status) => status
+            .details
+            .as_ref()
+            .map(|d| d.retry_after_seconds)
+            .filter(|s| *s > 0)
+            .map(|s| Duration::from_secs(u64::from(s))),
+        _ => None,
+    }
 }
 
 /// The publish loop: build the desired state, publish it, then wait for the re-check interval,
@@ -311,9 +334,9 @@ pub async fn run(
                 publisher.metrics.success();
                 recheck
             }
-            Err(_) => {
+            Err(e) => {
                 failures = failures.saturating_add(1);
-                backoff(failures)
+                retry_delay(failures, retry_after(&e), fastrand::f64())
             }
         };
         publisher.metrics.tick();
@@ -329,12 +352,42 @@ pub async fn run(
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
 
     #[test]
-    fn backoff_grows_and_caps() {
-        assert_eq!(backoff(1), Duration::from_millis(400));
-        assert!(backoff(3) > backoff(2));
-        assert_eq!(backoff(50), Duration::from_secs(30));
+    fn retry_delay_grows_caps_and_spreads() {
+        // The upper half of a bound doubling from 400 ms to 30 s.
+        assert_eq!(retry_delay(1, None, 0.0), Duration::from_millis(200));
+        assert_eq!(retry_delay(1, None, 1.0), Duration::from_millis(400));
+        assert!(retry_delay(3, None, 0.0) > retry_delay(2, None, 0.0));
+        assert_eq!(retry_delay(50, None, 0.0), Duration::from_secs(15));
+        assert_eq!(retry_delay(50, None, 1.0), Duration::from_secs(30));
+        // Agents drawing different numbers wait differently.
+        assert_ne!(retry_delay(4, None, 0.1), retry_delay(4, None, 0.9));
+    }
+
+    #[test]
+    fn retry_after_is_a_floor() {
+        let asked = Some(Duration::from_secs(5));
+        assert_eq!(retry_delay(1, asked, 0.0), Duration::from_secs(5));
+        assert_eq!(retry_delay(1, asked, 1.0), Duration::from_millis(6250));
+        // A longer backoff still wins.
+        assert_eq!(retry_delay(50, asked, 0.0), Duration::from_secs(15));
+    }
+
+    #[test]
+    fn retry_after_is_read_from_the_status() {
+        let status: kube::core::Status = serde_json::from_value(serde_json::json!({
+            "status": "Failure", "message": "slow down", "reason": "TooManyRequests",
+            "code": 429, "details": {"retryAfterSeconds": 3}
+        }))
+        .unwrap();
+        let e = kube::Error::Api(Box::new(status));
+        assert_eq!(retry_after(&e), Some(Duration::from_secs(3)));
+        let no = kube::Error::Api(Box::new(
+            serde_json::from_value(serde_json::json!({"status": "Failure", "code": 500})).unwrap(),
+        ));
+        assert_eq!(retry_after(&no), None);
     }
 }

@@ -383,7 +383,7 @@ fn own_pod() -> Option<(String, String)> {
 /// The client configuration from `--kubeconfig`, else the usual inference (KUBECONFIG,
 /// ~/.kube/config, in-cluster).
 async fn kube_config(kubeconfig: Option<&std::path::Path>) -> Result<kube::Config> {
-    Ok(match kubeconfig {
+    let mut config = match kubeconfig {
         Some(path) => {
             let kc = kube::config::Kubeconfig::read_from(path)
                 .with_context(|| format!("reading kubeconfig {}", path.display()))?;
@@ -394,5 +394,10 @@ async fn kube_config(kubeconfig: Option<&std::path::Path>) -> Result<kube::Confi
         None => kube::Config::infer()
             .await
             .context("finding the API server (KUBECONFIG, ~/.kube/config or in-cluster)")?,
-    })
+    };
+    // No retries inside the client: kube's retry 429/503/504 up to 15 times from 5 ms apart,
+    // a burst per call, and would stretch a commit's writes past the leader's fence. The
+    // watches back off on their own (jittered) and a failed write fails the verb.
+    config.default_retry = false;
+    Ok(config)
 }

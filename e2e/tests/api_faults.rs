@@ -1,0 +1,262 @@
+//! API-server faults the agents survive: three agents (`fumarole-agent run`, publishing) talk
+//! to the real API server through a [`FaultProxy`] that answers, one fault at a time, 429 with
+//! Retry-After, 503, 409 on writes, 3 s of latency, 410 Gone on every watch (an etcd
+//! compaction) and connection resets. While a fault holds, each node's truth changes (the
+//! kubelet hands out other CPUs); after it, every agent's `Numatopology` must be the truth.
+//! Checked through the proxy's record of every request: retries after a 429 wait at least its
+//! Retry-After, failed writes are retried no sooner than 150 ms (no retry storm), and no agent
+//! sends more than a bounded number of requests in any second.
+//! Figures are printed (`--nocapture`) and kept in docs/reliability.md.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use fumarole_e2e::cluster::{eventually, free_port};
+use fumarole_e2e::fault_proxy::{Fault, FaultProxy, Record, peak_per_second};
+use fumarole_e2e::fumarole::{agent_bin, numatopologies};
+use fumarole_e2e::{NodeSpec, TestCluster};
+
+const AGENTS: usize = 3;
+const CPUS: u32 = 64;
+const KUBELET_CONFIG: &str = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncpuManagerPolicy: static\n";
+/// Most requests one agent may send in any second, whatever the fault: a publish round is a
+/// handful of writes and the watches' relists; a retry storm is far more.
+const MAX_PER_SECOND: usize = 25;
+
+struct Agent {
+    node: String,
+    user: String,
+    dir: tempfile::TempDir,
+}
+
+impl Agent {
+    fn state(&self) -> PathBuf {
+        self.dir.path().join("cpu_manager_state")
+    }
+
+    /// The kubelet hands CPUs `2..=last` to one pod: what the Numatopology must then say free.
+    /// Written whole (a rename), as the kubelet writes its checkpoint.
+    fn allocate(&self, last: u32) -> String {
+        let next = self.dir.path().join("cpu_manager_state.next");
+        std::fs::write(
+            &next,
+            format!(
+                r#"{{"policyName":"static","defaultCpuSet":"0-1,{}-{}","entries":{{"p":{{"c":"2-{last}"}}}},"checksum":{last}}}"#,
+                last + 1,
+                CPUS - 1
+            ),
+        )
+        .unwrap();
+        std::fs::rename(&next, self.state()).unwrap();
+        format!("0-1,{}-{}", last + 1, CPUS - 1)
+    }
+}
+
+async fn start_agent(cluster: &TestCluster, proxy: &FaultProxy, i: usize) -> Agent {
+    let node = format!("faulty-{i}");
+    cluster
+        .create_node(
+            &NodeSpec::new(&node)
+                .capacity("cpu", &CPUS.to_string())
+                .capacity("memory", "256Gi"),
+        )
+        .await
+        .unwrap();
+    let agent = Agent {
+        user: format!("agent-{i}"),
+        node,
+        dir: tempfile::tempdir().unwrap(),
+    };
+    let config = agent.dir.path().join("config.yaml");
+    std::fs::write(&config, KUBELET_CONFIG).unwrap();
+    agent.allocate(2);
+    let kubeconfig = agent.dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        proxy.kubeconfig(&agent.user, &["system:masters"]),
+    )
+    .unwrap();
+    let args: Vec<String> = [
+        "run",
+        "--fixture",
+        "cpu-only",
+        "--node-name",
+        &agent.node,
+        "--kubelet-config",
+        config.to_str().unwrap(),
+        "--cpu-manager-state",
+        agent.state().to_str().unwrap(),
+        "--pod-resources-socket",
+        agent.dir.path().join("absent.sock").to_str().unwrap(),
+        "--recheck-interval",
+        "1s",
+        "--metrics-addr",
+        &format!("127.0.0.1:{}", free_port().unwrap()),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    cluster
+        .start_program(
+            &format!("fumarole-agent-{}", agent.node),
+            &agent_bin().unwrap(),
+            &args,
+            &[
+                ("KUBECONFIG", kubeconfig.to_str().unwrap()),
+                ("FUMAROLE_LOG", "info"),
+            ],
+        )
+        .unwrap();
+    agent
+}
+
+/// Waits until every agent's Numatopology says `free` (per agent); returns how long it took.
+async fn converged(cluster: &TestCluster, agents: &[Agent], free: &[String]) -> Duration {
+    let started = Instant::now();
+    let api = numatopologies(cluster.client());
+    eventually(
+        "every Numatopology current",
+        Duration::from_secs(90),
+        || {
+            let api = api.clone();
+            async move {
+                for (a, want) in agents.iter().zip(free) {
+                    let Some(o) = api.get_opt(&a.node).await? else {
+                        return Ok(None);
+                    };
+                    if o.data["spec"]["numares"]["cpu"]["allocatable"] != want.as_str() {
+                        return Ok(None);
+                    }
+                }
+                Ok(Some(()))
+            }
+        },
+    )
+    .await
+    .unwrap();
+    started.elapsed()
+}
+
+/// Requests per method, path and kind, most first: what a failed bound was spent on.
+fn by_path(records: &[&Record]) -> String {
+    let mut counts: std::collections::BTreeMap<String, usize> = Default::default();
+    for r in records {
+        let kind = if r.watch { "watch" } else { "" };
+        *counts
+            .entry(format!("{} {} {kind} -> {}", r.method, r.path, r.status))
+            .or_default() += 1;
+    }
+    let mut counts: Vec<(String, usize)> = counts.into_iter().collect();
+    counts.sort_by(|a, b| b.1.cmp(&a.1));
+    counts
+        .iter()
+        .map(|(k, n)| format!("{n} x {k}"))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+fn of<'a>(records: &'a [Record], user: &str) -> Vec<&'a Record> {
+    records.iter().filter(|r| r.client == user).collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn agents_converge_through_api_server_faults_with_bounded_spread_retries() {
+    let cluster = TestCluster::start().await.unwrap();
+    cluster.install_fumarole_crds().await.unwrap();
+    let proxy = FaultProxy::start(cluster.client()).await.unwrap();
+    let mut agents = Vec::new();
+    for i in 0..AGENTS {
+        agents.push(start_agent(&cluster, &proxy, i).await);
+    }
+    let free: Vec<String> = agents.iter().map(|a| a.allocate(2)).collect();
+    converged(&cluster, &agents, &free).await;
+
+    let faults = [
+        (Fault::TooManyRequests { retry_after_s: 3 }, 10),
+        (Fault::ServerError(503), 8),
+        (Fault::Conflict, 8),
+        (Fault::Latency(Duration::from_secs(3)), 10),
+        (Fault::Gone, 8),
+        (Fault::Reset, 8),
+    ];
+    for (round, (fault, hold_s)) in faults.into_iter().enumerate() {
+        let from = proxy.now();
+        proxy.set(fault.clone());
+        // The truth changes while the fault holds.
+        let last = 3 + u32::try_from(round).unwrap();
+        let free: Vec<String> = agents.iter().map(|a| a.allocate(last)).collect();
+        tokio::time::sleep(Duration::from_secs(hold_s)).await;
+        proxy.set(Fault::None);
+        let to = proxy.now();
+        let took = converged(&cluster, &agents, &free).await;
+        cluster.check_processes().unwrap();
+
+        let records: Vec<Record> = proxy
+            .records()
+            .into_iter()
+            .filter(|r| r.at >= from && r.at < to)
+            .collect();
+        let mut line = format!("{fault:?} for {hold_s} s: converged {took:.1?} after;");
+        for a in &agents {
+            let mine = of(&records, &a.user);
+            let peak = peak_per_second(mine.iter().copied());
+            line += &format!(
+                " {}: {} requests ({} writes), peak {peak}/s;",
+                a.user,
+                mine.len(),
+                mine.iter().filter(|r| r.is_write()).count()
+            );
+            assert!(
+                peak <= MAX_PER_SECOND,
+                "{fault:?}: {} sent {peak} requests in one second: {}",
+                a.user,
+                by_path(&mine)
+            );
+        }
+        println!("{line}");
+
+        match fault {
+            Fault::TooManyRequests { retry_after_s } => {
+                // A write after a 429 waits at least its Retry-After (25 ms for clocks).
+                let floor =
+                    Duration::from_secs(u64::from(retry_after_s)) - Duration::from_millis(25);
+                for a in &agents {
+                    let writes: Vec<&Record> = of(&records, &a.user)
+                        .into_iter()
+                        .filter(|r| r.is_write())
+                        .collect();
+                    assert!(writes.len() >= 2, "{}: {writes:?}", a.user);
+                    for pair in writes.windows(2) {
+                        if pair[0].status == 429 {
+                            let gap = pair[1].at - pair[0].at;
+                            assert!(gap >= floor, "{}: retried {gap:?} after a 429", a.user);
+                        }
+                    }
+                }
+            }
+            Fault::ServerError(code) => {
+                // No retry storm: an agent's failed writes are at least 150 ms apart (kube's
+                // client retries 5 ms apart by default; the agent turns that off and backs off
+                // with jitter itself).
+                for a in &agents {
+                    let failed: Vec<&Record> = of(&records, &a.user)
+                        .into_iter()
+                        .filter(|r| r.is_write() && r.status == code)
+                        .collect();
+                    assert!(failed.len() >= 2, "{}: {failed:?}", a.user);
+                    let gaps: Vec<Duration> =
+                        failed.windows(2).map(|w| w[1].at - w[0].at).collect();
+                    println!("{}: gaps between failed writes {gaps:.2?}", a.user);
+                    assert!(
+                        gaps.iter().all(|g| *g >= Duration::from_millis(150)),
+                        "{}: retried too soon: {gaps:?}",
+                        a.user
+                    );
+                }
+            }
+            _ => {}
+        }
+    }
+}
