@@ -149,7 +149,7 @@ fn by_path(records: &[&Record]) -> String {
             .or_default() += 1;
     }
     let mut counts: Vec<(String, usize)> = counts.into_iter().collect();
-    counts.sort_by(|a, b| b.1.cmp(&a.1));
+    counts.sort_by_key(|c| std::cmp::Reverse(c.1));
     counts
         .iter()
         .map(|(k, n)| format!("{n} x {k}"))
