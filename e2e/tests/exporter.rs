@@ -420,7 +420,7 @@ async fn recovers_from_an_api_server_outage_without_restart() {
     cluster.check_processes().unwrap();
     assert!(agent.metric("fumarole_api_errors_total").await >= 1.0);
     // A round that publishes every object says so; the Numatopology may be current a round
-    // before the rest (backoff after 30 s of failures is up to 25 s).
+    // before the rest (backoff after 30 s of failures is up to 10 s).
     eventually(
         "the agent to report the API server back",
         Duration::from_secs(60),
