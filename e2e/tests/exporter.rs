@@ -219,6 +219,30 @@ async fn publishes_objects_the_real_crds_accept() {
     })
     .await
     .unwrap();
+    // Each object the agent publishes for the node is owned by the Node (the garbage
+    // collector deletes them with it); one published before the agent saw the Node gains it.
+    let node_uid = node.metadata.uid.clone().unwrap();
+    let owned = |o: &DynamicObject| {
+        o.metadata.owner_references.iter().flatten().any(|r| {
+            r.kind == "Node" && r.name == "dgx-1" && r.uid == node_uid && r.api_version == "v1"
+        })
+    };
+    for (what, api) in [
+        ("Numatopology", numatopologies(cluster.client())),
+        (
+            "NodeResourceTopology",
+            node_resource_topologies(cluster.client()),
+        ),
+        ("DeviceTopology", device_topologies(cluster.client())),
+    ] {
+        wait_for(
+            &format!("{what} dgx-1 owned by its Node"),
+            &api,
+            "dgx-1",
+            owned,
+        )
+        .await;
+    }
     let labels = node.metadata.labels.unwrap();
     assert_eq!(labels["fumarole.dev/accelerator-count"], "8");
     assert_eq!(labels["fumarole.dev/accelerator-vendor"], "nvidia");

@@ -37,6 +37,14 @@ impl Kind {
         Kind::NodeLabels,
     ];
 
+    /// Objects of their own for the node, owned by its Node so they go when it goes.
+    fn owned_by_node(self) -> bool {
+        matches!(
+            self,
+            Kind::Numatopology | Kind::NodeResourceTopology | Kind::DeviceTopology
+        )
+    }
+
     fn name(self) -> &'static str {
         match self {
             Kind::Numatopology => "numatopology",
@@ -220,7 +228,22 @@ impl Publisher {
         }
     }
 
+    /// The owner reference to this node's Node, once the Node has been seen: the garbage
+    /// collector deletes our objects with the Node. Not a controller reference, and without
+    /// `blockOwnerDeletion`, so it needs no permission on the Node beyond reading it.
+    fn node_owner(&self) -> Option<Value> {
+        let node = self
+            .nodes
+            .store
+            .state()
+            .into_iter()
+            .find(|o| o.metadata.name.as_deref() == Some(&self.node))?;
+        let uid = node.metadata.uid.clone()?;
+        Some(json!({"apiVersion": "v1", "kind": "Node", "name": self.node, "uid": uid}))
+    }
+
     async fn ensure(&mut self, kind: Kind, body: Value) -> Result<usize, kube::Error> {
+        let owner = kind.owned_by_node().then(|| self.node_owner()).flatten();
         let watched = self.watched(kind);
         let live = watched
             .store
@@ -241,7 +264,14 @@ impl Publisher {
             Some(obj) => {
                 // Someone else changed the object since our write, and our part differs.
                 let touched = obj.metadata.resource_version != applied.resource_version;
-                !unchanged || (touched && Self::live_part(kind, obj) != body)
+                let unowned = owner.as_ref().is_some_and(|o| {
+                    !obj.metadata
+                        .owner_references
+                        .iter()
+                        .flatten()
+                        .any(|r| r.kind == "Node" && Some(r.uid.as_str()) == o["uid"].as_str())
+                });
+                !unchanged || unowned || (touched && Self::live_part(kind, obj) != body)
             }
         };
         if !needed {
@@ -252,6 +282,9 @@ impl Publisher {
         full["apiVersion"] = json!(watched.ar.api_version);
         full["kind"] = json!(watched.ar.kind);
         full["metadata"]["name"] = json!(self.node);
+        if let Some(owner) = owner {
+            full["metadata"]["ownerReferences"] = json!([owner]);
+        }
         let params = PatchParams::apply(FIELD_MANAGER).force();
         let result = match kind {
             Kind::DeviceTopologyStatus => {
@@ -378,7 +411,10 @@ mod tests {
         assert_eq!(retry_delay(1, asked, 0.0), Duration::from_secs(5));
         assert_eq!(retry_delay(1, asked, 1.0), Duration::from_millis(6250));
         // A longer backoff still wins.
-        assert_eq!(retry_delay(50, Some(Duration::from_secs(1)), 0.0), Duration::from_secs(5));
+        assert_eq!(
+            retry_delay(50, Some(Duration::from_secs(1)), 0.0),
+            Duration::from_secs(5)
+        );
     }
 
     #[test]
