@@ -6,6 +6,8 @@
 //! Checked through the proxy's record of every request: retries after a 429 wait at least its
 //! Retry-After, failed writes are retried no sooner than 150 ms (no retry storm), and no agent
 //! sends more than a bounded number of requests in any second.
+//! The scheduler extension watches through the same proxy: it reports itself unready while
+//! its watches fail (resets, 503) and ready again after every fault.
 //! Figures are printed (`--nocapture`) and kept in docs/reliability.md.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -13,9 +15,9 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use fumarole_e2e::cluster::{eventually, free_port};
+use fumarole_e2e::cluster::{eventually, free_port, http_get};
 use fumarole_e2e::fault_proxy::{Fault, FaultProxy, Record, peak_per_second};
-use fumarole_e2e::fumarole::{agent_bin, numatopologies};
+use fumarole_e2e::fumarole::{agent_bin, numatopologies, scheduler_ext_bin};
 use fumarole_e2e::{NodeSpec, TestCluster};
 
 const AGENTS: usize = 3;
@@ -157,6 +159,50 @@ fn by_path(records: &[&Record]) -> String {
         .join("; ")
 }
 
+/// Starts the scheduler extension through the proxy (one replica, a 3 s staleness bound);
+/// returns its port once it is ready.
+async fn start_extension(cluster: &TestCluster, proxy: &FaultProxy) -> u16 {
+    let port = free_port().unwrap();
+    let kubeconfig = cluster.root().join("extension-via-proxy.kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        proxy.kubeconfig("extension", &["system:masters"]),
+    )
+    .unwrap();
+    let args: Vec<String> = [
+        "serve".to_string(),
+        format!("--kubeconfig={}", kubeconfig.display()),
+        format!("--listen=127.0.0.1:{port}"),
+        "--leader-elect=false".into(),
+        "--max-view-staleness=3s".into(),
+    ]
+    .into();
+    cluster
+        .start_program(
+            "fumarole-scheduler-ext",
+            &scheduler_ext_bin().unwrap(),
+            &args,
+            &[],
+        )
+        .unwrap();
+    cluster
+        .wait_ok(
+            "fumarole-scheduler-ext",
+            &format!("http://127.0.0.1:{port}"),
+            "/readyz",
+        )
+        .await
+        .unwrap();
+    port
+}
+
+/// True when the extension's `/readyz` answers 200.
+async fn ready(port: u16) -> bool {
+    http_get(port, "/readyz")
+        .await
+        .is_ok_and(|r| r.lines().next().is_some_and(|l| l.contains(" 200")))
+}
+
 fn of<'a>(records: &'a [Record], user: &str) -> Vec<&'a Record> {
     records.iter().filter(|r| r.client == user).collect()
 }
@@ -172,6 +218,7 @@ async fn agents_converge_through_api_server_faults_with_bounded_spread_retries()
     }
     let free: Vec<String> = agents.iter().map(|a| a.allocate(2)).collect();
     converged(&cluster, &agents, &free).await;
+    let ext = start_extension(&cluster, &proxy).await;
 
     let faults = [
         (Fault::TooManyRequests { retry_after_s: 3 }, 10),
@@ -187,18 +234,41 @@ async fn agents_converge_through_api_server_faults_with_bounded_spread_retries()
         // The truth changes while the fault holds.
         let last = 3 + u32::try_from(round).unwrap();
         let free: Vec<String> = agents.iter().map(|a| a.allocate(last)).collect();
-        tokio::time::sleep(Duration::from_secs(hold_s)).await;
+        // The extension's readiness while the fault holds: a view whose watches fail longer
+        // than --max-view-staleness (3 s) is not ready.
+        let mut unready = false;
+        let hold = Instant::now();
+        while hold.elapsed() < Duration::from_secs(hold_s) {
+            unready |= !ready(ext).await;
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
         proxy.set(Fault::None);
         let to = proxy.now();
         let took = converged(&cluster, &agents, &free).await;
+        cluster
+            .wait_ok(
+                "the extension ready again",
+                &format!("http://127.0.0.1:{ext}"),
+                "/readyz",
+            )
+            .await
+            .unwrap();
         cluster.check_processes().unwrap();
+        if matches!(fault, Fault::Reset | Fault::ServerError(_)) {
+            assert!(
+                unready,
+                "{fault:?}: the extension stayed ready with its watches failing"
+            );
+        }
 
         let records: Vec<Record> = proxy
             .records()
             .into_iter()
             .filter(|r| r.at >= from && r.at < to)
             .collect();
-        let mut line = format!("{fault:?} for {hold_s} s: converged {took:.1?} after;");
+        let mut line = format!(
+            "{fault:?} for {hold_s} s: converged {took:.1?} after; extension unready meanwhile: {unready};"
+        );
         for a in &agents {
             let mine = of(&records, &a.user);
             let peak = peak_per_second(mine.iter().copied());

@@ -41,7 +41,7 @@ use tokio::sync::Notify;
 
 use crate::core::request::pod_key;
 use crate::core::view::{ClusterView, ContextCache};
-use crate::freshness::Freshness;
+use crate::freshness::{Freshness, WatchBackoff};
 use crate::hypernode;
 use crate::kube_ops::KubeOps;
 use crate::pod_store::PodStore;
@@ -170,7 +170,7 @@ where
 {
     let (store, writer) = reflector::store();
     let stream = watcher(api, watcher::Config::default())
-        .default_backoff()
+        .backoff(WatchBackoff::default())
         .reflect(writer);
     watches.freshness.track(kind);
     tokio::spawn(drive(kind, stream, watches.clone(), |_| {}));
@@ -186,7 +186,9 @@ fn reflect_pods(
 ) -> PodStore {
     let store = PodStore::default();
     let config = watcher::Config::default().fields("status.phase!=Succeeded,status.phase!=Failed");
-    let stream = watcher(api, config).default_backoff().modify(trim_pod);
+    let stream = watcher(api, config)
+        .backoff(WatchBackoff::default())
+        .modify(trim_pod);
     watches.freshness.track("Pod");
     let writer = store.clone();
     tokio::spawn(drive("Pod", stream, watches.clone(), move |ev| {
@@ -267,7 +269,7 @@ pub async fn start(
         let (store, writer) = reflector::store();
         let api: Api<PartialObjectMeta<Node>> = Api::all(client.clone());
         let stream = watcher(api, watcher::Config::default())
-            .default_backoff()
+            .backoff(WatchBackoff::default())
             .reflect(writer);
         watches.freshness.track("Node");
         tokio::spawn(drive("Node", stream, watches.clone(), |_| {}));
