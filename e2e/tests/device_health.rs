@@ -456,8 +456,13 @@ async fn nvidia_faults_reach_kubelet_devicetopology_and_extension_and_recover() 
         t_lane,
         Duration::from_secs(20),
         || async {
+            // The spec and the status are two writes: wait for both.
             let dt = dtopo(&cluster, NODE).await;
-            dt.is_object() && weight(&dt, 4, 5) == 270
+            dt.is_object()
+                && weight(&dt, 4, 5) == 270
+                && device_status(&dt, &all[5])["reason"]
+                    .as_str()
+                    .is_some_and(|r| r.contains("nvlink-down"))
         },
     )
     .await;
