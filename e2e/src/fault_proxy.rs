@@ -169,6 +169,9 @@ impl Drop for FaultProxy {
 type Answer = Response<ProxyBody>;
 
 async fn handle(shared: &Shared, req: Request<Incoming>) -> Result<Answer, std::io::Error> {
+    // Subscribed before the fault is read: a fault set while this request is on its way to
+    // the API server still cuts the watch it opens.
+    let cut = shared.cut.subscribe();
     let fault = shared
         .fault
         .lock()
@@ -230,9 +233,11 @@ async fn handle(shared: &Shared, req: Request<Incoming>) -> Result<Answer, std::
         }
         Fault::Latency(wait) => {
             tokio::time::sleep(wait).await;
-            Some(forward(shared, req, watch).await)
+            Some(forward(shared, req, watch.then_some(cut)).await)
         }
-        Fault::None | Fault::Conflict | Fault::Gone => Some(forward(shared, req, watch).await),
+        Fault::None | Fault::Conflict | Fault::Gone => {
+            Some(forward(shared, req, watch.then_some(cut)).await)
+        }
     };
     record.status = answer.as_ref().map_or(0, |r| r.status().as_u16());
     if let Ok(mut records) = shared.records.lock() {
@@ -256,8 +261,13 @@ fn status(code: u16, reason: &str, message: &str) -> Answer {
     r
 }
 
-/// Sends the request on through the admin client, keeping the client's impersonation.
-async fn forward(shared: &Shared, req: Request<Incoming>, watch: bool) -> Answer {
+/// Sends the request on through the admin client, keeping the client's impersonation; a
+/// change of `cut` (watches only) ends the answer's body.
+async fn forward(
+    shared: &Shared,
+    req: Request<Incoming>,
+    cut: Option<watch::Receiver<u64>>,
+) -> Answer {
     let (parts, body) = req.into_parts();
     let body = match body.collect().await {
         Ok(b) => b.to_bytes(),
@@ -284,7 +294,6 @@ async fn forward(shared: &Shared, req: Request<Incoming>, watch: bool) -> Answer
     match shared.upstream.send(up).await {
         Ok(resp) => {
             let (parts, body) = resp.into_parts();
-            let cut = watch.then(|| shared.cut.subscribe());
             Response::from_parts(parts, ProxyBody::upstream(body, cut))
         }
         Err(e) => status(503, "ServiceUnavailable", &format!("upstream: {e}")),

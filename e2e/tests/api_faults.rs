@@ -196,11 +196,13 @@ async fn start_extension(cluster: &TestCluster, proxy: &FaultProxy) -> u16 {
     port
 }
 
-/// True when the extension's `/readyz` answers 200.
-async fn ready(port: u16) -> bool {
-    http_get(port, "/readyz")
-        .await
-        .is_ok_and(|r| r.lines().next().is_some_and(|l| l.contains(" 200")))
+/// `Ok` when the extension's `/readyz` answers 200, else what it answered.
+async fn readiness(port: u16) -> Result<(), String> {
+    match http_get(port, "/readyz").await {
+        Ok(r) if r.lines().next().is_some_and(|l| l.contains(" 200")) => Ok(()),
+        Ok(r) => Err(r.lines().last().unwrap_or_default().to_string()),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 fn of<'a>(records: &'a [Record], user: &str) -> Vec<&'a Record> {
@@ -237,9 +239,12 @@ async fn agents_converge_through_api_server_faults_with_bounded_spread_retries()
         // The extension's readiness while the fault holds: a view whose watches fail longer
         // than --max-view-staleness (3 s) is not ready.
         let mut unready = false;
+        let mut timeline = Vec::new();
         let hold = Instant::now();
         while hold.elapsed() < Duration::from_secs(hold_s) {
-            unready |= !ready(ext).await;
+            let answer = readiness(ext).await;
+            unready |= answer.is_err();
+            timeline.push(format!("{:.1?} {answer:?}", hold.elapsed()));
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
         proxy.set(Fault::None);
@@ -257,7 +262,7 @@ async fn agents_converge_through_api_server_faults_with_bounded_spread_retries()
         if matches!(fault, Fault::Reset | Fault::ServerError(_)) {
             assert!(
                 unready,
-                "{fault:?}: the extension stayed ready with its watches failing"
+                "{fault:?}: the extension stayed ready with its watches failing: {timeline:#?}"
             );
         }
 
