@@ -7,6 +7,7 @@
 use std::fmt::Debug;
 use std::hash::Hash;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use kube::runtime::reflector::{self, Store};
@@ -14,6 +15,9 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Resource};
 use serde::de::DeserializeOwned;
 use tokio::sync::{Notify, watch};
+
+/// How often one failing watch is logged at warning (403, 410 loops and outages retry often).
+const WARN_EVERY: Duration = Duration::from_secs(30);
 
 pub struct Watched<K: Resource + 'static>
 where
@@ -53,6 +57,8 @@ where
         let kind = K::kind(&K::DynamicType::default()).to_string();
         tokio::spawn(async move {
             futures::pin_mut!(stream);
+            // A failing watch retries often: one warning per WARN_EVERY, the rest at debug.
+            let mut warned: Option<Instant> = None;
             while let Some(event) = stream.next().await {
                 match event {
                     Ok(event) => {
@@ -66,7 +72,11 @@ where
                             notify.notify_one();
                         }
                     }
-                    Err(e) => tracing::debug!(kind, error = %e, "watch interrupted; retrying"),
+                    Err(e) if warned.is_none_or(|t| t.elapsed() >= WARN_EVERY) => {
+                        warned = Some(Instant::now());
+                        tracing::warn!(kind, error = %e, "watch failing; retrying");
+                    }
+                    Err(e) => tracing::debug!(kind, error = %e, "watch failing; retrying"),
                 }
             }
         });

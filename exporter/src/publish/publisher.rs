@@ -15,6 +15,9 @@ use super::metrics::Metrics;
 use super::objects::LABEL_PREFIX;
 use super::state::{Desired, NodeState};
 
+/// How often one failing watch is logged at warning (403, 410 loops and outages retry often).
+const WATCH_WARN_EVERY: Duration = Duration::from_secs(30);
+
 /// Our server-side apply field manager.
 pub const FIELD_MANAGER: &str = "fumarole-exporter";
 
@@ -119,9 +122,16 @@ impl Publisher {
             let kind = ar.kind.clone();
             tokio::spawn(async move {
                 futures::pin_mut!(stream);
+                // One warning per WATCH_WARN_EVERY for a failing watch, the rest at debug.
+                let mut warned: Option<std::time::Instant> = None;
                 while let Some(event) = stream.next().await {
-                    if let Err(e) = event {
-                        tracing::debug!(kind, error = %e, "watch interrupted; retrying");
+                    match event {
+                        Err(e) if warned.is_none_or(|t| t.elapsed() >= WATCH_WARN_EVERY) => {
+                            warned = Some(std::time::Instant::now());
+                            tracing::warn!(kind, error = %e, "watch failing; retrying");
+                        }
+                        Err(e) => tracing::debug!(kind, error = %e, "watch failing; retrying"),
+                        Ok(_) => {}
                     }
                     wake.notify_one();
                 }
