@@ -118,7 +118,7 @@ struct ColocationArgs {
     /// `volcano-agent-configuration` ConfigMap and the node's labels enable them.
     #[arg(long)]
     colocation: bool,
-    /// Namespace of the `volcano-agent-configuration` ConfigMap.
+    /// Namespace of the `volcano-agent-configuration` ConfigMap and of the heartbeat Lease.
     #[arg(
         long,
         value_name = "NAMESPACE",
@@ -126,6 +126,12 @@ struct ColocationArgs {
         default_value = "volcano-system"
     )]
     colocation_config_namespace: String,
+    /// How long the node's heartbeat Lease (`fumarole-agent-<node>`, in the
+    /// --colocation-config-namespace) lasts without renewal; renewed four times as often.
+    /// Once it expires the scheduler extension removes the taint and batch resources this
+    /// agent left on the Node.
+    #[arg(long, value_name = "DURATION", default_value = "40s", value_parser = parse_lease_duration)]
+    heartbeat_lease_duration: Duration,
     /// The node's memory pressure (PSI) file, an earlier eviction signal than usage.
     #[arg(long, value_name = "FILE", default_value = "/proc/pressure/memory")]
     memory_pressure_file: PathBuf,
@@ -309,7 +315,7 @@ fn start_colocation(
 ) {
     use fumarole_colocation::tasks::node_loop::{NodeLoop, NodeLoopSettings};
     use fumarole_colocation::tasks::pod_cgroups::{self, Summary};
-    use fumarole_colocation::tasks::{config_watch, report};
+    use fumarole_colocation::tasks::{config_watch, heartbeat, report};
     let (settings, static_cpu_manager) = args.colocation.settings(&args.kubelet_config);
     let interval = args.colocation.qos_interval;
     tracing::info!(?settings, ?interval, namespace = %args.colocation.colocation_config_namespace, "co-location on");
@@ -323,6 +329,13 @@ fn start_colocation(
     let node = Arc::new(Watched::spawn(
         kube::Api::<Node>::all(client.clone()),
         watcher::Config::default().fields(&format!("metadata.name={node_name}")),
+    ));
+    tokio::spawn(heartbeat::run(
+        client.clone(),
+        args.colocation.colocation_config_namespace.clone(),
+        node_name.to_string(),
+        node.clone(),
+        args.colocation.heartbeat_lease_duration,
     ));
     let (status, reports) = tokio::sync::watch::channel(ColocationStatus::default());
     tokio::spawn(report::run(client.clone(), node_name.to_string(), reports));
@@ -375,6 +388,15 @@ fn start_colocation(
         )
         .await;
     });
+}
+
+/// A heartbeat lease duration: whole seconds, at least 4 s (renewed every quarter).
+fn parse_lease_duration(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s).map_err(|e| e.to_string())?;
+    if d < Duration::from_secs(4) || d.subsec_nanos() != 0 {
+        return Err(format!("{s}: a lease lasts whole seconds, at least 4"));
+    }
+    Ok(d)
 }
 
 /// The value of the node's `key` label as its super-node, if the label is set.

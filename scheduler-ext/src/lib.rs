@@ -14,12 +14,15 @@
 //!
 //! Beside them: [`live`] keeps the service's view current from API server reflectors,
 //! [`snapshot`] builds a view from YAML files instead, [`kube_ops`] writes the chosen devices
-//! and Bindings, [`hypernode`] publishes Volcano `HyperNode` objects for the super-nodes.
+//! and Bindings, [`hypernode`] publishes Volcano `HyperNode` objects for the super-nodes,
+//! [`dead_agents`] removes the co-location taint and batch resources of agents whose heartbeat
+//! expired.
 //! The binary's subcommands (`serve`, `explain`) only wire these together. The trace simulator
 //! that replays jobs through the same core lives in its own crate, `fumarole-sim`.
 
 pub mod cli;
 pub mod core;
+pub mod dead_agents;
 pub mod freshness;
 pub mod http;
 pub mod hypernode;

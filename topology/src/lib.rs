@@ -6,12 +6,14 @@
 //! [`health`] device and link faults ([`NodeHealth`]) and what they do to a topology;
 //! [`annotation`] the pod annotation carrying the scheduler's device choice; [`quantity`] and
 //! [`pod`] the Kubernetes quantities and effective pod requests every component reads alike;
+//! [`colocation`] what the co-location agent leaves on its Node and its heartbeat Lease;
 //! [`shapes`] the link matrices of the fixture node shapes and [`baseline`] the NVIDIA-style
 //! allocator `select` is compared with. Nothing here does I/O or async work: discovery lives in `fumarole-exporter`,
 //! and every function here is a pure function of its inputs.
 
 pub mod annotation;
 pub mod baseline;
+pub mod colocation;
 pub mod cpuset;
 pub mod crd;
 pub mod health;

@@ -49,10 +49,7 @@ use super::config::EvictionSettings;
 use super::pod::{PodFacts, PodRef, Resource};
 use super::psi::Psi;
 
-/// Taint key put on the node under pressure (value `"true"`, effect [`TAINT_EFFECT`]).
-pub const TAINT_KEY: &str = "volcano.sh/offline-job-evicting";
-/// Effect of the taint: new offline pods are not scheduled, running ones stay.
-pub const TAINT_EFFECT: &str = "NoSchedule";
+pub use fumarole_topology::colocation::{TAINT_EFFECT, TAINT_KEY};
 /// Rounds to wait for an evicted pod to go before evicting the next one.
 pub const SETTLE_ROUNDS: u32 = 3;
 /// Rounds a pod whose eviction was refused is passed over.

@@ -15,10 +15,7 @@ use k8s_openapi::api::core::v1::{Pod, PodSpec};
 
 use super::level::QosLevel;
 
-/// Batch CPU resource name (millicores as the quantity's value).
-pub const BATCH_CPU: &str = "kubernetes.io/batch-cpu";
-/// Batch memory resource name (bytes).
-pub const BATCH_MEMORY: &str = "kubernetes.io/batch-memory";
+pub use fumarole_topology::colocation::{BATCH_CPU, BATCH_MEMORY};
 /// Priority from which a pod is critical (`scheduling.SystemCriticalPriority`).
 pub const CRITICAL_PRIORITY: i32 = 2_000_000_000;
 

@@ -11,12 +11,15 @@
 //! - [`node_loop`]: every `monitorInterval`, usage of the kubepods cgroup tree and PSI -> batch
 //!   resources on the Node status, the `volcano.sh/offline-job-evicting` taint and evictions of
 //!   offline pods through the Eviction API.
+//! - [`heartbeat`]: a Lease renewed while the agent runs; once it expires the scheduler
+//!   extension removes the taint and batch resources this agent left.
 //! - [`report`]: what the other three know (`ColocationStatus`), written to this node's
 //!   `DeviceTopology` status (or, until that object exists, a Node annotation).
 //!
 //! Start at `agent/src/run.rs`, which wires them together.
 
 pub mod config_watch;
+pub mod heartbeat;
 pub mod node_loop;
 pub mod pod_cgroups;
 pub mod report;

@@ -24,6 +24,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
+use fumarole_topology::colocation::Leftovers;
 use fumarole_topology::crd::{BatchResourcesStatus, EvictionRecord};
 use fumarole_topology::quantity;
 use k8s_openapi::api::core::v1::{Node, Pod, Taint};
@@ -233,6 +234,10 @@ impl NodeLoop {
                 // Fresh start or switched on again: what the node carries counts as written.
                 self.oversub = Oversubscription::resume(on_node);
                 self.oversub_on = true;
+            } else if on_node.is_none() && self.oversub.last_published().is_some() {
+                // Removed by someone else (the scheduler extension, after this agent's
+                // heartbeat lapsed): what the node carries is nothing, so write it again.
+                self.oversub.publish_failed(None);
             }
             let Some(usage) = usage else {
                 return;
@@ -514,13 +519,7 @@ fn batch_on_node(node: &Node) -> Option<BatchResources> {
 }
 
 fn has_taint(node: &Node) -> bool {
-    node.spec
-        .as_ref()
-        .and_then(|s| s.taints.as_ref())
-        .is_some_and(|t| {
-            t.iter()
-                .any(|t| t.key == TAINT_KEY && t.effect == TAINT_EFFECT)
-        })
+    Leftovers::of(node).taint
 }
 
 /// The worst CPU pressure among the online pods' cgroups (cgroup v2 `cpu.pressure`): offline

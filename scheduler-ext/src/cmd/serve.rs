@@ -15,6 +15,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use scheduler_ext::cli::ScoringArgs;
 use scheduler_ext::core::view::ClusterView;
+use scheduler_ext::dead_agents;
 use scheduler_ext::http::access::{Rule, Token};
 use scheduler_ext::http::metrics::{self, Metrics};
 use scheduler_ext::http::router::{self, Options};
@@ -100,6 +101,14 @@ pub struct ServeArgs {
     /// How long a watch of the live view may fail before `/readyz` fails.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     max_view_staleness: Duration,
+    /// Remove the `volcano.sh/offline-job-evicting` taint and the `kubernetes.io/batch-*`
+    /// resources from nodes whose fumarole-agent heartbeat Lease has expired (the leader
+    /// does; live mode).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    clean_up_dead_agents: bool,
+    /// Namespace of the agents' heartbeat Leases (default: $POD_NAMESPACE, else kube-system).
+    #[arg(long)]
+    agent_heartbeat_namespace: Option<String>,
     #[command(flatten)]
     election: ElectionArgs,
     #[command(flatten)]
@@ -248,6 +257,15 @@ pub fn run(args: ServeArgs) -> Result<()> {
                     write_client,
                     own_pod: own_pod(),
                 };
+                if args.clean_up_dead_agents {
+                    let namespace = args
+                        .agent_heartbeat_namespace
+                        .clone()
+                        .or_else(|| std::env::var("POD_NAMESPACE").ok().filter(|v| !v.is_empty()))
+                        .unwrap_or_else(|| "kube-system".into());
+                    tracing::info!(%namespace, "removing what dead agents leave on their nodes");
+                    tokio::spawn(dead_agents::run(client.clone(), namespace, Arc::clone(&svc)));
+                }
                 // The loop lives as long as the runtime; it ends with the process.
                 drop(live::start(client, Arc::clone(&svc), opts).await?);
                 svc

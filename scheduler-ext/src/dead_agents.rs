@@ -1,0 +1,268 @@
+//! What a dead agent leaves behind: its node's `volcano.sh/offline-job-evicting` taint and
+//! `kubernetes.io/batch-*` resources, removed once its heartbeat Lease has expired.
+//!
+//! Each co-location agent renews a Lease (`fumarole-agent-<node>`, labelled
+//! [`HEARTBEAT_LABEL`]; see `colocation/src/tasks/heartbeat.rs`). This task watches those
+//! Leases; a Lease whose `resourceVersion` has not changed for its `leaseDurationSeconds` by
+//! *this* process's clock (client-go's rule for leader Leases, so clock offsets between nodes
+//! do not matter) belongs to a dead agent, and the leader removes the taint and the batch
+//! resources from that Node, once per expiry, with a Warning Event on the Node saying why.
+//! The agent, when it comes back, renews its Lease and writes what its rules say again.
+//!
+//! A replica that starts (or takes over) counts every Lease as renewed at start, so a dead
+//! agent's leftovers go at most one lease duration after that.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fumarole_topology::colocation::{
+    BATCH_CPU, BATCH_MEMORY, HEARTBEAT_LABEL, Leftovers, TAINT_EFFECT, TAINT_KEY, heartbeat_of,
+};
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, Taint};
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Client, Resource};
+use serde_json::{Value, json};
+
+use crate::service::Service;
+
+/// How often the Leases are looked at.
+const TICK: Duration = Duration::from_secs(1);
+
+/// One Lease as this process has seen it.
+#[derive(Debug)]
+struct Seen {
+    version: Option<String>,
+    /// When `version` was first seen here.
+    since: Instant,
+    /// This expiry has been dealt with.
+    cleaned: bool,
+}
+
+/// Watches the heartbeat Leases in `namespace` and, while `svc` leads, cleans up after the
+/// agents whose Lease has expired. Runs forever.
+pub async fn run(client: Client, namespace: String, svc: Arc<Service>) {
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &namespace);
+    let (store, writer) = reflector::store();
+    let stream = watcher(leases, watcher::Config::default().labels(HEARTBEAT_LABEL))
+        .backoff(crate::freshness::WatchBackoff::default())
+        .reflect(writer);
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        let mut warned: Option<Instant> = None;
+        while let Some(event) = stream.next().await {
+            if let Err(e) = event {
+                if warned.is_none_or(|t| t.elapsed() >= Duration::from_secs(30)) {
+                    warned = Some(Instant::now());
+                    tracing::warn!(%namespace, error = %e, "watching the agents' heartbeat Leases failed; retrying");
+                } else {
+                    tracing::debug!(error = %e, "heartbeat Lease watch failing");
+                }
+            }
+        }
+    });
+    let cleaner = Cleaner {
+        nodes: Api::all(client.clone()),
+        recorder: Recorder::new(
+            client,
+            Reporter {
+                controller: "fumarole-scheduler-ext".into(),
+                instance: std::env::var("POD_NAME").ok(),
+            },
+        ),
+    };
+    let mut seen: BTreeMap<String, Seen> = BTreeMap::new();
+    let mut tick = tokio::time::interval(TICK);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        for (node, expired_for) in expired(&store, &mut seen, Instant::now()) {
+            if !svc.leads() {
+                continue;
+            }
+            match cleaner.clean(&node, expired_for).await {
+                Ok(_) => {
+                    if let Some(s) = seen.get_mut(&fumarole_topology::colocation::lease_name(&node))
+                    {
+                        s.cleaned = true;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(node, error = %e, "removing a dead agent's taint and batch resources failed; retrying");
+                }
+            }
+        }
+    }
+}
+
+/// The nodes whose heartbeat has not changed for its duration and that were not cleaned for
+/// this expiry yet, with how long ago it was last seen renewed; updates `seen`.
+fn expired(
+    store: &Store<Lease>,
+    seen: &mut BTreeMap<String, Seen>,
+    now: Instant,
+) -> Vec<(String, Duration)> {
+    let leases = store.state();
+    seen.retain(|name, _| {
+        leases
+            .iter()
+            .any(|l| l.metadata.name.as_deref() == Some(name))
+    });
+    let mut out = Vec::new();
+    for lease in leases {
+        let (Some(name), Some((node, duration))) =
+            (lease.metadata.name.clone(), heartbeat_of(&lease))
+        else {
+            continue;
+        };
+        let version = lease.metadata.resource_version.clone();
+        let s = seen.entry(name).or_insert_with(|| Seen {
+            version: version.clone(),
+            since: now,
+            cleaned: false,
+        });
+        if s.version != version {
+            *s = Seen {
+                version,
+                since: now,
+                cleaned: false,
+            };
+        }
+        let quiet = now.duration_since(s.since);
+        if quiet > duration && !s.cleaned {
+            out.push((node, quiet));
+        }
+    }
+    out
+}
+
+struct Cleaner {
+    nodes: Api<Node>,
+    recorder: Recorder,
+}
+
+impl Cleaner {
+    /// Removes our taint and the batch resources from `node`; what was there.
+    async fn clean(&self, node: &str, expired_for: Duration) -> kube::Result<Leftovers> {
+        let Some(current) = self.nodes.get_opt(node).await? else {
+            return Ok(Leftovers::default());
+        };
+        let left = Leftovers::of(&current);
+        if left.taint {
+            let taints: Vec<Taint> = current
+                .spec
+                .as_ref()
+                .and_then(|s| s.taints.clone())
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|t| !(t.key == TAINT_KEY && t.effect == TAINT_EFFECT))
+                .collect();
+            // At the version read, so a concurrent change of the taints is not overwritten.
+            let patch = json!({
+                "metadata": {"resourceVersion": current.metadata.resource_version},
+                "spec": {"taints": taints},
+            });
+            self.nodes
+                .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+                .await?;
+        }
+        if left.batch {
+            let gone = json!({ BATCH_CPU: Value::Null, BATCH_MEMORY: Value::Null });
+            let patch = json!({"status": {"capacity": gone, "allocatable": gone}});
+            self.nodes
+                .patch_status(node, &PatchParams::default(), &Patch::Merge(&patch))
+                .await?;
+        }
+        if left.any() {
+            tracing::warn!(
+                node,
+                ?expired_for,
+                taint = left.taint,
+                batch_resources = left.batch,
+                "the node's fumarole-agent heartbeat expired: removed what it left"
+            );
+            let what = match (left.taint, left.batch) {
+                (true, true) => "the offline-job-evicting taint and the batch resources",
+                (true, false) => "the offline-job-evicting taint",
+                _ => "the batch resources",
+            };
+            let event = Event {
+                type_: EventType::Warning,
+                reason: "AgentHeartbeatExpired".into(),
+                note: Some(format!(
+                    "fumarole-agent has not renewed its heartbeat for {}s: removed {what}",
+                    expired_for.as_secs()
+                )),
+                action: "RemoveColocationLeftovers".into(),
+                secondary: None,
+            };
+            if let Err(e) = self
+                .recorder
+                .publish(&event, &current.object_ref(&()))
+                .await
+            {
+                tracing::warn!(node, error = %e, "could not record the AgentHeartbeatExpired Event");
+            }
+        }
+        Ok(left)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use fumarole_topology::colocation::heartbeat_lease;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+    use kube::runtime::watcher::Event as WatchEvent;
+
+    fn lease(node: &str, version: &str) -> Lease {
+        let mut l = heartbeat_lease(
+            node,
+            "uid",
+            "ns",
+            10,
+            MicroTime(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+        );
+        l.metadata.resource_version = Some(version.into());
+        l
+    }
+
+    #[test]
+    fn a_lease_expires_after_its_duration_without_a_new_version_once() {
+        let (store, mut writer) = reflector::store();
+        writer.apply_watcher_event(&WatchEvent::Apply(lease("a", "1")));
+        writer.apply_watcher_event(&WatchEvent::Apply(lease("b", "1")));
+        let mut seen = BTreeMap::new();
+        let t0 = Instant::now();
+        assert!(expired(&store, &mut seen, t0).is_empty());
+        // b renews; a does not.
+        writer.apply_watcher_event(&WatchEvent::Apply(lease("b", "2")));
+        let t1 = t0 + Duration::from_secs(8);
+        assert!(expired(&store, &mut seen, t1).is_empty());
+        let t2 = t0 + Duration::from_secs(11);
+        let out = expired(&store, &mut seen, t2);
+        assert_eq!(out, vec![("a".to_string(), Duration::from_secs(11))]);
+        // Until cleaned it is reported again; after, not for the same expiry.
+        seen.get_mut("fumarole-agent-a").unwrap().cleaned = true;
+        assert!(expired(&store, &mut seen, t2).is_empty());
+        // a comes back and lapses again: a new expiry.
+        writer.apply_watcher_event(&WatchEvent::Apply(lease("a", "3")));
+        assert!(expired(&store, &mut seen, t2).is_empty());
+        let t3 = t2 + Duration::from_secs(11);
+        let nodes: Vec<String> = expired(&store, &mut seen, t3)
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect();
+        assert_eq!(nodes, vec!["a".to_string(), "b".to_string()]);
+        // A deleted Lease is forgotten.
+        writer.apply_watcher_event(&WatchEvent::Delete(lease("b", "2")));
+        expired(&store, &mut seen, t3);
+        assert!(!seen.contains_key("fumarole-agent-b"));
+    }
+}
