@@ -150,6 +150,11 @@ async fn every_manifest_passes_a_server_side_dry_run() {
             "fumarole-agent-node-scoped-writes",
             "/spec/validations",
         ),
+        (
+            "ValidatingAdmissionPolicy",
+            "fumarole-scheduler-ext-node-writes",
+            "/spec/validations",
+        ),
     ] {
         let want = pick(&objects, kind, name);
         assert!(want.pointer(path).is_some(), "{kind} {name} has no {path}");
@@ -181,6 +186,7 @@ async fn every_manifest_passes_a_server_side_dry_run() {
         "Deployment/fumarole-system/fumarole-scheduler-ext",
         "ConfigMap/fumarole-system/volcano-agent-configuration",
         "ValidatingAdmissionPolicy//fumarole-agent-node-scoped-writes",
+        "ValidatingAdmissionPolicy//fumarole-scheduler-ext-node-writes",
     ] {
         assert!(!names.contains(gone), "{gone} still rendered");
     }
@@ -368,6 +374,85 @@ async fn each_component_does_its_job_with_only_its_rights_and_the_agent_writes_o
         let message = forbidden(what, result);
         assert!(message.contains(policy), "{what}: {message}");
     }
+    // On its own Node, only what it writes (labels under fumarole.dev/, its annotation, its
+    // taint, batch resources): an admin's taint, another label or capacity stay as they are.
+    let admin_nodes: Api<Node> = Api::all(cluster.client());
+    admin_nodes
+        .patch(
+            "node-a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"taints": [
+                {"key": "dedicated", "value": "infra", "effect": "NoSchedule"}]}})),
+        )
+        .await
+        .unwrap();
+    let own_node = "may change on its Node only";
+    let denied = [
+        (
+            "a node-restriction label on its node",
+            agent_nodes
+                .patch(
+                    "node-a",
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"metadata": {"labels": {
+                        "node-restriction.kubernetes.io/pool": "gpu"}}})),
+                )
+                .await
+                .map(drop),
+            own_node,
+        ),
+        (
+            "removing an admin's taint from its node",
+            agent_nodes
+                .patch(
+                    "node-a",
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": {"taints": []}})),
+                )
+                .await
+                .map(drop),
+            own_node,
+        ),
+        (
+            "its node's CPU capacity",
+            agent_nodes
+                .patch_status(
+                    "node-a",
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"status": {"capacity": {"cpu": "1000"}}})),
+                )
+                .await
+                .map(drop),
+            "may change in its Node's status only",
+        ),
+    ];
+    for (what, result, policy) in denied {
+        let message = forbidden(what, result);
+        assert!(message.contains(policy), "{what}: {message}");
+    }
+    // Its own taint and labels it may add beside the admin's.
+    agent_nodes
+        .patch(
+            "node-a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({
+                "metadata": {"labels": {"fumarole.dev/probe": "1"}},
+                "spec": {"taints": [
+                    {"key": "dedicated", "value": "infra", "effect": "NoSchedule"},
+                    {"key": "volcano.sh/offline-job-evicting", "value": "true", "effect": "NoSchedule"}]},
+            })),
+        )
+        .await
+        .unwrap();
+    admin_nodes
+        .patch(
+            "node-a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"fumarole.dev/probe": null}},
+                "spec": {"taints": null}})),
+        )
+        .await
+        .unwrap();
     // A token not bound to a node writes no node objects at all.
     let unbound = cluster
         .client_for(&Identity::service_account(NAMESPACE, "fumarole-agent"))
@@ -482,12 +567,114 @@ async fn each_component_does_its_job_with_only_its_rights_and_the_agent_writes_o
             .delete("trainer", &DeleteParams::default())
             .await,
     );
-    forbidden(
-        "extension: patch nodes",
-        Api::<Node>::all(as_ext.clone())
+    // It may patch Nodes only to remove what a dead agent left (scheduler-ext-node-writes.yaml;
+    // the removal itself is e2e dead_agent.rs).
+    let ext_nodes = Api::<Node>::all(as_ext.clone());
+    let message = forbidden(
+        "extension: label a node",
+        ext_nodes
             .patch("node-a", &PatchParams::default(), &label("ext"))
             .await,
     );
+    assert!(message.contains("may only remove"), "{message}");
+    forbidden(
+        "extension: taint a node",
+        ext_nodes
+            .patch(
+                "node-a",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"taints": [
+                    {"key": "volcano.sh/offline-job-evicting", "effect": "NoSchedule"}]}})),
+            )
+            .await,
+    );
+    forbidden(
+        "extension: change a node's CPU capacity",
+        ext_nodes
+            .patch_status(
+                "node-a",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {"capacity": {"cpu": "1000"}}})),
+            )
+            .await,
+    );
+    let ext_pods = Api::<Pod>::namespaced(as_ext.clone(), "default");
+    for (what, patch) in [
+        ("a label", json!({"metadata": {"labels": {"team": "x"}}})),
+        (
+            "another annotation",
+            json!({"metadata": {"annotations": {"team": "x"}}}),
+        ),
+    ] {
+        let message = forbidden(
+            &format!("extension: {what} on a pod"),
+            ext_pods
+                .patch("trainer", &PatchParams::default(), &Patch::Merge(patch))
+                .await,
+        );
+        assert!(message.contains("may change on a pod only"), "{message}");
+    }
+    // Nobody else sets a device choice: a user who may create and patch pods in default.
+    let alice = Identity::user("alice", &["system:authenticated"]);
+    let rbac = [
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": "pod-editor", "namespace": "default"},
+            "rules": [{"apiGroups": [""], "resources": ["pods"],
+                "verbs": ["get", "list", "create", "patch", "update"]}]}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": "alice-pod-editor", "namespace": "default"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pod-editor"},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "alice"}]}),
+    ];
+    for object in &rbac {
+        apply(&cluster.client(), object, false).await.unwrap();
+    }
+    let alice_pods: Api<Pod> =
+        Api::namespaced(cluster.client_for(&alice).await.unwrap(), "default");
+    let forged: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "forged", "annotations": {"fumarole.dev/devices": "nvidia0"}},
+        "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+    }))
+    .unwrap();
+    let choice_policy = "only fumarole-scheduler-ext sets";
+    // Once the RoleBinding is in force (RBAC follows it within moments), her own pod goes in.
+    let plain: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "alices"},
+        "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+    }))
+    .unwrap();
+    eventually("alice may create pods", Duration::from_secs(10), || async {
+        Ok(alice_pods.create(&PostParams::default(), &plain).await.ok())
+    })
+    .await
+    .unwrap();
+    let message = forbidden(
+        "a user creates a pod with a device choice",
+        alice_pods.create(&PostParams::default(), &forged).await,
+    );
+    assert!(message.contains(choice_policy), "{message}");
+    let message = forbidden(
+        "a user changes a pod's device choice",
+        alice_pods
+            .patch(
+                "trainer",
+                &PatchParams::default(),
+                &Patch::Merge(
+                    json!({"metadata": {"annotations": {"fumarole.dev/devices": "nvidia7"}}}),
+                ),
+            )
+            .await,
+    );
+    assert!(message.contains(choice_policy), "{message}");
+    // The same user's other edits go through.
+    alice_pods
+        .patch(
+            "trainer",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"team": "ml"}}})),
+        )
+        .await
+        .unwrap();
     forbidden(
         "extension: write DeviceTopology",
         Api::<DeviceTopology>::all(as_ext.clone())

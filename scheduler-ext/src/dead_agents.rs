@@ -255,10 +255,11 @@ mod tests {
         writer.apply_watcher_event(&WatchEvent::Apply(lease("a", "3")));
         assert!(expired(&store, &mut seen, t2).is_empty());
         let t3 = t2 + Duration::from_secs(11);
-        let nodes: Vec<String> = expired(&store, &mut seen, t3)
+        let mut nodes: Vec<String> = expired(&store, &mut seen, t3)
             .into_iter()
             .map(|(n, _)| n)
             .collect();
+        nodes.sort();
         assert_eq!(nodes, vec!["a".to_string(), "b".to_string()]);
         // A deleted Lease is forgotten.
         writer.apply_watcher_event(&WatchEvent::Delete(lease("b", "2")));
