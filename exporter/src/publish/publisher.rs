@@ -343,6 +343,9 @@ fn retry_delay(failures: u32, retry_after: Option<Duration>, random: f64) -> Dur
     }
 }
 
+/// How long the first round waits for the Node watch's first list.
+const NODE_LIST_WAIT: Duration = Duration::from_secs(10);
+
 /// The longest wait between failed rounds. An agent is current at most this long after the API
 /// server is back; 200 agents retrying this often add about 27 requests/s during an outage,
 /// against about 160/s from their watches' own backoff (docs/reliability.md).
@@ -370,6 +373,15 @@ pub async fn run(
     recheck: Duration,
     wake: Arc<Notify>,
 ) {
+    // The first round should already carry the Node owner reference (else every agent start
+    // writes its objects twice): wait a little for the Node watch's first list, not for good
+    // (a Node that cannot be listed must not stop publishing).
+    if tokio::time::timeout(NODE_LIST_WAIT, publisher.nodes.store.wait_until_ready())
+        .await
+        .is_err()
+    {
+        tracing::warn!(node = %publisher.node, wait = ?NODE_LIST_WAIT, "the Node watch has not listed yet; publishing without the owner reference for now");
+    }
     let mut failures = 0u32;
     loop {
         let state = node.desired().await;
