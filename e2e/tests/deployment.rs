@@ -78,6 +78,24 @@ fn identities(objects: &[(String, Value)]) -> std::collections::BTreeSet<String>
         .collect()
 }
 
+/// `text` without terminal colour sequences.
+fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 fn forbidden<T: std::fmt::Debug>(what: &str, result: kube::Result<T>) -> String {
     match result {
         Err(kube::Error::Api(s)) if s.code == 403 => s.message,
@@ -210,6 +228,39 @@ async fn every_manifest_passes_a_server_side_dry_run() {
             panic!("{name} (features off): server-side dry-run apply failed: {e}");
         }
     }
+    // HyperNode rights and the flag come only with publishing; cert-manager issues the
+    // certificates when asked, and its CA is then the client CA. (cert-manager's CRDs are not
+    // in the test cluster: these are rendered, not applied.)
+    let rules = |objects: &[(String, Value)]| {
+        pick(objects, "ClusterRole", "fumarole-scheduler-ext")["rules"].to_string()
+    };
+    let ext_spec = |objects: &[(String, Value)]| {
+        pick(objects, "Deployment", "fumarole-scheduler-ext")["spec"].to_string()
+    };
+    assert!(!rules(&chart).contains("hypernodes"));
+    assert!(!ext_spec(&chart).contains("--publish-hypernodes"));
+    let publishing = render_chart(&["schedulerExt.publishHyperNodes=true"], false);
+    assert!(rules(&publishing).contains("hypernodes"));
+    assert!(ext_spec(&publishing).contains("--publish-hypernodes"));
+    assert!(!identities(&chart).iter().any(|n| n.starts_with("Certificate/")));
+    let issued = render_chart(&["schedulerExt.certManager.enabled=true"], false);
+    let names = identities(&issued);
+    for want in [
+        "Issuer/fumarole-system/fumarole-selfsigned",
+        "Certificate/fumarole-system/fumarole-ca",
+        "Issuer/fumarole-system/fumarole-ca",
+        "Certificate/fumarole-system/fumarole-scheduler-ext",
+        "Certificate/fumarole-system/fumarole-kube-scheduler-client",
+    ] {
+        assert!(names.contains(want), "{want} not rendered");
+    }
+    let serving = pick(&issued, "Certificate", "fumarole-scheduler-ext");
+    assert_eq!(serving["spec"]["secretName"], "fumarole-scheduler-ext-tls");
+    assert!(
+        ext_spec(&issued).contains(r#""secretName":"fumarole-ca""#),
+        "{}",
+        ext_spec(&issued)
+    );
     // The example KubeSchedulerConfiguration is not an API object: the real kube-scheduler
     // loads it (strict decoding, extender validation), with the test cluster's CA as the
     // extender's CA.
@@ -218,7 +269,17 @@ async fn every_manifest_passes_a_server_side_dry_run() {
             .unwrap();
     let ca = cluster.root().join("pki/ca.crt");
     assert!(ca.is_file(), "{}", ca.display());
-    let example = example.replace("/etc/kubernetes/fumarole-ca.crt", &ca.display().to_string());
+    let pki = cluster.root().join("pki");
+    let example = example
+        .replace("/etc/kubernetes/fumarole-ca.crt", &ca.display().to_string())
+        .replace(
+            "/etc/kubernetes/fumarole-client.crt",
+            &pki.join("apiserver.crt").display().to_string(),
+        )
+        .replace(
+            "/etc/kubernetes/fumarole-client.key",
+            &pki.join("apiserver.key").display().to_string(),
+        );
     cluster.start_kube_scheduler(&example).await.unwrap();
 
     // A dry run creates nothing.
@@ -559,6 +620,79 @@ async fn each_component_does_its_job_with_only_its_rights_and_the_agent_writes_o
         "{}",
         ext_log()
     );
+
+    // The extension as the manifest runs it (its files written here): it starts, serves HTTPS,
+    // and no verb is open (kube-scheduler's need a client certificate, Volcano's the token).
+    let objects = kustomization(&deploy_dir().join("daemonset")).unwrap();
+    let deployment = objects
+        .iter()
+        .map(|(_, v)| v)
+        .find(|v| v["kind"] == "Deployment" && v["metadata"]["name"] == "fumarole-scheduler-ext")
+        .unwrap();
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    let mounts: Vec<&str> = container["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["mountPath"].as_str())
+        .collect();
+    let pki = cluster.root().join("pki");
+    let token = cluster.root().join("volcano-token");
+    std::fs::write(&token, "a-token-only-volcano-knows\n").unwrap();
+    let files = [
+        ("/etc/fumarole/tls/tls.crt", pki.join("apiserver.crt")),
+        ("/etc/fumarole/tls/tls.key", pki.join("apiserver.key")),
+        ("/etc/fumarole/client-ca/ca.crt", pki.join("ca.crt")),
+        ("/etc/fumarole/volcano/token", token),
+    ];
+    let tls_port = free_port().unwrap();
+    let mut args: Vec<String> = Vec::new();
+    for arg in container["args"].as_array().unwrap() {
+        let mut arg = arg.as_str().unwrap().to_string();
+        if let Some((_, path)) = arg.split_once("=/etc/fumarole/") {
+            let path = format!("/etc/fumarole/{path}");
+            assert!(
+                mounts.iter().any(|m| path.starts_with(m)),
+                "{path} is not under a volume mount of the manifest's extension"
+            );
+            let (_, here) = files
+                .iter()
+                .find(|(there, _)| *there == path)
+                .unwrap_or_else(|| panic!("no stand-in for {path}"));
+            arg = arg.replace(&path, &here.display().to_string());
+        }
+        if arg.starts_with("--listen=") {
+            arg = format!("--listen=0.0.0.0:{tls_port}");
+        }
+        args.push(arg);
+    }
+    args.push(format!("--kubeconfig={}", ext_kubeconfig.display()));
+    args.push("--ui-listen=off".into());
+    let manifest_ext = Proc::spawn_with_env(
+        "fumarole-scheduler-ext-as-deployed",
+        &scheduler_ext_bin().unwrap(),
+        &args,
+        &[("POD_NAMESPACE", NAMESPACE), ("NO_COLOR", "1")],
+        &cluster.root().join("logs"),
+    )
+    .unwrap();
+    let serving = eventually(
+        "the extension as deployed serves",
+        Duration::from_secs(30),
+        || async {
+            let text = strip_ansi(&log(&manifest_ext));
+            Ok(text
+                .lines()
+                .find(|l| l.contains(" serving "))
+                .map(str::to_string))
+        },
+    )
+    .await
+    .unwrap();
+    for want in ["https=true", "kube_scheduler_open=false", "volcano_open=false"] {
+        assert!(serving.contains(want), "{want} not in: {serving}");
+    }
+    drop(manifest_ext);
 
     let as_ext = cluster.client_for(&ext_id).await.unwrap();
     forbidden(
