@@ -242,7 +242,11 @@ async fn every_manifest_passes_a_server_side_dry_run() {
     let publishing = render_chart(&["schedulerExt.publishHyperNodes=true"], false);
     assert!(rules(&publishing).contains("hypernodes"));
     assert!(ext_spec(&publishing).contains("--publish-hypernodes"));
-    assert!(!identities(&chart).iter().any(|n| n.starts_with("Certificate/")));
+    assert!(
+        !identities(&chart)
+            .iter()
+            .any(|n| n.starts_with("Certificate/"))
+    );
     let issued = render_chart(&["schedulerExt.certManager.enabled=true"], false);
     let names = identities(&issued);
     for want in [
@@ -689,7 +693,11 @@ async fn each_component_does_its_job_with_only_its_rights_and_the_agent_writes_o
     )
     .await
     .unwrap();
-    for want in ["https=true", "kube_scheduler_open=false", "volcano_open=false"] {
+    for want in [
+        "https=true",
+        "kube_scheduler_open=false",
+        "volcano_open=false",
+    ] {
         assert!(serving.contains(want), "{want} not in: {serving}");
     }
     drop(manifest_ext);
