@@ -78,6 +78,25 @@ fn identities(objects: &[(String, Value)]) -> std::collections::BTreeSet<String>
         .collect()
 }
 
+/// Volcano's own chart template for its scheduler (`installer/helm/chart/volcano/templates/
+/// scheduler.yaml` of the `volcano.sh/volcano` module `e2e/upstream/volcano` pins).
+fn volcano_scheduler_chart() -> String {
+    let out = std::process::Command::new("go")
+        .args(["list", "-m", "-f", "{{.Dir}}", "volcano.sh/volcano"])
+        .current_dir(fumarole_e2e::upstream::e2e_dir().join("upstream/volcano"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "go list: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dir = String::from_utf8(out.stdout).unwrap();
+    let path = std::path::Path::new(dir.trim())
+        .join("installer/helm/chart/volcano/templates/scheduler.yaml");
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
 /// `text` without terminal colour sequences.
 fn strip_ansi(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
@@ -124,9 +143,13 @@ async fn every_manifest_passes_a_server_side_dry_run() {
     // Namespaced objects need their namespaces to exist for a dry run.
     cluster.create_namespace(NAMESPACE).await.unwrap();
     cluster.create_namespace("volcano-system").await.unwrap();
-    let examples =
+    let mut examples =
         documents(&deploy_dir().join("daemonset/examples/volcano-scheduler-configmap.yaml"))
             .unwrap();
+    let network_policy =
+        documents(&deploy_dir().join("daemonset/examples/scheduler-ext-networkpolicy.yaml"))
+            .unwrap();
+    examples.extend(network_policy.iter().cloned());
     let mut applied = 0;
     for (name, object) in objects.iter().chain(&examples) {
         if let Err(e) = apply(&client, object, true).await {
@@ -265,6 +288,30 @@ async fn every_manifest_passes_a_server_side_dry_run() {
         "{}",
         ext_spec(&issued)
     );
+    // The NetworkPolicy: the chart's is the example's, and it admits the pods Volcano's own
+    // chart (v1.10.0, from the Go module the e2e builds Volcano from) labels as its scheduler.
+    assert!(
+        !identities(&chart)
+            .iter()
+            .any(|n| n.starts_with("NetworkPolicy/"))
+    );
+    let fenced = render_chart(&["schedulerExt.networkPolicy.enabled=true"], false);
+    let example = &network_policy[0].1;
+    assert_eq!(
+        pick(&fenced, "NetworkPolicy", "fumarole-scheduler-ext")["spec"],
+        example["spec"]
+    );
+    let volcano_label = &example["spec"]["ingress"][0]["from"][0]["podSelector"]["matchLabels"];
+    let volcano_chart = volcano_scheduler_chart();
+    for (key, value) in volcano_label.as_object().unwrap() {
+        let line = format!("{key}: {}", value.as_str().unwrap());
+        assert!(
+            volcano_chart.contains(&format!(
+                "  template:\n    metadata:\n      labels:\n        {line}\n"
+            )),
+            "Volcano's scheduler pods are not labelled {line}"
+        );
+    }
     // The example KubeSchedulerConfiguration is not an API object: the real kube-scheduler
     // loads it (strict decoding, extender validation), with the test cluster's CA as the
     // extender's CA.
