@@ -697,6 +697,7 @@ async fn each_component_does_its_job_with_only_its_rights_and_the_agent_writes_o
         ("/etc/fumarole/volcano/token", token),
     ];
     let tls_port = free_port().unwrap();
+    let webhook_port = free_port().unwrap();
     let mut args: Vec<String> = Vec::new();
     for arg in container["args"].as_array().unwrap() {
         let mut arg = arg.as_str().unwrap().to_string();
@@ -719,6 +720,8 @@ async fn each_component_does_its_job_with_only_its_rights_and_the_agent_writes_o
     }
     args.push(format!("--kubeconfig={}", ext_kubeconfig.display()));
     args.push("--ui-listen=off".into());
+    // And the agent-writes admission webhook, as the chart adds it (--webhook-listen).
+    args.push(format!("--webhook-listen=127.0.0.1:{webhook_port}"));
     let manifest_ext = Proc::spawn_with_env(
         "fumarole-scheduler-ext-as-deployed",
         &scheduler_ext_bin().unwrap(),
@@ -747,6 +750,124 @@ async fn each_component_does_its_job_with_only_its_rights_and_the_agent_writes_o
     ] {
         assert!(serving.contains(want), "{want} not in: {serving}");
     }
+    // The chart's ValidatingWebhookConfiguration, registered for real (the test's API server
+    // reaches the webhook by URL instead of through a Service): node-a's agent may evict and
+    // write Events only for its own node's pods, never in kube-system.
+    let ca_bundle = base64::Engine::encode(
+        &base64::engine::general_purpose::STANDARD,
+        std::fs::read(pki.join("ca.crt")).unwrap(),
+    );
+    let webhooked = render_chart(
+        &[
+            "schedulerExt.agentWritesWebhook.enabled=true",
+            &format!("schedulerExt.agentWritesWebhook.caBundle={ca_bundle}"),
+        ],
+        false,
+    );
+    let mut config = webhooked
+        .iter()
+        .map(|(_, v)| v)
+        .find(|v| v["kind"] == "ValidatingWebhookConfiguration")
+        .unwrap()
+        .clone();
+    let client_config = &mut config["webhooks"][0]["clientConfig"];
+    assert_eq!(client_config["service"]["name"], "fumarole-agent-writes");
+    let path = client_config["service"]["path"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    client_config["url"] = json!(format!("https://127.0.0.1:{webhook_port}{path}"));
+    if let Some(m) = client_config.as_object_mut() {
+        m.remove("service");
+    }
+    apply(&cluster.client(), &config, false).await.unwrap();
+    for (name, node) in [("on-a", "node-a"), ("on-b", "node-b")] {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox"}]},
+        }))
+        .unwrap();
+        Api::<Pod>::namespaced(admin.clone(), "default")
+            .create(&PostParams::default(), &pod)
+            .await
+            .unwrap();
+    }
+    // An Event in `namespace` about a Node (cluster-scoped) or a Pod of that namespace.
+    let event = |namespace: &str, kind: &str, name: &str| {
+        let mut regarding = json!({"kind": kind, "name": name});
+        if kind == "Pod" {
+            regarding["namespace"] = json!(namespace);
+        }
+        json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
+            "metadata": {"generateName": "probe-", "namespace": namespace},
+            "eventTime": "2026-01-01T00:00:00.000000Z", "reportingController": "fumarole-agent",
+            "reportingInstance": "node-a", "action": "Probe", "reason": "Probe", "type": "Normal",
+            "regarding": regarding})
+    };
+    let create_event = |namespace: &str, body: Value| {
+        let api: Api<k8s_openapi::api::events::v1::Event> =
+            Api::namespaced(as_agent.clone(), namespace);
+        async move {
+            let event: k8s_openapi::api::events::v1::Event = serde_json::from_value(body).unwrap();
+            api.create(&PostParams::default(), &event).await
+        }
+    };
+    // The webhook is called once the API server has loaded the configuration.
+    let agent_pods_default: Api<Pod> = Api::namespaced(as_agent.clone(), "default");
+    let evict_b = eventually(
+        "the webhook refuses node-a's agent evicting a pod on node-b",
+        Duration::from_secs(20),
+        || async {
+            match agent_pods_default.evict("on-b", &Default::default()).await {
+                Err(kube::Error::Api(s)) if s.message.contains("agent-writes.fumarole.dev") => {
+                    Ok(Some(s))
+                }
+                Err(e) => Err(anyhow::anyhow!("{e}")),
+                Ok(_) => Err(fumarole_e2e::wait::Fatal(
+                    "node-a's agent evicted a pod on node-b".into(),
+                )
+                .into()),
+            }
+        },
+    )
+    .await
+    .unwrap();
+    assert!(
+        evict_b.message.contains("runs on node-b"),
+        "{}",
+        evict_b.message
+    );
+    for (what, result) in [
+        (
+            "an Event in kube-system",
+            create_event("kube-system", event("kube-system", "Pod", "kube-proxy-x")).await,
+        ),
+        (
+            "an Event about node-b",
+            create_event("default", event("default", "Node", "node-b")).await,
+        ),
+        (
+            "an Event about a pod on node-b",
+            create_event("default", event("default", "Pod", "on-b")).await,
+        ),
+    ] {
+        let message = forbidden(what, result);
+        assert!(
+            message.contains("agent-writes.fumarole.dev"),
+            "{what}: {message}"
+        );
+    }
+    // Its own node's: allowed.
+    create_event("default", event("default", "Node", "node-a"))
+        .await
+        .unwrap();
+    create_event("default", event("default", "Pod", "on-a"))
+        .await
+        .unwrap();
+    agent_pods_default
+        .evict("on-a", &Default::default())
+        .await
+        .unwrap();
     drop(manifest_ext);
 
     let as_ext = cluster.client_for(&ext_id).await.unwrap();
