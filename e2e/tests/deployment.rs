@@ -737,7 +737,7 @@ async fn each_component_does_its_job_with_only_its_rights_and_the_agent_writes_o
             let text = strip_ansi(&log(&manifest_ext));
             Ok(text
                 .lines()
-                .find(|l| l.contains(" serving "))
+                .find(|l| l.contains(" serving address="))
                 .map(str::to_string))
         },
     )
