@@ -193,6 +193,7 @@ pub struct AgentRun<'a> {
     root: Option<&'a Path>,
     config_namespace: &'a str,
     extra: &'a [&'a str],
+    without_capabilities: bool,
 }
 
 impl<'a> AgentRun<'a> {
@@ -208,6 +209,7 @@ impl<'a> AgentRun<'a> {
             root: None,
             config_namespace: "default",
             extra: &[],
+            without_capabilities: false,
         }
     }
 
@@ -235,6 +237,13 @@ impl<'a> AgentRun<'a> {
         self
     }
 
+    /// Runs it as the chart runs it: root, but with no capability at all (an empty bounding
+    /// set, `no_new_privs`), through util-linux's `setpriv`.
+    pub fn without_capabilities(mut self) -> Self {
+        self.without_capabilities = true;
+        self
+    }
+
     /// Starts it; returns it and its `/metrics` port.
     pub fn start(&self, cluster: &TestCluster) -> Result<(Proc, u16)> {
         let path = |p: &Path| p.display().to_string();
@@ -259,9 +268,27 @@ impl<'a> AgentRun<'a> {
         ];
         args.extend(self.extra.iter().map(|s| s.to_string()));
         let kubeconfig = path(self.kubeconfig.unwrap_or(cluster.admin_kubeconfig()));
+        let (program, args) = if self.without_capabilities {
+            let mut wrapped: Vec<String> = [
+                "--reuid=0",
+                "--regid=0",
+                "--clear-groups",
+                "--inh-caps=-all",
+                "--bounding-set=-all",
+                "--no-new-privs",
+                "--",
+            ]
+            .map(String::from)
+            .into();
+            wrapped.push(path(&agent_bin()?));
+            wrapped.extend(args);
+            (PathBuf::from("setpriv"), wrapped)
+        } else {
+            (agent_bin()?, args)
+        };
         let agent = Proc::spawn_with_env(
             self.name,
-            &agent_bin()?,
+            &program,
             &args,
             &[
                 ("KUBECONFIG", kubeconfig.as_str()),

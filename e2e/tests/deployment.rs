@@ -251,6 +251,20 @@ async fn every_manifest_passes_a_server_side_dry_run() {
             panic!("{name} (features off): server-side dry-run apply failed: {e}");
         }
     }
+    // The agent runs unprivileged, with no capability (soak.rs runs it so), unless asked.
+    let security = |objects: &[(String, Value)]| {
+        pick(objects, "DaemonSet", "fumarole-agent")["spec"]["template"]["spec"]["containers"][0]
+            ["securityContext"]
+            .clone()
+    };
+    assert_eq!(security(&chart), security(&objects));
+    assert!(security(&objects)["privileged"].is_null());
+    assert_eq!(security(&objects)["capabilities"]["drop"], json!(["ALL"]));
+    assert_eq!(security(&objects)["allowPrivilegeEscalation"], false);
+    assert_eq!(
+        security(&render_chart(&["agent.privileged=true"], false))["privileged"],
+        true
+    );
     // HyperNode rights and the flag come only with publishing; cert-manager issues the
     // certificates when asked, and its CA is then the client CA. (cert-manager's CRDs are not
     // in the test cluster: these are rendered, not applied.)

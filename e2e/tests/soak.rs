@@ -260,6 +260,7 @@ async fn agent_survives_restarts_churn_flips_and_bad_input_with_flat_footprint()
         AgentRun::new("fumarole-agent-soak", NODE, &kubelet_config, dir.path())
             .root(&root)
             .args(&extra)
+            .without_capabilities()
             .start(&cluster)
             .unwrap();
 
