@@ -604,6 +604,18 @@ async fn each_component_does_its_job_with_only_its_rights_and_the_agent_writes_o
         agent_pods.create(&PostParams::default(), &pod).await,
     );
     forbidden(
+        "set a device choice on a pod",
+        agent_pods
+            .patch(
+                "p",
+                &PatchParams::default(),
+                &Patch::Merge(
+                    json!({"metadata": {"annotations": {"fumarole.dev/devices": "nvidia0"}}}),
+                ),
+            )
+            .await,
+    );
+    forbidden(
         "delete pods",
         agent_pods.delete("p", &DeleteParams::default()).await,
     );
