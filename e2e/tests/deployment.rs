@@ -238,6 +238,7 @@ async fn every_manifest_passes_a_server_side_dry_run() {
         "--device-plugin-dir",
         "device-plugins",
         "/host/sys/fs/cgroup",
+        "/host/proc",
     ] {
         assert!(!text.contains(gone), "{gone} still in the DaemonSet");
     }
@@ -265,6 +266,18 @@ async fn every_manifest_passes_a_server_side_dry_run() {
         security(&render_chart(&["agent.privileged=true"], false))["privileged"],
         true
     );
+    // The kubelet's root directory is a value.
+    let moved = render_chart(&["agent.kubeletRootDir=/data/kubelet"], false);
+    let volumes =
+        pick(&moved, "DaemonSet", "fumarole-agent")["spec"]["template"]["spec"]["volumes"]
+            .to_string();
+    for path in [
+        "/data/kubelet/device-plugins",
+        "/data/kubelet/pod-resources",
+    ] {
+        assert!(volumes.contains(path), "{path} not in {volumes}");
+    }
+    assert!(!volumes.contains("/var/lib/kubelet"), "{volumes}");
     // HyperNode rights and the flag come only with publishing; cert-manager issues the
     // certificates when asked, and its CA is then the client CA. (cert-manager's CRDs are not
     // in the test cluster: these are rendered, not applied.)
