@@ -5,7 +5,7 @@
 set -euo pipefail
 
 # libudev-dev: hwloc's pkg-config file asks the linker for -ludev (the unversioned libudev.so).
-packages=(libhwloc-dev libudev-dev hwloc pkg-config protobuf-compiler util-linux)
+packages=(libhwloc-dev libudev-dev hwloc pkg-config protobuf-compiler util-linux curl)
 missing=()
 for pkg in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

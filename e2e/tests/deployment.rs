@@ -789,6 +789,72 @@ async fn each_component_does_its_job_with_only_its_rights_and_the_agent_writes_o
     ] {
         assert!(serving.contains(want), "{want} not in: {serving}");
     }
+    // Attacked from the pod network: whoever reaches the port without kube-scheduler's client
+    // certificate or Volcano's token gets 401 from every verb, and the pending pod it names is
+    // not touched (same resourceVersion, not bound, no device choice).
+    let victim: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "victim"},
+        "spec": {"containers": [{"name": "c", "image": "busybox",
+            "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+    }))
+    .unwrap();
+    let victim = pods.create(&PostParams::default(), &victim).await.unwrap();
+    let uid = victim.uid().unwrap();
+    let kube_body =
+        json!({"PodName": "victim", "PodNamespace": "default", "PodUID": uid, "Node": "node-b"});
+    let volcano_body = json!({"task": {"uid": uid, "name": "victim", "namespace": "default",
+        "pod": victim}, "node": {"name": "node-b"}});
+    let https = |path: &str, body: &Value, credentials: Option<&str>| {
+        let mut cmd = std::process::Command::new("curl");
+        cmd.args(["-sS", "-o", "/dev/null", "-w", "%{http_code}", "--cacert"])
+            .arg(pki.join("ca.crt"))
+            .args([
+                "-X",
+                "POST",
+                "-H",
+                "Content-Type: application/json",
+                "--data-binary",
+            ])
+            .arg(body.to_string());
+        if let Some(user) = credentials {
+            cmd.args(["-u", user]);
+        }
+        cmd.arg(format!("https://127.0.0.1:{tls_port}{path}"));
+        let out = cmd.output().unwrap();
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    for (path, body) in [
+        ("/kube-scheduler/filter", &kube_body),
+        ("/kube-scheduler/prioritize", &kube_body),
+        ("/kube-scheduler/bind", &kube_body),
+        ("/volcano/predicate", &volcano_body),
+        ("/volcano/allocateFunc", &volcano_body),
+        ("/volcano/deallocateFunc", &volcano_body),
+    ] {
+        assert_eq!(https(path, body, None), "401", "{path} without credentials");
+        assert_eq!(
+            https(path, body, Some("fumarole:a-guessed-token")),
+            "401",
+            "{path} with a wrong token"
+        );
+    }
+    // Volcano's token opens Volcano's verbs (a read-only one here), not kube-scheduler's.
+    let token_user = "fumarole:a-token-only-volcano-knows";
+    assert_ne!(
+        https("/volcano/predicate", &volcano_body, Some(token_user)),
+        "401"
+    );
+    assert_eq!(
+        https("/kube-scheduler/bind", &kube_body, Some(token_user)),
+        "401"
+    );
+    let after = pods.get("victim").await.unwrap();
+    assert_eq!(
+        after.metadata.resource_version,
+        victim.metadata.resource_version
+    );
+    assert!(after.spec.as_ref().unwrap().node_name.is_none());
+    assert!(!after.annotations().contains_key("fumarole.dev/devices"));
     // The chart's ValidatingWebhookConfiguration, registered for real (the test's API server
     // reaches the webhook by URL instead of through a Service): node-a's agent may evict and
     // write Events only for its own node's pods, never in kube-system.
