@@ -47,9 +47,9 @@ impl Scheduler {
     }
 }
 
-/// Nodes, a harness node and an agent (cluster mode, dgx-h100 fixture, its super-node) per
-/// node of [`NODES`], once every node's kubelet has its 8 GPUs.
-pub async fn start_nodes(cluster: &TestCluster) -> Result<Vec<HarnessNode>> {
+/// Nodes, a harness node and an agent (cluster mode, dgx-h100 fixture, its super-node, and
+/// `agent_args`) per node of [`NODES`], once every node's kubelet has its 8 GPUs.
+pub async fn start_nodes(cluster: &TestCluster, agent_args: &[&str]) -> Result<Vec<HarnessNode>> {
     let mut harness = Vec::new();
     for (node, super_node) in NODES {
         cluster
@@ -72,6 +72,10 @@ pub async fn start_nodes(cluster: &TestCluster) -> Result<Vec<HarnessNode>> {
             format!("--pod-resources-socket={}", absent("absent.sock")),
             format!("--metrics-addr=127.0.0.1:{}", free_port()?),
         ];
+        let args: Vec<String> = args
+            .into_iter()
+            .chain(agent_args.iter().map(|a| a.to_string()))
+            .collect();
         cluster.start_program(&format!("fumarole-agent-{node}"), &agent_bin()?, &args, &[])?;
         harness.push(h);
     }

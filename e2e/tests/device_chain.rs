@@ -39,7 +39,7 @@ fn pod_count() -> usize {
 async fn run_chain(scheduler: Scheduler) {
     let cluster = TestCluster::start().await.unwrap();
     cluster.install_fumarole_crds().await.unwrap();
-    let harness = chain::start_nodes(&cluster).await.unwrap();
+    let harness = chain::start_nodes(&cluster, &[]).await.unwrap();
     let port = cluster.start_scheduler_ext(&[]).await.unwrap();
     match scheduler {
         Scheduler::Kube => cluster

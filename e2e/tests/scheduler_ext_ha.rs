@@ -144,7 +144,13 @@ async fn start(
 ) {
     let cluster = TestCluster::start().await.unwrap();
     cluster.install_fumarole_crds().await.unwrap();
-    let harness = chain::start_nodes(&cluster).await.unwrap();
+    // The plugins wait for a choice longer than a failover takes (the 6 s lease, then the new
+    // term): a pod bound while no replica leads still gets the scheduler's choice. With a
+    // shorter wait the node chooses for it, and a later pod's choice on that node may name the
+    // same device (it is then given others, and the difference reported).
+    let harness = chain::start_nodes(&cluster, &["--await-device-choice-timeout=20s"])
+        .await
+        .unwrap();
     let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
     let mut replicas = Vec::new();
     for name in names {
