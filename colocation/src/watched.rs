@@ -9,6 +9,7 @@ use std::hash::Hash;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use fumarole_topology::every::Every;
 use futures::StreamExt;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -58,7 +59,7 @@ where
         tokio::spawn(async move {
             futures::pin_mut!(stream);
             // A failing watch retries often: one warning per WARN_EVERY, the rest at debug.
-            let mut warned: Option<Instant> = None;
+            let mut warn = Every::new(WARN_EVERY);
             while let Some(event) = stream.next().await {
                 match event {
                     Ok(event) => {
@@ -72,8 +73,7 @@ where
                             notify.notify_one();
                         }
                     }
-                    Err(e) if warned.is_none_or(|t| t.elapsed() >= WARN_EVERY) => {
-                        warned = Some(Instant::now());
+                    Err(e) if warn.due(Instant::now()) => {
                         tracing::warn!(kind, error = %e, "watch failing; retrying");
                     }
                     Err(e) => tracing::debug!(kind, error = %e, "watch failing; retrying"),

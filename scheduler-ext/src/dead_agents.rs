@@ -16,18 +16,16 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use fumarole_topology::colocation::{
-    BATCH_CPU, BATCH_MEMORY, HEARTBEAT_LABEL, Leftovers, TAINT_EFFECT, TAINT_KEY, heartbeat_of,
-};
+use fumarole_topology::colocation::{self, HEARTBEAT_LABEL, Leftovers, heartbeat_of};
+use fumarole_topology::every::Every;
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Node, Taint};
+use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource};
-use serde_json::{Value, json};
 
 use crate::service::Service;
 
@@ -54,11 +52,10 @@ pub async fn run(client: Client, namespace: String, svc: Arc<Service>) {
         .reflect(writer);
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
-        let mut warned: Option<Instant> = None;
+        let mut warn = Every::new(Duration::from_secs(30));
         while let Some(event) = stream.next().await {
             if let Err(e) = event {
-                if warned.is_none_or(|t| t.elapsed() >= Duration::from_secs(30)) {
-                    warned = Some(Instant::now());
+                if warn.due(Instant::now()) {
                     tracing::warn!(%namespace, error = %e, "watching the agents' heartbeat Leases failed; retrying");
                 } else {
                     tracing::debug!(error = %e, "heartbeat Lease watch failing");
@@ -81,14 +78,14 @@ pub async fn run(client: Client, namespace: String, svc: Arc<Service>) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        for (node, expired_for) in expired(&store, &mut seen, Instant::now()) {
-            if !svc.leads() {
-                continue;
-            }
-            match cleaner.clean(&node, expired_for).await {
+        let due = expired(&store, &mut seen, Instant::now());
+        if !svc.leads() {
+            continue;
+        }
+        for Expired { lease, node, quiet } in due {
+            match cleaner.clean(&node, quiet).await {
                 Ok(_) => {
-                    if let Some(s) = seen.get_mut(&fumarole_topology::colocation::lease_name(&node))
-                    {
+                    if let Some(s) = seen.get_mut(&lease) {
                         s.cleaned = true;
                     }
                 }
@@ -100,13 +97,18 @@ pub async fn run(client: Client, namespace: String, svc: Arc<Service>) {
     }
 }
 
-/// The nodes whose heartbeat has not changed for its duration and that were not cleaned for
-/// this expiry yet, with how long ago it was last seen renewed; updates `seen`.
-fn expired(
-    store: &Store<Lease>,
-    seen: &mut BTreeMap<String, Seen>,
-    now: Instant,
-) -> Vec<(String, Duration)> {
+/// A heartbeat that has not changed for its duration.
+#[derive(Debug, PartialEq, Eq)]
+struct Expired {
+    lease: String,
+    node: String,
+    /// Since it was last seen renewed.
+    quiet: Duration,
+}
+
+/// The heartbeats that have not changed for their duration and were not cleaned up after for
+/// this expiry yet; updates `seen`.
+fn expired(store: &Store<Lease>, seen: &mut BTreeMap<String, Seen>, now: Instant) -> Vec<Expired> {
     let leases = store.state();
     seen.retain(|name, _| {
         leases
@@ -121,7 +123,7 @@ fn expired(
             continue;
         };
         let version = lease.metadata.resource_version.clone();
-        let s = seen.entry(name).or_insert_with(|| Seen {
+        let s = seen.entry(name.clone()).or_insert_with(|| Seen {
             version: version.clone(),
             since: now,
             cleaned: false,
@@ -135,7 +137,11 @@ fn expired(
         }
         let quiet = now.duration_since(s.since);
         if quiet > duration && !s.cleaned {
-            out.push((node, quiet));
+            out.push(Expired {
+                lease: name,
+                node,
+                quiet,
+            });
         }
     }
     out
@@ -153,27 +159,13 @@ impl Cleaner {
             return Ok(Leftovers::default());
         };
         let left = Leftovers::of(&current);
-        if left.taint {
-            let taints: Vec<Taint> = current
-                .spec
-                .as_ref()
-                .and_then(|s| s.taints.clone())
-                .unwrap_or_default()
-                .into_iter()
-                .filter(|t| !(t.key == TAINT_KEY && t.effect == TAINT_EFFECT))
-                .collect();
-            // At the version read, so a concurrent change of the taints is not overwritten.
-            let patch = json!({
-                "metadata": {"resourceVersion": current.metadata.resource_version},
-                "spec": {"taints": taints},
-            });
+        if let Some(patch) = colocation::taint_patch(&current, false) {
             self.nodes
                 .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
                 .await?;
         }
         if left.batch {
-            let gone = json!({ BATCH_CPU: Value::Null, BATCH_MEMORY: Value::Null });
-            let patch = json!({"status": {"capacity": gone, "allocatable": gone}});
+            let patch = colocation::batch_patch(None);
             self.nodes
                 .patch_status(node, &PatchParams::default(), &Patch::Merge(&patch))
                 .await?;
@@ -247,7 +239,14 @@ mod tests {
         assert!(expired(&store, &mut seen, t1).is_empty());
         let t2 = t0 + Duration::from_secs(11);
         let out = expired(&store, &mut seen, t2);
-        assert_eq!(out, vec![("a".to_string(), Duration::from_secs(11))]);
+        assert_eq!(
+            out,
+            vec![Expired {
+                lease: "fumarole-agent-a".into(),
+                node: "a".into(),
+                quiet: Duration::from_secs(11)
+            }]
+        );
         // Until cleaned it is reported again; after, not for the same expiry.
         seen.get_mut("fumarole-agent-a").unwrap().cleaned = true;
         assert!(expired(&store, &mut seen, t2).is_empty());
@@ -257,7 +256,7 @@ mod tests {
         let t3 = t2 + Duration::from_secs(11);
         let mut nodes: Vec<String> = expired(&store, &mut seen, t3)
             .into_iter()
-            .map(|(n, _)| n)
+            .map(|e| e.node)
             .collect();
         nodes.sort();
         assert_eq!(nodes, vec!["a".to_string(), "b".to_string()]);

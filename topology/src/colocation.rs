@@ -9,8 +9,9 @@
 //! the names from here.
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Taint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, OwnerReference};
+use serde_json::{Value, json};
 use std::collections::BTreeMap;
 
 /// Taint key put on the node under pressure (value `"true"`, effect [`TAINT_EFFECT`]).
@@ -71,6 +72,51 @@ pub fn heartbeat_of(lease: &Lease) -> Option<(String, std::time::Duration)> {
     Some((node.clone(), std::time::Duration::from_secs(seconds)))
 }
 
+fn is_ours(t: &Taint) -> bool {
+    t.key == TAINT_KEY && t.effect == TAINT_EFFECT
+}
+
+/// The merge patch that adds (`want`) or removes our taint from `node`'s taints as read,
+/// carrying the resourceVersion read so that a concurrent change of the taints is refused, not
+/// overwritten; `None` when the node is already so.
+pub fn taint_patch(node: &Node, want: bool) -> Option<Value> {
+    let mut taints = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.clone())
+        .unwrap_or_default();
+    if taints.iter().any(is_ours) == want {
+        return None;
+    }
+    if want {
+        taints.push(Taint {
+            key: TAINT_KEY.into(),
+            value: Some("true".into()),
+            effect: TAINT_EFFECT.into(),
+            time_added: None,
+        });
+    } else {
+        taints.retain(|t| !is_ours(t));
+    }
+    Some(json!({
+        "metadata": {"resourceVersion": node.metadata.resource_version},
+        "spec": {"taints": taints},
+    }))
+}
+
+/// The status merge patch that sets both batch resources (millicores, bytes) in `capacity`
+/// and `allocatable`, or with `None` removes both (the kubelet owns the rest of those maps).
+pub fn batch_patch(value: Option<(u64, u64)>) -> Value {
+    let resources = match value {
+        Some((cpu_millis, memory_bytes)) => json!({
+            BATCH_CPU: cpu_millis.to_string(),
+            BATCH_MEMORY: memory_bytes.to_string(),
+        }),
+        None => json!({ BATCH_CPU: Value::Null, BATCH_MEMORY: Value::Null }),
+    };
+    json!({"status": {"capacity": resources, "allocatable": resources}})
+}
+
 /// What the agent left on a Node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Leftovers {
@@ -85,10 +131,7 @@ impl Leftovers {
             .spec
             .as_ref()
             .and_then(|s| s.taints.as_ref())
-            .is_some_and(|t| {
-                t.iter()
-                    .any(|t| t.key == TAINT_KEY && t.effect == TAINT_EFFECT)
-            });
+            .is_some_and(|t| t.iter().any(is_ours));
         let status = node.status.as_ref();
         let batch = [
             status.and_then(|s| s.capacity.as_ref()),
@@ -109,7 +152,7 @@ impl Leftovers {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use k8s_openapi::api::core::v1::{NodeSpec, NodeStatus, Taint};
+    use k8s_openapi::api::core::v1::{NodeSpec, NodeStatus};
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
     #[test]
@@ -141,6 +184,38 @@ mod tests {
                 taint: true,
                 batch: true
             }
+        );
+    }
+
+    #[test]
+    fn the_taint_patch_touches_only_our_taint() {
+        let mut node = Node::default();
+        node.metadata.resource_version = Some("7".into());
+        node.spec = Some(NodeSpec {
+            taints: Some(vec![Taint {
+                key: "dedicated".into(),
+                effect: TAINT_EFFECT.into(),
+                ..Taint::default()
+            }]),
+            ..NodeSpec::default()
+        });
+        assert_eq!(taint_patch(&node, false), None);
+        let add = taint_patch(&node, true).unwrap();
+        assert_eq!(add["metadata"]["resourceVersion"], "7");
+        assert_eq!(add["spec"]["taints"][0]["key"], "dedicated");
+        assert_eq!(add["spec"]["taints"][1]["key"], TAINT_KEY);
+        let tainted: Vec<Taint> = serde_json::from_value(add["spec"]["taints"].clone()).unwrap();
+        node.spec.as_mut().unwrap().taints = Some(tainted);
+        assert_eq!(taint_patch(&node, true), None);
+        let remove = taint_patch(&node, false).unwrap();
+        assert_eq!(remove["spec"]["taints"].as_array().unwrap().len(), 1);
+        assert_eq!(
+            batch_patch(None)["status"]["allocatable"][BATCH_CPU],
+            Value::Null
+        );
+        assert_eq!(
+            batch_patch(Some((1500, 2)))["status"]["capacity"][BATCH_CPU],
+            "1500"
         );
     }
 

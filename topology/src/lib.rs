@@ -7,6 +7,7 @@
 //! [`annotation`] the pod annotation carrying the scheduler's device choice; [`quantity`] and
 //! [`pod`] the Kubernetes quantities and effective pod requests every component reads alike;
 //! [`colocation`] what the co-location agent leaves on its Node and its heartbeat Lease;
+//! [`every`] a rate limit for warnings about things that retry often;
 //! [`shapes`] the link matrices of the fixture node shapes and [`baseline`] the NVIDIA-style
 //! allocator `select` is compared with. Nothing here does I/O or async work: discovery lives in `fumarole-exporter`,
 //! and every function here is a pure function of its inputs.
@@ -16,6 +17,7 @@ pub mod baseline;
 pub mod colocation;
 pub mod cpuset;
 pub mod crd;
+pub mod every;
 pub mod health;
 pub mod link;
 pub mod model;

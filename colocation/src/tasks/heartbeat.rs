@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fumarole_topology::colocation::heartbeat_lease;
+use fumarole_topology::every::Every;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
@@ -37,8 +38,9 @@ pub async fn run(
     let params = PatchParams::apply(FIELD_MANAGER).force();
     let mut tick = tokio::time::interval(duration / 4);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut warned: Option<Instant> = None;
+    let mut warn = Every::new(WARN_EVERY);
     let mut renewed_once = false;
+    let name = fumarole_topology::colocation::lease_name(&node_name);
     node.ready().await;
     loop {
         tick.tick().await;
@@ -48,15 +50,13 @@ pub async fn run(
         };
         let now = MicroTime(k8s_openapi::jiff::Timestamp::now());
         let lease = heartbeat_lease(&node_name, &uid, &namespace, seconds, now);
-        let name = fumarole_topology::colocation::lease_name(&node_name);
         match leases.patch(&name, &params, &Patch::Apply(&lease)).await {
             Ok(_) if !renewed_once => {
                 renewed_once = true;
                 tracing::info!(lease = %format!("{namespace}/{name}"), ?duration, "heartbeat Lease renewed");
             }
             Ok(_) => {}
-            Err(e) if warned.is_none_or(|t| t.elapsed() >= WARN_EVERY) => {
-                warned = Some(Instant::now());
+            Err(e) if warn.due(Instant::now()) => {
                 tracing::warn!(lease = %format!("{namespace}/{name}"), error = %e, "heartbeat renewal failed; the extension removes this node's taint and batch resources if it stays failing for the lease duration");
             }
             Err(e) => tracing::debug!(error = %e, "heartbeat renewal failed"),

@@ -24,14 +24,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
-use fumarole_topology::colocation::Leftovers;
+use fumarole_topology::colocation::{self, Leftovers};
 use fumarole_topology::crd::{BatchResourcesStatus, EvictionRecord};
 use fumarole_topology::quantity;
-use k8s_openapi::api::core::v1::{Node, Pod, Taint};
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{DeleteParams, EvictParams, Patch, PatchParams, Preconditions};
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Api, Client};
-use serde_json::{Value, json};
 use tokio::sync::watch;
 
 use super::report::StatusTx;
@@ -40,7 +39,7 @@ use crate::cgroup::usage::KubepodsUsage;
 use crate::cgroup::{Cgroups, Settings};
 use crate::metrics::ColocationMetrics;
 use crate::rules::config::{ConfigState, NodeConfig};
-use crate::rules::evict::{self, Evictor, Sample, TAINT_EFFECT, TAINT_KEY};
+use crate::rules::evict::{self, Evictor, Sample, TAINT_KEY};
 use crate::rules::kernel::Version;
 use crate::rules::oversub::{
     BatchResources, CpuMeter, NodeAllocatable, Oversubscription, Usage, oversold,
@@ -310,7 +309,7 @@ impl NodeLoop {
                 None
             },
         };
-        let tainted = has_taint(node);
+        let tainted = Leftovers::of(node).taint;
         let evictor = self
             .evictor
             .get_or_insert_with(|| Evictor::new(config.eviction, tainted, facts));
@@ -388,14 +387,7 @@ impl NodeLoop {
 
     /// Sets (or with `None` removes) both batch resources in `capacity` and `allocatable`.
     async fn write_batch(&self, value: Option<BatchResources>) -> kube::Result<()> {
-        let resources = match value {
-            Some(v) => json!({
-                BATCH_CPU: v.cpu_millis.to_string(),
-                BATCH_MEMORY: v.memory_bytes.to_string(),
-            }),
-            None => json!({ BATCH_CPU: Value::Null, BATCH_MEMORY: Value::Null }),
-        };
-        let patch = json!({"status": {"capacity": resources, "allocatable": resources}});
+        let patch = colocation::batch_patch(value.map(|v| (v.cpu_millis, v.memory_bytes)));
         self.nodes
             .patch_status(
                 &self.settings.node_name,
@@ -411,25 +403,9 @@ impl NodeLoop {
     async fn set_taint(&self, want: bool) -> kube::Result<bool> {
         let name = &self.settings.node_name;
         let node = self.nodes.get(name).await?;
-        let mut taints = node.spec.and_then(|s| s.taints).unwrap_or_default();
-        let ours = |t: &Taint| t.key == TAINT_KEY && t.effect == TAINT_EFFECT;
-        if taints.iter().any(ours) == want {
+        let Some(patch) = colocation::taint_patch(&node, want) else {
             return Ok(false);
-        }
-        if want {
-            taints.push(Taint {
-                key: TAINT_KEY.into(),
-                value: Some("true".into()),
-                effect: TAINT_EFFECT.into(),
-                time_added: None,
-            });
-        } else {
-            taints.retain(|t| !ours(t));
-        }
-        let patch = json!({
-            "metadata": {"resourceVersion": node.metadata.resource_version},
-            "spec": {"taints": taints},
-        });
+        };
         self.nodes
             .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
@@ -516,10 +492,6 @@ fn batch_on_node(node: &Node) -> Option<BatchResources> {
         cpu_millis: quantity::units(&cpu.0).ok()?,
         memory_bytes: quantity::units(&memory.0).ok()?,
     })
-}
-
-fn has_taint(node: &Node) -> bool {
-    Leftovers::of(node).taint
 }
 
 /// The worst CPU pressure among the online pods' cgroups (cgroup v2 `cpu.pressure`): offline

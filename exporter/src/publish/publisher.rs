@@ -14,6 +14,7 @@ use tokio::sync::Notify;
 use super::metrics::Metrics;
 use super::objects::LABEL_PREFIX;
 use super::state::{Desired, NodeState};
+use fumarole_topology::every::Every;
 
 /// How often one failing watch is logged at warning (403, 410 loops and outages retry often).
 const WATCH_WARN_EVERY: Duration = Duration::from_secs(30);
@@ -123,11 +124,10 @@ impl Publisher {
             tokio::spawn(async move {
                 futures::pin_mut!(stream);
                 // One warning per WATCH_WARN_EVERY for a failing watch, the rest at debug.
-                let mut warned: Option<std::time::Instant> = None;
+                let mut warn = Every::new(WATCH_WARN_EVERY);
                 while let Some(event) = stream.next().await {
                     match event {
-                        Err(e) if warned.is_none_or(|t| t.elapsed() >= WATCH_WARN_EVERY) => {
-                            warned = Some(std::time::Instant::now());
+                        Err(e) if warn.due(std::time::Instant::now()) => {
                             tracing::warn!(kind, error = %e, "watch failing; retrying");
                         }
                         Err(e) => tracing::debug!(kind, error = %e, "watch failing; retrying"),
