@@ -107,6 +107,19 @@ impl Identity {
     }
 }
 
+/// The API server's audit policy: metadata of every write (not reads: they are most requests).
+const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Metadata
+    verbs: [create, update, patch, delete, deletecollection]
+  - level: None
+";
+
+/// The audit log, under the cluster's root.
+const AUDIT_LOG: &str = "audit.log";
+
 /// A real control plane for one test. See the crate docs.
 pub struct TestCluster {
     procs: Mutex<Vec<Proc>>,
@@ -234,6 +247,9 @@ impl TestCluster {
             &tokens,
             format!("{admin_token},fumarole-e2e-admin,fumarole-e2e-admin,\"system:masters\"\n"),
         )?;
+        // Every write the API server accepts or refuses, one JSON line each (TestCluster::audited_writes).
+        let audit_policy = root.join("audit-policy.yaml");
+        std::fs::write(&audit_policy, AUDIT_POLICY)?;
         let issuer = "https://kubernetes.default.svc.cluster.local";
         let apiserver_args: Vec<String> = vec![
             format!("--etcd-servers={etcd_url}"),
@@ -262,6 +278,8 @@ impl TestCluster {
             // Endpoints may not be loopback; nothing here needs the
             // `kubernetes` service endpoints.
             "--endpoint-reconciler-type=none".to_string(),
+            format!("--audit-policy-file={}", audit_policy.display()),
+            format!("--audit-log-path={}", root.join(AUDIT_LOG).display()),
         ];
         procs.push(Proc::spawn(
             "kube-apiserver",
@@ -317,14 +335,19 @@ impl TestCluster {
     /// Stops kube-apiserver (etcd keeps running): clients see connection errors until
     /// [`TestCluster::start_apiserver`].
     pub fn stop_apiserver(&self) -> Result<()> {
+        self.stop("kube-apiserver")
+    }
+
+    /// Stops the cluster's process `name` (e.g. `kube-scheduler`) for good.
+    pub fn stop(&self, name: &str) -> Result<()> {
         let mut procs = self
             .procs
             .lock()
             .map_err(|_| anyhow!("process list poisoned"))?;
         let i = procs
             .iter()
-            .position(|p| p.name() == "kube-apiserver")
-            .ok_or_else(|| anyhow!("kube-apiserver is not running"))?;
+            .position(|p| p.name() == name)
+            .ok_or_else(|| anyhow!("{name} is not running"))?;
         procs.remove(i).stop();
         Ok(())
     }
@@ -396,6 +419,22 @@ impl TestCluster {
     /// The temp dir holding certs, logs (`logs/`) and etcd data.
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// The writes the API server has audited so far (`audit.k8s.io/v1` Events, metadata level,
+    /// stage `ResponseComplete` or `Panic`), oldest first. The log is written as requests finish
+    /// (the log backend blocks), so a write that returned is in it.
+    pub fn audited_writes(&self) -> Result<Vec<Value>> {
+        let text = std::fs::read_to_string(self.root.join(AUDIT_LOG))
+            .context("reading the API server's audit log")?;
+        let mut out = Vec::new();
+        for line in text.lines().filter(|l| !l.trim().is_empty()) {
+            let event: Value = serde_json::from_str(line).context("an audit log line")?;
+            if event["stage"] != "ResponseStarted" {
+                out.push(event);
+            }
+        }
+        Ok(out)
     }
 
     /// A kubeconfig file with the admin token, for other processes.

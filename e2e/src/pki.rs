@@ -1,6 +1,6 @@
 //! Throwaway certificates for one test cluster: a CA, the apiserver's serving
-//! certificate (for `127.0.0.1` and `localhost`), and the ServiceAccount
-//! token signing key.
+//! certificate (for `127.0.0.1` and `localhost`), a kube-scheduler client
+//! certificate, and the ServiceAccount token signing key.
 
 use std::path::{Path, PathBuf};
 
@@ -25,6 +25,11 @@ pub struct Pki {
     pub sa_key: PathBuf,
     /// `sa.pub`: verifies them.
     pub sa_pub: PathBuf,
+    /// `kube-scheduler-client.crt`: a client certificate (CN `kube-scheduler`) the CA signed,
+    /// as kube-scheduler presents to an extender that asks for one.
+    pub client_cert: PathBuf,
+    /// `kube-scheduler-client.key`
+    pub client_key: PathBuf,
 }
 
 impl Pki {
@@ -58,6 +63,15 @@ impl Pki {
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
         let serving = params.signed_by(&serving_key, &issuer)?;
 
+        let client_key = KeyPair::generate()?;
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "kube-scheduler");
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        let client = params.signed_by(&client_key, &issuer)?;
+
         let sa_key = KeyPair::generate()?;
 
         let pki = Pki {
@@ -67,12 +81,16 @@ impl Pki {
             serving_key: dir.join("apiserver.key"),
             sa_key: dir.join("sa.key"),
             sa_pub: dir.join("sa.pub"),
+            client_cert: dir.join("kube-scheduler-client.crt"),
+            client_key: dir.join("kube-scheduler-client.key"),
         };
         std::fs::write(&pki.ca_cert, &pki.ca_pem)?;
         std::fs::write(&pki.serving_cert, serving.pem())?;
         std::fs::write(&pki.serving_key, serving_key.serialize_pem())?;
         std::fs::write(&pki.sa_key, sa_key.serialize_pem())?;
         std::fs::write(&pki.sa_pub, sa_key.public_key_pem())?;
+        std::fs::write(&pki.client_cert, client.pem())?;
+        std::fs::write(&pki.client_key, client_key.serialize_pem())?;
         Ok(pki)
     }
 }

@@ -704,7 +704,7 @@ async fn each_component_does_its_job_with_only_its_rights_and_the_agent_writes_o
     assert_eq!(answer["Error"], "");
     let bound = pods.get("trainer").await.unwrap();
     assert!(bound.annotations().contains_key("fumarole.dev/devices"));
-    assert_eq!(bound.spec.unwrap().node_name.as_deref(), Some("node-a"));
+    assert_eq!(bound.spec.as_ref().unwrap().node_name.as_deref(), Some("node-a"));
     assert!(
         !ext_log().to_lowercase().contains("forbidden"),
         "{}",
@@ -759,6 +759,8 @@ async fn each_component_does_its_job_with_only_its_rights_and_the_agent_writes_o
     }
     args.push(format!("--kubeconfig={}", ext_kubeconfig.display()));
     args.push("--ui-listen=off".into());
+    // A Lease of its own: the first extension still leads over the default one.
+    args.push("--leader-elect-resource-name=fumarole-scheduler-ext-as-deployed".into());
     // And the agent-writes admission webhook, as the chart adds it (--webhook-listen).
     args.push(format!("--webhook-listen=127.0.0.1:{webhook_port}"));
     let manifest_ext = Proc::spawn_with_env(
@@ -855,6 +857,77 @@ async fn each_component_does_its_job_with_only_its_rights_and_the_agent_writes_o
     );
     assert!(after.spec.as_ref().unwrap().node_name.is_none());
     assert!(!after.annotations().contains_key("fumarole.dev/devices"));
+    // And the API server's audit log holds no write on it but its creation.
+    let victim_writes = |audit: Vec<Value>| -> Vec<Value> {
+        audit
+            .into_iter()
+            .filter(|e| {
+                e["objectRef"]["resource"] == "pods"
+                    && e["objectRef"]["namespace"] == "default"
+                    && e["objectRef"]["name"] == "victim"
+            })
+            .collect()
+    };
+    let writes = victim_writes(cluster.audited_writes().unwrap());
+    assert_eq!(writes.len(), 1, "{writes:#?}");
+    assert_eq!(writes[0]["verb"], "create");
+    assert_eq!(writes[0]["user"]["username"], "fumarole-e2e-admin");
+
+    // The real kube-scheduler with the example configuration, its client certificate in
+    // tlsConfig: it calls the extension as deployed over mTLS, and the extension binds the pod
+    // with its devices.
+    let mut config: Value = serde_norway::from_str(
+        &std::fs::read_to_string(
+            deploy_dir().join("daemonset/examples/kube-scheduler-config.yaml"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let extender = &mut config["extenders"][0];
+    assert_eq!(extender["enableHTTPS"], true);
+    extender["urlPrefix"] = json!(format!("https://127.0.0.1:{tls_port}/kube-scheduler"));
+    let tls = &mut extender["tlsConfig"];
+    for (key, file) in [
+        ("caFile", "ca.crt"),
+        ("certFile", "kube-scheduler-client.crt"),
+        ("keyFile", "kube-scheduler-client.key"),
+    ] {
+        assert!(tls[key].is_string(), "the example has no tlsConfig.{key}");
+        tls[key] = json!(pki.join(file).display().to_string());
+    }
+    cluster
+        .start_kube_scheduler(&serde_norway::to_string(&config).unwrap())
+        .await
+        .unwrap();
+    let bound = eventually(
+        "kube-scheduler binds the pod through the extension (mTLS)",
+        Duration::from_secs(60),
+        || async {
+            let p = pods.get("victim").await?;
+            let node = p.spec.as_ref().and_then(|s| s.node_name.clone());
+            Ok(node.map(|_| p))
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(bound.spec.as_ref().unwrap().node_name.as_deref(), Some("node-a"));
+    assert!(
+        bound.annotations().contains_key("fumarole.dev/devices"),
+        "{:?}",
+        bound.annotations()
+    );
+    // The Binding came from the extension's account, not from kube-scheduler's own binder.
+    let binder = victim_writes(cluster.audited_writes().unwrap())
+        .into_iter()
+        .find(|e| e["objectRef"]["subresource"] == "binding")
+        .unwrap();
+    assert_eq!(
+        binder["impersonatedUser"]["username"],
+        "system:serviceaccount:fumarole-system:fumarole-scheduler-ext",
+        "{binder:#}"
+    );
+    assert_eq!(binder["responseStatus"]["code"], 201, "{binder:#}");
+    cluster.stop("kube-scheduler").unwrap();
     // The chart's ValidatingWebhookConfiguration, registered for real (the test's API server
     // reaches the webhook by URL instead of through a Service): node-a's agent may evict and
     // write Events only for its own node's pods, never in kube-system.
