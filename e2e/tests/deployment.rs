@@ -704,7 +704,10 @@ async fn each_component_does_its_job_with_only_its_rights_and_the_agent_writes_o
     assert_eq!(answer["Error"], "");
     let bound = pods.get("trainer").await.unwrap();
     assert!(bound.annotations().contains_key("fumarole.dev/devices"));
-    assert_eq!(bound.spec.as_ref().unwrap().node_name.as_deref(), Some("node-a"));
+    assert_eq!(
+        bound.spec.as_ref().unwrap().node_name.as_deref(),
+        Some("node-a")
+    );
     assert!(
         !ext_log().to_lowercase().contains("forbidden"),
         "{}",
@@ -910,7 +913,10 @@ async fn each_component_does_its_job_with_only_its_rights_and_the_agent_writes_o
     )
     .await
     .unwrap();
-    assert_eq!(bound.spec.as_ref().unwrap().node_name.as_deref(), Some("node-a"));
+    assert_eq!(
+        bound.spec.as_ref().unwrap().node_name.as_deref(),
+        Some("node-a")
+    );
     assert!(
         bound.annotations().contains_key("fumarole.dev/devices"),
         "{:?}",
@@ -1108,7 +1114,8 @@ async fn each_component_does_its_job_with_only_its_rights_and_the_agent_writes_o
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
             "metadata": {"name": "pod-editor", "namespace": "default"},
             "rules": [{"apiGroups": [""], "resources": ["pods"],
-                "verbs": ["get", "list", "create", "patch", "update"]}]}),
+                "verbs": ["get", "list", "create", "patch", "update"]},
+                {"apiGroups": [""], "resources": ["pods/binding"], "verbs": ["create"]}]}),
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
             "metadata": {"name": "alice-pod-editor", "namespace": "default"},
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pod-editor"},
@@ -1154,6 +1161,37 @@ async fn each_component_does_its_job_with_only_its_rights_and_the_agent_writes_o
             .await,
     );
     assert!(message.contains(choice_policy), "{message}");
+    // Nor through a Binding (the API server copies its annotations onto the pod), while a
+    // Binding without one goes through: she may bind, not choose devices.
+    let binding = |annotations: Value| {
+        json!({"apiVersion": "v1", "kind": "Binding",
+            "metadata": {"name": "alices", "annotations": annotations},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": "node-b"}})
+    };
+    let message = forbidden(
+        "a user binds a pod with a device choice",
+        alice_pods
+            .create_subresource::<Value, Value>(
+                "binding",
+                "alices",
+                &PostParams::default(),
+                &binding(json!({"fumarole.dev/devices": "{\"nvidia.com/gpu\":[\"GPU-0\"]}"})),
+            )
+            .await,
+    );
+    assert!(message.contains(choice_policy), "{message}");
+    alice_pods
+        .create_subresource::<Value, Value>(
+            "binding",
+            "alices",
+            &PostParams::default(),
+            &binding(json!({"team": "ml"})),
+        )
+        .await
+        .unwrap();
+    let alices = alice_pods.get("alices").await.unwrap();
+    assert_eq!(alices.spec.unwrap().node_name.as_deref(), Some("node-b"));
+    assert_eq!(alices.metadata.annotations.unwrap()["team"], "ml");
     // The same user's other edits go through.
     alice_pods
         .patch(

@@ -1,5 +1,5 @@
 //! The API server writes of the service: the `fumarole.dev/devices` annotation (with the node
-//! it is for) and the pod's `Binding`. A pod not bound yet is read from the [`PodStore`] (which
+//! it is for), alone or carried by the pod's `Binding`. A pod not bound yet is read from the [`PodStore`] (which
 //! keeps those whole), any other from the API server.
 
 use fumarole_topology::annotation::{
@@ -91,19 +91,28 @@ impl KubeOps {
             .map(drop)
     }
 
-    /// Binds the pod to `node` (the `pods/binding` subresource), as a binding extender must.
+    /// Binds the pod to `node` (the `pods/binding` subresource), as a binding extender must,
+    /// with the devices `choice` gives it there: the API server copies a Binding's annotations
+    /// onto the pod, so node and devices arrive in one write (one watch event for every
+    /// watcher, and never a device choice on a pod whose Binding failed).
     pub async fn bind(
         &self,
         ns: &str,
         name: &str,
         uid: &str,
         node: &str,
+        choice: &DeviceChoice,
     ) -> Result<(), kube::Error> {
+        let annotations = [
+            (DEVICES_ANNOTATION.to_string(), annotation::format(choice)),
+            (DEVICES_NODE_ANNOTATION.to_string(), node.to_string()),
+        ];
         let binding = Binding {
             metadata: ObjectMeta {
                 name: Some(name.to_string()),
                 namespace: Some(ns.to_string()),
                 uid: (!uid.is_empty()).then(|| uid.to_string()),
+                annotations: Some(annotations.into_iter().collect()),
                 ..Default::default()
             },
             target: ObjectReference {

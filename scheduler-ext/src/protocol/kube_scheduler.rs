@@ -9,11 +9,11 @@
 //!
 //! `bind` re-reads the pod from the API server and refuses it unless it is scheduled by a
 //! scheduler this service serves, not bound yet, of the uid kube-scheduler named, and asking
-//! for an accelerator; then it gives the pod its devices on the node ([`Service::assign`]:
+//! for an accelerator; then it chooses the pod's devices on the node ([`Service::commit`]:
 //! judged and chosen under the ledger's lock, so a node that does not pass the filter is
-//! refused, and written on the pod as `fumarole.dev/devices`), then creates the pod's
-//! `Binding`; when either write fails the devices are released and kube-scheduler gets the
-//! error (and retries the pod).
+//! refused) and creates the pod's `Binding` carrying them as `fumarole.dev/devices` (the API
+//! server copies a Binding's annotations onto the pod: one write); when it fails the devices
+//! are released and kube-scheduler gets the error (and retries the pod).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -207,7 +207,7 @@ pub fn prioritize(svc: &Service, args: &ExtenderArgs) -> Result<Vec<HostPriority
     Ok(answer)
 }
 
-/// The `bind` verb: give the pod its devices (written on the pod), then create its Binding.
+/// The `bind` verb: choose the pod's devices, then create its Binding, which carries them.
 pub async fn bind(svc: &Service, args: &ExtenderBindingArgs) -> Result<(), BindError> {
     let (ns, name, node) = (&args.pod_namespace, &args.pod_name, &args.node);
     if name.is_empty() || node.is_empty() {
@@ -231,11 +231,11 @@ pub async fn bind(svc: &Service, args: &ExtenderBindingArgs) -> Result<(), BindE
             node: bound,
         });
     }
-    if svc.assign(&pod, node).await?.is_none() {
+    let Some(commit) = svc.commit(&pod, node)? else {
         return Err(BindError::NoAccelerator { pod: key });
-    }
+    };
     let uid = pod.metadata.uid.as_deref().unwrap_or_default();
-    if let Err(source) = ops.bind(ns, name, uid, node).await {
+    if let Err(source) = ops.bind(ns, name, uid, node, &commit.choice()).await {
         svc.release(&key);
         return Err(BindError::Binding {
             pod: key,
