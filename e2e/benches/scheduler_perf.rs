@@ -310,6 +310,8 @@ struct Run {
     p99: Duration,
     /// Process -> (CPU seconds over the run, peak RSS MiB).
     processes: BTreeMap<String, (f64, f64)>,
+    /// kube-scheduler's [`scheduling_attempts`].
+    attempts: Option<(f64, Duration, f64)>,
     ideal: usize,
     units: usize,
     units_split: usize,
@@ -407,24 +409,34 @@ async fn run(
             .unwrap();
         ext = Some(p);
     }
-    match arrangement {
-        Arrangement::Kube => cluster
-            .start_kube_scheduler(KUBE_CLIENT_LIMITS)
-            .await
-            .unwrap(),
-        Arrangement::KubeExt => cluster
-            .start_kube_scheduler(&format!(
-                "{}{KUBE_CLIENT_LIMITS}",
-                common::kube_scheduler_config(ext_port)
-            ))
-            .await
-            .unwrap(),
-        Arrangement::Volcano => cluster.start_volcano(&volcano_conf("")).await.unwrap(),
-        Arrangement::VolcanoExt => cluster
-            .start_volcano(&common::volcano_conf_with_extender(ext_port))
-            .await
-            .unwrap(),
-    }
+    let kube_scheduler_port = match arrangement {
+        Arrangement::Kube => Some(
+            cluster
+                .start_kube_scheduler(KUBE_CLIENT_LIMITS)
+                .await
+                .unwrap(),
+        ),
+        Arrangement::KubeExt => Some(
+            cluster
+                .start_kube_scheduler(&format!(
+                    "{}{KUBE_CLIENT_LIMITS}",
+                    common::kube_scheduler_config(ext_port)
+                ))
+                .await
+                .unwrap(),
+        ),
+        Arrangement::Volcano => {
+            cluster.start_volcano(&volcano_conf("")).await.unwrap();
+            None
+        }
+        Arrangement::VolcanoExt => {
+            cluster
+                .start_volcano(&common::volcano_conf_with_extender(ext_port))
+                .await
+                .unwrap();
+            None
+        }
+    };
     let mut pids: Vec<(String, u32)> = cluster
         .pids()
         .unwrap()
@@ -509,6 +521,7 @@ async fn run(
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let attempts = kube_scheduler_port.map(scheduling_attempts);
     let usage = sampler.await.unwrap();
     watch.abort();
 
@@ -607,8 +620,37 @@ async fn run(
         p50: percentile(&latencies, 0.5),
         p99: percentile(&latencies, 0.99),
         processes,
+        attempts,
         ..quality
     }
+}
+
+/// kube-scheduler's own account of its scheduling attempts (`scheduler_scheduling_attempt_duration_seconds`,
+/// which covers the scheduling cycle, extender calls included, not the binding):
+/// (attempts that scheduled a pod, their mean duration, attempts that found no node).
+fn scheduling_attempts(port: u16) -> (f64, Duration, f64) {
+    let out = std::process::Command::new("curl")
+        .args(["-sSk", &format!("https://127.0.0.1:{port}/metrics")])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let sum = |metric: &str, result: &str| -> f64 {
+        text.lines()
+            .filter(|l| l.starts_with(metric) && l.contains(&format!("result=\"{result}\"")))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    let count = "scheduler_scheduling_attempt_duration_seconds_count{";
+    let scheduled = sum(count, "scheduled");
+    let seconds = sum(
+        "scheduler_scheduling_attempt_duration_seconds_sum{",
+        "scheduled",
+    );
+    (
+        scheduled,
+        Duration::from_secs_f64(seconds / scheduled.max(1.0)),
+        sum(count, "unschedulable"),
+    )
 }
 
 /// Placement quality of the bound pods (see the module doc); also checks that no GPU is given
@@ -644,6 +686,7 @@ fn quality(
         p50: Duration::ZERO,
         p99: Duration::ZERO,
         processes: BTreeMap::new(),
+        attempts: None,
         ideal: 0,
         units: 0,
         units_split: 0,
@@ -794,6 +837,11 @@ fn report(r: &Run) {
         r.atomic_split,
         r.atomic
     );
+    if let Some((scheduled, mean, unschedulable)) = r.attempts {
+        println!(
+            "  kube-scheduler: {scheduled} attempts scheduled a pod, mean {mean:.2?}; {unschedulable} found no node"
+        );
+    }
     for (name, (cpu, rss)) in &r.processes {
         println!("  {name}: {cpu:.1} CPU s, peak RSS {rss:.0} MiB");
     }
@@ -803,7 +851,7 @@ fn report(r: &Run) {
 /// scheduler alone.
 fn table(runs: &[Run]) -> String {
     let mut out = String::from(
-        "| arrangement | bound | pods/s | create->bind p50 / p99 | scheduler CPU s | extension CPU s / peak RSS | API server CPU s | ideal interconnect | units split | atomic parts split |\n|---|---|---|---|---|---|---|---|---|---|\n",
+        "| arrangement | bound | pods/s | create->bind p50 / p99 | kube-scheduler attempt, mean | scheduler CPU s | extension CPU s / peak RSS | API server + etcd CPU s | ideal interconnect | units split | atomic parts split |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in runs {
         let cpu = |names: &[&str]| -> f64 {
@@ -818,13 +866,15 @@ fn table(runs: &[Run]) -> String {
             .get("fumarole-scheduler-ext")
             .map_or("-".to_string(), |(c, m)| format!("{c:.1} / {m:.0} MiB"));
         out.push_str(&format!(
-            "| {} | {}/{} | {:.1} | {:.2?} / {:.2?} | {:.1} | {} | {:.1} | {:.0} % | {}/{} | {}/{} |\n",
+            "| {} | {}/{} | {:.1} | {:.2?} / {:.2?} | {} | {:.1} | {} | {:.1} | {:.0} % | {}/{} | {}/{} |\n",
             r.arrangement.name(),
             r.bound,
             r.pods,
             r.pods_per_second,
             r.p50,
             r.p99,
+            r.attempts
+                .map_or("-".to_string(), |(_, mean, _)| format!("{mean:.2?}")),
             cpu(r.arrangement.schedulers()),
             ext,
             cpu(&["kube-apiserver", "etcd"]),
@@ -841,6 +891,15 @@ fn table(runs: &[Run]) -> String {
     ] {
         let find = |a| runs.iter().find(|r| r.arrangement == a);
         if let (Some(w), Some(o)) = (find(with), find(alone)) {
+            if let (Some((_, wa, _)), Some((_, oa, _))) = (w.attempts, o.attempts) {
+                out.push_str(&format!(
+                    "\n{} / {}: kube-scheduler's mean scheduling attempt x{:.2} ({:+.0} %)",
+                    w.arrangement.name(),
+                    o.arrangement.name(),
+                    wa.as_secs_f64() / oa.as_secs_f64().max(1e-9),
+                    100.0 * (wa.as_secs_f64() / oa.as_secs_f64().max(1e-9) - 1.0),
+                ));
+            }
             out.push_str(&format!(
                 "\n{} / {}: pods/s x{:.2} (scheduling time per pod {:+.0} %), p50 x{:.2}, p99 x{:.2}",
                 w.arrangement.name(),

@@ -688,8 +688,9 @@ impl TestCluster {
 
     /// Starts kube-scheduler with a `KubeSchedulerConfiguration` (YAML; empty
     /// for the default). `clientConnection.kubeconfig` is set to the admin
-    /// kubeconfig and leader election is turned off. Waits for `/healthz`.
-    pub async fn start_kube_scheduler(&self, config_yaml: &str) -> Result<()> {
+    /// kubeconfig and leader election is turned off. Waits for `/healthz`; returns the HTTPS
+    /// port, whose `/metrics` anyone may read (`curl -k`).
+    pub async fn start_kube_scheduler(&self, config_yaml: &str) -> Result<u16> {
         let mut cfg: Value = if config_yaml.trim().is_empty() {
             json!({})
         } else {
@@ -717,10 +718,12 @@ impl TestCluster {
                 format!("--secure-port={port}"),
                 format!("--authentication-kubeconfig={kubeconfig}"),
                 format!("--authorization-kubeconfig={kubeconfig}"),
+                "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics".to_string(),
             ],
         )?;
         self.wait_healthz("kube-scheduler", &format!("https://127.0.0.1:{port}"))
-            .await
+            .await?;
+        Ok(port)
     }
 
     /// Installs Volcano's CRDs, then starts vc-controller-manager (the

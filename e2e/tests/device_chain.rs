@@ -42,10 +42,12 @@ async fn run_chain(scheduler: Scheduler) {
     let harness = chain::start_nodes(&cluster, &[]).await.unwrap();
     let port = cluster.start_scheduler_ext(&[]).await.unwrap();
     match scheduler {
-        Scheduler::Kube => cluster
-            .start_kube_scheduler(&common::kube_scheduler_config(port))
-            .await
-            .unwrap(),
+        Scheduler::Kube => {
+            cluster
+                .start_kube_scheduler(&common::kube_scheduler_config(port))
+                .await
+                .unwrap();
+        }
         Scheduler::Volcano => cluster
             .start_volcano(&common::volcano_conf_with_extender(port))
             .await
