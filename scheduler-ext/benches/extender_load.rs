@@ -25,6 +25,8 @@
 //! tool). Run without cargo's `--bench` flag (`cargo test --benches`) it does a 1-second smoke
 //! run over 200 nodes. The server is killed when the bench ends, fails or panics (Ctrl-C
 //! reaches it too, as one process group); only a bench killed by a signal leaves it running.
+//! `FUMAROLE_EXT_SERVER=/path/to/fumarole-scheduler-ext` runs another build of the server (a
+//! copy of an earlier commit's) under the same load tool, to compare the two back to back.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -265,7 +267,9 @@ impl Server {
         // A free port: bind port 0, note it, release it for the server.
         let addr = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
         let stderr = std::fs::File::create(&log)?;
-        let child = Command::new(env!("CARGO_BIN_EXE_fumarole-scheduler-ext"))
+        let server = std::env::var_os("FUMAROLE_EXT_SERVER")
+            .unwrap_or_else(|| env!("CARGO_BIN_EXE_fumarole-scheduler-ext").into());
+        let child = Command::new(server)
             .arg("serve")
             .arg("--cluster-snapshot")
             .arg(snapshot)

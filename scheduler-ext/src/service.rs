@@ -360,10 +360,10 @@ impl Service {
     /// The verdicts for `pod` on `nodes`, in order. A pod of a gpu-group-size unit first gets
     /// its sub-unit's super-node planned (among `nodes` when `plan_among_nodes`, else the whole
     /// view); when no super-node can take it every node gets that reason.
-    pub fn evaluate(
+    pub fn evaluate<N: AsRef<str>>(
         &self,
         pod: &Pod,
-        nodes: &[String],
+        nodes: &[N],
         plan_among_nodes: bool,
     ) -> Result<Vec<NodeVerdict>, RequestError> {
         let view = self.view();
@@ -430,18 +430,18 @@ impl Service {
     /// The verdicts for `req` on `nodes`. With `reserve` false (a pod the API server does not
     /// know: a forged or stale request) a unit's plan is made on a copy of the ledger, so it
     /// reserves nothing.
-    fn evaluate_request(
+    fn evaluate_request<N: AsRef<str>>(
         &self,
         view: &ClusterView,
         req: &PodRequest,
-        nodes: &[String],
+        nodes: &[N],
         plan_among_nodes: bool,
         reserve: bool,
     ) -> Vec<NodeVerdict> {
         let now = Instant::now();
         let planned = if req.group.is_some() {
             let candidates: Option<HashSet<&str>> =
-                plan_among_nodes.then(|| nodes.iter().map(String::as_str).collect());
+                plan_among_nodes.then(|| nodes.iter().map(AsRef::as_ref).collect());
             let mut shared = self.ledger_mut();
             let mut scratch;
             let ledger: &mut Ledger = if reserve {
@@ -463,7 +463,7 @@ impl Service {
                 Err(e) => {
                     return nodes
                         .iter()
-                        .map(|n| NodeVerdict::filtered(n, Unfit::Placement(e.clone())))
+                        .map(|n| NodeVerdict::filtered(n.as_ref(), Unfit::Placement(e.clone())))
                         .collect();
                 }
             }
@@ -476,7 +476,7 @@ impl Service {
             &self.settings.scorer,
             req,
             planned.as_deref(),
-            nodes.iter().map(String::as_str),
+            nodes.iter().map(AsRef::as_ref),
         )
     }
 
@@ -668,9 +668,7 @@ mod tests {
         let svc = service();
         // Unit job-0/1 of 16 GPUs (two pods of 8) reserves a whole super-node: rack-a.
         let unit = pod("job-0", 8, Some(16));
-        let planned = svc
-            .evaluate(&unit, &["a0".into(), "a1".into()], false)
-            .unwrap();
+        let planned = svc.evaluate(&unit, &["a0", "a1"], false).unwrap();
         assert!(planned[0].feasible(), "{planned:?}");
         let stranger = pod("stranger", 4, None);
         let refused = svc.commit(&stranger, "a0").unwrap_err();

@@ -11,8 +11,8 @@ use crate::core::ledger::Ledger;
 use crate::core::placement::{self, Checker, PlacementError};
 use crate::core::request::PodRequest;
 use crate::core::score::gpu_aware::GpuAware;
-use crate::core::verdict::NodeVerdict;
-use crate::core::view::ClusterView;
+use crate::core::verdict::{NodeVerdict, Unfit};
+use crate::core::view::{ClusterView, RequestMemo};
 
 /// The super-node of the pod's atomic sub-unit (`None` for pods outside any unit), planning it
 /// when needed (see [`placement::ensure_plan`]). `Err` is why the pod fits nowhere.
@@ -50,15 +50,20 @@ pub fn judge<'a>(
 ) -> Vec<NodeVerdict> {
     let member = req.group.as_ref().zip(planned);
     let checker = Checker::new(c, member, &req.devices.resource);
+    // Most nodes of a request share their link matrix and free mask with an earlier one.
+    let mut memo = RequestMemo::default();
     nodes
         .into_iter()
         .map(|name| {
-            let mut v = g.node(&c, name, req);
+            // One lookup per node: every request names thousands.
+            let Some(nv) = c.view.node(name) else {
+                return NodeVerdict::filtered(name, Unfit::UnknownNode);
+            };
+            let v = g.node_view(&c, name, nv, req, &mut memo);
             if v.feasible()
-                && let Some(nv) = c.view.node(name)
                 && let Some(conflict) = checker.check(nv, req.devices.count)
             {
-                v = NodeVerdict::filtered(name, conflict.into());
+                return NodeVerdict::filtered(name, conflict.into());
             }
             v
         })

@@ -22,6 +22,7 @@
 //! the API server reflectors ([`crate::live`]) go through the same code.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::hash::BuildHasher;
 use std::sync::{Arc, RwLock};
 
 use fumarole_topology::CpuSet;
@@ -92,6 +93,9 @@ pub fn resource_of(d: &DeviceInfo) -> String {
     }
 }
 
+/// Resource name -> mask of its devices, shared by the nodes that have the same.
+pub type ResourceMasks = Arc<[(String, u64)]>;
+
 /// One node as the scheduler extension sees it.
 #[derive(Clone, Debug)]
 pub struct NodeView {
@@ -102,8 +106,9 @@ pub struct NodeView {
     pub resources: Vec<String>,
     /// Devices healthy and not allocated in the node's own status (bit i = device i).
     pub available_mask: u64,
-    /// Resource name -> mask of its devices.
-    pub resource_masks: Vec<(String, u64)>,
+    /// Resource name -> mask of its devices; one shared copy per distinct list (read for every
+    /// node of every request, so the same few cache lines serve a whole homogeneous cluster).
+    pub resource_masks: ResourceMasks,
     /// Devices named in the `fumarole.dev/devices` annotation of pods bound here.
     pub assumed_mask: u64,
     /// Devices the node reports unhealthy.
@@ -213,7 +218,7 @@ impl NodeView {
             name,
             device_ids: devices.iter().map(|d| d.id.clone()).collect(),
             available_mask: mask_of(available),
-            resource_masks,
+            resource_masks: contexts.resource_masks(resource_masks),
             assumed_mask: 0,
             unhealthy_mask: mask_of(unhealthy),
             index_of: devices
@@ -238,7 +243,7 @@ impl NodeView {
             device_ids: Vec::new(),
             resources: Vec::new(),
             available_mask: 0,
-            resource_masks: Vec::new(),
+            resource_masks: Arc::new([]),
             assumed_mask: 0,
             unhealthy_mask: 0,
             index_of: HashMap::new(),
@@ -303,11 +308,26 @@ pub fn indices(mask: u64) -> Vec<usize> {
 #[derive(Debug, Default)]
 pub struct ContextCache {
     contexts: HashMap<Vec<Vec<u32>>, Arc<NodeContext>>,
+    /// The shared copy of each distinct [`NodeView::resource_masks`].
+    resource_masks: HashMap<Vec<(String, u64)>, ResourceMasks>,
 }
 
 impl ContextCache {
     /// Most distinct link matrices kept; the cache starts over beyond it.
     pub const LIMIT: usize = 1024;
+
+    /// The shared copy of `masks`.
+    fn resource_masks(&mut self, masks: Vec<(String, u64)>) -> ResourceMasks {
+        if let Some(shared) = self.resource_masks.get(&masks) {
+            return Arc::clone(shared);
+        }
+        if self.resource_masks.len() >= Self::LIMIT {
+            self.resource_masks.clear();
+        }
+        let shared: ResourceMasks = Arc::from(masks.clone());
+        self.resource_masks.insert(masks, Arc::clone(&shared));
+        shared
+    }
 
     fn get(&self, weights: &Vec<Vec<u32>>) -> Option<&Arc<NodeContext>> {
         self.contexts.get(weights)
@@ -368,11 +388,117 @@ impl NodeContext {
     }
 }
 
+/// Answers of [`NodeContext::select`] remembered for one request (one pod against many nodes).
+///
+/// The nodes of a homogeneous cluster share a few link matrices and free masks, so most nodes
+/// of a request ask what an earlier node asked; looking that up here costs a fast hash and no
+/// lock, where the shared memo costs a lock (a cache line every request thread writes) and
+/// SipHash. The key is everything `select` depends on: the context (by identity: one context
+/// per distinct link matrix), the free mask and `k`. Each entry holds its context, so an
+/// address in a key cannot be reused by another context while the memo lives. The answers
+/// are those of the view the request reads; make one memo per request.
+#[derive(Debug, Default)]
+pub struct RequestMemo {
+    choices: HashMap<Question, (Arc<NodeContext>, Choice), foldhash::fast::RandomState>,
+}
+
+/// (address of the context, free mask, k).
+type Question = (usize, u64, usize);
+
+impl RequestMemo {
+    /// `nv`'s [`NodeContext::select`] over `free`, from this memo when an earlier node with the
+    /// same context asked the same.
+    pub fn select(&mut self, nv: &NodeView, free: u64, k: usize) -> Choice {
+        let key = (Arc::as_ptr(&nv.select) as usize, free, k);
+        let (_, choice) = self
+            .choices
+            .entry(key)
+            .or_insert_with(|| (Arc::clone(&nv.select), nv.select.select(free, k)));
+        choice.clone()
+    }
+
+    /// Distinct questions asked so far.
+    pub fn len(&self) -> usize {
+        self.choices.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.choices.is_empty()
+    }
+}
+
 /// The context of a node without devices.
 fn empty_context() -> SelectContext {
     SelectContext::new(&fumarole_topology::LinkMatrix::from_fn(0, |_, _| {
         fumarole_topology::LinkClass::CrossNuma
     }))
+}
+
+/// Node name -> position, for the lookup every request makes for each node it names
+/// (thousands). The names sit back to back in one buffer: kept each in its own allocation,
+/// spread over the heap the view was parsed into, a lookup cost a cache and TLB miss on the
+/// key, most of the time `filter` took. Hashed with a fast hash rather than SipHash (seeded
+/// per process all the same).
+#[derive(Clone, Debug, Default)]
+struct NameIndex {
+    /// Every name, back to back, in position order.
+    text: String,
+    table: hashbrown::HashTable<NameEntry>,
+    hasher: foldhash::fast::RandomState,
+}
+
+/// Where a name sits in [`NameIndex::text`], and its position.
+#[derive(Clone, Copy, Debug)]
+struct NameEntry {
+    start: usize,
+    end: usize,
+    position: usize,
+}
+
+impl NameEntry {
+    fn name<'t>(&self, text: &'t str) -> &'t str {
+        text.get(self.start..self.end).unwrap_or_default()
+    }
+}
+
+impl NameIndex {
+    /// The index of `names`, each at its position in the iteration (a repeated name is found
+    /// at its first position).
+    fn new<'a>(names: impl ExactSizeIterator<Item = &'a str> + Clone) -> Self {
+        let mut text = String::with_capacity(names.clone().map(str::len).sum());
+        let mut table = hashbrown::HashTable::with_capacity(names.len());
+        let hasher = foldhash::fast::RandomState::default();
+        for (position, name) in names.enumerate() {
+            let hash = hasher.hash_one(name);
+            if table
+                .find(hash, |e: &NameEntry| e.name(&text) == name)
+                .is_some()
+            {
+                continue;
+            }
+            let start = text.len();
+            text.push_str(name);
+            let entry = NameEntry {
+                start,
+                end: text.len(),
+                position,
+            };
+            table.insert_unique(hash, entry, |e| hasher.hash_one(e.name(&text)));
+        }
+        NameIndex {
+            text,
+            table,
+            hasher,
+        }
+    }
+
+    /// The position of `name`.
+    fn get(&self, name: &str) -> Option<usize> {
+        let hash = self.hasher.hash_one(name);
+        self.table
+            .find(hash, |e| e.name(&self.text) == name)
+            .map(|e| e.position)
+    }
 }
 
 /// A pod of a gpu-group-size unit that is bound to a node.
@@ -387,9 +513,10 @@ pub struct Member {
 /// Every node the service knows, and the devices it assumed for pods.
 #[derive(Clone, Debug, Default)]
 pub struct ClusterView {
-    nodes: HashMap<String, NodeView>,
-    /// Node names, sorted.
-    order: Vec<String>,
+    /// Every node, in name order.
+    nodes: Vec<NodeView>,
+    /// Node name -> its place in `nodes`.
+    index: NameIndex,
     /// Every resource name some node offers (computed once; requests check against it).
     offered: BTreeSet<String>,
     /// Super-node -> its nodes.
@@ -443,6 +570,7 @@ impl ClusterView {
         pods: impl IntoIterator<Item = &'p PodFacts>,
     ) -> Result<Self, ViewError> {
         let mut view = ClusterView::default();
+        let mut found: HashMap<String, NodeView> = HashMap::new();
         for dt in topologies {
             let nv = match NodeView::with_contexts(dt, contexts) {
                 Ok(nv) => nv,
@@ -453,7 +581,7 @@ impl ClusterView {
                     continue;
                 }
             };
-            if view.nodes.contains_key(&nv.name) {
+            if found.contains_key(&nv.name) {
                 view.skipped.push(ViewError::DuplicateNode(nv.name));
                 continue;
             }
@@ -462,15 +590,14 @@ impl ClusterView {
                     view.reported.insert(format!("{}/{}", a.namespace, a.pod));
                 }
             }
-            view.nodes.insert(nv.name.clone(), nv);
+            found.insert(nv.name.clone(), nv);
         }
         for meta in nodes {
             let name = meta
                 .name
                 .clone()
                 .ok_or(ViewError::NoName { kind: "Node" })?;
-            let nv = view
-                .nodes
+            let nv = found
                 .entry(name.clone())
                 .or_insert_with(|| NodeView::bare(name));
             nv.labels = meta.labels.clone().unwrap_or_default();
@@ -482,26 +609,25 @@ impl ClusterView {
             let Some(name) = nt.metadata.name.as_deref() else {
                 continue;
             };
-            if let Some(nv) = view.nodes.get_mut(name) {
+            if let Some(nv) = found.get_mut(name) {
                 match free_cpus_by_numa(nt) {
                     Ok(m) => nv.free_cpus = Some(m),
                     Err(e) => view.warnings.push(format!("Numatopology {name}: {e}")),
                 }
             }
         }
-        view.order = view.nodes.keys().cloned().collect();
-        view.order.sort();
-        for name in &view.order {
-            if let Some(nv) = view.nodes.get(name) {
-                view.super_nodes
-                    .entry(nv.group().to_string())
-                    .or_default()
-                    .push(nv.name.clone());
-            }
+        view.nodes = found.into_values().collect();
+        view.nodes.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+        view.index = NameIndex::new(view.nodes.iter().map(|nv| nv.name.as_str()));
+        for nv in &view.nodes {
+            view.super_nodes
+                .entry(nv.group().to_string())
+                .or_default()
+                .push(nv.name.clone());
         }
         view.offered = view
             .nodes
-            .values()
+            .iter()
             .flat_map(|n| n.resources.iter().cloned())
             .collect();
         let pods: Vec<&PodFacts> = pods.into_iter().collect();
@@ -552,7 +678,7 @@ impl ClusterView {
         };
         match &pod.choice {
             Some(Ok(ids)) => {
-                if let Some(nv) = self.nodes.get_mut(&**node) {
+                if let Some(nv) = self.index.get(node).and_then(|i| self.nodes.get_mut(i)) {
                     nv.assumed_mask |= nv.mask_of_ids(ids);
                 }
                 let record = if pod.node.is_some() {
@@ -605,12 +731,12 @@ impl ClusterView {
 
     /// The node called `name`.
     pub fn node(&self, name: &str) -> Option<&NodeView> {
-        self.nodes.get(name)
+        self.index.get(name).and_then(|i| self.nodes.get(i))
     }
 
     /// All nodes, by name.
     pub fn nodes(&self) -> impl Iterator<Item = &NodeView> {
-        self.order.iter().filter_map(|n| self.nodes.get(n))
+        self.nodes.iter()
     }
 
     pub fn len(&self) -> usize {
@@ -676,8 +802,7 @@ impl ClusterView {
     /// Indices (into the node's devices) of the free devices of `resource` on `node`
     /// ([`Self::free_mask`]). Empty for unknown nodes.
     pub fn free(&self, node: &str, resource: &str) -> Vec<usize> {
-        self.nodes
-            .get(node)
+        self.node(node)
             .map_or_else(Vec::new, |nv| indices(self.free_mask(nv, resource)))
     }
 }
@@ -718,6 +843,140 @@ mod tests {
         fumarole_topology::crd::testing::nvlink_node(name, n, weight, allocated, |i| {
             format!("GPU-{i}")
         })
+    }
+
+    #[test]
+    fn request_memo_shares_answers_only_for_the_same_links_free_mask_and_k() {
+        // a and b: same links, same free GPUs; c: same links, other free GPUs; d: other links.
+        let view = ClusterView::build(
+            &[
+                dt("a", 8, 10, &[0, 1]),
+                dt("b", 8, 10, &[0, 1]),
+                dt("c", 8, 10, &[2, 3]),
+                dt("d", 8, 20, &[0, 1]),
+            ],
+            &[],
+            &[],
+            &[],
+        )
+        .unwrap();
+        let gpu = "nvidia.com/gpu";
+        let node = |n| view.node(n).unwrap();
+        let free = |n| view.free_mask(node(n), gpu);
+        let mut memo = RequestMemo::default();
+        let a = memo.select(node("a"), free("a"), 4).unwrap();
+        let b = memo.select(node("b"), free("b"), 4).unwrap();
+        assert!(Arc::ptr_eq(&a, &b), "b is answered from a's search");
+        assert_eq!(memo.len(), 1);
+        let c = memo.select(node("c"), free("c"), 4).unwrap();
+        let d = memo.select(node("d"), free("d"), 4).unwrap();
+        let a2 = memo.select(node("a"), free("a"), 2).unwrap();
+        assert_eq!(
+            memo.len(),
+            4,
+            "another mask, other links, another k: new questions"
+        );
+        // Every answer is what the node's own context gives.
+        for (n, k, got) in [("a", 4, &a), ("c", 4, &c), ("d", 4, &d), ("a", 2, &a2)] {
+            let own = node(n)
+                .select
+                .context
+                .select(&indices(free(n)), &[], k)
+                .unwrap();
+            assert_eq!(**got, own, "{n} k={k}");
+        }
+        assert_ne!(a.devices, c.devices);
+        // Too few free devices is remembered as the same error select gives.
+        assert_eq!(
+            memo.select(node("a"), free("a"), 7),
+            Err(SelectError::NotEnoughFree { k: 7, free: 6 })
+        );
+    }
+
+    #[test]
+    fn a_rebuilt_view_is_judged_afresh() {
+        use crate::core::cluster::Cluster;
+        use crate::core::decide::judge;
+        use crate::core::ledger::Ledger;
+        use crate::core::request::{DeviceRequest, PodRequest};
+        use crate::core::score::gpu_aware::GpuAware;
+        use crate::core::verdict::NodeVerdict;
+        let req = PodRequest {
+            devices: DeviceRequest {
+                pod: "default/p".into(),
+                resource: "nvidia.com/gpu".into(),
+                count: 4,
+            },
+            group: None,
+            numa_cpus: None,
+        };
+        let ledger = Ledger::default();
+        let now = std::time::Instant::now();
+        let names = ["a", "b", "ghost", "c"];
+        let mut contexts = ContextCache::default();
+        let mut verdicts = Vec::new();
+        for allocated_on_b in [&[0u32, 1][..], &[0, 1, 2, 3, 4]] {
+            // The second view reuses the first one's contexts (and their shared memos).
+            let view = ClusterView::build_with(
+                &mut contexts,
+                &[
+                    dt("a", 8, 10, &[0, 1]),
+                    dt("b", 8, 10, allocated_on_b),
+                    dt("c", 8, 10, &[0, 1]),
+                ],
+                &[],
+                &[],
+                &[],
+            )
+            .unwrap();
+            let c = Cluster::new(&view, &ledger, now);
+            let g = GpuAware::default();
+            let judged = judge(c, &g, &req, None, names);
+            // One request's memo gives what judging each node on its own gives.
+            let alone: Vec<NodeVerdict> = names.iter().map(|n| g.node(&c, n, &req)).collect();
+            assert_eq!(judged, alone);
+            verdicts.push(judged);
+        }
+        assert!(verdicts[0][1].feasible());
+        assert_eq!(
+            verdicts[1][1].reason().as_deref(),
+            Some("needs 4 nvidia.com/gpu, 3 free")
+        );
+        assert_eq!(verdicts[0][0], verdicts[1][0]);
+        assert!(verdicts[1][2].reason().unwrap().starts_with("unknown node"));
+    }
+
+    #[test]
+    fn name_index_finds_each_name_at_its_position() {
+        let index = NameIndex::new(["n-1", "n-0", "", "n-10", "n-0"].into_iter());
+        assert_eq!(index.get("n-1"), Some(0));
+        assert_eq!(
+            index.get("n-0"),
+            Some(1),
+            "a repeated name keeps its first position"
+        );
+        assert_eq!(index.get(""), Some(2));
+        assert_eq!(index.get("n-10"), Some(3));
+        assert_eq!(index.get("n-"), None);
+        assert_eq!(index.get("n-100"), None);
+        assert_eq!(NameIndex::default().get("n-1"), None);
+        let view =
+            ClusterView::build(&[dt("b", 2, 10, &[]), dt("a", 2, 10, &[])], &[], &[], &[]).unwrap();
+        assert_eq!(view.node("a").unwrap().name, "a");
+        assert_eq!(view.node("b").unwrap().name, "b");
+        assert!(view.node("c").is_none());
+        let order: Vec<&str> = view.nodes().map(|n| n.name.as_str()).collect();
+        assert_eq!(order, ["a", "b"]);
+    }
+
+    #[test]
+    fn nodes_with_the_same_resources_share_one_list() {
+        let view = ClusterView::build(&[dt("a", 4, 10, &[0]), dt("b", 4, 20, &[])], &[], &[], &[])
+            .unwrap();
+        let (a, b) = (view.node("a").unwrap(), view.node("b").unwrap());
+        assert!(Arc::ptr_eq(&a.resource_masks, &b.resource_masks));
+        assert_eq!(a.resource_mask("nvidia.com/gpu"), 0b1111);
+        assert_eq!(b.resource_mask("amd.com/gpu"), 0);
     }
 
     #[test]

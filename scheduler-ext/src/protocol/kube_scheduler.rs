@@ -15,6 +15,7 @@
 //! server copies a Binding's annotations onto the pod: one write); when it fails the devices
 //! are released and kube-scheduler gets the error (and retries the pod).
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -27,6 +28,7 @@ use k8s_openapi::api::core::v1::Pod;
 use serde::{Deserialize, Serialize};
 
 use crate::core::request::RequestError;
+use crate::core::verdict::Unfit;
 use crate::protocol::{bad_request, json_response};
 use crate::service::{CommitError, PodCheckError, Service};
 
@@ -34,9 +36,9 @@ use crate::service::{CommitError, PodCheckError, Service};
 /// `http://HOST:PORT/kube-scheduler`).
 pub const KUBE_PREFIX: &str = "/kube-scheduler";
 
-/// `ExtenderArgs`.
+/// `ExtenderArgs`, borrowing the node names from the request body.
 #[derive(Clone, Debug, Default, Deserialize)]
-pub struct ExtenderArgs {
+pub struct ExtenderArgs<'a> {
     #[serde(rename = "Pod", alias = "pod", default)]
     pub pod: Option<Pod>,
     /// A `NodeList`, kept as JSON so it can be echoed back unchanged (when
@@ -48,9 +50,22 @@ pub struct ExtenderArgs {
         rename = "NodeNames",
         alias = "nodeNames",
         alias = "nodenames",
-        default
+        default,
+        borrow
     )]
-    pub node_names: Option<Vec<String>>,
+    pub node_names: Option<Vec<NodeName<'a>>>,
+}
+
+/// One name of `NodeNames`: a slice of the request body (thousands per request, so not an
+/// allocation each), owned only when the JSON string has escapes.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct NodeName<'a>(#[serde(borrow)] pub Cow<'a, str>);
+
+impl AsRef<str> for NodeName<'_> {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
 }
 
 /// `ExtenderFilterResult`.
@@ -136,37 +151,129 @@ pub enum BindError {
     },
 }
 
+/// `ExtenderFilterResult` as this service writes it: names borrowed from the request, each
+/// distinct reason rendered once (an all-names request fails thousands of nodes for a handful
+/// of reasons).
+#[derive(Debug, Default, Serialize)]
+pub struct FilterAnswer<'a> {
+    #[serde(rename = "Nodes", skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<serde_json::Value>,
+    #[serde(rename = "NodeNames", skip_serializing_if = "Option::is_none")]
+    pub node_names: Option<Vec<&'a str>>,
+    #[serde(rename = "FailedNodes")]
+    pub failed_nodes: FailedNodes<'a>,
+    #[serde(rename = "FailedAndUnresolvableNodes")]
+    pub failed_and_unresolvable_nodes: BTreeMap<String, String>,
+    #[serde(rename = "Error")]
+    pub error: String,
+}
+
+/// Failed node -> reason, written as a JSON object sorted by node name.
+#[derive(Debug, Default)]
+pub struct FailedNodes<'a> {
+    /// (node, index into `reasons`), sorted by node, one entry per node.
+    nodes: Vec<(&'a str, usize)>,
+    reasons: Vec<String>,
+}
+
+impl<'a> FailedNodes<'a> {
+    /// Sorts and drops repeated names (a name given twice has one verdict).
+    fn new(mut nodes: Vec<(&'a str, usize)>, reasons: Vec<String>) -> Self {
+        // Stable sort: linear on the sorted lists kube-scheduler usually sends.
+        nodes.sort_by(|a, b| a.0.cmp(b.0));
+        nodes.dedup_by(|a, b| a.0 == b.0);
+        FailedNodes { nodes, reasons }
+    }
+
+    pub fn contains(&self, node: &str) -> bool {
+        self.nodes.binary_search_by(|(n, _)| (*n).cmp(node)).is_ok()
+    }
+
+    /// The reason `node` failed.
+    pub fn get(&self, node: &str) -> Option<&str> {
+        let i = self.nodes.binary_search_by(|(n, _)| (*n).cmp(node)).ok()?;
+        let (_, reason) = self.nodes.get(i)?;
+        self.reasons.get(*reason).map(String::as_str)
+    }
+
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+}
+
+impl Serialize for FailedNodes<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_map(
+            self.nodes
+                .iter()
+                .map(|(node, r)| (node, self.reasons.get(*r).map_or("", String::as_str))),
+        )
+    }
+}
+
+/// Each distinct reason once: the index of `unfit`'s text in `reasons`, rendering it when new.
+/// `seen` pairs each rendered `Unfit` with its index. Reasons are few per request (one per
+/// free count, say), so a scan from the newest is short; past [`REASONS_SCANNED`] distinct
+/// ones each is rendered on its own (correct, just slower).
+fn reason_index(reasons: &mut Vec<String>, seen: &mut Vec<(Unfit, usize)>, unfit: Unfit) -> usize {
+    if let Some((_, i)) = seen.iter().rev().find(|(u, _)| *u == unfit) {
+        return *i;
+    }
+    reasons.push(unfit.to_string());
+    let i = reasons.len() - 1;
+    if seen.len() < REASONS_SCANNED {
+        seen.push((unfit, i));
+    }
+    i
+}
+
+/// Most distinct reasons [`reason_index`] compares a new one with.
+const REASONS_SCANNED: usize = 64;
+
 /// The `filter` verb.
-pub fn filter(svc: &Service, args: &ExtenderArgs) -> Result<ExtenderFilterResult, ArgsError> {
+pub fn filter<'a>(
+    svc: &Service,
+    args: &'a ExtenderArgs<'_>,
+) -> Result<FilterAnswer<'a>, ArgsError> {
     let pod = args.pod.as_ref().ok_or(ArgsError::NoPod)?;
     let names = node_names(args)?;
-    let mut failed = BTreeMap::new();
+    let mut failed: Vec<(&str, usize)> = Vec::new();
+    let mut reasons = Vec::new();
+    // `passed[i]`: names[i] passes.
+    let mut passed = vec![true; names.len()];
     match svc.evaluate(pod, &names, true) {
         // Not an accelerator pod: not ours to judge.
         Err(RequestError::NoAccelerator { .. }) => {}
         Err(e) => {
-            for n in &names {
-                failed.insert(n.clone(), e.to_string());
-            }
+            reasons.push(e.to_string());
+            failed = names.iter().map(|n| (*n, 0)).collect();
+            passed.fill(false);
         }
         Ok(verdicts) => {
-            for v in verdicts {
+            let mut seen = Vec::new();
+            for ((name, v), pass) in names.iter().zip(verdicts).zip(&mut passed) {
                 if let Some(unfit) = v.unfit {
-                    failed.insert(v.node, unfit.to_string());
+                    failed.push((name, reason_index(&mut reasons, &mut seen, unfit)));
+                    *pass = false;
                 }
             }
         }
     }
-    let mut out = ExtenderFilterResult {
-        failed_nodes: failed,
+    let mut out = FilterAnswer {
+        failed_nodes: FailedNodes::new(failed, reasons),
         ..Default::default()
     };
-    if let Some(given) = &args.node_names {
+    if args.node_names.is_some() {
         out.node_names = Some(
-            given
+            names
                 .iter()
-                .filter(|n| !out.failed_nodes.contains_key(*n))
-                .cloned()
+                .zip(&passed)
+                .filter(|(_, pass)| **pass)
+                .map(|(n, _)| *n)
                 .collect(),
         );
     } else if let Some(list) = &args.nodes {
@@ -175,7 +282,7 @@ pub fn filter(svc: &Service, args: &ExtenderArgs) -> Result<ExtenderFilterResult
             items.retain(|item| {
                 item.pointer("/metadata/name")
                     .and_then(|n| n.as_str())
-                    .is_some_and(|n| !out.failed_nodes.contains_key(n))
+                    .is_some_and(|n| !out.failed_nodes.contains(n))
             });
         }
         out.nodes = Some(list);
@@ -183,9 +290,22 @@ pub fn filter(svc: &Service, args: &ExtenderArgs) -> Result<ExtenderFilterResult
     Ok(out)
 }
 
+/// One entry of `HostPriorityList` as this service writes it (the host borrowed from the
+/// request).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct HostScore<'a> {
+    #[serde(rename = "Host")]
+    pub host: &'a str,
+    #[serde(rename = "Score")]
+    pub score: i64,
+}
+
 /// The `prioritize` verb: 0..10 per node; 0 for filtered or unknown nodes and for pods
 /// without an accelerator request.
-pub fn prioritize(svc: &Service, args: &ExtenderArgs) -> Result<Vec<HostPriority>, ArgsError> {
+pub fn prioritize<'a>(
+    svc: &Service,
+    args: &'a ExtenderArgs<'_>,
+) -> Result<Vec<HostScore<'a>>, ArgsError> {
     let pod = args.pod.as_ref().ok_or(ArgsError::NoPod)?;
     let names = node_names(args)?;
     let verdicts = svc.evaluate(pod, &names, true).unwrap_or_default();
@@ -198,7 +318,7 @@ pub fn prioritize(svc: &Service, args: &ExtenderArgs) -> Result<Vec<HostPriority
                 .get(i)
                 .and_then(|v| v.raw)
                 .map_or(0, |raw| scorer.kube(raw));
-            HostPriority { host, score }
+            HostScore { host, score }
         })
         .collect();
     if !verdicts.is_empty() {
@@ -248,9 +368,9 @@ pub async fn bind(svc: &Service, args: &ExtenderBindingArgs) -> Result<(), BindE
 }
 
 /// The node names of the request, from `NodeNames` or else the `NodeList`.
-fn node_names(args: &ExtenderArgs) -> Result<Vec<String>, ArgsError> {
+fn node_names<'a>(args: &'a ExtenderArgs<'_>) -> Result<Vec<&'a str>, ArgsError> {
     if let Some(names) = &args.node_names {
-        return Ok(names.clone());
+        return Ok(names.iter().map(AsRef::as_ref).collect());
     }
     let list = args.nodes.as_ref().ok_or(ArgsError::NoNodes)?;
     let items = match list.get("items") {
@@ -264,13 +384,12 @@ fn node_names(args: &ExtenderArgs) -> Result<Vec<String>, ArgsError> {
         .map(|i| {
             i.pointer("/metadata/name")
                 .and_then(|n| n.as_str())
-                .map(str::to_string)
                 .ok_or(ArgsError::BadNodeList)
         })
         .collect()
 }
 
-fn parse_args(body: &[u8]) -> Result<ExtenderArgs, ArgsError> {
+fn parse_args(body: &[u8]) -> Result<ExtenderArgs<'_>, ArgsError> {
     Ok(serde_json::from_slice(body)?)
 }
 
@@ -279,17 +398,13 @@ fn bad_args(e: &ArgsError) -> Response {
 }
 
 async fn filter_handler(State(svc): State<Arc<Service>>, body: Bytes) -> Response {
-    match parse_args(&body).and_then(|a| filter(&svc, &a)) {
-        Ok(r) => json_response(&r),
-        Err(e) => bad_args(&e),
-    }
+    let answer = parse_args(&body).and_then(|a| filter(&svc, &a).map(|r| json_response(&r)));
+    answer.unwrap_or_else(|e| bad_args(&e))
 }
 
 async fn prioritize_handler(State(svc): State<Arc<Service>>, body: Bytes) -> Response {
-    match parse_args(&body).and_then(|a| prioritize(&svc, &a)) {
-        Ok(r) => json_response(&r),
-        Err(e) => bad_args(&e),
-    }
+    let answer = parse_args(&body).and_then(|a| prioritize(&svc, &a).map(|r| json_response(&r)));
+    answer.unwrap_or_else(|e| bad_args(&e))
 }
 
 async fn bind_handler(State(svc): State<Arc<Service>>, body: Bytes) -> Response {
@@ -328,4 +443,82 @@ pub fn routes() -> Router<Arc<Service>> {
             &format!("{KUBE_PREFIX}/bind"),
             post(bind_handler).layer(DefaultBodyLimit::max(BIND_LIMIT)),
         )
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+
+    fn not_enough(free: usize) -> Unfit {
+        Unfit::NotEnoughFree {
+            need: 4,
+            resource: "nvidia.com/gpu".into(),
+            free,
+        }
+    }
+
+    #[test]
+    fn each_reason_is_rendered_once_and_failed_nodes_come_out_sorted() {
+        let mut reasons = Vec::new();
+        let mut seen = Vec::new();
+        let mut failed = Vec::new();
+        for (node, unfit) in [
+            ("n-2", not_enough(2)),
+            ("n-0", not_enough(1)),
+            ("n-1", not_enough(2)),
+            ("ghost", Unfit::UnknownNode),
+            ("n-0", not_enough(1)),
+        ] {
+            failed.push((node, reason_index(&mut reasons, &mut seen, unfit)));
+        }
+        assert_eq!(reasons.len(), 3, "{reasons:?}");
+        let failed = FailedNodes::new(failed, reasons);
+        assert_eq!(failed.len(), 4);
+        assert!(failed.contains("n-1") && !failed.contains("n-3"));
+        assert_eq!(failed.get("n-1"), Some("needs 4 nvidia.com/gpu, 2 free"));
+        let json = serde_json::to_string(&failed).unwrap();
+        assert_eq!(
+            json,
+            r#"{"ghost":"unknown node: no DeviceTopology or Node object in the cluster view","n-0":"needs 4 nvidia.com/gpu, 1 free","n-1":"needs 4 nvidia.com/gpu, 2 free","n-2":"needs 4 nvidia.com/gpu, 2 free"}"#
+        );
+        // Read back as the upstream type, it is the map the old BTreeMap wrote.
+        let answer = FilterAnswer {
+            node_names: Some(vec!["n-3"]),
+            failed_nodes: failed,
+            ..Default::default()
+        };
+        let back: ExtenderFilterResult =
+            serde_json::from_str(&serde_json::to_string(&answer).unwrap()).unwrap();
+        assert_eq!(back.node_names, Some(vec!["n-3".to_string()]));
+        assert_eq!(back.failed_nodes.len(), 4);
+        assert_eq!(back.failed_nodes["n-2"], "needs 4 nvidia.com/gpu, 2 free");
+        assert!(back.nodes.is_none() && back.error.is_empty());
+    }
+
+    #[test]
+    fn past_the_scan_limit_reasons_are_still_right() {
+        let mut reasons = Vec::new();
+        let mut seen = Vec::new();
+        let indices: Vec<usize> = (0..REASONS_SCANNED + 3)
+            .map(|free| reason_index(&mut reasons, &mut seen, not_enough(free)))
+            .collect();
+        let again = reason_index(&mut reasons, &mut seen, not_enough(REASONS_SCANNED + 1));
+        assert_eq!(reasons[again], not_enough(REASONS_SCANNED + 1).to_string());
+        assert_eq!(reasons[indices[3]], not_enough(3).to_string());
+        assert_eq!(
+            reason_index(&mut reasons, &mut seen, not_enough(3)),
+            indices[3]
+        );
+    }
+
+    #[test]
+    fn node_names_borrow_the_body_and_unescape_when_needed() {
+        let body = br#"{"NodeNames":["n-0","n\u002d1"]}"#;
+        let args = parse_args(body).unwrap();
+        let names = args.node_names.as_ref().unwrap();
+        assert!(matches!(names[0].0, Cow::Borrowed("n-0")));
+        assert_eq!(names[1].as_ref(), "n-1");
+        assert_eq!(node_names(&args).unwrap(), ["n-0", "n-1"]);
+    }
 }

@@ -29,7 +29,7 @@ use fumarole_topology::SelectError;
 use crate::core::cluster::Cluster;
 use crate::core::request::PodRequest;
 use crate::core::verdict::{NodeVerdict, Unfit};
-use crate::core::view::NodeView;
+use crate::core::view::{NodeView, RequestMemo};
 
 /// Volcano's `weight` and `loss.weight`.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -68,9 +68,23 @@ impl GpuAware {
 
     /// Filter and score one node for the request.
     pub fn node(&self, c: &Cluster, node: &str, req: &PodRequest) -> NodeVerdict {
-        let Some(nv) = c.view.node(node) else {
-            return NodeVerdict::filtered(node, Unfit::UnknownNode);
-        };
+        match c.view.node(node) {
+            Some(nv) => self.node_view(c, node, nv, req, &mut RequestMemo::default()),
+            None => NodeVerdict::filtered(node, Unfit::UnknownNode),
+        }
+    }
+
+    /// [`Self::node`] for node `node`, already looked up (`nv`), with the request's memo of
+    /// `select` answers (shared by the nodes of one request). The verdict copies `node`, the
+    /// caller's copy of the name, which is in cache where `nv.name` need not be.
+    pub fn node_view(
+        &self,
+        c: &Cluster,
+        node: &str,
+        nv: &NodeView,
+        req: &PodRequest,
+        memo: &mut RequestMemo,
+    ) -> NodeVerdict {
         if !nv.has_topology {
             return NodeVerdict::filtered(node, Unfit::NoTopology);
         }
@@ -78,7 +92,7 @@ impl GpuAware {
         let count = req.devices.count;
         let free = c.free_mask(nv, resource);
         let Some(cpus) = req.numa_cpus else {
-            return self.choose(nv, free, req);
+            return self.choose(node, nv, free, req, memo);
         };
         let Some(numa_cpus) = &nv.free_cpus else {
             return NodeVerdict::filtered(node, Unfit::NoNumatopology);
@@ -98,7 +112,7 @@ impl GpuAware {
             if n_local < count || cpu_free < cpus {
                 continue;
             }
-            let v = self.choose(nv, local, req);
+            let v = self.choose(node, nv, local, req, memo);
             if v.raw > best.as_ref().and_then(|b| b.raw) {
                 best = Some(v);
             }
@@ -117,9 +131,15 @@ impl GpuAware {
     }
 
     /// The best `count` of the devices in `free` on `nv`.
-    fn choose(&self, nv: &NodeView, free: u64, req: &PodRequest) -> NodeVerdict {
-        let node = nv.name.as_str();
-        match nv.select.select(free, req.devices.count) {
+    fn choose(
+        &self,
+        node: &str,
+        nv: &NodeView,
+        free: u64,
+        req: &PodRequest,
+        memo: &mut RequestMemo,
+    ) -> NodeVerdict {
+        match memo.select(nv, free, req.devices.count) {
             Ok(s) => NodeVerdict {
                 node: node.to_string(),
                 unfit: None,
