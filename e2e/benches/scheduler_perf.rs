@@ -10,6 +10,9 @@
 //! - `kube`: kube-scheduler alone (its defaults, adaptive `percentageOfNodesToScore`);
 //! - `kube-ext`: kube-scheduler with fumarole-scheduler-ext as filter, prioritize and bind
 //!   extender for `nvidia.com/gpu`;
+//! - `kube-ext-all-nodes`: the same with `percentageOfNodesToScore: 100`, so the extension is
+//!   asked about every node that fits (by default kube-scheduler stops at a share of the
+//!   cluster, which may hold no node of the super-node a unit is planned in);
 //! - `volcano`: Volcano v1.10 (vc-scheduler and vc-controller-manager) alone, one PodGroup per
 //!   job (`minMember` = its pods);
 //! - `volcano-ext`: Volcano with fumarole-scheduler-ext in its `extender` plugin.
@@ -35,7 +38,8 @@
 //! cargo build --release -p fumarole-scheduler-ext
 //! cargo bench -p fumarole-e2e --bench scheduler_perf                       # 1,000 nodes
 //! cargo bench -p fumarole-e2e --bench scheduler_perf -- --nodes 5000
-//! # flags: --nodes 1000 --jobs 400 --seed 7 --only kube,kube-ext,volcano,volcano-ext --timeout 300
+//! # flags: --nodes 1000 --jobs 400 --seed 7 --timeout 300
+//! #        --only kube,kube-ext,kube-ext-all-nodes,volcano,volcano-ext
 //! ```
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -77,14 +81,17 @@ const KUBE_CLIENT_LIMITS: &str = "clientConnection:\n  qps: 5000\n  burst: 5000\
 enum Arrangement {
     Kube,
     KubeExt,
+    /// kube-ext with `percentageOfNodesToScore: 100`: the extension sees every node.
+    KubeExtAllNodes,
     Volcano,
     VolcanoExt,
 }
 
 impl Arrangement {
-    const ALL: [Arrangement; 4] = [
+    const ALL: [Arrangement; 5] = [
         Arrangement::Kube,
         Arrangement::KubeExt,
+        Arrangement::KubeExtAllNodes,
         Arrangement::Volcano,
         Arrangement::VolcanoExt,
     ];
@@ -93,6 +100,7 @@ impl Arrangement {
         match self {
             Arrangement::Kube => "kube",
             Arrangement::KubeExt => "kube-ext",
+            Arrangement::KubeExtAllNodes => "kube-ext-all-nodes",
             Arrangement::Volcano => "volcano",
             Arrangement::VolcanoExt => "volcano-ext",
         }
@@ -103,7 +111,10 @@ impl Arrangement {
     }
 
     fn extension(self) -> bool {
-        matches!(self, Arrangement::KubeExt | Arrangement::VolcanoExt)
+        matches!(
+            self,
+            Arrangement::KubeExt | Arrangement::KubeExtAllNodes | Arrangement::VolcanoExt
+        )
     }
 
     /// The cluster processes that schedule in this arrangement (besides the extension).
@@ -420,6 +431,15 @@ async fn run(
             cluster
                 .start_kube_scheduler(&format!(
                     "{}{KUBE_CLIENT_LIMITS}",
+                    common::kube_scheduler_config(ext_port)
+                ))
+                .await
+                .unwrap(),
+        ),
+        Arrangement::KubeExtAllNodes => Some(
+            cluster
+                .start_kube_scheduler(&format!(
+                    "{}{KUBE_CLIENT_LIMITS}percentageOfNodesToScore: 100\n",
                     common::kube_scheduler_config(ext_port)
                 ))
                 .await
@@ -886,6 +906,7 @@ fn table(runs: &[Run]) -> String {
     }
     for (with, alone) in [
         (Arrangement::KubeExt, Arrangement::Kube),
+        (Arrangement::KubeExtAllNodes, Arrangement::Kube),
         (Arrangement::VolcanoExt, Arrangement::Volcano),
     ] {
         let find = |a| runs.iter().find(|r| r.arrangement == a);
