@@ -31,8 +31,9 @@
 //!   (they must).
 //!
 //! A measurement, not a test: it checks only that every GPU was given once and that the
-//! arrangements placed the pods they claim (CI runs none of it). Figures go in
-//! docs/performance.md.
+//! arrangements placed the pods they claim; with `--check` also that every pod was bound and
+//! that no unit was split with the extension (CI runs that at 72 nodes; no figure is judged).
+//! Figures go in docs/performance.md.
 //!
 //! ```sh
 //! cargo build --release -p fumarole-scheduler-ext
@@ -40,6 +41,8 @@
 //! cargo bench -p fumarole-e2e --bench scheduler_perf -- --nodes 5000
 //! # flags: --nodes 1000 --jobs 400 --seed 7 --timeout 300
 //! #        --only kube,kube-ext,kube-ext-all-nodes,volcano,volcano-ext
+//! # CI's smoke run (debug build; fails unless every pod is bound and no unit split):
+//! cargo test -p fumarole-e2e --bench scheduler_perf -- --nodes 72 --jobs 40 --check
 //! ```
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -133,6 +136,9 @@ struct Args {
     seed: u64,
     timeout: Duration,
     only: Vec<Arrangement>,
+    /// Fail unless every pod was bound and, with the extension, no unit was split (CI's smoke
+    /// run; the figures are not judged).
+    check: bool,
 }
 
 fn args() -> Args {
@@ -162,6 +168,7 @@ fn args() -> Args {
         seed: num("--seed", 7),
         timeout: Duration::from_secs(num("--timeout", 300)),
         only,
+        check: argv.iter().any(|a| a == "--check"),
     }
 }
 
@@ -839,6 +846,16 @@ fn main() {
             runs.push(r);
         }
         println!("\n{}", table(&runs));
+        if a.check {
+            for r in &runs {
+                let name = r.arrangement.name();
+                assert_eq!(r.bound, r.pods, "{name}: pods left pending");
+                if r.arrangement.extension() {
+                    assert_eq!(r.units_split, 0, "{name}: a unit split over super-nodes");
+                    assert_eq!(r.atomic_split, 0, "{name}: an atomic part split");
+                }
+            }
+        }
     });
 }
 
