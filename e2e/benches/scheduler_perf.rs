@@ -567,7 +567,20 @@ async fn run(
         .map(|(n, (ticks, rss))| (n, (ticks as f64 / tick, rss)))
         .collect();
 
-    let listed = pod_api.list(&ListParams::default()).await.unwrap().items;
+    // Volcano v1.10 binds without telling the extension first (no allocateFunc): it writes
+    // the devices on the pod just after the bind. Wait for those before judging them.
+    let settled = Instant::now();
+    let listed = loop {
+        let listed = pod_api.list(&ListParams::default()).await.unwrap().items;
+        let unchosen = listed.iter().any(|p| {
+            p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some()
+                && common::devices_of(p).is_none()
+        });
+        if !arrangement.extension() || !unchosen || settled.elapsed() > Duration::from_secs(30) {
+            break listed;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
     // Why the pods left pending wait (kube-scheduler's or Volcano's PodScheduled message).
     for p in listed
         .iter()
