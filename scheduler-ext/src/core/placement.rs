@@ -161,10 +161,6 @@ pub fn ensure_plan(
     ttl: Duration,
 ) -> Result<String, PlacementError> {
     let until = now + ttl;
-    if plan_outrun(view, ledger, pg, resource, now) {
-        tracing::info!(unit = %pg.key, "planned super-node has no room left for the unit: planning again");
-        ledger.drop_plan(&pg.key);
-    }
     let c = Cluster::new(view, ledger, now);
     let here = placed(&c, &pg.key);
     if let Some(sn) = main_super_node(&here) {
@@ -256,33 +252,6 @@ pub fn ensure_plan(
         );
     }
     Ok(chosen)
-}
-
-/// True when `pg`'s sub-unit has a plan, nothing of it is placed yet, and its planned
-/// super-node no longer has room for it after other units' reservations. A plan is made from
-/// what the service knows; a scheduler that binds before telling it (Volcano v1.10 calls no
-/// `allocateFunc`: several tasks of one session are placed on its predicates alone) may give
-/// the room to other pods, and a gang that cannot start where it is planned would wait there
-/// forever. Such a plan is made again; one with pods placed stays (they cannot move).
-fn plan_outrun(
-    view: &ClusterView,
-    ledger: &Ledger,
-    pg: &PodGroup,
-    resource: &str,
-    now: Instant,
-) -> bool {
-    let Some(plan) = ledger.plan(&pg.key, now) else {
-        return false;
-    };
-    let c = Cluster::new(view, ledger, now);
-    if !placed(&c, &pg.key).is_empty() {
-        return false;
-    }
-    let Some(nodes) = view.super_nodes().get(&plan.super_node) else {
-        return true;
-    };
-    let (taken, _, _) = reserved(&c, &plan.super_node, |k| *k == pg.key);
-    room(&c, nodes, resource, pg.gpus, None).saturating_sub(taken) < plan.gpus
 }
 
 /// What other units reserve on one super-node, as one pod sees it.
@@ -524,62 +493,6 @@ mod tests {
         assert!(member.check(a0, 4).is_none());
         let why = member.check(v.node("c0").unwrap(), 4).unwrap().to_string();
         assert!(why.contains("is placed in super-node rack-a"), "{why}");
-    }
-
-    /// Room a plan counted on was given to other pods before any pod of the unit got devices
-    /// (Volcano binds a session's tasks before the service hears of them): the unit is planned
-    /// again where it fits instead of waiting for room that will not come back.
-    #[test]
-    fn a_plan_whose_room_went_elsewhere_is_made_again() {
-        let v = view();
-        let mut l = Ledger::default();
-        let now = Instant::now();
-        let p = pg("ns/j", 0, 2, 8, 8);
-        assert_eq!(
-            ensure_plan(&v, &mut l, &p, GPU, None, now, TTL).unwrap(),
-            "rack-a"
-        );
-        // Strangers take 2 of a0's 4 free GPUs: rack-a holds 6, the unit needs 8.
-        l.commit(
-            "ns/stranger",
-            Commit {
-                node: "a0".into(),
-                resource: GPU.into(),
-                devices: vec!["a0-g4".into(), "a0-g5".into()],
-                unit: None,
-                at: now,
-            },
-        );
-        assert_eq!(
-            ensure_plan(&v, &mut l, &p, GPU, None, now, TTL).unwrap(),
-            "rack-c"
-        );
-        // Once one of its pods has devices, the sub-unit stays where they are.
-        l.commit(
-            "ns/j-0",
-            Commit {
-                node: "c0".into(),
-                resource: GPU.into(),
-                devices: vec!["c0-g0".into(), "c0-g1".into()],
-                unit: Some((p.key.clone(), 2)),
-                at: now,
-            },
-        );
-        l.commit(
-            "ns/stranger-2",
-            Commit {
-                node: "c0".into(),
-                resource: GPU.into(),
-                devices: (2..8).map(|i| format!("c0-g{i}")).collect(),
-                unit: None,
-                at: now,
-            },
-        );
-        let p1 = pg("ns/j", 1, 2, 8, 8);
-        assert_eq!(
-            ensure_plan(&v, &mut l, &p1, GPU, None, now, TTL).unwrap(),
-            "rack-c"
-        );
     }
 
     #[test]
