@@ -36,7 +36,3 @@ echo "e2e/ci.sh: upstream ready in $(( $(date +%s) - start ))s at $FUMAROLE_UPST
 # device-health tests load the stand-in vendor libraries from there too.
 cargo build -p fumarole-agent -p fumarole-scheduler-ext -p fumarole-standin-nvml -p fumarole-standin-dcmi "$@"
 cargo test -p fumarole-e2e "$@"
-# The side-by-side scheduler bench at a smoke size, for correctness only (every pod bound, no
-# unit split with the extension, no GPU given twice); its figures have their own command
-# (docs/performance.md).
-cargo test -p fumarole-e2e --bench scheduler_perf "$@" -- --nodes 72 --jobs 40 --check
