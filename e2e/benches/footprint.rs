@@ -22,18 +22,6 @@ use fumarole_e2e::{KubeletDm, NodeSpec, TestCluster};
 const WARM_UP: Duration = Duration::from_secs(30);
 const EVERY: Duration = Duration::from_secs(5);
 
-fn clock_ticks_per_second() -> f64 {
-    let out = std::process::Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .unwrap();
-    String::from_utf8(out.stdout)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap()
-}
-
 fn main() {
     let window = std::env::args()
         .skip(1)
@@ -109,7 +97,7 @@ fn main() {
         }
         let seconds = start.elapsed().as_secs_f64();
         let cpu =
-            (last.cpu_ticks - first.cpu_ticks) as f64 / clock_ticks_per_second() / seconds * 100.0;
+            (last.cpu_ticks - first.cpu_ticks) as f64 / fumarole_e2e::process::clock_ticks_per_second().unwrap() / seconds * 100.0;
         println!(
             "agent steady state over {seconds:.0} s: RSS {:.1} MiB at start, {:.1} MiB at end, {:.1} MiB max; \
              fds {} -> {}; CPU {cpu:.2} % of one core",

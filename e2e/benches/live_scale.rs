@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 use fumarole_e2e::TestCluster;
 use fumarole_e2e::cluster::{free_port, http_post_json};
 use fumarole_e2e::fumarole::scheduler_ext_bin;
-use fumarole_e2e::process::{Footprint, Proc};
+use fumarole_e2e::process::{Footprint, Proc, percentile};
 use fumarole_topology::crd::DeviceTopology;
 use fumarole_topology::crd::device_topology::SuperNodeInfo;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -193,14 +193,6 @@ fn server_side(metrics: &str, q: f64) -> String {
         .iter()
         .find(|(_, n)| *n >= q * total)
         .map_or("?".into(), |(le, _)| format!("{:.1}ms", le * 1e3))
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i]
 }
 
 fn main() {

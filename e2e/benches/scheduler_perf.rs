@@ -56,7 +56,7 @@ use std::time::{Duration, Instant};
 
 use fumarole_e2e::cluster::{free_port, volcano_conf};
 use fumarole_e2e::fumarole::scheduler_ext_bin;
-use fumarole_e2e::process::{Footprint, Proc};
+use fumarole_e2e::process::{Footprint, Proc, percentile};
 use fumarole_e2e::{NodeSpec, TestCluster};
 use fumarole_sim::trace::{self, GenSpec, Job};
 use fumarole_topology::crd::DeviceTopology;
@@ -118,6 +118,21 @@ impl Arrangement {
             self,
             Arrangement::KubeExt | Arrangement::KubeExtAllNodes | Arrangement::VolcanoExt
         )
+    }
+
+    /// kube-scheduler's configuration in this arrangement (`None` for Volcano's), with the API
+    /// client limits raised and the extension at `ext_port` where it takes part.
+    fn kube_scheduler_config(self, ext_port: u16) -> Option<String> {
+        let with_extension = || common::kube_scheduler_config(ext_port);
+        match self {
+            Arrangement::Kube => Some(KUBE_CLIENT_LIMITS.to_string()),
+            Arrangement::KubeExt => Some(format!("{}{KUBE_CLIENT_LIMITS}", with_extension())),
+            Arrangement::KubeExtAllNodes => Some(format!(
+                "{}{KUBE_CLIENT_LIMITS}percentageOfNodesToScore: 100\n",
+                with_extension()
+            )),
+            Arrangement::Volcano | Arrangement::VolcanoExt => None,
+        }
     }
 
     /// The cluster processes that schedule in this arrangement (besides the extension).
@@ -337,25 +352,6 @@ struct Run {
     atomic_split: usize,
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
-}
-
-fn clock_ticks_per_second() -> f64 {
-    let out = std::process::Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .unwrap();
-    String::from_utf8(out.stdout)
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap()
-}
-
 /// Samples the CPU ticks and RSS of `pids` every 500 ms until `stop` is set; returns
 /// name -> (ticks used, peak RSS MiB).
 fn sample(
@@ -427,40 +423,15 @@ async fn run(
             .unwrap();
         ext = Some(p);
     }
-    let kube_scheduler_port = match arrangement {
-        Arrangement::Kube => Some(
-            cluster
-                .start_kube_scheduler(KUBE_CLIENT_LIMITS)
-                .await
-                .unwrap(),
-        ),
-        Arrangement::KubeExt => Some(
-            cluster
-                .start_kube_scheduler(&format!(
-                    "{}{KUBE_CLIENT_LIMITS}",
-                    common::kube_scheduler_config(ext_port)
-                ))
-                .await
-                .unwrap(),
-        ),
-        Arrangement::KubeExtAllNodes => Some(
-            cluster
-                .start_kube_scheduler(&format!(
-                    "{}{KUBE_CLIENT_LIMITS}percentageOfNodesToScore: 100\n",
-                    common::kube_scheduler_config(ext_port)
-                ))
-                .await
-                .unwrap(),
-        ),
-        Arrangement::Volcano => {
-            cluster.start_volcano(&volcano_conf("")).await.unwrap();
-            None
-        }
-        Arrangement::VolcanoExt => {
-            cluster
-                .start_volcano(&common::volcano_conf_with_extender(ext_port))
-                .await
-                .unwrap();
+    let kube_scheduler_port = match arrangement.kube_scheduler_config(ext_port) {
+        Some(config) => Some(cluster.start_kube_scheduler(&config).await.unwrap()),
+        None => {
+            let extra = if arrangement.extension() {
+                common::volcano_conf_with_extender(ext_port)
+            } else {
+                volcano_conf("")
+            };
+            cluster.start_volcano(&extra).await.unwrap();
             None
         }
     };
@@ -561,7 +532,7 @@ async fn run(
     latencies.sort();
     let last_bind = bound_at.values().max().copied().unwrap_or(started);
     let span = last_bind.saturating_duration_since(started).as_secs_f64();
-    let tick = clock_ticks_per_second();
+    let tick = fumarole_e2e::process::clock_ticks_per_second().unwrap();
     let processes = usage
         .into_iter()
         .map(|(n, (ticks, rss))| (n, (ticks as f64 / tick, rss)))

@@ -245,3 +245,24 @@ impl Footprint {
         self.rss_kib as f64 / 1024.0
     }
 }
+
+/// Clock ticks per second (`getconf CLK_TCK`), the unit of [`Footprint::cpu_ticks`].
+pub fn clock_ticks_per_second() -> Result<f64> {
+    let out = Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .context("running getconf CLK_TCK")?;
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .context("getconf CLK_TCK printed no number")
+}
+
+/// The `p` quantile of `sorted` (nearest rank; zero when empty), for the benches' latencies.
+pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}

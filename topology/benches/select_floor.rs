@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion};
+use fumarole_topology::select::indices;
 use fumarole_topology::{LinkMatrix, SelectContext, Selection};
 
 /// Calls timed per (fixture, k) in the p99 table.
@@ -36,17 +37,6 @@ fn fixtures() -> Vec<(&'static str, LinkMatrix)> {
     f
 }
 
-/// The indices of the set bits of `mask`, as a caller hands them to `select`.
-fn read_free(mask: u64) -> Vec<usize> {
-    let mut out = Vec::with_capacity(mask.count_ones() as usize);
-    let mut m = mask;
-    while m != 0 {
-        out.push(m.trailing_zeros() as usize);
-        m &= m - 1;
-    }
-    out
-}
-
 /// A memo of every (free mask, k) answer for the busy patterns the bench asks about.
 fn memo(ctx: &SelectContext, n: usize) -> HashMap<(u64, usize), Arc<Selection>> {
     let mut memo = HashMap::new();
@@ -54,7 +44,7 @@ fn memo(ctx: &SelectContext, n: usize) -> HashMap<(u64, usize), Arc<Selection>> 
     for busy in 0..n {
         let free = full & !((1u64 << busy) - 1);
         for k in 1..=free.count_ones() as usize {
-            let s = ctx.select(&read_free(free), &[], k).unwrap();
+            let s = ctx.select(&indices(free), &[], k).unwrap();
             memo.insert((free, k), Arc::new(s));
         }
     }
@@ -84,7 +74,7 @@ fn bench(c: &mut Criterion) {
     for n in [8usize, 16] {
         let half = ((1u64 << n) - 1) & 0x5555_5555_5555_5555;
         group.bench_with_input(BenchmarkId::new("read_free", n), &n, |b, _| {
-            b.iter(|| read_free(black_box(half)))
+            b.iter(|| indices(black_box(half)))
         });
         let links = if n == 8 {
             support::dgx_h100()
@@ -112,11 +102,6 @@ fn bench(c: &mut Criterion) {
     group.finish();
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
-}
-
 /// Per fixture: every `k` on the empty node and with the first quarter of the devices busy,
 /// [`CALLS`] timed calls each, pooled.
 fn p99_table() {
@@ -141,8 +126,8 @@ fn p99_table() {
         let us = |d: Duration| format!("{:.2}", d.as_secs_f64() * 1e6);
         println!(
             "| {name} | {n} | {} | {} | {} |",
-            us(percentile(&times, 0.5)),
-            us(percentile(&times, 0.99)),
+            us(support::percentile(&times, 0.5)),
+            us(support::percentile(&times, 0.99)),
             times.len()
         );
     }

@@ -21,11 +21,6 @@ const CALLS: usize = 2_000;
 /// Calls timed in the mixed workload (random busy devices, k, must-include) per fixture.
 const MIXED_CALLS: usize = 20_000;
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
-}
-
 fn us(d: Duration) -> String {
     format!("{:.1}", d.as_secs_f64() * 1e6)
 }
@@ -53,12 +48,12 @@ fn main() {
             }
             times.sort_unstable();
             let mean = times.iter().sum::<Duration>() / CALLS as u32;
-            let p99 = percentile(&times, 0.99);
+            let p99 = support::percentile(&times, 0.99);
             worst_p99 = worst_p99.max(p99);
             println!(
                 "| {name} | {k} | {} | {} | {} | {} |",
                 us(mean),
-                us(percentile(&times, 0.5)),
+                us(support::percentile(&times, 0.5)),
                 us(p99),
                 us(times[CALLS - 1])
             );
@@ -98,9 +93,9 @@ fn main() {
         println!(
             "| {name} | {} | {} | {} | {} | {} |",
             us(mean),
-            us(percentile(&times, 0.5)),
-            us(percentile(&times, 0.99)),
-            us(percentile(&times, 0.999)),
+            us(support::percentile(&times, 0.5)),
+            us(support::percentile(&times, 0.99)),
+            us(support::percentile(&times, 0.999)),
             us(times[MIXED_CALLS - 1])
         );
     }
@@ -190,8 +185,8 @@ fn larger_nodes() {
             println!(
                 "| {name} | {:.1} | {} | {} | {} | {exact} of {all} |",
                 build.as_secs_f64() * 1e3,
-                us(percentile(&times, 0.5)),
-                us(percentile(&times, 0.99)),
+                us(support::percentile(&times, 0.5)),
+                us(support::percentile(&times, 0.99)),
                 us(times[times.len() - 1]),
             );
         }

@@ -690,6 +690,18 @@ impl SelectContext {
     }
 }
 
+/// The indices of the set bits of `mask`, ascending: the free list `select` takes, from the
+/// bit masks callers keep.
+pub fn indices(mask: u64) -> Vec<usize> {
+    let mut out = Vec::with_capacity(mask.count_ones() as usize);
+    let mut m = mask;
+    while m != 0 {
+        out.push(m.trailing_zeros() as usize);
+        m &= m - 1;
+    }
+    out
+}
+
 /// The one-shot form of [`SelectContext::select`]: builds the context (including `Q_ideal` for
 /// every `k`) and answers one request. Hot paths should keep a [`SelectContext`] per node.
 pub fn select(

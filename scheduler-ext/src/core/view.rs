@@ -292,16 +292,7 @@ fn mask_of(bits: impl Iterator<Item = bool>) -> u64 {
         .fold(0, |m, (i, _)| m | 1 << i)
 }
 
-/// The indices of the set bits, ascending.
-pub fn indices(mask: u64) -> Vec<usize> {
-    let mut out = Vec::with_capacity(mask.count_ones() as usize);
-    let mut m = mask;
-    while m != 0 {
-        out.push(m.trailing_zeros() as usize);
-        m &= m - 1;
-    }
-    out
-}
+pub use fumarole_topology::select::indices;
 
 /// Select contexts by link matrix, kept from one view to the next so a rebuilt view reuses
 /// the contexts (and their memos) of the nodes that did not change.

@@ -83,3 +83,9 @@ pub fn near_uniform_links(n: usize, seed: u64) -> LinkMatrix {
         count: 17 + rng.below(2) as u32,
     })
 }
+
+/// The `p` quantile of `sorted` (nearest rank).
+pub fn percentile(sorted: &[std::time::Duration], p: f64) -> std::time::Duration {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
