@@ -17,6 +17,7 @@ pub mod baseline;
 pub mod colocation;
 pub mod cpuset;
 pub mod crd;
+pub mod dra;
 pub mod every;
 pub mod health;
 pub mod link;

@@ -368,11 +368,11 @@ mod hex16 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::link::LinkClass;
 
-    fn gpu(i: u32) -> Device {
+    pub(crate) fn gpu(i: u32) -> Device {
         Device {
             id: format!("GPU-{i}"),
             index: i,
@@ -395,7 +395,8 @@ mod tests {
         }
     }
 
-    fn sample() -> NodeTopology {
+    /// Two NVLinked H100s on one NUMA node, super-node `sn-1`.
+    pub(crate) fn sample() -> NodeTopology {
         let pus = (0..4)
             .map(|i| ProcessingUnit {
                 os_index: i,

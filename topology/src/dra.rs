@@ -1,0 +1,265 @@
+//! How a node's accelerators are named and described in Kubernetes' Dynamic Resource
+//! Allocation (`resource.k8s.io/v1`): which driver publishes a device, its name in the node's
+//! pool, and its attributes. The exporter renders these into ResourceSlices and the DRA kubelet
+//! plugin reads a claim's allocation back through them, so both sides agree by construction.
+//!
+//! Two drivers, by device class rather than by vendor, so one DeviceClass per class selects
+//! every vendor's devices and a claim can still pick a vendor with a CEL selector on
+//! `fumarole.dev/vendor`:
+//!
+//! | driver             | devices                                  |
+//! |--------------------|------------------------------------------|
+//! | `gpu.fumarole.dev` | NVIDIA, MetaX, AMD, Intel and other GPUs |
+//! | `npu.fumarole.dev` | Huawei Ascend NPUs                        |
+//!
+//! Attributes a device carries (an attribute is left out when its value is unknown, so that a
+//! `matchAttribute` over it never pairs two devices that merely both lack it):
+//!
+//! | attribute                       | type   | meaning                                          |
+//! |---------------------------------|--------|--------------------------------------------------|
+//! | `fumarole.dev/vendor`           | string | `nvidia`, `huawei`, `metax`, ...                 |
+//! | `fumarole.dev/model`            | string | marketing model name                             |
+//! | `fumarole.dev/index`            | int    | index among the node's devices of its vendor     |
+//! | `fumarole.dev/uuid`             | string | vendor uuid (NVIDIA)                             |
+//! | `fumarole.dev/fabricGroup`      | int    | devices joined by NVLink / HCCS / MetaXLink share it |
+//! | `fumarole.dev/fabric`           | string | that fabric's link class (`nvlink`, `hccs`, ...) |
+//! | `fumarole.dev/superNode`        | string | the node's super-node (NVL72 rack, super-pod)    |
+//! | `resource.kubernetes.io/pcieRoot` | string | PCIe root complex, `pci<domain>:<bus>`         |
+//! | `resource.kubernetes.io/pciBusID` | string | `dddd:bb:dd.f`                                 |
+//! | `resource.kubernetes.io/numaNode` | int    | the NUMA node the device is attached to        |
+
+use std::collections::BTreeMap;
+
+use crate::link::LinkClass;
+use crate::model::{Device, NodeTopology, Vendor};
+
+/// The driver of GPUs of every vendor but Huawei.
+pub const GPU_DRIVER: &str = "gpu.fumarole.dev";
+/// The driver of Huawei Ascend NPUs.
+pub const NPU_DRIVER: &str = "npu.fumarole.dev";
+/// Both drivers, in the order their slices are written.
+pub const DRIVERS: [&str; 2] = [GPU_DRIVER, NPU_DRIVER];
+
+/// Domain of fumarole's own attributes.
+pub const ATTRIBUTE_DOMAIN: &str = "fumarole.dev";
+/// Attribute shared by the devices of one fabric group.
+pub const FABRIC_GROUP: &str = "fumarole.dev/fabricGroup";
+/// Attribute naming the node's super-node.
+pub const SUPER_NODE: &str = "fumarole.dev/superNode";
+/// Kubernetes' standard PCIe root attribute.
+pub const PCIE_ROOT: &str = "resource.kubernetes.io/pcieRoot";
+/// Kubernetes' standard PCI bus id attribute.
+pub const PCI_BUS_ID: &str = "resource.kubernetes.io/pciBusID";
+/// Kubernetes' standard NUMA node attribute.
+pub const NUMA_NODE: &str = "resource.kubernetes.io/numaNode";
+
+/// Taint key put on an unhealthy device; its value is the first fault's reason.
+pub const UNHEALTHY_TAINT: &str = "fumarole.dev/unhealthy";
+
+/// The driver that publishes `d`.
+pub fn driver(d: &Device) -> &'static str {
+    match d.vendor {
+        Vendor::Huawei => NPU_DRIVER,
+        _ => GPU_DRIVER,
+    }
+}
+
+/// The device's name in its node's pool: a DNS label, unique per node and driver,
+/// `<vendor>-<index>` (`nvidia-0`, `huawei-3`).
+pub fn device_name(d: &Device) -> String {
+    format!("{}-{}", d.vendor.as_str(), d.index)
+}
+
+/// The device of `t` that `driver` publishes as `name`.
+pub fn find<'t>(t: &'t NodeTopology, driver_name: &str, name: &str) -> Option<&'t Device> {
+    t.devices
+        .iter()
+        .find(|d| driver(d) == driver_name && device_name(d) == name)
+}
+
+/// One attribute value, as `resource.k8s.io/v1` `DeviceAttribute` holds it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AttributeValue {
+    Int(i64),
+    String(String),
+}
+
+/// For each device of `t` (same indices), its fabric group: the connected component of
+/// fabric links (NVLink, HCCS, MetaXLink, override fabric) it belongs to, numbered by the
+/// component's first device; `None` for a device with no fabric link. Links lowered by a
+/// fault (`NodeTopology::with_health`) no longer join devices.
+pub fn fabric_groups(t: &NodeTopology) -> Vec<Option<usize>> {
+    let n = t.devices.len();
+    let fabric = |a: usize, b: usize| a != b && t.links.class(a, b).is_some_and(|c| c.is_fabric());
+    let mut group = vec![None; n];
+    for start in 0..n {
+        if group[start].is_some() || !(0..n).any(|o| fabric(start, o)) {
+            continue;
+        }
+        group[start] = Some(start);
+        let mut members = vec![start];
+        while let Some(a) = members.pop() {
+            for b in 0..n {
+                if group[b].is_none() && fabric(a, b) {
+                    group[b] = Some(start);
+                    members.push(b);
+                }
+            }
+        }
+    }
+    group
+}
+
+/// The fabric class joining device `i` to the rest of its group (the first fabric link found).
+fn fabric_kind(t: &NodeTopology, i: usize) -> Option<&'static str> {
+    (0..t.devices.len())
+        .filter(|&o| o != i)
+        .find_map(|o| t.links.class(i, o).filter(|c| c.is_fabric()))
+        .map(|c| match c {
+            LinkClass::Nvlink { .. } => "nvlink",
+            LinkClass::Hccs => "hccs",
+            LinkClass::MetaxLink => "metaxLink",
+            _ => "fabric",
+        })
+}
+
+/// The attributes of device `i` of `t`; `groups` is [`fabric_groups`]`(t)`.
+pub fn attributes(
+    t: &NodeTopology,
+    i: usize,
+    groups: &[Option<usize>],
+) -> BTreeMap<String, AttributeValue> {
+    let mut out = BTreeMap::new();
+    let Some(d) = t.devices.get(i) else {
+        return out;
+    };
+    let mut put = |name: &str, value: AttributeValue| {
+        out.insert(name.to_string(), value);
+    };
+    let ours = |name: &str| format!("{ATTRIBUTE_DOMAIN}/{name}");
+    put(
+        &ours("vendor"),
+        AttributeValue::String(d.vendor.as_str().into()),
+    );
+    if !d.model.is_empty() {
+        put(&ours("model"), AttributeValue::String(d.model.clone()));
+    }
+    put(&ours("index"), AttributeValue::Int(i64::from(d.index)));
+    if let Some(uuid) = &d.uuid {
+        put(&ours("uuid"), AttributeValue::String(uuid.clone()));
+    }
+    if let Some(Some(g)) = groups.get(i) {
+        put(
+            FABRIC_GROUP,
+            AttributeValue::Int(i64::try_from(*g).unwrap_or(i64::MAX)),
+        );
+        if let Some(kind) = fabric_kind(t, i) {
+            put(&ours("fabric"), AttributeValue::String(kind.into()));
+        }
+    }
+    if let Some(s) = &t.super_node {
+        put(SUPER_NODE, AttributeValue::String(s.id.clone()));
+    }
+    if let Some(root) = d.pci_path.first().filter(|r| r.starts_with("pci")) {
+        put(PCIE_ROOT, AttributeValue::String(root.clone()));
+    }
+    if !d.pci_bus_id.is_empty() {
+        put(PCI_BUS_ID, AttributeValue::String(d.pci_bus_id.clone()));
+    }
+    if let Some(numa) = d.numa_node {
+        put(NUMA_NODE, AttributeValue::Int(i64::from(numa)));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+    use crate::LinkMatrix;
+    use crate::model::tests::{gpu, sample};
+
+    /// Four GPUs: 0-1 and 2-3 NVLinked pairs, PCIe between the pairs; GPU 3 on NUMA node 1
+    /// and with no known NUMA node for GPU 2.
+    fn two_pairs() -> NodeTopology {
+        let mut t = sample();
+        t.devices = (0..4).map(gpu).collect();
+        t.devices[2].numa_node = None;
+        t.devices[3].numa_node = Some(1);
+        t.links = LinkMatrix::from_fn(4, |a, b| {
+            if a / 2 == b / 2 {
+                LinkClass::Nvlink { count: 4 }
+            } else {
+                LinkClass::SameNuma
+            }
+        });
+        t
+    }
+
+    #[test]
+    fn names_are_dns_labels_and_found_again() {
+        let t = two_pairs();
+        for d in &t.devices {
+            let name = device_name(d);
+            assert!(name.len() <= 63);
+            assert!(
+                name.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'),
+                "{name}"
+            );
+            assert_eq!(find(&t, driver(d), &name).map(|f| &f.id), Some(&d.id));
+            assert!(find(&t, NPU_DRIVER, &name).is_none());
+        }
+    }
+
+    #[test]
+    fn ascend_is_npu_everything_else_gpu() {
+        let mut d = gpu(0);
+        assert_eq!(driver(&d), GPU_DRIVER);
+        d.vendor = Vendor::Metax;
+        assert_eq!(driver(&d), GPU_DRIVER);
+        d.vendor = Vendor::Huawei;
+        assert_eq!(driver(&d), NPU_DRIVER);
+        assert_eq!(device_name(&d), "huawei-0");
+    }
+
+    #[test]
+    fn fabric_groups_are_the_fabric_components() {
+        let t = two_pairs();
+        assert_eq!(fabric_groups(&t), vec![Some(0), Some(0), Some(2), Some(2)]);
+        // A lowered link splits a group; a device with no fabric link has none.
+        let mut t = two_pairs();
+        t.links.set(2, 3, LinkClass::SameNuma);
+        assert_eq!(fabric_groups(&t), vec![Some(0), Some(0), None, None]);
+        // A chain is one group even where its ends are not linked directly.
+        let mut t = two_pairs();
+        t.links.set(1, 2, LinkClass::Hccs);
+        assert_eq!(fabric_groups(&t), vec![Some(0); 4]);
+    }
+
+    #[test]
+    fn attributes_say_only_what_is_known() {
+        let t = two_pairs();
+        let groups = fabric_groups(&t);
+        let a = attributes(&t, 3, &groups);
+        let s = |v: &str| AttributeValue::String(v.into());
+        assert_eq!(a["fumarole.dev/vendor"], s("nvidia"));
+        assert_eq!(a["fumarole.dev/index"], AttributeValue::Int(3));
+        assert_eq!(a["fumarole.dev/uuid"], s("GPU-3"));
+        assert_eq!(a[FABRIC_GROUP], AttributeValue::Int(2));
+        assert_eq!(a["fumarole.dev/fabric"], s("nvlink"));
+        assert_eq!(a[SUPER_NODE], s("sn-1"));
+        assert_eq!(a[PCIE_ROOT], s("pci0000:00"));
+        assert_eq!(a[PCI_BUS_ID], s("0000:04:00.0"));
+        assert_eq!(a[NUMA_NODE], AttributeValue::Int(1));
+        // No NUMA node, no super-node, no fabric: no attribute rather than a shared default.
+        let mut t = two_pairs();
+        t.super_node = None;
+        t.links.set(2, 3, LinkClass::SameNuma);
+        let a = attributes(&t, 2, &fabric_groups(&t));
+        for missing in [NUMA_NODE, SUPER_NODE, FABRIC_GROUP, "fumarole.dev/fabric"] {
+            assert!(!a.contains_key(missing), "{missing}");
+        }
+        assert!(attributes(&t, 9, &[]).is_empty());
+    }
+}
