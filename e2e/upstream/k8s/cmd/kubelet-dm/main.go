@@ -26,6 +26,7 @@ import (
 	"syscall"
 	"time"
 
+	"k8s.io/klog/v2"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 	plugin "k8s.io/kubernetes/pkg/kubelet/cm/devicemanager/plugin/v1beta1"
 )
@@ -74,7 +75,7 @@ func (s *state) record(e Event) {
 
 // CleanupPluginDirectory removes every socket in the directory, like the
 // kubelet's device manager does before serving kubelet.sock.
-func (s *state) CleanupPluginDirectory(dir string) error {
+func (s *state) CleanupPluginDirectory(_ klog.Logger, dir string) error {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return err
@@ -93,8 +94,8 @@ func (s *state) CleanupPluginDirectory(dir string) error {
 	return errors.Join(errs...)
 }
 
-func (s *state) PluginConnected(resource string, p plugin.DevicePlugin) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+func (s *state) PluginConnected(ctx context.Context, resource string, p plugin.DevicePlugin) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	opts, err := p.API().GetDevicePluginOptions(ctx, &pluginapi.Empty{})
 	if err != nil {
@@ -107,14 +108,18 @@ func (s *state) PluginConnected(resource string, p plugin.DevicePlugin) error {
 	return nil
 }
 
-func (s *state) PluginDisconnected(resource string) {
+// PluginDisconnected forgets the plugin only when the socket that went away
+// is the one connected now (the kubelet keeps endpoints per socket path).
+func (s *state) PluginDisconnected(_ klog.Logger, resource, socketPath string) {
 	s.mu.Lock()
-	delete(s.plugins, resource)
+	if p, ok := s.plugins[resource]; ok && p.SocketPath() == socketPath {
+		delete(s.plugins, resource)
+	}
 	s.mu.Unlock()
-	s.record(Event{Kind: "disconnected", Resource: resource})
+	s.record(Event{Kind: "disconnected", Resource: resource, Endpoint: socketPath})
 }
 
-func (s *state) PluginListAndWatchReceiver(resource string, resp *pluginapi.ListAndWatchResponse) {
+func (s *state) PluginListAndWatchReceiver(_ klog.Logger, resource string, resp *pluginapi.ListAndWatchResponse) {
 	s.mu.Lock()
 	s.devices[resource] = resp.Devices
 	s.mu.Unlock()
@@ -141,14 +146,14 @@ type kubelet struct {
 func (k *kubelet) start() error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	srv, err := plugin.NewServer(k.socket, k.st, k.st)
+	srv, err := plugin.NewServer(klog.Background(), k.socket, k.st, k.st)
 	if err != nil {
 		return err
 	}
 	k.st.mu.Lock()
 	k.st.generation++
 	k.st.mu.Unlock()
-	if err := srv.Start(); err != nil {
+	if err := srv.Start(klog.Background()); err != nil {
 		return err
 	}
 	k.srv = srv
@@ -161,7 +166,7 @@ func (k *kubelet) stop() error {
 	if k.srv == nil {
 		return nil
 	}
-	err := k.srv.Stop()
+	err := k.srv.Stop(klog.Background())
 	k.srv = nil
 	return err
 }
@@ -172,7 +177,7 @@ func (k *kubelet) restart() error {
 	if err := k.stop(); err != nil {
 		return err
 	}
-	if err := k.st.CleanupPluginDirectory(filepath.Dir(k.socket)); err != nil {
+	if err := k.st.CleanupPluginDirectory(klog.Background(), filepath.Dir(k.socket)); err != nil {
 		return err
 	}
 	return k.start()

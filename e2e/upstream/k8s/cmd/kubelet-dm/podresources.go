@@ -8,6 +8,7 @@ package main
 // container manager would.
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -20,6 +21,7 @@ import (
 	"google.golang.org/grpc"
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
 	podresourcesapi "k8s.io/kubelet/pkg/apis/podresources/v1"
 	podresourcesapiv1alpha1 "k8s.io/kubelet/pkg/apis/podresources/v1alpha1"
 	apisgrpc "k8s.io/kubernetes/pkg/kubelet/apis/grpc"
@@ -109,7 +111,9 @@ func (p *podResourcesProviders) container(uid, name string) PodResourcesContaine
 	return p.containers[containerKey{uid, name}]
 }
 
-// PodsProvider.
+// PodsProvider. Every pod set is active: kubelet-dm has no terminated pods.
+func (p *podResourcesProviders) GetActivePods() []*v1.Pod { return p.GetPods() }
+
 func (p *podResourcesProviders) GetPods() []*v1.Pod {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -128,22 +132,25 @@ func (p *podResourcesProviders) GetPodByName(namespace, name string) (*v1.Pod, b
 }
 
 // DevicesProvider.
-func (p *podResourcesProviders) UpdateAllocatedDevices() {}
+func (p *podResourcesProviders) UpdateAllocatedDevices(klog.Logger) {}
 
 func (p *podResourcesProviders) GetDevices(podUID, containerName string) []*podresourcesapi.ContainerDevices {
 	return p.container(podUID, containerName).Devices
 }
 
-func (p *podResourcesProviders) GetAllocatableDevices() []*podresourcesapi.ContainerDevices {
+func (p *podResourcesProviders) GetAllocatableDevices(klog.Logger) []*podresourcesapi.ContainerDevices {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.allocatable.Devices
 }
 
 // CPUsProvider.
-func (p *podResourcesProviders) GetCPUs(podUID, containerName string) []int64 {
-	return p.container(podUID, containerName).CpuIds
+func (p *podResourcesProviders) GetCPUs(pod *v1.Pod, container *v1.Container) []int64 {
+	return p.container(string(pod.UID), container.Name).CpuIds
 }
+
+// GetPodCPUs: pod-level exclusive CPUs (pod-level resources) are not modelled.
+func (p *podResourcesProviders) GetPodCPUs(string) []int64 { return nil }
 
 func (p *podResourcesProviders) GetAllocatableCPUs() []int64 {
 	p.mu.Lock()
@@ -152,18 +159,23 @@ func (p *podResourcesProviders) GetAllocatableCPUs() []int64 {
 }
 
 // MemoryProvider.
-func (p *podResourcesProviders) GetMemory(podUID, containerName string) []*podresourcesapi.ContainerMemory {
-	return p.container(podUID, containerName).Memory
+func (p *podResourcesProviders) GetMemory(_ klog.Logger, pod *v1.Pod, container *v1.Container) []*podresourcesapi.ContainerMemory {
+	return p.container(string(pod.UID), container.Name).Memory
 }
 
-func (p *podResourcesProviders) GetAllocatableMemory() []*podresourcesapi.ContainerMemory {
+// GetPodMemory: pod-level memory pinning is not modelled.
+func (p *podResourcesProviders) GetPodMemory(klog.Logger, string) []*podresourcesapi.ContainerMemory {
+	return nil
+}
+
+func (p *podResourcesProviders) GetAllocatableMemory(klog.Logger) []*podresourcesapi.ContainerMemory {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.allocatable.Memory
 }
 
-// DynamicResourcesProvider: no DRA claims (the feature gate is off anyway).
-func (p *podResourcesProviders) GetDynamicResources(*v1.Pod, *v1.Container) []*podresourcesapi.DynamicResource {
+// DynamicResourcesProvider: kubelet-dm reports no DRA claims.
+func (p *podResourcesProviders) GetDynamicResources(klog.Logger, *v1.Pod, *v1.Container) []*podresourcesapi.DynamicResource {
 	return nil
 }
 
@@ -183,7 +195,7 @@ func newPodResourcesServer(socket string) *podResourcesServer {
 	return &podResourcesServer{
 		socket:    socket,
 		providers: p,
-		api: podresources.NewV1PodResourcesServer(podresources.PodResourcesProviders{
+		api: podresources.NewV1PodResourcesServer(context.Background(), podresources.PodResourcesProviders{
 			Pods: p, Devices: p, Cpus: p, Memory: p, DynamicResources: p,
 		}),
 	}
@@ -206,7 +218,7 @@ func (s *podResourcesServer) start() error {
 	providers := podresources.PodResourcesProviders{
 		Pods: s.providers, Devices: s.providers, Cpus: s.providers, Memory: s.providers, DynamicResources: s.providers,
 	}
-	srv := grpc.NewServer(apisgrpc.WithRateLimiter("podresources", podresources.DefaultQPS, podresources.DefaultBurstTokens))
+	srv := grpc.NewServer(apisgrpc.WithRateLimiter(context.Background(), "podresources", podresources.DefaultQPS, podresources.DefaultBurstTokens))
 	podresourcesapiv1alpha1.RegisterPodResourcesListerServer(srv, podresources.NewV1alpha1PodResourcesServer(providers))
 	podresourcesapi.RegisterPodResourcesListerServer(srv, s.api)
 	if err := os.Remove(s.socket); err != nil && !errors.Is(err, os.ErrNotExist) {

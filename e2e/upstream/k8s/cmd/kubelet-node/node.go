@@ -10,7 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	cadvisorapi "github.com/google/cadvisor/info/v1"
+	cadvisorapi "github.com/google/cadvisor/lib/model"
 	v1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -208,15 +208,15 @@ func (s sourcesReady) AllReady() bool   { return s.n.synced.Load() }
 // kubelet's order: the topology manager (GetAllocateResourcesPodAdmitHandler),
 // then the predicate admit handler.
 func (n *node) newManagers() (*managers, error) {
-	tm, err := topologymanager.NewManager(n.machine, n.policy, n.scope, n.options)
+	tm, err := topologymanager.NewManager(klog.Background(), n.machine, n.policy, n.scope, n.options)
 	if err != nil {
 		return nil, fmt.Errorf("topology manager: %w", err)
 	}
-	dm, err := devicemanager.NewManagerImpl(n.machine, tm)
+	dm, err := devicemanager.NewManagerImpl(klog.Background(), n.machine, tm)
 	if err != nil {
 		return nil, fmt.Errorf("device manager: %w", err)
 	}
-	tm.AddHintProvider(dm)
+	tm.AddHintProvider(klog.Background(), dm)
 	handlers := []lifecycle.PodAdmitHandler{tm}
 	if n.predicates {
 		handlers = append(handlers, lifecycle.NewPredicateAdmitHandler(n.getNode, lifecycle.NewAdmissionFailureHandlerStub(), dm.UpdatePluginResources))
@@ -252,7 +252,7 @@ func (n *node) start() error {
 	// A started kubelet reports its capacity afresh.
 	n.capacity = map[string]capacityPair{}
 	n.mu.Unlock()
-	if err := m.dm.Start(n.activePods, sourcesReady{n}, containers, running); err != nil {
+	if err := m.dm.Start(klog.Background(), n.activePods, sourcesReady{n}, containers, running); err != nil {
 		return fmt.Errorf("starting the device manager: %w", err)
 	}
 	n.mgrs = m
@@ -266,7 +266,7 @@ func (n *node) stop() error {
 	if n.mgrs == nil {
 		return nil
 	}
-	err := n.mgrs.dm.Stop()
+	err := n.mgrs.dm.Stop(klog.Background())
 	n.mgrs = nil
 	return err
 }
@@ -305,8 +305,8 @@ func (n *node) activePods() []*v1.Pod {
 	return out
 }
 
-func (n *node) getNode() (*v1.Node, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+func (n *node) getNode(ctx context.Context, _ bool) (*v1.Node, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	return n.client.CoreV1().Nodes().Get(ctx, n.name, metav1.GetOptions{})
 }
@@ -381,16 +381,16 @@ func (n *node) admit(ctx context.Context, pod *v1.Pod) {
 	if m != nil {
 		handlers = m.handlers
 	}
-	attrs := &lifecycle.PodAdmitAttributes{Pod: pod, OtherPods: others}
+	attrs := &lifecycle.PodAdmitAttributes{Pod: pod, OtherPods: others, Operation: lifecycle.AddOperation}
 	for _, h := range handlers {
-		if res := h.Admit(attrs); !res.Admit {
+		if res := h.Admit(ctx, attrs); !res.Admit {
 			// Devices given to containers before the refusal go back, as on the
 			// kubelet's next cleanup: the pod is no longer active.
 			n.mu.Lock()
 			rec.State, rec.Reason, rec.Message, rec.Generation = stateRejected, res.Reason, res.Message, gen
 			n.mu.Unlock()
 			if m != nil {
-				m.dm.UpdateAllocatedDevices()
+				m.dm.UpdateAllocatedDevices(klog.Background())
 			}
 			n.opMu.Unlock()
 			klog.InfoS("Pod admission denied", "pod", klog.KObj(pod), "reason", res.Reason, "message", res.Message)
@@ -404,15 +404,15 @@ func (n *node) admit(ctx context.Context, pod *v1.Pod) {
 	for i := range all {
 		c := &all[i]
 		cr := containerRecord{Name: c.Name, Init: i < len(pod.Spec.InitContainers), ID: fmt.Sprintf("kubelet-node://%s/%s", pod.UID, c.Name)}
-		m.tm.AddContainer(pod, c, cr.ID)
-		opts, err := m.dm.GetDeviceRunContainerOptions(pod, c)
+		m.tm.AddContainer(klog.Background(), pod, c, cr.ID)
+		opts, err := m.dm.GetDeviceRunContainerOptions(ctx, pod, c)
 		if err != nil {
 			cr.Error = err.Error()
 		} else {
 			cr.Options = toRunOptions(opts)
 		}
 		cr.Devices, cr.NUMANodes = deviceIDs(m.dm.GetDevices(string(pod.UID), c.Name))
-		if hint := m.tm.GetAffinity(string(pod.UID), c.Name); hint.NUMANodeAffinity != nil {
+		if hint := m.tm.GetAffinity(klog.Background(), string(pod.UID), c.Name); hint.NUMANodeAffinity != nil {
 			cr.Affinity = &affinity{NUMANodes: hint.NUMANodeAffinity.GetBits(), Preferred: hint.Preferred}
 		}
 		containers = append(containers, cr)
@@ -429,7 +429,7 @@ func (n *node) admit(ctx context.Context, pod *v1.Pod) {
 // failed POST /restart).
 type stoppedHandler struct{}
 
-func (stoppedHandler) Admit(*lifecycle.PodAdmitAttributes) lifecycle.PodAdmitResult {
+func (stoppedHandler) Admit(context.Context, *lifecycle.PodAdmitAttributes) lifecycle.PodAdmitResult {
 	return lifecycle.PodAdmitResult{Reason: "KubeletNodeStopped", Message: "the device manager is not running"}
 }
 
@@ -468,9 +468,9 @@ func (n *node) release(rec *podRecord, why string) {
 	n.opMu.Lock()
 	if m := n.mgrs; m != nil {
 		for _, c := range rec.Containers {
-			_ = m.tm.RemoveContainer(c.ID)
+			_ = m.tm.RemoveContainer(klog.Background(), c.ID)
 		}
-		m.dm.UpdateAllocatedDevices()
+		m.dm.UpdateAllocatedDevices(klog.Background())
 	}
 	n.opMu.Unlock()
 	n.events.record(Event{Kind: "released", Pod: rec.Namespace + "/" + rec.Name, UID: rec.UID, Reason: why, Generation: n.gen()})
@@ -503,7 +503,7 @@ func (n *node) finishDeletion(ctx context.Context, pod *v1.Pod, rec *podRecord) 
 // reject records the refusal on the pod as the kubelet's rejectPod does: an
 // event, and phase Failed with the reason.
 func (n *node) reject(ctx context.Context, pod *v1.Pod, reason, message string) {
-	n.recorder.Eventf(pod, v1.EventTypeWarning, reason, message)
+	n.recorder.Event(pod, v1.EventTypeWarning, reason, message)
 	n.patchStatus(ctx, pod, map[string]any{
 		"phase":   v1.PodFailed,
 		"reason":  reason,
@@ -595,7 +595,7 @@ func (n *node) syncCapacity(ctx context.Context) {
 	if m == nil {
 		return
 	}
-	capacity, allocatable, removed := m.dm.GetCapacity()
+	capacity, allocatable, removed := m.dm.GetCapacity(klog.Background())
 	gen := m.gen
 	n.mu.Lock()
 	if n.generation != gen {
@@ -668,10 +668,10 @@ func (n *node) snapshot() map[string]any {
 	n.opMu.Lock()
 	m := n.mgrs
 	n.opMu.Unlock()
-	healthy := map[string][]pluginapi.Device{}
+	healthy := map[string][]*pluginapi.Device{}
 	if m != nil {
-		for r, devs := range m.dm.GetAllocatableDevices() {
-			list := make([]pluginapi.Device, 0, len(devs))
+		for r, devs := range m.dm.GetAllocatableDevices(klog.Background()) {
+			list := make([]*pluginapi.Device, 0, len(devs))
 			for _, d := range devs {
 				list = append(list, d)
 			}
