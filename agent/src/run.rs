@@ -292,7 +292,7 @@ pub fn run(args: RunArgs) -> Result<()> {
         {
             start_colocation(&args, &client, &node_name, pods, colocation_metrics);
         }
-        let publisher = Publisher::new(client, &node_name, metrics.clone(), wake.clone());
+        let publisher = Publisher::new(client, &node_name, false, metrics.clone(), wake.clone());
         let state = NodeState::new(prepared.options.clone(), prepared.nvml, kubelet, allocations, metrics)
             .with_health(stream.subscribe());
         tracing::info!(node = %node_name, recheck = ?args.recheck_interval, "publishing node topology");

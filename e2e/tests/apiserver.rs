@@ -17,10 +17,10 @@ async fn apiserver_version_rbac_and_nodes() {
     let client = cluster.client();
 
     let version = client.apiserver_version().await.unwrap();
-    assert_eq!(version.git_version, "v1.33.13");
+    assert_eq!(version.git_version, "v1.37.2");
     assert_eq!(
         (version.major.as_str(), version.minor.as_str()),
-        ("1", "33")
+        ("1", "37")
     );
 
     let node = cluster

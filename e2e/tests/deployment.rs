@@ -211,6 +211,25 @@ async fn every_manifest_passes_a_server_side_dry_run() {
     };
     assert_eq!(colocation(&chart), colocation(&objects));
 
+    // The DRA DeviceClasses: deploy/dra applies, and the chart renders the same when asked.
+    let device_classes = kustomization(&deploy_dir().join("dra")).unwrap();
+    assert_eq!(device_classes.len(), 2);
+    for (name, object) in &device_classes {
+        if let Err(e) = apply(&client, object, true).await {
+            panic!("{name}: server-side dry-run apply failed: {e}");
+        }
+    }
+    let with_dra = render_chart(&["dra.deviceClasses=true"], false);
+    let classes = |objects: &[(String, Value)]| -> Vec<Value> {
+        objects
+            .iter()
+            .filter(|(_, v)| v["kind"] == "DeviceClass")
+            .map(|(_, v)| v.clone())
+            .collect()
+    };
+    assert_eq!(classes(&with_dra), classes(&device_classes));
+    assert!(classes(&chart).is_empty());
+
     // Features switched off take their objects, arguments and mounts with them.
     let lean = render_chart(
         &[

@@ -99,9 +99,9 @@ pub fn fabric_groups(t: &NodeTopology) -> Vec<Option<usize>> {
         group[start] = Some(start);
         let mut members = vec![start];
         while let Some(a) = members.pop() {
-            for b in 0..n {
-                if group[b].is_none() && fabric(a, b) {
-                    group[b] = Some(start);
+            for (b, g) in group.iter_mut().enumerate() {
+                if g.is_none() && fabric(a, b) {
+                    *g = Some(start);
                     members.push(b);
                 }
             }

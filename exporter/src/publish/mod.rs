@@ -12,6 +12,7 @@
 pub mod metrics;
 pub mod objects;
 mod publisher;
+pub mod slices;
 pub mod state;
 
 pub use publisher::{FIELD_MANAGER, Publisher, run};

@@ -2,8 +2,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use fumarole_topology::dra;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -13,6 +15,7 @@ use tokio::sync::Notify;
 
 use super::metrics::Metrics;
 use super::objects::LABEL_PREFIX;
+use super::slices;
 use super::state::{Desired, NodeState};
 use fumarole_topology::every::Every;
 
@@ -30,23 +33,35 @@ enum Kind {
     DeviceTopology,
     DeviceTopologyStatus,
     NodeLabels,
+    /// The ResourceSlice of driver `gpu.fumarole.dev`.
+    GpuSlice,
+    /// The ResourceSlice of driver `npu.fumarole.dev`.
+    NpuSlice,
 }
 
 impl Kind {
-    const ALL: [Kind; 5] = [
+    const ALL: [Kind; 7] = [
         Kind::Numatopology,
         Kind::NodeResourceTopology,
         Kind::DeviceTopology,
         Kind::DeviceTopologyStatus,
         Kind::NodeLabels,
+        Kind::GpuSlice,
+        Kind::NpuSlice,
     ];
 
     /// Objects of their own for the node, owned by its Node so they go when it goes.
     fn owned_by_node(self) -> bool {
-        matches!(
-            self,
-            Kind::Numatopology | Kind::NodeResourceTopology | Kind::DeviceTopology
-        )
+        !matches!(self, Kind::DeviceTopologyStatus | Kind::NodeLabels)
+    }
+
+    /// The slice kind of DRA driver `driver`.
+    fn slice(driver: &str) -> Option<Kind> {
+        match driver {
+            dra::GPU_DRIVER => Some(Kind::GpuSlice),
+            dra::NPU_DRIVER => Some(Kind::NpuSlice),
+            _ => None,
+        }
     }
 
     fn name(self) -> &'static str {
@@ -56,6 +71,8 @@ impl Kind {
             Kind::DeviceTopology => "devicetopology",
             Kind::DeviceTopologyStatus => "devicetopology-status",
             Kind::NodeLabels => "node-labels",
+            Kind::GpuSlice => "resourceslice-gpu",
+            Kind::NpuSlice => "resourceslice-npu",
         }
     }
 }
@@ -95,27 +112,34 @@ pub struct Publisher {
     nrt: Watched,
     device_topology: Watched,
     nodes: Watched,
+    /// Watched only when the node serves devices through DRA.
+    resource_slices: Option<Watched>,
     applied: BTreeMap<Kind, Applied>,
     metrics: Arc<Metrics>,
 }
 
 impl Publisher {
-    /// Starts watching this node's objects; every change to them pokes `wake`.
-    pub fn new(client: Client, node: &str, metrics: Arc<Metrics>, wake: Arc<Notify>) -> Self {
+    /// Starts watching this node's objects; every change to them pokes `wake`. With `dra`,
+    /// its ResourceSlices too (publish them with [`super::state::NodeState::with_dra`]).
+    pub fn new(
+        client: Client,
+        node: &str,
+        dra: bool,
+        metrics: Arc<Metrics>,
+        wake: Arc<Notify>,
+    ) -> Self {
         // Every object's counters exist from the start, so rate() and alerts see 0, not nothing.
         for kind in Kind::ALL {
             metrics.objects_known(kind.name());
         }
-        let watch = |ar: ApiResource| {
+        let by_name = format!("metadata.name={node}");
+        let watch = |ar: ApiResource, fields: &str| {
             let api = Api::<DynamicObject>::all_with(client.clone(), &ar);
             let writer = reflector::store::Writer::new(ar.clone());
             let store = writer.as_reader();
             let stream = reflector::reflector(
                 writer,
-                watcher(
-                    api.clone(),
-                    watcher::Config::default().fields(&format!("metadata.name={node}")),
-                ),
+                watcher(api.clone(), watcher::Config::default().fields(fields)),
             )
             .default_backoff()
             .touched_objects();
@@ -140,25 +164,40 @@ impl Publisher {
         };
         Publisher {
             node: node.to_string(),
-            numatopology: watch(resource(
-                "nodeinfo.volcano.sh",
-                "v1alpha1",
-                "Numatopology",
-                "numatopologies",
-            )),
-            nrt: watch(resource(
-                "topology.node.k8s.io",
-                "v1alpha2",
-                "NodeResourceTopology",
-                "noderesourcetopologies",
-            )),
-            device_topology: watch(resource(
-                "topology.fumarole.dev",
-                "v1alpha1",
-                "DeviceTopology",
-                "devicetopologies",
-            )),
-            nodes: watch(ApiResource::erase::<Node>(&())),
+            numatopology: watch(
+                resource(
+                    "nodeinfo.volcano.sh",
+                    "v1alpha1",
+                    "Numatopology",
+                    "numatopologies",
+                ),
+                &by_name,
+            ),
+            nrt: watch(
+                resource(
+                    "topology.node.k8s.io",
+                    "v1alpha2",
+                    "NodeResourceTopology",
+                    "noderesourcetopologies",
+                ),
+                &by_name,
+            ),
+            device_topology: watch(
+                resource(
+                    "topology.fumarole.dev",
+                    "v1alpha1",
+                    "DeviceTopology",
+                    "devicetopologies",
+                ),
+                &by_name,
+            ),
+            nodes: watch(ApiResource::erase::<Node>(&()), &by_name),
+            resource_slices: dra.then(|| {
+                watch(
+                    ApiResource::erase::<ResourceSlice>(&()),
+                    &format!("spec.nodeName={node}"),
+                )
+            }),
             applied: BTreeMap::new(),
             metrics,
         }
@@ -192,16 +231,69 @@ impl Publisher {
                 )
                 .await?;
         }
+        if let Some(slices) = &desired.resource_slices {
+            for driver in dra::DRIVERS {
+                let Some(kind) = Kind::slice(driver) else {
+                    continue;
+                };
+                writes += match slices.get(driver) {
+                    Some(spec) => self.ensure(kind, json!({ "spec": spec })).await?,
+                    None => self.ensure_absent(kind).await?,
+                };
+            }
+        }
         Ok(writes)
     }
 
-    fn watched(&self, kind: Kind) -> &Watched {
+    fn watched(&self, kind: Kind) -> Option<&Watched> {
         match kind {
-            Kind::Numatopology => &self.numatopology,
-            Kind::NodeResourceTopology => &self.nrt,
-            Kind::DeviceTopology | Kind::DeviceTopologyStatus => &self.device_topology,
-            Kind::NodeLabels => &self.nodes,
+            Kind::Numatopology => Some(&self.numatopology),
+            Kind::NodeResourceTopology => Some(&self.nrt),
+            Kind::DeviceTopology | Kind::DeviceTopologyStatus => Some(&self.device_topology),
+            Kind::NodeLabels => Some(&self.nodes),
+            Kind::GpuSlice | Kind::NpuSlice => self.resource_slices.as_ref(),
         }
+    }
+
+    /// The name of this node's object of `kind`.
+    fn object_name(&self, kind: Kind) -> String {
+        match kind {
+            Kind::GpuSlice => slices::slice_name(&self.node, dra::GPU_DRIVER),
+            Kind::NpuSlice => slices::slice_name(&self.node, dra::NPU_DRIVER),
+            _ => self.node.clone(),
+        }
+    }
+
+    /// The live copy of this node's object of `kind`, if the watch has it.
+    fn live(&self, kind: Kind) -> Option<Arc<DynamicObject>> {
+        let name = self.object_name(kind);
+        self.watched(kind)?
+            .store
+            .state()
+            .into_iter()
+            .find(|o| o.metadata.name.as_deref() == Some(name.as_str()))
+    }
+
+    /// Deletes this node's object of `kind` when it exists (a driver left with no device).
+    async fn ensure_absent(&mut self, kind: Kind) -> Result<usize, kube::Error> {
+        let (Some(watched), Some(_)) = (self.watched(kind), self.live(kind)) else {
+            self.applied.remove(&kind);
+            return Ok(0);
+        };
+        let name = self.object_name(kind);
+        match watched.api.delete(&name, &Default::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => {
+                self.metrics.api_error(kind.name());
+                tracing::warn!(object = kind.name(), %name, error = %e, "delete failed");
+                return Err(e);
+            }
+        }
+        self.metrics.publish(kind.name());
+        tracing::info!(object = kind.name(), %name, "deleted: no device left to publish");
+        self.applied.remove(&kind);
+        Ok(1)
     }
 
     /// The part of the live object that `body` sets, in the same shape.
@@ -224,6 +316,28 @@ impl Publisher {
                     v["attributes"] = a.clone();
                 }
                 v
+            }
+            Kind::GpuSlice | Kind::NpuSlice => {
+                // The API server stamps `timeAdded` on taints we leave it out of.
+                let mut spec = data.get("spec").cloned().unwrap_or(Value::Null);
+                for device in spec
+                    .get_mut("devices")
+                    .and_then(Value::as_array_mut)
+                    .into_iter()
+                    .flatten()
+                {
+                    for taint in device
+                        .get_mut("taints")
+                        .and_then(Value::as_array_mut)
+                        .into_iter()
+                        .flatten()
+                    {
+                        if let Some(t) = taint.as_object_mut() {
+                            t.remove("timeAdded");
+                        }
+                    }
+                }
+                json!({ "spec": spec })
             }
             Kind::NodeLabels => {
                 let ours: BTreeMap<&String, &String> = live
@@ -254,12 +368,7 @@ impl Publisher {
 
     async fn ensure(&mut self, kind: Kind, body: Value) -> Result<usize, kube::Error> {
         let owner = kind.owned_by_node().then(|| self.node_owner()).flatten();
-        let watched = self.watched(kind);
-        let live = watched
-            .store
-            .state()
-            .into_iter()
-            .find(|o| o.metadata.name.as_deref() == Some(&self.node));
+        let live = self.live(kind);
         let applied = self.applied.entry(kind).or_default();
         let unchanged = applied.body.as_ref() == Some(&body);
         let needed = match &live {
@@ -287,11 +396,15 @@ impl Publisher {
         if !needed {
             return Ok(0);
         }
-        let watched = self.watched(kind);
+        let name = self.object_name(kind);
+        let Some(watched) = self.watched(kind) else {
+            tracing::warn!(object = kind.name(), "not watched; not publishing it");
+            return Ok(0);
+        };
         let mut full = body.clone();
         full["apiVersion"] = json!(watched.ar.api_version);
         full["kind"] = json!(watched.ar.kind);
-        full["metadata"]["name"] = json!(self.node);
+        full["metadata"]["name"] = json!(name);
         if let Some(owner) = owner {
             full["metadata"]["ownerReferences"] = json!([owner]);
         }
@@ -300,13 +413,13 @@ impl Publisher {
             Kind::DeviceTopologyStatus => {
                 watched
                     .api
-                    .patch_status(&self.node, &params, &Patch::Apply(&full))
+                    .patch_status(&name, &params, &Patch::Apply(&full))
                     .await
             }
             _ => {
                 watched
                     .api
-                    .patch(&self.node, &params, &Patch::Apply(&full))
+                    .patch(&name, &params, &Patch::Apply(&full))
                     .await
             }
         };

@@ -6,7 +6,7 @@
 //! While PodResources is down and the CPU manager checkpoint stands in (it knows no
 //! devices), device accounting keeps the devices of the last PodResources answer.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -14,6 +14,7 @@ use fumarole_topology::NodeHealth;
 use fumarole_topology::crd::{
     DeviceTopologySpec, DeviceTopologyStatus, NodeResourceTopology, NumatopologySpec,
 };
+use k8s_openapi::api::resource::v1::ResourceSliceSpec;
 use tokio::sync::watch;
 
 use crate::discover::nvml::NvmlProbe;
@@ -23,7 +24,7 @@ use crate::kubelet::{AllocationSource, Allocations, KubeletConfig, KubeletPaths}
 
 use super::LatestAllocations;
 use super::metrics::Metrics;
-use super::objects;
+use super::{objects, slices};
 
 /// What the node should look like. `None` keeps the last published object (its inputs could
 /// not be read this round).
@@ -33,6 +34,9 @@ pub struct Desired {
     pub node_resource_topology: Option<NodeResourceTopology>,
     pub device_topology: Option<(DeviceTopologySpec, DeviceTopologyStatus)>,
     pub labels: Option<BTreeMap<String, String>>,
+    /// The node's ResourceSlices by driver; `None` when no device is served through DRA
+    /// (then no slice is written or deleted).
+    pub resource_slices: Option<BTreeMap<&'static str, ResourceSliceSpec>>,
 }
 
 pub struct NodeState {
@@ -42,6 +46,8 @@ pub struct NodeState {
     pub metrics: Arc<Metrics>,
     allocations: LatestAllocations,
     health: Option<watch::Receiver<NodeHealth>>,
+    /// The node's name and the ids of the devices the DRA kubelet plugin serves.
+    dra: Option<(String, BTreeSet<String>)>,
     last_allocations: Option<Allocations>,
     /// The last allocations read from PodResources (for devices while it is down).
     last_pod_resources: Option<Allocations>,
@@ -64,6 +70,7 @@ impl NodeState {
             allocations,
             metrics,
             health: None,
+            dra: None,
             last_allocations: None,
             last_pod_resources: None,
             last_problem: None,
@@ -73,6 +80,13 @@ impl NodeState {
     /// Builds every object with the health `health` carries (see the module doc).
     pub fn with_health(mut self, health: watch::Receiver<NodeHealth>) -> Self {
         self.health = Some(health);
+        self
+    }
+
+    /// Publishes ResourceSlices for node `node` listing the devices whose ids are in
+    /// `served` (those the DRA kubelet plugin serves).
+    pub fn with_dra(mut self, node: &str, served: BTreeSet<String>) -> Self {
+        self.dra = Some((node.to_string(), served));
         self
     }
 
@@ -184,6 +198,10 @@ impl NodeState {
             node_resource_topology,
             device_topology,
             labels: Some(objects::labels(&topology)),
+            resource_slices: self
+                .dra
+                .as_ref()
+                .map(|(node, served)| slices::resource_slices(node, &topology, &health, served)),
         }
     }
 }

@@ -1,0 +1,222 @@
+//! ResourceSlices (`resource.k8s.io/v1`): the node's accelerators as Dynamic Resource
+//! Allocation sees them. One pool per driver, named after the node, in one slice; device names
+//! and attributes from [`fumarole_topology::dra`]. A device with a disabling fault carries a
+//! `NoSchedule` taint ([`dra::UNHEALTHY_TAINT`], value the fault kind), so the scheduler gives
+//! it to no new claim while claims already holding it keep it.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use fumarole_topology::dra::{self, AttributeValue};
+use fumarole_topology::{Health, NodeHealth, NodeTopology};
+use k8s_openapi::api::resource::v1::{
+    Device, DeviceAttribute, DeviceTaint, ResourcePool, ResourceSliceSpec,
+};
+
+use super::objects::label_value;
+
+/// The name of this node's slice of `driver`: `<node>-<driver>`.
+pub fn slice_name(node: &str, driver: &str) -> String {
+    format!("{node}-{driver}")
+}
+
+/// The slices node `node` publishes, by driver: every device of `t` whose id is in
+/// `served` (the devices the DRA kubelet plugin serves). A driver with none of them gets no
+/// slice. `t` is the topology `health` was applied to.
+pub fn resource_slices(
+    node: &str,
+    t: &NodeTopology,
+    health: &NodeHealth,
+    served: &BTreeSet<String>,
+) -> BTreeMap<&'static str, ResourceSliceSpec> {
+    let groups = dra::fabric_groups(t);
+    let mut devices: BTreeMap<&'static str, Vec<Device>> = BTreeMap::new();
+    for (i, d) in t.devices.iter().enumerate() {
+        if !served.contains(&d.id) {
+            continue;
+        }
+        let attributes = dra::attributes(t, i, &groups)
+            .into_iter()
+            .map(|(name, value)| (name, attribute(value)))
+            .collect();
+        let taints = (d.health == Health::Unhealthy).then(|| {
+            let kind = health
+                .faults(&d.id)
+                .iter()
+                .find(|f| f.kind.disables())
+                .map_or("unhealthy", |f| f.kind.as_str());
+            vec![DeviceTaint {
+                key: dra::UNHEALTHY_TAINT.into(),
+                value: Some(label_value(kind)),
+                effect: "NoSchedule".into(),
+                time_added: None,
+            }]
+        });
+        devices.entry(dra::driver(d)).or_default().push(Device {
+            name: dra::device_name(d),
+            attributes: Some(attributes),
+            taints,
+            ..Default::default()
+        });
+    }
+    devices
+        .into_iter()
+        .map(|(driver, devices)| {
+            let spec = ResourceSliceSpec {
+                driver: driver.into(),
+                node_name: Some(node.into()),
+                pool: ResourcePool {
+                    name: node.into(),
+                    // One slice per pool, rewritten in place: nothing for the scheduler to
+                    // reconcile between generations.
+                    generation: 1,
+                    resource_slice_count: 1,
+                },
+                devices: Some(devices),
+                ..Default::default()
+            };
+            (driver, spec)
+        })
+        .collect()
+}
+
+fn attribute(value: AttributeValue) -> DeviceAttribute {
+    match value {
+        AttributeValue::Int(i) => DeviceAttribute {
+            int: Some(i),
+            ..Default::default()
+        },
+        AttributeValue::String(s) => DeviceAttribute {
+            string: Some(s),
+            ..Default::default()
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+    use fumarole_topology::model::{Device as TopoDevice, DeviceKind, PciId, Vendor};
+    use fumarole_topology::{CpuSet, Fault, FaultKind, LinkMatrix, shapes};
+
+    /// A node of `n` devices of `vendor` with the links of a fixture shape.
+    fn node(vendor: Vendor, links: LinkMatrix) -> NodeTopology {
+        let devices = (0..links.len())
+            .map(|i| {
+                let i = u32::try_from(i).unwrap();
+                TopoDevice {
+                    id: format!("{}-{i}", vendor.as_str()),
+                    index: i,
+                    vendor,
+                    kind: DeviceKind::Gpu,
+                    model: "model".into(),
+                    pci_bus_id: format!("0000:{:02x}:00.0", i + 1),
+                    pci_path: vec![format!("pci0000:{:02x}", i / 2)],
+                    pci_id: PciId {
+                        vendor: 0,
+                        device: 0,
+                        class: 0x0302,
+                    },
+                    numa_node: Some(i / 4),
+                    local_cpus: CpuSet::default(),
+                    dev_nodes: vec![],
+                    health: Health::Healthy,
+                    uuid: None,
+                    serial: None,
+                }
+            })
+            .collect();
+        NodeTopology {
+            hostname: "n1".into(),
+            packages: vec![],
+            processing_units: vec![],
+            allowed_cpus: CpuSet::default(),
+            numa_nodes: vec![],
+            devices,
+            links,
+            super_node: None,
+        }
+    }
+
+    fn dgx() -> NodeTopology {
+        node(Vendor::Nvidia, shapes::dgx_h100())
+    }
+
+    fn all(t: &NodeTopology) -> BTreeSet<String> {
+        t.devices.iter().map(|d| d.id.clone()).collect()
+    }
+
+    #[test]
+    fn one_pool_per_driver_with_every_served_device() {
+        let t = dgx();
+        let slices = resource_slices("n1", &t, &NodeHealth::default(), &all(&t));
+        assert_eq!(
+            slices.keys().copied().collect::<Vec<_>>(),
+            [dra::GPU_DRIVER]
+        );
+        let spec = &slices[dra::GPU_DRIVER];
+        assert_eq!(spec.pool.name, "n1");
+        assert_eq!(spec.node_name.as_deref(), Some("n1"));
+        let devices = spec.devices.as_ref().unwrap();
+        assert_eq!(devices.len(), 8);
+        assert_eq!(devices[0].name, "nvidia-0");
+        let a = devices[0].attributes.as_ref().unwrap();
+        // NVSwitch: all eight in one fabric group.
+        assert!(
+            devices
+                .iter()
+                .all(|d| d.attributes.as_ref().unwrap()[dra::FABRIC_GROUP].int == Some(0))
+        );
+        assert!(
+            a[dra::PCIE_ROOT]
+                .string
+                .as_deref()
+                .unwrap()
+                .starts_with("pci")
+        );
+        assert!(devices.iter().all(|d| d.taints.is_none()));
+        // Serving none: no slice at all.
+        assert!(resource_slices("n1", &t, &NodeHealth::default(), &BTreeSet::new()).is_empty());
+    }
+
+    #[test]
+    fn only_served_devices_and_unhealthy_ones_tainted() {
+        let t = dgx();
+        let mut health = NodeHealth::default();
+        let sick = t.devices[3].id.clone();
+        health.add(
+            &sick,
+            Fault::new(FaultKind::Xid, "XID 79 (GPU has fallen off the bus)"),
+        );
+        let t = t.with_health(&health);
+        let served: BTreeSet<String> = t.devices[2..6].iter().map(|d| d.id.clone()).collect();
+        let slices = resource_slices("n1", &t, &health, &served);
+        let devices = slices[dra::GPU_DRIVER].devices.clone().unwrap();
+        let names: Vec<&str> = devices.iter().map(|d| d.name.as_str()).collect();
+        assert_eq!(names, ["nvidia-2", "nvidia-3", "nvidia-4", "nvidia-5"]);
+        let taints = devices[1].taints.as_ref().unwrap();
+        assert_eq!(taints[0].key, dra::UNHEALTHY_TAINT);
+        assert_eq!(taints[0].value.as_deref(), Some("xid"));
+        assert_eq!(taints[0].effect, "NoSchedule");
+        assert!(devices[0].taints.is_none());
+    }
+
+    #[test]
+    fn ascend_goes_to_the_npu_driver() {
+        let t = node(Vendor::Huawei, shapes::atlas_800_910());
+        let slices = resource_slices("n1", &t, &NodeHealth::default(), &all(&t));
+        assert_eq!(
+            slices.keys().copied().collect::<Vec<_>>(),
+            [dra::NPU_DRIVER]
+        );
+        let devices = slices[dra::NPU_DRIVER].devices.as_ref().unwrap();
+        assert_eq!(devices[0].name, "huawei-0");
+        // HCCS groups 0-3 and 4-7.
+        let group = |i: usize| devices[i].attributes.as_ref().unwrap()[dra::FABRIC_GROUP].int;
+        assert_eq!(
+            (0..8).map(group).collect::<Vec<_>>(),
+            [0, 0, 0, 0, 4, 4, 4, 4].map(Some)
+        );
+        assert_eq!(slice_name("n1", dra::NPU_DRIVER), "n1-npu.fumarole.dev");
+    }
+}
