@@ -1,6 +1,7 @@
 //! Starting the node's device plugins, keeping their health and link weights equal to the
 //! node's health stream, and counting what became of the scheduler's device choices
-//! ([`ChoiceMetrics`]).
+//! ([`ChoiceMetrics`]); and starting the DRA kubelet plugin for the devices the config serves
+//! through DRA ([`start_dra`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -8,6 +9,9 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use fumarole_device_plugin::admission::Outcome;
 use fumarole_device_plugin::config::Config;
+use fumarole_device_plugin::dra::claims::ClaimReader;
+use fumarole_device_plugin::dra::node::DraNode;
+use fumarole_device_plugin::dra::serve::{self as dra_serve, DraDirs, DraServer};
 use fumarole_device_plugin::plugin::{DevicePluginService, Pods};
 use fumarole_device_plugin::register;
 use fumarole_device_plugin::resources::{self, Resource};
@@ -102,6 +106,34 @@ pub fn start(
         tokio::spawn(follow_health(service, topology.clone(), tx, health.clone()));
     }
     Ok(())
+}
+
+/// Serves the DRA kubelet plugin for `resources` (the DRA half of
+/// `fumarole_device_plugin::resources::split`) of node `node_name`, claims read through
+/// `claims`. `None` when no device is served through DRA. The servers run while the
+/// returned [`DraServer`] is kept.
+pub fn start_dra(
+    node_name: &str,
+    topology: &NodeTopology,
+    resources: Vec<Resource>,
+    dirs: &DraDirs,
+    claims: Arc<dyn ClaimReader>,
+) -> Result<Option<DraServer>> {
+    if resources.iter().all(|r| r.devices.is_empty()) {
+        return Ok(None);
+    }
+    let devices: usize = resources.iter().map(|r| r.devices.len()).sum();
+    let node = DraNode::new(node_name, topology.clone(), resources);
+    let server = dra_serve::start(dirs, node, claims).with_context(|| {
+        format!(
+            "serving the DRA plugin (--dra-registry-dir {}, --dra-plugins-dir {}, --cdi-dir {})",
+            dirs.registry.display(),
+            dirs.plugins.display(),
+            dirs.cdi.display()
+        )
+    })?;
+    tracing::info!(devices, drivers = ?server.drivers(), "DRA kubelet plugin started");
+    Ok(Some(server))
 }
 
 /// Keeps one plugin's device health (what `ListAndWatch` sends the kubelet) and link weights

@@ -1,6 +1,8 @@
 //! `fumarole-agent run`: the DaemonSet's long-running job. Discovers the node, publishes its
 //! `Numatopology`, `NodeResourceTopology`, `DeviceTopology` and labels, keeps them current,
 //! serves `/metrics` and `/healthz`, and, with `--device-plugin-dir`, the device plugins.
+//! Devices the `--device-plugin-config` says `servedBy: dra` (or `both`) are served by the DRA
+//! kubelet plugin ([`fumarole_device_plugin::dra`]), registered in `--dra-registry-dir`.
 //! `--standalone` serves only the device plugins, with no API server. `--colocation` also does
 //! volcano-agent's job for this node ([`fumarole_colocation::tasks`]): QoS levels and CPU burst
 //! on the pods' cgroups, batch resources, pressure taint and eviction, configured by the
@@ -17,7 +19,10 @@ use fumarole_colocation::cgroup;
 use fumarole_colocation::metrics::ColocationMetrics;
 use fumarole_colocation::watched::Watched;
 use fumarole_device_plugin::admission::{AwaitChoice, PodSource};
+use fumarole_device_plugin::dra::claims::KubeClaims;
+use fumarole_device_plugin::dra::serve::{self as dra_serve, DraDirs};
 use fumarole_device_plugin::plugin::Pods;
+use fumarole_device_plugin::resources::split;
 use fumarole_exporter::discover;
 use fumarole_exporter::kubelet::{KubeletConfig, KubeletPaths};
 use fumarole_exporter::publish::{self, Publisher, metrics, metrics::Metrics, state::NodeState};
@@ -107,7 +112,36 @@ pub struct RunArgs {
     #[command(flatten)]
     health: HealthArgs,
     #[command(flatten)]
+    dra: DraArgs,
+    #[command(flatten)]
     colocation: ColocationArgs,
+}
+
+/// The DRA kubelet plugin, served for the devices whose `--device-plugin-config` entry says
+/// `servedBy: dra` or `both` (none by default).
+#[derive(Args)]
+struct DraArgs {
+    /// The kubelet's plugin registry: the DRA plugin's registration sockets
+    /// (`<driver>-reg.sock`) go here.
+    #[arg(long, value_name = "DIR", env = "DRA_REGISTRY_DIR", default_value = dra_serve::DEFAULT_REGISTRY_DIR)]
+    dra_registry_dir: PathBuf,
+    /// The kubelet's plugins directory: the DRA service sockets go in `DIR/<driver>/dra.sock`.
+    #[arg(long, value_name = "DIR", env = "DRA_PLUGINS_DIR", default_value = dra_serve::DEFAULT_PLUGINS_DIR)]
+    dra_plugins_dir: PathBuf,
+    /// Where the DRA plugin writes a prepared claim's CDI spec (the container runtime's CDI
+    /// spec directory).
+    #[arg(long, value_name = "DIR", env = "CDI_DIR", default_value = dra_serve::DEFAULT_CDI_DIR)]
+    cdi_dir: PathBuf,
+}
+
+impl DraArgs {
+    fn dirs(&self) -> DraDirs {
+        DraDirs {
+            registry: self.dra_registry_dir.clone(),
+            plugins: self.dra_plugins_dir.clone(),
+            cdi: self.cdi_dir.clone(),
+        }
+    }
 }
 
 /// Co-location (what volcano-agent does): QoS levels, CPU burst, oversubscription, eviction.
@@ -223,9 +257,12 @@ pub fn run(args: RunArgs) -> Result<()> {
 
         let stream = HealthStream::new();
         let mut resources = None;
+        // The config may serve devices through DRA even without device plugins.
+        let serves_devices =
+            args.device_plugin_dir.is_some() || args.device_plugin_config.is_some();
         match discover_node(&args, &mut prepared) {
             Ok((topology, session)) => {
-                if args.device_plugin_dir.is_some() {
+                if serves_devices {
                     resources = Some((
                         plugins::resources(
                             &topology,
@@ -240,7 +277,7 @@ pub fn run(args: RunArgs) -> Result<()> {
                 start_health(&args, &prepared, &topology, served, session.as_ref(), &stream);
             }
             // The device plugins cannot start without the node; the publisher can keep trying.
-            Err(e) if args.device_plugin_dir.is_some() => return Err(e),
+            Err(e) if serves_devices => return Err(e),
             Err(e) => tracing::warn!(error = %e, "discovery failed: no health sources; publishing retries discovery"),
         }
 
@@ -269,6 +306,20 @@ pub fn run(args: RunArgs) -> Result<()> {
             .then(|| {
                 pods::NodePods::watch(client.clone(), &node_name, recorder, Some(choice_metrics))
             });
+        let (resources, dra_server) = match resources {
+            Some((all, topology)) => {
+                let (device_plugin, dra) = split(all);
+                let server = plugins::start_dra(
+                    &node_name,
+                    &topology,
+                    dra,
+                    &args.dra.dirs(),
+                    Arc::new(KubeClaims::new(client.clone())),
+                )?;
+                (Some((device_plugin, topology)), server)
+            }
+            None => (None, None),
+        };
         if let (Some(dir), Some((resources, topology))) = (args.device_plugin_dir.clone(), resources)
             && let Some(node_pods) = &node_pods
         {
@@ -299,6 +350,13 @@ pub fn run(args: RunArgs) -> Result<()> {
         tokio::select! {
             () = publish::run(publisher, state, args.recheck_interval, wake) => {}
             () = shutdown() => tracing::info!("shutting down"),
+        }
+        if let Some(server) = dra_server {
+            // Removes the sockets (the kubelet deregisters the drivers), lets requests in
+            // flight finish, but does not wait on the kubelet for long.
+            if tokio::time::timeout(Duration::from_secs(5), server.shutdown()).await.is_err() {
+                tracing::warn!("DRA plugin requests still in flight after 5 s: stopping anyway");
+            }
         }
         Ok(())
     })
@@ -444,6 +502,14 @@ async fn standalone(args: RunArgs, mut prepared: Prepared) -> Result<()> {
         &stream,
     );
     health::spawn_reports(stream.subscribe(), None, None);
+    let (resources, dra) = split(resources);
+    let dra_devices: usize = dra.iter().map(|r| r.devices.len()).sum();
+    if dra_devices > 0 {
+        tracing::warn!(
+            devices = dra_devices,
+            "--standalone serves no DRA plugin (it reads claims from the API server): devices whose config says servedBy: dra are not served, those saying both only by the device plugin"
+        );
+    }
     plugins::start(&topology, resources, dir, None, &stream.subscribe())?;
     shutdown().await;
     tracing::info!("shutting down");

@@ -16,6 +16,9 @@
 //!     envValue: index
 //!     deviceNodes: ["/dev/accel/accel{index}"]
 //!     cdi: true
+//!   # Serve a class through DRA (ResourceClaims) instead of a device-plugin resource.
+//!   - match: {vendor: huawei}
+//!     servedBy: dra                       # devicePlugin (default) | dra | both
 //!   # Leave a class to another plugin.
 //!   - match: {vendor: amd}
 //!     enabled: false
@@ -44,6 +47,13 @@
 //! - `sharedDeviceNodes`: nodes every container of the resource gets (control devices),
 //!   replacing the vendor's; those missing on the node are left out with a warning.
 //! - `cdi`: emit CDI device names (`<resource>=<device id>`), overriding `--cdi`.
+//! - `servedBy`: how the kubelet gets the devices: `devicePlugin` (the default: an extended
+//!   resource served by a device plugin), `dra` (the DRA kubelet plugin, [`crate::dra`]: the
+//!   devices are published in ResourceSlices and handed out through ResourceClaims, and no
+//!   device-plugin resource offers them) or `both` (offered both ways; the cluster must then
+//!   keep a device from being given out twice). DRA containers get the same env vars and
+//!   device nodes as device-plugin containers, always through CDI, so `cdi` is refused
+//!   with `servedBy: dra`.
 //! - `enabled: false`: serve no plugin for the matched devices (takes no other setting).
 //!
 //! Unknown keys are errors. Every error names the file, the entry (`resources[N]`) and the key.
@@ -80,6 +90,51 @@ pub struct ResourceRule {
     pub device_nodes: Option<Vec<String>>,
     pub shared_device_nodes: Option<Vec<String>>,
     pub cdi: Option<bool>,
+    /// Device plugin, DRA or both.
+    pub served_by: ServedBy,
+}
+
+/// How the kubelet gets a device: the per-entry `servedBy` setting.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum ServedBy {
+    /// An extended resource of a device plugin (v1beta1), the default.
+    #[default]
+    DevicePlugin,
+    /// ResourceClaims through the DRA kubelet plugin only.
+    Dra,
+    /// Both ways.
+    Both,
+}
+
+impl ServedBy {
+    const NAMES: &'static str = "devicePlugin, dra, both";
+
+    fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "devicePlugin" => ServedBy::DevicePlugin,
+            "dra" => ServedBy::Dra,
+            "both" => ServedBy::Both,
+            _ => return None,
+        })
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ServedBy::DevicePlugin => "devicePlugin",
+            ServedBy::Dra => "dra",
+            ServedBy::Both => "both",
+        }
+    }
+
+    /// Whether a device-plugin resource offers the device.
+    pub fn device_plugin(self) -> bool {
+        matches!(self, ServedBy::DevicePlugin | ServedBy::Both)
+    }
+
+    /// Whether the DRA kubelet plugin serves the device.
+    pub fn dra(self) -> bool {
+        matches!(self, ServedBy::Dra | ServedBy::Both)
+    }
 }
 
 /// Which devices an entry applies to: every given key must hold.
@@ -225,6 +280,16 @@ impl Config {
             .enumerate()
             .find(|(_, r)| r.matcher.matches(device))
     }
+
+    /// How `device` is served: `None` when its entry disables it, else its entry's
+    /// `servedBy` (the device plugin for a device no entry matches).
+    pub fn served_by(&self, device: &Device) -> Option<ServedBy> {
+        match self.rule_for(device) {
+            Some((_, r)) if !r.enabled => None,
+            Some((_, r)) => Some(r.served_by),
+            None => Some(ServedBy::DevicePlugin),
+        }
+    }
 }
 
 fn display(p: &Path) -> String {
@@ -337,6 +402,7 @@ struct RawRule {
     device_nodes: Option<Vec<String>>,
     shared_device_nodes: Option<Vec<String>>,
     cdi: Option<bool>,
+    served_by: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -404,6 +470,7 @@ impl RawRule {
                 ("deviceNodes", self.device_nodes.is_some()),
                 ("sharedDeviceNodes", self.shared_device_nodes.is_some()),
                 ("cdi", self.cdi.is_some()),
+                ("servedBy", self.served_by.is_some()),
             ];
             if let Some((field, _)) = others.iter().find(|(_, set)| *set) {
                 return Err(invalid(
@@ -427,6 +494,21 @@ impl RawRule {
                 )
             })?),
         };
+        let served_by = match &self.served_by {
+            None => ServedBy::default(),
+            Some(v) => ServedBy::parse(v).ok_or_else(|| {
+                invalid(
+                    "servedBy",
+                    format!("unknown value {v:?}: one of {}", ServedBy::NAMES),
+                )
+            })?,
+        };
+        if served_by == ServedBy::Dra && self.cdi.is_some() {
+            return Err(invalid(
+                "cdi",
+                "set on an entry with servedBy: dra: cdi only changes device-plugin answers, and DRA always hands devices out through CDI".into(),
+            ));
+        }
         for (i, n) in self.device_nodes.iter().flatten().enumerate() {
             check_node(n, true).map_err(|m| invalid(&format!("deviceNodes[{i}]"), m))?;
         }
@@ -442,6 +524,7 @@ impl RawRule {
             device_nodes: self.device_nodes,
             shared_device_nodes: self.shared_device_nodes,
             cdi: self.cdi,
+            served_by,
         })
     }
 }

@@ -7,10 +7,15 @@
 //! [`admission`] which pod the kubelet is admitting and how the scheduler extension's device
 //! choice ([`annotation`]) is honoured or reported; [`config`] the
 //! configuration file that renames resources and sets env vars and device nodes per device class.
+//!
+//! Beside them, [`dra`] is the DRA (v1) kubelet plugin: devices whose config entry says
+//! `servedBy: dra` (or `both`) are handed out through ResourceClaims, with the same env vars
+//! and device nodes, as CDI specs ([`dra::serve::start`] is where to start).
 
 pub mod admission;
 pub mod annotation;
 pub mod config;
+pub mod dra;
 pub mod plugin;
 pub mod register;
 pub mod resources;

@@ -5,7 +5,9 @@
 //! vendor convention: NVIDIA `NVIDIA_VISIBLE_DEVICES` (uuids), Ascend `ASCEND_VISIBLE_DEVICES`
 //! (davinci numbers) plus the manager nodes, others `FUMAROLE_VISIBLE_DEVICES` (device ids);
 //! device specs for every device node; CDI names when enabled. A [`Config`] changes names,
-//! variables and device nodes per device class ([`resources_with`]).
+//! variables and device nodes per device class ([`resources_with`]), and says whether each
+//! device is served by the device plugin, the DRA kubelet plugin or both ([`split`]): a DRA
+//! container gets the same variables and nodes, through CDI ([`crate::dra::cdi`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -13,7 +15,7 @@ use std::path::Path;
 use fumarole_topology::{Device, Health, NodeTopology, Vendor};
 
 use crate::api;
-use crate::config::{Config, ConfigError, EnvValue, ResourceRule};
+use crate::config::{Config, ConfigError, EnvValue, ResourceRule, ServedBy};
 
 /// One device as a plugin serves it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -32,6 +34,8 @@ pub struct PluginDevice {
     pub uuid: Option<String>,
     /// `dddd:bb:dd.f`.
     pub bus_id: String,
+    /// Device plugin, DRA or both (the config entry's `servedBy`).
+    pub served_by: ServedBy,
 }
 
 /// One extended resource and its devices.
@@ -181,6 +185,7 @@ pub fn resources_with(
             healthy,
             uuid: d.uuid.clone(),
             bus_id: d.pci_bus_id.clone(),
+            served_by: rule.map_or(ServedBy::DevicePlugin, |(_, r)| r.served_by),
         });
     }
     for (i, used) in used.iter().enumerate() {
@@ -233,6 +238,33 @@ fn new_resource(
     }
 }
 
+/// The resources as the device plugins serve them and as the DRA kubelet plugin serves them:
+/// each keeps the devices its `servedBy` gives it (`both`: in both), and a resource left with
+/// no device is dropped, so a resource whose devices all say `dra` gets no device plugin.
+pub fn split(resources: Vec<Resource>) -> (Vec<Resource>, Vec<Resource>) {
+    let keep = |r: &Resource, by: fn(ServedBy) -> bool| {
+        let devices: Vec<PluginDevice> = r
+            .devices
+            .iter()
+            .filter(|d| by(d.served_by))
+            .cloned()
+            .collect();
+        (!devices.is_empty()).then(|| Resource {
+            devices,
+            ..r.clone()
+        })
+    };
+    let device_plugin = resources
+        .iter()
+        .filter_map(|r| keep(r, ServedBy::device_plugin))
+        .collect();
+    let dra = resources
+        .iter()
+        .filter_map(|r| keep(r, ServedBy::dra))
+        .collect();
+    (device_plugin, dra)
+}
+
 fn same_settings(a: &Resource, b: &Resource) -> bool {
     a.shared_dev_nodes == b.shared_dev_nodes
         && a.cdi == b.cdi
@@ -266,6 +298,16 @@ impl Resource {
             .collect()
     }
 
+    /// What names `d` in the visible-devices variable ([`Resource::env`]), per `env_value`.
+    pub fn visible_name(&self, d: &PluginDevice) -> String {
+        match self.env_value {
+            EnvValue::Uuid => d.uuid.clone().unwrap_or_else(|| d.id.clone()),
+            EnvValue::Index => d.index.to_string(),
+            EnvValue::Id => d.id.clone(),
+            EnvValue::BusId => d.bus_id.clone(),
+        }
+    }
+
     /// The kubelet's `Allocate` answer for one container.
     pub fn allocate(&self, ids: &[String]) -> Result<api::ContainerAllocateResponse, RequestError> {
         if ids.is_empty() {
@@ -276,15 +318,7 @@ impl Resource {
             .into_iter()
             .map(|i| &self.devices[i])
             .collect();
-        let value: Vec<String> = chosen
-            .iter()
-            .map(|d| match self.env_value {
-                EnvValue::Uuid => d.uuid.clone().unwrap_or_else(|| d.id.clone()),
-                EnvValue::Index => d.index.to_string(),
-                EnvValue::Id => d.id.clone(),
-                EnvValue::BusId => d.bus_id.clone(),
-            })
-            .collect();
+        let value: Vec<String> = chosen.iter().map(|d| self.visible_name(d)).collect();
         let spec = |path: &String| api::DeviceSpec {
             container_path: path.clone(),
             host_path: path.clone(),
@@ -596,5 +630,50 @@ resources:
             e.starts_with("dp.yaml: resource nvidia.com/gpu: device 0000:40:00.0 (resources[0]) would join devices of the nvidia defaults"),
             "{e}"
         );
+    }
+    #[test]
+    fn split_gives_each_device_to_what_its_entry_says() {
+        let (t, root) = node();
+        let c = config(
+            r#"
+resources:
+  - match: {vendor: huawei}
+    servedBy: dra
+  - match: {vendor: nvidia, model: "model"}
+    servedBy: both
+"#,
+        );
+        let (dp, dra) = split(resources_with(&t, root.path(), false, &c).unwrap());
+        let names = |rs: &[Resource]| {
+            rs.iter()
+                .map(|r| format!("{}:{}", r.name, r.devices.len()))
+                .collect::<Vec<_>>()
+        };
+        // Ascend is DRA only: no device-plugin resource at all.
+        assert_eq!(
+            names(&dp),
+            ["fumarole.dev/accelerator:1", "nvidia.com/gpu:2"]
+        );
+        assert_eq!(names(&dra), ["huawei.com/Ascend910:2", "nvidia.com/gpu:2"]);
+        // The DRA side keeps the resource's settings (env, shared nodes).
+        let npu = by_name(&dra, "huawei.com/Ascend910");
+        assert_eq!(npu.env, "ASCEND_VISIBLE_DEVICES");
+        assert_eq!(npu.shared_dev_nodes, ["/dev/davinci_manager"]);
+        // One entry can split a resource: a device matched by a DRA entry leaves it.
+        let c = config(
+            "resources:\n  - match: {vendor: nvidia, pciDevice: \"0x2330\", pciVendor: \"0x10de\"}\n    servedBy: dra\n",
+        );
+        let mut t2 = t.clone();
+        t2.devices[1].pci_id.device = 0x2331;
+        let (dp, dra) = split(resources_with(&t2, root.path(), false, &c).unwrap());
+        let ids = |rs: &[Resource], name: &str| {
+            by_name(rs, name)
+                .devices
+                .iter()
+                .map(|d| d.id.clone())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(ids(&dp, "nvidia.com/gpu"), ["GPU-b"]);
+        assert_eq!(ids(&dra, "nvidia.com/gpu"), ["GPU-a"]);
     }
 }

@@ -277,3 +277,54 @@ fn device_node_templates_expand() {
         ["/dev/accel/accel3", "/dev/x/0000:04:00.0", "/dev/y/dev-3"]
     );
 }
+
+#[test]
+fn served_by_chooses_device_plugin_dra_or_both() {
+    let c = parse(
+        r#"
+resources:
+  - match: {vendor: huawei}
+    servedBy: dra
+  - match: {vendor: nvidia}
+    servedBy: both
+    cdi: true
+  - match: {vendor: metax}
+    servedBy: devicePlugin
+  - match: {vendor: amd}
+    enabled: false
+"#,
+    )
+    .unwrap();
+    let served = |vendor| c.served_by(&device(vendor, (0, 0), 0, "m"));
+    assert_eq!(served(Vendor::Huawei), Some(ServedBy::Dra));
+    assert_eq!(served(Vendor::Nvidia), Some(ServedBy::Both));
+    assert_eq!(served(Vendor::Metax), Some(ServedBy::DevicePlugin));
+    assert_eq!(served(Vendor::Amd), None, "disabled");
+    assert_eq!(
+        served(Vendor::Intel),
+        Some(ServedBy::DevicePlugin),
+        "no entry: the default"
+    );
+    assert!(ServedBy::Both.dra() && ServedBy::Both.device_plugin());
+    assert!(ServedBy::Dra.dra() && !ServedBy::Dra.device_plugin());
+    assert!(!ServedBy::DevicePlugin.dra() && ServedBy::DevicePlugin.device_plugin());
+    assert_eq!(Config::default().resources.len(), 0);
+
+    for (text, want) in [
+        (
+            "resources:\n  - match: {vendor: nvidia}\n    servedBy: DRA\n",
+            "/etc/fumarole/dp.yaml: resources[0].servedBy: unknown value \"DRA\": one of devicePlugin, dra, both",
+        ),
+        (
+            "resources:\n  - match: {vendor: nvidia}\n    servedBy: dra\n    cdi: false\n",
+            "/etc/fumarole/dp.yaml: resources[0].cdi: set on an entry with servedBy: dra",
+        ),
+        (
+            "resources:\n  - match: {vendor: nvidia}\n    enabled: false\n    servedBy: both\n",
+            "/etc/fumarole/dp.yaml: resources[0].servedBy: set on an entry with enabled: false",
+        ),
+    ] {
+        let got = err(text);
+        assert!(got.starts_with(want), "{text}\n got: {got}\nwant: {want}");
+    }
+}
