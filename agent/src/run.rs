@@ -8,6 +8,7 @@
 //! on the pods' cgroups, batch resources, pressure taint and eviction, configured by the
 //! `volcano-agent-configuration` ConfigMap.
 
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -306,9 +307,16 @@ pub fn run(args: RunArgs) -> Result<()> {
             .then(|| {
                 pods::NodePods::watch(client.clone(), &node_name, recorder, Some(choice_metrics))
             });
-        let (resources, dra_server) = match resources {
+        let (resources, dra_server, dra_served) = match resources {
             Some((all, topology)) => {
                 let (device_plugin, dra) = split(all);
+                // What the DRA plugin serves is what the ResourceSlices list.
+                let served: BTreeSet<String> = dra
+                    .iter()
+                    .flat_map(|r| &r.devices)
+                    .filter_map(|d| topology.devices.get(d.position))
+                    .map(|d| d.id.clone())
+                    .collect();
                 let server = plugins::start_dra(
                     &node_name,
                     &topology,
@@ -316,9 +324,10 @@ pub fn run(args: RunArgs) -> Result<()> {
                     &args.dra.dirs(),
                     Arc::new(KubeClaims::new(client.clone())),
                 )?;
-                (Some((device_plugin, topology)), server)
+                let served = server.as_ref().map(|_| served);
+                (Some((device_plugin, topology)), server, served)
             }
-            None => (None, None),
+            None => (None, None, None),
         };
         if let (Some(dir), Some((resources, topology))) = (args.device_plugin_dir.clone(), resources)
             && let Some(node_pods) = &node_pods
@@ -343,9 +352,18 @@ pub fn run(args: RunArgs) -> Result<()> {
         {
             start_colocation(&args, &client, &node_name, pods, colocation_metrics);
         }
-        let publisher = Publisher::new(client, &node_name, false, metrics.clone(), wake.clone());
-        let state = NodeState::new(prepared.options.clone(), prepared.nvml, kubelet, allocations, metrics)
+        let publisher = Publisher::new(
+            client,
+            &node_name,
+            dra_served.is_some(),
+            metrics.clone(),
+            wake.clone(),
+        );
+        let mut state = NodeState::new(prepared.options.clone(), prepared.nvml, kubelet, allocations, metrics)
             .with_health(stream.subscribe());
+        if let Some(served) = dra_served {
+            state = state.with_dra(&node_name, served);
+        }
         tracing::info!(node = %node_name, recheck = ?args.recheck_interval, "publishing node topology");
         tokio::select! {
             () = publish::run(publisher, state, args.recheck_interval, wake) => {}

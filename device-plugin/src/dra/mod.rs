@@ -18,7 +18,7 @@
 //!
 //! The spec files are the record: preparing a prepared claim answers from its file, and a new
 //! process (after a restart) unprepares claims an old one prepared, without the API server.
-//! [`served_device_ids`] says which devices the exporter publishes in ResourceSlices.
+//! The exporter publishes in ResourceSlices exactly the devices the plugin serves.
 //!
 //! Proven by unit tests and gRPC tests against our own client (`dra/tests.rs`,
 //! `tests/dra_grpc.rs`); not yet against the kubelet's DRA manager.
@@ -32,12 +32,6 @@ pub mod registration;
 pub mod serve;
 pub mod service;
 
-use std::collections::BTreeSet;
-
-use fumarole_topology::NodeTopology;
-
-use crate::config::Config;
-
 /// Generated from `proto/dra_v1.proto`: the kubelet's DRA plugin service, v1.
 pub mod api {
     tonic::include_proto!("k8s.io.kubelet.pkg.apis.dra.v1");
@@ -46,17 +40,6 @@ pub mod api {
 /// Generated from `proto/pluginregistration_v1.proto`: the kubelet's plugin registration.
 pub mod registration_api {
     tonic::include_proto!("pluginregistration");
-}
-
-/// The ids of the devices of `topology` that `config` serves through DRA (`servedBy: dra` or
-/// `both`): the devices to publish in ResourceSlices. Pure: no device node is looked at.
-pub fn served_device_ids(topology: &NodeTopology, config: &Config) -> BTreeSet<String> {
-    topology
-        .devices
-        .iter()
-        .filter(|d| config.served_by(d).is_some_and(|s| s.dra()))
-        .map(|d| d.id.clone())
-        .collect()
 }
 
 #[cfg(test)]

@@ -25,7 +25,6 @@ use super::cdi;
 use super::claims::{ClaimFuture, ClaimReader};
 use super::node::{DraNode, LookupError};
 use super::prepare::{ClaimRef, DriverPlugin, PrepareError};
-use super::served_device_ids;
 use super::service::DraService;
 use crate::config::Config;
 use crate::resources::{Resource, resources_with, split};
@@ -630,19 +629,7 @@ async fn a_new_instance_carries_on_from_the_files_without_the_api_server() {
 }
 
 #[test]
-fn served_device_ids_follow_served_by() {
-    let (t, _root) = node();
-    let ids =
-        |text: &str| -> Vec<String> { served_device_ids(&t, &config(text)).into_iter().collect() };
-    assert!(ids("").is_empty(), "the default is the device plugin");
-    assert_eq!(
-        ids(
-            "resources:\n  - match: {vendor: huawei}\n    servedBy: dra\n  - match: {vendor: nvidia}\n    servedBy: both\n  - match: {vendor: metax}\n    servedBy: devicePlugin\n"
-        ),
-        ["Ascend910-0", "Ascend910-1", "GPU-uuid-0", "GPU-uuid-1"]
-    );
-    assert!(ids("resources:\n  - match: {vendor: huawei}\n    enabled: false\n").is_empty());
-    // The plugin serves the drivers with devices, and only those.
+fn the_plugin_serves_the_drivers_with_devices_and_only_those() {
     let (node, _, _root) = dra_node("resources:\n  - match: {vendor: huawei}\n    servedBy: dra\n");
     assert_eq!(node.drivers(), [NPU_DRIVER]);
     let (node, _, _root) = dra_node(ALL_DRA);

@@ -204,42 +204,48 @@ impl Publisher {
     }
 
     /// Applies every object whose desired content differs from what is there. Returns the
-    /// number of writes; an error stops at the first failed write (the caller backs off).
+    /// number of writes; an error stops at the first failed write (the caller backs off),
+    /// except a kind the API server does not serve (404: its CRD is not installed, as Volcano's
+    /// on a DRA-only cluster), which is skipped so the other objects are still published.
     pub async fn publish(&mut self, desired: &Desired) -> Result<usize, kube::Error> {
-        let mut writes = 0;
+        let mut bodies: Vec<(Kind, Option<Value>)> = Vec::new();
         if let Some(spec) = &desired.numatopology {
-            let body = json!({ "spec": spec });
-            writes += self.ensure(Kind::Numatopology, body).await?;
+            bodies.push((Kind::Numatopology, Some(json!({ "spec": spec }))));
         }
         if let Some(nrt) = &desired.node_resource_topology {
             let body = serde_json::to_value(nrt).unwrap_or_default();
-            writes += self.ensure(Kind::NodeResourceTopology, body).await?;
+            bodies.push((Kind::NodeResourceTopology, Some(body)));
         }
         if let Some((spec, status)) = &desired.device_topology {
-            writes += self
-                .ensure(Kind::DeviceTopology, json!({ "spec": spec }))
-                .await?;
-            writes += self
-                .ensure(Kind::DeviceTopologyStatus, json!({ "status": status }))
-                .await?;
+            bodies.push((Kind::DeviceTopology, Some(json!({ "spec": spec }))));
+            bodies.push((
+                Kind::DeviceTopologyStatus,
+                Some(json!({ "status": status })),
+            ));
         }
         if let Some(labels) = &desired.labels {
-            writes += self
-                .ensure(
-                    Kind::NodeLabels,
-                    json!({ "metadata": { "labels": labels } }),
-                )
-                .await?;
+            let body = json!({ "metadata": { "labels": labels } });
+            bodies.push((Kind::NodeLabels, Some(body)));
         }
         if let Some(slices) = &desired.resource_slices {
             for driver in dra::DRIVERS {
-                let Some(kind) = Kind::slice(driver) else {
-                    continue;
-                };
-                writes += match slices.get(driver) {
-                    Some(spec) => self.ensure(kind, json!({ "spec": spec })).await?,
-                    None => self.ensure_absent(kind).await?,
-                };
+                if let Some(kind) = Kind::slice(driver) {
+                    let body = slices.get(driver).map(|spec| json!({ "spec": spec }));
+                    bodies.push((kind, body));
+                }
+            }
+        }
+        let mut writes = 0;
+        for (kind, body) in bodies {
+            let result = match body {
+                Some(body) => self.ensure(kind, body).await,
+                // Only slices are ever absent: a driver left with no device.
+                None => self.ensure_absent(kind).await,
+            };
+            match result {
+                Ok(n) => writes += n,
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => return Err(e),
             }
         }
         Ok(writes)

@@ -1,0 +1,351 @@
+//! Dynamic Resource Allocation against the real API server (v1.37, `resource.k8s.io/v1`) and
+//! the real kube-scheduler's DRA allocator: two Ascend nodes (fixture `atlas-800-910`, HCCS
+//! groups 0-3 and 4-7) whose agents serve their NPUs through DRA (`servedBy: dra`).
+//!
+//! - Each agent publishes one ResourceSlice with its eight devices and their attributes, and
+//!   writes nothing more while nothing changes (the API server's audit log).
+//! - A device whose `/dev/davinciN` disappears gets a NoSchedule taint in the slice; the
+//!   scheduler gives it to no claim, and the taint goes when the device is back.
+//! - A claim for two NPUs with `matchAttribute: fumarole.dev/fabricGroup` lands on the only
+//!   two untainted NPUs of one HCCS group, on the node where they are, while the other node
+//!   has two untainted NPUs split across its groups.
+//! - A claim whose `firstAvailable` first choice (four NPUs) fits nowhere gets its second.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use fumarole_e2e::cluster::{eventually, free_port};
+use fumarole_e2e::deploy::{apply, deploy_dir, kustomization};
+use fumarole_e2e::fumarole::{agent_bin, fixture_root};
+use fumarole_e2e::{NodeSpec, TestCluster};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+use kube::api::{Api, PostParams};
+use serde_json::{Value, json};
+
+const DRIVER: &str = "npu.fumarole.dev";
+
+/// One agent on its own fixture root.
+struct Node {
+    name: String,
+    root: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Node {
+    fn slice(&self) -> String {
+        format!("{}-{DRIVER}", self.name)
+    }
+
+    /// Takes `/dev/davinciN` away (the device turns unhealthy) or puts it back.
+    fn set_present(&self, index: u32, present: bool) {
+        let path = self.root.join(format!("dev/davinci{index}"));
+        if present {
+            std::fs::write(&path, "").unwrap();
+        } else {
+            std::fs::remove_file(&path).unwrap();
+        }
+    }
+}
+
+async fn start_node(cluster: &TestCluster, name: &str) -> Node {
+    cluster
+        .create_node(&NodeSpec::new(name).capacity("cpu", "192"))
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let root = fixture_root("atlas-800-910", dir.path()).unwrap();
+    let config = dir.path().join("device-plugin-config.yaml");
+    std::fs::write(
+        &config,
+        "resources:\n  - match: {vendor: huawei}\n    servedBy: dra\n",
+    )
+    .unwrap();
+    let path = |p: &str| dir.path().join(p).to_str().unwrap().to_string();
+    for d in ["device-plugins", "plugins", "plugins_registry", "cdi"] {
+        std::fs::create_dir_all(dir.path().join(d)).unwrap();
+    }
+    let args: Vec<String> = [
+        "run".to_string(),
+        "--root".into(),
+        root.to_str().unwrap().into(),
+        "--node-name".into(),
+        name.into(),
+        "--device-plugin-config".into(),
+        config.to_str().unwrap().into(),
+        "--device-plugin-dir".into(),
+        path("device-plugins"),
+        "--dra-plugins-dir".into(),
+        path("plugins"),
+        "--dra-registry-dir".into(),
+        path("plugins_registry"),
+        "--cdi-dir".into(),
+        path("cdi"),
+        "--kubelet-config".into(),
+        path("absent.yaml"),
+        "--cpu-manager-state".into(),
+        path("absent_state"),
+        "--pod-resources-socket".into(),
+        path("absent.sock"),
+        "--recheck-interval".into(),
+        "1s".into(),
+        "--health-poll-interval".into(),
+        "300ms".into(),
+        "--metrics-addr".into(),
+        format!("127.0.0.1:{}", free_port().unwrap()),
+    ]
+    .to_vec();
+    cluster
+        .start_program(
+            &format!("fumarole-agent-{name}"),
+            &agent_bin().unwrap(),
+            &args,
+            &[("FUMAROLE_LOG", "info")],
+        )
+        .unwrap();
+    Node {
+        name: name.into(),
+        root,
+        _dir: dir,
+    }
+}
+
+/// The slice once `ready` holds for it.
+async fn slice_when(
+    slices: &Api<ResourceSlice>,
+    name: &str,
+    what: &str,
+    ready: impl Fn(&ResourceSlice) -> bool,
+) -> ResourceSlice {
+    eventually(what, Duration::from_secs(60), || {
+        let slices = slices.clone();
+        let name = name.to_string();
+        let ok = &ready;
+        async move { Ok(slices.get_opt(&name).await?.filter(|s| ok(s))) }
+    })
+    .await
+    .unwrap()
+}
+
+/// Names of the devices of `s` that carry a taint.
+fn tainted(s: &ResourceSlice) -> Vec<String> {
+    s.spec
+        .devices
+        .iter()
+        .flatten()
+        .filter(|d| d.taints.as_ref().is_some_and(|t| !t.is_empty()))
+        .map(|d| d.name.clone())
+        .collect()
+}
+
+/// Writes to ResourceSlices in the audit log so far.
+fn slice_writes(cluster: &TestCluster) -> usize {
+    cluster
+        .audited_writes()
+        .unwrap()
+        .iter()
+        .filter(|e| e["objectRef"]["resource"] == "resourceslices")
+        .filter(|e| {
+            matches!(
+                e["verb"].as_str(),
+                Some("create" | "update" | "patch" | "delete")
+            )
+        })
+        .count()
+}
+
+/// A claim and a pod using it; returns the claim once allocated, and the pod's node.
+async fn claim_and_pod(cluster: &TestCluster, name: &str, claim_spec: Value) -> (Value, String) {
+    let client = cluster.client();
+    let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), "default");
+    let claim: ResourceClaim = serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name},
+        "spec": claim_spec,
+    }))
+    .unwrap();
+    claims.create(&PostParams::default(), &claim).await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(client, "default");
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "resourceClaims": [{"name": "npus", "resourceClaimName": name}],
+            "containers": [{
+                "name": "main",
+                "image": "registry.k8s.io/pause:3.10",
+                "resources": {"claims": [{"name": "npus"}]},
+            }],
+        },
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    let node = eventually(
+        &format!("pod {name} bound"),
+        Duration::from_secs(60),
+        || {
+            let pods = pods.clone();
+            async move {
+                Ok(pods
+                    .get(name)
+                    .await?
+                    .spec
+                    .and_then(|s| s.node_name)
+                    .filter(|n| !n.is_empty()))
+            }
+        },
+    )
+    .await
+    .unwrap();
+    let claim = serde_json::to_value(claims.get(name).await.unwrap()).unwrap();
+    (claim, node)
+}
+
+/// `(request, device)` of each result of the claim's allocation.
+fn allocated(claim: &Value) -> Vec<(String, String)> {
+    let results = claim["status"]["allocation"]["devices"]["results"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    for r in &results {
+        assert_eq!(r["driver"], DRIVER, "{r}");
+    }
+    results
+        .iter()
+        .map(|r| {
+            (
+                r["request"].as_str().unwrap().to_string(),
+                r["device"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+async fn install_device_classes(cluster: &TestCluster) {
+    for (name, object) in kustomization(&deploy_dir().join("dra")).unwrap() {
+        apply(&cluster.client(), &object, false)
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn slices_taints_and_the_real_scheduler_keep_claims_on_one_hccs_group() {
+    let cluster = TestCluster::start().await.unwrap();
+    install_device_classes(&cluster).await;
+    cluster.start_kube_scheduler("").await.unwrap();
+    let a = start_node(&cluster, "npu-a").await;
+    let b = start_node(&cluster, "npu-b").await;
+    let slices: Api<ResourceSlice> = Api::all(cluster.client());
+
+    // Eight devices each, with the attributes placement needs.
+    for node in [&a, &b] {
+        let s = slice_when(&slices, &node.slice(), "slice with 8 NPUs", |s| {
+            s.spec.devices.as_ref().is_some_and(|d| d.len() == 8)
+        })
+        .await;
+        assert_eq!(s.spec.driver, DRIVER);
+        assert_eq!(s.spec.node_name.as_deref(), Some(node.name.as_str()));
+        assert_eq!(s.spec.pool.name, node.name);
+        let devices = s.spec.devices.as_ref().unwrap();
+        let attr = |i: usize, name: &str| devices[i].attributes.as_ref().unwrap()[name].clone();
+        assert_eq!(devices[5].name, "huawei-5");
+        assert_eq!(attr(5, "fumarole.dev/fabricGroup").int, Some(4));
+        assert_eq!(attr(1, "fumarole.dev/fabricGroup").int, Some(0));
+        assert_eq!(
+            attr(5, "fumarole.dev/fabric").string.as_deref(),
+            Some("hccs")
+        );
+        assert!(attr(5, "resource.kubernetes.io/pcieRoot").string.is_some());
+        assert!(tainted(&s).is_empty());
+        let owner = s.metadata.owner_references.as_ref().unwrap();
+        assert_eq!(owner[0].kind, "Node");
+    }
+
+    // Nothing changes, nothing is written (a re-check every second).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let before = slice_writes(&cluster);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(slice_writes(&cluster), before, "writes in steady state");
+
+    // npu-a keeps NPUs 0 and 4 (one per group); npu-b keeps 3 (group 0) and 6, 7 (group 4).
+    for i in [1, 2, 3, 5, 6, 7] {
+        a.set_present(i, false);
+    }
+    for i in [0, 1, 2, 4, 5] {
+        b.set_present(i, false);
+    }
+    let want = |v: &[u32]| -> Vec<String> { v.iter().map(|i| format!("huawei-{i}")).collect() };
+    slice_when(&slices, &a.slice(), "npu-a's six taints", |s| {
+        tainted(s) == want(&[1, 2, 3, 5, 6, 7])
+    })
+    .await;
+    let s = slice_when(&slices, &b.slice(), "npu-b's five taints", |s| {
+        tainted(s) == want(&[0, 1, 2, 4, 5])
+    })
+    .await;
+    let taint = &s.spec.devices.as_ref().unwrap()[0].taints.as_ref().unwrap()[0];
+    assert_eq!(
+        (taint.key.as_str(), taint.effect.as_str()),
+        ("fumarole.dev/unhealthy", "NoSchedule")
+    );
+    assert_eq!(taint.value.as_deref(), Some("dev-node-missing"));
+
+    // Two NPUs of one HCCS group: only 6 and 7 on npu-b qualify.
+    let (claim, node) = claim_and_pod(
+        &cluster,
+        "pair",
+        json!({
+            "devices": {
+                "requests": [{"name": "npus", "exactly": {"deviceClassName": DRIVER, "count": 2}}],
+                "constraints": [{"requests": ["npus"], "matchAttribute": "fumarole.dev/fabricGroup"}],
+            }
+        }),
+    )
+    .await;
+    assert_eq!(node, "npu-b");
+    let mut got = allocated(&claim);
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            ("npus".to_string(), "huawei-6".to_string()),
+            ("npus".to_string(), "huawei-7".to_string())
+        ]
+    );
+
+    // Four NPUs fit nowhere now (npu-a has 2 untainted, npu-b 1 free): the second choice.
+    let (claim, _) = claim_and_pod(
+        &cluster,
+        "fallback",
+        json!({
+            "devices": {
+                "requests": [{"name": "npus", "firstAvailable": [
+                    {"name": "four", "deviceClassName": DRIVER, "count": 4},
+                    {"name": "one", "deviceClassName": DRIVER, "count": 1},
+                ]}],
+            }
+        }),
+    )
+    .await;
+    let got = allocated(&claim);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].0, "npus/one");
+    assert!(
+        ["huawei-0", "huawei-4", "huawei-3"].contains(&got[0].1.as_str()),
+        "a tainted device was allocated: {got:?}"
+    );
+
+    // npu-a's devices come back: the taints go.
+    for i in [1, 2, 3, 5, 6, 7] {
+        a.set_present(i, true);
+    }
+    slice_when(&slices, &a.slice(), "npu-a untainted", |s| {
+        tainted(s).is_empty()
+    })
+    .await;
+}
