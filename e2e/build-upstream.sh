@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the upstream control plane used by the e2e tests, from Go modules only:
-#   etcd, kube-apiserver, kube-scheduler, kubelet-dm, kubelet-node   (e2e/upstream/k8s)
+#   etcd, kube-apiserver, kube-scheduler, kubelet-dm, kubelet-node, dra-standin   (e2e/upstream/k8s)
 #   vc-scheduler, vc-controller-manager                (e2e/upstream/volcano)
 #   helm-render                                        (e2e/upstream/helm-render)
 # and copies Volcano's CRDs out of the module cache.
@@ -43,7 +43,7 @@ KEY="k8s-${K8S_VERSION}_etcd-${ETCD_VERSION}_volcano-${VC_VERSION}_${GO_VERSION}
 CACHE_ROOT="${FUMAROLE_UPSTREAM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/fumarole/upstream}"
 OUT="$CACHE_ROOT/$KEY"
 STAMP="$OUT/stamp"
-BINS=(etcd kube-apiserver kube-scheduler kubelet-dm kubelet-node vc-scheduler vc-controller-manager)
+BINS=(etcd kube-apiserver kube-scheduler kubelet-dm kubelet-node dra-standin vc-scheduler vc-controller-manager)
 
 warm() {
   [[ -f "$STAMP" ]] || return 1
@@ -77,8 +77,8 @@ else
   (
     cd "$K8S_MOD"
     go mod download
-    echo "build-upstream: etcd $ETCD_VERSION, kubelet-dm, kubelet-node" >&2
-    go build -buildvcs=false -trimpath -ldflags "-s -w" -o "$OUT.tmp/bin/" ./cmd/etcd ./cmd/kubelet-dm ./cmd/kubelet-node
+    echo "build-upstream: etcd $ETCD_VERSION, kubelet-dm, kubelet-node, dra-standin" >&2
+    go build -buildvcs=false -trimpath -ldflags "-s -w" -o "$OUT.tmp/bin/" ./cmd/etcd ./cmd/kubelet-dm ./cmd/kubelet-node ./cmd/dra-standin
     echo "build-upstream: kube-apiserver, kube-scheduler $K8S_VERSION" >&2
     go build -buildvcs=false -trimpath -ldflags "-s -w $ldv" -o "$OUT.tmp/bin/" \
       k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-scheduler

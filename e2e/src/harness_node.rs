@@ -10,6 +10,13 @@
 //! device manager gave each container ([`PodRecord`]). Several harness nodes can run in one
 //! cluster: each has its own directory, process and mount namespace.
 //!
+//! With DRA (on unless `--dra=false` is in [`HarnessOptions::extra_args`]) it also runs the
+//! kubelet's DRA manager and plugin manager: a DRA kubelet plugin registers by creating
+//! `<driver>-reg.sock` in [`HarnessNode::plugins_registry_dir`] (its service socket
+//! conventionally in [`HarnessNode::dra_plugin_dir`]); a pod with ResourceClaims is prepared
+//! before its containers start ([`PodRecord::dra`], [`ContainerRecord::cdi_devices`]) and
+//! unprepared once it goes. [`HarnessNode::dra_plugins`] lists the registered plugins.
+//!
 //! The process runs under `unshare --mount --propagation private` (util-linux, root):
 //! `devicemanager.NewManagerImpl` serves `/var/lib/kubelet/device-plugins/kubelet.sock` only,
 //! so `kubelet-node` binds the node's directory there in its own mount namespace. The JSON
@@ -105,12 +112,14 @@ pub struct PodRecord {
     pub uid: String,
     pub namespace: String,
     pub name: String,
-    /// `admitting`, `admitted`, `rejected`, or `released` (admitted, then deleted).
+    /// `admitting`, `admitted`, `rejected`, `prepare_failed` (admitted, but the DRA manager's
+    /// `PrepareResources` failed: no container started; see [`HarnessNode::retry_prepare`]),
+    /// or `released` (admitted, then deleted).
     pub state: String,
     /// Admitted by every admit handler.
     pub admitted: bool,
     /// The kubelet's reason for a refusal (`UnexpectedAdmissionError`,
-    /// `TopologyAffinityError`, `OutOf<resource>`, ...).
+    /// `TopologyAffinityError`, `OutOf<resource>`, ...), or `FailedPrepareDynamicResources`.
     #[serde(default)]
     pub reason: String,
     #[serde(default)]
@@ -121,6 +130,59 @@ pub struct PodRecord {
     pub generation: u64,
     /// Init containers first, then the containers.
     pub containers: Vec<ContainerRecord>,
+    /// What the DRA manager did for the pod's ResourceClaims; `None` for pods without any.
+    #[serde(default)]
+    pub dra: Option<DraRecord>,
+}
+
+/// What the kubelet's DRA manager did for one pod's ResourceClaims.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+pub struct DraRecord {
+    /// The pod's ResourceClaim names, in spec order (those that could be resolved).
+    #[serde(default)]
+    pub claims: Vec<String>,
+    /// `PrepareResources` succeeded.
+    pub prepared: bool,
+    /// `PrepareResources` calls so far.
+    pub prepare_attempts: u32,
+    /// The last `PrepareResources` error (cleared on success).
+    #[serde(default)]
+    pub prepare_error: Option<String>,
+    /// `UnprepareResources` succeeded after the pod went.
+    pub unprepared: bool,
+    /// The last `UnprepareResources` error (cleared on success).
+    #[serde(default)]
+    pub unprepare_error: Option<String>,
+}
+
+/// One prepared device of a container's ResourceClaim (the DRA manager's claim info).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+pub struct ClaimDevice {
+    pub claim: String,
+    pub driver: String,
+    pub pool: String,
+    pub device: String,
+    /// The claim's requests the device serves (empty: all).
+    #[serde(default)]
+    pub requests: Vec<String>,
+    #[serde(default)]
+    pub cdi_device_ids: Vec<String>,
+    #[serde(default)]
+    pub share_id: Option<String>,
+}
+
+/// A DRA plugin registered through the plugin manager (`GET /dra/plugins`).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+pub struct DraPlugin {
+    /// The DRA driver name (the plugin's `GetInfo` name).
+    pub driver: String,
+    /// Its DRA service socket, as its `GetInfo` endpoint said.
+    pub endpoint: String,
+    /// The gRPC services it advertised (e.g. `v1.DRAPlugin`).
+    #[serde(default)]
+    pub services: Vec<String>,
+    /// RFC 3339.
+    pub registered_at: String,
 }
 
 impl PodRecord {
@@ -162,9 +224,17 @@ pub struct ContainerRecord {
     /// `GetDeviceRunContainerOptions`: the plugins' `Allocate` answers, merged.
     #[serde(default)]
     pub options: Option<RunOptions>,
-    /// `GetDeviceRunContainerOptions` failed (e.g. `PreStartContainer`).
+    /// `GetDeviceRunContainerOptions` failed (e.g. `PreStartContainer`), or the DRA manager's
+    /// `GetResources`.
     #[serde(default)]
     pub error: Option<String>,
+    /// The DRA manager's `GetResources`: the CDI device ids of the container's claims'
+    /// prepared devices (the runtime gets these, then `options.cdi_devices`).
+    #[serde(default)]
+    pub cdi_devices: Vec<String>,
+    /// The prepared devices of the container's ResourceClaims.
+    #[serde(default)]
+    pub claims: Vec<ClaimDevice>,
 }
 
 /// A topology-manager hint.
@@ -207,7 +277,10 @@ pub struct MountSpec {
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 pub struct Event {
     pub seq: u64,
-    /// `started`, `capacity`, `admitted`, `rejected`, `released` or `restarted`.
+    /// `started`, `capacity`, `admitted`, `rejected`, `released` or `restarted`; with DRA
+    /// also `prepared`, `prepare_failed`, `unprepared`, `unprepare_failed`,
+    /// `dra_plugin_registered`, `dra_plugin_rejected`, `dra_plugin_deregistered` and
+    /// `dra_health_update`.
     pub kind: String,
     #[serde(default)]
     pub resource: Option<String>,
@@ -224,6 +297,17 @@ pub struct Event {
     pub reason: Option<String>,
     #[serde(default)]
     pub message: Option<String>,
+    /// The pod's ResourceClaim names (`prepared`, `prepare_failed`, `unprepared`,
+    /// `unprepare_failed`).
+    #[serde(default)]
+    pub claims: Vec<String>,
+    /// A DRA plugin's driver name, service socket and advertised services (`dra_plugin_*`).
+    #[serde(default)]
+    pub driver: Option<String>,
+    #[serde(default)]
+    pub endpoint: Option<String>,
+    #[serde(default)]
+    pub services: Vec<String>,
     pub generation: u64,
 }
 
@@ -235,6 +319,10 @@ pub struct HarnessNode {
     addr: String,
     plugin_dir: PathBuf,
     socket: PathBuf,
+    /// `None` with `--dra=false`.
+    plugins_registry_dir: Option<PathBuf>,
+    plugins_dir: Option<PathBuf>,
+    dra_state_dir: Option<PathBuf>,
 }
 
 /// `unshare` from `$PATH`.
@@ -299,10 +387,14 @@ impl HarnessNode {
                 .map(str::to_string)
                 .ok_or_else(|| anyhow!("no {k} in {hello}"))
         };
+        let optional = |k: &str| hello[k].as_str().map(PathBuf::from);
         Ok(HarnessNode {
             addr: field("addr")?,
             plugin_dir: PathBuf::from(field("plugin_dir")?),
             socket: PathBuf::from(field("socket")?),
+            plugins_registry_dir: optional("plugins_registry_dir"),
+            plugins_dir: optional("plugins_dir"),
+            dra_state_dir: optional("dra_state_dir"),
             node: node.to_string(),
             proc,
         })
@@ -323,6 +415,27 @@ impl HarnessNode {
     /// `plugin_dir/kubelet.sock`.
     pub fn socket(&self) -> &Path {
         &self.socket
+    }
+
+    /// The kubelet's `plugins_registry` (`<node dir>/plugins_registry`, beside
+    /// [`HarnessNode::plugin_dir`]), watched by the kubelet's plugin manager: a DRA plugin
+    /// registers by serving `<driver>-reg.sock` here. `None` with `--dra=false`.
+    pub fn plugins_registry_dir(&self) -> Option<&Path> {
+        self.plugins_registry_dir.as_deref()
+    }
+
+    /// `<node dir>/plugins/<driver>`: where a DRA plugin for `driver` conventionally serves its
+    /// DRA service socket (`dra.sock`), as `/var/lib/kubelet/plugins/<driver>` on a real node.
+    /// kubelet-node only creates `<node dir>/plugins`; the plugin creates its directory and
+    /// names the socket in its registration (`GetInfo` endpoint). `None` with `--dra=false`.
+    pub fn dra_plugin_dir(&self, driver: &str) -> Option<PathBuf> {
+        self.plugins_dir.as_ref().map(|d| d.join(driver))
+    }
+
+    /// The DRA manager's checkpoint directory (`dra_manager_state`, `dra_health_state`):
+    /// `<node dir>/dra-state`. `None` with `--dra=false`.
+    pub fn dra_state_dir(&self) -> Option<&Path> {
+        self.dra_state_dir.as_deref()
     }
 
     /// `127.0.0.1:<port>` of the JSON API.
@@ -489,9 +602,84 @@ impl HarnessNode {
         }
     }
 
+    /// Waits until the record of `pod` (as returned by the API server's create, by uid)
+    /// satisfies `pred`; returns it.
+    pub async fn wait_record(
+        &self,
+        pod: &Pod,
+        timeout: Duration,
+        pred: impl Fn(&PodRecord) -> bool,
+    ) -> Result<PodRecord> {
+        let uid = pod
+            .metadata
+            .uid
+            .clone()
+            .ok_or_else(|| anyhow!("pod without a uid: create it first"))?;
+        let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+        let name = pod.metadata.name.as_deref().unwrap_or_default();
+        let what = format!("{namespace}/{name} ({uid}) on harness node {}", self.node);
+        let result = eventually(&what, timeout, || async {
+            let v = self
+                .ok("GET", &format!("/pods?namespace={namespace}&name={name}"))
+                .await?;
+            let all: Vec<PodRecord> = serde_json::from_value(v)?;
+            Ok(all.into_iter().find(|r| r.uid == uid && pred(r)))
+        })
+        .await;
+        result.with_context(|| format!("kubelet-node log:\n{}", self.log_tail(30)))
+    }
+
+    /// `GET /dra/plugins`: the DRA plugins registered with the current DRA manager, in
+    /// registration order (a restart starts the list afresh; the plugin manager registers the
+    /// plugins whose sockets are in the registry directory again).
+    pub async fn dra_plugins(&self) -> Result<Vec<DraPlugin>> {
+        let v = self.ok("GET", "/dra/plugins").await?;
+        Ok(serde_json::from_value(v["plugins"].clone())?)
+    }
+
+    /// Waits until a plugin of DRA driver `driver` is registered; returns it.
+    pub async fn wait_dra_plugin(&self, driver: &str, timeout: Duration) -> Result<DraPlugin> {
+        let result = eventually(
+            &format!(
+                "DRA driver {driver} registered on harness node {}",
+                self.node
+            ),
+            timeout,
+            || async {
+                Ok(self
+                    .dra_plugins()
+                    .await?
+                    .into_iter()
+                    .find(|p| p.driver == driver))
+            },
+        )
+        .await;
+        result.with_context(|| format!("kubelet-node log:\n{}", self.log_tail(30)))
+    }
+
+    /// `POST /pods/prepare?uid=`: the kubelet's next sync of a pod in `prepare_failed`: the pod
+    /// is read again from the API server and `PrepareResources` called again; on success its
+    /// containers start as on admission. Returns the record after the try (state `admitted`,
+    /// or still `prepare_failed` with the new error).
+    pub async fn retry_prepare(&self, uid: &str) -> Result<PodRecord> {
+        let v = self.ok("POST", &format!("/pods/prepare?uid={uid}")).await?;
+        Ok(serde_json::from_value(v)?)
+    }
+
+    /// `POST /pods/unprepare?uid=`: `UnprepareResources` again for a released pod whose
+    /// unprepare failed (a terminating pod is then deleted for good). Returns the record
+    /// after the try (`dra.unprepared`, or the new `dra.unprepare_error`).
+    pub async fn retry_unprepare(&self, uid: &str) -> Result<PodRecord> {
+        let v = self
+            .ok("POST", &format!("/pods/unprepare?uid={uid}"))
+            .await?;
+        Ok(serde_json::from_value(v)?)
+    }
+
     /// A kubelet restart: the device manager stops (plugins disconnected, `kubelet.sock`
     /// removed), then new topology and device managers start over the same directory, reading
-    /// the checkpoint. Returns the new generation.
+    /// the checkpoint; the DRA manager and plugin manager likewise (DRA plugins whose
+    /// registration sockets are still there register again). Returns the new generation.
     pub async fn restart(&self) -> Result<u64> {
         let v = self.ok("POST", "/restart").await?;
         v["generation"]

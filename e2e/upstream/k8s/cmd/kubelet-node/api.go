@@ -52,6 +52,25 @@ func (n *node) routes() http.Handler {
 		}
 		writeJSON(w, http.StatusOK, n.events.since(since, time.Duration(wait*float64(time.Second))))
 	})
+	// GET /dra/plugins: the DRA plugins the plugin manager registered with
+	// the current DRA manager.
+	mux.HandleFunc("GET /dra/plugins", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, n.draPlugins())
+	})
+	// POST /pods/prepare?uid=UID (or namespace=NS&name=NAME): PrepareResources
+	// again for a pod in prepare_failed; answers its record after the try.
+	mux.HandleFunc("POST /pods/prepare", func(w http.ResponseWriter, r *http.Request) {
+		q := r.URL.Query()
+		rec, err := n.retryPrepare(r.Context(), n.lookupUID(q.Get("uid"), q.Get("namespace"), q.Get("name")))
+		writeRecord(w, rec, err)
+	})
+	// POST /pods/unprepare?uid=UID (or namespace=NS&name=NAME):
+	// UnprepareResources again for a released pod whose unprepare failed.
+	mux.HandleFunc("POST /pods/unprepare", func(w http.ResponseWriter, r *http.Request) {
+		q := r.URL.Query()
+		rec, err := n.retryUnprepare(r.Context(), n.lookupUID(q.Get("uid"), q.Get("namespace"), q.Get("name")))
+		writeRecord(w, rec, err)
+	})
 	// POST /restart: a kubelet restart (new managers over the same checkpoint).
 	mux.HandleFunc("/restart", func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != http.MethodPost {
@@ -66,4 +85,17 @@ func (n *node) routes() http.Handler {
 		writeJSON(w, http.StatusOK, map[string]uint64{"generation": gen})
 	})
 	return mux
+}
+
+func writeRecord(w http.ResponseWriter, rec podRecord, err error) {
+	switch {
+	case err == nil:
+		writeJSON(w, http.StatusOK, rec)
+	case errors.Is(err, errNotFound):
+		writeErr(w, http.StatusNotFound, err)
+	case errors.Is(err, errConflict):
+		writeErr(w, http.StatusConflict, err)
+	default:
+		writeErr(w, http.StatusInternalServerError, err)
+	}
 }

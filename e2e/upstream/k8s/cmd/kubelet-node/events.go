@@ -7,9 +7,13 @@ import (
 
 // Event is one recorded happening, in order. Seq starts at 1.
 type Event struct {
-	Seq  uint64    `json:"seq"`
-	At   time.Time `json:"at"`
-	Kind string    `json:"kind"` // capacity, admitted, rejected, released, restarted
+	Seq uint64    `json:"seq"`
+	At  time.Time `json:"at"`
+	// Kind: started, capacity, admitted, rejected, released, restarted; with
+	// DRA also prepared, prepare_failed, unprepared, unprepare_failed,
+	// dra_plugin_registered, dra_plugin_rejected, dra_plugin_deregistered,
+	// dra_health_update.
+	Kind string `json:"kind"`
 	// Resource, Capacity and Allocatable: what the device manager's GetCapacity
 	// reports for one resource (capacity).
 	Resource    string `json:"resource,omitempty"`
@@ -18,9 +22,18 @@ type Event struct {
 	// Pod is namespace/name, UID its uid (admitted, rejected, released).
 	Pod string `json:"pod,omitempty"`
 	UID string `json:"uid,omitempty"`
-	// Reason and Message of a rejection, or why a pod was released.
+	// Reason and Message of a rejection, or why a pod was released; Message
+	// is also the error of prepare_failed, unprepare_failed and dra_plugin_rejected.
 	Reason  string `json:"reason,omitempty"`
 	Message string `json:"message,omitempty"`
+	// Claims: the pod's ResourceClaim names (prepared, prepare_failed,
+	// unprepared, unprepare_failed).
+	Claims []string `json:"claims,omitempty"`
+	// Driver, Endpoint and Services of a DRA plugin (dra_plugin_*): its
+	// driver name, service socket and the gRPC services it advertised.
+	Driver   string   `json:"driver,omitempty"`
+	Endpoint string   `json:"endpoint,omitempty"`
+	Services []string `json:"services,omitempty"`
 	// Generation counts device-manager starts; 1 for the first.
 	Generation uint64 `json:"generation"`
 }

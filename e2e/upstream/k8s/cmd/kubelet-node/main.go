@@ -13,6 +13,15 @@
 // their devices come back. The Node's status.capacity and allocatable of the
 // device resources follow the device manager's GetCapacity.
 //
+// With --dra (the default) it also runs the kubelet's DRA manager
+// (pkg/kubelet/cm/dra, checkpoint in --dra-state-dir) and plugin manager
+// (pkg/kubelet/pluginmanager, watching --plugins-registry-dir with the DRA
+// manager's registration handler), as the kubelet wires them: an admitted pod
+// with ResourceClaims gets PrepareResources before its containers start
+// (state prepare_failed when that fails; POST /pods/prepare retries), each
+// container the CDI devices of GetResources, and a terminated pod
+// UnprepareResources. See dra.go.
+//
 // devicemanager.NewManagerImpl serves /var/lib/kubelet/device-plugins/kubelet.sock
 // and nothing else, so kubelet-node must run in a mount namespace of its own
 // (`unshare --mount --propagation private kubelet-node ...`): it binds
@@ -21,7 +30,7 @@
 // It is driven over a loopback HTTP port with JSON out (see e2e/README.md)
 // and prints one JSON line to stdout once it serves:
 //
-//	{"addr":"127.0.0.1:PORT","node":"n1","plugin_dir":"/dir","socket":"/dir/kubelet.sock"}
+//	{"addr":"127.0.0.1:PORT","node":"n1","plugin_dir":"/dir","socket":"/dir/kubelet.sock",...}
 package main
 
 import (
@@ -73,6 +82,10 @@ func main() {
 	statusInterval := flag.Duration("status-interval", time.Second, "how often the device capacity is written to the Node")
 	hostIP := flag.String("host-ip", "127.0.0.1", "status.hostIP of admitted pods")
 	admitDelay := flag.Duration("admit-delay", 0, "admit a new pod no sooner than this after it appeared (the kubelet's sync latency)")
+	draOn := flag.Bool("dra", true, "run the kubelet's DRA manager and plugin manager for pods with ResourceClaims")
+	registryDir := flag.String("plugins-registry-dir", "", "the kubelet's plugins_registry, where DRA plugins create <driver>-reg.sock (default: plugins_registry beside --plugin-dir)")
+	pluginsDir := flag.String("plugins-dir", "", "the kubelet's plugins directory, where DRA plugins conventionally serve <driver>/dra.sock; only created (default: plugins beside --plugin-dir)")
+	draStateDir := flag.String("dra-state-dir", "", "the DRA manager's checkpoint directory (dra_manager_state) (default: dra-state beside --plugin-dir)")
 	klog.InitFlags(flag.CommandLine)
 	flag.Parse()
 	if *nodeName == "" || *pluginDir == "" {
@@ -98,6 +111,24 @@ func main() {
 	}
 	if err := os.MkdirAll(dir, 0o750); err != nil {
 		fail("%v", err)
+	}
+	var draCfg *draConfig
+	if *draOn {
+		abs := func(p, def string) string {
+			if p == "" {
+				p = filepath.Join(filepath.Dir(dir), def)
+			}
+			a, err := filepath.Abs(p)
+			if err != nil {
+				fail("%v", err)
+			}
+			return a
+		}
+		draCfg = &draConfig{
+			registryDir: abs(*registryDir, "plugins_registry"),
+			pluginsDir:  abs(*pluginsDir, "plugins"),
+			stateDir:    abs(*draStateDir, "dra-state"),
+		}
 	}
 	if err := bindPluginDir(dir); err != nil {
 		fail("%v", err)
@@ -127,6 +158,7 @@ func main() {
 		options:    opts,
 		predicates: *predicates,
 		admitDelay: *admitDelay,
+		dra:        draCfg,
 		events:     newEventLog(),
 		pods:       map[types.UID]*podRecord{},
 		capacity:   map[string]capacityPair{},
@@ -186,13 +218,19 @@ func main() {
 	if err != nil {
 		fail("listen: %v", err)
 	}
-	hello, _ := json.Marshal(map[string]string{
+	helloFields := map[string]string{
 		"addr":           ln.Addr().String(),
 		"node":           *nodeName,
 		"plugin_dir":     dir,
 		"socket":         filepath.Join(dir, filepath.Base(pluginapi.KubeletSocket)),
 		"kubelet_socket": pluginapi.KubeletSocket,
-	})
+	}
+	if draCfg != nil {
+		helloFields["plugins_registry_dir"] = draCfg.registryDir
+		helloFields["plugins_dir"] = draCfg.pluginsDir
+		helloFields["dra_state_dir"] = draCfg.stateDir
+	}
+	hello, _ := json.Marshal(helloFields)
 	fmt.Println(string(hello))
 	httpSrv := &http.Server{Handler: n.routes(), ReadHeaderTimeout: 10 * time.Second}
 	go func() {

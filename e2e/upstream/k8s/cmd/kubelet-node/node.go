@@ -40,12 +40,15 @@ type podRecord struct {
 	UID       string `json:"uid"`
 	Namespace string `json:"namespace"`
 	Name      string `json:"name"`
-	// State: admitting, admitted, rejected, or released (admitted, then
-	// deleted: its devices went back).
+	// State: admitting, admitted, rejected, prepare_failed (admitted, but the
+	// DRA manager's PrepareResources failed: no container started), or
+	// released (admitted, then deleted: its devices went back).
 	State    string `json:"state"`
 	Admitted bool   `json:"admitted"`
 	// Reason and Message of a rejection, as the kubelet writes them on the
-	// pod (`UnexpectedAdmissionError`, `TopologyAffinityError`, `OutOf<resource>`, ...).
+	// pod (`UnexpectedAdmissionError`, `TopologyAffinityError`, `OutOf<resource>`, ...),
+	// or of a failed PrepareResources (`FailedPrepareDynamicResources`, the
+	// kubelet's event).
 	Reason  string `json:"reason,omitempty"`
 	Message string `json:"message,omitempty"`
 	// Deleted: the pod is gone from the API server.
@@ -53,13 +56,16 @@ type podRecord struct {
 	// Generation of the device manager that admitted or rejected it.
 	Generation uint64            `json:"generation"`
 	Containers []containerRecord `json:"containers"`
+	// DRA: what the DRA manager did for the pod's ResourceClaims; absent for
+	// pods without any.
+	DRA *draRecord `json:"dra,omitempty"`
 
 	pod          *v1.Pod
 	forceDeleted bool
 }
 
 func (r *podRecord) active() bool {
-	return r.State == stateAdmitting || r.State == stateAdmitted
+	return r.State == stateAdmitting || r.State == stateAdmitted || r.State == statePrepareFailed
 }
 
 // containerRecord is what the device manager gave one container.
@@ -76,8 +82,16 @@ type containerRecord struct {
 	Affinity *affinity `json:"affinity,omitempty"`
 	// Options is GetDeviceRunContainerOptions: the Allocate answers merged.
 	Options *runOptions `json:"options,omitempty"`
-	// Error of GetDeviceRunContainerOptions (e.g. a failed PreStartContainer).
+	// Error of GetDeviceRunContainerOptions (e.g. a failed PreStartContainer)
+	// or of the DRA manager's GetResources.
 	Error string `json:"error,omitempty"`
+	// CDIDevices: the DRA manager's GetResources for the container, the CDI
+	// device ids of its claims' prepared devices (the container manager hands
+	// the runtime these, then the device plugins' options.cdi_devices).
+	CDIDevices []string `json:"cdi_devices,omitempty"`
+	// Claims: the prepared devices of the container's ResourceClaims
+	// (GetContainerClaimInfos).
+	Claims []claimDevice `json:"claims,omitempty"`
 }
 
 type affinity struct {
@@ -142,6 +156,8 @@ type managers struct {
 	tm       topologymanager.Manager
 	handlers []lifecycle.PodAdmitHandler
 	gen      uint64
+	// dra: the DRA manager and plugin manager; nil with --dra=false.
+	dra *draParts
 }
 
 // capacityPair is a resource's capacity and allocatable on the node.
@@ -163,8 +179,10 @@ type node struct {
 	options    map[string]string
 	predicates bool
 	admitDelay time.Duration
-	events     *eventLog
-	synced     atomic.Bool
+	// dra: where the DRA parts keep their files; nil with --dra=false.
+	dra    *draConfig
+	events *eventLog
+	synced atomic.Bool
 
 	// opMu serializes everything that drives the managers (admission, release,
 	// restart), as the kubelet's pod-admission path is serial.
@@ -252,7 +270,17 @@ func (n *node) start() error {
 	// A started kubelet reports its capacity afresh.
 	n.capacity = map[string]capacityPair{}
 	n.mu.Unlock()
+	// The container manager starts the DRA manager first; the kubelet starts
+	// the plugin manager later (initializeRuntimeDependentModules).
+	if n.dra != nil {
+		if m.dra, err = n.startDRA(m.gen); err != nil {
+			return err
+		}
+	}
 	if err := m.dm.Start(klog.Background(), n.activePods, sourcesReady{n}, containers, running); err != nil {
+		if m.dra != nil {
+			m.dra.stop()
+		}
 		return fmt.Errorf("starting the device manager: %w", err)
 	}
 	n.mgrs = m
@@ -267,12 +295,17 @@ func (n *node) stop() error {
 		return nil
 	}
 	err := n.mgrs.dm.Stop(klog.Background())
+	if n.mgrs.dra != nil {
+		n.mgrs.dra.stop()
+	}
 	n.mgrs = nil
 	return err
 }
 
 // restart is a kubelet restart: a new topology manager and device manager
-// over the same directory (the checkpoint carries the allocations over).
+// over the same directory (the checkpoint carries the allocations over), and
+// a new DRA manager over its checkpoint with a new plugin manager, which
+// registers the plugins whose sockets are in the registry directory again.
 func (n *node) restart() (uint64, error) {
 	if err := n.stop(); err != nil {
 		return 0, err
@@ -327,16 +360,20 @@ func (n *node) handle(ctx context.Context, ev podEvent) {
 	switch {
 	case ev.deleted:
 		if rec != nil {
-			n.release(rec, "deleted")
+			n.release(ctx, rec, "deleted")
 			n.mu.Lock()
 			rec.Deleted = true
 			n.mu.Unlock()
 		}
 	case pod.DeletionTimestamp != nil:
 		if rec != nil {
-			n.release(rec, "terminating")
+			n.release(ctx, rec, "terminating")
 		}
-		n.finishDeletion(ctx, pod, rec)
+		// The status manager deletes the pod only once its claims are
+		// unprepared (PodCouldHaveRunningContainers); else POST /pods/unprepare.
+		if rec == nil || n.draSettled(rec) {
+			n.finishDeletion(ctx, pod, rec)
+		}
 	case rec != nil:
 		// Already admitted or rejected; admission happens once per pod.
 	case podutil.IsPodPhaseTerminal(pod.Status.Phase):
@@ -399,14 +436,38 @@ func (n *node) admit(ctx context.Context, pod *v1.Pod) {
 			return
 		}
 	}
+	// The kubelet's SyncPod prepares the pod's claims before it creates the
+	// sandbox; when that fails no container starts.
+	if m.dra != nil && usesClaims(pod) {
+		if err := n.prepare(ctx, m, rec, pod); err != nil {
+			n.mu.Lock()
+			rec.State, rec.Admitted, rec.Generation = statePrepareFailed, true, gen
+			rec.Reason, rec.Message = failedPrepare, "Failed to prepare dynamic resources: "+err.Error()
+			n.mu.Unlock()
+			n.opMu.Unlock()
+			n.setPending(ctx, pod)
+			return
+		}
+	}
+	n.startContainers(ctx, m, rec, pod)
+}
+
+// startContainers does what the kubelet does as it starts each container:
+// the topology manager's AddContainer, the container manager's GetResources
+// (the DRA manager's CDI devices, then the device manager's
+// GetDeviceRunContainerOptions); then records the pod admitted and running.
+// Called with opMu held; releases it.
+func (n *node) startContainers(ctx context.Context, m *managers, rec *podRecord, pod *v1.Pod) {
+	gen := m.gen
 	var containers []containerRecord
 	all := append(slices.Clone(pod.Spec.InitContainers), pod.Spec.Containers...)
 	for i := range all {
 		c := &all[i]
 		cr := containerRecord{Name: c.Name, Init: i < len(pod.Spec.InitContainers), ID: fmt.Sprintf("kubelet-node://%s/%s", pod.UID, c.Name)}
 		m.tm.AddContainer(klog.Background(), pod, c, cr.ID)
-		opts, err := m.dm.GetDeviceRunContainerOptions(ctx, pod, c)
-		if err != nil {
+		if err := containerDRA(m, pod, c, &cr); err != nil {
+			cr.Error = err.Error()
+		} else if opts, err := m.dm.GetDeviceRunContainerOptions(ctx, pod, c); err != nil {
 			cr.Error = err.Error()
 		} else {
 			cr.Options = toRunOptions(opts)
@@ -418,7 +479,16 @@ func (n *node) admit(ctx context.Context, pod *v1.Pod) {
 		containers = append(containers, cr)
 	}
 	n.mu.Lock()
+	if rec.State == stateReleased {
+		// Deleted while a POST /pods/prepare ran: release, waiting for opMu,
+		// takes these containers out and unprepares the claims.
+		rec.Containers = containers
+		n.mu.Unlock()
+		n.opMu.Unlock()
+		return
+	}
 	rec.State, rec.Admitted, rec.Containers, rec.Generation = stateAdmitted, true, containers, gen
+	rec.Reason, rec.Message = "", ""
 	n.mu.Unlock()
 	n.opMu.Unlock()
 	n.events.record(Event{Kind: "admitted", Pod: key(pod), UID: string(pod.UID), Generation: gen})
@@ -454,8 +524,9 @@ func deviceIDs(inst devicemanager.ResourceDeviceInstances) (map[string][]string,
 
 // release takes an admitted pod out of the active set and has the device
 // manager give its devices back (UpdateAllocatedDevices), and the topology
-// manager forget its containers.
-func (n *node) release(rec *podRecord, why string) {
+// manager forget its containers; then, for a pod with ResourceClaims, the DRA
+// manager's UnprepareResources (SyncTerminatingPod, once the containers stopped).
+func (n *node) release(ctx context.Context, rec *podRecord, why string) {
 	n.mu.Lock()
 	was := rec.active()
 	if was {
@@ -474,6 +545,12 @@ func (n *node) release(rec *podRecord, why string) {
 	}
 	n.opMu.Unlock()
 	n.events.record(Event{Kind: "released", Pod: rec.Namespace + "/" + rec.Name, UID: rec.UID, Reason: why, Generation: n.gen()})
+	n.mu.Lock()
+	prepared := rec.DRA != nil
+	n.mu.Unlock()
+	if prepared {
+		n.unprepare(ctx, rec)
+	}
 }
 
 // finishDeletion deletes a terminating pod for good (grace period 0, uid
@@ -557,6 +634,48 @@ func (n *node) setRunning(ctx context.Context, pod *v1.Pod, containers []contain
 			cond(v1.PodInitialized, v1.ConditionTrue),
 			cond(v1.ContainersReady, ready),
 			cond(v1.PodReady, ready),
+			cond(v1.PodScheduled, v1.ConditionTrue),
+		},
+		"startTime":         now,
+		"containerStatuses": statuses,
+	}
+	if len(initStatuses) > 0 {
+		status["initContainerStatuses"] = initStatuses
+	}
+	n.patchStatus(ctx, pod, status)
+}
+
+// setPending writes what a kubelet shows for a pod whose sync failed before
+// its sandbox was created (here: PrepareResources): phase Pending, not ready,
+// each container waiting in ContainerCreating.
+func (n *node) setPending(ctx context.Context, pod *v1.Pod) {
+	now := metav1.Now()
+	var initStatuses, statuses []v1.ContainerStatus
+	waiting := func(c v1.Container) v1.ContainerStatus {
+		return v1.ContainerStatus{Name: c.Name, Image: c.Image, State: v1.ContainerState{Waiting: &v1.ContainerStateWaiting{Reason: "ContainerCreating"}}}
+	}
+	for _, c := range pod.Spec.InitContainers {
+		initStatuses = append(initStatuses, waiting(c))
+	}
+	for _, c := range pod.Spec.Containers {
+		statuses = append(statuses, waiting(c))
+	}
+	cond := func(t v1.PodConditionType, s v1.ConditionStatus) v1.PodCondition {
+		return v1.PodCondition{Type: t, Status: s, LastTransitionTime: now}
+	}
+	initialized := v1.ConditionTrue
+	if len(initStatuses) > 0 {
+		initialized = v1.ConditionFalse
+	}
+	status := map[string]any{
+		"phase":   v1.PodPending,
+		"hostIP":  n.hostIP,
+		"hostIPs": []v1.HostIP{{IP: n.hostIP}},
+		"conditions": []v1.PodCondition{
+			cond(v1.PodReadyToStartContainers, v1.ConditionFalse),
+			cond(v1.PodInitialized, initialized),
+			cond(v1.ContainersReady, v1.ConditionFalse),
+			cond(v1.PodReady, v1.ConditionFalse),
 			cond(v1.PodScheduled, v1.ConditionTrue),
 		},
 		"startTime":         now,
@@ -720,7 +839,13 @@ func (n *node) records(namespace, name string) []podRecord {
 		if (namespace != "" && r.Namespace != namespace) || (name != "" && r.Name != name) {
 			continue
 		}
-		out = append(out, *r)
+		c := *r
+		if r.DRA != nil {
+			d := *r.DRA
+			d.Claims = slices.Clone(r.DRA.Claims)
+			c.DRA = &d
+		}
+		out = append(out, c)
 	}
 	return out
 }
