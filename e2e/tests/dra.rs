@@ -10,10 +10,13 @@
 //!   two untainted NPUs of one HCCS group, on the node where they are, while the other node
 //!   has two untainted NPUs split across its groups.
 //! - A claim whose `firstAvailable` first choice (four NPUs) fits nowhere gets its second.
+//!
+//! A second test puts fumarole's DRA kubelet plugin under the kubelet's own DRA manager (a
+//! harness node); it is ignored for now, see its doc.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use fumarole_e2e::cluster::{eventually, free_port};
@@ -50,11 +53,28 @@ impl Node {
     }
 }
 
+/// The kubelet-side directories an agent's DRA plugin uses (a harness node's, or its own).
+struct KubeletDirs {
+    registry: PathBuf,
+    plugins: PathBuf,
+}
+
 async fn start_node(cluster: &TestCluster, name: &str) -> Node {
     cluster
         .create_node(&NodeSpec::new(name).capacity("cpu", "192"))
         .await
         .unwrap();
+    start_agent(cluster, name, None, "fumarole-agent")
+}
+
+/// An agent for node `name` on a fresh atlas-800-910 root, its NPUs served through DRA with
+/// its plugin in `kubelet` (else directories of its own); started as process `process`.
+fn start_agent(
+    cluster: &TestCluster,
+    name: &str,
+    kubelet: Option<(&KubeletDirs, &Path)>,
+    process: &str,
+) -> Node {
     let dir = tempfile::tempdir().unwrap();
     let root = fixture_root("atlas-800-910", dir.path()).unwrap();
     let config = dir.path().join("device-plugin-config.yaml");
@@ -67,6 +87,14 @@ async fn start_node(cluster: &TestCluster, name: &str) -> Node {
     for d in ["device-plugins", "plugins", "plugins_registry", "cdi"] {
         std::fs::create_dir_all(dir.path().join(d)).unwrap();
     }
+    let (registry, plugins, cdi) = match kubelet {
+        Some((dirs, cdi)) => (
+            dirs.registry.display().to_string(),
+            dirs.plugins.display().to_string(),
+            cdi.display().to_string(),
+        ),
+        None => (path("plugins_registry"), path("plugins"), path("cdi")),
+    };
     let args: Vec<String> = [
         "run".to_string(),
         "--root".into(),
@@ -78,11 +106,11 @@ async fn start_node(cluster: &TestCluster, name: &str) -> Node {
         "--device-plugin-dir".into(),
         path("device-plugins"),
         "--dra-plugins-dir".into(),
-        path("plugins"),
+        plugins,
         "--dra-registry-dir".into(),
-        path("plugins_registry"),
+        registry,
         "--cdi-dir".into(),
-        path("cdi"),
+        cdi,
         "--kubelet-config".into(),
         path("absent.yaml"),
         "--cpu-manager-state".into(),
@@ -99,7 +127,7 @@ async fn start_node(cluster: &TestCluster, name: &str) -> Node {
     .to_vec();
     cluster
         .start_program(
-            &format!("fumarole-agent-{name}"),
+            &format!("{process}-{name}"),
             &agent_bin().unwrap(),
             &args,
             &[("FUMAROLE_LOG", "info")],
@@ -284,9 +312,21 @@ async fn slices_taints_and_the_real_scheduler_keep_claims_on_one_hccs_group() {
         tainted(s) == want(&[1, 2, 3, 5, 6, 7])
     })
     .await;
-    let s = slice_when(&slices, &b.slice(), "npu-b's five taints", |s| {
-        tainted(s) == want(&[0, 1, 2, 4, 5])
-    })
+    // Discovery sees a missing node before the health stream names the fault: wait for both.
+    let s = slice_when(
+        &slices,
+        &b.slice(),
+        "npu-b's five taints, with their reason",
+        |s| {
+            tainted(s) == want(&[0, 1, 2, 4, 5])
+                && s.spec
+                    .devices
+                    .iter()
+                    .flatten()
+                    .flat_map(|d| d.taints.iter().flatten())
+                    .all(|t| t.value.as_deref() == Some("dev-node-missing"))
+        },
+    )
     .await;
     let taint = &s.spec.devices.as_ref().unwrap()[0].taints.as_ref().unwrap()[0];
     assert_eq!(
@@ -348,4 +388,137 @@ async fn slices_taints_and_the_real_scheduler_keep_claims_on_one_hccs_group() {
         tainted(s).is_empty()
     })
     .await;
+}
+
+/// fumarole's DRA kubelet plugin under the kubelet's own DRA manager and plugin manager (a
+/// harness node): it registers through the node's plugins_registry; a claim the real
+/// kube-scheduler allocated is prepared with CDI devices naming exactly the allocated NPUs,
+/// whose spec file holds their device nodes; the agent restarts between prepare and unprepare
+/// and the new one unprepares the claim from its files.
+///
+/// Ignored until the registration socket tolerates the kubelet's `:authority`: the 1.37
+/// plugin manager dials `<registry>/<driver>-reg.sock` with the bare path as gRPC target, so
+/// grpc-go sends the percent-encoded path as `:authority` (`%2Ftmp%2F...-reg.sock`); the `http`
+/// crate under tonic's h2 refuses a `%` in a host, and every `GetInfo` ends in
+/// `RST_STREAM PROTOCOL_ERROR` (the device manager's and DRA manager's own dials set
+/// `localhost`). Run with `--ignored` to see it; docs/dra.md has the details.
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "the kubelet's plugin registration sends a percent-encoded socket path as :authority, which tonic refuses (docs/dra.md)"]
+async fn the_kubelets_dra_manager_prepares_exactly_the_allocated_devices_across_a_restart() {
+    let cluster = TestCluster::start().await.unwrap();
+    install_device_classes(&cluster).await;
+    cluster.start_kube_scheduler("").await.unwrap();
+    let name = "npu-h";
+    cluster
+        .create_node(&NodeSpec::new(name).capacity("cpu", "192"))
+        .await
+        .unwrap();
+    let harness = cluster.start_harness_node(name).await.unwrap();
+    let dirs = KubeletDirs {
+        registry: harness.plugins_registry_dir().unwrap().to_path_buf(),
+        plugins: harness
+            .dra_plugin_dir(DRIVER)
+            .unwrap()
+            .parent()
+            .unwrap()
+            .to_path_buf(),
+    };
+    let cdi_dir = tempfile::tempdir().unwrap();
+    let node = start_agent(&cluster, name, Some((&dirs, cdi_dir.path())), "agent-1");
+    let plugin = harness
+        .wait_dra_plugin(DRIVER, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert!(
+        plugin.services.iter().any(|s| s == "v1.DRAPlugin"),
+        "{plugin:?}"
+    );
+    let slices: Api<ResourceSlice> = Api::all(cluster.client());
+    slice_when(&slices, &node.slice(), "slice with 8 NPUs", |s| {
+        s.spec.devices.as_ref().is_some_and(|d| d.len() == 8)
+    })
+    .await;
+
+    let (claim, bound) = claim_and_pod(
+        &cluster,
+        "pair",
+        json!({
+            "devices": {
+                "requests": [{"name": "npus", "exactly": {"deviceClassName": DRIVER, "count": 2}}],
+                "constraints": [{"requests": ["npus"], "matchAttribute": "fumarole.dev/fabricGroup"}],
+            }
+        }),
+    )
+    .await;
+    assert_eq!(bound, name);
+    let uid = claim["metadata"]["uid"].as_str().unwrap().to_string();
+    let devices: Vec<String> = allocated(&claim).into_iter().map(|(_, d)| d).collect();
+    assert_eq!(devices.len(), 2);
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let pod = pods.get("pair").await.unwrap();
+    let record = harness
+        .wait_record(&pod, Duration::from_secs(60), |r| r.state == "admitted")
+        .await
+        .unwrap();
+    let dra = record.dra.as_ref().unwrap();
+    assert!(dra.prepared, "{record:?}");
+    let container = record.container("main").unwrap();
+    let mut want: Vec<String> = devices
+        .iter()
+        .map(|d| format!("{DRIVER}/claim={uid}-{d}"))
+        .collect();
+    want.sort();
+    let mut got = container.cdi_devices.clone();
+    got.sort();
+    assert_eq!(got, want, "{container:?}");
+    // The CDI spec the runtime would read: the allocated NPUs' device nodes, and no other.
+    let spec_file = cdi_dir.path().join(format!("{DRIVER}-claim_{uid}.json"));
+    let spec: Value = serde_json::from_str(&std::fs::read_to_string(&spec_file).unwrap()).unwrap();
+    let nodes: Vec<String> = spec["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|d| {
+            d["containerEdits"]["deviceNodes"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .map(|n| n["path"].as_str().unwrap().to_string())
+        .collect();
+    let mut want_nodes: Vec<String> = devices
+        .iter()
+        .map(|d| format!("/dev/davinci{}", d.trim_start_matches("huawei-")))
+        .collect();
+    want_nodes.sort();
+    let mut nodes = nodes;
+    nodes.sort();
+    assert_eq!(nodes, want_nodes, "{spec}");
+
+    // The plugin restarts between prepare and unprepare.
+    cluster.stop(&format!("agent-1-{name}")).unwrap();
+    let _node = start_agent(&cluster, name, Some((&dirs, cdi_dir.path())), "agent-2");
+    eventually(
+        "the plugin registered again",
+        Duration::from_secs(60),
+        || async {
+            Ok(harness
+                .events(0, Duration::ZERO)
+                .await?
+                .iter()
+                .filter(|e| e.kind == "dra_plugin_registered")
+                .nth(1)
+                .map(|_| ()))
+        },
+    )
+    .await
+    .unwrap();
+    pods.delete("pair", &Default::default()).await.unwrap();
+    harness
+        .wait_record(&pod, Duration::from_secs(60), |r| {
+            r.dra.as_ref().is_some_and(|d| d.unprepared)
+        })
+        .await
+        .unwrap();
+    assert!(!spec_file.exists(), "the claim's CDI spec is still there");
 }
