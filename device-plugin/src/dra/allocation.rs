@@ -4,7 +4,7 @@
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
 
-use crate::dra::prepare::{ClaimRef, PrepareError};
+use crate::dra::claims::{ClaimRef, PrepareError};
 
 /// One device of the claim for us to prepare.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -6,7 +6,6 @@
 //! written ([`cdi`]). Unprepare: the file goes. Nothing but the files is kept, so any process
 //! over the same CDI directory can unprepare what another prepared.
 
-use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -15,66 +14,8 @@ use tokio::sync::Mutex;
 use crate::dra::allocation::{self, Allocated};
 use crate::dra::api;
 use crate::dra::cdi::{self, ClaimDevice};
-use crate::dra::claims::ClaimReader;
-use crate::dra::node::{DraNode, LookupError};
-
-/// A claim as the kubelet names it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ClaimRef {
-    pub namespace: String,
-    pub uid: String,
-    pub name: String,
-}
-
-impl fmt::Display for ClaimRef {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{} ({})", self.namespace, self.name, self.uid)
-    }
-}
-
-impl From<&api::Claim> for ClaimRef {
-    fn from(c: &api::Claim) -> Self {
-        Self {
-            namespace: c.namespace.clone(),
-            uid: c.uid.clone(),
-            name: c.name.clone(),
-        }
-    }
-}
-
-/// Why one claim could not be prepared or unprepared: its error string in the kubelet's
-/// answer. The kubelet retries the claim later, so each says what to fix.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum PrepareError {
-    /// The request named no uid, namespace or name.
-    #[error("claim {0}: namespace, name and uid are all required")]
-    Incomplete(String),
-    /// A uid that is not letters, digits and `-` (it names a file).
-    #[error("claim {0}: the uid must be letters, digits and '-'")]
-    BadUid(String),
-    /// The API server did not answer.
-    #[error("reading ResourceClaim {claim}: {reason}")]
-    Read { claim: String, reason: String },
-    /// No such claim (deleted, or not yet visible).
-    #[error("ResourceClaim {0} not found")]
-    NotFound(String),
-    /// A claim of that name exists with another uid: the one the kubelet means is gone.
-    #[error("ResourceClaim {claim} has uid {found:?} now: the claim the kubelet names is gone")]
-    UidMismatch { claim: String, found: String },
-    /// The claim has no allocation yet.
-    #[error("ResourceClaim {0} is not allocated")]
-    NotAllocated(String),
-    /// An allocated device is not one this plugin serves here.
-    #[error("ResourceClaim {claim}: {source}")]
-    Device { claim: String, source: LookupError },
-    /// The spec file could not be written, read or removed.
-    #[error("ResourceClaim {claim}: CDI spec {path}: {reason}")]
-    Spec {
-        claim: String,
-        path: String,
-        reason: String,
-    },
-}
+use crate::dra::claims::{ClaimReader, ClaimRef, PrepareError};
+use crate::dra::node::DraNode;
 
 /// One driver's prepare / unprepare. Cheap to share (`Arc`).
 pub struct DriverPlugin {

@@ -7,7 +7,8 @@ use tonic::{Request, Response, Status};
 
 use crate::dra::api;
 use crate::dra::api::dra_plugin_server::DraPlugin;
-use crate::dra::prepare::{ClaimRef, DriverPlugin};
+use crate::dra::claims::ClaimRef;
+use crate::dra::prepare::DriverPlugin;
 
 /// `DRAPlugin` for one driver. Cheap to clone.
 #[derive(Clone)]
