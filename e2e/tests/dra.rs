@@ -11,8 +11,9 @@
 //!   has two untainted NPUs split across its groups.
 //! - A claim whose `firstAvailable` first choice (four NPUs) fits nowhere gets its second.
 //!
-//! A second test puts fumarole's DRA kubelet plugin under the kubelet's own DRA manager (a
-//! harness node); it is ignored for now, see its doc.
+//! A second test puts fumarole's DRA kubelet plugin under the kubelet's own DRA manager and
+//! plugin manager (a harness node): registration, prepare of a claim the real scheduler
+//! allocated, CDI devices naming exactly the allocated NPUs, a plugin restart, unprepare.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -396,14 +397,11 @@ async fn slices_taints_and_the_real_scheduler_keep_claims_on_one_hccs_group() {
 /// whose spec file holds their device nodes; the agent restarts between prepare and unprepare
 /// and the new one unprepares the claim from its files.
 ///
-/// Ignored until the registration socket tolerates the kubelet's `:authority`: the 1.37
-/// plugin manager dials `<registry>/<driver>-reg.sock` with the bare path as gRPC target, so
-/// grpc-go sends the percent-encoded path as `:authority` (`%2Ftmp%2F...-reg.sock`); the `http`
-/// crate under tonic's h2 refuses a `%` in a host, and every `GetInfo` ends in
-/// `RST_STREAM PROTOCOL_ERROR` (the device manager's and DRA manager's own dials set
-/// `localhost`). Run with `--ignored` to see it; docs/dra.md has the details.
+/// The kubelet's registration dial sends the percent-encoded socket path as `:authority`,
+/// which tonic's h2 refuses; the plugin's registration socket rewrites it
+/// (`fumarole_device_plugin::dra::authority`), and this test is what shows the kubelet's own
+/// plugin manager getting through.
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "the kubelet's plugin registration sends a percent-encoded socket path as :authority, which tonic refuses (docs/dra.md)"]
 async fn the_kubelets_dra_manager_prepares_exactly_the_allocated_devices_across_a_restart() {
     let cluster = TestCluster::start().await.unwrap();
     install_device_classes(&cluster).await;

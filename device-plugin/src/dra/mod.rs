@@ -24,6 +24,7 @@
 //! `tests/dra_grpc.rs`); not yet against the kubelet's DRA manager.
 
 pub mod allocation;
+pub mod authority;
 pub mod cdi;
 pub mod claims;
 pub mod node;

@@ -11,13 +11,17 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::UnixListener;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::UnixListenerStream;
+use tokio_stream::{Stream, StreamExt};
 use tonic::transport::Server;
+use tonic::transport::server::Connected;
 
 use crate::dra::api::dra_plugin_server::DraPluginServer;
+use crate::dra::authority;
 use crate::dra::claims::ClaimReader;
 use crate::dra::node::DraNode;
 use crate::dra::prepare::DriverPlugin;
@@ -162,7 +166,7 @@ pub fn start(
         driver.stops.push(stop);
         driver.tasks.push(tokio::spawn(run(
             Server::builder().add_service(DraPluginServer::new(DraService::new(plugin))),
-            listener,
+            UnixListenerStream::new(listener),
             stopped,
             service_socket,
         )));
@@ -170,9 +174,11 @@ pub fn start(
         driver.sockets.push(registration_socket.clone());
         let (stop, stopped) = oneshot::channel::<()>();
         driver.stops.push(stop);
+        // The kubelet's registration dial sends an `:authority` h2 refuses: see `authority`.
+        let incoming = UnixListenerStream::new(listener).map(|conn| conn.map(authority::relay));
         driver.tasks.push(tokio::spawn(run(
             Server::builder().add_service(RegistrationServer::new(registration)),
-            listener,
+            incoming,
             stopped,
             registration_socket.clone(),
         )));
@@ -201,14 +207,17 @@ fn bind(path: &Path) -> Result<UnixListener, ServeError> {
     })
 }
 
-async fn run(
+async fn run<S, IO>(
     router: tonic::transport::server::Router,
-    listener: UnixListener,
+    incoming: S,
     stopped: oneshot::Receiver<()>,
     path: PathBuf,
-) {
+) where
+    S: Stream<Item = std::io::Result<IO>> + Send + 'static,
+    IO: Connected + AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let served = router
-        .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async {
+        .serve_with_incoming_shutdown(incoming, async {
             let _ = stopped.await;
         })
         .await;
