@@ -16,6 +16,10 @@
 //!   kube-scheduler's 10); the pod gets no `fumarole.dev/devices` annotation.
 //! - without it (the control test), kube-scheduler alone sends it to npu-b, the less loaded
 //!   node (its resource scoring knows nothing of HCCS groups).
+//!
+//! Checked by hand: the first test fails (npu-b) with the extender taken out of the
+//! configuration, and with an extension that does not count the devices allocated claims hold
+//! (both nodes then look untouched and score the same).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 

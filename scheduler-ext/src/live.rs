@@ -702,4 +702,37 @@ mod tests {
         .unwrap();
         assert_eq!(format!("{a:?}"), format!("{b:?}"));
     }
+
+    /// A trimmed pod keeps its ResourceClaims and the names of its generated claims, so it
+    /// asks through them as the whole pod does.
+    #[test]
+    fn trimming_keeps_the_claims() {
+        use crate::core::claims::Claims;
+        use crate::core::claims::testing::claim;
+        use crate::core::request::pod_request_in;
+        let full: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ml"},
+            "spec": {"resourceClaims": [
+                    {"name": "a", "resourceClaimName": "two"},
+                    {"name": "b", "resourceClaimTemplateName": "tpl"}],
+                "volumes": [{"name": "data", "emptyDir": {}}],
+                "containers": [{"name": "main", "image": "x",
+                    "resources": {"claims": [{"name": "a"}, {"name": "b"}]}}]},
+            "status": {"phase": "Pending",
+                "conditions": [{"type": "PodScheduled", "status": "False"}],
+                "resourceClaimStatuses": [{"name": "b", "resourceClaimName": "p-b-1"}]}
+        }))
+        .unwrap();
+        let mut trimmed = full.clone();
+        trim_pod(&mut trimmed);
+        assert!(trimmed.spec.as_ref().unwrap().volumes.is_none());
+        let npu = "npu.fumarole.dev";
+        let claims = Claims::new(&[claim("two", npu, 2, None), claim("p-b-1", npu, 3, None)]);
+        let resources = BTreeSet::from([npu]);
+        let jobs = crate::core::group::Jobs::default();
+        let a = pod_request_in(&full, &resources, &jobs, &claims).unwrap();
+        let b = pod_request_in(&trimmed, &resources, &jobs, &claims).unwrap();
+        assert_eq!(a, b);
+        assert_eq!((b.devices.resource.as_str(), b.devices.count), (npu, 5));
+    }
 }
