@@ -92,7 +92,8 @@ impl KubeOps {
     }
 
     /// Binds the pod to `node` (the `pods/binding` subresource), as a binding extender must,
-    /// with the devices `choice` gives it there: the API server copies a Binding's annotations
+    /// with the devices `choice` gives it there (no annotation for `None`: a pod whose devices
+    /// come from ResourceClaims): the API server copies a Binding's annotations
     /// onto the pod, so node and devices arrive in one write (one watch event for every
     /// watcher, and never a device choice on a pod whose Binding failed).
     pub async fn bind(
@@ -101,18 +102,22 @@ impl KubeOps {
         name: &str,
         uid: &str,
         node: &str,
-        choice: &DeviceChoice,
+        choice: Option<&DeviceChoice>,
     ) -> Result<(), kube::Error> {
-        let annotations = [
-            (DEVICES_ANNOTATION.to_string(), annotation::format(choice)),
-            (DEVICES_NODE_ANNOTATION.to_string(), node.to_string()),
-        ];
+        let annotations = choice.map(|choice| {
+            [
+                (DEVICES_ANNOTATION.to_string(), annotation::format(choice)),
+                (DEVICES_NODE_ANNOTATION.to_string(), node.to_string()),
+            ]
+            .into_iter()
+            .collect()
+        });
         let binding = Binding {
             metadata: ObjectMeta {
                 name: Some(name.to_string()),
                 namespace: Some(ns.to_string()),
                 uid: (!uid.is_empty()).then(|| uid.to_string()),
-                annotations: Some(annotations.into_iter().collect()),
+                annotations,
                 ..Default::default()
             },
             target: ObjectReference {

@@ -18,6 +18,12 @@
 //! With `publish_hypernodes`, Volcano `HyperNode` objects follow the super-nodes
 //! ([`crate::hypernode`]).
 //!
+//! `ResourceClaim` (`resource.k8s.io/v1`) is watched where the API server serves it: the
+//! devices allocated claims hold count as used, and pods asking through claims of fumarole's
+//! DRA classes are judged like extended-resource pods ([`crate::core::claims`]). Templates are
+//! read through the claims generated from them (named in the pod's status), so
+//! `ResourceClaimTemplate` is not watched.
+//!
 //! `Numatopology` is optional (clusters without Volcano's CRDs): without it NUMA fit has no CPU
 //! data and says so in its reasons. `DeviceTopology` is required.
 
@@ -32,6 +38,7 @@ use fumarole_topology::annotation::{self, DEVICES_ANNOTATION, DEVICES_NODE_ANNOT
 use fumarole_topology::crd::{DeviceTopology, Numatopology};
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::api::{Api, ListParams};
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{self, Store};
@@ -39,6 +46,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource};
 use tokio::sync::Notify;
 
+use crate::core::claims::Claims;
 use crate::core::request::pod_key;
 use crate::core::view::{ClusterView, ContextCache};
 use crate::freshness::{Freshness, WatchBackoff};
@@ -93,6 +101,8 @@ struct Stores {
     numatopologies: Option<Store<Numatopology>>,
     nodes: Store<PartialObjectMeta<Node>>,
     pods: PodStore,
+    /// `None` where the API server does not serve `resource.k8s.io/v1` ResourceClaims.
+    claims: Option<Store<ResourceClaim>>,
 }
 
 impl Stores {
@@ -106,12 +116,16 @@ impl Stores {
             .unwrap_or_default();
         let nodes = self.nodes.state();
         let pods = self.pods.state();
-        let built = ClusterView::build_with(
+        let claims = self.claims.as_ref().map_or_else(Claims::default, |s| {
+            Claims::new(s.state().iter().map(AsRef::as_ref))
+        });
+        let built = ClusterView::build_with_claims(
             contexts,
             dts.iter().map(AsRef::as_ref),
             nts.iter().map(AsRef::as_ref),
             nodes.iter().map(|n| &n.metadata),
             pods.iter().map(AsRef::as_ref),
+            claims,
         );
         // Only a nameless object fails the build, and the API server names every object.
         built
@@ -202,7 +216,8 @@ fn reflect_pods(
 
 /// Keeps of a pod what the view and the verbs read: identity, labels, annotations, owners,
 /// deletion; per container its name, resources, env (framework ranks) and restart policy
-/// (sidecars); the pod's node, scheduler, overhead and pod-level resources; its phase. The
+/// (sidecars); the pod's node, scheduler, overhead, pod-level resources and ResourceClaims;
+/// its phase and the names of its generated claims. The
 /// rest (managed fields, volumes, images, probes, statuses) is most of a pod's size.
 pub fn trim_pod(pod: &mut Pod) {
     let meta = &mut pod.metadata;
@@ -227,12 +242,14 @@ pub fn trim_pod(pod: &mut Pod) {
             scheduler_name: spec.scheduler_name.take(),
             overhead: spec.overhead.take(),
             resources: spec.resources.take(),
+            resource_claims: spec.resource_claims.take(),
             ..Default::default()
         };
     }
     if let Some(status) = pod.status.as_mut() {
         *status = k8s_openapi::api::core::v1::PodStatus {
             phase: status.phase.take(),
+            resource_claim_statuses: status.resource_claim_statuses.take(),
             ..Default::default()
         };
     }
@@ -275,6 +292,15 @@ pub async fn start(
         tokio::spawn(drive("Node", stream, watches.clone(), |_| {}));
         store
     };
+    let claim_api: Api<ResourceClaim> = Api::all(client.clone());
+    let claims = if served(&claim_api).await? {
+        Some(reflect("ResourceClaim", claim_api, &watches))
+    } else {
+        tracing::warn!(
+            "resourceclaims.resource.k8s.io/v1 is not served: pods' ResourceClaims are not read"
+        );
+        None
+    };
     let released = Arc::clone(&svc);
     let stores = Stores {
         topologies: reflect("DeviceTopology", dt_api, &watches),
@@ -285,6 +311,7 @@ pub async fn start(
                 tracing::debug!(pod = %pod_key(p), "pod deleted or finished; devices released");
             }
         }),
+        claims,
     };
     stores
         .topologies
@@ -301,6 +328,11 @@ pub async fn start(
         nt.wait_until_ready()
             .await
             .context("Numatopology reflector")?;
+    }
+    if let Some(c) = &stores.claims {
+        c.wait_until_ready()
+            .await
+            .context("ResourceClaim reflector")?;
     }
     let mut opts = opts;
     if opts.publish_hypernodes {
@@ -669,5 +701,38 @@ mod tests {
         )
         .unwrap();
         assert_eq!(format!("{a:?}"), format!("{b:?}"));
+    }
+
+    /// A trimmed pod keeps its ResourceClaims and the names of its generated claims, so it
+    /// asks through them as the whole pod does.
+    #[test]
+    fn trimming_keeps_the_claims() {
+        use crate::core::claims::Claims;
+        use crate::core::claims::testing::claim;
+        use crate::core::request::pod_request_in;
+        let full: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "ml"},
+            "spec": {"resourceClaims": [
+                    {"name": "a", "resourceClaimName": "two"},
+                    {"name": "b", "resourceClaimTemplateName": "tpl"}],
+                "volumes": [{"name": "data", "emptyDir": {}}],
+                "containers": [{"name": "main", "image": "x",
+                    "resources": {"claims": [{"name": "a"}, {"name": "b"}]}}]},
+            "status": {"phase": "Pending",
+                "conditions": [{"type": "PodScheduled", "status": "False"}],
+                "resourceClaimStatuses": [{"name": "b", "resourceClaimName": "p-b-1"}]}
+        }))
+        .unwrap();
+        let mut trimmed = full.clone();
+        trim_pod(&mut trimmed);
+        assert!(trimmed.spec.as_ref().unwrap().volumes.is_none());
+        let npu = "npu.fumarole.dev";
+        let claims = Claims::new(&[claim("two", npu, 2, None), claim("p-b-1", npu, 3, None)]);
+        let resources = BTreeSet::from([npu]);
+        let jobs = crate::core::group::Jobs::default();
+        let a = pod_request_in(&full, &resources, &jobs, &claims).unwrap();
+        let b = pod_request_in(&trimmed, &resources, &jobs, &claims).unwrap();
+        assert_eq!(a, b);
+        assert_eq!((b.devices.resource.as_str(), b.devices.count), (npu, 5));
     }
 }

@@ -20,12 +20,13 @@ use std::time::{Duration, Instant, SystemTime};
 
 use k8s_openapi::api::core::v1::Pod;
 
+use crate::core::claims::{ClaimRef, pod_claims};
 use crate::core::cluster::Cluster;
 use crate::core::decide;
 use crate::core::explain::Row;
 use crate::core::ledger::{Commit, Ledger};
 use crate::core::placement::PlacementError;
-use crate::core::request::{DeviceRequest, PodRequest, RequestError, pod_key, pod_request};
+use crate::core::request::{DeviceRequest, PodRequest, RequestError, pod_key, pod_request_in};
 use crate::core::score::gpu_aware::GpuAware;
 use crate::core::verdict::{NodeVerdict, Unfit, best_first};
 use crate::core::view::ClusterView;
@@ -367,7 +368,7 @@ impl Service {
         plan_among_nodes: bool,
     ) -> Result<Vec<NodeVerdict>, RequestError> {
         let view = self.view();
-        let req = pod_request(pod, &view.resources(), view.jobs())?;
+        let req = pod_request_in(pod, &view.resources(), view.jobs(), view.claims())?;
         let reserve = self.kube().is_none_or(|ops| ops.knows(pod));
         Ok(self.evaluate_request(&view, &req, nodes, plan_among_nodes, reserve))
     }
@@ -480,8 +481,21 @@ impl Service {
         )
     }
 
+    /// True when `pod` uses a ResourceClaim asking for devices of fumarole's classes, allocated
+    /// or not: the service places such a pod but chooses (and writes) no devices for it.
+    pub fn asks_through_claims(&self, pod: &Pod) -> bool {
+        let view = self.view();
+        pod_claims(pod).iter().any(|r| match r {
+            ClaimRef::Claim(key) => view
+                .claims()
+                .get(key)
+                .is_some_and(|c| c.as_ref().is_ok_and(|c| !c.asks.is_empty())),
+            ClaimRef::NotGenerated { .. } => false,
+        })
+    }
+
     /// Chooses and records the devices `pod` gets on `node`. `Ok(None)` for pods without an
-    /// accelerator request; `Err` is why the node cannot take the pod now. Committing the same
+    /// accelerator request and for pods asking through ResourceClaims; `Err` is why the node cannot take the pod now. Committing the same
     /// pod to the same node again returns the earlier choice.
     pub fn commit(&self, pod: &Pod, node: &str) -> Result<Option<Commit>, CommitError> {
         self.commit_as(pod, node, Placing::Choose)
@@ -501,11 +515,15 @@ impl Service {
         placing: Placing,
     ) -> Result<Option<Commit>, CommitError> {
         let view = self.view();
-        let req = match pod_request(pod, &view.resources(), view.jobs()) {
+        let req = match pod_request_in(pod, &view.resources(), view.jobs(), view.claims()) {
             Ok(r) => r,
             Err(RequestError::NoAccelerator { .. }) => return Ok(None),
             Err(e) => return Err(e.into()),
         };
+        if req.devices.from_claims() {
+            // kube-scheduler's DRA allocator picks the devices of a claim: nothing to choose.
+            return Ok(None);
+        }
         let key = req.devices.pod.clone();
         if !self.leads() {
             let holder = self
@@ -605,7 +623,7 @@ impl Service {
     pub fn explain(&self, pod: &Pod) -> Result<(DeviceRequest, Vec<Row>), RequestError> {
         let view = self.view();
         let names: Vec<String> = view.nodes().map(|n| n.name.clone()).collect();
-        let req = pod_request(pod, &view.resources(), view.jobs())?;
+        let req = pod_request_in(pod, &view.resources(), view.jobs(), view.claims())?;
         let mut verdicts = self.evaluate_request(&view, &req, &names, false, true);
         best_first(&mut verdicts);
         let g = self.scorer();
@@ -682,5 +700,74 @@ mod tests {
             e.to_string().contains("needs 8 nvidia.com/gpu, 4 free"),
             "{e}"
         );
+    }
+
+    /// A pod asking through a claim is judged by the same gpu-aware logic as the pod asking
+    /// for the extended resource: on `a` (NPUs 0-2 held by an allocated claim) one NPU is the
+    /// last of a broken HCCS group, so `a` scores 10 where the untouched `b`, whose whole group
+    /// it would break, scores 8 (what `e2e/tests/dra_extension.rs` shows with kube-scheduler).
+    /// No device is chosen for it.
+    #[test]
+    fn claim_pods_are_scored_like_extended_resource_pods_and_get_no_device_choice() {
+        use crate::core::claims::Claims;
+        use crate::core::claims::testing::{ascend_node, claim, claim_pod};
+        use crate::core::view::ContextCache;
+        const NPU: &str = "npu.fumarole.dev";
+        let holder = claim_pod("holder", &["held"], Some("a"), serde_json::json!({}));
+        let view = ClusterView::build_with_claims(
+            &mut ContextCache::default(),
+            &[ascend_node("a"), ascend_node("b")],
+            &[],
+            &[],
+            &[crate::core::pod_facts::PodFacts::of(&holder)],
+            Claims::new(&[
+                claim("held", NPU, 3, Some(("a", &[0, 1, 2]))),
+                claim("one", NPU, 1, None),
+                claim("five", NPU, 5, None),
+            ]),
+        )
+        .unwrap();
+        let svc = Service::new(view, GpuAware::default());
+        let by_claim = claim_pod("single", &["one"], None, serde_json::json!({}));
+        let v = svc.evaluate(&by_claim, &["a", "b"], true).unwrap();
+        let (a, b) = (v[0].raw.unwrap(), v[1].raw.unwrap());
+        assert_eq!(
+            (svc.scorer().kube(a), svc.scorer().kube(b)),
+            (10, 8),
+            "{v:?}"
+        );
+        // The extended-resource pod of the same size gets the same verdicts.
+        let by_resource = pod_asking("huawei.com/Ascend910", 1);
+        let e = svc.evaluate(&by_resource, &["a", "b"], true).unwrap();
+        assert_eq!((e[0].raw, e[1].raw), (v[0].raw, v[1].raw));
+        // Fit counts the held NPUs: a has 5 free, enough for five, not for eight.
+        let five = claim_pod("five", &["five"], None, serde_json::json!({}));
+        assert!(svc.evaluate(&five, &["a"], true).unwrap()[0].feasible());
+        let eight = pod_asking("huawei.com/Ascend910", 8);
+        let r = svc.evaluate(&eight, &["a", "b"], true).unwrap();
+        assert!(!r[0].feasible() && r[1].feasible(), "{r:?}");
+        assert!(
+            r[0].reason().unwrap().contains("5 free"),
+            "{:?}",
+            r[0].reason()
+        );
+        // Placed, not given devices: kube-scheduler's DRA allocator picks them.
+        assert!(svc.commit(&by_claim, "a").unwrap().is_none());
+        assert!(svc.asks_through_claims(&by_claim));
+        assert!(svc.asks_through_claims(&holder), "allocated or not");
+        assert!(!svc.asks_through_claims(&by_resource));
+        assert!(svc.commit(&by_resource, "a").unwrap().is_some());
+        // A pod whose claim is missing gets the reason, not a panic.
+        let lost = claim_pod("lost", &["gone"], None, serde_json::json!({}));
+        let e = svc.evaluate(&lost, &["a"], true).unwrap_err();
+        assert!(e.to_string().contains("ml/gone"), "{e}");
+    }
+
+    fn pod_asking(resource: &str, n: u32) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": format!("ext-{n}"), "namespace": "ml"},
+            "spec": {"containers": [{"name": "c", "resources": {"limits": {resource: n.to_string()}}}]}
+        }))
+        .unwrap()
     }
 }

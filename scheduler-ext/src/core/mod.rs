@@ -11,9 +11,10 @@
 //! [`ledger`]; [`cluster::Cluster`] is the view and the ledger read together. [`explain`] lays
 //! verdicts out for people.
 //!
-//! Imports inside the core point one way: `group` <- `request` <- `view` <- `ledger` <-
+//! Imports inside the core point one way: `claims`, `group` <- `request` <- `view` <- `ledger` <-
 //! `cluster` <- `score`, `placement` <- `verdict` <- `decide`, `explain`.
 
+pub mod claims;
 pub mod cluster;
 pub mod decide;
 pub mod explain;

@@ -6,15 +6,23 @@
 //! `huawei.com/`, `metax-tech.com/`, `amd.com/gpu`, `gpu.intel.com/`,
 //! `fumarole.dev/accelerator`) or some node of the view offers it.
 //!
+//! A pod may instead ask through ResourceClaims of fumarole's DRA classes ([`super::claims`]):
+//! the class (`gpu.fumarole.dev`, `npu.fumarole.dev`) is then its resource and the claims'
+//! device count its count. An extended-resource accelerator and a claim of ours in one pod, or
+//! claims of both classes, are [`RequestError::Mixed`]. A claim already allocated counts only
+//! for a bound pod (its unit membership): a pod not bound yet whose claim is allocated already
+//! has its devices, on the node the allocation names, and asks for nothing more.
+//!
 //! [`pod_request`] adds what placement needs beyond the count: the pod's gpu-group-size unit
 //! ([`PodGroup`]) and, for `volcano.sh/numa-topology-policy:
 //! single-numa-node`, the whole CPUs that must sit on the devices' NUMA node.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use fumarole_topology::{pod, quantity};
 use k8s_openapi::api::core::v1::Pod;
 
+use crate::core::claims::{ClaimRef, Claims, our_class, pod_claims};
 use crate::core::group::{self, GroupError, Jobs, PodGroup, UnitKey};
 
 /// Volcano's pod annotation for the topology policy of one pod.
@@ -55,6 +63,21 @@ pub enum RequestError {
         #[source]
         source: GroupError,
     },
+    /// A ResourceClaim the pod uses that the view has not seen.
+    #[error("pod {pod} uses ResourceClaim {claim}, which does not exist (yet)")]
+    ClaimMissing { pod: String, claim: String },
+    /// A claim from a template that the resource claim controller has not generated yet.
+    #[error(
+        "pod {pod}: the ResourceClaim of entry {entry:?} (template {template}) is not generated yet"
+    )]
+    ClaimNotGenerated {
+        pod: String,
+        entry: String,
+        template: String,
+    },
+    /// A claim whose device requests cannot be read.
+    #[error("pod {pod}: {reason}")]
+    BadClaim { pod: String, reason: String },
     /// A CPU quantity that cannot be read.
     #[error("pod {pod}, container {container}: cpu = {value:?} is not a CPU quantity")]
     BadCpu {
@@ -74,13 +97,24 @@ pub struct PodRequest {
 }
 
 /// The pod's request: devices, unit and NUMA need. `jobs` holds what the other pods of the
-/// pod's job say (their group annotations, their tasks).
+/// pod's job say (their group annotations, their tasks). ResourceClaims are not read
+/// ([`pod_request_in`] reads them).
 pub fn pod_request(
     pod: &Pod,
     offered: &BTreeSet<&str>,
     jobs: &Jobs,
 ) -> Result<PodRequest, RequestError> {
-    let devices = device_request(pod, offered)?;
+    pod_request_in(pod, offered, jobs, &Claims::default())
+}
+
+/// [`pod_request`], the pod's ResourceClaims read from `claims`.
+pub fn pod_request_in(
+    pod: &Pod,
+    offered: &BTreeSet<&str>,
+    jobs: &Jobs,
+    claims: &Claims,
+) -> Result<PodRequest, RequestError> {
+    let devices = RequestFacts::of(pod).request(offered, claims)?;
     let gpus = u32::try_from(devices.count).unwrap_or(u32::MAX);
     let group = group::group_spec(pod, gpus, jobs)
         .map_err(|source| RequestError::Group {
@@ -144,6 +178,14 @@ pub struct DeviceRequest {
     pub count: usize,
 }
 
+impl DeviceRequest {
+    /// True when the devices come from ResourceClaims: `resource` is a fumarole DRA class and
+    /// kube-scheduler's DRA allocator, not this service, picks them on the node.
+    pub fn from_claims(&self) -> bool {
+        our_class(&self.resource).is_some()
+    }
+}
+
 /// `namespace/name` of a pod ([`fumarole_topology::pod::key`]).
 pub use fumarole_topology::pod::key as pod_key;
 
@@ -179,6 +221,10 @@ pub struct RequestFacts {
     pod: String,
     /// Resource name (sorted) -> the effective request, or why it cannot be read.
     counts: Vec<(String, Result<usize, RequestError>)>,
+    /// The ResourceClaims the pod uses ([`pod_claims`]).
+    claims: Vec<ClaimRef>,
+    /// `spec.nodeName` is set.
+    bound: bool,
 }
 
 impl RequestFacts {
@@ -201,13 +247,67 @@ impl RequestFacts {
                 })
                 .collect(),
         };
-        RequestFacts { pod: key, counts }
+        RequestFacts {
+            pod: key,
+            counts,
+            claims: pod_claims(pod),
+            bound: pod.spec.as_ref().is_some_and(|s| s.node_name.is_some()),
+        }
     }
 
-    /// The pod's accelerator request, checked against the resources the view's nodes offer.
-    pub fn request(&self, offered: &BTreeSet<&str>) -> Result<DeviceRequest, RequestError> {
+    /// Devices asked per fumarole class through the pod's claims. Without claim data
+    /// (`claims` empty and not served: a cluster without DRA) the pod's claims are not read.
+    fn claim_asks(&self, claims: &Claims) -> Result<BTreeMap<&'static str, usize>, RequestError> {
+        let mut asks = BTreeMap::new();
+        if !claims.served() {
+            return Ok(asks);
+        }
+        for r in &self.claims {
+            let key = match r {
+                ClaimRef::Claim(key) => key,
+                ClaimRef::NotGenerated { entry, template } => {
+                    return Err(RequestError::ClaimNotGenerated {
+                        pod: self.pod.clone(),
+                        entry: entry.clone(),
+                        template: template.clone(),
+                    });
+                }
+            };
+            let facts = match claims.get(key) {
+                None => {
+                    return Err(RequestError::ClaimMissing {
+                        pod: self.pod.clone(),
+                        claim: key.clone(),
+                    });
+                }
+                Some(Err(reason)) => {
+                    return Err(RequestError::BadClaim {
+                        pod: self.pod.clone(),
+                        reason: reason.clone(),
+                    });
+                }
+                Some(Ok(f)) => f,
+            };
+            if facts.allocated && !self.bound {
+                continue;
+            }
+            for (class, n) in &facts.asks {
+                let total: &mut usize = asks.entry(*class).or_default();
+                *total = total.saturating_add(*n);
+            }
+        }
+        Ok(asks)
+    }
+
+    /// The pod's accelerator request, checked against the resources the view's nodes offer;
+    /// its ResourceClaims read from `claims`.
+    pub fn request(
+        &self,
+        offered: &BTreeSet<&str>,
+        claims: &Claims,
+    ) -> Result<DeviceRequest, RequestError> {
         let key = &self.pod;
-        let mut asked = Vec::new();
+        let mut asked: Vec<(&str, usize)> = Vec::new();
         for (name, n) in self
             .counts
             .iter()
@@ -215,10 +315,11 @@ impl RequestFacts {
         {
             match n {
                 Err(e) => return Err(e.clone()),
-                Ok(n) if *n > 0 => asked.push((name, *n)),
+                Ok(n) if *n > 0 => asked.push((name.as_str(), *n)),
                 Ok(_) => {}
             }
         }
+        asked.extend(self.claim_asks(claims)?.into_iter().filter(|(_, n)| *n > 0));
         let mut it = asked.into_iter();
         let Some((resource, count)) = it.next() else {
             return Err(RequestError::NoAccelerator {
@@ -239,16 +340,16 @@ impl RequestFacts {
                 resources: format!("{resource}, {other}"),
             });
         }
-        if !offered.contains(resource.as_str()) {
+        if !offered.contains(resource) {
             return Err(RequestError::UnknownResource {
                 pod: key.clone(),
-                resource: resource.clone(),
+                resource: resource.to_string(),
                 offered: offered.iter().copied().collect::<Vec<_>>().join(", "),
             });
         }
         Ok(DeviceRequest {
             pod: key.clone(),
-            resource: resource.clone(),
+            resource: resource.to_string(),
             count,
         })
     }
@@ -256,7 +357,7 @@ impl RequestFacts {
 
 /// The pod's accelerator request, checked against the resources the view's nodes offer.
 pub fn device_request(pod: &Pod, offered: &BTreeSet<&str>) -> Result<DeviceRequest, RequestError> {
-    RequestFacts::of(pod).request(offered)
+    RequestFacts::of(pod).request(offered, &Claims::default())
 }
 
 #[cfg(test)]
@@ -355,5 +456,136 @@ mod tests {
             device_request(&mixed, &offered()),
             Err(RequestError::Mixed { .. })
         ));
+    }
+
+    mod claims {
+        use super::*;
+        use crate::core::claims::testing::{claim, claim_pod};
+        use crate::core::claims::{ClaimFacts, Claims};
+
+        const NPU: &str = "npu.fumarole.dev";
+        const GPU: &str = "gpu.fumarole.dev";
+
+        fn offered() -> BTreeSet<&'static str> {
+            ["huawei.com/Ascend910", NPU, "nvidia.com/gpu", GPU].into()
+        }
+
+        fn claims() -> Claims {
+            let nic = serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "nic", "namespace": "ml"},
+                "spec": {"devices": {"requests": [
+                    {"name": "r", "exactly": {"deviceClassName": "nic.example.com", "count": 2}}]}}
+            }))
+            .unwrap();
+            let bad = serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "bad", "namespace": "ml"},
+                "spec": {"devices": {"requests": [{"name": "r"}]}}
+            }))
+            .unwrap();
+            let list = [
+                claim("two", NPU, 2, None),
+                claim("one", NPU, 1, None),
+                claim("gpu", GPU, 4, None),
+                claim("held", NPU, 1, Some(("n1", &[0]))),
+                nic,
+                bad,
+            ];
+            Claims::new(&list)
+        }
+
+        fn ask(pod: &Pod) -> Result<DeviceRequest, RequestError> {
+            RequestFacts::of(pod).request(&offered(), &claims())
+        }
+
+        #[test]
+        fn claims_of_our_classes_are_the_request() {
+            let none = serde_json::json!({});
+            let r = ask(&claim_pod("p", &["two", "one", "nic"], None, none.clone())).unwrap();
+            assert_eq!((r.resource.as_str(), r.count), (NPU, 3));
+            assert!(r.from_claims());
+            let g = ask(&claim_pod("g", &["gpu"], None, none.clone())).unwrap();
+            assert_eq!((g.resource.as_str(), g.count), (GPU, 4));
+            // Only another driver's claim: no accelerator of ours.
+            assert!(matches!(
+                ask(&claim_pod("n", &["nic"], None, none.clone())),
+                Err(RequestError::NoAccelerator { .. })
+            ));
+            // An extended-resource pod is what it was.
+            let ext = ask(&claim_pod(
+                "e",
+                &["nic"],
+                None,
+                serde_json::json!({"huawei.com/Ascend910": "2"}),
+            ))
+            .unwrap();
+            assert_eq!(
+                (ext.resource.as_str(), ext.count),
+                ("huawei.com/Ascend910", 2)
+            );
+            assert!(!ext.from_claims());
+            // Without claim data (a snapshot) the claims are not read.
+            let unread = RequestFacts::of(&claim_pod("u", &["two"], None, none))
+                .request(&offered(), &Claims::default());
+            assert!(matches!(unread, Err(RequestError::NoAccelerator { .. })));
+        }
+
+        #[test]
+        fn an_allocated_claim_counts_only_for_a_bound_pod() {
+            let none = serde_json::json!({});
+            assert!(matches!(
+                ask(&claim_pod("w", &["held"], None, none.clone())),
+                Err(RequestError::NoAccelerator { .. })
+            ));
+            let bound = ask(&claim_pod("b", &["held"], Some("n1"), none)).unwrap();
+            assert_eq!((bound.resource.as_str(), bound.count), (NPU, 1));
+        }
+
+        #[test]
+        fn mixed_missing_unreadable_and_ungenerated_claims_are_errors() {
+            let none = serde_json::json!({});
+            let e = ask(&claim_pod(
+                "m",
+                &["one"],
+                None,
+                serde_json::json!({"huawei.com/Ascend910": "1"}),
+            ))
+            .unwrap_err();
+            assert!(matches!(e, RequestError::Mixed { .. }), "{e}");
+            assert!(e.to_string().contains(NPU), "{e}");
+            assert!(matches!(
+                ask(&claim_pod("m2", &["one", "gpu"], None, none.clone())),
+                Err(RequestError::Mixed { .. })
+            ));
+            let e = ask(&claim_pod("x", &["gone"], None, none.clone())).unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                "pod ml/x uses ResourceClaim ml/gone, which does not exist (yet)"
+            );
+            let e = ask(&claim_pod("y", &["bad"], None, none.clone())).unwrap_err();
+            assert!(
+                matches!(e, RequestError::BadClaim { .. }) && e.to_string().contains("ml/bad"),
+                "{e}"
+            );
+            let templated: Pod = serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "t", "namespace": "ml"},
+                "spec": {"containers": [], "resourceClaims": [
+                    {"name": "npus", "resourceClaimTemplateName": "tpl"}]}
+            }))
+            .unwrap();
+            let e = ask(&templated).unwrap_err();
+            assert!(matches!(e, RequestError::ClaimNotGenerated { .. }), "{e}");
+            // Once generated, the claim named in the status is read.
+            let mut generated = templated.clone();
+            generated.status = serde_json::from_value(serde_json::json!({
+                "resourceClaimStatuses": [{"name": "npus", "resourceClaimName": "two"}]}))
+            .unwrap();
+            assert_eq!(ask(&generated).unwrap().count, 2);
+            // A class no node offers.
+            let e = RequestFacts::of(&claim_pod("z", &["gpu"], None, none))
+                .request(&["huawei.com/Ascend910", NPU].into(), &claims())
+                .unwrap_err();
+            assert!(matches!(e, RequestError::UnknownResource { .. }), "{e}");
+            assert!(ClaimFacts::of(&claim("ok", NPU, 1, None)).is_ok());
+        }
     }
 }

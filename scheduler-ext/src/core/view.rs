@@ -11,6 +11,11 @@
 //! after `allocateFunc`). Promises make the view, not the memory of one process, the record of
 //! what was handed out, so a restarted or newly elected extension starts from it.
 //!
+//! Devices held by allocated ResourceClaims of fumarole's DRA drivers (pool = node, device
+//! `<vendor>-<index>`) are not free either ([`super::claims`]); and each node offers, beside
+//! the extended resources, the DRA class of its devices (`gpu.fumarole.dev` for every GPU
+//! vendor, `npu.fumarole.dev` for Ascend), the "resource" of a pod asking through claims.
+//!
 //! A node's super-node is the `DeviceTopology`'s `spec.superNode.id`, else its
 //! `fumarole.dev/super-node` label; a node with neither is a super-node of its own.
 //! Free CPUs per NUMA node come from the node's Volcano `Numatopology` (for NUMA fit).
@@ -33,6 +38,7 @@ use fumarole_topology::{SelectContext, SelectError, Selection};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
+use crate::core::claims::Claims;
 use crate::core::group::{self, Jobs, UnitKey};
 use crate::core::pod_facts::PodFacts;
 
@@ -93,6 +99,14 @@ pub fn resource_of(d: &DeviceInfo) -> String {
     }
 }
 
+/// The DRA class (= driver, [`fumarole_topology::dra`]) a device is published under.
+pub fn dra_class_of(d: &DeviceInfo) -> &'static str {
+    match d.vendor.as_str() {
+        "huawei" => fumarole_topology::dra::NPU_DRIVER,
+        _ => fumarole_topology::dra::GPU_DRIVER,
+    }
+}
+
 /// Resource name -> mask of its devices, shared by the nodes that have the same.
 pub type ResourceMasks = Arc<[(String, u64)]>;
 
@@ -111,6 +125,10 @@ pub struct NodeView {
     pub resource_masks: ResourceMasks,
     /// Devices named in the `fumarole.dev/devices` annotation of pods bound here.
     pub assumed_mask: u64,
+    /// Devices held by allocated ResourceClaims.
+    pub claimed_mask: u64,
+    /// Each device's name in its DRA driver's pool (`<vendor>-<index>`).
+    pub dra_names: Vec<String>,
     /// Devices the node reports unhealthy.
     pub unhealthy_mask: u64,
     /// Device id -> index.
@@ -208,10 +226,12 @@ impl NodeView {
         });
         let resources: Vec<String> = devices.iter().map(resource_of).collect();
         let mut resource_masks: Vec<(String, u64)> = Vec::new();
-        for (i, r) in resources.iter().enumerate() {
-            match resource_masks.iter_mut().find(|(name, _)| name == r) {
-                Some((_, m)) => *m |= 1 << i,
-                None => resource_masks.push((r.clone(), 1 << i)),
+        let classes = devices.iter().map(|d| dra_class_of(d).to_string());
+        for (i, r) in resources.iter().cloned().chain(classes).enumerate() {
+            let bit = 1 << (i % n.max(1));
+            match resource_masks.iter_mut().find(|(name, _)| *name == r) {
+                Some((_, m)) => *m |= bit,
+                None => resource_masks.push((r, bit)),
             }
         }
         Ok(NodeView {
@@ -220,6 +240,11 @@ impl NodeView {
             available_mask: mask_of(available),
             resource_masks: contexts.resource_masks(resource_masks),
             assumed_mask: 0,
+            claimed_mask: 0,
+            dra_names: devices
+                .iter()
+                .map(|d| format!("{}-{}", d.vendor, d.index))
+                .collect(),
             unhealthy_mask: mask_of(unhealthy),
             index_of: devices
                 .iter()
@@ -245,6 +270,8 @@ impl NodeView {
             available_mask: 0,
             resource_masks: Arc::new([]),
             assumed_mask: 0,
+            claimed_mask: 0,
+            dra_names: Vec::new(),
             unhealthy_mask: 0,
             index_of: HashMap::new(),
             numa: Vec::new(),
@@ -524,6 +551,8 @@ pub struct ClusterView {
     reported: HashSet<String>,
     /// Pods not bound yet, not finished, asking for an accelerator some node offers.
     pending: Vec<Arc<Pod>>,
+    /// The ResourceClaims the view was built with.
+    claims: Claims,
     /// Nodes left out because their `DeviceTopology` is unusable.
     pub skipped: Vec<ViewError>,
     /// Objects that could not be read, with the reason (logged by the caller, never fatal).
@@ -560,7 +589,30 @@ impl ClusterView {
         nodes: impl IntoIterator<Item = &'a ObjectMeta>,
         pods: impl IntoIterator<Item = &'p PodFacts>,
     ) -> Result<Self, ViewError> {
-        let mut view = ClusterView::default();
+        Self::build_with_claims(
+            contexts,
+            topologies,
+            numatopologies,
+            nodes,
+            pods,
+            Claims::default(),
+        )
+    }
+
+    /// [`Self::build_with`] with the cluster's ResourceClaims: the devices allocated claims
+    /// hold are not free, and pods' claims are read into their requests.
+    pub fn build_with_claims<'a, 'p>(
+        contexts: &mut ContextCache,
+        topologies: impl IntoIterator<Item = &'a DeviceTopology>,
+        numatopologies: impl IntoIterator<Item = &'a Numatopology>,
+        nodes: impl IntoIterator<Item = &'a ObjectMeta>,
+        pods: impl IntoIterator<Item = &'p PodFacts>,
+        claims: Claims,
+    ) -> Result<Self, ViewError> {
+        let mut view = ClusterView {
+            claims,
+            ..ClusterView::default()
+        };
         let mut found: HashMap<String, NodeView> = HashMap::new();
         for dt in topologies {
             let nv = match NodeView::with_contexts(dt, contexts) {
@@ -616,10 +668,32 @@ impl ClusterView {
                 .or_default()
                 .push(nv.name.clone());
         }
+        for (key, claim) in view.claims.iter() {
+            for held in &claim.held {
+                let Some(nv) = view
+                    .index
+                    .get(&held.node)
+                    .and_then(|i| view.nodes.get_mut(i))
+                else {
+                    view.warnings.push(format!(
+                        "ResourceClaim {key}: holds {} on {}, a node the view does not have",
+                        held.device, held.node
+                    ));
+                    continue;
+                };
+                match nv.dra_names.iter().position(|d| *d == held.device) {
+                    Some(i) => nv.claimed_mask |= 1 << i,
+                    None => view.warnings.push(format!(
+                        "ResourceClaim {key}: holds {} on {}, which has no such device",
+                        held.device, held.node
+                    )),
+                }
+            }
+        }
         view.offered = view
             .nodes
             .iter()
-            .flat_map(|n| n.resources.iter().cloned())
+            .flat_map(|n| n.resource_masks.iter().map(|(r, _)| r.clone()))
             .collect();
         let pods: Vec<&PodFacts> = pods.into_iter().collect();
         view.jobs = Jobs::default();
@@ -656,7 +730,7 @@ impl ClusterView {
             None => {
                 let waiting = !pod.deleting;
                 if waiting
-                    && pod.request.request(offered).is_ok()
+                    && pod.request.request(offered, &self.claims).is_ok()
                     && let Some(whole) = &pod.unbound
                 {
                     self.pending.push(Arc::clone(whole));
@@ -697,7 +771,7 @@ impl ClusterView {
         if !self.jobs.in_group_facts(&pod.group) {
             return;
         }
-        let Ok(req) = pod.request.request(offered) else {
+        let Ok(req) = pod.request.request(offered, &self.claims) else {
             return;
         };
         let gpus = u32::try_from(req.count).unwrap_or(u32::MAX);
@@ -736,6 +810,11 @@ impl ClusterView {
 
     pub fn is_empty(&self) -> bool {
         self.nodes.is_empty()
+    }
+
+    /// The ResourceClaims the view was built with.
+    pub fn claims(&self) -> &Claims {
+        &self.claims
     }
 
     /// Every resource name some node offers.
@@ -785,9 +864,9 @@ impl ClusterView {
     }
 
     /// Mask of the free devices of `resource` on `nv`: healthy, not allocated in status, not
-    /// chosen for a bound pod.
+    /// chosen for a bound pod, not held by an allocated ResourceClaim.
     pub fn free_mask(&self, nv: &NodeView, resource: &str) -> u64 {
-        nv.available_mask & nv.resource_mask(resource) & !nv.assumed_mask
+        nv.available_mask & nv.resource_mask(resource) & !nv.assumed_mask & !nv.claimed_mask
     }
 
     /// Indices (into the node's devices) of the free devices of `resource` on `node`
@@ -1109,5 +1188,55 @@ mod tests {
         let nv = view.node("cpu").unwrap();
         assert!(!nv.has_topology);
         assert_eq!(nv.labels["x"], "y");
+    }
+
+    /// Devices held by allocated claims of our drivers are used on the node the pool names,
+    /// for the DRA class and the extended resource alike; a hold on a node or device the view
+    /// does not have is a warning; each node offers the class of its devices.
+    #[test]
+    fn devices_held_by_allocated_claims_are_not_free() {
+        use crate::core::claims::testing::{ascend_node, claim};
+        const NPU: &str = "npu.fumarole.dev";
+        let claims = Claims::new(&[
+            claim("a", NPU, 2, Some(("a", &[0, 5]))),
+            claim("pending", NPU, 1, None),
+            claim("elsewhere", NPU, 1, Some(("ghost", &[1]))),
+            claim("odd", NPU, 1, Some(("b", &[9]))),
+            // Another driver's results never count.
+            claim("nic", "nic.example.com", 1, Some(("b", &[1]))),
+        ]);
+        let view = ClusterView::build_with_claims(
+            &mut ContextCache::default(),
+            &[ascend_node("a"), ascend_node("b"), dt("g", 2, 10, &[])],
+            &[],
+            &[],
+            &[],
+            claims,
+        )
+        .unwrap();
+        assert_eq!(view.free("a", NPU), vec![1, 2, 3, 4, 6, 7]);
+        assert_eq!(
+            view.free("a", "huawei.com/Ascend910"),
+            vec![1, 2, 3, 4, 6, 7]
+        );
+        assert_eq!(view.free("b", NPU), (0..8).collect::<Vec<_>>());
+        assert_eq!(view.free("g", NPU), Vec::<usize>::new());
+        assert_eq!(view.free("g", "gpu.fumarole.dev"), vec![0, 1]);
+        let offered = view.resources();
+        assert!(offered.contains(NPU) && offered.contains("gpu.fumarole.dev"));
+        assert_eq!(view.warnings.len(), 2, "{:?}", view.warnings);
+        assert!(
+            view.warnings
+                .iter()
+                .any(|w| w.contains("ml/elsewhere") && w.contains("ghost"))
+        );
+        assert!(
+            view.warnings
+                .iter()
+                .any(|w| w.contains("ml/odd") && w.contains("huawei-9"))
+        );
+        // The same view without claims: everything free.
+        let plain = ClusterView::build(&[ascend_node("a")], &[], &[], &[]).unwrap();
+        assert_eq!(plain.free("a", NPU).len(), 8);
     }
 }
