@@ -61,6 +61,8 @@ fn dgx_h100() {
         assert_eq!(d.id, format!("GPU-f55b88b0-0000-4000-8000-{i:012x}"));
         assert_eq!(d.uuid.as_deref(), Some(d.id.as_str()));
         assert!(d.serial.is_some());
+        // Device memory from the recorded NVML answers.
+        assert_eq!(d.memory_bytes, Some(81_559 << 20));
         assert_eq!(d.numa_node, Some(if i < 4 { 0 } else { 1 }));
         assert_eq!(
             d.local_cpus.to_string(),
@@ -101,6 +103,8 @@ fn dgx_h100_without_nvml_falls_back_to_pcie_classes() {
     assert_eq!(m[7], "SYS SYS SYS SYS NODE NODE PIX X");
     // Without NVML the uuid comes from the driver's /proc entry.
     assert_eq!(t.devices[0].id, "GPU-f55b88b0-0000-4000-8000-000000000000");
+    // Only NVML knows the memory.
+    assert_eq!(t.devices[0].memory_bytes, None);
 }
 
 fn atlas_devices(t: &NodeTopology, model: &str) {

@@ -376,6 +376,7 @@ mod tests {
             health: Health::Healthy,
             uuid: (vendor == Vendor::Nvidia).then(|| id.to_string()),
             serial: None,
+            memory_bytes: None,
         }
     }
 

@@ -54,6 +54,7 @@ fn dra_node() -> (DraNode, tempfile::TempDir) {
         health: Health::Healthy,
         uuid: Some(format!("GPU-{index}")),
         serial: None,
+        memory_bytes: None,
     };
     let mut npu = gpu(0);
     npu.id = "Ascend910-0".into();

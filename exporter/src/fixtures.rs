@@ -541,6 +541,8 @@ impl Fixture {
                                 })
                                 .collect(),
                             fabric: None,
+                            // What NVML reports for an H100 80GB HBM3: 81559 MiB.
+                            memory_bytes: Some(81_559 << 20),
                         });
                     }
                 }

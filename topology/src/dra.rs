@@ -27,6 +27,8 @@
 //! | `resource.kubernetes.io/pcieRoot` | string | PCIe root complex, `pci<domain>:<bus>`         |
 //! | `resource.kubernetes.io/pciBusID` | string | `dddd:bb:dd.f`                                 |
 //! | `resource.kubernetes.io/numaNode` | int    | the NUMA node the device is attached to        |
+//!
+//! Capacity: `memory`, the device memory in bytes, when the vendor library reports it (NVML).
 
 use std::collections::BTreeMap;
 
@@ -52,6 +54,9 @@ pub const PCIE_ROOT: &str = "resource.kubernetes.io/pcieRoot";
 pub const PCI_BUS_ID: &str = "resource.kubernetes.io/pciBusID";
 /// Kubernetes' standard NUMA node attribute.
 pub const NUMA_NODE: &str = "resource.kubernetes.io/numaNode";
+
+/// Capacity name of a device's memory, in bytes.
+pub const MEMORY: &str = "memory";
 
 /// Taint key put on an unhealthy device; its value is the first fault's reason.
 pub const UNHEALTHY_TAINT: &str = "fumarole.dev/unhealthy";

@@ -277,6 +277,7 @@ mod tests {
             health: Health::Healthy,
             uuid: None,
             serial: None,
+            memory_bytes: None,
         };
         NodeTopology {
             hostname: "n".into(),

@@ -180,6 +180,9 @@ pub struct Device {
     pub uuid: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub serial: Option<String>,
+    /// Device memory in bytes, when the vendor library reports it (NVML).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_bytes: Option<u64>,
 }
 
 impl Device {
@@ -392,6 +395,7 @@ pub(crate) mod tests {
             health: Health::Healthy,
             uuid: Some(format!("GPU-{i}")),
             serial: None,
+            memory_bytes: None,
         }
     }
 

@@ -32,6 +32,7 @@ fn device(vendor: Vendor, pci: (u16, u16), index: u32, model: &str) -> Device {
         health: Health::Healthy,
         uuid: None,
         serial: None,
+        memory_bytes: None,
     }
 }
 

@@ -56,6 +56,7 @@ fn device(vendor: Vendor, pci_vendor: u16, index: u32, id: &str, nodes: &[&str])
         health: Health::Healthy,
         uuid: (vendor == Vendor::Nvidia).then(|| format!("GPU-uuid-{index}")),
         serial: None,
+        memory_bytes: None,
     }
 }
 

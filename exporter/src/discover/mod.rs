@@ -269,6 +269,7 @@ fn build_devices(
                 health,
                 uuid,
                 serial: gpu.and_then(|g| g.serial.clone()),
+                memory_bytes: gpu.and_then(|g| g.memory_bytes),
             });
         }
     }

@@ -37,6 +37,9 @@ pub struct NvmlGpu {
     pub nvlinks: Vec<NvlinkLane>,
     #[serde(default)]
     pub fabric: Option<FabricInfo>,
+    /// Total device memory in bytes (`nvmlDeviceGetMemoryInfo`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_bytes: Option<u64>,
 }
 
 /// The far end of one active NVLink lane.
@@ -211,6 +214,7 @@ pub fn read_report(nvml: &nvml_wrapper::Nvml) -> Result<NvmlReport, NvmlError> {
             minor: dev.minor_number().ok(),
             nvlinks,
             fabric: fabric_info(nvml, &dev),
+            memory_bytes: dev.memory_info().ok().map(|m| m.total),
         });
     }
     Ok(NvmlReport {

@@ -1,6 +1,7 @@
 //! ResourceSlices (`resource.k8s.io/v1`): the node's accelerators as Dynamic Resource
 //! Allocation sees them. One pool per driver, named after the node, in one slice; device names
-//! and attributes from [`fumarole_topology::dra`]. A device with a disabling fault carries a
+//! and attributes from [`fumarole_topology::dra`], device memory (when known) as capacity
+//! [`dra::MEMORY`]. A device with a disabling fault carries a
 //! `NoSchedule` taint ([`dra::UNHEALTHY_TAINT`], value the fault kind), so the scheduler gives
 //! it to no new claim while claims already holding it keep it.
 
@@ -9,8 +10,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use fumarole_topology::dra::{self, AttributeValue};
 use fumarole_topology::{Health, NodeHealth, NodeTopology};
 use k8s_openapi::api::resource::v1::{
-    Device, DeviceAttribute, DeviceTaint, ResourcePool, ResourceSliceSpec,
+    Device, DeviceAttribute, DeviceCapacity, DeviceTaint, ResourcePool, ResourceSliceSpec,
 };
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use super::objects::label_value;
 
@@ -51,9 +53,19 @@ pub fn resource_slices(
                 time_added: None,
             }]
         });
+        let capacity = d.memory_bytes.map(|bytes| {
+            BTreeMap::from([(
+                dra::MEMORY.to_string(),
+                DeviceCapacity {
+                    value: Quantity(bytes.to_string()),
+                    request_policy: None,
+                },
+            )])
+        });
         devices.entry(dra::driver(d)).or_default().push(Device {
             name: dra::device_name(d),
             attributes: Some(attributes),
+            capacity,
             taints,
             ..Default::default()
         });
@@ -123,6 +135,7 @@ mod tests {
                     health: Health::Healthy,
                     uuid: None,
                     serial: None,
+                    memory_bytes: None,
                 }
             })
             .collect();
@@ -175,6 +188,17 @@ mod tests {
                 .starts_with("pci")
         );
         assert!(devices.iter().all(|d| d.taints.is_none()));
+        // Memory only where the vendor library said.
+        assert!(devices.iter().all(|d| d.capacity.is_none()));
+        let mut t = dgx();
+        t.devices[1].memory_bytes = Some(81_559 << 20);
+        let slices = resource_slices("n1", &t, &NodeHealth::default(), &all(&t));
+        let devices = slices[dra::GPU_DRIVER].devices.as_ref().unwrap();
+        assert_eq!(
+            devices[1].capacity.as_ref().unwrap()[dra::MEMORY].value.0,
+            "85520809984"
+        );
+        assert!(devices[0].capacity.is_none());
         // Serving none: no slice at all.
         assert!(resource_slices("n1", &t, &NodeHealth::default(), &BTreeSet::new()).is_empty());
     }
