@@ -35,12 +35,33 @@ const DRIVER: &str = "npu.fumarole.dev";
 struct Node {
     name: String,
     root: PathBuf,
+    driver: &'static str,
     _dir: tempfile::TempDir,
 }
 
+/// A fixture node whose devices of `vendor` the agent serves through DRA.
+#[derive(Clone, Copy)]
+struct Shape {
+    fixture: &'static str,
+    vendor: &'static str,
+    driver: &'static str,
+}
+
+const ATLAS: Shape = Shape {
+    fixture: "atlas-800-910",
+    vendor: "huawei",
+    driver: DRIVER,
+};
+
+const METAX: Shape = Shape {
+    fixture: "metax-c500-8",
+    vendor: "metax",
+    driver: "gpu.fumarole.dev",
+};
+
 impl Node {
     fn slice(&self) -> String {
-        format!("{}-{DRIVER}", self.name)
+        format!("{}-{}", self.name, self.driver)
     }
 
     /// Takes `/dev/davinciN` away (the device turns unhealthy) or puts it back.
@@ -65,23 +86,27 @@ async fn start_node(cluster: &TestCluster, name: &str) -> Node {
         .create_node(&NodeSpec::new(name).capacity("cpu", "192"))
         .await
         .unwrap();
-    start_agent(cluster, name, None, "fumarole-agent")
+    start_agent(cluster, ATLAS, name, None, "fumarole-agent")
 }
 
 /// An agent for node `name` on a fresh atlas-800-910 root, its NPUs served through DRA with
 /// its plugin in `kubelet` (else directories of its own); started as process `process`.
 fn start_agent(
     cluster: &TestCluster,
+    shape: Shape,
     name: &str,
     kubelet: Option<(&KubeletDirs, &Path)>,
     process: &str,
 ) -> Node {
     let dir = tempfile::tempdir().unwrap();
-    let root = fixture_root("atlas-800-910", dir.path()).unwrap();
+    let root = fixture_root(shape.fixture, dir.path()).unwrap();
     let config = dir.path().join("device-plugin-config.yaml");
     std::fs::write(
         &config,
-        "resources:\n  - match: {vendor: huawei}\n    servedBy: dra\n",
+        format!(
+            "resources:\n  - match: {{vendor: {}}}\n    servedBy: dra\n",
+            shape.vendor
+        ),
     )
     .unwrap();
     let path = |p: &str| dir.path().join(p).to_str().unwrap().to_string();
@@ -137,6 +162,7 @@ fn start_agent(
     Node {
         name: name.into(),
         root,
+        driver: shape.driver,
         _dir: dir,
     }
 }
@@ -187,6 +213,16 @@ fn slice_writes(cluster: &TestCluster) -> usize {
 
 /// A claim and a pod using it; returns the claim once allocated, and the pod's node.
 async fn claim_and_pod(cluster: &TestCluster, name: &str, claim_spec: Value) -> (Value, String) {
+    claim_and_pod_on(cluster, name, None, claim_spec).await
+}
+
+/// [`claim_and_pod`], the pod kept to node `on` when given (by its hostname label).
+async fn claim_and_pod_on(
+    cluster: &TestCluster,
+    name: &str,
+    on: Option<&str>,
+    claim_spec: Value,
+) -> (Value, String) {
     let client = cluster.client();
     let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), "default");
     let claim: ResourceClaim = serde_json::from_value(json!({
@@ -198,11 +234,13 @@ async fn claim_and_pod(cluster: &TestCluster, name: &str, claim_spec: Value) -> 
     .unwrap();
     claims.create(&PostParams::default(), &claim).await.unwrap();
     let pods: Api<Pod> = Api::namespaced(client, "default");
+    let selector = on.map(|n| json!({"kubernetes.io/hostname": n}));
     let pod: Pod = serde_json::from_value(json!({
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name},
         "spec": {
+            "nodeSelector": selector,
             "resourceClaims": [{"name": "npus", "resourceClaimName": name}],
             "containers": [{
                 "name": "main",
@@ -234,14 +272,19 @@ async fn claim_and_pod(cluster: &TestCluster, name: &str, claim_spec: Value) -> 
     (claim, node)
 }
 
-/// `(request, device)` of each result of the claim's allocation.
+/// `(request, device)` of each result of the claim's allocation (all of `DRIVER`).
 fn allocated(claim: &Value) -> Vec<(String, String)> {
+    allocated_of(claim, DRIVER)
+}
+
+/// `(request, device)` of each result of the claim's allocation, all of `driver`.
+fn allocated_of(claim: &Value, driver: &str) -> Vec<(String, String)> {
     let results = claim["status"]["allocation"]["devices"]["results"]
         .as_array()
         .cloned()
         .unwrap_or_default();
     for r in &results {
-        assert_eq!(r["driver"], DRIVER, "{r}");
+        assert_eq!(r["driver"], driver, "{r}");
     }
     results
         .iter()
@@ -422,7 +465,13 @@ async fn the_kubelets_dra_manager_prepares_exactly_the_allocated_devices_across_
             .to_path_buf(),
     };
     let cdi_dir = tempfile::tempdir().unwrap();
-    let node = start_agent(&cluster, name, Some((&dirs, cdi_dir.path())), "agent-1");
+    let node = start_agent(
+        &cluster,
+        ATLAS,
+        name,
+        Some((&dirs, cdi_dir.path())),
+        "agent-1",
+    );
     let plugin = harness
         .wait_dra_plugin(DRIVER, Duration::from_secs(60))
         .await
@@ -495,7 +544,13 @@ async fn the_kubelets_dra_manager_prepares_exactly_the_allocated_devices_across_
 
     // The plugin restarts between prepare and unprepare.
     cluster.stop(&format!("agent-1-{name}")).unwrap();
-    let _node = start_agent(&cluster, name, Some((&dirs, cdi_dir.path())), "agent-2");
+    let _node = start_agent(
+        &cluster,
+        ATLAS,
+        name,
+        Some((&dirs, cdi_dir.path())),
+        "agent-2",
+    );
     eventually(
         "the plugin registered again",
         Duration::from_secs(60),
@@ -519,4 +574,88 @@ async fn the_kubelets_dra_manager_prepares_exactly_the_allocated_devices_across_
         .await
         .unwrap();
     assert!(!spec_file.exists(), "the claim's CDI spec is still there");
+}
+
+/// GPUs the same way: two `metax-c500-8` nodes (MetaXLink zones 0-3 and 4-7, super-node
+/// `metax-sn-a`) with their GPUs served through `gpu.fumarole.dev`. Claims already holding
+/// GPUs (allocated by the scheduler, picked by index with a CEL selector) leave one node with
+/// GPUs 0 and 4 free (one per zone) and the other with 3, 6 and 7: a claim for two GPUs with
+/// `matchAttribute: fumarole.dev/fabricGroup` gets 6 and 7.
+#[tokio::test(flavor = "multi_thread")]
+async fn gpu_claims_keep_to_one_metaxlink_zone() {
+    let cluster = TestCluster::start().await.unwrap();
+    install_device_classes(&cluster).await;
+    cluster.start_kube_scheduler("").await.unwrap();
+    let slices: Api<ResourceSlice> = Api::all(cluster.client());
+    let mut nodes = Vec::new();
+    for name in ["gpu-a", "gpu-b"] {
+        cluster
+            .create_node(
+                &NodeSpec::new(name)
+                    .capacity("cpu", "128")
+                    .label("kubernetes.io/hostname", name),
+            )
+            .await
+            .unwrap();
+        let node = start_agent(&cluster, METAX, name, None, "fumarole-agent");
+        let s = slice_when(&slices, &node.slice(), "slice with 8 GPUs", |s| {
+            s.spec.devices.as_ref().is_some_and(|d| d.len() == 8)
+        })
+        .await;
+        let devices = s.spec.devices.as_ref().unwrap();
+        let attr = |i: usize, name: &str| devices[i].attributes.as_ref().unwrap()[name].clone();
+        assert_eq!(devices[6].name, "metax-6");
+        assert_eq!(attr(6, "fumarole.dev/fabricGroup").int, Some(4));
+        assert_eq!(attr(2, "fumarole.dev/fabricGroup").int, Some(0));
+        assert_eq!(
+            attr(6, "fumarole.dev/fabric").string.as_deref(),
+            Some("metaxLink")
+        );
+        assert_eq!(
+            attr(6, "fumarole.dev/superNode").string.as_deref(),
+            Some("metax-sn-a")
+        );
+        nodes.push(node);
+    }
+    // Holders, each pinned to its node, taking GPUs by index.
+    for (node, taken) in [
+        ("gpu-a", "[1, 2, 3, 5, 6, 7]"),
+        ("gpu-b", "[0, 1, 2, 4, 5]"),
+    ] {
+        let count = taken.split(',').count();
+        let (claim, bound) = claim_and_pod_on(
+            &cluster,
+            &format!("holder-{node}"),
+            Some(node),
+            json!({
+                "devices": {"requests": [{"name": "npus", "exactly": {
+                    "deviceClassName": "gpu.fumarole.dev",
+                    "count": count,
+                    "selectors": [{"cel": {"expression": format!("device.attributes[\"fumarole.dev\"].index in {taken}")}}],
+                }}]}
+            }),
+        )
+        .await;
+        assert_eq!(bound, node);
+        assert_eq!(allocated_of(&claim, "gpu.fumarole.dev").len(), count);
+    }
+    let (claim, bound) = claim_and_pod_on(
+        &cluster,
+        "pair",
+        None,
+        json!({
+            "devices": {
+                "requests": [{"name": "npus", "exactly": {"deviceClassName": "gpu.fumarole.dev", "count": 2}}],
+                "constraints": [{"requests": ["npus"], "matchAttribute": "fumarole.dev/fabricGroup"}],
+            }
+        }),
+    )
+    .await;
+    assert_eq!(bound, "gpu-b");
+    let mut got: Vec<String> = allocated_of(&claim, "gpu.fumarole.dev")
+        .into_iter()
+        .map(|(_, d)| d)
+        .collect();
+    got.sort();
+    assert_eq!(got, ["metax-6", "metax-7"]);
 }
