@@ -219,7 +219,55 @@ async fn every_manifest_passes_a_server_side_dry_run() {
             panic!("{name}: server-side dry-run apply failed: {e}");
         }
     }
-    let with_dra = render_chart(&["dra.deviceClasses=true"], false);
+    let with_dra = render_chart(
+        &[
+            "dra.enabled=true",
+            "dra.deviceClasses=true",
+            "devicePlugin.config.resources[0].match.vendor=huawei",
+            "devicePlugin.config.resources[0].servedBy=dra",
+        ],
+        false,
+    );
+    for (name, object) in &with_dra {
+        if let Err(e) = apply(&client, object, true).await {
+            panic!("{name}: server-side dry-run apply failed: {e}");
+        }
+    }
+    // The agent reads the configuration the chart renders, and mounts the kubelet's DRA
+    // directories where its flags say.
+    let config = pick(&with_dra, "ConfigMap", "fumarole-device-plugin-config");
+    let config = fumarole_device_plugin::config::Config::parse(
+        config["data"]["config.yaml"].as_str().unwrap(),
+        None,
+    )
+    .unwrap();
+    assert_eq!(config.resources.len(), 1);
+    assert_eq!(
+        config.resources[0].served_by,
+        fumarole_device_plugin::config::ServedBy::Dra
+    );
+    let ds = pick(&with_dra, "DaemonSet", "fumarole-agent");
+    let args = ds
+        .pointer("/spec/template/spec/containers/0/args")
+        .unwrap()
+        .to_string();
+    let mounts = ds
+        .pointer("/spec/template/spec/containers/0/volumeMounts")
+        .unwrap()
+        .to_string();
+    for (flag, path) in [
+        ("--dra-registry-dir", "/var/lib/kubelet/plugins_registry"),
+        ("--dra-plugins-dir", "/var/lib/kubelet/plugins"),
+        ("--cdi-dir", "/var/run/cdi"),
+        (
+            "--device-plugin-config",
+            "/etc/fumarole/device-plugin/config.yaml",
+        ),
+    ] {
+        assert!(args.contains(&format!("{flag}={path}")), "{flag} in {args}");
+        let dir = path.trim_end_matches("/config.yaml");
+        assert!(mounts.contains(&format!("\"{dir}\"")), "{dir} in {mounts}");
+    }
     let classes = |objects: &[(String, Value)]| -> Vec<Value> {
         objects
             .iter()
