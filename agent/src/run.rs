@@ -107,6 +107,12 @@ pub struct RunArgs {
     /// `--super-node` flag wins over it, it wins over the override file and the NVLink fabric).
     #[arg(long, value_name = "KEY")]
     super_node_label: Option<String>,
+    /// Also label the Node with the keys other projects' tools select nodes by: NVIDIA
+    /// gpu-feature-discovery's `nvidia.com/gpu.*`, `nvidia.com/cuda.*`, `nvidia.com/mig.capable`
+    /// (same keys and value formats) and Ascend's `accelerator` (docs/labels.md). Off by
+    /// default: with GFD installed too, both would write the same keys.
+    #[arg(long)]
+    compat_labels: bool,
     /// Address of `/metrics` and `/healthz`.
     #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:9400")]
     metrics_addr: SocketAddr,
@@ -360,7 +366,8 @@ pub fn run(args: RunArgs) -> Result<()> {
             wake.clone(),
         );
         let mut state = NodeState::new(prepared.options.clone(), prepared.nvml, kubelet, allocations, metrics)
-            .with_health(stream.subscribe());
+            .with_health(stream.subscribe())
+            .with_compat_labels(args.compat_labels);
         if let Some(served) = dra_served {
             state = state.with_dra(&node_name, served);
         }

@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 use std::io;
 use std::path::Path;
 
-use crate::discover::nvml::{NvlinkLane, NvmlGpu, NvmlReport, RemoteKind};
+use crate::discover::nvml::{ComputeCapability, NvlinkLane, NvmlGpu, NvmlReport, RemoteKind};
 use crate::discover::{OVERRIDE_FILE, RECORDED_NVML_FILE};
 
 /// A bundled node.
@@ -498,6 +498,8 @@ impl Fixture {
         let mut drm_minor = 0u32;
         let mut nvml = NvmlReport {
             driver_version: Some("550.90.07".into()),
+            // The CUDA version driver 550.90.07 supports: 12.4.
+            cuda_driver_version: Some(12_040),
             gpus: Vec::new(),
         };
         for Placed {
@@ -543,6 +545,9 @@ impl Fixture {
                             fabric: None,
                             // What NVML reports for an H100 80GB HBM3: 81559 MiB.
                             memory_bytes: Some(81_559 << 20),
+                            // Hopper; H100 SXM supports MIG.
+                            compute_capability: Some(ComputeCapability { major: 9, minor: 0 }),
+                            mig_capable: Some(true),
                         });
                     }
                 }

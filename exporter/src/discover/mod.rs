@@ -77,6 +77,16 @@ pub fn discover(
     opts: &DiscoverOptions,
     nvml: &dyn NvmlProbe,
 ) -> Result<NodeTopology, DiscoverError> {
+    discover_with_nvml(opts, nvml).map(|(t, _)| t)
+}
+
+/// [`discover`], also returning NVML's answers (`None` when NVML was not asked or is absent):
+/// the node-wide facts (driver and CUDA versions, compute capability) that the topology does
+/// not carry, for the GFD-compatible labels.
+pub fn discover_with_nvml(
+    opts: &DiscoverOptions,
+    nvml: &dyn NvmlProbe,
+) -> Result<(NodeTopology, Option<NvmlReport>), DiscoverError> {
     let facts = hwloc::load(&opts.source, opts.restrict_to_allowed)?;
     let root = opts.source.root().map(Root::new);
 
@@ -147,7 +157,7 @@ pub fn discover(
         .or_else(|| root.as_ref().and_then(Root::hostname))
         .unwrap_or_else(|| "localhost".into());
 
-    Ok(NodeTopology {
+    let topology = NodeTopology {
         hostname,
         packages: facts.packages,
         processing_units: facts.processing_units,
@@ -156,7 +166,8 @@ pub fn discover(
         devices,
         links,
         super_node,
-    })
+    };
+    Ok((topology, report))
 }
 
 fn build_devices(
@@ -365,6 +376,7 @@ mod tests {
         };
         let report = NvmlReport {
             driver_version: None,
+            cuda_driver_version: None,
             gpus: vec![gpu(7), gpu(7)],
         };
         let sn = nvlink_clique(&report).unwrap();

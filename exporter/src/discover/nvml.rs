@@ -17,6 +17,10 @@ use serde::{Deserialize, Serialize};
 pub struct NvmlReport {
     #[serde(default)]
     pub driver_version: Option<String>,
+    /// The CUDA version the driver supports (`nvmlSystemGetCudaDriverVersion`), encoded as
+    /// NVML answers it: `1000 * major + 10 * minor` (12040 is CUDA 12.4).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cuda_driver_version: Option<i32>,
     pub gpus: Vec<NvmlGpu>,
 }
 
@@ -40,6 +44,20 @@ pub struct NvmlGpu {
     /// Total device memory in bytes (`nvmlDeviceGetMemoryInfo`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_bytes: Option<u64>,
+    /// CUDA compute capability (`nvmlDeviceGetCudaComputeCapability`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_capability: Option<ComputeCapability>,
+    /// Whether the GPU supports MIG: `nvmlDeviceGetMigMode` answers (`Some(true)`) or says
+    /// NotSupported (`Some(false)`); `None` when the call failed otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig_capable: Option<bool>,
+}
+
+/// CUDA compute capability, e.g. 9.0 for Hopper.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ComputeCapability {
+    pub major: i32,
+    pub minor: i32,
 }
 
 /// The far end of one active NVLink lane.
@@ -215,10 +233,23 @@ pub fn read_report(nvml: &nvml_wrapper::Nvml) -> Result<NvmlReport, NvmlError> {
             nvlinks,
             fabric: fabric_info(nvml, &dev),
             memory_bytes: dev.memory_info().ok().map(|m| m.total),
+            compute_capability: dev
+                .cuda_compute_capability()
+                .ok()
+                .map(|c| ComputeCapability {
+                    major: c.major,
+                    minor: c.minor,
+                }),
+            mig_capable: match dev.mig_mode() {
+                Ok(_) => Some(true),
+                Err(nvml_wrapper::error::NvmlError::NotSupported) => Some(false),
+                Err(_) => None,
+            },
         });
     }
     Ok(NvmlReport {
         driver_version: nvml.sys_driver_version().ok(),
+        cuda_driver_version: nvml.sys_cuda_driver_version().ok(),
         gpus,
     })
 }
@@ -357,6 +388,7 @@ mod tests {
         };
         let report = NvmlReport {
             driver_version: None,
+            cuda_driver_version: None,
             gpus: vec![
                 gpu(
                     "0000:01:00.0",

@@ -9,6 +9,7 @@
 //! exclusive CPUs or devices, [`wake_on_health`] when a device's or link's health changes.
 //! [`metrics`] serves `/metrics` and `/healthz`.
 
+pub mod compat;
 pub mod metrics;
 pub mod objects;
 mod publisher;

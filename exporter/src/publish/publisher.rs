@@ -303,7 +303,7 @@ impl Publisher {
     }
 
     /// The part of the live object that `body` sets, in the same shape.
-    fn live_part(kind: Kind, live: &DynamicObject) -> Value {
+    fn live_part(kind: Kind, live: &DynamicObject, body: &Value) -> Value {
         let data = &live.data;
         match kind {
             Kind::Numatopology | Kind::DeviceTopology => json!({ "spec": data.get("spec") }),
@@ -346,12 +346,16 @@ impl Publisher {
                 json!({ "spec": spec })
             }
             Kind::NodeLabels => {
+                // Ours: every label under our prefix, and the compatible labels (other
+                // projects' keys) we set. A compatible key we do not set is not compared, so
+                // a GFD beside an agent without `--compat-labels` causes no writes.
+                let set = &body["metadata"]["labels"];
                 let ours: BTreeMap<&String, &String> = live
                     .metadata
                     .labels
                     .iter()
                     .flatten()
-                    .filter(|(k, _)| k.starts_with(LABEL_PREFIX))
+                    .filter(|(k, _)| k.starts_with(LABEL_PREFIX) || set.get(k.as_str()).is_some())
                     .collect();
                 json!({ "metadata": { "labels": ours } })
             }
@@ -396,7 +400,7 @@ impl Publisher {
                         .flatten()
                         .any(|r| r.kind == "Node" && Some(r.uid.as_str()) == o["uid"].as_str())
                 });
-                !unchanged || unowned || (touched && Self::live_part(kind, obj) != body)
+                !unchanged || unowned || (touched && Self::live_part(kind, obj, &body) != body)
             }
         };
         if !needed {

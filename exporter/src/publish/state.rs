@@ -18,13 +18,13 @@ use k8s_openapi::api::resource::v1::ResourceSliceSpec;
 use tokio::sync::watch;
 
 use crate::discover::nvml::NvmlProbe;
-use crate::discover::{DiscoverOptions, discover};
+use crate::discover::{DiscoverOptions, discover_with_nvml};
 use crate::kubelet::config::{ConfigError, KubeletPolicies};
 use crate::kubelet::{AllocationSource, Allocations, KubeletConfig, KubeletPaths};
 
 use super::LatestAllocations;
 use super::metrics::Metrics;
-use super::{objects, slices};
+use super::{compat, objects, slices};
 
 /// What the node should look like. `None` keeps the last published object (its inputs could
 /// not be read this round).
@@ -48,6 +48,8 @@ pub struct NodeState {
     health: Option<watch::Receiver<NodeHealth>>,
     /// The node's name and the ids of the devices the DRA kubelet plugin serves.
     dra: Option<(String, BTreeSet<String>)>,
+    /// Also publish the GFD- and Ascend-compatible labels ([`compat`]).
+    compat_labels: bool,
     last_allocations: Option<Allocations>,
     /// The last allocations read from PodResources (for devices while it is down).
     last_pod_resources: Option<Allocations>,
@@ -71,6 +73,7 @@ impl NodeState {
             metrics,
             health: None,
             dra: None,
+            compat_labels: false,
             last_allocations: None,
             last_pod_resources: None,
             last_problem: None,
@@ -87,6 +90,13 @@ impl NodeState {
     /// `served` (those the DRA kubelet plugin serves).
     pub fn with_dra(mut self, node: &str, served: BTreeSet<String>) -> Self {
         self.dra = Some((node.to_string(), served));
+        self
+    }
+
+    /// Also publishes the labels other projects' tools select nodes by ([`compat::labels`]):
+    /// NVIDIA gpu-feature-discovery's and Ascend's `accelerator`.
+    pub fn with_compat_labels(mut self, on: bool) -> Self {
+        self.compat_labels = on;
         self
     }
 
@@ -121,8 +131,13 @@ impl NodeState {
 
     pub async fn desired(&mut self) -> Desired {
         // Discovery reads sysfs synchronously (about 15 ms on an 8-GPU node).
-        let topology = tokio::task::block_in_place(|| discover(&self.discover, self.nvml.as_ref()));
-        self.metrics.discovery(topology.is_ok());
+        let discovered =
+            tokio::task::block_in_place(|| discover_with_nvml(&self.discover, self.nvml.as_ref()));
+        self.metrics.discovery(discovered.is_ok());
+        let (topology, nvml) = match discovered {
+            Ok((t, nvml)) => (Ok(t), nvml),
+            Err(e) => (Err(e), None),
+        };
         let health = self
             .health
             .as_ref()
@@ -197,7 +212,13 @@ impl NodeState {
             numatopology,
             node_resource_topology,
             device_topology,
-            labels: Some(objects::labels(&topology)),
+            labels: Some({
+                let mut labels = objects::labels(&topology);
+                if self.compat_labels {
+                    labels.extend(compat::labels(&topology, nvml.as_ref()));
+                }
+                labels
+            }),
             resource_slices: self
                 .dra
                 .as_ref()

@@ -35,6 +35,7 @@ pub struct GpuLanes {
 fn report(gpus: &[GpuLanes], only_up: bool) -> NvmlReport {
     NvmlReport {
         driver_version: None,
+        cuda_driver_version: None,
         gpus: gpus
             .iter()
             .map(|g| NvmlGpu {
