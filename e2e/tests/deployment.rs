@@ -345,6 +345,16 @@ async fn every_manifest_passes_a_server_side_dry_run() {
         assert!(volumes.contains(path), "{path} not in {volumes}");
     }
     assert!(!volumes.contains("/var/lib/kubelet"), "{volumes}");
+    // The compatible labels only when asked.
+    let agent_args = |objects: &[(String, Value)]| {
+        pick(objects, "DaemonSet", "fumarole-agent")["spec"]["template"]["spec"]["containers"][0]
+            ["args"]
+            .to_string()
+    };
+    assert!(!agent_args(&chart).contains("--compat-labels"));
+    assert!(
+        agent_args(&render_chart(&["agent.compatLabels=true"], false)).contains("--compat-labels")
+    );
     // HyperNode rights and the flag come only with publishing; cert-manager issues the
     // certificates when asked, and its CA is then the client CA. (cert-manager's CRDs are not
     // in the test cluster: these are rendered, not applied.)
@@ -608,6 +618,19 @@ async fn each_component_does_its_job_with_only_its_rights_and_the_agent_writes_o
             own_node,
         ),
         (
+            "an nvidia.com/ label that is not a compatible label",
+            agent_nodes
+                .patch(
+                    "node-a",
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"metadata": {"labels": {
+                        "nvidia.com/gpu.deploy.driver": "false"}}})),
+                )
+                .await
+                .map(drop),
+            own_node,
+        ),
+        (
             "removing an admin's taint from its node",
             agent_nodes
                 .patch(
@@ -636,13 +659,14 @@ async fn each_component_does_its_job_with_only_its_rights_and_the_agent_writes_o
         let message = forbidden(what, result);
         assert!(message.contains(policy), "{what}: {message}");
     }
-    // Its own taint and labels it may add beside the admin's.
+    // Its own taint and labels it may add beside the admin's (compatible labels too).
     agent_nodes
         .patch(
             "node-a",
             &PatchParams::default(),
             &Patch::Merge(json!({
-                "metadata": {"labels": {"fumarole.dev/probe": "1"}},
+                "metadata": {"labels": {"fumarole.dev/probe": "1",
+                    "nvidia.com/gpu.product": "probe", "accelerator": "probe"}},
                 "spec": {"taints": [
                     {"key": "dedicated", "value": "infra", "effect": "NoSchedule"},
                     {"key": "volcano.sh/offline-job-evicting", "value": "true", "effect": "NoSchedule"}]},
@@ -654,7 +678,8 @@ async fn each_component_does_its_job_with_only_its_rights_and_the_agent_writes_o
         .patch(
             "node-a",
             &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"labels": {"fumarole.dev/probe": null}},
+            &Patch::Merge(json!({"metadata": {"labels": {"fumarole.dev/probe": null,
+                    "nvidia.com/gpu.product": null, "accelerator": null}},
                 "spec": {"taints": null}})),
         )
         .await

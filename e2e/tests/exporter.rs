@@ -602,3 +602,141 @@ async fn super_node_comes_from_a_node_label() {
     assert_eq!(labels["fumarole.dev/super-node"], "rack-7");
     assert_eq!(labels["example.com/rack"], "rack-7");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn compat_labels_follow_the_switch() {
+    let cluster = TestCluster::start().await.unwrap();
+    cluster.install_fumarole_crds().await.unwrap();
+    let on_agent = start_agent_with(
+        &cluster,
+        NodeSpec::new("gfd-on"),
+        "dgx-h100",
+        224,
+        "1s",
+        &["--compat-labels"],
+    )
+    .await;
+    let off_agent = start_agent(&cluster, "gfd-off", "dgx-h100", 224).await;
+    let nodes: Api<Node> = Api::all(cluster.client());
+    let labels_of = |node: &'static str, key: &'static str| {
+        let nodes = nodes.clone();
+        async move {
+            eventually(&format!("{key} on {node}"), Duration::from_secs(60), || {
+                let nodes = nodes.clone();
+                async move {
+                    let labels = nodes.get(node).await?.metadata.labels.unwrap_or_default();
+                    Ok(labels.contains_key(key).then_some(labels))
+                }
+            })
+            .await
+            .unwrap()
+        }
+    };
+    // GFD's keys and value formats, from the fixture's recorded NVML answers.
+    let on = labels_of("gfd-on", "nvidia.com/gpu.product").await;
+    let want = [
+        ("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3"),
+        ("nvidia.com/gpu.count", "8"),
+        ("nvidia.com/gpu.memory", "81559"),
+        ("nvidia.com/gpu.family", "hopper"),
+        ("nvidia.com/gpu.compute.major", "9"),
+        ("nvidia.com/gpu.compute.minor", "0"),
+        ("nvidia.com/gpu.mode", "compute"),
+        ("nvidia.com/mig.capable", "true"),
+        ("nvidia.com/cuda.driver-version.full", "550.90.07"),
+        ("nvidia.com/cuda.driver-version.major", "550"),
+        ("nvidia.com/cuda.driver-version.minor", "90"),
+        ("nvidia.com/cuda.driver-version.revision", "07"),
+        ("nvidia.com/cuda.driver.major", "550"),
+        ("nvidia.com/cuda.driver.minor", "90"),
+        ("nvidia.com/cuda.driver.rev", "07"),
+        ("nvidia.com/cuda.runtime-version.full", "12.4"),
+        ("nvidia.com/cuda.runtime-version.major", "12"),
+        ("nvidia.com/cuda.runtime-version.minor", "4"),
+        ("nvidia.com/cuda.runtime.major", "12"),
+        ("nvidia.com/cuda.runtime.minor", "4"),
+    ];
+    for (key, value) in want {
+        assert_eq!(on.get(key).map(String::as_str), Some(value), "{key}");
+    }
+    assert!(
+        !on.contains_key("accelerator"),
+        "no Ascend label on an NVIDIA node"
+    );
+    assert_eq!(on["fumarole.dev/accelerator-count"], "8");
+
+    // Switch off: fumarole's own labels only.
+    let off = labels_of("gfd-off", "fumarole.dev/accelerator-count").await;
+    let foreign: Vec<&String> = off
+        .keys()
+        .filter(|k| k.starts_with("nvidia.com/") || *k == "accelerator")
+        .collect();
+    assert!(foreign.is_empty(), "{foreign:?}");
+
+    // A compatible label removed by someone else comes back; another nvidia.com/ label
+    // (not one we publish) stays as its owner set it.
+    nodes
+        .patch(
+            "gfd-on",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {
+                "nvidia.com/gpu.family": null,
+                "nvidia.com/gpu.deploy.driver": "false"}}})),
+        )
+        .await
+        .unwrap();
+    let back = eventually(
+        "nvidia.com/gpu.family restored",
+        Duration::from_secs(60),
+        || {
+            let nodes = nodes.clone();
+            async move {
+                let labels = nodes
+                    .get("gfd-on")
+                    .await?
+                    .metadata
+                    .labels
+                    .unwrap_or_default();
+                Ok(
+                    (labels.get("nvidia.com/gpu.family").map(String::as_str) == Some("hopper"))
+                        .then_some(labels),
+                )
+            }
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(back["nvidia.com/gpu.deploy.driver"], "false");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    // Steady state: someone else's change to either Node makes no label write, on the
+    // switched-off node not even with a GFD key there (not ours to compare).
+    const LABEL_WRITES: &str = "fumarole_publishes_total{object=\"node-labels\"}";
+    let on_before = on_agent.metric(LABEL_WRITES).await;
+    let off_before = off_agent.metric(LABEL_WRITES).await;
+    assert!(
+        on_before >= 2.0 && off_before >= 1.0,
+        "{on_before} {off_before}"
+    );
+    for (node, labels) in [
+        ("gfd-on", json!({"team": "ml"})),
+        (
+            "gfd-off",
+            json!({"team": "ml", "nvidia.com/gpu.product": "other"}),
+        ),
+    ] {
+        nodes
+            .patch(
+                node,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": labels}})),
+            )
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(on_agent.metric(LABEL_WRITES).await, on_before);
+    assert_eq!(off_agent.metric(LABEL_WRITES).await, off_before);
+    let off = nodes.get("gfd-off").await.unwrap().metadata.labels.unwrap();
+    assert_eq!(off["nvidia.com/gpu.product"], "other");
+}
