@@ -869,3 +869,83 @@ async fn ascend_chip_network_and_hccs_faults_through_dcmi() {
     .await;
     println!("DCMI recovery -> DeviceTopology {back:?}");
 }
+
+/// `--compat-labels` with the live library (the stand-in): GFD's labels carry what NVML
+/// answers (CUDA version, compute capability, MIG mode NotSupported -> not capable).
+#[tokio::test(flavor = "multi_thread")]
+async fn compat_labels_from_the_library() {
+    let cluster = TestCluster::start().await.unwrap();
+    cluster.install_fumarole_crds().await.unwrap();
+    let node = "nvml-labels";
+    cluster
+        .create_node(&NodeSpec::new(node).capacity("cpu", "224"))
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (root, lib, mut nvml) = nvidia_root(dir.path());
+    nvml.edit(|s| {
+        s["driverVersion"] = json!("570.124.06");
+        s["cudaDriverVersion"] = json!(12080);
+        for g in s["gpus"].as_array_mut().unwrap() {
+            g["migCapable"] = json!(false);
+        }
+    });
+    let absent = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
+    let args: Vec<String> = vec![
+        "run".into(),
+        "--root".into(),
+        root.to_str().unwrap().into(),
+        "--node-name".into(),
+        node.into(),
+        "--nvml-library".into(),
+        lib.to_str().unwrap().into(),
+        "--compat-labels".into(),
+        "--kubelet-config".into(),
+        absent("absent.yaml"),
+        "--cpu-manager-state".into(),
+        absent("absent_state"),
+        "--pod-resources-socket".into(),
+        absent("absent.sock"),
+        "--metrics-addr".into(),
+        format!("127.0.0.1:{}", free_port().unwrap()),
+    ];
+    let state = nvml.path.display().to_string();
+    cluster
+        .start_program(
+            "fumarole-agent",
+            &agent_bin().unwrap(),
+            &args,
+            &[("FUMAROLE_NVML_STANDIN", &state)],
+        )
+        .unwrap();
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(cluster.client());
+    let labels = fumarole_e2e::cluster::eventually(
+        "GFD labels from the library",
+        Duration::from_secs(60),
+        || {
+            let nodes = nodes.clone();
+            async move {
+                let labels = nodes.get(node).await?.metadata.labels.unwrap_or_default();
+                Ok(labels
+                    .contains_key("nvidia.com/gpu.family")
+                    .then_some(labels))
+            }
+        },
+    )
+    .await
+    .unwrap();
+    for (key, value) in [
+        ("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3"),
+        ("nvidia.com/gpu.count", "8"),
+        ("nvidia.com/gpu.family", "hopper"),
+        ("nvidia.com/gpu.compute.major", "9"),
+        ("nvidia.com/gpu.compute.minor", "0"),
+        ("nvidia.com/mig.capable", "false"),
+        ("nvidia.com/cuda.driver-version.full", "570.124.06"),
+        ("nvidia.com/cuda.driver-version.revision", "06"),
+        ("nvidia.com/cuda.runtime-version.full", "12.8"),
+        ("nvidia.com/cuda.runtime.minor", "8"),
+    ] {
+        assert_eq!(labels.get(key).map(String::as_str), Some(value), "{key}");
+    }
+}

@@ -740,3 +740,41 @@ async fn compat_labels_follow_the_switch() {
     let off = nodes.get("gfd-off").await.unwrap().metadata.labels.unwrap();
     assert_eq!(off["nvidia.com/gpu.product"], "other");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn compat_labels_on_an_ascend_node() {
+    let cluster = TestCluster::start().await.unwrap();
+    cluster.install_fumarole_crds().await.unwrap();
+    let _agent = start_agent_with(
+        &cluster,
+        NodeSpec::new("atlas"),
+        "atlas-800t-a2",
+        192,
+        "1s",
+        &["--compat-labels"],
+    )
+    .await;
+    let nodes: Api<Node> = Api::all(cluster.client());
+    let labels = eventually("accelerator on atlas", Duration::from_secs(60), || {
+        let nodes = nodes.clone();
+        async move {
+            let labels = nodes
+                .get("atlas")
+                .await?
+                .metadata
+                .labels
+                .unwrap_or_default();
+            Ok(labels.contains_key("accelerator").then_some(labels))
+        }
+    })
+    .await
+    .unwrap();
+    // 910B NPUs are advertised as huawei.com/Ascend910, so their family label is Ascend910.
+    assert_eq!(labels["accelerator"], "huawei-Ascend910");
+    assert_eq!(labels["fumarole.dev/accelerator-vendor"], "huawei");
+    let nvidia: Vec<&String> = labels
+        .keys()
+        .filter(|k| k.starts_with("nvidia.com/"))
+        .collect();
+    assert!(nvidia.is_empty(), "{nvidia:?}");
+}

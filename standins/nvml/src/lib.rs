@@ -9,13 +9,14 @@
 //!
 //! ```json
 //! {
-//!   "driverVersion": "550.90.07",
+//!   "driverVersion": "550.90.07", "cudaDriverVersion": 12040,
 //!   "gpus": [{
 //!     "pciBusId": "00000000:1B:00.0", "index": 0, "uuid": "GPU-...", "name": "NVIDIA H100",
 //!     "serial": "1650000000000", "minor": 0,
 //!     "nvlinks": [{"remotePciBusId": "00000000:D2:00.0", "remote": "switch", "up": true}],
 //!     "lost": false, "retiredPagesPending": false,
-//!     "rowRemapPending": false, "rowRemapFailed": false
+//!     "rowRemapPending": false, "rowRemapFailed": false,
+//!     "computeCapability": {"major": 9, "minor": 0}, "migCapable": true
 //!   }],
 //!   "events": [{"id": 1, "gpu": 3, "xid": 79}, {"id": 2, "gpu": 3, "type": "dbe"}],
 //!   "hang": ["nvmlEventSetWait_v2"],
@@ -52,6 +53,9 @@ pub const STATE_ENV: &str = "FUMAROLE_NVML_STANDIN";
 struct State {
     #[serde(default)]
     driver_version: Option<String>,
+    /// `1000 * major + 10 * minor`; 12040 (CUDA 12.4) when absent.
+    #[serde(default)]
+    cuda_driver_version: Option<i32>,
     #[serde(default)]
     gpus: Vec<Gpu>,
     #[serde(default)]
@@ -86,6 +90,18 @@ struct Gpu {
     row_remap_pending: bool,
     #[serde(default)]
     row_remap_failed: bool,
+    /// Absent: `nvmlDeviceGetCudaComputeCapability` answers NotSupported.
+    #[serde(default)]
+    compute_capability: Option<ComputeCapability>,
+    /// `true`: `nvmlDeviceGetMigMode` answers (MIG disabled); otherwise NotSupported.
+    #[serde(default)]
+    mig_capable: Option<bool>,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize)]
+struct ComputeCapability {
+    major: i32,
+    minor: i32,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -295,6 +311,70 @@ pub unsafe extern "C" fn nvmlSystemGetDriverVersion(
     let v = state().driver_version.unwrap_or_else(|| "550.90.07".into());
     // SAFETY: forwarded from the caller's contract.
     unsafe { copy_str(version, length, &v) }
+}
+
+/// `nvmlSystemGetCudaDriverVersion_v2`.
+///
+/// # Safety
+/// `version` is a writable out-parameter.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlSystemGetCudaDriverVersion_v2(
+    version: *mut std::ffi::c_int,
+) -> nvmlReturn_t {
+    check!("nvmlSystemGetCudaDriverVersion_v2");
+    out!(version, state().cuda_driver_version.unwrap_or(12_040))
+}
+
+/// `nvmlDeviceGetCudaComputeCapability`.
+///
+/// # Safety
+/// `major` and `minor` are writable out-parameters.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetCudaComputeCapability(
+    device: nvmlDevice_t,
+    major: *mut std::ffi::c_int,
+    minor: *mut std::ffi::c_int,
+) -> nvmlReturn_t {
+    check!("nvmlDeviceGetCudaComputeCapability");
+    match gpu(device) {
+        Ok((_, g)) => match g.compute_capability {
+            Some(cc) => {
+                if major.is_null() {
+                    return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
+                }
+                // SAFETY: the caller passes a writable out-parameter (checked non-null).
+                unsafe { *major = cc.major };
+                out!(minor, cc.minor)
+            }
+            None => nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED,
+        },
+        Err(code) => code,
+    }
+}
+
+/// `nvmlDeviceGetMigMode`: MIG disabled on a capable GPU, NotSupported on others.
+///
+/// # Safety
+/// `current` and `pending` are writable out-parameters.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMigMode(
+    device: nvmlDevice_t,
+    current: *mut c_uint,
+    pending: *mut c_uint,
+) -> nvmlReturn_t {
+    check!("nvmlDeviceGetMigMode");
+    match gpu(device) {
+        Ok((_, g)) if g.mig_capable == Some(true) => {
+            if current.is_null() {
+                return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
+            }
+            // SAFETY: the caller passes a writable out-parameter (checked non-null).
+            unsafe { *current = 0 };
+            out!(pending, 0)
+        }
+        Ok(_) => nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED,
+        Err(code) => code,
+    }
 }
 
 /// `nvmlDeviceGetCount_v2`.
