@@ -314,32 +314,21 @@ pub fn layout(t: &NodeTopology) -> Layout {
 
     // The fabric: buses for uniform cliques, arcs for the rest.
     let position: BTreeMap<usize, f64> = devices.iter().map(|b| (b.index, b.rect.cx())).collect();
-    let n = t.devices.len();
     let fabric = |a: usize, b: usize| t.links.class(a, b).filter(|c| c.is_fabric());
-    let mut component = vec![usize::MAX; n];
-    let mut components: Vec<Vec<usize>> = Vec::new();
-    for start in 0..n {
-        if component[start] != usize::MAX || (0..n).all(|o| fabric(start, o).is_none()) {
-            continue;
+    // The fabric components, in the order of their first device, left to right within.
+    let mut components: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    for (i, group) in t.links.fabric_groups().into_iter().enumerate() {
+        if let Some(g) = group {
+            components.entry(g).or_default().push(i);
         }
-        let id = components.len();
-        let mut members = vec![start];
-        component[start] = id;
-        let mut k = 0;
-        while k < members.len() {
-            let a = members[k];
-            let joined: Vec<usize> = (0..n)
-                .filter(|&b| component[b] == usize::MAX && fabric(a, b).is_some())
-                .collect();
-            for b in joined {
-                component[b] = id;
-                members.push(b);
-            }
-            k += 1;
-        }
-        members.sort_by(|a, b| position[a].total_cmp(&position[b]));
-        components.push(members);
     }
+    let components: Vec<Vec<usize>> = components
+        .into_values()
+        .map(|mut members| {
+            members.sort_by(|a, b| position[a].total_cmp(&position[b]));
+            members
+        })
+        .collect();
     let fabric_top = dev_y + DEV_H;
     let mut buses = Vec::new();
     let mut arcs = Vec::new();

@@ -89,32 +89,6 @@ pub enum AttributeValue {
     String(String),
 }
 
-/// For each device of `t` (same indices), its fabric group: the connected component of
-/// fabric links (NVLink, HCCS, MetaXLink, override fabric) it belongs to, numbered by the
-/// component's first device; `None` for a device with no fabric link. Links lowered by a
-/// fault (`NodeTopology::with_health`) no longer join devices.
-pub fn fabric_groups(t: &NodeTopology) -> Vec<Option<usize>> {
-    let n = t.devices.len();
-    let fabric = |a: usize, b: usize| a != b && t.links.class(a, b).is_some_and(|c| c.is_fabric());
-    let mut group = vec![None; n];
-    for start in 0..n {
-        if group[start].is_some() || !(0..n).any(|o| fabric(start, o)) {
-            continue;
-        }
-        group[start] = Some(start);
-        let mut members = vec![start];
-        while let Some(a) = members.pop() {
-            for (b, g) in group.iter_mut().enumerate() {
-                if g.is_none() && fabric(a, b) {
-                    *g = Some(start);
-                    members.push(b);
-                }
-            }
-        }
-    }
-    group
-}
-
 /// The fabric class joining device `i` to the rest of its group (the first fabric link found).
 fn fabric_kind(t: &NodeTopology, i: usize) -> Option<&'static str> {
     (0..t.devices.len())
@@ -128,7 +102,8 @@ fn fabric_kind(t: &NodeTopology, i: usize) -> Option<&'static str> {
         })
 }
 
-/// The attributes of device `i` of `t`; `groups` is [`fabric_groups`]`(t)`.
+/// The attributes of device `i` of `t`; `groups` is `t.links.fabric_groups()`
+/// ([`crate::LinkMatrix::fabric_groups`]).
 pub fn attributes(
     t: &NodeTopology,
     i: usize,
@@ -231,21 +206,24 @@ mod tests {
     #[test]
     fn fabric_groups_are_the_fabric_components() {
         let t = two_pairs();
-        assert_eq!(fabric_groups(&t), vec![Some(0), Some(0), Some(2), Some(2)]);
+        assert_eq!(
+            t.links.fabric_groups(),
+            vec![Some(0), Some(0), Some(2), Some(2)]
+        );
         // A lowered link splits a group; a device with no fabric link has none.
         let mut t = two_pairs();
         t.links.set(2, 3, LinkClass::SameNuma);
-        assert_eq!(fabric_groups(&t), vec![Some(0), Some(0), None, None]);
+        assert_eq!(t.links.fabric_groups(), vec![Some(0), Some(0), None, None]);
         // A chain is one group even where its ends are not linked directly.
         let mut t = two_pairs();
         t.links.set(1, 2, LinkClass::Hccs);
-        assert_eq!(fabric_groups(&t), vec![Some(0); 4]);
+        assert_eq!(t.links.fabric_groups(), vec![Some(0); 4]);
     }
 
     #[test]
     fn attributes_say_only_what_is_known() {
         let t = two_pairs();
-        let groups = fabric_groups(&t);
+        let groups = t.links.fabric_groups();
         let a = attributes(&t, 3, &groups);
         let s = |v: &str| AttributeValue::String(v.into());
         assert_eq!(a["fumarole.dev/vendor"], s("nvidia"));
@@ -261,7 +239,7 @@ mod tests {
         let mut t = two_pairs();
         t.super_node = None;
         t.links.set(2, 3, LinkClass::SameNuma);
-        let a = attributes(&t, 2, &fabric_groups(&t));
+        let a = attributes(&t, 2, &t.links.fabric_groups());
         for missing in [NUMA_NODE, SUPER_NODE, FABRIC_GROUP, "fumarole.dev/fabric"] {
             assert!(!a.contains_key(missing), "{missing}");
         }

@@ -218,6 +218,31 @@ impl LinkMatrix {
         self.class(a, b).map_or(0, LinkClass::weight)
     }
 
+    /// For each device (same indices), its fabric group: the connected component of fabric
+    /// links (NVLink, HCCS, MetaXLink, override fabric) it belongs to, numbered by the
+    /// component's first device; `None` for a device with no fabric link. Links lowered by a
+    /// fault (`NodeTopology::with_health`) no longer join devices.
+    pub fn fabric_groups(&self) -> Vec<Option<usize>> {
+        let fabric = |a: usize, b: usize| self.class(a, b).is_some_and(LinkClass::is_fabric);
+        let mut group = vec![None; self.n];
+        for start in 0..self.n {
+            if group[start].is_some() || !(0..self.n).any(|o| fabric(start, o)) {
+                continue;
+            }
+            group[start] = Some(start);
+            let mut members = vec![start];
+            while let Some(a) = members.pop() {
+                for (b, g) in group.iter_mut().enumerate() {
+                    if g.is_none() && fabric(a, b) {
+                        *g = Some(start);
+                        members.push(b);
+                    }
+                }
+            }
+        }
+        group
+    }
+
     /// Sets both `(a, b)` and `(b, a)`. Ignores the diagonal and out-of-range indices.
     pub fn set(&mut self, a: usize, b: usize, class: LinkClass) {
         if a != b && a < self.n && b < self.n {

@@ -30,7 +30,7 @@ pub fn resource_slices(
     health: &NodeHealth,
     served: &BTreeSet<String>,
 ) -> BTreeMap<&'static str, ResourceSliceSpec> {
-    let groups = dra::fabric_groups(t);
+    let groups = t.links.fabric_groups();
     let mut devices: BTreeMap<&'static str, Vec<Device>> = BTreeMap::new();
     for (i, d) in t.devices.iter().enumerate() {
         if !served.contains(&d.id) {
