@@ -320,7 +320,6 @@ pub fn run(args: RunArgs) -> Result<()> {
                 let served: BTreeSet<String> = dra
                     .iter()
                     .flat_map(|r| &r.devices)
-                    .filter_map(|d| topology.devices.get(d.position))
                     .map(|d| d.id.clone())
                     .collect();
                 let server = plugins::start_dra(

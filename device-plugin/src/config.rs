@@ -118,14 +118,6 @@ impl ServedBy {
         })
     }
 
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ServedBy::DevicePlugin => "devicePlugin",
-            ServedBy::Dra => "dra",
-            ServedBy::Both => "both",
-        }
-    }
-
     /// Whether a device-plugin resource offers the device.
     pub fn device_plugin(self) -> bool {
         matches!(self, ServedBy::DevicePlugin | ServedBy::Both)

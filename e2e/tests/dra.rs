@@ -17,12 +17,10 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use fumarole_e2e::cluster::{eventually, free_port};
-use fumarole_e2e::deploy::{apply, deploy_dir, kustomization};
-use fumarole_e2e::fumarole::{agent_bin, fixture_root};
+use fumarole_e2e::cluster::eventually;
+use fumarole_e2e::fumarole::{DraAgent, DraKubelet};
 use fumarole_e2e::{NodeSpec, TestCluster};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
@@ -31,57 +29,34 @@ use serde_json::{Value, json};
 
 const DRIVER: &str = "npu.fumarole.dev";
 
-/// One agent on its own fixture root.
-struct Node {
-    name: String,
-    root: PathBuf,
-    driver: &'static str,
-    _dir: tempfile::TempDir,
-}
-
 /// A fixture node whose devices of `vendor` the agent serves through DRA.
 #[derive(Clone, Copy)]
 struct Shape {
     fixture: &'static str,
     vendor: &'static str,
-    driver: &'static str,
 }
 
 const ATLAS: Shape = Shape {
     fixture: "atlas-800-910",
     vendor: "huawei",
-    driver: DRIVER,
 };
 
 const METAX: Shape = Shape {
     fixture: "metax-c500-8",
     vendor: "metax",
-    driver: "gpu.fumarole.dev",
 };
 
-impl Node {
-    fn slice(&self) -> String {
-        format!("{}-{}", self.name, self.driver)
-    }
-
-    /// Takes `/dev/davinciN` away (the device turns unhealthy) or puts it back.
-    fn set_present(&self, index: u32, present: bool) {
-        let path = self.root.join(format!("dev/davinci{index}"));
-        if present {
-            std::fs::write(&path, "").unwrap();
-        } else {
-            std::fs::remove_file(&path).unwrap();
-        }
+/// Takes `/dev/davinciN` of `node` away (the device turns unhealthy) or puts it back.
+fn set_present(node: &DraAgent, index: u32, present: bool) {
+    let path = node.root.join(format!("dev/davinci{index}"));
+    if present {
+        std::fs::write(&path, "").unwrap();
+    } else {
+        std::fs::remove_file(&path).unwrap();
     }
 }
 
-/// The kubelet-side directories an agent's DRA plugin uses (a harness node's, or its own).
-struct KubeletDirs {
-    registry: PathBuf,
-    plugins: PathBuf,
-}
-
-async fn start_node(cluster: &TestCluster, name: &str) -> Node {
+async fn start_node(cluster: &TestCluster, name: &str) -> DraAgent {
     cluster
         .create_node(&NodeSpec::new(name).capacity("cpu", "192"))
         .await
@@ -89,82 +64,18 @@ async fn start_node(cluster: &TestCluster, name: &str) -> Node {
     start_agent(cluster, ATLAS, name, None, "fumarole-agent")
 }
 
-/// An agent for node `name` on a fresh atlas-800-910 root, its NPUs served through DRA with
-/// its plugin in `kubelet` (else directories of its own); started as process `process`.
+/// An agent for node `name` of `shape`, its devices served through DRA with its plugin in
+/// `kubelet`'s directories (else its own); started as process `process`.
 fn start_agent(
     cluster: &TestCluster,
     shape: Shape,
     name: &str,
-    kubelet: Option<(&KubeletDirs, &Path)>,
+    kubelet: Option<&DraKubelet>,
     process: &str,
-) -> Node {
-    let dir = tempfile::tempdir().unwrap();
-    let root = fixture_root(shape.fixture, dir.path()).unwrap();
-    let config = dir.path().join("device-plugin-config.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "resources:\n  - match: {{vendor: {}}}\n    servedBy: dra\n",
-            shape.vendor
-        ),
-    )
-    .unwrap();
-    let path = |p: &str| dir.path().join(p).to_str().unwrap().to_string();
-    for d in ["device-plugins", "plugins", "plugins_registry", "cdi"] {
-        std::fs::create_dir_all(dir.path().join(d)).unwrap();
-    }
-    let (registry, plugins, cdi) = match kubelet {
-        Some((dirs, cdi)) => (
-            dirs.registry.display().to_string(),
-            dirs.plugins.display().to_string(),
-            cdi.display().to_string(),
-        ),
-        None => (path("plugins_registry"), path("plugins"), path("cdi")),
-    };
-    let args: Vec<String> = [
-        "run".to_string(),
-        "--root".into(),
-        root.to_str().unwrap().into(),
-        "--node-name".into(),
-        name.into(),
-        "--device-plugin-config".into(),
-        config.to_str().unwrap().into(),
-        "--device-plugin-dir".into(),
-        path("device-plugins"),
-        "--dra-plugins-dir".into(),
-        plugins,
-        "--dra-registry-dir".into(),
-        registry,
-        "--cdi-dir".into(),
-        cdi,
-        "--kubelet-config".into(),
-        path("absent.yaml"),
-        "--cpu-manager-state".into(),
-        path("absent_state"),
-        "--pod-resources-socket".into(),
-        path("absent.sock"),
-        "--recheck-interval".into(),
-        "1s".into(),
-        "--health-poll-interval".into(),
-        "300ms".into(),
-        "--metrics-addr".into(),
-        format!("127.0.0.1:{}", free_port().unwrap()),
-    ]
-    .to_vec();
+) -> DraAgent {
     cluster
-        .start_program(
-            &format!("{process}-{name}"),
-            &agent_bin().unwrap(),
-            &args,
-            &[("FUMAROLE_LOG", "info")],
-        )
-        .unwrap();
-    Node {
-        name: name.into(),
-        root,
-        driver: shape.driver,
-        _dir: dir,
-    }
+        .start_dra_agent(shape.fixture, shape.vendor, name, kubelet, process)
+        .unwrap()
 }
 
 /// The slice once `ready` holds for it.
@@ -298,11 +209,7 @@ fn allocated_of(claim: &Value, driver: &str) -> Vec<(String, String)> {
 }
 
 async fn install_device_classes(cluster: &TestCluster) {
-    for (name, object) in kustomization(&deploy_dir().join("dra")).unwrap() {
-        apply(&cluster.client(), &object, false)
-            .await
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
-    }
+    cluster.install_dra_device_classes().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -321,8 +228,8 @@ async fn slices_taints_and_the_real_scheduler_keep_claims_on_one_hccs_group() {
         })
         .await;
         assert_eq!(s.spec.driver, DRIVER);
-        assert_eq!(s.spec.node_name.as_deref(), Some(node.name.as_str()));
-        assert_eq!(s.spec.pool.name, node.name);
+        assert_eq!(s.spec.node_name.as_deref(), Some(node.node.as_str()));
+        assert_eq!(s.spec.pool.name, node.node);
         let devices = s.spec.devices.as_ref().unwrap();
         let attr = |i: usize, name: &str| devices[i].attributes.as_ref().unwrap()[name].clone();
         assert_eq!(devices[5].name, "huawei-5");
@@ -346,10 +253,10 @@ async fn slices_taints_and_the_real_scheduler_keep_claims_on_one_hccs_group() {
 
     // npu-a keeps NPUs 0 and 4 (one per group); npu-b keeps 3 (group 0) and 6, 7 (group 4).
     for i in [1, 2, 3, 5, 6, 7] {
-        a.set_present(i, false);
+        set_present(&a, i, false);
     }
     for i in [0, 1, 2, 4, 5] {
-        b.set_present(i, false);
+        set_present(&b, i, false);
     }
     let want = |v: &[u32]| -> Vec<String> { v.iter().map(|i| format!("huawei-{i}")).collect() };
     slice_when(&slices, &a.slice(), "npu-a's six taints", |s| {
@@ -426,7 +333,7 @@ async fn slices_taints_and_the_real_scheduler_keep_claims_on_one_hccs_group() {
 
     // npu-a's devices come back: the taints go.
     for i in [1, 2, 3, 5, 6, 7] {
-        a.set_present(i, true);
+        set_present(&a, i, true);
     }
     slice_when(&slices, &a.slice(), "npu-a untainted", |s| {
         tainted(s).is_empty()
@@ -455,7 +362,8 @@ async fn the_kubelets_dra_manager_prepares_exactly_the_allocated_devices_across_
         .await
         .unwrap();
     let harness = cluster.start_harness_node(name).await.unwrap();
-    let dirs = KubeletDirs {
+    let cdi_dir = tempfile::tempdir().unwrap();
+    let dirs = DraKubelet {
         registry: harness.plugins_registry_dir().unwrap().to_path_buf(),
         plugins: harness
             .dra_plugin_dir(DRIVER)
@@ -463,15 +371,9 @@ async fn the_kubelets_dra_manager_prepares_exactly_the_allocated_devices_across_
             .parent()
             .unwrap()
             .to_path_buf(),
+        cdi: cdi_dir.path().to_path_buf(),
     };
-    let cdi_dir = tempfile::tempdir().unwrap();
-    let node = start_agent(
-        &cluster,
-        ATLAS,
-        name,
-        Some((&dirs, cdi_dir.path())),
-        "agent-1",
-    );
+    let node = start_agent(&cluster, ATLAS, name, Some(&dirs), "agent-1");
     let plugin = harness
         .wait_dra_plugin(DRIVER, Duration::from_secs(60))
         .await
@@ -544,13 +446,7 @@ async fn the_kubelets_dra_manager_prepares_exactly_the_allocated_devices_across_
 
     // The plugin restarts between prepare and unprepare.
     cluster.stop(&format!("agent-1-{name}")).unwrap();
-    let _node = start_agent(
-        &cluster,
-        ATLAS,
-        name,
-        Some((&dirs, cdi_dir.path())),
-        "agent-2",
-    );
+    let _node = start_agent(&cluster, ATLAS, name, Some(&dirs), "agent-2");
     eventually(
         "the plugin registered again",
         Duration::from_secs(60),

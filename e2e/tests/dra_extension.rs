@@ -29,9 +29,8 @@ use std::time::Duration;
 
 use fumarole_e2e::NodeSpec;
 use fumarole_e2e::TestCluster;
-use fumarole_e2e::cluster::{eventually, free_port};
-use fumarole_e2e::deploy::{apply, deploy_dir, kustomization};
-use fumarole_e2e::fumarole::{agent_bin, device_topologies, fixture_root};
+use fumarole_e2e::cluster::eventually;
+use fumarole_e2e::fumarole::{DraAgent, device_topologies};
 use fumarole_topology::annotation::DEVICES_ANNOTATION;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
@@ -42,60 +41,15 @@ use serde_json::{Value, json};
 const DRIVER: &str = "npu.fumarole.dev";
 
 /// Starts a Node of 192 CPUs and its agent on a fresh atlas-800-910 root, NPUs served through
-/// DRA (the agent setup of `dra.rs`). The returned directory must live as long as the agent.
-async fn start_node(cluster: &TestCluster, name: &str) -> tempfile::TempDir {
+/// DRA. The agent's directories live as long as the returned handle.
+async fn start_node(cluster: &TestCluster, name: &str) -> DraAgent {
     cluster
         .create_node(&NodeSpec::new(name).capacity("cpu", "192"))
         .await
         .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let root = fixture_root("atlas-800-910", dir.path()).unwrap();
-    let config = dir.path().join("device-plugin-config.yaml");
-    std::fs::write(
-        &config,
-        "resources:\n  - match: {vendor: huawei}\n    servedBy: dra\n",
-    )
-    .unwrap();
-    let path = |p: &str| dir.path().join(p).to_str().unwrap().to_string();
-    for d in ["device-plugins", "plugins", "plugins_registry", "cdi"] {
-        std::fs::create_dir_all(dir.path().join(d)).unwrap();
-    }
-    let args: Vec<String> = vec![
-        "run".into(),
-        "--root".into(),
-        root.to_str().unwrap().into(),
-        "--node-name".into(),
-        name.into(),
-        "--device-plugin-config".into(),
-        config.to_str().unwrap().into(),
-        "--device-plugin-dir".into(),
-        path("device-plugins"),
-        "--dra-plugins-dir".into(),
-        path("plugins"),
-        "--dra-registry-dir".into(),
-        path("plugins_registry"),
-        "--cdi-dir".into(),
-        path("cdi"),
-        "--kubelet-config".into(),
-        path("absent.yaml"),
-        "--cpu-manager-state".into(),
-        path("absent_state"),
-        "--pod-resources-socket".into(),
-        path("absent.sock"),
-        "--recheck-interval".into(),
-        "1s".into(),
-        "--metrics-addr".into(),
-        format!("127.0.0.1:{}", free_port().unwrap()),
-    ];
     cluster
-        .start_program(
-            &format!("fumarole-agent-{name}"),
-            &agent_bin().unwrap(),
-            &args,
-            &[("FUMAROLE_LOG", "info")],
-        )
-        .unwrap();
-    dir
+        .start_dra_agent("atlas-800-910", "huawei", name, None, "fumarole-agent")
+        .unwrap()
 }
 
 /// kube-scheduler with fumarole-scheduler-ext as filter and prioritize extender for every pod
@@ -113,13 +67,9 @@ fn extender_config(port: u16) -> String {
 
 /// Two Ascend nodes with their slices and DeviceTopology published, the DeviceClasses, and
 /// kube-scheduler (with the extension as extender when `extension`).
-async fn setup(extension: bool) -> (TestCluster, Vec<tempfile::TempDir>) {
+async fn setup(extension: bool) -> (TestCluster, Vec<DraAgent>) {
     let cluster = common::cluster().await;
-    for (name, object) in kustomization(&deploy_dir().join("dra")).unwrap() {
-        apply(&cluster.client(), &object, false)
-            .await
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
-    }
+    cluster.install_dra_device_classes().await.unwrap();
     let dirs = vec![
         start_node(&cluster, "npu-a").await,
         start_node(&cluster, "npu-b").await,

@@ -63,16 +63,28 @@ pub const UNHEALTHY_TAINT: &str = "fumarole.dev/unhealthy";
 
 /// The driver that publishes `d`.
 pub fn driver(d: &Device) -> &'static str {
-    match d.vendor {
-        Vendor::Huawei => NPU_DRIVER,
-        _ => GPU_DRIVER,
+    driver_of(d.vendor.as_str())
+}
+
+/// The driver that publishes devices of `vendor` ([`Vendor::as_str`], as `DeviceTopology`
+/// writes it).
+pub fn driver_of(vendor: &str) -> &'static str {
+    if vendor == Vendor::Huawei.as_str() {
+        NPU_DRIVER
+    } else {
+        GPU_DRIVER
     }
 }
 
 /// The device's name in its node's pool: a DNS label, unique per node and driver,
 /// `<vendor>-<index>` (`nvidia-0`, `huawei-3`).
 pub fn device_name(d: &Device) -> String {
-    format!("{}-{}", d.vendor.as_str(), d.index)
+    name_of(d.vendor.as_str(), d.index)
+}
+
+/// [`device_name`] of device `index` of `vendor` ([`Vendor::as_str`]).
+pub fn name_of(vendor: &str, index: u32) -> String {
+    format!("{vendor}-{index}")
 }
 
 /// The device of `t` that `driver` publishes as `name`.

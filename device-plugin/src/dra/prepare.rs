@@ -6,7 +6,7 @@
 //! written ([`cdi`]). Unprepare: the file goes. Nothing but the files is kept, so any process
 //! over the same CDI directory can unprepare what another prepared.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use tokio::sync::Mutex;
@@ -45,10 +45,6 @@ impl DriverPlugin {
 
     pub fn driver(&self) -> &'static str {
         self.driver
-    }
-
-    pub fn cdi_dir(&self) -> &Path {
-        &self.cdi_dir
     }
 
     /// The devices the container runtime must add for `claim`, as their CDI ids.

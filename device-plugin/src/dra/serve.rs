@@ -140,6 +140,11 @@ pub fn start(
     node: DraNode,
     claims: Arc<dyn ClaimReader>,
 ) -> Result<DraServer, ServeError> {
+    // Before any socket: a failure here leaves nothing registered behind.
+    std::fs::create_dir_all(&dirs.cdi).map_err(|reason| ServeError::Dir {
+        path: dirs.cdi.clone(),
+        reason,
+    })?;
     let node = Arc::new(node);
     let mut drivers = Vec::new();
     for name in node.drivers() {
@@ -185,10 +190,6 @@ pub fn start(
         tracing::info!(driver = name, registration = %registration_socket.display(), cdi = %dirs.cdi.display(), "serving DRA plugin");
         drivers.push(driver);
     }
-    std::fs::create_dir_all(&dirs.cdi).map_err(|reason| ServeError::Dir {
-        path: dirs.cdi.clone(),
-        reason,
-    })?;
     Ok(DraServer { drivers })
 }
 

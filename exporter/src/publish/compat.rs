@@ -10,6 +10,8 @@ use fumarole_topology::{NodeTopology, Vendor};
 
 use crate::discover::nvml::NvmlReport;
 
+use super::objects::label_value;
+
 /// Every key [`labels`] may render: the publisher treats these as ours on the Node (and the
 /// node-scoped-writes policy lets the agent change exactly these).
 pub const KEYS: &[&str] = &[
@@ -154,13 +156,14 @@ fn ascend(t: &NodeTopology, out: &mut BTreeMap<String, String>) {
 }
 
 /// GFD's product sanitising: only `A-Z a-z 0-9 - _ .` and spaces kept, runs of spaces become
-/// one `-`.
+/// one `-`; then held to a valid label value ([`label_value`]: at most 63 characters,
+/// alphanumeric at both ends), so a long product name cannot fail the whole label write.
 pub fn sanitise(name: &str) -> String {
     let kept: String = name
         .chars()
         .filter(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ' '))
         .collect();
-    kept.split_whitespace().collect::<Vec<_>>().join("-")
+    label_value(&kept.split_whitespace().collect::<Vec<_>>().join("-"))
 }
 
 /// GFD's architecture family for a compute capability.

@@ -55,11 +55,11 @@ impl Kind {
         !matches!(self, Kind::DeviceTopologyStatus | Kind::NodeLabels)
     }
 
-    /// The slice kind of DRA driver `driver`.
-    fn slice(driver: &str) -> Option<Kind> {
-        match driver {
-            dra::GPU_DRIVER => Some(Kind::GpuSlice),
-            dra::NPU_DRIVER => Some(Kind::NpuSlice),
+    /// The DRA driver whose ResourceSlice this kind is.
+    fn driver(self) -> Option<&'static str> {
+        match self {
+            Kind::GpuSlice => Some(dra::GPU_DRIVER),
+            Kind::NpuSlice => Some(dra::NPU_DRIVER),
             _ => None,
         }
     }
@@ -228,11 +228,12 @@ impl Publisher {
             bodies.push((Kind::NodeLabels, Some(body)));
         }
         if let Some(slices) = &desired.resource_slices {
-            for driver in dra::DRIVERS {
-                if let Some(kind) = Kind::slice(driver) {
-                    let body = slices.get(driver).map(|spec| json!({ "spec": spec }));
-                    bodies.push((kind, body));
-                }
+            for kind in [Kind::GpuSlice, Kind::NpuSlice] {
+                let body = kind
+                    .driver()
+                    .and_then(|driver| slices.get(driver))
+                    .map(|spec| json!({ "spec": spec }));
+                bodies.push((kind, body));
             }
         }
         let mut writes = 0;
@@ -263,10 +264,9 @@ impl Publisher {
 
     /// The name of this node's object of `kind`.
     fn object_name(&self, kind: Kind) -> String {
-        match kind {
-            Kind::GpuSlice => slices::slice_name(&self.node, dra::GPU_DRIVER),
-            Kind::NpuSlice => slices::slice_name(&self.node, dra::NPU_DRIVER),
-            _ => self.node.clone(),
+        match kind.driver() {
+            Some(driver) => slices::slice_name(&self.node, driver),
+            None => self.node.clone(),
         }
     }
 

@@ -166,10 +166,6 @@ impl Claims {
             .filter_map(|(k, c)| c.as_ref().ok().map(|c| (k.as_str(), c)))
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.by_key.is_empty()
-    }
-
     /// False when there is no claim data at all ([`Claims::default`]).
     pub fn served(&self) -> bool {
         self.served

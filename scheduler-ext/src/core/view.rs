@@ -101,10 +101,7 @@ pub fn resource_of(d: &DeviceInfo) -> String {
 
 /// The DRA class (= driver, [`fumarole_topology::dra`]) a device is published under.
 pub fn dra_class_of(d: &DeviceInfo) -> &'static str {
-    match d.vendor.as_str() {
-        "huawei" => fumarole_topology::dra::NPU_DRIVER,
-        _ => fumarole_topology::dra::GPU_DRIVER,
-    }
+    fumarole_topology::dra::driver_of(&d.vendor)
 }
 
 /// Resource name -> mask of its devices, shared by the nodes that have the same.
@@ -116,8 +113,6 @@ pub struct NodeView {
     pub name: String,
     /// Device ids, in `DeviceTopology` order (the indices `select` works with).
     pub device_ids: Vec<String>,
-    /// Resource name of each device.
-    pub resources: Vec<String>,
     /// Devices healthy and not allocated in the node's own status (bit i = device i).
     pub available_mask: u64,
     /// Resource name -> mask of its devices; one shared copy per distinct list (read for every
@@ -224,14 +219,14 @@ impl NodeView {
                 .and_then(|s| s.devices.get(&d.id))
                 .is_some_and(|s| s.health != "Healthy")
         });
-        let resources: Vec<String> = devices.iter().map(resource_of).collect();
+        // Each device under its extended resource and under its DRA class.
         let mut resource_masks: Vec<(String, u64)> = Vec::new();
-        let classes = devices.iter().map(|d| dra_class_of(d).to_string());
-        for (i, r) in resources.iter().cloned().chain(classes).enumerate() {
-            let bit = 1 << (i % n.max(1));
-            match resource_masks.iter_mut().find(|(name, _)| *name == r) {
-                Some((_, m)) => *m |= bit,
-                None => resource_masks.push((r, bit)),
+        for (i, d) in devices.iter().enumerate() {
+            for r in [resource_of(d), dra_class_of(d).to_string()] {
+                match resource_masks.iter_mut().find(|(name, _)| *name == r) {
+                    Some((_, m)) => *m |= 1 << i,
+                    None => resource_masks.push((r, 1 << i)),
+                }
             }
         }
         Ok(NodeView {
@@ -243,7 +238,7 @@ impl NodeView {
             claimed_mask: 0,
             dra_names: devices
                 .iter()
-                .map(|d| format!("{}-{}", d.vendor, d.index))
+                .map(|d| fumarole_topology::dra::name_of(&d.vendor, d.index))
                 .collect(),
             unhealthy_mask: mask_of(unhealthy),
             index_of: devices
@@ -251,7 +246,6 @@ impl NodeView {
                 .enumerate()
                 .map(|(i, d)| (d.id.clone(), i))
                 .collect(),
-            resources,
             numa: devices.iter().map(|d| d.numa_node).collect(),
             free_cpus: None,
             select,
@@ -266,7 +260,6 @@ impl NodeView {
         NodeView {
             name,
             device_ids: Vec::new(),
-            resources: Vec::new(),
             available_mask: 0,
             resource_masks: Arc::new([]),
             assumed_mask: 0,
