@@ -17,6 +17,10 @@ if ((${#missing[@]})); then
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
-for tool in cargo go; do
+# The tools to check are the arguments (`cargo` alone builds the agent; the e2e control plane
+# needs `go` too); both by default.
+tools=("$@")
+((${#tools[@]})) || tools=(cargo go)
+for tool in "${tools[@]}"; do
   command -v "$tool" >/dev/null || { echo "setup: $tool not found on PATH" >&2; exit 1; }
 done

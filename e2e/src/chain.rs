@@ -16,8 +16,8 @@ use kube::ResourceExt;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, PostParams};
 use serde_json::json;
 
-use crate::cluster::{NodeSpec, TestCluster, free_port};
-use crate::fumarole::agent_bin;
+use crate::cluster::TestCluster;
+use crate::fleet::{self, FleetNode};
 use crate::harness_node::{HarnessNode, PodRecord};
 
 pub const GPU: &str = "nvidia.com/gpu";
@@ -50,39 +50,11 @@ impl Scheduler {
 /// Nodes, a harness node and an agent (cluster mode, dgx-h100 fixture, its super-node, and
 /// `agent_args`) per node of [`NODES`], once every node's kubelet has its 8 GPUs.
 pub async fn start_nodes(cluster: &TestCluster, agent_args: &[&str]) -> Result<Vec<HarnessNode>> {
-    let mut harness = Vec::new();
-    for (node, super_node) in NODES {
-        cluster
-            .create_node(
-                &NodeSpec::new(node)
-                    .capacity("cpu", "224")
-                    .capacity("memory", "2Ti"),
-            )
-            .await?;
-        let h = cluster.start_harness_node(node).await?;
-        let absent = |f: &str| cluster.root().join(f).display().to_string();
-        let args = vec![
-            "run".to_string(),
-            "--fixture=dgx-h100".into(),
-            format!("--node-name={node}"),
-            format!("--super-node={super_node}"),
-            format!("--device-plugin-dir={}", h.plugin_dir().display()),
-            format!("--kubelet-config={}", absent("absent.yaml")),
-            format!("--cpu-manager-state={}", absent("absent_state")),
-            format!("--pod-resources-socket={}", absent("absent.sock")),
-            format!("--metrics-addr=127.0.0.1:{}", free_port()?),
-        ];
-        let args: Vec<String> = args
-            .into_iter()
-            .chain(agent_args.iter().map(|a| a.to_string()))
-            .collect();
-        cluster.start_program(&format!("fumarole-agent-{node}"), &agent_bin()?, &args, &[])?;
-        harness.push(h);
-    }
-    for h in &harness {
-        h.wait_allocatable(GPU, 8, Duration::from_secs(120)).await?;
-    }
-    Ok(harness)
+    let nodes: Vec<FleetNode> = NODES
+        .iter()
+        .map(|(node, super_node)| FleetNode::new(node, "dgx-h100", GPU, 8).super_node(super_node))
+        .collect();
+    fleet::start(cluster, &nodes, agent_args).await
 }
 
 /// A submission: the objects to create, and the pods they make.

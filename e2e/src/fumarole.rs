@@ -7,10 +7,14 @@ use anyhow::{Result, bail};
 use kube::Client;
 use kube::api::{Api, ApiResource, DynamicObject};
 
-use crate::TestCluster;
+use scheduler_ext::protocol::kube_scheduler::KUBE_PREFIX;
+use scheduler_ext::protocol::volcano::VOLCANO_PREFIX;
 
-/// The `fumarole-agent` binary beside the running test's own (`target/<profile>/`); e2e/ci.sh
-/// builds it first.
+use crate::TestCluster;
+use crate::cluster::volcano_conf;
+
+/// The `fumarole-agent` binary in the running test's `target/<profile>/` ([`profile_dir`]);
+/// e2e/ci.sh builds it first.
 pub fn agent_bin() -> Result<PathBuf> {
     our_bin("fumarole-agent", "fumarole-agent")
 }
@@ -20,13 +24,22 @@ pub fn scheduler_ext_bin() -> Result<PathBuf> {
     our_bin("fumarole-scheduler-ext", "fumarole-scheduler-ext")
 }
 
-fn our_bin(name: &str, package: &str) -> Result<PathBuf> {
+/// `target/<profile>/`: where a test binary (in its `deps/`) or one of this crate's own binaries
+/// (like `fumarole-demo`) runs from.
+fn profile_dir() -> Result<PathBuf> {
     let exe = std::env::current_exe()?;
-    let bin = exe
-        .parent()
-        .and_then(Path::parent)
-        .map(|dir| dir.join(name))
-        .unwrap_or_default();
+    let dir = exe.parent().map(|d| match d.file_name() {
+        Some(n) if n == "deps" => d.parent().unwrap_or(d),
+        _ => d,
+    });
+    match dir {
+        Some(d) => Ok(d.to_path_buf()),
+        None => bail!("no target directory above {}", exe.display()),
+    }
+}
+
+fn our_bin(name: &str, package: &str) -> Result<PathBuf> {
+    let bin = profile_dir()?.join(name);
     if !bin.exists() {
         bail!(
             "{} missing: run `cargo build -p {package}` first",
@@ -41,10 +54,7 @@ fn our_bin(name: &str, package: &str) -> Result<PathBuf> {
 /// binaries like [`agent_bin`]; e2e/ci.sh builds them, and when one is missing this builds it
 /// with cargo.
 pub fn standin_lib(package: &str) -> Result<PathBuf> {
-    let exe = std::env::current_exe()?;
-    let Some(dir) = exe.parent().and_then(Path::parent) else {
-        bail!("no target directory above {}", exe.display());
-    };
+    let dir = profile_dir()?;
     let lib = dir.join(format!("lib{}.so", package.replace('-', "_")));
     if !lib.exists() {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
@@ -282,4 +292,39 @@ impl TestCluster {
         }
         Ok(())
     }
+}
+
+/// kube-scheduler configuration with fumarole-scheduler-ext (on loopback `port`) as filtering,
+/// scoring and binding extender for pods asking for any of `resources`.
+pub fn kube_scheduler_config(port: u16, resources: &[&str]) -> String {
+    let managed: String = resources
+        .iter()
+        .map(|r| format!("  - name: {r}\n    ignoredByScheduler: false\n"))
+        .collect();
+    format!(
+        "apiVersion: kubescheduler.config.k8s.io/v1\n\
+         kind: KubeSchedulerConfiguration\n\
+         extenders:\n\
+         - urlPrefix: http://127.0.0.1:{port}{KUBE_PREFIX}\n\
+         \x20 filterVerb: filter\n\
+         \x20 prioritizeVerb: prioritize\n\
+         \x20 bindVerb: bind\n\
+         \x20 nodeCacheCapable: true\n\
+         \x20 weight: 5\n\
+         \x20 managedResources:\n{managed}"
+    )
+}
+
+/// A Volcano scheduler configuration with fumarole-scheduler-ext in the `extender` plugin.
+/// Volcano v1.10 does not call `allocateFunc` / `deallocateFunc` yet; later versions do.
+/// The allocate action's predicate error cache is off: it remembers a node's failure for every
+/// pod of the same task, but a gpu-group-size pod's super-node depends on its rank.
+pub fn volcano_conf_with_extender(port: u16) -> String {
+    let extender = format!(
+        "  - name: extender\n    arguments:\n      extender.urlPrefix: http://127.0.0.1:{port}{VOLCANO_PREFIX}\n      extender.httpTimeout: 5s\n      extender.predicateVerb: predicate\n      extender.prioritizeVerb: prioritize\n      extender.allocateFuncVerb: allocateFunc\n      extender.deallocateFuncVerb: deallocateFunc\n"
+    );
+    format!(
+        "{}configurations:\n- name: allocate\n  arguments:\n    predicateErrorCacheEnable: false\n",
+        volcano_conf(&extender)
+    )
 }

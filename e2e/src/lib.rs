@@ -16,6 +16,7 @@ pub mod cluster;
 pub mod colocation;
 pub mod deploy;
 pub mod fault_proxy;
+pub mod fleet;
 pub mod fumarole;
 pub mod harness_node;
 pub mod json_api;

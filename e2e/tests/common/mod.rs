@@ -6,15 +6,12 @@
 
 use std::collections::BTreeMap;
 
-use fumarole_e2e::cluster::volcano_conf;
-use fumarole_e2e::{NodeSpec, TestCluster};
+use fumarole_e2e::{NodeSpec, TestCluster, fumarole};
 use fumarole_topology::annotation::{self, DEVICES_ANNOTATION};
 use fumarole_topology::crd::device_topology::SuperNodeInfo;
 use fumarole_topology::crd::{DeviceTopology, testing};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use scheduler_ext::protocol::kube_scheduler::KUBE_PREFIX;
-use scheduler_ext::protocol::volcano::VOLCANO_PREFIX;
 
 /// A node of `gpus` NVIDIA GPUs `<name>-gpu<i>`, every pair on NVLink, the listed ones
 /// allocated (to pods the node runs), in super-node `rack` if given.
@@ -108,35 +105,10 @@ pub fn rack_of(node: &str) -> &'static str {
 /// kube-scheduler configuration with fumarole-scheduler-ext as filtering, scoring and binding
 /// extender for `nvidia.com/gpu` pods.
 pub fn kube_scheduler_config(port: u16) -> String {
-    format!(
-        "apiVersion: kubescheduler.config.k8s.io/v1\n\
-         kind: KubeSchedulerConfiguration\n\
-         extenders:\n\
-         - urlPrefix: http://127.0.0.1:{port}{KUBE_PREFIX}\n\
-         \x20 filterVerb: filter\n\
-         \x20 prioritizeVerb: prioritize\n\
-         \x20 bindVerb: bind\n\
-         \x20 nodeCacheCapable: true\n\
-         \x20 weight: 5\n\
-         \x20 managedResources:\n\
-         \x20 - name: nvidia.com/gpu\n\
-         \x20   ignoredByScheduler: false\n"
-    )
+    fumarole::kube_scheduler_config(port, &["nvidia.com/gpu"])
 }
 
-/// A Volcano scheduler configuration with fumarole-scheduler-ext in the `extender` plugin.
-/// Volcano v1.10 does not call `allocateFunc` / `deallocateFunc` yet; later versions do.
-/// The allocate action's predicate error cache is off: it remembers a node's failure for every
-/// pod of the same task, but a gpu-group-size pod's super-node depends on its rank.
-pub fn volcano_conf_with_extender(port: u16) -> String {
-    let extender = format!(
-        "  - name: extender\n    arguments:\n      extender.urlPrefix: http://127.0.0.1:{port}{VOLCANO_PREFIX}\n      extender.httpTimeout: 5s\n      extender.predicateVerb: predicate\n      extender.prioritizeVerb: prioritize\n      extender.allocateFuncVerb: allocateFunc\n      extender.deallocateFuncVerb: deallocateFunc\n"
-    );
-    format!(
-        "{}configurations:\n- name: allocate\n  arguments:\n    predicateErrorCacheEnable: false\n",
-        volcano_conf(&extender)
-    )
-}
+pub use fumarole_e2e::fumarole::volcano_conf_with_extender;
 
 /// The devices a pod carries in `fumarole.dev/devices`, if any.
 pub fn devices_of(pod: &Pod) -> Option<Vec<String>> {

@@ -1,0 +1,103 @@
+//! Fixture nodes as a cluster runs them: for each [`FleetNode`] a Node object, a harness node
+//! (the kubelet's own device and topology managers, [`HarnessNode`]) and `fumarole-agent run`
+//! on one of the agent's bundled fixtures, in its super-node. Shared by the device-chain tests
+//! ([`crate::chain`]) and the demo (`fumarole-demo`).
+
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+
+use crate::cluster::{NodeSpec, TestCluster, free_port};
+use crate::fumarole::agent_bin;
+use crate::harness_node::HarnessNode;
+
+/// One node of the fleet.
+#[derive(Debug, Clone)]
+pub struct FleetNode {
+    pub name: String,
+    /// A fixture of `fumarole-agent discover --list-fixtures` (e.g. `dgx-h100`).
+    pub fixture: String,
+    /// The super-node the agent reports (`--super-node`); none when `None`.
+    pub super_node: Option<String>,
+    /// The extended resource the node's devices are advertised as, and how many there are:
+    /// [`start`] waits until the node's kubelet has them all.
+    pub resource: String,
+    pub devices: i64,
+    /// The Node's CPU and memory capacity.
+    pub cpu: String,
+    pub memory: String,
+}
+
+impl FleetNode {
+    pub fn new(name: &str, fixture: &str, resource: &str, devices: i64) -> Self {
+        FleetNode {
+            name: name.into(),
+            fixture: fixture.into(),
+            super_node: None,
+            resource: resource.into(),
+            devices,
+            cpu: "224".into(),
+            memory: "2Ti".into(),
+        }
+    }
+
+    pub fn super_node(mut self, super_node: &str) -> Self {
+        self.super_node = Some(super_node.into());
+        self
+    }
+
+    pub fn capacity(mut self, cpu: &str, memory: &str) -> Self {
+        self.cpu = cpu.into();
+        self.memory = memory.into();
+        self
+    }
+}
+
+/// Starts every node (Node object, harness node, agent with `agent_args` on top of the
+/// defaults) and waits until each node's kubelet has all its devices allocatable.
+pub async fn start(
+    cluster: &TestCluster,
+    nodes: &[FleetNode],
+    agent_args: &[&str],
+) -> Result<Vec<HarnessNode>> {
+    let mut harness = Vec::new();
+    for n in nodes {
+        cluster
+            .create_node(
+                &NodeSpec::new(&n.name)
+                    .capacity("cpu", &n.cpu)
+                    .capacity("memory", &n.memory),
+            )
+            .await?;
+        let h = cluster.start_harness_node(&n.name).await?;
+        // The agent runs on a fixture: the host's kubelet files must not be read.
+        let absent = |f: &str| cluster.root().join(f).display().to_string();
+        let mut args = vec![
+            "run".to_string(),
+            format!("--fixture={}", n.fixture),
+            format!("--node-name={}", n.name),
+            format!("--device-plugin-dir={}", h.plugin_dir().display()),
+            format!("--kubelet-config={}", absent("absent.yaml")),
+            format!("--cpu-manager-state={}", absent("absent_state")),
+            format!("--pod-resources-socket={}", absent("absent.sock")),
+            format!("--metrics-addr=127.0.0.1:{}", free_port()?),
+        ];
+        if let Some(s) = &n.super_node {
+            args.push(format!("--super-node={s}"));
+        }
+        args.extend(agent_args.iter().map(|a| a.to_string()));
+        cluster.start_program(
+            &format!("fumarole-agent-{}", n.name),
+            &agent_bin()?,
+            &args,
+            &[],
+        )?;
+        harness.push(h);
+    }
+    for (h, n) in harness.iter().zip(nodes) {
+        h.wait_allocatable(&n.resource, n.devices, Duration::from_secs(120))
+            .await
+            .with_context(|| format!("node {} ({})", n.name, n.fixture))?;
+    }
+    Ok(harness)
+}
