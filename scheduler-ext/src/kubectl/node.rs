@@ -1,0 +1,227 @@
+//! `kubectl fumarole node NODE`: the node's `DeviceTopology` for people: the link class
+//! between every pair of devices (as `nvidia-smi topo -m` writes them: `NV18`, `HCCS`, `PIX`,
+//! `SYS`, ...) with each device's NUMA node and CPUs, then each device's health, the reason
+//! when it is unhealthy and the pod that uses it.
+
+use anyhow::{Context, Result, bail};
+use fumarole_topology::LinkClass;
+use fumarole_topology::crd::DeviceTopology;
+use k8s_openapi::api::core::v1::Node;
+use kube::Api;
+use kube::core::PartialObjectMeta;
+use serde::Serialize;
+
+use super::config::Connection;
+use super::table;
+
+/// One node's devices, links and health.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeReport {
+    pub node: String,
+    pub model: String,
+    pub super_node: Option<String>,
+    /// Where the super-node comes from (`nvlinkClique`, `overrideFile`, `nodeLabel`, `config`).
+    pub super_node_source: Option<String>,
+    pub healthy: usize,
+    pub devices: Vec<DeviceRow>,
+    /// `matrix[a][b]`: the short name of the link class between devices `a` and `b` (`X` on
+    /// the diagonal, `-` where no link is published).
+    pub matrix: Vec<Vec<String>>,
+}
+
+/// One device.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceRow {
+    /// `GPU0`, `NPU3`, `ACC1`: kind and position, as the matrix names it.
+    pub label: String,
+    pub id: String,
+    pub model: String,
+    pub pci_bus_id: String,
+    pub numa_node: Option<u32>,
+    pub local_cpus: String,
+    pub uuid: Option<String>,
+    /// `Healthy`, `Unhealthy`, or `Unknown` before the agent reported status.
+    pub health: String,
+    pub reason: Option<String>,
+    /// `namespace/pod/container` the device is allocated to, as the node reports it.
+    pub used_by: Option<String>,
+}
+
+/// Reads the node's `DeviceTopology`.
+pub async fn read(conn: &Connection, node: &str) -> Result<NodeReport> {
+    let api: Api<DeviceTopology> = Api::all(conn.client.clone());
+    if let Some(dt) = api
+        .get_opt(node)
+        .await
+        .with_context(|| format!("reading DeviceTopology {node}"))?
+    {
+        return Ok(NodeReport::of(&dt));
+    }
+    let nodes: Api<PartialObjectMeta<Node>> = Api::all(conn.client.clone());
+    match nodes
+        .get_metadata_opt(node)
+        .await
+        .with_context(|| format!("reading node {node}"))?
+    {
+        Some(_) => bail!(
+            "node {node} publishes no DeviceTopology: is fumarole-agent running on it, and does it have accelerators?"
+        ),
+        None => bail!("node {node} not found"),
+    }
+}
+
+impl NodeReport {
+    pub fn of(dt: &DeviceTopology) -> Self {
+        let spec = &dt.spec;
+        let status = dt.status.as_ref();
+        let n = spec.devices.len();
+        let mut matrix = vec![vec!["-".to_string(); n]; n];
+        for (i, row) in matrix.iter_mut().enumerate() {
+            if let Some(cell) = row.get_mut(i) {
+                *cell = "X".into();
+            }
+        }
+        for l in &spec.links {
+            let (a, b) = (l.a as usize, l.b as usize);
+            if a == b || a >= n || b >= n {
+                continue;
+            }
+            // A kind this version does not know is shown as the agent wrote it.
+            let cell = l
+                .class()
+                .map_or_else(|| l.kind.clone(), LinkClass::short_name);
+            matrix[a][b] = cell.clone();
+            matrix[b][a] = cell;
+        }
+        let devices: Vec<DeviceRow> = spec
+            .devices
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                let s = status.and_then(|s| s.devices.get(&d.id));
+                DeviceRow {
+                    label: format!(
+                        "{}{i}",
+                        match d.kind.as_str() {
+                            "gpu" => "GPU",
+                            "npu" => "NPU",
+                            _ => "ACC",
+                        }
+                    ),
+                    id: d.id.clone(),
+                    model: d.model.clone(),
+                    pci_bus_id: d.pci_bus_id.clone(),
+                    numa_node: d.numa_node,
+                    local_cpus: d.local_cpus.clone(),
+                    uuid: d.uuid.clone(),
+                    health: s.map_or_else(|| "Unknown".into(), |s| s.health.clone()),
+                    reason: s.and_then(|s| s.reason.clone()),
+                    used_by: s
+                        .and_then(|s| s.allocation.as_ref())
+                        .map(|a| format!("{}/{}/{}", a.namespace, a.pod, a.container)),
+                }
+            })
+            .collect();
+        NodeReport {
+            node: dt.metadata.name.clone().unwrap_or_default(),
+            model: spec.model.clone(),
+            super_node: spec.super_node.as_ref().map(|s| s.id.clone()),
+            super_node_source: spec.super_node.as_ref().map(|s| s.source.clone()),
+            healthy: devices.iter().filter(|d| d.health == "Healthy").count(),
+            devices,
+            matrix,
+        }
+    }
+}
+
+/// The header, the matrix with its legend, and the device table (`wide`: also model, PCI bus
+/// id and UUID).
+pub fn table(r: &NodeReport, wide: bool) -> String {
+    let mut out = format!("Node {}: {} devices", r.node, r.devices.len());
+    if !r.model.is_empty() {
+        out.push_str(&format!(" ({})", r.model));
+    }
+    match (&r.super_node, &r.super_node_source) {
+        (Some(id), Some(source)) => out.push_str(&format!(", super-node {id} (from {source})")),
+        (Some(id), None) => out.push_str(&format!(", super-node {id}")),
+        (None, _) => out.push_str(", no super-node"),
+    }
+    out.push_str(&format!(", {}/{} healthy\n", r.healthy, r.devices.len()));
+    if r.devices.is_empty() {
+        return out;
+    }
+    let mut rows = vec![
+        std::iter::once(String::new())
+            .chain(r.devices.iter().map(|d| d.label.clone()))
+            .chain(["NUMA".into(), "CPU AFFINITY".into()])
+            .collect::<Vec<_>>(),
+    ];
+    for (d, cells) in r.devices.iter().zip(&r.matrix) {
+        rows.push(
+            std::iter::once(d.label.clone())
+                .chain(cells.iter().cloned())
+                .chain([
+                    d.numa_node.map_or_else(|| "-".into(), |n| n.to_string()),
+                    d.local_cpus.clone(),
+                ])
+                .collect(),
+        );
+    }
+    out.push('\n');
+    out.push_str(&table::render(&rows));
+    out.push('\n');
+    out.push_str(&legend(&r.matrix));
+
+    let mut header = vec!["DEVICE", "ID", "HEALTH", "USED BY"];
+    if wide {
+        header.extend(["MODEL", "PCI", "UUID"]);
+    }
+    header.push("REASON");
+    let mut rows = vec![header.into_iter().map(String::from).collect::<Vec<_>>()];
+    for d in &r.devices {
+        let mut row = vec![
+            d.label.clone(),
+            d.id.clone(),
+            d.health.clone(),
+            d.used_by.clone().unwrap_or_else(|| "-".into()),
+        ];
+        if wide {
+            row.extend([
+                d.model.clone(),
+                d.pci_bus_id.clone(),
+                d.uuid.clone().unwrap_or_else(|| "-".into()),
+            ]);
+        }
+        row.push(d.reason.clone().unwrap_or_default());
+        rows.push(row);
+    }
+    out.push('\n');
+    out.push_str(&table::render(&rows));
+    out
+}
+
+/// The legend lines of the classes the matrix shows, strongest first.
+fn legend(matrix: &[Vec<String>]) -> String {
+    let shown: std::collections::BTreeSet<&str> =
+        matrix.iter().flatten().map(String::as_str).collect();
+    let mut out = String::from("Legend:\n  X    = self\n");
+    for (name, meaning) in LinkClass::legend() {
+        let present = match name.strip_suffix('#') {
+            // `NV#`: any NVLink count.
+            Some(prefix) => shown.iter().any(|s| {
+                s.strip_prefix(prefix)
+                    .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+            }),
+            None => shown.contains(name),
+        };
+        if present {
+            out.push_str(&format!("  {name:<4} = {meaning}\n"));
+        }
+    }
+    if shown.contains("-") {
+        out.push_str("  -    = no link published\n");
+    }
+    out
+}
