@@ -221,3 +221,146 @@ fn state(e: &Explanation) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fumarole_topology::crd::device_topology::SuperNodeInfo;
+    use fumarole_topology::crd::testing;
+
+    fn view(pods: &[Pod]) -> ClusterView {
+        let dts: Vec<_> = [("a0", "rack-a", vec![0, 1, 2, 3]), ("b0", "rack-b", vec![])]
+            .into_iter()
+            .map(|(name, rack, used)| {
+                let mut t = testing::nvlink_node(name, 8, 180, &used, |i| format!("{name}-gpu{i}"));
+                t.spec.super_node = Some(SuperNodeInfo {
+                    id: rack.into(),
+                    source: "config".into(),
+                });
+                t
+            })
+            .collect();
+        ClusterView::build(&dts, &[], [], pods).unwrap()
+    }
+
+    fn pod(name: &str, gpus: u32, extra: serde_json::Value) -> Pod {
+        let mut v = serde_json::json!({
+            "metadata": {"name": name, "namespace": "ml"},
+            "spec": {"containers": [{"name": "c", "resources": {
+                "limits": {"nvidia.com/gpu": gpus.to_string()}}}]}
+        });
+        if let (Some(v), Some(extra)) = (v.as_object_mut(), extra.as_object()) {
+            for (k, x) in extra {
+                match v.get_mut(k) {
+                    Some(serde_json::Value::Object(o)) => {
+                        o.extend(x.as_object().cloned().unwrap_or_default())
+                    }
+                    _ => {
+                        v.insert(k.clone(), x.clone());
+                    }
+                }
+            }
+        }
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn a_pod_that_fits_nowhere_waits() {
+        let p = pod(
+            "big",
+            16,
+            serde_json::json!({"status": {"phase": "Pending", "conditions": [{
+                "type": "PodScheduled", "status": "False",
+                "message": "0/2 nodes are available"}]}}),
+        );
+        let e = explain(view(&[]), &p, GpuAware::default()).unwrap();
+        assert_eq!(e.pod, "ml/big");
+        assert!(e.nodes.iter().all(|n| !n.verdict.feasible));
+        assert_eq!(
+            table(&e, false),
+            "\
+pod ml/big requests 16 nvidia.com/gpu
+NODE  FEASIBLE  Q  LOSS  SCORE  DEVICES / REASON
+a0    no        -  -     -      needs 16 nvidia.com/gpu, 4 free
+b0    no        -  -     -      needs 16 nvidia.com/gpu, 8 free
+
+Waits: no node fits 16 nvidia.com/gpu (0 of 2 nodes).
+Scheduler: 0/2 nodes are available
+"
+        );
+        let wide = table(&e, true);
+        assert!(
+            wide.contains("NODE  SUPER-NODE  FREE  FEASIBLE  Q  LOSS  SCORE  DEVICES / REASON\n"),
+            "{wide}"
+        );
+        assert!(wide.contains("\na0    rack-a      4     no"), "{wide}");
+    }
+
+    #[test]
+    fn a_pod_that_fits_names_the_best_node() {
+        let e = explain(
+            view(&[]),
+            &pod("two", 2, serde_json::json!({})),
+            GpuAware::default(),
+        )
+        .unwrap();
+        let text = table(&e, false);
+        assert!(
+            text.contains("Not bound yet; 2 of 2 nodes fit, best "),
+            "{text}"
+        );
+        let v = serde_json::to_value(&e).unwrap();
+        assert_eq!(v["request"]["count"], 2);
+        assert_eq!(v["nodes"][0]["feasible"], true);
+        assert_eq!(v["nodes"][0]["devices"].as_array().unwrap().len(), 2);
+        let keys: Vec<&String> = v["nodes"][0].as_object().unwrap().keys().collect();
+        for k in [
+            "node",
+            "feasible",
+            "reason",
+            "q",
+            "loss",
+            "score",
+            "devices",
+            "superNode",
+            "free",
+        ] {
+            assert!(keys.iter().any(|x| *x == k), "{k} missing: {keys:?}");
+        }
+    }
+
+    #[test]
+    fn a_bound_pod_says_where_and_with_what() {
+        let p = pod(
+            "run",
+            2,
+            serde_json::json!({
+                "metadata": {"annotations": {
+                    DEVICES_ANNOTATION: r#"{"nvidia.com/gpu":["b0-gpu0","b0-gpu1"]}"#}},
+                "spec": {"nodeName": "b0"},
+                "status": {"phase": "Running"}}),
+        );
+        let e = explain(view(std::slice::from_ref(&p)), &p, GpuAware::default()).unwrap();
+        assert_eq!(e.bound_to.as_deref(), Some("b0"));
+        assert_eq!(e.devices_node.as_deref(), Some("b0"));
+        assert_eq!(e.devices, ["b0-gpu0", "b0-gpu1"]);
+        let b0 = e.nodes.iter().find(|n| n.verdict.node == "b0").unwrap();
+        assert_eq!(b0.free, 6, "its own devices count as used");
+        let text = table(&e, false);
+        assert!(
+            text.contains("Bound to b0 with b0-gpu0,b0-gpu1 (fumarole.dev/devices)"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_pod_without_accelerators_is_an_error() {
+        let p: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web", "namespace": "ml"},
+            "spec": {"containers": [{"name": "c"}]}
+        }))
+        .unwrap();
+        let e = explain(view(&[]), &p, GpuAware::default()).unwrap_err();
+        assert!(e.to_string().contains("requests no accelerator"), "{e}");
+    }
+}

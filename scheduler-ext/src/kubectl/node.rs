@@ -225,3 +225,101 @@ fn legend(matrix: &[Vec<String>]) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fumarole_topology::crd::device_topology::{LinkInfo, SuperNodeInfo};
+    use fumarole_topology::crd::testing;
+
+    /// Four GPUs: NV18 within {0,1} and {2,3}, PIX across; GPU2 unhealthy, GPU1 in use.
+    fn four() -> DeviceTopology {
+        let mut t = testing::nvlink_node("n1", 4, 280, &[1], |i| format!("GPU-{i}"));
+        t.spec.model = "H100".into();
+        t.spec.super_node = Some(SuperNodeInfo {
+            id: "rack-a".into(),
+            source: "config".into(),
+        });
+        for l in &mut t.spec.links {
+            *l = if l.a / 2 == l.b / 2 {
+                LinkInfo {
+                    kind: "nvlink".into(),
+                    count: Some(18),
+                    weight: 280,
+                    ..l.clone()
+                }
+            } else {
+                LinkInfo {
+                    kind: "pcieSwitch".into(),
+                    count: None,
+                    weight: 50,
+                    ..l.clone()
+                }
+            };
+        }
+        for (i, d) in t.spec.devices.iter_mut().enumerate() {
+            d.local_cpus = if i < 2 { "0-7" } else { "8-15" }.into();
+        }
+        let s = t.status.as_mut().unwrap();
+        let bad = s.devices.get_mut("GPU-2").unwrap();
+        bad.health = "Unhealthy".into();
+        bad.reason = Some("xid: XID 79 (GPU has fallen off the bus)".into());
+        t
+    }
+
+    #[test]
+    fn matrix_health_and_users() {
+        let r = NodeReport::of(&four());
+        assert_eq!(r.healthy, 3);
+        assert_eq!(r.matrix[0], ["X", "NV18", "PIX", "PIX"]);
+        assert_eq!(
+            table(&r, false),
+            "\
+Node n1: 4 devices (H100), super-node rack-a (from config), 3/4 healthy
+
+      GPU0  GPU1  GPU2  GPU3  NUMA  CPU AFFINITY
+GPU0  X     NV18  PIX   PIX   0     0-7
+GPU1  NV18  X     PIX   PIX   0     0-7
+GPU2  PIX   PIX   X     NV18  1     8-15
+GPU3  PIX   PIX   NV18  X     1     8-15
+
+Legend:
+  X    = self
+  NV#  = NVLink with # links (weight 100 + 10 x #)
+  PIX  = at most a single PCIe bridge (50)
+
+DEVICE  ID     HEALTH     USED BY                 REASON
+GPU0    GPU-0  Healthy    -
+GPU1    GPU-1  Healthy    default/running-1/main
+GPU2    GPU-2  Unhealthy  -                       xid: XID 79 (GPU has fallen off the bus)
+GPU3    GPU-3  Healthy    -
+"
+        );
+    }
+
+    #[test]
+    fn unknown_kinds_missing_links_and_no_status() {
+        let mut t = four();
+        t.status = None;
+        t.spec.links.retain(|l| !(l.a == 0 && l.b == 3));
+        t.spec.links[0].kind = "warpDrive".into();
+        let r = NodeReport::of(&t);
+        assert_eq!(r.matrix[0], ["X", "warpDrive", "PIX", "-"]);
+        assert!(r.devices.iter().all(|d| d.health == "Unknown"));
+        let text = table(&r, true);
+        assert!(text.contains("  -    = no link published\n"), "{text}");
+        assert!(
+            text.contains("DEVICE  ID     HEALTH   USED BY  MODEL  PCI  UUID  REASON\n"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn json_names_every_field() {
+        let v = serde_json::to_value(NodeReport::of(&four())).unwrap();
+        assert_eq!(v["superNode"], "rack-a");
+        assert_eq!(v["devices"][2]["health"], "Unhealthy");
+        assert_eq!(v["devices"][1]["usedBy"], "default/running-1/main");
+        assert_eq!(v["matrix"][2][3], "NV18");
+    }
+}

@@ -173,3 +173,99 @@ pub fn table(u: &Usage, wide: bool) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fumarole_topology::annotation::DEVICES_ANNOTATION;
+    use fumarole_topology::crd::device_topology::SuperNodeInfo;
+    use fumarole_topology::crd::testing;
+    use k8s_openapi::api::core::v1::Pod;
+
+    fn node(name: &str, rack: &str, allocated: &[u32]) -> fumarole_topology::crd::DeviceTopology {
+        let mut t = testing::nvlink_node(name, 8, 180, allocated, |i| format!("{name}-gpu{i}"));
+        t.spec.super_node = Some(SuperNodeInfo {
+            id: rack.into(),
+            source: "config".into(),
+        });
+        t
+    }
+
+    /// a0 (rack-a): 2 allocated in status, 1 unhealthy; a1 (rack-a): 2 chosen for a bound pod;
+    /// b0 (rack-b): all free; cpu-0: no DeviceTopology.
+    fn view() -> ClusterView {
+        let mut a0 = node("a0", "rack-a", &[0, 1]);
+        let s = a0
+            .status
+            .as_mut()
+            .unwrap()
+            .devices
+            .get_mut("a0-gpu7")
+            .unwrap();
+        s.health = "Unhealthy".into();
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "default", "annotations": {
+                DEVICES_ANNOTATION: r#"{"nvidia.com/gpu":["a1-gpu4","a1-gpu5"]}"#}},
+            "spec": {"nodeName": "a1", "containers": [{"name": "c", "resources": {
+                "limits": {"nvidia.com/gpu": "2"}}}]}
+        }))
+        .unwrap();
+        let cpu = k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            name: Some("cpu-0".into()),
+            ..Default::default()
+        };
+        ClusterView::build(
+            &[a0, node("a1", "rack-a", &[]), node("b0", "rack-b", &[])],
+            &[],
+            [&cpu],
+            [&pod],
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn counts_per_super_node_and_node() {
+        let u = Usage::of(&view());
+        assert_eq!(u.nodes.len(), 3, "cpu-0 has no devices: {u:?}");
+        let a0 = &u.nodes[0].counts;
+        assert_eq!((a0.devices, a0.free, a0.in_use, a0.unhealthy), (8, 5, 2, 1));
+        assert_eq!(u.nodes[1].counts.free, 6);
+        assert_eq!(
+            table(&u, false),
+            "\
+SUPER-NODE  NODES  DEVICES  FREE  IN-USE  UNHEALTHY
+rack-a      2      16       11    4       1
+rack-b      1      8        8     0       0
+"
+        );
+        let wide = table(&u, true);
+        assert!(
+            wide.ends_with(
+                "\
+NODE  SUPER-NODE  DEVICES  FREE  IN-USE  UNHEALTHY
+a0    rack-a      8        5     2       1
+a1    rack-a      8        6     2       0
+b0    rack-b      8        8     0       0
+"
+            ),
+            "{wide}"
+        );
+    }
+
+    #[test]
+    fn json_keys() {
+        let v = serde_json::to_value(Usage::of(&view())).unwrap();
+        assert_eq!(v["superNodes"][0]["superNode"], "rack-a");
+        assert_eq!(v["superNodes"][0]["inUse"], 4);
+        assert_eq!(v["nodes"][2]["node"], "b0");
+        assert_eq!(v["nodes"][2]["free"], 8);
+    }
+
+    #[test]
+    fn empty_cluster_says_so() {
+        assert_eq!(
+            table(&Usage::default(), false),
+            "No node publishes a DeviceTopology.\n"
+        );
+    }
+}
