@@ -20,6 +20,12 @@ pub fn scheduler_ext_bin() -> Result<PathBuf> {
     our_bin("fumarole-scheduler-ext", "fumarole-scheduler-ext")
 }
 
+/// The `kubectl-fumarole` plugin binary (a binary of the `fumarole-scheduler-ext` package),
+/// like [`agent_bin`].
+pub fn kubectl_plugin_bin() -> Result<PathBuf> {
+    our_bin("kubectl-fumarole", "fumarole-scheduler-ext")
+}
+
 fn our_bin(name: &str, package: &str) -> Result<PathBuf> {
     let exe = std::env::current_exe()?;
     let bin = exe

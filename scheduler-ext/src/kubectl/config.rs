@@ -22,12 +22,15 @@ pub async fn client_config(global: &Global) -> Result<Config> {
         ..KubeConfigOptions::default()
     };
     match (&global.kubeconfig, &global.context) {
-        (Some(path), _) => {
+        (Some(path), context) => {
             let kc = Kubeconfig::read_from(path)
                 .with_context(|| format!("reading kubeconfig {}", path.display()))?;
             Config::from_custom_kubeconfig(kc, &options)
                 .await
-                .with_context(|| format!("kubeconfig {}", path.display()))
+                .with_context(|| match context {
+                    Some(c) => format!("kubeconfig {}, context {c:?}", path.display()),
+                    None => format!("kubeconfig {}", path.display()),
+                })
         }
         // A named context only exists in a kubeconfig: no in-cluster fallback.
         (None, Some(context)) => Config::from_kubeconfig(&options)
