@@ -273,6 +273,20 @@ async fn explain_node_and_top_against_the_real_api_server() {
         8,
         "{text}"
     );
+    // The bound pod's choice shows on its devices (no kubelet runs, so none is reported
+    // allocated).
+    for (i, id) in bound_devices.iter().enumerate() {
+        assert!(
+            text.contains(&format!(
+                "\nGPU{i}    {id}  Healthy  default/bound (chosen)\n"
+            )),
+            "{text}"
+        );
+    }
+    assert!(
+        text.contains(&format!("\nGPU2    {}  Healthy  -\n", gpu(&dgx, 2))),
+        "{text}"
+    );
     let v = ok_json(kc, &["node", "pcie-1", "-o", "json"]).await;
     assert_eq!(v["node"], "pcie-1");
     assert_eq!(v["superNode"], "rack-b");

@@ -1,13 +1,19 @@
 //! `kubectl fumarole node NODE`: the node's `DeviceTopology` for people: the link class
 //! between every pair of devices (as `nvidia-smi topo -m` writes them: `NV18`, `HCCS`, `PIX`,
 //! `SYS`, ...) with each device's NUMA node and CPUs, then each device's health, the reason
-//! when it is unhealthy and the pod that uses it.
+//! when it is unhealthy and the pod that uses it: the container the node reports it allocated
+//! to, else the pod bound to the node whose `fumarole.dev/devices` choice names it (the
+//! scheduler extension counts those as taken before the kubelet allocates them).
+
+use std::collections::BTreeMap;
 
 use anyhow::{Context, Result, bail};
 use fumarole_topology::LinkClass;
+use fumarole_topology::annotation::{self, DEVICES_ANNOTATION};
 use fumarole_topology::crd::DeviceTopology;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
+use kube::api::ListParams;
 use kube::core::PartialObjectMeta;
 use serde::Serialize;
 
@@ -47,6 +53,8 @@ pub struct DeviceRow {
     pub reason: Option<String>,
     /// `namespace/pod/container` the device is allocated to, as the node reports it.
     pub used_by: Option<String>,
+    /// `namespace/pod` of the bound pod whose `fumarole.dev/devices` names the device.
+    pub chosen_for: Option<String>,
 }
 
 /// Reads the node's `DeviceTopology`.
@@ -57,7 +65,14 @@ pub async fn read(conn: &Connection, node: &str) -> Result<NodeReport> {
         .await
         .with_context(|| format!("reading DeviceTopology {node}"))?
     {
-        return Ok(NodeReport::of(&dt));
+        // Pods bound here and not finished: their device choices.
+        let pods: Api<Pod> = Api::all(conn.client.clone());
+        let fields = format!("spec.nodeName={node},status.phase!=Succeeded,status.phase!=Failed");
+        let pods = pods
+            .list(&ListParams::default().fields(&fields))
+            .await
+            .with_context(|| format!("listing the pods on {node}"))?;
+        return Ok(NodeReport::of(&dt, &chosen(&pods.items)));
     }
     let nodes: Api<PartialObjectMeta<Node>> = Api::all(conn.client.clone());
     match nodes
@@ -72,8 +87,33 @@ pub async fn read(conn: &Connection, node: &str) -> Result<NodeReport> {
     }
 }
 
+/// Device id -> `namespace/pod` for the `fumarole.dev/devices` choices of `pods` (an unusable
+/// annotation names nothing, as in the extension's view).
+pub fn chosen(pods: &[Pod]) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    for p in pods {
+        let Some(value) = p
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(DEVICES_ANNOTATION))
+        else {
+            continue;
+        };
+        let Ok(choice) = annotation::parse(value) else {
+            continue;
+        };
+        let key = fumarole_topology::pod::key(p);
+        for id in choice.into_values().flatten() {
+            out.insert(id, key.clone());
+        }
+    }
+    out
+}
+
 impl NodeReport {
-    pub fn of(dt: &DeviceTopology) -> Self {
+    /// The report of `dt`, with `chosen` (device id -> pod, [`chosen`]).
+    pub fn of(dt: &DeviceTopology, chosen: &BTreeMap<String, String>) -> Self {
         let spec = &dt.spec;
         let status = dt.status.as_ref();
         let n = spec.devices.len();
@@ -118,6 +158,7 @@ impl NodeReport {
                     uuid: d.uuid.clone(),
                     health: s.map_or_else(|| "Unknown".into(), |s| s.health.clone()),
                     reason: s.and_then(|s| s.reason.clone()),
+                    chosen_for: chosen.get(&d.id).cloned(),
                     used_by: s
                         .and_then(|s| s.allocation.as_ref())
                         .map(|a| format!("{}/{}/{}", a.namespace, a.pod, a.container)),
@@ -185,7 +226,11 @@ pub fn table(r: &NodeReport, wide: bool) -> String {
             d.label.clone(),
             d.id.clone(),
             d.health.clone(),
-            d.used_by.clone().unwrap_or_else(|| "-".into()),
+            match (&d.used_by, &d.chosen_for) {
+                (Some(u), _) => u.clone(),
+                (None, Some(p)) => format!("{p} (chosen)"),
+                (None, None) => "-".into(),
+            },
         ];
         if wide {
             row.extend([
@@ -269,7 +314,18 @@ mod tests {
 
     #[test]
     fn matrix_health_and_users() {
-        let r = NodeReport::of(&four());
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "train", "namespace": "ml", "annotations": {
+                DEVICES_ANNOTATION: r#"{"nvidia.com/gpu":["GPU-3"]}"#}}
+        }))
+        .unwrap();
+        let bad: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "bad", "annotations": {DEVICES_ANNOTATION: "GPU-0"}}
+        }))
+        .unwrap();
+        let chosen = chosen(&[pod, bad]);
+        assert_eq!(chosen.len(), 1, "{chosen:?}");
+        let r = NodeReport::of(&four(), &chosen);
         assert_eq!(r.healthy, 3);
         assert_eq!(r.matrix[0], ["X", "NV18", "PIX", "PIX"]);
         assert_eq!(
@@ -292,7 +348,7 @@ DEVICE  ID     HEALTH     USED BY                 REASON
 GPU0    GPU-0  Healthy    -
 GPU1    GPU-1  Healthy    default/running-1/main
 GPU2    GPU-2  Unhealthy  -                       xid: XID 79 (GPU has fallen off the bus)
-GPU3    GPU-3  Healthy    -
+GPU3    GPU-3  Healthy    ml/train (chosen)
 "
         );
     }
@@ -303,7 +359,7 @@ GPU3    GPU-3  Healthy    -
         t.status = None;
         t.spec.links.retain(|l| !(l.a == 0 && l.b == 3));
         t.spec.links[0].kind = "warpDrive".into();
-        let r = NodeReport::of(&t);
+        let r = NodeReport::of(&t, &BTreeMap::new());
         assert_eq!(r.matrix[0], ["X", "warpDrive", "PIX", "-"]);
         assert!(r.devices.iter().all(|d| d.health == "Unknown"));
         let text = table(&r, true);
@@ -316,7 +372,7 @@ GPU3    GPU-3  Healthy    -
 
     #[test]
     fn json_names_every_field() {
-        let v = serde_json::to_value(NodeReport::of(&four())).unwrap();
+        let v = serde_json::to_value(NodeReport::of(&four(), &BTreeMap::new())).unwrap();
         assert_eq!(v["superNode"], "rack-a");
         assert_eq!(v["devices"][2]["health"], "Unhealthy");
         assert_eq!(v["devices"][1]["usedBy"], "default/running-1/main");
