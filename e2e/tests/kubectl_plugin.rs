@@ -287,6 +287,9 @@ async fn explain_node_and_top_against_the_real_api_server() {
         text.contains(&format!("\nGPU2    {}  Healthy  -\n", gpu(&dgx, 2))),
         "{text}"
     );
+    let text = ok(kc, &["node", "pcie-1"]).await;
+    assert!(text.contains("\nGPU0  X     PIX   PHB   PHB   0"), "{text}");
+    assert!(text.contains("  PHB  = through a PCIe host bridge (30)\n"), "{text}");
     let v = ok_json(kc, &["node", "pcie-1", "-o", "json"]).await;
     assert_eq!(v["node"], "pcie-1");
     assert_eq!(v["superNode"], "rack-b");
