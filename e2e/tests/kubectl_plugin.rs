@@ -3,8 +3,9 @@
 //! in two super-nodes (dgx-1: dgx-h100 in rack-a; pcie-1: pcie-4gpu in rack-b), a pod is bound
 //! to dgx-1 with two GPUs in `fumarole.dev/devices`, and pods wait (no scheduler runs). Then
 //! `explain`, `node` and `top` are checked in table and JSON (and YAML, wide) form, the
-//! kubeconfig found through `--kubeconfig`, `KUBECONFIG` and `~/.kube/config`, and bad input
-//! (an unknown pod, node or context) fails with a clear message and a non-zero exit.
+//! kubeconfig found through `--kubeconfig`, `KUBECONFIG` and `~/.kube/config`, the namespace
+//! from the context or `-n`, and bad input (an unknown pod, node or context, an unknown output
+//! format) fails with a clear message and a non-zero exit.
 //!
 //! Run with `--nocapture` to see every output (docs/kubectl-plugin.md shows them).
 
@@ -289,7 +290,10 @@ async fn explain_node_and_top_against_the_real_api_server() {
     );
     let text = ok(kc, &["node", "pcie-1"]).await;
     assert!(text.contains("\nGPU0  X     PIX   PHB   PHB   0"), "{text}");
-    assert!(text.contains("  PHB  = through a PCIe host bridge (30)\n"), "{text}");
+    assert!(
+        text.contains("  PHB  = through a PCIe host bridge (30)\n"),
+        "{text}"
+    );
     let v = ok_json(kc, &["node", "pcie-1", "-o", "json"]).await;
     assert_eq!(v["node"], "pcie-1");
     assert_eq!(v["superNode"], "rack-b");
@@ -353,6 +357,24 @@ async fn explain_node_and_top_against_the_real_api_server() {
             run.stdout
         );
     }
+
+    // A context with a namespace: the pod is looked up there unless -n says otherwise.
+    let mut with_ns: Value =
+        serde_json::from_str(&std::fs::read_to_string(cluster.admin_kubeconfig()).unwrap())
+            .unwrap();
+    with_ns["contexts"][0]["context"]["namespace"] = json!("other");
+    let with_ns_path = cluster.root().join("other.kubeconfig");
+    std::fs::write(&with_ns_path, with_ns.to_string()).unwrap();
+    let other = format!("--kubeconfig={}", with_ns_path.display());
+    let run = plugin(&[&other, "explain", "big"], &[]).await;
+    assert_eq!(run.code, Some(1), "{}", run.stdout);
+    assert!(
+        run.stderr.contains("error: pod other/big not found"),
+        "{}",
+        run.stderr
+    );
+    let text = ok(&other, &["explain", "big", "-n", "default"]).await;
+    assert!(text.starts_with("pod default/big requests 16"), "{text}");
 
     // Bad input: a clear message, a non-zero exit, no panic.
     for (args, message) in [

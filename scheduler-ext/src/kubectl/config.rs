@@ -42,13 +42,70 @@ pub async fn client_config(global: &Global) -> Result<Config> {
     }
 }
 
+/// `-n`, else the context's namespace (kube-rs sets `default` when the context has none).
+fn namespace(global: &Global, config: &Config) -> String {
+    global
+        .namespace
+        .clone()
+        .unwrap_or_else(|| config.default_namespace.clone())
+}
+
 /// Connects as `global` says.
 pub async fn connect(global: &Global) -> Result<Connection> {
     let config = client_config(global).await?;
-    let namespace = global
-        .namespace
-        .clone()
-        .unwrap_or_else(|| config.default_namespace.clone());
+    let namespace = namespace(global, &config);
     let client = Client::try_from(config).context("building the API client")?;
     Ok(Connection { client, namespace })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KUBECONFIG: &str = r#"apiVersion: v1
+kind: Config
+clusters:
+- name: c
+  cluster: {server: "https://127.0.0.1:1"}
+users:
+- name: u
+  user: {token: t}
+contexts:
+- name: ml
+  context: {cluster: c, user: u, namespace: ml}
+- name: plain
+  context: {cluster: c, user: u}
+current-context: ml
+"#;
+
+    fn global(path: &std::path::Path, context: Option<&str>, ns: Option<&str>) -> Global {
+        Global {
+            kubeconfig: Some(path.to_path_buf()),
+            context: context.map(String::from),
+            namespace: ns.map(String::from),
+            output: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn namespace_from_flag_then_context_then_default() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config");
+        std::fs::write(&path, KUBECONFIG).unwrap();
+        let cases = [
+            (None, None, "ml"),
+            (Some("plain"), None, "default"),
+            (Some("plain"), Some("x"), "x"),
+            (None, Some("y"), "y"),
+        ];
+        for (context, ns, want) in cases {
+            let g = global(&path, context, ns);
+            let config = client_config(&g).await.unwrap();
+            assert_eq!(namespace(&g, &config), want, "{context:?} {ns:?}");
+        }
+        let e = client_config(&global(&path, Some("gone"), None))
+            .await
+            .unwrap_err();
+        assert!(format!("{e:#}").contains("context \"gone\""), "{e:#}");
+    }
 }

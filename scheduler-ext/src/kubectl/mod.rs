@@ -87,7 +87,7 @@ pub enum Output {
 }
 
 /// How a report is printed: a table (`wide` or not) or serialized.
-pub(crate) fn render<T: Serialize>(
+fn render<T: Serialize>(
     output: Option<Output>,
     report: &T,
     table: impl FnOnce(&T, bool) -> String,
