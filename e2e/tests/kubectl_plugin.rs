@@ -11,11 +11,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use fumarole_e2e::cluster::{eventually, free_port};
-use fumarole_e2e::fumarole::{agent_bin, kubectl_plugin_bin};
+use fumarole_e2e::fumarole::{agent_bin, fixture_root, kubectl_plugin_bin};
 use fumarole_e2e::{NodeSpec, TestCluster};
 use fumarole_topology::annotation::DEVICES_ANNOTATION;
 use fumarole_topology::crd::DeviceTopology;
@@ -23,8 +23,14 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
 
-/// Starts `fumarole-agent run` for `node` on the bundled `fixture`, in `super_node`.
-async fn start_agent(cluster: &TestCluster, node: &str, fixture: &str, super_node: &str) {
+/// Starts `fumarole-agent run` for `node` on a fresh root of the bundled `fixture`, in
+/// `super_node`; returns the root (take a `dev/` node away and the device turns unhealthy).
+async fn start_agent(
+    cluster: &TestCluster,
+    node: &str,
+    fixture: &str,
+    super_node: &str,
+) -> PathBuf {
     cluster
         .create_node(
             &NodeSpec::new(node)
@@ -35,10 +41,11 @@ async fn start_agent(cluster: &TestCluster, node: &str, fixture: &str, super_nod
         .unwrap();
     let dir = cluster.root().join(format!("agent-{node}"));
     std::fs::create_dir_all(dir.join("device-plugins")).unwrap();
+    let root = fixture_root(fixture, &dir).unwrap();
     let path = |p: &str| dir.join(p).display().to_string();
     let args = vec![
         "run".to_string(),
-        format!("--fixture={fixture}"),
+        format!("--root={}", root.display()),
         format!("--node-name={node}"),
         format!("--super-node={super_node}"),
         format!("--device-plugin-dir={}", path("device-plugins")),
@@ -46,6 +53,7 @@ async fn start_agent(cluster: &TestCluster, node: &str, fixture: &str, super_nod
         format!("--cpu-manager-state={}", path("absent_state")),
         format!("--pod-resources-socket={}", path("absent.sock")),
         format!("--metrics-addr=127.0.0.1:{}", free_port().unwrap()),
+        "--health-poll-interval=300ms".into(),
     ];
     cluster
         .start_program(
@@ -55,6 +63,7 @@ async fn start_agent(cluster: &TestCluster, node: &str, fixture: &str, super_nod
             &[("FUMAROLE_LOG", "info")],
         )
         .unwrap();
+    root
 }
 
 /// The node's `DeviceTopology` once its status reports every device healthy.
@@ -155,7 +164,7 @@ async fn ok_json(kubeconfig: &str, args: &[&str]) -> Value {
 async fn explain_node_and_top_against_the_real_api_server() {
     let cluster = TestCluster::start().await.unwrap();
     cluster.install_fumarole_crds().await.unwrap();
-    start_agent(&cluster, "dgx-1", "dgx-h100", "rack-a").await;
+    let dgx_root = start_agent(&cluster, "dgx-1", "dgx-h100", "rack-a").await;
     start_agent(&cluster, "pcie-1", "pcie-4gpu", "rack-b").await;
     let dgx = published(&cluster, "dgx-1").await;
     let pcie = published(&cluster, "pcie-1").await;
@@ -340,6 +349,39 @@ async fn explain_node_and_top_against_the_real_api_server() {
     );
     let yaml: Value = serde_norway::from_str(&ok(kc, &["top", "-o", "yaml"]).await).unwrap();
     assert_eq!(yaml, v);
+
+    // GPU7 of dgx-1 loses its device node: node shows it unhealthy with the agent's reason, top
+    // counts it unhealthy instead of free.
+    std::fs::remove_file(dgx_root.join("dev/nvidia7")).unwrap();
+    let api: Api<DeviceTopology> = Api::all(cluster.client());
+    let gpu7 = gpu(&dgx, 7);
+    let reason = eventually("GPU7 unhealthy", Duration::from_secs(30), || {
+        let api = api.clone();
+        let gpu7 = gpu7.clone();
+        async move {
+            let dt = api.get("dgx-1").await?;
+            Ok(dt
+                .status
+                .and_then(|s| s.devices.get(&gpu7).cloned())
+                .filter(|d| d.health == "Unhealthy")
+                .and_then(|d| d.reason))
+        }
+    })
+    .await
+    .unwrap();
+    let text = ok(kc, &["node", "dgx-1"]).await;
+    assert!(text.contains(", 7/8 healthy\n"), "{text}");
+    assert!(
+        text.contains(&format!(
+            "\nGPU7    {gpu7}  Unhealthy  -                       {reason}\n"
+        )),
+        "{text}"
+    );
+    let v = ok_json(kc, &["top", "-o", "json"]).await;
+    assert_eq!(
+        v["superNodes"][0],
+        json!({"superNode": "rack-a", "nodes": 1, "devices": 8, "free": 5, "inUse": 2, "unhealthy": 1})
+    );
 
     // The kubeconfig from KUBECONFIG and from ~/.kube/config, the namespace from its context.
     let home = cluster.root().join("home");
