@@ -13,7 +13,7 @@ use serde::Serialize;
 
 use super::config::Connection;
 use super::table;
-use crate::core::explain::{self as core_explain, Row};
+use crate::core::explain::{self as core_explain, Row, num};
 use crate::core::request::{DeviceRequest, RequestError};
 use crate::core::score::gpu_aware::GpuAware;
 use crate::core::view::ClusterView;
@@ -148,8 +148,6 @@ pub fn table(e: &Explanation, wide: bool) -> String {
 }
 
 fn wide_table(e: &Explanation, req: &DeviceRequest) -> String {
-    let num =
-        |v: Option<f64>, digits: usize| v.map_or_else(|| "-".into(), |x| format!("{x:.digits$}"));
     let mut rows = vec![
         [
             "NODE",
