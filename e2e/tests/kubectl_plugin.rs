@@ -121,7 +121,7 @@ async fn plugin(args: &[&str], env: &[(&str, &Path)]) -> Run {
     cmd.args(args)
         .env_remove("KUBECONFIG")
         .env("HOME", "/nonexistent")
-        .env("RUST_LOG", "warn")
+        .env_remove("RUST_LOG")
         .env_remove("KUBERNETES_SERVICE_HOST");
     for (k, v) in env {
         cmd.env(k, v);

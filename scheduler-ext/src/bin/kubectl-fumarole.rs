@@ -4,7 +4,7 @@
 use clap::Parser;
 
 fn main() -> std::process::ExitCode {
-    scheduler_ext::cli::main_with(|| {
+    scheduler_ext::cli::main_logging("warn", || {
         scheduler_ext::kubectl::run(scheduler_ext::kubectl::Cli::parse())
     })
 }
