@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use anyhow::{Context, Result, bail};
 use fumarole_topology::LinkClass;
-use fumarole_topology::annotation::{self, DEVICES_ANNOTATION};
+use fumarole_topology::annotation::{self, DEVICES_ANNOTATION, DEVICES_NODE_ANNOTATION};
 use fumarole_topology::crd::DeviceTopology;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
@@ -72,7 +72,7 @@ pub async fn read(conn: &Connection, node: &str) -> Result<NodeReport> {
             .list(&ListParams::default().fields(&fields))
             .await
             .with_context(|| format!("listing the pods on {node}"))?;
-        return Ok(NodeReport::of(&dt, &chosen(&pods.items)));
+        return Ok(NodeReport::of(&dt, &chosen(node, &pods.items)));
     }
     let nodes: Api<PartialObjectMeta<Node>> = Api::all(conn.client.clone());
     match nodes
@@ -87,17 +87,22 @@ pub async fn read(conn: &Connection, node: &str) -> Result<NodeReport> {
     }
 }
 
-/// Device id -> `namespace/pod` for the `fumarole.dev/devices` choices of `pods` (an unusable
-/// annotation names nothing, as in the extension's view).
-pub fn chosen(pods: &[Pod]) -> BTreeMap<String, String> {
+/// Device id -> `namespace/pod` for the `fumarole.dev/devices` choices of `pods`, bound to
+/// `node`. As in the extension's view, an unusable annotation names nothing, and neither does
+/// a choice made for another node (`fumarole.dev/devices-node`).
+pub fn chosen(node: &str, pods: &[Pod]) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
     for p in pods {
-        let Some(value) = p
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(DEVICES_ANNOTATION))
-        else {
+        let Some(annotations) = p.metadata.annotations.as_ref() else {
+            continue;
+        };
+        if annotations
+            .get(DEVICES_NODE_ANNOTATION)
+            .is_some_and(|n| n != node)
+        {
+            continue;
+        }
+        let Some(value) = annotations.get(DEVICES_ANNOTATION) else {
             continue;
         };
         let Ok(choice) = annotation::parse(value) else {
@@ -323,7 +328,13 @@ mod tests {
             "metadata": {"name": "bad", "annotations": {DEVICES_ANNOTATION: "GPU-0"}}
         }))
         .unwrap();
-        let chosen = chosen(&[pod, bad]);
+        let elsewhere: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "moved", "annotations": {
+                DEVICES_ANNOTATION: r#"{"nvidia.com/gpu":["GPU-0"]}"#,
+                DEVICES_NODE_ANNOTATION: "n2"}}
+        }))
+        .unwrap();
+        let chosen = chosen("n1", &[pod, bad, elsewhere]);
         assert_eq!(chosen.len(), 1, "{chosen:?}");
         let r = NodeReport::of(&four(), &chosen);
         assert_eq!(r.healthy, 3);
