@@ -32,7 +32,8 @@ line="$(e2e/build-upstream.sh | tail -n1)"
 export "${line?}"
 echo "e2e/ci.sh: upstream ready in $(( $(date +%s) - start ))s at $FUMAROLE_UPSTREAM_DIR" >&2
 
-# The exporter and scheduler-extension tests run our binaries beside the test binaries; the
+# The exporter and scheduler-extension tests run our binaries beside the test binaries (the
+# fumarole-scheduler-ext package builds kubectl-fumarole too, for the kubectl_plugin test); the
 # device-health tests load the stand-in vendor libraries from there too.
 cargo build -p fumarole-agent -p fumarole-scheduler-ext -p fumarole-standin-nvml -p fumarole-standin-dcmi "$@"
 cargo test -p fumarole-e2e "$@"

@@ -24,6 +24,12 @@ pub fn scheduler_ext_bin() -> Result<PathBuf> {
     our_bin("fumarole-scheduler-ext", "fumarole-scheduler-ext")
 }
 
+/// The `kubectl-fumarole` plugin binary (a binary of the `fumarole-scheduler-ext` package),
+/// like [`agent_bin`].
+pub fn kubectl_plugin_bin() -> Result<PathBuf> {
+    our_bin("kubectl-fumarole", "fumarole-scheduler-ext")
+}
+
 /// `target/<profile>/`: where a test binary (in its `deps/`) or one of this crate's own binaries
 /// (like `fumarole-demo`) runs from.
 fn profile_dir() -> Result<PathBuf> {

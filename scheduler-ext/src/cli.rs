@@ -1,6 +1,6 @@
 //! Command-line plumbing shared by the binaries that decide through the core
-//! (`fumarole-scheduler-ext`, `fumarole-sim`): the gpu-aware flags and the `main` frame
-//! (logging to stderr, `error: ...` and exit code 1 on failure).
+//! (`fumarole-scheduler-ext`, `fumarole-sim`, `kubectl-fumarole`): the gpu-aware flags and the
+//! `main` frame (logging to stderr, `error: ...` and exit code 1 on failure).
 
 use std::process::ExitCode;
 
@@ -41,11 +41,17 @@ impl ScoringArgs {
 /// Logs to stderr (`RUST_LOG`, default `info`), runs `command`, and turns its error into
 /// `error: ...` on stderr and exit code 1.
 pub fn main_with(command: impl FnOnce() -> Result<()>) -> ExitCode {
+    main_logging("info", command)
+}
+
+/// [`main_with`] with another default log filter (`warn` for the kubectl plugin, whose stderr
+/// a person reads beside its output).
+pub fn main_logging(default_filter: &str, command: impl FnOnce() -> Result<()>) -> ExitCode {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter)),
         )
         .init();
     match command() {

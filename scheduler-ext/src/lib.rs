@@ -17,7 +17,9 @@
 //! and Bindings, [`hypernode`] publishes Volcano `HyperNode` objects for the super-nodes,
 //! [`dead_agents`] removes the co-location taint and batch resources of agents whose heartbeat
 //! expired.
-//! The binary's subcommands (`serve`, `explain`) only wire these together. The trace simulator
+//! The binary's subcommands (`serve`, `explain`) only wire these together; [`kubectl`] is the
+//! kubectl plugin (`kubectl fumarole explain|node|top`, binary `kubectl-fumarole`), a reader of
+//! the same core over a view read once ([`live::read_once`]). The trace simulator
 //! that replays jobs through the same core lives in its own crate, `fumarole-sim`.
 
 pub mod cli;
@@ -27,6 +29,7 @@ pub mod freshness;
 pub mod http;
 pub mod hypernode;
 pub mod kube_ops;
+pub mod kubectl;
 pub mod leader;
 pub mod live;
 pub mod pod_store;

@@ -47,6 +47,7 @@ use kube::{Client, Resource};
 use tokio::sync::Notify;
 
 use crate::core::claims::Claims;
+use crate::core::pod_facts::PodFacts;
 use crate::core::request::pod_key;
 use crate::core::view::{ClusterView, ContextCache};
 use crate::freshness::{Freshness, WatchBackoff};
@@ -253,6 +254,62 @@ pub fn trim_pod(pod: &mut Pod) {
             ..Default::default()
         };
     }
+}
+
+/// The view of the cluster as it is now, from one list of each kind instead of watches: for
+/// one-shot readers (`kubectl fumarole`), which ask once and exit. Kinds the API server does
+/// not serve are left out as in [`start`]; `DeviceTopology` is required.
+pub async fn read_once(client: &Client) -> Result<ClusterView> {
+    let dt_api: Api<DeviceTopology> = Api::all(client.clone());
+    if !served(&dt_api).await? {
+        bail!(
+            "the API server does not serve devicetopologies.topology.fumarole.dev: install deploy/crds/devicetopologies.topology.fumarole.dev.yaml"
+        );
+    }
+    let all = ListParams::default();
+    let topologies = dt_api.list(&all).await.context("listing DeviceTopology")?;
+    let nt_api: Api<Numatopology> = Api::all(client.clone());
+    let numatopologies = if served(&nt_api).await? {
+        nt_api
+            .list(&all)
+            .await
+            .context("listing Numatopology")?
+            .items
+    } else {
+        Vec::new()
+    };
+    let nodes = Api::<Node>::all(client.clone())
+        .list_metadata(&all)
+        .await
+        .context("listing Node")?;
+    // The same pods the watch keeps: finished ones hold nothing.
+    let pods = Api::<Pod>::all(client.clone())
+        .list(
+            &all.clone()
+                .fields("status.phase!=Succeeded,status.phase!=Failed"),
+        )
+        .await
+        .context("listing Pod")?;
+    let claim_api: Api<ResourceClaim> = Api::all(client.clone());
+    let claims = if served(&claim_api).await? {
+        let list = claim_api
+            .list(&all)
+            .await
+            .context("listing ResourceClaim")?;
+        Claims::new(list.items.iter())
+    } else {
+        Claims::default()
+    };
+    let facts: Vec<PodFacts> = pods.items.iter().map(PodFacts::of).collect();
+    let view = ClusterView::build_with_claims(
+        &mut ContextCache::default(),
+        &topologies.items,
+        &numatopologies,
+        nodes.items.iter().map(|n| &n.metadata),
+        &facts,
+        claims,
+    )?;
+    Ok(view)
 }
 
 /// Starts the reflectors, waits for their first lists, installs the first view and the API

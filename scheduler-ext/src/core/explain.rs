@@ -47,7 +47,8 @@ pub fn json(rows: &[Row]) -> String {
     s
 }
 
-fn num(v: Option<f64>, digits: usize) -> String {
+/// A number cell of the table: `digits` decimals, `-` where it does not apply.
+pub fn num(v: Option<f64>, digits: usize) -> String {
     v.map_or_else(|| "-".into(), |x| format!("{x:.digits$}"))
 }
 

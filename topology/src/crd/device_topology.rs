@@ -121,6 +121,16 @@ impl LinkInfo {
             })
             .collect()
     }
+
+    /// The link class this entry was published from ([`LinkInfo::all`] read back); `None` for
+    /// a kind this version does not know (a newer agent's), which readers show as written.
+    pub fn class(&self) -> Option<crate::LinkClass> {
+        let mut v = serde_json::json!({ "kind": self.kind });
+        if let Some(count) = self.count {
+            v["count"] = count.into();
+        }
+        serde_json::from_value(v).ok()
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -347,5 +357,36 @@ mod tests {
             ["Accelerators", "Model", "Super-node", "Healthy", "Age"]
         );
         assert!(v.subresources.as_ref().unwrap().status.is_some());
+    }
+
+    #[test]
+    fn links_read_back_to_their_classes() {
+        let classes = [
+            crate::LinkClass::Nvlink { count: 18 },
+            crate::LinkClass::Hccs,
+            crate::LinkClass::PcieSwitch,
+            crate::LinkClass::CrossNuma,
+        ];
+        for c in classes {
+            let info = LinkInfo {
+                a: 0,
+                b: 1,
+                kind: match serde_json::to_value(c).unwrap()["kind"].as_str() {
+                    Some(k) => k.to_string(),
+                    None => panic!("{c:?} has no kind"),
+                },
+                count: match c {
+                    crate::LinkClass::Nvlink { count } => Some(count),
+                    _ => None,
+                },
+                weight: c.weight(),
+            };
+            assert_eq!(info.class(), Some(c));
+        }
+        let unknown = LinkInfo {
+            kind: "warpDrive".into(),
+            ..LinkInfo::default()
+        };
+        assert_eq!(unknown.class(), None);
     }
 }

@@ -1,0 +1,271 @@
+//! `kubectl fumarole top`: accelerators free, in use and unhealthy per super-node, and per
+//! node with `-o wide` (JSON and YAML always carry both).
+//!
+//! "Free" is the scheduler extension's own word for it ([`ClusterView::free_mask`]): healthy,
+//! not allocated in the node's status, not chosen for a bound or promised pod, not held by a
+//! ResourceClaim. "Unhealthy" devices are the ones the node reports so; the rest are in use.
+//! Nodes without a `DeviceTopology` have no accelerators fumarole knows and are left out.
+
+use anyhow::Result;
+use serde::Serialize;
+
+use super::config::Connection;
+use super::table;
+use crate::core::view::{ClusterView, NodeView};
+use crate::live;
+
+/// Device counts of one node or one super-node.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Counts {
+    pub devices: u32,
+    pub free: u32,
+    pub in_use: u32,
+    pub unhealthy: u32,
+}
+
+impl Counts {
+    fn add(&mut self, o: Counts) {
+        self.devices += o.devices;
+        self.free += o.free;
+        self.in_use += o.in_use;
+        self.unhealthy += o.unhealthy;
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeUsage {
+    pub node: String,
+    pub super_node: String,
+    #[serde(flatten)]
+    pub counts: Counts,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SuperNodeUsage {
+    pub super_node: String,
+    pub nodes: usize,
+    #[serde(flatten)]
+    pub counts: Counts,
+}
+
+/// The whole report: super-nodes by id, nodes by name.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Usage {
+    pub super_nodes: Vec<SuperNodeUsage>,
+    pub nodes: Vec<NodeUsage>,
+}
+
+/// Reads the cluster and counts.
+pub async fn read(conn: &Connection) -> Result<Usage> {
+    let view = live::read_once(&conn.client).await?;
+    for w in &view.warnings {
+        tracing::warn!("{w}");
+    }
+    Ok(Usage::of(&view))
+}
+
+/// One node's counts.
+fn counts(view: &ClusterView, nv: &NodeView) -> Counts {
+    let n = nv.device_ids.len();
+    let all = if n >= 64 { u64::MAX } else { (1u64 << n) - 1 };
+    // Free under any of the node's resources is free (each device has one extended resource).
+    let free = nv
+        .resource_masks
+        .iter()
+        .fold(0, |m, (r, _)| m | view.free_mask(nv, r))
+        & all;
+    let unhealthy = nv.unhealthy_mask & all;
+    Counts {
+        devices: all.count_ones(),
+        free: free.count_ones(),
+        in_use: (all & !free & !unhealthy).count_ones(),
+        unhealthy: unhealthy.count_ones(),
+    }
+}
+
+impl Usage {
+    pub fn of(view: &ClusterView) -> Self {
+        let mut usage = Usage::default();
+        for nv in view.nodes().filter(|nv| nv.has_topology) {
+            usage.nodes.push(NodeUsage {
+                node: nv.name.clone(),
+                super_node: nv.group().to_string(),
+                counts: counts(view, nv),
+            });
+        }
+        for (id, members) in view.super_nodes() {
+            let mut total = Counts::default();
+            let mut nodes = 0;
+            for node in usage.nodes.iter().filter(|u| members.contains(&u.node)) {
+                total.add(node.counts);
+                nodes += 1;
+            }
+            if nodes > 0 {
+                usage.super_nodes.push(SuperNodeUsage {
+                    super_node: id.clone(),
+                    nodes,
+                    counts: total,
+                });
+            }
+        }
+        usage
+    }
+}
+
+/// The super-node table; with `wide`, the node table after it.
+pub fn table(u: &Usage, wide: bool) -> String {
+    if u.nodes.is_empty() {
+        return "No node publishes a DeviceTopology.\n".into();
+    }
+    let cells = |c: &Counts| {
+        [c.devices, c.free, c.in_use, c.unhealthy]
+            .into_iter()
+            .map(|v| v.to_string())
+    };
+    let mut rows = vec![
+        [
+            "SUPER-NODE",
+            "NODES",
+            "DEVICES",
+            "FREE",
+            "IN-USE",
+            "UNHEALTHY",
+        ]
+        .map(String::from)
+        .to_vec(),
+    ];
+    for s in &u.super_nodes {
+        rows.push(
+            [s.super_node.clone(), s.nodes.to_string()]
+                .into_iter()
+                .chain(cells(&s.counts))
+                .collect(),
+        );
+    }
+    let mut out = table::render(&rows);
+    if wide {
+        let mut rows = vec![
+            [
+                "NODE",
+                "SUPER-NODE",
+                "DEVICES",
+                "FREE",
+                "IN-USE",
+                "UNHEALTHY",
+            ]
+            .map(String::from)
+            .to_vec(),
+        ];
+        for n in &u.nodes {
+            rows.push(
+                [n.node.clone(), n.super_node.clone()]
+                    .into_iter()
+                    .chain(cells(&n.counts))
+                    .collect(),
+            );
+        }
+        out.push('\n');
+        out.push_str(&table::render(&rows));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fumarole_topology::annotation::DEVICES_ANNOTATION;
+    use fumarole_topology::crd::device_topology::SuperNodeInfo;
+    use fumarole_topology::crd::testing;
+    use k8s_openapi::api::core::v1::Pod;
+
+    fn node(name: &str, rack: &str, allocated: &[u32]) -> fumarole_topology::crd::DeviceTopology {
+        let mut t = testing::nvlink_node(name, 8, 180, allocated, |i| format!("{name}-gpu{i}"));
+        t.spec.super_node = Some(SuperNodeInfo {
+            id: rack.into(),
+            source: "config".into(),
+        });
+        t
+    }
+
+    /// a0 (rack-a): 2 allocated in status, 1 unhealthy; a1 (rack-a): 2 chosen for a bound pod;
+    /// b0 (rack-b): all free; cpu-0: no DeviceTopology.
+    fn view() -> ClusterView {
+        let mut a0 = node("a0", "rack-a", &[0, 1]);
+        let s = a0
+            .status
+            .as_mut()
+            .unwrap()
+            .devices
+            .get_mut("a0-gpu7")
+            .unwrap();
+        s.health = "Unhealthy".into();
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "namespace": "default", "annotations": {
+                DEVICES_ANNOTATION: r#"{"nvidia.com/gpu":["a1-gpu4","a1-gpu5"]}"#}},
+            "spec": {"nodeName": "a1", "containers": [{"name": "c", "resources": {
+                "limits": {"nvidia.com/gpu": "2"}}}]}
+        }))
+        .unwrap();
+        let cpu = k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            name: Some("cpu-0".into()),
+            ..Default::default()
+        };
+        ClusterView::build(
+            &[a0, node("a1", "rack-a", &[]), node("b0", "rack-b", &[])],
+            &[],
+            [&cpu],
+            [&pod],
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn counts_per_super_node_and_node() {
+        let u = Usage::of(&view());
+        assert_eq!(u.nodes.len(), 3, "cpu-0 has no devices: {u:?}");
+        let a0 = &u.nodes[0].counts;
+        assert_eq!((a0.devices, a0.free, a0.in_use, a0.unhealthy), (8, 5, 2, 1));
+        assert_eq!(u.nodes[1].counts.free, 6);
+        assert_eq!(
+            table(&u, false),
+            "\
+SUPER-NODE  NODES  DEVICES  FREE  IN-USE  UNHEALTHY
+rack-a      2      16       11    4       1
+rack-b      1      8        8     0       0
+"
+        );
+        let wide = table(&u, true);
+        assert!(
+            wide.ends_with(
+                "\
+NODE  SUPER-NODE  DEVICES  FREE  IN-USE  UNHEALTHY
+a0    rack-a      8        5     2       1
+a1    rack-a      8        6     2       0
+b0    rack-b      8        8     0       0
+"
+            ),
+            "{wide}"
+        );
+    }
+
+    #[test]
+    fn json_keys() {
+        let v = serde_json::to_value(Usage::of(&view())).unwrap();
+        assert_eq!(v["superNodes"][0]["superNode"], "rack-a");
+        assert_eq!(v["superNodes"][0]["inUse"], 4);
+        assert_eq!(v["nodes"][2]["node"], "b0");
+        assert_eq!(v["nodes"][2]["free"], 8);
+    }
+
+    #[test]
+    fn empty_cluster_says_so() {
+        assert_eq!(
+            table(&Usage::default(), false),
+            "No node publishes a DeviceTopology.\n"
+        );
+    }
+}
