@@ -685,4 +685,104 @@ mod tests {
         assert_eq!(syncer.sync(&ok, Features::all()).failed, 0);
         assert!(syncer.reported.is_empty());
     }
+
+    /// A BestEffort pod asking for batch resources, with its `cpu` and `memory` cgroups (v1).
+    fn batch_pod(annotations: serde_json::Value, cpu: &str, memory: &str) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "batch", "namespace": "default", "uid": BE_UID, "annotations": annotations},
+            "spec": {"containers": [{"name": "c", "resources": {
+                "requests": {"kubernetes.io/batch-cpu": cpu, "kubernetes.io/batch-memory": memory},
+                "limits": {"kubernetes.io/batch-cpu": cpu, "kubernetes.io/batch-memory": memory}}}]},
+            "status": {
+                "phase": "Running",
+                "qosClass": "BestEffort",
+                "containerStatuses": [{
+                    "name": "c", "image": "x", "imageID": "", "ready": true, "restartCount": 0,
+                    "containerID": "containerd://aaa",
+                }],
+            },
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn batch_limits_applied_beside_levels_without_taking_turns() {
+        let root = tempfile::tempdir().unwrap();
+        let pod_dir = |controller: &str| {
+            root.path()
+                .join(controller)
+                .join(format!("kubepods/besteffort/pod{BE_UID}"))
+        };
+        for dir in [pod_dir("cpu"), pod_dir("cpu").join("aaa")] {
+            cgroup(&dir, "-1");
+            std::fs::write(dir.join("cpu.shares"), "2\n").unwrap();
+        }
+        for dir in [pod_dir("memory"), pod_dir("memory").join("aaa")] {
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join("memory.limit_in_bytes"), "9223372036854771712\n").unwrap();
+        }
+        let (cpu, container) = (pod_dir("cpu"), pod_dir("cpu").join("aaa"));
+        let memory = pod_dir("memory");
+        let mut syncer = Syncer::new(Cgroups::new(
+            root.path(),
+            Layout::new(Version::V1, Driver::Cgroupfs),
+        ));
+
+        // No level: the batch amounts everywhere, whatever the features.
+        let plain = [batch_pod(serde_json::json!({}), "1500", "1Gi")];
+        let summary = syncer.sync(&plain, Features::default());
+        assert_eq!((summary.batch_limited, summary.failed), (1, 0));
+        for dir in [&cpu, &container] {
+            assert_eq!(read(dir, "cpu.shares"), "1536");
+            assert_eq!(read(dir, "cpu.cfs_quota_us"), "150000");
+        }
+        assert_eq!(read(&memory, "memory.limit_in_bytes"), "1073741824");
+        assert_eq!(
+            read(&memory.join("aaa"), "memory.limit_in_bytes"),
+            "1073741824"
+        );
+
+        // BE with cpu.idle: the level owns the pod's weight, the batch the rest.
+        let be = [batch_pod(
+            serde_json::json!({"volcano.sh/qos-level": "BE"}),
+            "1500",
+            "1Gi",
+        )];
+        syncer.sync(&be, Features::all());
+        assert_eq!(read(&cpu, "cpu.idle"), "1");
+        assert_eq!(read(&cpu, "cpu.cfs_quota_us"), "150000");
+        assert_eq!(read(&container, "cpu.shares"), "1536");
+
+        // The level goes: not idle, and the batch weight (not the kubelet's 2) in one round
+        // that is then stable.
+        let summary = syncer.sync(&plain, Features::all());
+        assert_eq!(summary.failed, 0);
+        assert_eq!(read(&cpu, "cpu.idle"), "0");
+        assert_eq!(read(&cpu, "cpu.shares"), "1536");
+        let before = std::fs::metadata(cpu.join("cpu.shares"))
+            .unwrap()
+            .modified()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        Syncer::new(syncer.cgroups().clone()).sync(&plain, Features::all());
+        assert_eq!(
+            std::fs::metadata(cpu.join("cpu.shares"))
+                .unwrap()
+                .modified()
+                .unwrap(),
+            before
+        );
+
+        // A malformed amount: an error naming it, nothing written, other settings still go.
+        std::fs::write(cpu.join("cpu.cfs_quota_us"), "-1\n").unwrap();
+        let bad = [batch_pod(serde_json::json!({}), "lots", "1Gi")];
+        let summary = syncer.sync(&bad, Features::all());
+        assert_eq!((summary.batch_limited, summary.failed), (0, 1));
+        assert!(
+            syncer.reported[BE_UID].contains("kubernetes.io/batch-cpu"),
+            "{:?}",
+            syncer.reported
+        );
+        assert_eq!(read(&cpu, "cpu.cfs_quota_us"), "-1");
+    }
 }
