@@ -224,13 +224,15 @@ impl Syncer {
         {
             note(e, errors);
         }
+        // A group still idle (a level this round could not read) refuses weight writes.
+        let idle = self.cgroups.read(&path, "cpu.idle").is_ok_and(|v| v == "1");
         if let Some(plan) = &batch
             && let Err(e) = batch_files::apply(
                 &self.cgroups,
                 &path,
                 &containers.iter().cloned().collect(),
                 plan,
-                batch_weight,
+                batch_weight && !idle,
             )
         {
             note(e, errors);
@@ -772,6 +774,25 @@ mod tests {
                 .unwrap(),
             before
         );
+
+        // A level that does not parse while the group is still idle: the weight is left alone
+        // (the kernel would refuse it), the limits stay, only the annotation is an error.
+        std::fs::write(cpu.join("cpu.idle"), "1\n").unwrap();
+        std::fs::write(cpu.join("cpu.shares"), "3\n").unwrap();
+        let typo = [batch_pod(
+            serde_json::json!({"volcano.sh/qos-level": "be"}),
+            "1500",
+            "1Gi",
+        )];
+        let summary = syncer.sync(&typo, Features::all());
+        assert_eq!((summary.batch_limited, summary.failed), (1, 1));
+        assert_eq!(read(&cpu, "cpu.shares"), "3");
+        assert!(
+            !syncer.reported[BE_UID].contains("cpu.shares"),
+            "{:?}",
+            syncer.reported
+        );
+        std::fs::write(cpu.join("cpu.idle"), "0\n").unwrap();
 
         // A malformed amount: an error naming it, nothing written, other settings still go.
         std::fs::write(cpu.join("cpu.cfs_quota_us"), "-1\n").unwrap();
