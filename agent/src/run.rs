@@ -457,7 +457,12 @@ fn start_colocation(
         let record = |s: &Summary| {
             let gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
             let levels = s.by_level_name().map(|(name, n)| (name, gauge(n)));
-            metrics.pods(&levels, gauge(s.burst_enabled), gauge(s.failed));
+            metrics.pods(
+                &levels,
+                gauge(s.burst_enabled),
+                gauge(s.batch_limited),
+                gauge(s.failed),
+            );
         };
         pod_cgroups::run(
             settings,

@@ -7,6 +7,7 @@
 //! |---|---|---|
 //! | `fumarole_colocation_pods{level}` | gauge | pods per `volcano.sh/qos-level` (`LC`, `LS`, `none`, `BE`) with `--colocation` |
 //! | `fumarole_colocation_burst_pods` | gauge | pods with CPU burst enabled |
+//! | `fumarole_colocation_batch_limited_pods` | gauge | BestEffort pods held to their `kubernetes.io/batch-*` amounts as cgroup limits |
 //! | `fumarole_colocation_pod_errors` | gauge | pods whose co-location settings failed in the last round |
 //! | `fumarole_colocation_batch_cpu_millicores` | gauge | `kubernetes.io/batch-cpu` as last published (0 when off) |
 //! | `fumarole_colocation_batch_memory_bytes` | gauge | `kubernetes.io/batch-memory` as last published (0 when off) |
@@ -33,6 +34,7 @@ type Labels = Vec<(String, String)>;
 pub struct ColocationMetrics {
     pods: Family<Labels, Gauge>,
     burst_pods: Gauge,
+    batch_limited_pods: Gauge,
     pod_errors: Gauge,
     batch_cpu_millis: Gauge,
     batch_memory_bytes: Gauge,
@@ -61,6 +63,11 @@ impl ColocationMetrics {
             "colocation_burst_pods",
             "Pods with CPU burst enabled (co-location)",
             m.burst_pods.clone(),
+        );
+        registry.register(
+            "colocation_batch_limited_pods",
+            "BestEffort pods with their batch resources as cgroup limits (co-location)",
+            m.batch_limited_pods.clone(),
         );
         registry.register(
             "colocation_pod_errors",
@@ -121,14 +128,22 @@ impl ColocationMetrics {
         Arc::new(m)
     }
 
-    /// The pod loop's last round: pods per level name, burst-enabled and failed pods.
-    pub fn pods(&self, levels: &[(&str, i64)], burst_pods: i64, failed_pods: i64) {
+    /// The pod loop's last round: pods per level name, burst-enabled, batch-limited and failed
+    /// pods.
+    pub fn pods(
+        &self,
+        levels: &[(&str, i64)],
+        burst_pods: i64,
+        batch_limited_pods: i64,
+        failed_pods: i64,
+    ) {
         for (level, pods) in levels {
             self.pods
                 .get_or_create(&vec![("level".into(), (*level).into())])
                 .set(*pods);
         }
         self.burst_pods.set(burst_pods);
+        self.batch_limited_pods.set(batch_limited_pods);
         self.pod_errors.set(failed_pods);
     }
 
@@ -179,13 +194,14 @@ mod tests {
     fn registered_with_the_agent_prefix() {
         let mut registry = Registry::with_prefix("fumarole");
         let m = ColocationMetrics::register(&mut registry);
-        m.pods(&[("BE", 2), ("none", 1)], 1, 0);
+        m.pods(&[("BE", 2), ("none", 1)], 1, 3, 0);
         m.eviction("pressure");
         let mut text = String::new();
         encode(&mut text, &registry).unwrap();
         for line in [
             "fumarole_colocation_pods{level=\"BE\"} 2",
             "fumarole_colocation_burst_pods 1",
+            "fumarole_colocation_batch_limited_pods 3",
             "fumarole_colocation_evictions_total{reason=\"pressure\"} 1",
             "fumarole_colocation_evictions_total{reason=\"oversubscription-off\"} 0",
             "fumarole_colocation_pressure{resource=\"memory\"} 0",

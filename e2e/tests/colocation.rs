@@ -6,15 +6,20 @@
 //! `cpu.cfs_burst_us`; removing the annotations restores the kubelet's values; a restarted
 //! agent writes nothing; switching the features off in the ConfigMap restores them too.
 //!
-//! Needs root and a kernel with `cpu.idle` and `cpu.cfs_burst_us` in the v1 `cpu` hierarchy;
-//! skipped (with a message) otherwise.
+//! And in the v1 `cpu` and `memory` hierarchies: a BestEffort pod asking for
+//! `kubernetes.io/batch-cpu` / `batch-memory` gets them as `cpu.shares`, `cpu.cfs_quota_us` and
+//! `memory.limit_in_bytes` of its container and pod, without any configuration; a Burstable pod
+//! asking for them too keeps the kubelet's values; a restarted agent writes nothing.
+//!
+//! Needs root and a kernel with `cpu.idle` and `cpu.cfs_burst_us` in the v1 `cpu` hierarchy (the
+//! batch test: a v1 `memory` hierarchy); skipped (with a message) otherwise.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::Path;
 use std::time::Duration;
 
-use fumarole_e2e::cluster::eventually;
+use fumarole_e2e::cluster::{eventually, http_get, metric_sum};
 use fumarole_e2e::colocation::{AgentRun, CgroupTree, config_map, log, read, running_pod};
 use fumarole_e2e::{NodeSpec, TestCluster};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
@@ -25,6 +30,8 @@ const NODE: &str = "colo-1";
 const BE_ID: &str = "aaaa0001";
 const BURST_ID: &str = "bbbb0002";
 const PLAIN_ID: &str = "cccc0003";
+const BATCH_ID: &str = "dddd0004";
+const MIXED_ID: &str = "eeee0005";
 
 fn write(dir: &Path, file: &str, value: &str) {
     std::fs::write(dir.join(file), value).unwrap();
@@ -211,6 +218,153 @@ async fn qos_levels_and_burst_on_the_real_kernel_and_no_rewrite_after_restart() 
     file_becomes(&be_pod, "cpu.shares", "512").await;
     file_becomes(&burst_container, "cpu.cfs_burst_us", "0").await;
     file_becomes(&burst_pod, "cpu.cfs_burst_us", "0").await;
+    drop(again);
+    drop(cluster);
+    drop(tree);
+}
+
+/// Waits for the agent's first pod round after a start, then a few more rounds.
+async fn settled(agent: &fumarole_e2e::process::Proc) {
+    eventually(
+        "the agent's first pod round",
+        Duration::from_secs(30),
+        move || async move {
+            Ok(log(agent)
+                .contains("co-location: pods synced")
+                .then_some(()))
+        },
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn batch_resources_become_cgroup_limits_on_the_real_kernel() {
+    let Some(tree) = CgroupTree::create(
+        "batch",
+        &["cpu", "memory"],
+        &[
+            ("cpu", "cpu.cfs_quota_us"),
+            ("memory", "memory.limit_in_bytes"),
+        ],
+    ) else {
+        return;
+    };
+    let cluster = TestCluster::start().await.unwrap();
+    cluster.install_fumarole_crds().await.unwrap();
+    cluster
+        .create_node(
+            &NodeSpec::new(NODE)
+                .capacity("cpu", "8")
+                .capacity("memory", "32Gi")
+                .label("volcano.sh/oversubscription", "true"),
+        )
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let batch = json!({
+        "requests": {"kubernetes.io/batch-cpu": "1500", "kubernetes.io/batch-memory": "1Gi"},
+        "limits": {"kubernetes.io/batch-cpu": "2000", "kubernetes.io/batch-memory": "1Gi"},
+    });
+    let batch_uid = running_pod(
+        &pods,
+        NODE,
+        "batch-job",
+        json!({"volcano.sh/qos-level": "BE"}),
+        json!({ "resources": batch }),
+        BATCH_ID,
+    )
+    .await
+    .unwrap();
+    let mut mixed = batch.clone();
+    mixed["requests"]["cpu"] = json!("500m");
+    let mixed_uid = running_pod(
+        &pods,
+        NODE,
+        "mixed",
+        json!({}),
+        json!({ "resources": mixed }),
+        MIXED_ID,
+    )
+    .await
+    .unwrap();
+    let qos = |p: Pod| p.status.unwrap().qos_class.unwrap();
+    // The API server counts only cpu and memory for the class.
+    assert_eq!(qos(pods.get("batch-job").await.unwrap()), "BestEffort");
+    assert_eq!(qos(pods.get("mixed").await.unwrap()), "Burstable");
+
+    // The kubelet's side, in both hierarchies: a BestEffort pod has the minimal shares and no
+    // limits; the Burstable one the shares of its 500m request.
+    let batch_rel = format!("kubepods/besteffort/pod{batch_uid}");
+    let mixed_rel = format!("kubepods/burstable/pod{mixed_uid}");
+    let mut dirs = Vec::new();
+    for rel in [
+        batch_rel.clone(),
+        format!("{batch_rel}/{BATCH_ID}"),
+        mixed_rel.clone(),
+        format!("{mixed_rel}/{MIXED_ID}"),
+    ] {
+        let cpu = tree.mkdir("cpu", &rel).unwrap();
+        write(
+            &cpu,
+            "cpu.shares",
+            if rel.contains("burstable") {
+                "512"
+            } else {
+                "2"
+            },
+        );
+        dirs.push((cpu, tree.dir("memory", &rel)));
+    }
+    let [
+        (pod_cpu, pod_memory),
+        (container_cpu, container_memory),
+        (mixed_cpu, mixed_memory),
+        _,
+    ] = <[_; 4]>::try_from(dirs).unwrap();
+    let unlimited = read(&pod_memory, "memory.limit_in_bytes");
+
+    let dir = tempfile::tempdir().unwrap();
+    let config = tree.kubelet_config(dir.path()).unwrap();
+    let start = |name: &str| {
+        AgentRun::new(name, NODE, &config, dir.path())
+            .args(&["--qos-interval", "1s"])
+            .start(&cluster)
+            .unwrap()
+    };
+
+    let (agent, metrics_port) = start("fumarole-agent-batch");
+    // 1500m requested: 1536 shares; 2000m limit: 200 ms per 100 ms period; 1 GiB.
+    for cpu in [&container_cpu, &pod_cpu] {
+        file_becomes(cpu, "cpu.shares", "1536").await;
+        file_becomes(cpu, "cpu.cfs_quota_us", "200000").await;
+    }
+    for memory in [&container_memory, &pod_memory] {
+        file_becomes(memory, "memory.limit_in_bytes", "1073741824").await;
+    }
+    settled(&agent).await;
+    // Native requests: the kubelet's values stay.
+    assert_eq!(read(&mixed_cpu, "cpu.shares"), "512");
+    assert_eq!(read(&mixed_cpu, "cpu.cfs_quota_us"), "-1");
+    assert_eq!(read(&mixed_memory, "memory.limit_in_bytes"), unlimited);
+    let metrics = http_get(metrics_port, "/metrics").await.unwrap();
+    assert_eq!(
+        metric_sum(&metrics, "fumarole_colocation_batch_limited_pods"),
+        1.0,
+        "{metrics}"
+    );
+    assert_eq!(metric_sum(&metrics, "fumarole_colocation_pod_errors"), 0.0);
+    let text = log(&agent);
+    assert!(!text.contains("not fully applied"), "{text}");
+    drop(agent);
+
+    // A restarted agent finds the limits in place and writes nothing.
+    let (again, _) = start("fumarole-agent-batch-restarted");
+    settled(&again).await;
+    let text = log(&again);
+    assert!(!text.contains("cgroup value changed"), "{text}");
+    assert_eq!(read(&pod_cpu, "cpu.cfs_quota_us"), "200000");
     drop(again);
     drop(cluster);
     drop(tree);

@@ -16,6 +16,7 @@ use std::sync::{Arc, OnceLock};
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
 use fumarole_colocation::cgroup::{ContainerId, Driver};
+use fumarole_colocation::rules::batch_limits;
 use fumarole_colocation::rules::burst::{self, BurstRequest, Quota};
 use fumarole_colocation::rules::config::{Document, Resolver, parse as parse_config};
 use fumarole_colocation::rules::kernel::Version;
@@ -34,6 +35,7 @@ use fumarole_exporter::kubelet::cpu_manager_state::CpuManagerState;
 use fumarole_sim::{self, Simulation, policy::Policy, shape::ClusterShape, shape::SimCluster};
 use fumarole_topology::{CpuSet, NodeTopology, annotation as devices_annotation};
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use prost::Message;
 use scheduler_ext::core::score::gpu_aware::GpuAware;
 use scheduler_ext::core::view::ClusterView;
@@ -130,9 +132,10 @@ pub fn cpu_manager_state(data: &[u8]) {
     }
 }
 
-/// Pod annotations and the pod fields read with them, one `key=value` per line. Two keys are
-/// not annotations: `@name` sets the pod's name (a rank source) and `@gpus` the quantity of
-/// `nvidia.com/gpu` its container asks for.
+/// Pod annotations and the pod fields read with them, one `key=value` per line. Some keys are
+/// not annotations: `@name` sets the pod's name (a rank source), `@gpus` the quantity of
+/// `nvidia.com/gpu` its container asks for, `@requests.<resource>` / `@limits.<resource>` the
+/// container's amounts for the batch limits (`kubernetes.io/batch-cpu`, `batch-memory`).
 pub fn pod_annotations(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
@@ -140,6 +143,8 @@ pub fn pod_annotations(data: &[u8]) {
     let mut annotations = BTreeMap::new();
     let mut name = "job-0".to_string();
     let mut gpus = "1".to_string();
+    // `@requests.<resource>=q` / `@limits.<resource>=q`: the container's batch amounts.
+    let mut amounts: BTreeMap<&str, BTreeMap<String, Quantity>> = BTreeMap::new();
     for line in text.lines() {
         let Some((key, value)) = line.split_once('=') else {
             continue;
@@ -147,6 +152,18 @@ pub fn pod_annotations(data: &[u8]) {
         match key {
             "@name" => name = value.to_string(),
             "@gpus" => gpus = value.to_string(),
+            _ if key.starts_with("@requests.") || key.starts_with("@limits.") => {
+                let (kind, resource) = key.split_once('.').unwrap_or_default();
+                let kind = if kind == "@requests" {
+                    "requests"
+                } else {
+                    "limits"
+                };
+                amounts
+                    .entry(kind)
+                    .or_default()
+                    .insert(resource.to_string(), Quantity(value.to_string()));
+            }
             _ => {
                 annotations.insert(key.to_string(), value.to_string());
             }
@@ -161,6 +178,38 @@ pub fn pod_annotations(data: &[u8]) {
         assert_eq!(plan.containers.len(), quotas.len());
         if let Some(pod) = plan.pod {
             assert!(pod <= 100_000, "pod burst {pod} above the pod's quota");
+        }
+    }
+
+    // The node agent: batch resources as a BestEffort pod's cgroup limits, always values the
+    // kernel takes and keeps.
+    let batch_spec = k8s_openapi::api::core::v1::PodSpec {
+        containers: vec![k8s_openapi::api::core::v1::Container {
+            name: "main".into(),
+            resources: Some(k8s_openapi::api::core::v1::ResourceRequirements {
+                requests: amounts.remove("requests"),
+                limits: amounts.remove("limits"),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    if let Ok(containers) = batch_limits::from_spec(&batch_spec) {
+        for version in [Version::V1, Version::V2] {
+            let Some(plan) = batch_limits::desired(QosClass::BestEffort, &containers, version)
+            else {
+                continue;
+            };
+            let writes = plan
+                .containers
+                .iter()
+                .flat_map(|(_, w)| w)
+                .chain(&plan.pod_limits)
+                .chain([&plan.pod_weight]);
+            for (file, value) in writes {
+                batch_write_is_kept_by_the_kernel(file, value);
+            }
         }
     }
 
@@ -203,6 +252,53 @@ pub fn pod_annotations(data: &[u8]) {
         let again = devices_annotation::parse(&devices_annotation::format(&choice));
         assert_eq!(again.as_ref(), Ok(&choice), "{value:?} does not round-trip");
     }
+}
+
+/// Whether the kernel takes `value` for `file` and reads it back unchanged.
+fn batch_write_is_kept_by_the_kernel(file: &str, value: &str) {
+    let number = |v: &str| -> u64 {
+        let n = v.parse().ok();
+        assert!(n.is_some(), "{file} = {value:?} is not a number");
+        n.unwrap_or_default()
+    };
+    let in_range = |n: u64, low: u64, high: u64| {
+        assert!(
+            (low..=high).contains(&n),
+            "{file} = {value:?} outside [{low}, {high}]"
+        );
+    };
+    let known = match file {
+        "cpu.shares" => {
+            in_range(number(value), 2, 262_144);
+            true
+        }
+        "cpu.weight" => {
+            in_range(number(value), 1, 10_000);
+            true
+        }
+        "cpu.cfs_quota_us" => {
+            in_range(number(value), 1_000, batch_limits::MAX_QUOTA_US);
+            true
+        }
+        "cpu.max" => {
+            let (quota, period) = value.split_once(' ').unwrap_or_default();
+            in_range(number(quota), 1_000, batch_limits::MAX_QUOTA_US);
+            assert_eq!(period, "100000", "{file} = {value:?}");
+            true
+        }
+        "memory.limit_in_bytes" | "memory.max" => {
+            let bytes = number(value);
+            in_range(
+                bytes,
+                batch_limits::MEMORY_ALIGN,
+                batch_limits::MAX_MEMORY_BYTES,
+            );
+            assert_eq!(bytes % batch_limits::MEMORY_ALIGN, 0, "{file} = {value:?}");
+            true
+        }
+        _ => false,
+    };
+    assert!(known, "unexpected batch limit file {file} = {value:?}");
 }
 
 /// The co-location ConfigMap's `colocation-config` JSON; after a line `---`, the Node's

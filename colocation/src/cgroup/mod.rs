@@ -9,12 +9,14 @@
 //! - [`files`]: reads, and writes only values that differ, logged on change only ([`Cgroups`]).
 //! - [`level_files`]: the QoS files a pod's cgroup has and the level plan written to them.
 //! - [`burst_files`]: CFS quotas read, burst written.
+//! - [`batch_files`]: a BestEffort pod's batch resources written as its limits.
 //! - [`usage`]: CPU time and memory working set of the kubepods tree.
 //! - [`psi_files`]: pressure files.
 //! - [`error`]: what can go wrong, and what to do about it.
 //!
 //! Start at [`Cgroups`].
 
+pub mod batch_files;
 pub mod burst_files;
 pub mod detect;
 pub mod error;

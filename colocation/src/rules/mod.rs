@@ -9,6 +9,7 @@
 //!   ([`pod::is_offline`]), its effective requests.
 //! - [`psi`]: pressure (PSI) file text.
 //! - [`oversub`]: batch resources for offline pods.
+//! - [`batch_limits`]: a BestEffort pod's batch resources as its cgroup limits.
 //! - [`evict`]: watermarks, pressure and which offline pod to evict.
 //! - [`config`]: the `volcano-agent-configuration` ConfigMap (`colocation-config`) and what it
 //!   means for one node.
@@ -16,6 +17,7 @@
 //! Start at [`evict::Evictor::round`], [`oversub::oversold`], [`level::desired`] and
 //! [`config::effective`].
 
+pub mod batch_limits;
 pub mod burst;
 pub mod config;
 pub mod evict;

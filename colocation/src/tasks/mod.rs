@@ -7,7 +7,7 @@
 //!   annotations, watched and resolved into the configuration in force; an invalid change keeps
 //!   the last good configuration and emits a Warning Event saying why.
 //! - [`pod_cgroups`]: QoS levels and CPU burst written to the pods' cgroups, as far as the
-//!   configuration enables them.
+//!   configuration enables them, and a BestEffort pod's batch resources as its limits.
 //! - [`node_loop`]: every `monitorInterval`, usage of the kubepods cgroup tree and PSI -> batch
 //!   resources on the Node status, the `volcano.sh/offline-job-evicting` taint and evictions of
 //!   offline pods through the Eviction API.

@@ -1,6 +1,7 @@
 //! The pod cgroup loop of `fumarole-agent run --colocation`: QoS levels
-//! ([`crate::rules::level`]) and CPU burst ([`crate::rules::burst`]) applied to the cgroups of this
-//! node's pods, as far as the configuration in force enables them ([`Features`]).
+//! ([`crate::rules::level`]), batch resources as limits ([`crate::rules::batch_limits`]) and CPU
+//! burst ([`crate::rules::burst`]) applied to the cgroups of this node's pods, levels and burst as
+//! far as the configuration in force enables them ([`Features`]).
 //!
 //! Start at [`Syncer::sync`]: one round over the pods the API server lists for the node. It is
 //! stateless with respect to the cgroups: every value is read before it is written and written
@@ -18,6 +19,12 @@
 //!   [`QosLevel::Unset`] are written only to pods this agent gave a level before, or whose
 //!   cgroup still shows one (`cpu.idle = 1`, `cpu.qos_level != 0`): an annotation removed while
 //!   the agent was down is still undone, and pods nobody annotated are left to the kubelet;
+//! - writes [`batch_limits::desired`] for a BestEffort pod that asks for `kubernetes.io/batch-cpu`
+//!   or `batch-memory`, whatever the configuration (as volcano-agent: a pod that runs on batch
+//!   resources is held to them on every node). The pod cgroup's CPU weight stays with the level
+//!   where a `BE` level is in force (an idle group refuses weight writes; without `cpu.idle` the
+//!   level's minimal weight is the point); otherwise the batch weight replaces the level's. It
+//!   comes before burst, which reads the quotas it sets;
 //! - runs [`burst_files::sync`] for the pod's burst annotations (burst 0 without them, or with
 //!   `cpuBurstConfig` off).
 //!
@@ -35,8 +42,10 @@ use tokio::sync::{Notify, watch};
 
 use super::report::StatusTx;
 use crate::cgroup::{
-    self, Applied, CgroupPath, Cgroups, ContainerId, Settings, burst_files, level_files,
+    self, Applied, CgroupPath, Cgroups, ContainerId, Settings, batch_files, burst_files,
+    level_files,
 };
+use crate::rules::batch_limits::{self, Plan};
 use crate::rules::burst::BurstRequest;
 use crate::rules::config::{ConfigState, Features};
 use crate::rules::kernel::Kernel;
@@ -50,6 +59,8 @@ pub struct Summary {
     /// Pods per level value (`2` LC/HLS, `1` LS, `0` none, `-1` BE).
     pub levels: BTreeMap<i64, usize>,
     pub burst_enabled: usize,
+    /// BestEffort pods held to their batch resources ([`batch_limits`]).
+    pub batch_limited: usize,
     /// Pods whose cgroup does not exist yet.
     pub not_started: usize,
     /// Pods with an error this round (logged once per change).
@@ -61,6 +72,7 @@ enum Outcome {
     Synced {
         level: Option<QosLevel>,
         burst: bool,
+        batch: bool,
     },
     NotStarted,
 }
@@ -114,12 +126,19 @@ impl Syncer {
             );
             let mut errors = Vec::new();
             match self.sync_pod(pod, &name, &uid, qos_class, features, &mut errors) {
-                Outcome::Synced { level, burst } => {
+                Outcome::Synced {
+                    level,
+                    burst,
+                    batch,
+                } => {
                     if let Some(level) = level {
                         *summary.levels.entry(level.value()).or_default() += 1;
                     }
                     if burst {
                         summary.burst_enabled += 1;
+                    }
+                    if batch {
+                        summary.batch_limited += 1;
                     }
                 }
                 Outcome::NotStarted => summary.not_started += 1,
@@ -186,8 +205,35 @@ impl Syncer {
                 None
             }
         };
+        let batch = match pod.spec.as_ref().map(batch_limits::from_spec).transpose() {
+            Ok(containers) => {
+                containers.and_then(|c| batch_limits::desired(qos, &c, self.cgroups.version()))
+            }
+            Err(e) => {
+                errors.push(format!("batch limits: {e}"));
+                None
+            }
+        };
+        // openEuler keeps the level in cpu.qos_level, beside the weight: no conflict there.
+        let level_owns_weight = features.cpu_qos
+            && level.is_some_and(QosLevel::is_offline)
+            && !self.cgroups.has(&path, "cpu.qos_level");
+        let batch_weight = batch.is_some() && !level_owns_weight;
         if let Some(level) = level
-            && let Err(e) = self.apply_level(pod, name, uid, &path, level, features)
+            && let Err(e) = self.apply_level(pod, uid, &path, level, features, batch_weight)
+        {
+            note(e, errors);
+        }
+        // A group still idle (a level this round could not read) refuses weight writes.
+        let idle = self.cgroups.read(&path, "cpu.idle").is_ok_and(|v| v == "1");
+        if let Some(plan) = &batch
+            && let Err(e) = batch_files::apply(
+                &self.cgroups,
+                &path,
+                &containers.iter().cloned().collect(),
+                plan,
+                batch_weight && !idle,
+            )
         {
             note(e, errors);
         }
@@ -200,7 +246,8 @@ impl Syncer {
                 BurstRequest::Disabled
             }
         };
-        if let Err(e) = burst_files::sync(&self.cgroups, &path, &containers, request) {
+        let container_paths: Vec<_> = containers.into_iter().map(|(_, path)| path).collect();
+        if let Err(e) = burst_files::sync(&self.cgroups, &path, &container_paths, request) {
             note(e, errors);
         }
         if gone {
@@ -210,11 +257,12 @@ impl Syncer {
         Outcome::Synced {
             level,
             burst: matches!(request, BurstRequest::Enabled { .. }),
+            batch: batch.is_some(),
         }
     }
 
-    /// The cgroups of the pod's started containers; containers without an id or a cgroup yet
-    /// are left for a later round.
+    /// The cgroups of the pod's started containers, by container name; containers without an
+    /// id or a cgroup yet are left for a later round.
     fn containers(
         &self,
         pod: &Pod,
@@ -222,7 +270,7 @@ impl Syncer {
         qos: QosClass,
         uid: &str,
         errors: &mut Vec<String>,
-    ) -> Vec<CgroupPath> {
+    ) -> Vec<(String, CgroupPath)> {
         let statuses = pod
             .status
             .as_ref()
@@ -236,7 +284,9 @@ impl Syncer {
                 .parse::<ContainerId>()
                 .and_then(|id| self.cgroups.layout().container(qos, uid, &id));
             match path {
-                Ok(path) if self.cgroups.dir("cpu", &path).is_dir() => paths.push(path),
+                Ok(path) if self.cgroups.dir("cpu", &path).is_dir() => {
+                    paths.push((status.name.clone(), path));
+                }
                 Ok(path) => {
                     tracing::debug!(pod = %name, cgroup = %path, "container cgroup not there yet");
                 }
@@ -248,15 +298,16 @@ impl Syncer {
 
     /// Writes the level's plan, or for [`QosLevel::Unset`] the kubelet's defaults where a level
     /// was applied before (by this agent, or by one before a restart). A controller whose
-    /// feature is off gets the defaults too.
+    /// feature is off gets the defaults too. With `batch_weight` the pod's CPU weight is left
+    /// out: the batch limits set it, and the two must not take turns.
     fn apply_level(
         &mut self,
         pod: &Pod,
-        name: &str,
         uid: &str,
         path: &CgroupPath,
         level: QosLevel,
         features: Features,
+        batch_weight: bool,
     ) -> cgroup::Result<Applied> {
         let cgroups = &self.cgroups;
         let cpu_level = if features.cpu_qos {
@@ -275,9 +326,10 @@ impl Syncer {
         }
         let cpu_request_millis = match pod.spec.as_ref() {
             Some(spec) => {
-                pod_cpu_request_millis(spec, name).map_err(|e| cgroup::Error::Invalid {
+                let name = fumarole_topology::pod::key(pod);
+                pod_cpu_request_millis(spec, &name).map_err(|e| cgroup::Error::Invalid {
                     what: "pod CPU request",
-                    value: name.to_string(),
+                    value: name,
                     reason: e.to_string(),
                 })?
             }
@@ -289,9 +341,10 @@ impl Syncer {
         };
         let kernel = Kernel::probe(cgroups, path);
         let is_memory = |file: &&str| file.starts_with("memory.");
+        let weight_file = Plan::weight_file(cgroups.version());
         let mut plan: Vec<_> = level::desired(cpu_level, &resources, &kernel)
             .into_iter()
-            .filter(|(file, _)| !is_memory(file))
+            .filter(|(file, _)| !(is_memory(file) || batch_weight && *file == weight_file))
             .collect();
         plan.extend(
             level::desired(memory_level, &resources, &kernel)
@@ -402,6 +455,7 @@ pub async fn run(
                 ?features,
                 levels = ?summary.levels,
                 burst_enabled = summary.burst_enabled,
+                batch_limited = summary.batch_limited,
                 not_started = summary.not_started,
                 failed = summary.failed,
                 "co-location: pods synced"
@@ -632,5 +686,124 @@ mod tests {
         let ok = [pod(BE_UID, "Burstable", serde_json::json!({}), "aaa")];
         assert_eq!(syncer.sync(&ok, Features::all()).failed, 0);
         assert!(syncer.reported.is_empty());
+    }
+
+    /// A BestEffort pod asking for batch resources, with its `cpu` and `memory` cgroups (v1).
+    fn batch_pod(annotations: serde_json::Value, cpu: &str, memory: &str) -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "batch", "namespace": "default", "uid": BE_UID, "annotations": annotations},
+            "spec": {"containers": [{"name": "c", "resources": {
+                "requests": {"kubernetes.io/batch-cpu": cpu, "kubernetes.io/batch-memory": memory},
+                "limits": {"kubernetes.io/batch-cpu": cpu, "kubernetes.io/batch-memory": memory}}}]},
+            "status": {
+                "phase": "Running",
+                "qosClass": "BestEffort",
+                "containerStatuses": [{
+                    "name": "c", "image": "x", "imageID": "", "ready": true, "restartCount": 0,
+                    "containerID": "containerd://aaa",
+                }],
+            },
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn batch_limits_applied_beside_levels_without_taking_turns() {
+        let root = tempfile::tempdir().unwrap();
+        let pod_dir = |controller: &str| {
+            root.path()
+                .join(controller)
+                .join(format!("kubepods/besteffort/pod{BE_UID}"))
+        };
+        for dir in [pod_dir("cpu"), pod_dir("cpu").join("aaa")] {
+            cgroup(&dir, "-1");
+            std::fs::write(dir.join("cpu.shares"), "2\n").unwrap();
+        }
+        for dir in [pod_dir("memory"), pod_dir("memory").join("aaa")] {
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join("memory.limit_in_bytes"), "9223372036854771712\n").unwrap();
+        }
+        let (cpu, container) = (pod_dir("cpu"), pod_dir("cpu").join("aaa"));
+        let memory = pod_dir("memory");
+        let mut syncer = Syncer::new(Cgroups::new(
+            root.path(),
+            Layout::new(Version::V1, Driver::Cgroupfs),
+        ));
+
+        // No level: the batch amounts everywhere, whatever the features.
+        let plain = [batch_pod(serde_json::json!({}), "1500", "1Gi")];
+        let summary = syncer.sync(&plain, Features::default());
+        assert_eq!((summary.batch_limited, summary.failed), (1, 0));
+        for dir in [&cpu, &container] {
+            assert_eq!(read(dir, "cpu.shares"), "1536");
+            assert_eq!(read(dir, "cpu.cfs_quota_us"), "150000");
+        }
+        assert_eq!(read(&memory, "memory.limit_in_bytes"), "1073741824");
+        assert_eq!(
+            read(&memory.join("aaa"), "memory.limit_in_bytes"),
+            "1073741824"
+        );
+
+        // BE with cpu.idle: the level owns the pod's weight, the batch the rest.
+        let be = [batch_pod(
+            serde_json::json!({"volcano.sh/qos-level": "BE"}),
+            "1500",
+            "1Gi",
+        )];
+        syncer.sync(&be, Features::all());
+        assert_eq!(read(&cpu, "cpu.idle"), "1");
+        assert_eq!(read(&cpu, "cpu.cfs_quota_us"), "150000");
+        assert_eq!(read(&container, "cpu.shares"), "1536");
+
+        // The level goes: not idle, and the batch weight (not the kubelet's 2) in one round
+        // that is then stable.
+        let summary = syncer.sync(&plain, Features::all());
+        assert_eq!(summary.failed, 0);
+        assert_eq!(read(&cpu, "cpu.idle"), "0");
+        assert_eq!(read(&cpu, "cpu.shares"), "1536");
+        let before = std::fs::metadata(cpu.join("cpu.shares"))
+            .unwrap()
+            .modified()
+            .unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        Syncer::new(syncer.cgroups().clone()).sync(&plain, Features::all());
+        assert_eq!(
+            std::fs::metadata(cpu.join("cpu.shares"))
+                .unwrap()
+                .modified()
+                .unwrap(),
+            before
+        );
+
+        // A level that does not parse while the group is still idle: the weight is left alone
+        // (the kernel would refuse it), the limits stay, only the annotation is an error.
+        std::fs::write(cpu.join("cpu.idle"), "1\n").unwrap();
+        std::fs::write(cpu.join("cpu.shares"), "3\n").unwrap();
+        let typo = [batch_pod(
+            serde_json::json!({"volcano.sh/qos-level": "be"}),
+            "1500",
+            "1Gi",
+        )];
+        let summary = syncer.sync(&typo, Features::all());
+        assert_eq!((summary.batch_limited, summary.failed), (1, 1));
+        assert_eq!(read(&cpu, "cpu.shares"), "3");
+        assert!(
+            !syncer.reported[BE_UID].contains("cpu.shares"),
+            "{:?}",
+            syncer.reported
+        );
+        std::fs::write(cpu.join("cpu.idle"), "0\n").unwrap();
+
+        // A malformed amount: an error naming it, nothing written, other settings still go.
+        std::fs::write(cpu.join("cpu.cfs_quota_us"), "-1\n").unwrap();
+        let bad = [batch_pod(serde_json::json!({}), "lots", "1Gi")];
+        let summary = syncer.sync(&bad, Features::all());
+        assert_eq!((summary.batch_limited, summary.failed), (0, 1));
+        assert!(
+            syncer.reported[BE_UID].contains("kubernetes.io/batch-cpu"),
+            "{:?}",
+            syncer.reported
+        );
+        assert_eq!(read(&cpu, "cpu.cfs_quota_us"), "-1");
     }
 }
