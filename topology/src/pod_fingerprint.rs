@@ -57,7 +57,10 @@ mod tests {
     #[test]
     fn namespace_and_name_are_not_interchangeable() {
         assert_ne!(fingerprint([("a", "b")]), fingerprint([("b", "a")]));
-        assert_ne!(fingerprint([("a", "b")]), fingerprint([("a", "b"), ("a", "b")]));
+        assert_ne!(
+            fingerprint([("a", "b")]),
+            fingerprint([("a", "b"), ("a", "b")])
+        );
         assert_eq!(fingerprint([]).len(), PREFIX.len() + 16);
     }
 }

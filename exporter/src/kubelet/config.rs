@@ -34,6 +34,19 @@ pub struct KubeletConfig {
     /// The cgroup the kubelet puts `kubepods` under (`/` when unset).
     #[serde(default)]
     pub cgroup_root: Option<String>,
+    /// Memory and huge pages kept from pods per NUMA node (the `--reserved-memory` flag's
+    /// field); the memory manager's per-zone allocatable is what is left.
+    #[serde(default)]
+    pub reserved_memory: Vec<ReservedMemory>,
+}
+
+/// One `reservedMemory` entry: a NUMA node and the quantities kept on it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReservedMemory {
+    pub numa_node: i64,
+    #[serde(default)]
+    pub limits: BTreeMap<String, String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +70,8 @@ pub struct KubeletPolicies {
     pub reserved_cpu_millis: u64,
     pub reserved_memory_bytes: u64,
     pub reserved_system_cpus: CpuSet,
+    /// NUMA node -> resource (`memory`, `hugepages-1Gi`, ...) -> bytes kept from pods there.
+    pub reserved_memory: BTreeMap<u32, BTreeMap<String, u64>>,
 }
 
 impl KubeletConfig {
@@ -117,6 +132,30 @@ impl KubeletConfig {
             Some(s) => CpuSet::parse(s).map_err(|e| format!("reservedSystemCPUs: {e}"))?,
             None => CpuSet::new(),
         };
+        let mut reserved_memory: BTreeMap<u32, BTreeMap<String, u64>> = BTreeMap::new();
+        for (i, r) in self.reserved_memory.iter().enumerate() {
+            let node = u32::try_from(r.numa_node).map_err(|_| {
+                format!(
+                    "reservedMemory[{i}].numaNode: {} is not a NUMA node id",
+                    r.numa_node
+                )
+            })?;
+            let zone = reserved_memory.entry(node).or_default();
+            for (resource, v) in &r.limits {
+                if resource != "memory" && !resource.starts_with("hugepages-") {
+                    return Err(format!(
+                        "reservedMemory[{i}].limits: {resource:?} is not memory or hugepages-<size>"
+                    ));
+                }
+                let bytes = quantity::units(v)
+                    .map_err(|e| format!("reservedMemory[{i}].limits.{resource}: {e}"))?;
+                // The kubelet sums repeated entries for one node.
+                let total = zone.entry(resource.clone()).or_default();
+                *total = total.checked_add(bytes).ok_or_else(|| {
+                    format!("reservedMemory[{i}].limits.{resource}: {v:?} is too large")
+                })?;
+            }
+        }
         Ok(KubeletPolicies {
             cpu_manager_policy: one_of(
                 "cpuManagerPolicy",
@@ -141,6 +180,7 @@ impl KubeletConfig {
                 .checked_add(eviction_memory)
                 .ok_or("evictionHard.memory.available: the reserved memory is too large")?,
             reserved_system_cpus,
+            reserved_memory,
         })
     }
 }
@@ -165,6 +205,45 @@ mod tests {
         assert_eq!(p.reserved_cpu_millis, 1500);
         assert_eq!(p.reserved_memory_bytes, (1 << 30) + 100 * (1 << 20));
         assert_eq!(p.reserved_system_cpus.to_string(), "0-1");
+        assert!(p.reserved_memory.is_empty());
+    }
+
+    #[test]
+    fn reads_reserved_memory_per_numa_node() {
+        let p = KubeletConfig::parse(
+            "memoryManagerPolicy: Static\nreservedMemory:\n- numaNode: 0\n  limits: {memory: 1Gi, hugepages-2Mi: 4Mi}\n- numaNode: 1\n  limits: {memory: 512Mi}\n- numaNode: 1\n  limits: {memory: 512Mi}\n",
+        )
+        .unwrap();
+        assert_eq!(
+            p.reserved_memory,
+            BTreeMap::from([
+                (
+                    0,
+                    BTreeMap::from([
+                        ("hugepages-2Mi".to_string(), 4 << 20),
+                        ("memory".to_string(), 1 << 30)
+                    ])
+                ),
+                (1, BTreeMap::from([("memory".to_string(), 1 << 30)])),
+            ])
+        );
+        for (text, want) in [
+            (
+                "reservedMemory: [{numaNode: -1, limits: {memory: 1Gi}}]",
+                "reservedMemory[0].numaNode: -1",
+            ),
+            (
+                "reservedMemory: [{numaNode: 0, limits: {cpu: 1}}]",
+                "reservedMemory[0].limits: \"cpu\"",
+            ),
+            (
+                "reservedMemory: [{numaNode: 0, limits: {memory: lots}}]",
+                "reservedMemory[0].limits.memory",
+            ),
+        ] {
+            let err = KubeletConfig::parse(text).unwrap_err();
+            assert!(err.contains(want), "{text}: {err}");
+        }
     }
 
     #[test]

@@ -55,6 +55,8 @@ pub struct NodeState {
     last_pod_resources: Option<Allocations>,
     /// The last problem logged, so a persisting one is logged once.
     last_problem: Option<String>,
+    /// The last NUMA memory read error logged, for the same reason.
+    memory_problem: Option<String>,
 }
 
 impl NodeState {
@@ -77,6 +79,7 @@ impl NodeState {
             last_allocations: None,
             last_pod_resources: None,
             last_problem: None,
+            memory_problem: None,
         }
     }
 
@@ -127,6 +130,28 @@ impl NodeState {
                 });
         }
         KubeletConfig::load(path)
+    }
+
+    /// Memory and huge pages per NUMA node from the root's sysfs. Unreadable files are logged
+    /// (once per change) and the zones fall back to hwloc's memory sizes.
+    fn numa_memory(&mut self) -> objects::NumaMemory {
+        let Some(root) = self.discover.source.root() else {
+            return objects::NumaMemory::new();
+        };
+        match crate::discover::memory::numa_memory(root) {
+            Ok(m) => {
+                self.memory_problem = None;
+                m
+            }
+            Err(e) => {
+                let message = e.to_string();
+                if self.memory_problem.as_deref() != Some(message.as_str()) {
+                    tracing::warn!(error = %message, "NUMA memory unreadable; zones carry hwloc's memory sizes");
+                    self.memory_problem = Some(message);
+                }
+                objects::NumaMemory::new()
+            }
+        }
     }
 
     pub async fn desired(&mut self) -> Desired {
@@ -180,7 +205,13 @@ impl NodeState {
         let (numatopology, node_resource_topology) = match (&policies, &allocations) {
             (Ok(p), Ok((a, devices))) => (
                 Some(objects::numatopology(&topology, p, a)),
-                Some(objects::node_resource_topology(&topology, p, devices)),
+                Some(objects::node_resource_topology(
+                    &topology,
+                    p,
+                    devices,
+                    &self.numa_memory(),
+                    objects::pods_fingerprint(a).as_deref(),
+                )),
             ),
             _ => (None, None),
         };
