@@ -79,13 +79,15 @@ pub fn cpuset(data: &[u8]) {
     let _ = CpuSet::parse_mask(text);
 }
 
-/// Per-device sysfs attributes and the NVIDIA driver's `information` file.
+/// Per-device sysfs attributes, a NUMA node's `meminfo` and the NVIDIA driver's `information`
+/// file.
 pub fn sysfs_attributes(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
     let _ = parse_numa_node(text);
     let _ = CpuSet::parse(text.trim());
+    let _ = fumarole_exporter::discover::memory::mem_total(text);
     let info = NvidiaProcInfo::parse(text);
     if let Some(model) = info.model {
         assert!(!model.is_empty() && !model.starts_with("N/A"));

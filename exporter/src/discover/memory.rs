@@ -102,8 +102,8 @@ pub fn numa_memory(root: &Path) -> Result<BTreeMap<u32, ZoneMemory>, MemoryError
     Ok(out)
 }
 
-/// `Node N MemTotal:   123 kB` -> bytes.
-fn mem_total(text: &str) -> Result<u64, String> {
+/// `Node N MemTotal:   123 kB` (a node's `meminfo`) -> bytes; the error says what is wrong.
+pub fn mem_total(text: &str) -> Result<u64, String> {
     let line = text
         .lines()
         .find(|l| l.split(':').next().is_some_and(|k| k.contains("MemTotal")))
