@@ -8,6 +8,11 @@
 //! go, B's zones free up and a pod only B's zones can now hold lands on B. The
 //! `nodeTopologyPodsFingerprint` the agents publish is the one podfingerprint (the Go library
 //! the plugin and node-feature-discovery use) computes for the same pods.
+//!
+//! `overreserve_cache_resyncs_on_the_agents_fingerprint`: with the plugin's reserve cache
+//! (`cacheResyncPeriodSeconds`), the scheduler takes a node's new NRT only when its fingerprint
+//! matches the pods the scheduler sees running there; the agent's fingerprint is compared
+//! (mismatch while PodResources lists a pod the API does not have) and then accepted.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -32,6 +37,9 @@ const ZONE_BYTES: u64 = 128 * GI;
 const KUBELET_CONFIG: &str = "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\ncpuManagerPolicy: static\nmemoryManagerPolicy: Static\ntopologyManagerPolicy: single-numa-node\ntopologyManagerScope: container\nkubeReserved: {cpu: \"1\", memory: 2Gi}\nreservedMemory:\n- numaNode: 0\n  limits: {memory: 1Gi}\n- numaNode: 1\n  limits: {memory: 1Gi}\n";
 
 const SCHEDULER: &str = "fumarole-nrt";
+/// The same profile with the reserve ("overreserve") cache, resynced every second by
+/// fingerprint over all pods.
+const SCHEDULER_CACHE_CONFIG: &str = "apiVersion: kubescheduler.config.k8s.io/v1\nkind: KubeSchedulerConfiguration\nprofiles:\n- schedulerName: fumarole-nrt\n  plugins:\n    filter:\n      enabled: [{name: NodeResourceTopologyMatch}]\n    reserve:\n      enabled: [{name: NodeResourceTopologyMatch}]\n    score:\n      enabled: [{name: NodeResourceTopologyMatch}]\n  pluginConfig:\n  - name: NodeResourceTopologyMatch\n    args:\n      cacheResyncPeriodSeconds: 1\n      cache: {resyncMethod: All, foreignPodsDetect: None, informerMode: Shared}\n";
 const SCHEDULER_CONFIG: &str = "apiVersion: kubescheduler.config.k8s.io/v1\nkind: KubeSchedulerConfiguration\nprofiles:\n- schedulerName: fumarole-nrt\n  plugins:\n    filter:\n      enabled: [{name: NodeResourceTopologyMatch}]\n    score:\n      enabled: [{name: NodeResourceTopologyMatch}]\n";
 
 /// One fixture node: its fixture root, the kubelet-dm serving its PodResources, its agent.
@@ -306,7 +314,7 @@ async fn node_resource_topology_match_places_by_the_agents_zones() {
     );
 
     cluster
-        .start_scheduler_binary("nrt-scheduler", SCHEDULER_CONFIG)
+        .start_scheduler_binary("nrt-scheduler", SCHEDULER_CONFIG, &[])
         .await
         .unwrap();
     let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
@@ -369,4 +377,133 @@ async fn node_resource_topology_match_places_by_the_agents_zones() {
     // Still nowhere for 150 GiB.
     let p = pods.get("fits-no-zone").await.unwrap();
     assert_eq!(p.spec.and_then(|s| s.node_name), None);
+}
+
+/// Marks `name` Running, as its kubelet would (the cache's shared informer counts only
+/// Running pods in a node's pod set).
+async fn mark_running(pods: &Api<Pod>, name: &str) {
+    pods.patch_status(
+        name,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(json!({"status": {"phase": "Running"}})),
+    )
+    .await
+    .unwrap();
+}
+
+/// Waits for a line of the scheduler's log containing every one of `parts`.
+async fn scheduler_logged(cluster: &TestCluster, what: &str, parts: &[&str]) {
+    let r = eventually(what, Duration::from_secs(60), || async move {
+        let log = cluster.log_tail("nrt-scheduler", 100_000)?;
+        Ok(log
+            .lines()
+            .any(|l| parts.iter().all(|p| l.contains(p)))
+            .then_some(()))
+    })
+    .await;
+    if let Err(e) = r {
+        panic!(
+            "{e:#}\nnrt-scheduler log:\n{}",
+            cluster.log_tail("nrt-scheduler", 60).unwrap_or_default()
+        );
+    }
+}
+
+fn pod_resources(pods: &[(&str, Option<u32>)]) -> Value {
+    let list: Vec<Value> = pods
+        .iter()
+        .enumerate()
+        .map(|(i, (name, numa))| match numa {
+            Some(n) => holder("default", name, 10 + i as u32, *n, 100),
+            None => json!({
+                "name": name, "namespace": "default",
+                "uid": format!("6f1c8e2a-0000-4000-8000-{:012}", 10 + i),
+                "containers": [{"name": "c"}]
+            }),
+        })
+        .collect();
+    json!({ "pods": list })
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn overreserve_cache_resyncs_on_the_agents_fingerprint() {
+    let cluster = TestCluster::start().await.unwrap();
+    cluster.install_fumarole_crds().await.unwrap();
+    cluster.install_nrt_crd().await.unwrap();
+    let a = start_node(&cluster, "node-a", 0, json!([])).await;
+    let nrt = wait_nrt(&cluster, a.name, "node-a NRT, nothing held", |o| {
+        amounts(o, "node-1", "memory").is_some_and(|m| m.2 == 127 * GI)
+    })
+    .await;
+    assert_eq!(attribute(&nrt, "nodeTopologyPodsFingerprint"), None);
+    cluster
+        .start_scheduler_binary("nrt-scheduler", SCHEDULER_CACHE_CONFIG, &["--v=4"])
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+
+    // p1 (100 GiB) lands; the cache reserves it on every zone (it cannot know which one the
+    // kubelet picks): 27 GiB left in each until a resync.
+    pods.create(&PostParams::default(), &guaranteed("p1", 100))
+        .await
+        .unwrap();
+    assert_eq!(bound_node(&cluster, &pods, "p1").await, "node-a");
+    mark_running(&pods, "p1").await;
+
+    // The node reports p1 on NUMA node 0 and a pod the scheduler does not know ("ghost"). The
+    // NRT says 127 GiB free in node-1, but its fingerprint does not match the scheduler's pod
+    // set {p1}: the cache keeps its reserved view and p2 (100 GiB) waits, where the
+    // passthrough cache of the test above would place it at once.
+    a.kdm
+        .set_pod_resources(pod_resources(&[("p1", Some(0)), ("ghost", None)]))
+        .await
+        .unwrap();
+    let nrt = wait_nrt(&cluster, a.name, "node-a NRT with p1 and ghost", |o| {
+        amounts(o, "node-0", "memory").is_some_and(|m| m.2 == 27 * GI)
+    })
+    .await;
+    assert_eq!(
+        amounts(&nrt, "node-1", "memory").map(|m| m.2),
+        Some(127 * GI)
+    );
+    assert_eq!(
+        attribute(&nrt, "nodeTopologyPodsFingerprint"),
+        Some(go_fingerprint(&[("default", "p1"), ("default", "ghost")]))
+    );
+    pods.create(&PostParams::default(), &guaranteed("p2", 100))
+        .await
+        .unwrap();
+    scheduler_logged(
+        &cluster,
+        "the scheduler to compare the fingerprint and find a mismatch",
+        &["NodeTopology podset fingerprint mismatch", "node-a"],
+    )
+    .await;
+    let p2 = pods.get("p2").await.unwrap();
+    assert_eq!(p2.spec.and_then(|s| s.node_name), None);
+
+    // The node's pod list is the scheduler's, {p1}: the resync accepts the NRT.
+    a.kdm
+        .set_pod_resources(pod_resources(&[("p1", Some(0))]))
+        .await
+        .unwrap();
+    scheduler_logged(
+        &cluster,
+        "the scheduler to take node-a's NRT after a fingerprint match",
+        &["overriding cached info", "resynced", "node-a"],
+    )
+    .await;
+    // p2 is retried on the next cluster event the plugin registers for (the NRT update comes
+    // first and may race the resync); a Node allocatable update, as a kubelet writes, makes
+    // sure it is retried after the flush.
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(cluster.client());
+    nodes
+        .patch_status(
+            "node-a",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"status": {"allocatable": {"pods": "111"}}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(bound_node(&cluster, &pods, "p2").await, "node-a");
 }
