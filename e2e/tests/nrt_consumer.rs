@@ -1,8 +1,8 @@
 //! A real NodeResourceTopology consumer reads what the agent publishes: kube-scheduler v1.34.7
 //! with scheduler-plugins v0.34.7's `NodeResourceTopologyMatch` (filter and score), built from
 //! Go modules as `nrt-scheduler`, against two `cpu-only` fixture nodes whose agents read the
-//! kubelet's real PodResources server (`kubelet-dm`) and a kubelet configuration with the
-//! memory manager's `reservedMemory`. Node B's pods hold most of each NUMA zone's memory, so a
+//! kubelet's real PodResources server (`kubelet-dm`) and the memory manager's reservation
+//! (`reservedMemory` in the kubelet configuration, or the agent's `--reserved-memory`). Node B's pods hold most of each NUMA zone's memory, so a
 //! Guaranteed pod that fits one zone of node A lands there, not on B (which still fits at node
 //! level); a pod no single zone can hold stays Pending with the plugin's reason; when B's pods
 //! go, B's zones free up and a pod only B's zones can now hold lands on B. The
@@ -60,11 +60,14 @@ fn holder(namespace: &str, name: &str, uid: u32, numa: u32, gib: u64) -> Value {
     })
 }
 
+/// Starts node `name` (Node object, fixture root with `hugepages_1gi` 1 GiB pages per NUMA
+/// node, kubelet-dm with `pods`, the agent with `extra` flags).
 async fn start_node(
     cluster: &TestCluster,
     name: &'static str,
     hugepages_1gi: u32,
     pods: Value,
+    extra: &[&str],
 ) -> TopoNode {
     cluster
         .create_node(
@@ -117,6 +120,7 @@ async fn start_node(
         &format!("127.0.0.1:{}", free_port().unwrap()),
     ]
     .iter()
+    .chain(extra)
     .map(|s| s.to_string())
     .collect();
     cluster
@@ -251,13 +255,26 @@ async fn node_resource_topology_match_places_by_the_agents_zones() {
         "name": "web", "namespace": "prod", "uid": "6f1c8e2a-0000-4000-8000-000000000002",
         "containers": [{"name": "main"}]
     }]);
-    let a = start_node(&cluster, "node-a", 4, a_pods).await;
-    // Node B: two pods hold 100 GiB of each NUMA node; no huge pages.
+    let a = start_node(&cluster, "node-a", 4, a_pods, &[]).await;
+    // Node B: two pods hold 100 GiB of each NUMA node; no huge pages; its kubelet keeps 3 GiB
+    // per NUMA node by flag (the agent's `--reserved-memory` replaces the file's 1 GiB).
     let b_pods = json!([
         holder("batch", "hog-0", 3, 0, 100),
         holder("batch", "hog-1", 4, 1, 100)
     ]);
-    let b = start_node(&cluster, "node-b", 0, b_pods).await;
+    let b = start_node(
+        &cluster,
+        "node-b",
+        0,
+        b_pods,
+        &[
+            "--reserved-memory",
+            "0:memory=3Gi",
+            "--reserved-memory",
+            "1:memory=3Gi",
+        ],
+    )
+    .await;
     let list = b.kdm.pod_resources().await.unwrap();
     assert_eq!(
         list["list"]["pod_resources"][0]["containers"][0]["memory"][0]["size"],
@@ -300,12 +317,12 @@ async fn node_resource_topology_match_places_by_the_agents_zones() {
         Some(go_fingerprint(&[("prod", "db-0"), ("prod", "web")]))
     );
     let nrt_b = wait_nrt(&cluster, b.name, "node-b NRT with the hogs' memory", |o| {
-        amounts(o, "node-1", "memory").is_some_and(|m| m.2 == 27 * GI)
+        amounts(o, "node-1", "memory").is_some_and(|m| m.2 == 25 * GI)
     })
     .await;
     assert_eq!(
         amounts(&nrt_b, "node-0", "memory"),
-        Some((ZONE_BYTES, 127 * GI, 27 * GI))
+        Some((ZONE_BYTES, 125 * GI, 25 * GI))
     );
     assert_eq!(amounts(&nrt_b, "node-0", "hugepages-1Gi"), Some((0, 0, 0)));
     assert_eq!(
@@ -319,7 +336,7 @@ async fn node_resource_topology_match_places_by_the_agents_zones() {
         .unwrap();
     let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
 
-    // 64 GiB fits node-0 or node-1 of A, no zone of B (27 GiB free each); B's node-level
+    // 64 GiB fits node-0 or node-1 of A, no zone of B (25 GiB free each); B's node-level
     // allocatable (256 GiB, nothing bound) would take it, so only the NRT filter keeps it off B.
     pods.create(&PostParams::default(), &guaranteed("fits-a-zone", 64))
         .await
@@ -358,11 +375,11 @@ async fn node_resource_topology_match_places_by_the_agents_zones() {
         "the plugin rejected both nodes: {message}"
     );
 
-    // B's pods go: its zones free up (127 GiB each), A's stay as its kubelet reports
+    // B's pods go: its zones free up (125 GiB each), A's stay as its kubelet reports
     // (119 / 123 GiB). 125 GiB now fits a zone of B only.
     b.kdm.set_pod_resources(json!({"pods": []})).await.unwrap();
     let nrt_b = wait_nrt(&cluster, b.name, "node-b NRT with the hogs gone", |o| {
-        amounts(o, "node-0", "memory").is_some_and(|m| m.2 == 127 * GI)
+        amounts(o, "node-0", "memory").is_some_and(|m| m.2 == 125 * GI)
     })
     .await;
     assert_eq!(
@@ -430,7 +447,7 @@ async fn overreserve_cache_resyncs_on_the_agents_fingerprint() {
     let cluster = TestCluster::start().await.unwrap();
     cluster.install_fumarole_crds().await.unwrap();
     cluster.install_nrt_crd().await.unwrap();
-    let a = start_node(&cluster, "node-a", 0, json!([])).await;
+    let a = start_node(&cluster, "node-a", 0, json!([]), &[]).await;
     let nrt = wait_nrt(&cluster, a.name, "node-a NRT, nothing held", |o| {
         amounts(o, "node-1", "memory").is_some_and(|m| m.2 == 127 * GI)
     })

@@ -30,6 +30,7 @@ use fumarole_device_plugin::plugin::Pods;
 use fumarole_exporter::discover::overrides::Overrides;
 use fumarole_exporter::discover::sysfs::{NvidiaProcInfo, parse_numa_node};
 use fumarole_exporter::kubelet::KubeletConfig;
+use fumarole_exporter::kubelet::config::parse_reserved_memory_flag;
 use fumarole_exporter::kubelet::cpu_manager_state::CpuManagerState;
 use fumarole_sim::{self, Simulation, policy::Policy, shape::ClusterShape, shape::SimCluster};
 use fumarole_topology::{CpuSet, NodeTopology, annotation as devices_annotation};
@@ -113,6 +114,13 @@ pub fn override_file(data: &[u8]) {
 pub fn kubelet_config(data: &[u8]) {
     if let Ok(text) = std::str::from_utf8(data) {
         let _ = KubeletConfig::parse(text);
+        if let Ok(entries) = parse_reserved_memory_flag(text) {
+            let _ = KubeletConfig {
+                reserved_memory: entries,
+                ..KubeletConfig::default()
+            }
+            .policies();
+        }
     }
 }
 

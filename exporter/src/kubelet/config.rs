@@ -40,6 +40,42 @@ pub struct KubeletConfig {
     pub reserved_memory: Vec<ReservedMemory>,
 }
 
+/// The kubelet's `--reserved-memory` flag syntax, for kubelets configured by flags:
+/// `0:memory=1Gi,hugepages-1Gi=2Gi;1:memory=2Gi` (entries separated by `;`, the flag may be
+/// given several times). Quantities and NUMA ids are checked by [`KubeletConfig::policies`].
+pub fn parse_reserved_memory_flag(value: &str) -> Result<Vec<ReservedMemory>, String> {
+    let mut out = Vec::new();
+    for entry in value.split(';').map(str::trim).filter(|e| !e.is_empty()) {
+        let (node, limits) = entry
+            .split_once(':')
+            .ok_or_else(|| format!("{entry:?} is not NUMA:resource=quantity,..."))?;
+        let numa_node = node
+            .trim()
+            .parse::<i64>()
+            .map_err(|_| format!("{entry:?}: {node:?} is not a NUMA node id"))?;
+        let mut map = BTreeMap::new();
+        for pair in limits.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (resource, quantity) = pair
+                .split_once('=')
+                .ok_or_else(|| format!("{entry:?}: {pair:?} is not resource=quantity"))?;
+            if map
+                .insert(resource.trim().to_string(), quantity.trim().to_string())
+                .is_some()
+            {
+                return Err(format!("{entry:?}: {resource:?} given twice"));
+            }
+        }
+        if map.is_empty() {
+            return Err(format!("{entry:?}: no resource=quantity"));
+        }
+        out.push(ReservedMemory {
+            numa_node,
+            limits: map,
+        });
+    }
+    Ok(out)
+}
+
 /// One `reservedMemory` entry: a NUMA node and the quantities kept on it.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -76,13 +112,23 @@ pub struct KubeletPolicies {
 
 impl KubeletConfig {
     pub fn load(path: &Path) -> Result<KubeletPolicies, ConfigError> {
+        Self::read(path)?
+            .policies()
+            .map_err(|reason| ConfigError::Invalid {
+                path: path.to_path_buf(),
+                reason,
+            })
+    }
+
+    /// The file's fields, not yet validated (for a caller that replaces some first).
+    pub fn read(path: &Path) -> Result<KubeletConfig, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|reason| ConfigError::Read {
             path: path.to_path_buf(),
             reason,
         })?;
-        Self::parse(&text).map_err(|reason| ConfigError::Invalid {
+        serde_norway::from_str(&text).map_err(|e| ConfigError::Invalid {
             path: path.to_path_buf(),
-            reason,
+            reason: e.to_string(),
         })
     }
 
@@ -206,6 +252,30 @@ mod tests {
         assert_eq!(p.reserved_memory_bytes, (1 << 30) + 100 * (1 << 20));
         assert_eq!(p.reserved_system_cpus.to_string(), "0-1");
         assert!(p.reserved_memory.is_empty());
+    }
+
+    #[test]
+    fn reserved_memory_flag_is_the_kubelets_syntax() {
+        let entries =
+            parse_reserved_memory_flag("0:memory=1Gi,hugepages-1Gi=2Gi; 1:memory=512Mi").unwrap();
+        let config = KubeletConfig {
+            reserved_memory: entries,
+            ..KubeletConfig::default()
+        };
+        let p = config.policies().unwrap();
+        assert_eq!(p.reserved_memory[&0]["hugepages-1Gi"], 2 << 30);
+        assert_eq!(p.reserved_memory[&1]["memory"], 512 << 20);
+        for (value, want) in [
+            ("memory=1Gi", "not NUMA:resource"),
+            ("x:memory=1Gi", "\"x\" is not a NUMA node id"),
+            ("0:memory", "not resource=quantity"),
+            ("0:", "no resource=quantity"),
+            ("0:memory=1Gi,memory=2Gi", "given twice"),
+        ] {
+            let err = parse_reserved_memory_flag(value).unwrap_err();
+            assert!(err.contains(want), "{value}: {err}");
+        }
+        assert!(parse_reserved_memory_flag("").unwrap().is_empty());
     }
 
     #[test]

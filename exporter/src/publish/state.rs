@@ -19,7 +19,7 @@ use tokio::sync::watch;
 
 use crate::discover::nvml::NvmlProbe;
 use crate::discover::{DiscoverOptions, discover_with_nvml};
-use crate::kubelet::config::{ConfigError, KubeletPolicies};
+use crate::kubelet::config::{ConfigError, KubeletPolicies, ReservedMemory};
 use crate::kubelet::{AllocationSource, Allocations, KubeletConfig, KubeletPaths};
 
 use super::LatestAllocations;
@@ -57,6 +57,8 @@ pub struct NodeState {
     last_problem: Option<String>,
     /// The last NUMA memory read error logged, for the same reason.
     memory_problem: Option<String>,
+    /// `reservedMemory` given on the agent's command line, replacing the file's.
+    reserved_memory: Option<Vec<ReservedMemory>>,
 }
 
 impl NodeState {
@@ -80,6 +82,7 @@ impl NodeState {
             last_pod_resources: None,
             last_problem: None,
             memory_problem: None,
+            reserved_memory: None,
         }
     }
 
@@ -120,16 +123,27 @@ impl NodeState {
 
     fn policies(&self) -> Result<KubeletPolicies, ConfigError> {
         let path: &PathBuf = &self.kubelet.config;
-        if !path.exists() {
-            // Kubelets configured by flags alone have no file: their defaults apply.
-            return KubeletConfig::default()
-                .policies()
-                .map_err(|reason| ConfigError::Invalid {
-                    path: path.clone(),
-                    reason,
-                });
+        // Kubelets configured by flags alone have no file: their defaults apply.
+        let mut config = if path.exists() {
+            KubeletConfig::read(path)?
+        } else {
+            KubeletConfig::default()
+        };
+        if let Some(reserved) = &self.reserved_memory {
+            config.reserved_memory = reserved.clone();
         }
-        KubeletConfig::load(path)
+        config.policies().map_err(|reason| ConfigError::Invalid {
+            path: path.clone(),
+            reason,
+        })
+    }
+
+    /// The kubelet's per-NUMA memory reservation as given to the agent (`--reserved-memory`,
+    /// for kubelets that set it by flag); it replaces the configuration file's
+    /// `reservedMemory`.
+    pub fn with_reserved_memory(mut self, reserved: Option<Vec<ReservedMemory>>) -> Self {
+        self.reserved_memory = reserved;
+        self
     }
 
     /// Memory and huge pages per NUMA node from the root's sysfs. Unreadable files are logged
