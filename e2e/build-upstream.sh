@@ -3,6 +3,7 @@
 #   etcd, kube-apiserver, kube-scheduler, kubelet-dm, kubelet-node, dra-standin   (e2e/upstream/k8s)
 #   vc-scheduler, vc-controller-manager                (e2e/upstream/volcano)
 #   helm-render                                        (e2e/upstream/helm-render)
+#   nrt-scheduler, pod-fingerprint                     (e2e/upstream/nrt-scheduler)
 # and copies Volcano's CRDs out of the module cache.
 #
 # Output goes to a cache keyed by the pinned versions and a hash of the k8s and volcano
@@ -10,6 +11,9 @@
 #   ${FUMAROLE_UPSTREAM_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/fumarole/upstream}/<key>/{bin,crds/volcano}
 # helm-render is built into the same bin/ in a separate step, stamped with a hash of its
 # own module (helm-render.stamp), so editing it does not rebuild the control plane.
+# nrt-scheduler (kube-scheduler with scheduler-plugins' NodeResourceTopologyMatch, on the k8s
+# release that scheduler-plugins pins) and pod-fingerprint (podfingerprint's signature of a pod
+# list) are built the same way, stamped with nrt-scheduler.stamp.
 # A warm run (binaries and stamps present) builds nothing and takes well under a second.
 #
 # The last line on stdout is always `FUMAROLE_UPSTREAM_DIR=<dir>`, so callers can
@@ -21,6 +25,7 @@ E2E_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 K8S_MOD="$E2E_DIR/upstream/k8s"
 VC_MOD="$E2E_DIR/upstream/volcano"
 HR_MOD="$E2E_DIR/upstream/helm-render"
+NRT_MOD="$E2E_DIR/upstream/nrt-scheduler"
 
 need() { command -v "$1" >/dev/null 2>&1 || { echo "build-upstream: '$1' not found" >&2; exit 1; }; }
 need go
@@ -125,5 +130,35 @@ else
   echo "build-upstream: helm-render built in $(( $(date +%s) - start ))s" >&2
 fi
 
-for b in "${BINS[@]}" helm-render; do echo "  $OUT/bin/$b" >&2; done
+# nrt-scheduler and pod-fingerprint: their own stamp, like helm-render.
+NRT_HASH="$(cd "$NRT_MOD" && find . -type f \( -name '*.go' -o -name go.mod -o -name go.sum \) -print0 \
+  | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -c1-12)"
+NRT_STAMP="$OUT/nrt-scheduler.stamp"
+if [[ -x "$OUT/bin/nrt-scheduler" && -x "$OUT/bin/pod-fingerprint" && "$(cat "$NRT_STAMP" 2>/dev/null)" == "$NRT_HASH" ]]; then
+  echo "build-upstream: nrt-scheduler warm ($NRT_HASH)" >&2
+else
+  start=$(date +%s)
+  sp_ver="$(modver "$NRT_MOD/go.mod" sigs.k8s.io/scheduler-plugins)"
+  nrt_k8s="$(modver "$NRT_MOD/go.mod" k8s.io/kubernetes)"
+  nrt_minor="${nrt_k8s#v1.}"; nrt_minor="${nrt_minor%%.*}"
+  nld=""
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    nld+=" -X $pkg.gitVersion=$nrt_k8s -X $pkg.gitMajor=1 -X $pkg.gitMinor=$nrt_minor"
+    nld+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+  done
+  echo "build-upstream: nrt-scheduler (scheduler-plugins $sp_ver, k8s $nrt_k8s, $NRT_HASH)" >&2
+  rm -f "$OUT/bin/nrt-scheduler.tmp" "$OUT/bin/pod-fingerprint.tmp"
+  (
+    cd "$NRT_MOD"
+    go mod download
+    CGO_ENABLED=0 go build -buildvcs=false -trimpath -ldflags "-s -w $nld" -o "$OUT/bin/nrt-scheduler.tmp" .
+    CGO_ENABLED=0 go build -buildvcs=false -trimpath -ldflags "-s -w" -o "$OUT/bin/pod-fingerprint.tmp" ./pod-fingerprint
+  )
+  mv -f "$OUT/bin/nrt-scheduler.tmp" "$OUT/bin/nrt-scheduler"
+  mv -f "$OUT/bin/pod-fingerprint.tmp" "$OUT/bin/pod-fingerprint"
+  echo "$NRT_HASH" >"$NRT_STAMP"
+  echo "build-upstream: nrt-scheduler built in $(( $(date +%s) - start ))s" >&2
+fi
+
+for b in "${BINS[@]}" helm-render nrt-scheduler pod-fingerprint; do echo "  $OUT/bin/$b" >&2; done
 echo "FUMAROLE_UPSTREAM_DIR=$OUT"

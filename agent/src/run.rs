@@ -25,6 +25,7 @@ use fumarole_device_plugin::dra::serve::{self as dra_serve, DraDirs};
 use fumarole_device_plugin::plugin::Pods;
 use fumarole_device_plugin::resources::split;
 use fumarole_exporter::discover;
+use fumarole_exporter::kubelet::config::parse_reserved_memory_flag;
 use fumarole_exporter::kubelet::{KubeletConfig, KubeletPaths};
 use fumarole_exporter::publish::{self, Publisher, metrics, metrics::Metrics, state::NodeState};
 use fumarole_topology::crd::ColocationStatus;
@@ -86,6 +87,12 @@ pub struct RunArgs {
         default_value = "/var/lib/kubelet/config.yaml"
     )]
     kubelet_config: PathBuf,
+    /// The kubelet's per-NUMA memory reservation in its `--reserved-memory` syntax
+    /// (`0:memory=1Gi,hugepages-1Gi=2Gi;1:memory=2Gi`, repeatable), for kubelets that set it by
+    /// flag; replaces `reservedMemory` of the kubelet configuration file. NodeResourceTopology's
+    /// per-zone allocatable memory subtracts it.
+    #[arg(long, value_name = "NUMA:RESOURCE=QUANTITY,...")]
+    reserved_memory: Vec<String>,
     /// The kubelet PodResources socket.
     #[arg(
         long,
@@ -290,6 +297,18 @@ pub fn run(args: RunArgs) -> Result<()> {
 
         let wake = Arc::new(Notify::new());
         publish::wake_on_health(stream.subscribe(), wake.clone());
+        let reserved_memory = if args.reserved_memory.is_empty() {
+            None
+        } else {
+            let mut all = Vec::new();
+            for v in &args.reserved_memory {
+                all.extend(
+                    parse_reserved_memory_flag(v)
+                        .map_err(|e| anyhow::anyhow!("--reserved-memory {v:?}: {e}"))?,
+                );
+            }
+            Some(all)
+        };
         let kubelet = KubeletPaths {
             config: args.kubelet_config.clone(),
             pod_resources_socket: args.pod_resources_socket.clone(),
@@ -366,7 +385,8 @@ pub fn run(args: RunArgs) -> Result<()> {
         );
         let mut state = NodeState::new(prepared.options.clone(), prepared.nvml, kubelet, allocations, metrics)
             .with_health(stream.subscribe())
-            .with_compat_labels(args.compat_labels);
+            .with_compat_labels(args.compat_labels)
+            .with_reserved_memory(reserved_memory);
         if let Some(served) = dra_served {
             state = state.with_dra(&node_name, served);
         }

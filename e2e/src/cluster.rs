@@ -691,6 +691,20 @@ impl TestCluster {
     /// kubeconfig and leader election is turned off. Waits for `/healthz`; returns the HTTPS
     /// port, whose `/metrics` anyone may read (`curl -k`).
     pub async fn start_kube_scheduler(&self, config_yaml: &str) -> Result<u16> {
+        self.start_scheduler_binary("kube-scheduler", config_yaml, &[])
+            .await
+    }
+
+    /// [`TestCluster::start_kube_scheduler`] with another kube-scheduler build from the
+    /// upstream `bin/`: `nrt-scheduler` is kube-scheduler v1.34.7 with scheduler-plugins'
+    /// NodeResourceTopologyMatch. `extra` are more flags (`--v=4`). Its log is
+    /// `log_tail(bin, ..)`.
+    pub async fn start_scheduler_binary(
+        &self,
+        bin: &str,
+        config_yaml: &str,
+        extra: &[&str],
+    ) -> Result<u16> {
         let mut cfg: Value = if config_yaml.trim().is_empty() {
             json!({})
         } else {
@@ -706,12 +720,12 @@ impl TestCluster {
         let kubeconfig = self.admin_kubeconfig.display().to_string();
         merge(obj, "clientConnection", json!({ "kubeconfig": kubeconfig }));
         merge(obj, "leaderElection", json!({ "leaderElect": false }));
-        let path = self.root.join("kube-scheduler.yaml");
+        let path = self.root.join(format!("{bin}.yaml"));
         std::fs::write(&path, serde_norway::to_string(&cfg)?)?;
         let port = free_port()?;
         self.spawn(
-            "kube-scheduler",
-            "kube-scheduler",
+            bin,
+            bin,
             &[
                 format!("--config={}", path.display()),
                 "--bind-address=127.0.0.1".to_string(),
@@ -719,9 +733,12 @@ impl TestCluster {
                 format!("--authentication-kubeconfig={kubeconfig}"),
                 format!("--authorization-kubeconfig={kubeconfig}"),
                 "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics".to_string(),
-            ],
+            ]
+            .into_iter()
+            .chain(extra.iter().map(|a| a.to_string()))
+            .collect::<Vec<_>>(),
         )?;
-        self.wait_healthz("kube-scheduler", &format!("https://127.0.0.1:{port}"))
+        self.wait_healthz(bin, &format!("https://127.0.0.1:{port}"))
             .await?;
         Ok(port)
     }

@@ -31,6 +31,7 @@ use fumarole_device_plugin::plugin::Pods;
 use fumarole_exporter::discover::overrides::Overrides;
 use fumarole_exporter::discover::sysfs::{NvidiaProcInfo, parse_numa_node};
 use fumarole_exporter::kubelet::KubeletConfig;
+use fumarole_exporter::kubelet::config::parse_reserved_memory_flag;
 use fumarole_exporter::kubelet::cpu_manager_state::CpuManagerState;
 use fumarole_sim::{self, Simulation, policy::Policy, shape::ClusterShape, shape::SimCluster};
 use fumarole_topology::{CpuSet, NodeTopology, annotation as devices_annotation};
@@ -81,13 +82,15 @@ pub fn cpuset(data: &[u8]) {
     let _ = CpuSet::parse_mask(text);
 }
 
-/// Per-device sysfs attributes and the NVIDIA driver's `information` file.
+/// Per-device sysfs attributes, a NUMA node's `meminfo` and the NVIDIA driver's `information`
+/// file.
 pub fn sysfs_attributes(data: &[u8]) {
     let Ok(text) = std::str::from_utf8(data) else {
         return;
     };
     let _ = parse_numa_node(text);
     let _ = CpuSet::parse(text.trim());
+    let _ = fumarole_exporter::discover::memory::mem_total(text);
     let info = NvidiaProcInfo::parse(text);
     if let Some(model) = info.model {
         assert!(!model.is_empty() && !model.starts_with("N/A"));
@@ -113,6 +116,13 @@ pub fn override_file(data: &[u8]) {
 pub fn kubelet_config(data: &[u8]) {
     if let Ok(text) = std::str::from_utf8(data) {
         let _ = KubeletConfig::parse(text);
+        if let Ok(entries) = parse_reserved_memory_flag(text) {
+            let _ = KubeletConfig {
+                reserved_memory: entries,
+                ..KubeletConfig::default()
+            }
+            .policies();
+        }
     }
 }
 

@@ -6,6 +6,7 @@
 //! [`health`] device and link faults ([`NodeHealth`]) and what they do to a topology;
 //! [`annotation`] the pod annotation carrying the scheduler's device choice; [`quantity`] and
 //! [`pod`] the Kubernetes quantities and effective pod requests every component reads alike;
+//! [`pod_fingerprint`] the pod set fingerprint NodeResourceTopology consumers compare;
 //! [`colocation`] what the co-location agent leaves on its Node and its heartbeat Lease;
 //! [`every`] a rate limit for warnings about things that retry often;
 //! [`shapes`] the link matrices of the fixture node shapes and [`baseline`] the NVIDIA-style
@@ -23,6 +24,7 @@ pub mod health;
 pub mod link;
 pub mod model;
 pub mod pod;
+pub mod pod_fingerprint;
 pub mod quantity;
 pub mod select;
 pub mod shapes;

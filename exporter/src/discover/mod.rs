@@ -2,13 +2,15 @@
 //! a [`NodeTopology`].
 //!
 //! Start at [`discover`]. The parts, by name: [`hwloc`] (CPUs, NUMA, the PCI tree),
-//! [`accelerators`] (which PCI functions are accelerators, vendor naming), [`sysfs`] (files
+//! [`accelerators`] (which PCI functions are accelerators, vendor naming), [`memory`] (memory and
+//! huge pages per NUMA node, for NodeResourceTopology), [`sysfs`] (files
 //! under the root), [`nvml`] (NVIDIA's library, or recorded answers), [`overrides`] (the
 //! operator's file). Links: PCIe classes from the PCI paths, then vendor fabrics (NVLink from
 //! NVML, Ascend HCCS rules), then the override file, each refining the previous.
 
 pub mod accelerators;
 pub mod hwloc;
+pub mod memory;
 pub mod nvml;
 pub mod overrides;
 pub mod sysfs;

@@ -89,6 +89,7 @@ impl CpuManagerState {
                         name: name.clone(),
                         cpus: cpus.clone(),
                         devices: BTreeMap::new(),
+                        memory: Vec::new(),
                     })
                     .collect(),
             })

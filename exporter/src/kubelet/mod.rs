@@ -22,6 +22,17 @@ pub struct ContainerAllocation {
     pub cpus: CpuSet,
     /// Resource name -> device ids.
     pub devices: BTreeMap<String, Vec<String>>,
+    /// Memory pinned to NUMA nodes by the kubelet's memory manager (PodResources only).
+    pub memory: Vec<MemoryBlock>,
+}
+
+/// One PodResources `memory` block: `bytes` of `resource` (`memory`, `hugepages-2Mi`, ...)
+/// taken from the NUMA nodes `numa_nodes`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MemoryBlock {
+    pub resource: String,
+    pub bytes: u64,
+    pub numa_nodes: Vec<u32>,
 }
 
 /// Exclusive resources held by one pod.
@@ -210,6 +221,7 @@ mod tests {
                 name: "main".into(),
                 cpus: cpus.parse().unwrap(),
                 devices,
+                memory: vec![],
             }],
         }
     }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use fumarole_topology::CpuSet;
 use tonic::transport::Endpoint;
 
-use super::{ContainerAllocation, PodAllocation};
+use super::{ContainerAllocation, MemoryBlock, PodAllocation};
 
 /// Generated from `proto/podresources_v1.proto`.
 pub mod v1 {
@@ -24,7 +24,7 @@ pub enum PodResourcesError {
     List(#[from] tonic::Status),
 }
 
-/// Every pod's exclusive CPUs and devices.
+/// Every pod's exclusive CPUs, devices and NUMA-pinned memory.
 pub async fn list(socket: &Path) -> Result<Vec<PodAllocation>, PodResourcesError> {
     let connect_err = |e: tonic::transport::Error| PodResourcesError::Connect {
         path: socket.display().to_string(),
@@ -74,6 +74,24 @@ fn pod_allocation(p: v1::PodResources) -> PodAllocation {
                         .filter_map(|id| u32::try_from(id).ok())
                         .collect::<CpuSet>(),
                     devices,
+                    memory: c
+                        .memory
+                        .into_iter()
+                        .filter(|m| m.size > 0)
+                        .map(|m| MemoryBlock {
+                            resource: m.memory_type,
+                            bytes: m.size,
+                            numa_nodes: m
+                                .topology
+                                .map(|t| {
+                                    t.nodes
+                                        .iter()
+                                        .filter_map(|n| u32::try_from(n.id).ok())
+                                        .collect()
+                                })
+                                .unwrap_or_default(),
+                        })
+                        .collect(),
                 }
             })
             .collect(),
@@ -105,7 +123,13 @@ mod tests {
                             device_ids: vec!["GPU-a".into(), "GPU-b".into()],
                             topology: None,
                         }],
-                        memory: vec![],
+                        memory: vec![v1::ContainerMemory {
+                            memory_type: "hugepages-1Gi".into(),
+                            size: 2 << 30,
+                            topology: Some(v1::TopologyInfo {
+                                nodes: vec![v1::NumaNode { id: 1 }],
+                            }),
+                        }],
                     }],
                 }],
             }))
@@ -135,6 +159,14 @@ mod tests {
         assert_eq!(
             pods[0].containers[0].devices["nvidia.com/gpu"],
             vec!["GPU-a", "GPU-b"]
+        );
+        assert_eq!(
+            pods[0].containers[0].memory,
+            vec![MemoryBlock {
+                resource: "hugepages-1Gi".into(),
+                bytes: 2 << 30,
+                numa_nodes: vec![1],
+            }]
         );
 
         let err = list(&dir.path().join("absent.sock")).await.unwrap_err();

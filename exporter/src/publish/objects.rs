@@ -11,8 +11,9 @@ use fumarole_topology::crd::numatopology::{
 use fumarole_topology::crd::{
     DeviceTopologySpec, DeviceTopologyStatus, NodeResourceTopology, NumatopologySpec,
 };
-use fumarole_topology::{CpuSet, Health, NodeHealth, NodeTopology};
+use fumarole_topology::{CpuSet, Health, NodeHealth, NodeTopology, pod_fingerprint};
 
+use crate::discover::memory::{ZoneMemory, hugepages_resource};
 use crate::kubelet::config::KubeletPolicies;
 use crate::kubelet::{AllocationSource, Allocations};
 use fumarole_topology::quantity::format_cpu;
@@ -143,15 +144,100 @@ pub fn device_topology(
     )
 }
 
-/// `NodeResourceTopology`: one `node-N` zone per NUMA node with cpu, memory and accelerator
-/// resources, costs from the NUMA distances.
+/// Memory facts for NodeResourceTopology zones: NUMA node -> its memory and huge pages from
+/// sysfs ([`crate::discover::memory`]). A node missing here gets hwloc's memory size and no
+/// huge pages.
+pub type NumaMemory = BTreeMap<u32, ZoneMemory>;
+
+/// Bytes of each memory resource pods hold per NUMA node, from PodResources `memory` blocks.
+/// A block over several nodes is taken from them in id order, each up to what it has
+/// allocatable, the rest from the last: the order the kubelet's memory manager fills a NUMA
+/// group in (node-feature-discovery accounts the same way).
+fn memory_held(
+    alloc: &Allocations,
+    allocatable: &BTreeMap<(u32, String), u64>,
+) -> BTreeMap<(u32, String), u64> {
+    let mut held: BTreeMap<(u32, String), u64> = BTreeMap::new();
+    let blocks = alloc
+        .pods
+        .iter()
+        .flat_map(|p| &p.containers)
+        .flat_map(|c| &c.memory);
+    for b in blocks {
+        let mut nodes = b.numa_nodes.clone();
+        nodes.sort_unstable();
+        nodes.dedup();
+        let mut left = b.bytes;
+        for (i, node) in nodes.iter().enumerate() {
+            let key = (*node, b.resource.clone());
+            let used = held.get(&key).copied().unwrap_or(0);
+            let room = allocatable
+                .get(&key)
+                .copied()
+                .unwrap_or(0)
+                .saturating_sub(used);
+            let take = if i + 1 == nodes.len() {
+                left
+            } else {
+                left.min(room)
+            };
+            *held.entry(key).or_default() = used.saturating_add(take);
+            left -= take;
+        }
+    }
+    held
+}
+
+/// `NodeResourceTopology`: one `node-N` zone per NUMA node with cpu, memory, huge pages and
+/// accelerator resources, costs from the NUMA distances, the kubelet's topology manager policy
+/// and scope, and the pod set fingerprint when `pods_fingerprint` is given.
+///
+/// Memory per zone: capacity is the node's `MemTotal`; allocatable is that minus its huge pages
+/// and the kubelet's `reservedMemory` for the node (the memory manager's static policy
+/// arithmetic); huge pages per size: capacity the pages' bytes, allocatable that minus their
+/// `reservedMemory`. Available is allocatable minus the PodResources `memory` blocks on the
+/// node ([`memory_held`]).
 pub fn node_resource_topology(
     t: &NodeTopology,
     policies: &KubeletPolicies,
     alloc: &Allocations,
+    memory: &NumaMemory,
+    pods_fingerprint: Option<&str>,
 ) -> NodeResourceTopology {
     let exclusive = alloc.exclusive_cpus();
     let allocated_devices = device_allocations(t, alloc);
+    let no_reservation = BTreeMap::new();
+    // (node, resource) -> (capacity, allocatable) of the memory resources.
+    let mut memory_resources: BTreeMap<(u32, String), (u64, u64)> = BTreeMap::new();
+    for n in &t.numa_nodes {
+        let reserved = policies
+            .reserved_memory
+            .get(&n.id)
+            .unwrap_or(&no_reservation);
+        let kept = |resource: &str| reserved.get(resource).copied().unwrap_or(0);
+        let zone = memory.get(&n.id);
+        let (total, huge) = zone.map_or((n.memory_bytes, 0), |z| {
+            (z.total_bytes, z.hugepages_bytes())
+        });
+        memory_resources.insert(
+            (n.id, "memory".into()),
+            (
+                total,
+                total.saturating_sub(huge).saturating_sub(kept("memory")),
+            ),
+        );
+        for (size, pages) in zone.map(|z| &z.hugepages).into_iter().flatten() {
+            let name = hugepages_resource(*size);
+            let capacity = size.saturating_mul(*pages);
+            let allocatable = capacity.saturating_sub(kept(&name));
+            memory_resources.insert((n.id, name), (capacity, allocatable));
+        }
+    }
+    let allocatable: BTreeMap<(u32, String), u64> = memory_resources
+        .iter()
+        .map(|(k, (_, a))| (k.clone(), *a))
+        .collect();
+    let held = memory_held(alloc, &allocatable);
     let zones = t
         .numa_nodes
         .iter()
@@ -159,20 +245,29 @@ pub fn node_resource_topology(
             let capacity = n.cpus.len();
             let allocatable = n.cpus.difference(&policies.reserved_system_cpus);
             let available = allocatable.difference(&exclusive);
-            let mut resources = vec![
-                ResourceInfo {
-                    name: "cpu".into(),
-                    capacity: capacity.to_string(),
-                    allocatable: allocatable.len().to_string(),
-                    available: available.len().to_string(),
+            let mut resources = vec![ResourceInfo {
+                name: "cpu".into(),
+                capacity: capacity.to_string(),
+                allocatable: allocatable.len().to_string(),
+                available: available.len().to_string(),
+            }];
+            let mut zone_memory: Vec<_> = memory_resources
+                .range((n.id, String::new())..)
+                .take_while(|((node, _), _)| *node == n.id)
+                .collect();
+            // `memory` first, then huge pages by name.
+            zone_memory.sort_by_key(|((_, name), _)| (name != "memory", name.clone()));
+            resources.extend(zone_memory.into_iter().map(
+                |((node, name), (capacity, allocatable))| {
+                    let used = held.get(&(*node, name.clone())).copied().unwrap_or(0);
+                    ResourceInfo {
+                        name: name.clone(),
+                        capacity: capacity.to_string(),
+                        allocatable: allocatable.to_string(),
+                        available: allocatable.saturating_sub(used).to_string(),
+                    }
                 },
-                ResourceInfo {
-                    name: "memory".into(),
-                    capacity: n.memory_bytes.to_string(),
-                    allocatable: n.memory_bytes.to_string(),
-                    available: n.memory_bytes.to_string(),
-                },
-            ];
+            ));
             let mut devices: BTreeMap<String, (usize, usize, usize)> = BTreeMap::new();
             for d in t.devices.iter().filter(|d| d.numa_node == Some(n.id)) {
                 let e = devices.entry(d.default_resource_name()).or_default();
@@ -207,19 +302,38 @@ pub fn node_resource_topology(
             }
         })
         .collect();
-    NodeResourceTopology {
-        zones,
-        attributes: vec![
-            Attribute {
-                name: "topologyManagerPolicy".into(),
-                value: policies.topology_manager_policy.clone(),
-            },
-            Attribute {
-                name: "topologyManagerScope".into(),
-                value: policies.topology_manager_scope.clone(),
-            },
-        ],
+    let mut attributes = vec![
+        Attribute {
+            name: "topologyManagerPolicy".into(),
+            value: policies.topology_manager_policy.clone(),
+        },
+        Attribute {
+            name: "topologyManagerScope".into(),
+            value: policies.topology_manager_scope.clone(),
+        },
+    ];
+    if let Some(fp) = pods_fingerprint {
+        attributes.push(Attribute {
+            name: pod_fingerprint::ATTRIBUTE.into(),
+            value: fp.to_string(),
+        });
     }
+    NodeResourceTopology { zones, attributes }
+}
+
+/// The pod set fingerprint node-feature-discovery publishes: every pod PodResources lists, by
+/// namespace and name; none when PodResources was not read (the CPU manager checkpoint knows
+/// no pod names) or lists no pod (NFD leaves the attribute out then too).
+pub fn pods_fingerprint(alloc: &Allocations) -> Option<String> {
+    if alloc.source != AllocationSource::PodResources || alloc.pods.is_empty() {
+        return None;
+    }
+    Some(pod_fingerprint::fingerprint(
+        alloc
+            .pods
+            .iter()
+            .map(|p| (p.namespace.as_str(), p.name.as_str())),
+    ))
 }
 
 /// A label value: at most 63 characters of `[A-Za-z0-9._-]`, starting and ending with an
@@ -309,6 +423,7 @@ mod tests {
             reserved_cpu_millis: 1000,
             reserved_memory_bytes: 1 << 20,
             reserved_system_cpus: CpuSet::parse("0").unwrap(),
+            reserved_memory: BTreeMap::new(),
         }
     }
 
@@ -323,6 +438,7 @@ mod tests {
                     name: "c".into(),
                     cpus: CpuSet::parse(cpus).unwrap(),
                     devices: BTreeMap::new(),
+                    memory: vec![],
                 }],
             }],
         }
@@ -358,7 +474,8 @@ mod tests {
 
     #[test]
     fn nrt_zones_count_reserved_and_held_cpus() {
-        let nrt = node_resource_topology(&node(), &policies(), &held("4-5"));
+        let nrt =
+            node_resource_topology(&node(), &policies(), &held("4-5"), &NumaMemory::new(), None);
         let cpu = |z: usize| {
             nrt.zones[z]
                 .resources
@@ -392,6 +509,131 @@ mod tests {
             }
         );
         assert_eq!(nrt.attributes[0].value, "single-numa-node");
+        // Without sysfs facts a zone's memory is hwloc's, all of it free.
+        let mem = nrt.zones[0]
+            .resources
+            .iter()
+            .find(|r| r.name == "memory")
+            .unwrap();
+        assert_eq!(
+            (
+                mem.capacity.as_str(),
+                mem.allocatable.as_str(),
+                mem.available.as_str()
+            ),
+            ("1073741824", "1073741824", "1073741824")
+        );
+        // No PodResources, no fingerprint.
+        assert_eq!(pods_fingerprint(&held("4-5")), None);
+        assert_eq!(nrt.attributes.len(), 2);
+    }
+
+    fn block(resource: &str, bytes: u64, nodes: &[u32]) -> crate::kubelet::MemoryBlock {
+        crate::kubelet::MemoryBlock {
+            resource: resource.into(),
+            bytes,
+            numa_nodes: nodes.to_vec(),
+        }
+    }
+
+    /// (capacity, allocatable, available) of `name` in zone `z`.
+    fn amounts(nrt: &NodeResourceTopology, z: usize, name: &str) -> (u64, u64, u64) {
+        let r = nrt.zones[z]
+            .resources
+            .iter()
+            .find(|r| r.name == name)
+            .unwrap_or_else(|| panic!("no {name} in zone {z}: {:?}", nrt.zones[z]));
+        (
+            r.capacity.parse().unwrap(),
+            r.allocatable.parse().unwrap(),
+            r.available.parse().unwrap(),
+        )
+    }
+
+    #[test]
+    fn nrt_memory_per_zone_follows_the_memory_managers_arithmetic() {
+        const GI: u64 = 1 << 30;
+        const MI: u64 = 1 << 20;
+        let memory = NumaMemory::from([
+            (
+                0,
+                ZoneMemory {
+                    total_bytes: 64 * GI,
+                    hugepages: BTreeMap::from([(2 * MI, 1024), (GI, 4)]),
+                },
+            ),
+            (
+                1,
+                ZoneMemory {
+                    total_bytes: 64 * GI,
+                    hugepages: BTreeMap::from([(2 * MI, 0)]),
+                },
+            ),
+        ]);
+        let mut p = policies();
+        p.reserved_memory = BTreeMap::from([
+            (
+                0,
+                BTreeMap::from([
+                    ("memory".to_string(), GI),
+                    ("hugepages-1Gi".to_string(), GI),
+                ]),
+            ),
+            (1, BTreeMap::from([("memory".to_string(), 2 * GI)])),
+        ]);
+        let mut alloc = Allocations {
+            source: AllocationSource::PodResources,
+            pods: vec![
+                Pod {
+                    uid: None,
+                    name: "db-0".into(),
+                    namespace: "prod".into(),
+                    containers: vec![Held {
+                        name: "main".into(),
+                        cpus: CpuSet::parse("1-2").unwrap(),
+                        devices: BTreeMap::new(),
+                        memory: vec![
+                            block("memory", 10 * GI, &[0]),
+                            block("hugepages-1Gi", 2 * GI, &[0]),
+                        ],
+                    }],
+                },
+                Pod {
+                    uid: None,
+                    name: "web".into(),
+                    namespace: "prod".into(),
+                    containers: vec![],
+                },
+            ],
+        };
+        let fp = pods_fingerprint(&alloc);
+        let nrt = node_resource_topology(&node(), &p, &alloc, &memory, fp.as_deref());
+        // node 0: 64Gi, 2Gi of 2Mi pages and 4Gi of 1Gi pages, 1Gi reserved -> 57Gi.
+        assert_eq!(amounts(&nrt, 0, "memory"), (64 * GI, 57 * GI, 47 * GI));
+        assert_eq!(amounts(&nrt, 0, "hugepages-1Gi"), (4 * GI, 3 * GI, GI));
+        assert_eq!(amounts(&nrt, 0, "hugepages-2Mi"), (2 * GI, 2 * GI, 2 * GI));
+        assert_eq!(amounts(&nrt, 1, "memory"), (64 * GI, 62 * GI, 62 * GI));
+        assert_eq!(amounts(&nrt, 1, "hugepages-2Mi"), (0, 0, 0));
+        let names: Vec<&str> = nrt.zones[0]
+            .resources
+            .iter()
+            .map(|r| r.name.as_str())
+            .collect();
+        assert_eq!(names, ["cpu", "memory", "hugepages-1Gi", "hugepages-2Mi"]);
+        assert_eq!(
+            nrt.attributes[2],
+            Attribute {
+                name: "nodeTopologyPodsFingerprint".into(),
+                value: pod_fingerprint::fingerprint([("prod", "db-0"), ("prod", "web")]),
+            }
+        );
+
+        // A block over a NUMA group fills node 0 first, the rest from node 1.
+        alloc.pods[0].containers[0].memory = vec![block("memory", 60 * GI, &[1, 0])];
+        let nrt = node_resource_topology(&node(), &p, &alloc, &memory, None);
+        assert_eq!(amounts(&nrt, 0, "memory").2, 0);
+        assert_eq!(amounts(&nrt, 1, "memory").2, 62 * GI - 3 * GI);
+        assert_eq!(nrt.attributes.len(), 2);
     }
 
     #[test]

@@ -19,7 +19,7 @@ use tokio::sync::watch;
 
 use crate::discover::nvml::NvmlProbe;
 use crate::discover::{DiscoverOptions, discover_with_nvml};
-use crate::kubelet::config::{ConfigError, KubeletPolicies};
+use crate::kubelet::config::{ConfigError, KubeletPolicies, ReservedMemory};
 use crate::kubelet::{AllocationSource, Allocations, KubeletConfig, KubeletPaths};
 
 use super::LatestAllocations;
@@ -55,6 +55,10 @@ pub struct NodeState {
     last_pod_resources: Option<Allocations>,
     /// The last problem logged, so a persisting one is logged once.
     last_problem: Option<String>,
+    /// The last NUMA memory read error logged, for the same reason.
+    memory_problem: Option<String>,
+    /// `reservedMemory` given on the agent's command line, replacing the file's.
+    reserved_memory: Option<Vec<ReservedMemory>>,
 }
 
 impl NodeState {
@@ -77,6 +81,8 @@ impl NodeState {
             last_allocations: None,
             last_pod_resources: None,
             last_problem: None,
+            memory_problem: None,
+            reserved_memory: None,
         }
     }
 
@@ -117,16 +123,49 @@ impl NodeState {
 
     fn policies(&self) -> Result<KubeletPolicies, ConfigError> {
         let path: &PathBuf = &self.kubelet.config;
-        if !path.exists() {
-            // Kubelets configured by flags alone have no file: their defaults apply.
-            return KubeletConfig::default()
-                .policies()
-                .map_err(|reason| ConfigError::Invalid {
-                    path: path.clone(),
-                    reason,
-                });
+        // Kubelets configured by flags alone have no file: their defaults apply.
+        let mut config = if path.exists() {
+            KubeletConfig::read(path)?
+        } else {
+            KubeletConfig::default()
+        };
+        if let Some(reserved) = &self.reserved_memory {
+            config.reserved_memory = reserved.clone();
         }
-        KubeletConfig::load(path)
+        config.policies().map_err(|reason| ConfigError::Invalid {
+            path: path.clone(),
+            reason,
+        })
+    }
+
+    /// The kubelet's per-NUMA memory reservation as given to the agent (`--reserved-memory`,
+    /// for kubelets that set it by flag); it replaces the configuration file's
+    /// `reservedMemory`.
+    pub fn with_reserved_memory(mut self, reserved: Option<Vec<ReservedMemory>>) -> Self {
+        self.reserved_memory = reserved;
+        self
+    }
+
+    /// Memory and huge pages per NUMA node from the root's sysfs. Unreadable files are logged
+    /// (once per change) and the zones fall back to hwloc's memory sizes.
+    fn numa_memory(&mut self) -> objects::NumaMemory {
+        let Some(root) = self.discover.source.root() else {
+            return objects::NumaMemory::new();
+        };
+        match crate::discover::memory::numa_memory(root) {
+            Ok(m) => {
+                self.memory_problem = None;
+                m
+            }
+            Err(e) => {
+                let message = e.to_string();
+                if self.memory_problem.as_deref() != Some(message.as_str()) {
+                    tracing::warn!(error = %message, "NUMA memory unreadable; zones carry hwloc's memory sizes");
+                    self.memory_problem = Some(message);
+                }
+                objects::NumaMemory::new()
+            }
+        }
     }
 
     pub async fn desired(&mut self) -> Desired {
@@ -180,7 +219,13 @@ impl NodeState {
         let (numatopology, node_resource_topology) = match (&policies, &allocations) {
             (Ok(p), Ok((a, devices))) => (
                 Some(objects::numatopology(&topology, p, a)),
-                Some(objects::node_resource_topology(&topology, p, devices)),
+                Some(objects::node_resource_topology(
+                    &topology,
+                    p,
+                    devices,
+                    &self.numa_memory(),
+                    objects::pods_fingerprint(a).as_deref(),
+                )),
             ),
             _ => (None, None),
         };
