@@ -427,7 +427,7 @@ async fn run(
         Some(config) => Some(cluster.start_kube_scheduler(&config).await.unwrap()),
         None => {
             let extra = if arrangement.extension() {
-                common::volcano_conf_with_extender(ext_port)
+                fumarole_e2e::fumarole::volcano_conf_with_extender(ext_port)
             } else {
                 volcano_conf("")
             };

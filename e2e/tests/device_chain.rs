@@ -49,7 +49,7 @@ async fn run_chain(scheduler: Scheduler) {
                 .unwrap();
         }
         Scheduler::Volcano => cluster
-            .start_volcano(&common::volcano_conf_with_extender(port))
+            .start_volcano(&fumarole_e2e::fumarole::volcano_conf_with_extender(port))
             .await
             .unwrap(),
     }

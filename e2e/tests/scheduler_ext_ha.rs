@@ -186,7 +186,9 @@ async fn start(
     .await
     .unwrap();
     cluster
-        .start_volcano(&common::volcano_conf_with_extender(front.port()))
+        .start_volcano(&fumarole_e2e::fumarole::volcano_conf_with_extender(
+            front.port(),
+        ))
         .await
         .unwrap();
     (cluster, harness, replicas, front)

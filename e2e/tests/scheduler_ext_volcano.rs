@@ -31,7 +31,7 @@ fn assert_no_failed_calls(cluster: &fumarole_e2e::TestCluster) {
 async fn volcano_puts_four_gpu_pod_where_it_fits_exactly() {
     let (cluster, port) = common::cluster_with_extender(&common::two_dgx(), &[]).await;
     cluster
-        .start_volcano(&common::volcano_conf_with_extender(port))
+        .start_volcano(&fumarole_e2e::fumarole::volcano_conf_with_extender(port))
         .await
         .unwrap();
 
@@ -108,7 +108,7 @@ fn vcjob(name: &str, replicas: u32, group_size: u32) -> DynamicObject {
 async fn volcano_job_lands_unit_by_unit_in_single_super_nodes() {
     let (cluster, port) = common::cluster_with_extender(&common::racks(), &[]).await;
     cluster
-        .start_volcano(&common::volcano_conf_with_extender(port))
+        .start_volcano(&fumarole_e2e::fumarole::volcano_conf_with_extender(port))
         .await
         .unwrap();
 
@@ -249,7 +249,7 @@ fn free_racks() -> Vec<fumarole_topology::crd::DeviceTopology> {
 async fn pytorch_demo_lands_unit_by_unit(atomic: Option<u32>) {
     let (cluster, port) = common::cluster_with_extender(&free_racks(), &[]).await;
     cluster
-        .start_volcano(&common::volcano_conf_with_extender(port))
+        .start_volcano(&fumarole_e2e::fumarole::volcano_conf_with_extender(port))
         .await
         .unwrap();
     let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(

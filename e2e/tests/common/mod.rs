@@ -108,8 +108,6 @@ pub fn kube_scheduler_config(port: u16) -> String {
     fumarole::kube_scheduler_config(port, &["nvidia.com/gpu"])
 }
 
-pub use fumarole_e2e::fumarole::volcano_conf_with_extender;
-
 /// The devices a pod carries in `fumarole.dev/devices`, if any.
 pub fn devices_of(pod: &Pod) -> Option<Vec<String>> {
     let value = pod.metadata.annotations.as_ref()?.get(DEVICES_ANNOTATION)?;
