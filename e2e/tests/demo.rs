@@ -11,6 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use fumarole_e2e::cluster::free_port;
+use fumarole_e2e::fumarole::kubectl_plugin_bin;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 
@@ -144,6 +145,32 @@ fn the_demo_places_every_workload_and_stops_on_ctrl_c() {
     assert!(output.contains("/ui"), "{output}");
 
     let root = root_of(&output);
+    // The demo's cluster through `kubectl fumarole top`, with the KUBECONFIG it printed: every
+    // GPU of the four DGX nodes is in use (the job), 4 of the PCIe server's (train-4gpu) and
+    // one NPU (infer-1npu).
+    let top = Command::new(kubectl_plugin_bin().unwrap())
+        .args(["top", "-o", "json"])
+        .env("KUBECONFIG", format!("{root}/admin.kubeconfig"))
+        .output()
+        .unwrap();
+    assert!(top.status.success(), "{top:?}");
+    let usage: serde_json::Value = serde_json::from_slice(&top.stdout).unwrap();
+    let in_use = |node: &str| {
+        usage["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["node"] == node)
+            .unwrap_or_else(|| panic!("{node} not in {usage}"))["inUse"]
+            .as_u64()
+            .unwrap()
+    };
+    for dgx in ["dgx-a0", "dgx-a1", "dgx-b0", "dgx-b1"] {
+        assert_eq!(in_use(dgx), 8, "{usage}");
+    }
+    assert_eq!(in_use("pcie-0"), 4, "{usage}");
+    assert_eq!(in_use("atlas-a") + in_use("atlas-b"), 1, "{usage}");
+
     let running = processes_under(&root);
     // etcd, kube-apiserver, 7 harness nodes, 7 agents, the extension, kube-scheduler, Volcano.
     assert!(running.len() >= 19, "{running:#?}");

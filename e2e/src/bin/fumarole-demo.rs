@@ -14,17 +14,19 @@ use anyhow::{Context, Result, bail};
 use clap::Parser;
 use fumarole_e2e::chain::vcjob_resource;
 use fumarole_e2e::fleet::{self, FleetNode};
-use fumarole_e2e::fumarole::{kube_scheduler_config, volcano_conf_with_extender};
+use fumarole_e2e::fumarole::{
+    kube_scheduler_config, kubectl_plugin_bin, volcano_conf_with_extender,
+};
 use fumarole_e2e::wait::eventually;
 use fumarole_e2e::{HarnessNode, TestCluster};
 use fumarole_topology::annotation::{self, DEVICES_ANNOTATION};
-use fumarole_topology::crd::{DeviceTopology, Numatopology};
-use k8s_openapi::api::core::v1::{Node, Pod};
+use fumarole_topology::crd::DeviceTopology;
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 use scheduler_ext::core::explain;
 use scheduler_ext::core::score::gpu_aware::GpuAware;
-use scheduler_ext::core::view::ClusterView;
+use scheduler_ext::live;
 use scheduler_ext::service::Service;
 use serde_json::json;
 
@@ -153,9 +155,13 @@ async fn run(args: &Args) -> Result<()> {
     say(&format!(
         "\nThe cluster page: http://127.0.0.1:{}/ui\n\
          kubectl: export KUBECONFIG={}\n\
+         kubectl-fumarole (explain POD, node NODE, top): {}\n\
          Logs: {} (kept after the demo with FUMAROLE_E2E_KEEP=1)",
         args.ui_port,
         cluster.admin_kubeconfig().display(),
+        kubectl_plugin_bin()
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|e| format!("{e:#}")),
         cluster.root().join("logs").display(),
     ));
     if args.once {
@@ -270,20 +276,10 @@ fn best_effort_pod(name: &str) -> Pod {
     pod(name, json!({"volcano.sh/qos-level": "BE"}), json!({}))
 }
 
-/// The extension's `explain` rows for `pod`, from the live cluster as it is now.
+/// The extension's `explain` rows for `pod`, from the live cluster as it is now (the view
+/// `kubectl fumarole explain` reads).
 async fn why(client: &Client, pod: &Pod) -> Result<String> {
-    let lp = ListParams::default();
-    let dts = Api::<DeviceTopology>::all(client.clone())
-        .list(&lp)
-        .await?
-        .items;
-    let nts = Api::<Numatopology>::all(client.clone())
-        .list(&lp)
-        .await?
-        .items;
-    let nodes = Api::<Node>::all(client.clone()).list(&lp).await?.items;
-    let pods = Api::<Pod>::all(client.clone()).list(&lp).await?.items;
-    let view = ClusterView::build(&dts, &nts, nodes.iter().map(|n| &n.metadata), &pods)?;
+    let view = live::read_once(client).await?;
     let svc = Service::new(view, GpuAware::default());
     let (req, rows) = svc.explain(pod)?;
     Ok(explain::table(&req, &rows))
