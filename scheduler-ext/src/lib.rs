@@ -36,3 +36,4 @@ pub mod pod_store;
 pub mod protocol;
 pub mod service;
 pub mod snapshot;
+pub mod text_table;

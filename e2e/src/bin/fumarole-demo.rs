@@ -28,6 +28,7 @@ use scheduler_ext::core::explain;
 use scheduler_ext::core::score::gpu_aware::GpuAware;
 use scheduler_ext::live;
 use scheduler_ext::service::Service;
+use scheduler_ext::text_table;
 use serde_json::json;
 
 const GPU: &str = "nvidia.com/gpu";
@@ -363,7 +364,8 @@ async fn placements(
             "KUBELET GAVE",
             "SAME",
         ]
-        .map(String::from),
+        .map(String::from)
+        .to_vec(),
     ];
     for p in placed {
         let h = harness.iter().find(|h| h.node_name() == p.node);
@@ -390,7 +392,7 @@ async fn placements(
             (false, true) => "yes",
             (_, false) => "NO",
         };
-        cells.push([
+        cells.push(vec![
             p.name.clone(),
             p.scheduler.clone(),
             p.node.clone(),
@@ -402,7 +404,7 @@ async fn placements(
             same.into(),
         ]);
     }
-    Ok(table(&cells))
+    Ok(text_table::render(&cells))
 }
 
 /// How the job's gpu-group-size units landed: ranks (pod order) in units of two pods.
@@ -474,24 +476,4 @@ fn pod_asks_for_devices(pod: &Pod) -> bool {
                 .any(|(name, _)| name.contains('/'))
         })
     })
-}
-
-fn table<const N: usize>(rows: &[[String; N]]) -> String {
-    let mut width = [0usize; N];
-    for row in rows {
-        for (w, c) in width.iter_mut().zip(row) {
-            *w = (*w).max(c.chars().count());
-        }
-    }
-    let mut out = String::new();
-    for row in rows {
-        let line: Vec<String> = row
-            .iter()
-            .zip(width)
-            .map(|(c, w)| format!("{c:<w$}"))
-            .collect();
-        out.push_str(line.join("  ").trim_end());
-        out.push('\n');
-    }
-    out
 }

@@ -13,6 +13,7 @@ use crate::core::request::DeviceRequest;
 use crate::core::score::gpu_aware::GpuAware;
 use crate::core::verdict::NodeVerdict;
 use crate::core::view::ClusterView;
+use crate::text_table;
 
 /// One row of the explanation.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -54,16 +55,13 @@ pub fn num(v: Option<f64>, digits: usize) -> String {
 
 /// A plain-text table with a header line naming the request.
 pub fn table(req: &DeviceRequest, rows: &[Row]) -> String {
-    let mut cells = vec![[
-        "NODE".to_string(),
-        "FEASIBLE".into(),
-        "Q".into(),
-        "LOSS".into(),
-        "SCORE".into(),
-        "DEVICES / REASON".into(),
-    ]];
+    let mut cells = vec![
+        ["NODE", "FEASIBLE", "Q", "LOSS", "SCORE", "DEVICES / REASON"]
+            .map(String::from)
+            .to_vec(),
+    ];
     for r in rows {
-        cells.push([
+        cells.push(vec![
             r.node.clone(),
             if r.feasible { "yes" } else { "no" }.into(),
             num(r.q, 3),
@@ -75,28 +73,11 @@ pub fn table(req: &DeviceRequest, rows: &[Row]) -> String {
             },
         ]);
     }
-    let mut width = [0usize; 6];
-    for row in &cells {
-        for (w, c) in width.iter_mut().zip(row) {
-            *w = (*w).max(c.chars().count());
-        }
-    }
-    let mut out = format!("pod {} requests {} {}\n", req.pod, req.count, req.resource);
-    for row in &cells {
-        let line: Vec<String> = row
-            .iter()
-            .zip(width)
-            .enumerate()
-            .map(|(i, (c, w))| {
-                if i == 5 {
-                    c.clone()
-                } else {
-                    format!("{c:<w$}")
-                }
-            })
-            .collect();
-        out.push_str(line.join("  ").trim_end());
-        out.push('\n');
-    }
-    out
+    format!(
+        "pod {} requests {} {}\n{}",
+        req.pod,
+        req.count,
+        req.resource,
+        text_table::render(&cells)
+    )
 }

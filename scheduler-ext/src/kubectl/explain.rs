@@ -12,13 +12,13 @@ use kube::Api;
 use serde::Serialize;
 
 use super::config::Connection;
-use super::table;
 use crate::core::explain::{self as core_explain, Row, num};
 use crate::core::request::{DeviceRequest, RequestError};
 use crate::core::score::gpu_aware::GpuAware;
 use crate::core::view::ClusterView;
 use crate::live;
 use crate::service::Service;
+use crate::text_table as table;
 
 /// Everything `explain` says about one pod.
 #[derive(Clone, Debug, PartialEq, Serialize)]

@@ -15,7 +15,6 @@
 pub mod config;
 pub mod explain;
 pub mod node;
-pub mod table;
 pub mod top;
 
 use std::path::PathBuf;

@@ -18,7 +18,7 @@ use kube::core::PartialObjectMeta;
 use serde::Serialize;
 
 use super::config::Connection;
-use super::table;
+use crate::text_table as table;
 
 /// One node's devices, links and health.
 #[derive(Clone, Debug, PartialEq, Serialize)]

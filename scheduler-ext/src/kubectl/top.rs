@@ -10,9 +10,9 @@ use anyhow::Result;
 use serde::Serialize;
 
 use super::config::Connection;
-use super::table;
 use crate::core::view::{ClusterView, NodeView};
 use crate::live;
+use crate::text_table as table;
 
 /// Device counts of one node or one super-node.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
