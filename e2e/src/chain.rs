@@ -127,6 +127,36 @@ pub fn submission(i: usize, scheduler: Scheduler) -> Result<Submission> {
     })
 }
 
+/// The seed's `pytorch-demo`: a Volcano Job with the pytorch plugin, master 1 + `workers`, 8
+/// GPUs each, `metax-tech.com/gpu-group-size: "<group>"` (and `atomic-gpu-group-size`, when
+/// given) on the master's template only, as MetaX's examples write it. The seed's own is 7
+/// workers, group 32.
+pub fn pytorch_demo(workers: u32, group: u32, atomic: Option<u32>) -> DynamicObject {
+    let mut annotations = json!({"metax-tech.com/gpu-group-size": group.to_string()});
+    if let Some(a) = atomic {
+        annotations["metax-tech.com/atomic-gpu-group-size"] = json!(a.to_string());
+    }
+    let container = json!({
+        "name": "pytorch", "image": "example.invalid/pytorch",
+        "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {GPU: "8"}}
+    });
+    let mut job = DynamicObject::new("pytorch-demo", &vcjob_resource()).within("default");
+    job.data = json!({"spec": {
+        "schedulerName": "volcano",
+        "queue": "default",
+        "minAvailable": workers + 1,
+        "plugins": {"pytorch": ["--master=master", "--worker=worker", "--port=23456"]},
+        "tasks": [
+            {"name": "master", "replicas": 1, "template": {
+                "metadata": {"annotations": annotations},
+                "spec": {"restartPolicy": "OnFailure", "containers": [container.clone()]}}},
+            {"name": "worker", "replicas": workers, "template": {
+                "spec": {"restartPolicy": "OnFailure", "containers": [container]}}}
+        ]
+    }});
+    job
+}
+
 pub fn vcjob_resource() -> ApiResource {
     ApiResource::from_gvk(&GroupVersionKind::gvk(
         "batch.volcano.sh",

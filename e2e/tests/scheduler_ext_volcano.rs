@@ -11,6 +11,7 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use fumarole_e2e::chain;
 use fumarole_e2e::cluster::eventually;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, PostParams};
@@ -195,41 +196,6 @@ async fn volcano_job_lands_unit_by_unit_in_single_super_nodes() {
     assert_no_failed_calls(&cluster);
 }
 
-/// The seed's `pytorch-demo`: a Volcano Job with the pytorch plugin, master 1 + worker 7, 8
-/// GPUs each, `metax-tech.com/gpu-group-size: "32"` (and `atomic`, when given) on the
-/// master's template only, as MetaX's examples write it.
-fn pytorch_demo(atomic: Option<u32>) -> DynamicObject {
-    let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(
-        "batch.volcano.sh",
-        "v1alpha1",
-        "Job",
-    ));
-    let mut annotations = json!({"metax-tech.com/gpu-group-size": "32"});
-    if let Some(a) = atomic {
-        annotations["metax-tech.com/atomic-gpu-group-size"] = json!(a.to_string());
-    }
-    let container = json!({
-        "name": "pytorch", "image": "example.invalid/pytorch",
-        "resources": {"requests": {"cpu": "1", "memory": "1Gi"},
-                      "limits": {"nvidia.com/gpu": "8"}}
-    });
-    let mut job = DynamicObject::new("pytorch-demo", &ar).within("default");
-    job.data = json!({"spec": {
-        "schedulerName": "volcano",
-        "queue": "default",
-        "minAvailable": 8,
-        "plugins": {"pytorch": ["--master=master", "--worker=worker", "--port=23456"]},
-        "tasks": [
-            {"name": "master", "replicas": 1, "template": {
-                "metadata": {"annotations": annotations},
-                "spec": {"restartPolicy": "OnFailure", "containers": [container.clone()]}}},
-            {"name": "worker", "replicas": 7, "template": {
-                "spec": {"restartPolicy": "OnFailure", "containers": [container]}}}
-        ]
-    }});
-    job
-}
-
 /// Three super-nodes of whole free 8-GPU nodes: rack-a (a0..a3) and rack-b (b0..b3) hold 32
 /// GPUs each, rack-c (c0..c2) 24: a 32-GPU unit fits rack-a or rack-b, never rack-c.
 fn free_racks() -> Vec<fumarole_topology::crd::DeviceTopology> {
@@ -258,7 +224,7 @@ async fn pytorch_demo_lands_unit_by_unit(atomic: Option<u32>) {
         "Job",
     ));
     let jobs: Api<DynamicObject> = Api::namespaced_with(cluster.client(), "default", &ar);
-    jobs.create(&PostParams::default(), &pytorch_demo(atomic))
+    jobs.create(&PostParams::default(), &chain::pytorch_demo(7, 32, atomic))
         .await
         .unwrap();
     let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
-use fumarole_e2e::chain::vcjob_resource;
+use fumarole_e2e::chain::{pytorch_demo, vcjob_resource};
 use fumarole_e2e::fleet::{self, FleetNode};
 use fumarole_e2e::fumarole::{
     kube_scheduler_config, kubectl_plugin_bin, volcano_conf_with_extender,
@@ -113,7 +113,9 @@ async fn run(args: &Args) -> Result<()> {
     step("submitting the Volcano Job pytorch-demo (4 pods x 8 GPUs, gpu-group-size 16)");
     let jobs: Api<DynamicObject> =
         Api::namespaced_with(client.clone(), NAMESPACE, &vcjob_resource());
-    jobs.create(&PostParams::default(), &pytorch_demo()).await?;
+    // The seed's job sized for the demo's four 8-GPU nodes: 1 + 3 pods, units of 16 GPUs.
+    jobs.create(&PostParams::default(), &pytorch_demo(3, 16, None))
+        .await?;
     let job_pods: Vec<String> = std::iter::once("pytorch-demo-master-0".to_string())
         .chain((0..3).map(|i| format!("pytorch-demo-worker-{i}")))
         .collect();
@@ -219,31 +221,6 @@ async fn shutdown_signal() -> Result<()> {
         _ = term.recv() => {}
     }
     Ok(())
-}
-
-/// The seed's `pytorch-demo` (the pytorch plugin, `metax-tech.com/gpu-group-size` on the
-/// master's template, as MetaX's examples write it), sized for the demo's four 8-GPU nodes:
-/// master 1 + worker 3 instead of 1 + 7, units of 16 GPUs instead of 32.
-fn pytorch_demo() -> DynamicObject {
-    let container = json!({
-        "name": "pytorch", "image": "example.invalid/pytorch",
-        "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {GPU: "8"}}
-    });
-    let mut job = DynamicObject::new("pytorch-demo", &vcjob_resource()).within(NAMESPACE);
-    job.data = json!({"spec": {
-        "schedulerName": "volcano",
-        "queue": "default",
-        "minAvailable": 4,
-        "plugins": {"pytorch": ["--master=master", "--worker=worker", "--port=23456"]},
-        "tasks": [
-            {"name": "master", "replicas": 1, "template": {
-                "metadata": {"annotations": {"metax-tech.com/gpu-group-size": "16"}},
-                "spec": {"restartPolicy": "OnFailure", "containers": [container.clone()]}}},
-            {"name": "worker", "replicas": 3, "template": {
-                "spec": {"restartPolicy": "OnFailure", "containers": [container]}}}
-        ]
-    }});
-    job
 }
 
 fn pod(name: &str, annotations: serde_json::Value, resources: serde_json::Value) -> Pod {
