@@ -251,10 +251,13 @@ pub fn render(svc: &Service, now: SystemTime) -> String {
         let mut evaluated = 0;
         for pod in view.pending() {
             let key = pod_key(pod);
-            let asks = request::device_request(pod, &offered).map_or_else(
-                |e| e.to_string(),
-                |r| format!("{} × {}", r.count, r.resource),
-            );
+            // Claims read too: a pod asking through a ResourceClaim asks for devices.
+            let asks = request::RequestFacts::of(pod)
+                .request(&offered, view.claims())
+                .map_or_else(
+                    |e| e.to_string(),
+                    |r| format!("{} × {}", r.count, r.resource),
+                );
             let why = waiting_reason(svc, pod, &key, &decisions, &mut evaluated);
             let _ = write!(
                 o,
@@ -357,4 +360,36 @@ fn waiting_reason(
         .map(|(reason, n)| format!("{reason} ({n} node{})", if *n == 1 { "" } else { "s" }))
         .collect::<Vec<_>>()
         .join("; ")
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+    use crate::core::claims::Claims;
+    use crate::core::claims::testing::{ascend_node, claim, claim_pod};
+    use crate::core::pod_facts::PodFacts;
+    use crate::core::score::gpu_aware::GpuAware;
+    use crate::core::view::{ClusterView, ContextCache};
+
+    /// A pending pod asking through a ResourceClaim is listed with what its claim asks for.
+    #[test]
+    fn a_pending_claim_pod_shows_its_claims_ask() {
+        let pod = claim_pod("waits", &["two"], None, serde_json::json!({}));
+        let view = ClusterView::build_with_claims(
+            &mut ContextCache::default(),
+            &[ascend_node("a")],
+            &[],
+            &[],
+            &[PodFacts::of(&pod)],
+            Claims::new(&[claim("two", "npu.fumarole.dev", 2, None)]),
+        )
+        .unwrap();
+        let page = render(&Service::new(view, GpuAware::default()), SystemTime::now());
+        let row = page
+            .split("<tr class=\"pending\"")
+            .nth(1)
+            .expect("a pending row");
+        assert!(row.contains("2 × npu.fumarole.dev"), "{row}");
+    }
 }
