@@ -323,6 +323,7 @@ pub fn markdown(spec: &SweepSpec, runs: &[CaseRun]) -> String {
         }
         let _ = writeln!(out);
     }
+    out.push_str(&by_cluster_and_load(runs, &ps));
     let _ = writeln!(
         out,
         "\nQueueing delay per trace, mean / p95 (min); ideal interconnect of fumarole's jobs:\n"
@@ -360,6 +361,79 @@ pub fn markdown(spec: &SweepSpec, runs: &[CaseRun]) -> String {
     out
 }
 
+/// Per cluster and load, averaged over its seeds: each policy's mean / p95 delay, on how many
+/// traces fumarole's mean and p95 are at most volcano-hard's, and fumarole's ideal jobs.
+fn by_cluster_and_load(runs: &[CaseRun], ps: &[Policy]) -> String {
+    let mut out = String::new();
+    let vs = ps.contains(&Policy::Fumarole) && ps.contains(&Policy::VolcanoHard);
+    let _ = writeln!(
+        out,
+        "\nBy cluster and load, averaged over the seeds: queueing delay mean / p95 (min){}:\n",
+        if vs {
+            "; traces where fumarole's mean (p95) is at most volcano-hard's; fumarole's ideal jobs"
+        } else {
+            ""
+        }
+    );
+    let _ = write!(out, "| cluster | load | traces |");
+    for p in ps {
+        let _ = write!(out, " {p} |");
+    }
+    let extra = if vs { 3 } else { 0 };
+    if vs {
+        let _ = write!(
+            out,
+            " fumarole <= volcano-hard (mean) | (p95) | fumarole ideal |"
+        );
+    }
+    let _ = writeln!(out, "\n|---|---|---|{}", "---|".repeat(ps.len() + extra));
+    let mut groups: Vec<(&ClusterShape, f64, Vec<&CaseRun>)> = Vec::new();
+    for r in runs {
+        match groups
+            .iter_mut()
+            .find(|g| *g.0 == r.case.cluster && g.1 == r.case.load)
+        {
+            Some(g) => g.2.push(r),
+            None => groups.push((&r.case.cluster, r.case.load, vec![r])),
+        }
+    }
+    for (cluster, load, rs) in groups {
+        let _ = write!(out, "| {cluster} | {load} | {} |", rs.len());
+        for &p in ps {
+            let ms: Vec<&Metrics> = rs.iter().filter_map(|r| of(r, p)).collect();
+            let mean = Spread::of(&ms.iter().map(|m| m.delay_mean).collect::<Vec<_>>()).mean;
+            let p95 = Spread::of(&ms.iter().map(|m| m.delay_p95).collect::<Vec<_>>()).mean;
+            let _ = write!(out, " {:.1} / {:.1} |", mean / 60.0, p95 / 60.0);
+        }
+        if vs {
+            let at_most = |get: fn(&Metrics) -> f64| {
+                rs.iter()
+                    .filter(|r| {
+                        matches!((of(r, Policy::Fumarole), of(r, Policy::VolcanoHard)),
+                            (Some(f), Some(v)) if get(f) <= get(v))
+                    })
+                    .count()
+            };
+            let ideal: Vec<f64> = rs
+                .iter()
+                .filter_map(|r| of(r, Policy::Fumarole))
+                .map(|m| share(m.ideal_jobs, m.placed))
+                .collect();
+            let _ = write!(
+                out,
+                " {}/{} | {}/{} | {} |",
+                at_most(|m| m.delay_mean),
+                rs.len(),
+                at_most(|m| m.delay_p95),
+                rs.len(),
+                report::pct(Spread::of(&ideal).mean)
+            );
+        }
+        let _ = writeln!(out);
+    }
+    out
+}
+
 /// The figures of `policy` on `run`.
 fn of(run: &CaseRun, policy: Policy) -> Option<&Metrics> {
     run.metrics.iter().find(|m| m.policy == policy)
@@ -382,29 +456,35 @@ pub fn targets(runs: &[CaseRun]) -> String {
             ("mean", (|m: &Metrics| m.delay_mean) as fn(&Metrics) -> f64),
             ("p95", |m: &Metrics| m.delay_p95),
         ] {
-            let mut worse = Vec::new();
-            for r in runs {
-                if let (Some(f), Some(b)) = (of(r, Policy::Fumarole), of(r, base)) {
-                    if get(f) > get(b) {
-                        worse.push(format!(
-                            "{} ({:.1} vs {:.1} min)",
-                            r.case.name(),
-                            get(f) / 60.0,
-                            get(b) / 60.0
-                        ));
-                    }
-                }
-            }
-            let _ = writeln!(
+            // (fumarole, baseline, trace) where fumarole's delay is the higher.
+            let worse: Vec<(f64, f64, String)> = runs
+                .iter()
+                .filter_map(|r| {
+                    let (f, b) = (get(of(r, Policy::Fumarole)?), get(of(r, base)?));
+                    (f > b).then(|| (f, b, r.case.name()))
+                })
+                .collect();
+            let excess = Spread::of(&worse.iter().map(|w| w.0 - w.1).collect::<Vec<_>>());
+            let worst = worse
+                .iter()
+                .max_by(|a, b| (a.0 - a.1).total_cmp(&(b.0 - b.1)));
+            let _ = write!(
                 out,
-                "- {what} queueing delay at most {base}'s: {}/{n} traces{}",
-                n - worse.len(),
-                if worse.is_empty() {
-                    String::new()
-                } else {
-                    format!("; above on {}", worse.join(", "))
-                }
+                "- {what} queueing delay at most {base}'s: {}/{n} traces",
+                n - worse.len()
             );
+            if let Some((f, b, name)) = worst {
+                let _ = write!(
+                    out,
+                    "; where above, by {:.1} min on average [{:.1}, {:.1}], most on {name} ({:.1} vs {:.1} min)",
+                    excess.mean / 60.0,
+                    excess.min / 60.0,
+                    excess.max / 60.0,
+                    f / 60.0,
+                    b / 60.0
+                );
+            }
+            let _ = writeln!(out);
         }
     }
     if ps.contains(&Policy::Binpack) {
