@@ -470,6 +470,8 @@ impl<'a> Engine<'a> {
             .filter(|(_, free)| free.count_ones() as usize >= k)
             .collect();
         let count = |free: &u64| free.count_ones();
+        // fumarole, volcano-hard and first-fit never get here (they decide elsewhere); listed
+        // so that a new policy has to choose its arm.
         let (nv, free) = match self.policy {
             Policy::Binpack
             | Policy::Nvidia
