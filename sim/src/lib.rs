@@ -6,8 +6,8 @@
 //! Start at [`Simulation::load`] (a [`shape::ClusterShape`] built into a real
 //! [`scheduler_ext::core::view::ClusterView`], and a [`trace`] read into the pods the service
 //! would see), then [`run`] one [`policy::Policy`]; [`report`] turns its [`Outcome`] into the
-//! figures and [`plot`] draws them. The binary `fumarole-sim` has the subcommands `run` and
-//! `generate-trace`.
+//! figures and [`plot`] draws them; [`sweep`] does it over many generated traces. The binary
+//! `fumarole-sim` has the subcommands `run`, `generate-trace` and `sweep`.
 //!
 //! # The clock
 //!
@@ -35,6 +35,7 @@ pub mod plot;
 pub mod policy;
 pub mod report;
 pub mod shape;
+pub mod sweep;
 pub mod trace;
 
 use std::cmp::Reverse;
@@ -368,11 +369,18 @@ impl<'a> Engine<'a> {
         if need > self.free_total {
             return None;
         }
+        // The super-node policies choose for the whole job at once (a unit or part goes whole).
+        let mut planned = if self.policy.honours_super_nodes() {
+            Some(self.super_node_plan(j, now)?.into_iter())
+        } else {
+            None
+        };
         let mut placed: Vec<PodPlacement> = Vec::with_capacity(sj.pods.len());
         for req in &sj.pods {
-            let choice = match self.policy {
-                Policy::Fumarole => self.fumarole_pod(req, now),
-                _ => self.baseline_pod(req, now),
+            let choice = match (&mut planned, self.policy) {
+                (Some(plan), _) => plan.next(),
+                (None, Policy::Fumarole) => self.fumarole_pod(req, now),
+                (None, _) => self.baseline_pod(req, now),
             };
             let Some((nv, devices)) = choice else {
                 for r in &sj.pods[..placed.len()] {
@@ -462,10 +470,14 @@ impl<'a> Engine<'a> {
             .filter(|(_, free)| free.count_ones() as usize >= k)
             .collect();
         let count = |free: &u64| free.count_ones();
+        // fumarole, volcano-hard and first-fit never get here (they decide elsewhere); listed
+        // so that a new policy has to choose its arm.
         let (nv, free) = match self.policy {
-            Policy::Binpack | Policy::Nvidia | Policy::Fumarole => {
-                fits.iter().min_by_key(|(_, f)| count(f)).copied()?
-            }
+            Policy::Binpack
+            | Policy::Nvidia
+            | Policy::Fumarole
+            | Policy::VolcanoHard
+            | Policy::FirstFit => fits.iter().min_by_key(|(_, f)| count(f)).copied()?,
             // max_by_key keeps the last of equal keys; reversed, the first by name.
             Policy::Spread => fits.iter().rev().max_by_key(|(_, f)| count(f)).copied()?,
             Policy::Random => {
@@ -484,6 +496,99 @@ impl<'a> Engine<'a> {
         };
         Some((nv, devices))
     }
+
+    /// Nodes and devices for every pod of job `j` (rank order) under `volcano-hard` or
+    /// `first-fit`, or `None` when one of its units (parts) fits in no single super-node now.
+    /// Pods without a group are parts of their own with no super-node rule.
+    fn super_node_plan(&self, j: usize, now: Instant) -> Option<Vec<(&'a NodeView, Vec<usize>)>> {
+        let sim: &'a Simulation = self.sim;
+        let view = &sim.cluster.view;
+        let c = Cluster::new(view, &self.ledger, now);
+        let resource = sim.cluster.resource.as_str();
+        let mut free: Vec<(&'a NodeView, u64)> = view
+            .nodes()
+            .map(|nv| (nv, c.free_mask(nv, resource)))
+            .collect();
+        let pods = &sim.jobs[j].pods;
+        let mut out: Vec<Option<(&'a NodeView, Vec<usize>)>> = vec![None; pods.len()];
+        for (constrained, part) in parts(pods, self.policy) {
+            let mut candidates: Vec<Option<&str>> = if constrained {
+                view.super_nodes()
+                    .keys()
+                    .map(|s| Some(s.as_str()))
+                    .collect()
+            } else {
+                vec![None]
+            };
+            if self.policy == Policy::VolcanoHard {
+                // Binpack among HyperNodes: the fullest first (stable: ties stay by name).
+                candidates.sort_by_key(|sn| {
+                    free.iter()
+                        .filter(|(nv, _)| sn.is_none_or(|s| nv.group() == s))
+                        .map(|(_, f)| f.count_ones())
+                        .sum::<u32>()
+                });
+            }
+            let placed = candidates.into_iter().find_map(|sn| {
+                let mut trial = free.clone();
+                let mut got = Vec::with_capacity(part.len());
+                for &i in &part {
+                    let k = pods[i].devices.count;
+                    let mut fits = trial.iter_mut().filter(|(nv, f)| {
+                        f.count_ones() as usize >= k && sn.is_none_or(|s| nv.group() == s)
+                    });
+                    let slot = if self.policy == Policy::VolcanoHard {
+                        fits.min_by_key(|(_, f)| f.count_ones())
+                    } else {
+                        fits.next()
+                    }?;
+                    // The device plugin picks the devices, as under `nvidia`, so the two
+                    // differ from it only in the super-node rule.
+                    let devices =
+                        nvidia_baseline(&sim.cluster.nvidia_scores, &indices(slot.1), &[], k);
+                    if devices.len() != k {
+                        return None;
+                    }
+                    for &d in &devices {
+                        slot.1 &= !(1u64 << d);
+                    }
+                    got.push((i, (slot.0, devices)));
+                }
+                Some((trial, got))
+            })?;
+            free = placed.0;
+            for (i, choice) in placed.1 {
+                out[i] = Some(choice);
+            }
+        }
+        out.into_iter().collect()
+    }
+}
+
+/// The pods of a job as the parts `policy` keeps whole (by first rank), each with whether it
+/// must share one super-node: `volcano-hard` the gpu-group-size units, `first-fit` the atomic
+/// parts; a pod without a group is its own part, unconstrained.
+fn parts(pods: &[PodRequest], policy: Policy) -> Vec<(bool, Vec<usize>)> {
+    let mut keyed: BTreeMap<(u32, u32), usize> = BTreeMap::new();
+    let mut out: Vec<(bool, Vec<usize>)> = Vec::new();
+    for (i, req) in pods.iter().enumerate() {
+        let Some(g) = &req.group else {
+            out.push((false, vec![i]));
+            continue;
+        };
+        let key = match policy {
+            Policy::FirstFit => (g.spec.unit, g.spec.atomic_unit),
+            _ => (g.spec.unit, 0),
+        };
+        match keyed.get(&key) {
+            Some(&at) => out[at].1.push(i),
+            None => {
+                keyed.insert(key, out.len());
+                out.push((true, vec![i]));
+            }
+        }
+    }
+    out
 }
 
 #[cfg(test)]

@@ -1,8 +1,8 @@
 //! `fumarole-sim`: the placement-quality simulator.
 //!
 //! Subcommands: `run` (replay a job trace over a simulated cluster once per placement policy
-//! and report the placement quality of each) and `generate-trace` (a seeded job trace for
-//! `run`). See the crate documentation of `fumarole_sim` for the model.
+//! and report the placement quality of each), `generate-trace` (a seeded job trace for
+//! `run`) and `sweep` (many generated traces, every policy, each figure's mean and spread). See the crate documentation of `fumarole_sim` for the model.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -28,6 +28,10 @@ enum Command {
     Run(Box<RunArgs>),
     /// Write a seeded job trace for `run` (the same trace for the same arguments).
     GenerateTrace(GenerateArgs),
+    /// Generate a trace for every cluster x load x seed, run every policy on each, and report
+    /// each figure's mean, spread and range per policy (Markdown), the delays per trace and
+    /// fumarole's targets.
+    Sweep(Box<SweepArgs>),
 }
 
 #[derive(clap::Args)]
@@ -86,6 +90,37 @@ pub struct GenerateArgs {
     /// Write the trace here instead of standard output.
     #[arg(long, value_name = "FILE")]
     out: Option<PathBuf>,
+}
+
+#[derive(clap::Args)]
+pub struct SweepArgs {
+    /// Cluster shapes (repeat the flag); default: one of each 8-device-or-smaller fixture,
+    /// 64xdgx-h100:8, 32xatlas-800-910:4, 64xpcie-4gpu:8, 64xmetax-c500-8:8.
+    #[arg(long = "cluster", value_name = "SHAPE")]
+    clusters: Vec<ClusterShape>,
+    /// Offered loads (repeat the flag); default 0.8, 0.9, 1.0, 1.1.
+    #[arg(long = "load", value_name = "LOAD")]
+    loads: Vec<f64>,
+    /// Traces per cluster and load, each with its own seed.
+    #[arg(long, default_value_t = 2)]
+    seeds: u64,
+    /// The first seed (the committed traces use 1 to 3).
+    #[arg(long, default_value_t = 101)]
+    first_seed: u64,
+    /// Jobs per trace.
+    #[arg(long, default_value_t = 1000)]
+    jobs: usize,
+    /// Policies to compare, in order (repeat the flag); default: all.
+    #[arg(long = "policy", value_name = "NAME")]
+    policies: Vec<Policy>,
+    /// Seed of the `random` policy.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// How long a gpu-group-size unit's super-node reservation waits for its pods (simulated).
+    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
+    reservation_ttl: Duration,
+    #[command(flatten)]
+    scoring: ScoringArgs,
 }
 
 fn run_cmd(args: RunArgs) -> Result<()> {
@@ -171,9 +206,66 @@ fn generate_cmd(args: GenerateArgs) -> Result<()> {
     Ok(())
 }
 
+fn sweep_cmd(args: SweepArgs) -> Result<()> {
+    let scorer = args.scoring.gpu_aware()?;
+    let horizon = Duration::from_secs(fumarole_sim::trace::MAX_SECONDS);
+    if args.reservation_ttl > horizon {
+        bail!(
+            "--reservation-ttl must be at most {}",
+            humantime::format_duration(horizon)
+        );
+    }
+    if let Some(l) = args.loads.iter().find(|l| !(l.is_finite() && **l > 0.0)) {
+        bail!("--load must be a number > 0, got {l}");
+    }
+    if args.jobs == 0 || args.seeds == 0 {
+        bail!("--jobs and --seeds must be at least 1");
+    }
+    let clusters = if args.clusters.is_empty() {
+        [
+            "64xdgx-h100:8",
+            "32xatlas-800-910:4",
+            "64xpcie-4gpu:8",
+            "64xmetax-c500-8:8",
+        ]
+        .iter()
+        .map(|s| s.parse())
+        .collect::<Result<Vec<ClusterShape>, _>>()?
+    } else {
+        args.clusters
+    };
+    let spec = fumarole_sim::sweep::SweepSpec {
+        clusters,
+        loads: if args.loads.is_empty() {
+            vec![0.8, 0.9, 1.0, 1.1]
+        } else {
+            args.loads
+        },
+        first_seed: args.first_seed,
+        seeds: args.seeds,
+        jobs: args.jobs,
+    };
+    let policies = if args.policies.is_empty() {
+        Policy::ALL.to_vec()
+    } else {
+        args.policies
+    };
+    let opts = fumarole_sim::Options {
+        seed: args.seed,
+        scorer,
+        reservation_ttl: args.reservation_ttl,
+    };
+    let runs = fumarole_sim::sweep::run(&spec, &policies, &opts, |i, n, r| {
+        tracing::info!(trace = %r.case.name(), "{i}/{n} traces simulated");
+    })?;
+    print!("{}", fumarole_sim::sweep::markdown(&spec, &runs));
+    Ok(())
+}
+
 fn main() -> std::process::ExitCode {
     scheduler_ext::cli::main_with(|| match Cli::parse().command {
         Command::Run(args) => run_cmd(*args),
         Command::GenerateTrace(args) => generate_cmd(args),
+        Command::Sweep(args) => sweep_cmd(*args),
     })
 }

@@ -22,6 +22,8 @@ pub fn color(p: Policy) -> &'static str {
         Policy::Spread => "#2e7d32",
         Policy::Random => "#757575",
         Policy::Nvidia => "#8e24aa",
+        Policy::VolcanoHard => "#00838f",
+        Policy::FirstFit => "#f9a825",
     }
 }
 
@@ -32,6 +34,8 @@ pub fn dash(p: Policy) -> &'static str {
         Policy::Fumarole | Policy::Binpack | Policy::Spread => "none",
         Policy::Random => "2 3",
         Policy::Nvidia => "7 4",
+        Policy::VolcanoHard => "5 2",
+        Policy::FirstFit => "1 2",
     }
 }
 

@@ -11,26 +11,41 @@
 //! - `nvidia`: binpack's node, devices from the NVIDIA device plugin's partition search
 //!   ([`fumarole_topology::baseline::nvidia_baseline`]).
 //!
-//! Ties between nodes go to the first by name. No baseline knows super-nodes.
+//! - `volcano-hard`: Volcano's network-topology-aware scheduling in hard mode with the
+//!   super-node as the tier-1 HyperNode: every pod of a gpu-group-size unit inside one
+//!   super-node, or the unit waits. The super-node is the fullest (fewest free devices) that
+//!   holds the whole unit (Volcano's HyperNode binpack), binpack's node inside it; devices as
+//!   `nvidia` (so it differs from `nvidia` only by the super-node rule).
+//! - `first-fit`: each atomic part (`atomic-gpu-group-size`, by default the whole unit) in the
+//!   first super-node by name that holds it whole, the first node by name with room inside;
+//!   devices as `nvidia`. A unit's atomic parts may go to different super-nodes.
+//!
+//! Ties between nodes go to the first by name. Only `fumarole`, `volcano-hard` and `first-fit`
+//! know super-nodes; the last two place a unit (or part) whole or not at all
+//! (the engine plans the whole job before it commits), with no reservation while it waits.
 
 use std::fmt;
 use std::str::FromStr;
 
 /// One placement policy.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "kebab-case")]
 pub enum Policy {
     Fumarole,
     Binpack,
     Spread,
     Random,
     Nvidia,
+    VolcanoHard,
+    FirstFit,
 }
 
 impl Policy {
     /// Every policy, in report order.
-    pub const ALL: [Policy; 5] = [
+    pub const ALL: [Policy; 7] = [
         Policy::Fumarole,
+        Policy::VolcanoHard,
+        Policy::FirstFit,
         Policy::Binpack,
         Policy::Spread,
         Policy::Random,
@@ -44,7 +59,15 @@ impl Policy {
             Policy::Spread => "spread",
             Policy::Random => "random",
             Policy::Nvidia => "nvidia",
+            Policy::VolcanoHard => "volcano-hard",
+            Policy::FirstFit => "first-fit",
         }
+    }
+
+    /// Places a whole unit (`volcano-hard`) or atomic part (`first-fit`) inside one
+    /// super-node at once, or none of it.
+    pub fn honours_super_nodes(self) -> bool {
+        matches!(self, Policy::VolcanoHard | Policy::FirstFit)
     }
 }
 
@@ -56,7 +79,9 @@ impl fmt::Display for Policy {
 
 /// A policy name that is not one of [`Policy::ALL`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown policy {0:?} (known: fumarole, binpack, spread, random, nvidia)")]
+#[error(
+    "unknown policy {0:?} (known: fumarole, volcano-hard, first-fit, binpack, spread, random, nvidia)"
+)]
 pub struct UnknownPolicy(pub String);
 
 impl FromStr for Policy {

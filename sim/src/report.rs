@@ -14,6 +14,9 @@
 //! - **Queueing delay**: start minus arrival of the placed jobs (mean, 95th percentile, and
 //!   the mean over the jobs of more than one pod);
 //!   **never placed**: jobs still waiting when the simulation ends.
+//! - **Utilisation**: devices busy, averaged over the same arrival window, as a share of the
+//!   cluster's devices (durations do not depend on placement, so a policy that keeps jobs
+//!   waiting keeps devices idle).
 //! - **Makespan**: when the last job finished.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -48,6 +51,8 @@ pub struct Metrics {
     pub stranded_max: f64,
     /// `stranded_mean` over the cluster's devices.
     pub stranded_share: f64,
+    /// Busy devices over the arrival window, as a share of the cluster's devices.
+    pub utilisation: f64,
     /// Seconds.
     pub delay_mean: f64,
     pub delay_p95: f64,
@@ -85,12 +90,15 @@ impl Metrics {
             stranded_mean: 0.0,
             stranded_max: 0.0,
             stranded_share: 0.0,
+            utilisation: 0.0,
             delay_mean: 0.0,
             delay_p95: 0.0,
             delay_max: 0.0,
             delay_mean_multi: 0.0,
             makespan: 0,
         };
+        let (t0, t1) = sim.arrival_window();
+        let mut busy = 0.0;
         let mut delays = Vec::new();
         let mut multi = Vec::new();
         for (sj, jo) in sim.jobs.iter().zip(&out.jobs) {
@@ -104,7 +112,10 @@ impl Metrics {
             if sj.job.pods > 1 {
                 multi.push(delay);
             }
-            m.makespan = m.makespan.max(start.saturating_add(sj.job.duration));
+            let end = start.saturating_add(sj.job.duration);
+            m.makespan = m.makespan.max(end);
+            let overlap = end.min(t1).saturating_sub(start.max(t0));
+            busy += overlap as f64 * f64::from(sj.job.pods) * f64::from(sj.job.devices);
             m.pods += jo.pods.len();
             let ideal_pods = jo.pods.iter().filter(|p| p.ideal).count();
             m.ideal_pods += ideal_pods;
@@ -153,8 +164,10 @@ impl Metrics {
         if !multi.is_empty() {
             m.delay_mean_multi = multi.iter().sum::<f64>() / multi.len() as f64;
         }
-        let (t0, t1) = sim.arrival_window();
         m.stranded_mean = time_mean(&out.stranded, t0, t1);
+        if t1 > t0 {
+            m.utilisation = busy / (sim.cluster.capacity().max(1) as f64 * (t1 - t0) as f64);
+        }
         m.stranded_max = out
             .stranded
             .iter()
@@ -193,11 +206,11 @@ pub fn value_at(series: &[(u64, f64)], t: u64) -> f64 {
         .map_or(0.0, |(_, v)| *v)
 }
 
-fn pct(x: f64) -> String {
+pub fn pct(x: f64) -> String {
     format!("{:.1} %", x * 100.0)
 }
 
-fn minutes(s: f64) -> String {
+pub fn minutes(s: f64) -> String {
     format!("{:.1} min", s / 60.0)
 }
 
@@ -211,6 +224,7 @@ fn cells(ms: &[Metrics]) -> (Vec<&'static str>, Vec<Vec<String>>) {
         "units split across super-nodes",
         "atomic parts split (MUST broken)",
         "stranded devices (mean)",
+        "utilisation",
         "queueing delay (mean)",
         "queueing delay (p95)",
         "queueing delay, multi-pod jobs (mean)",
@@ -238,6 +252,7 @@ fn cells(ms: &[Metrics]) -> (Vec<&'static str>, Vec<Vec<String>>) {
                     pct(share(m.atomic_split, m.atomic_parts))
                 ),
                 format!("{:.1} ({})", m.stranded_mean, pct(m.stranded_share)),
+                pct(m.utilisation),
                 minutes(m.delay_mean),
                 minutes(m.delay_p95),
                 minutes(m.delay_mean_multi),

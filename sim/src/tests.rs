@@ -1,6 +1,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 //! Small clusters and traces whose right answers are known by hand.
 
+use std::collections::BTreeSet;
+
 use super::report::Metrics;
 use super::shape::ClusterShape;
 use super::*;
@@ -208,4 +210,149 @@ fn a_placed_unit_keeps_no_reservation() {
     // Binpack has no reservations: the job starts when the unit ends.
     let (bo, _) = metrics(&s, Policy::Binpack);
     assert_eq!(bo.jobs[1].start, Some(100));
+}
+
+/// The same start as above (a whole-node job on node-000 in sn-0, then a 2-node unit with
+/// single-node atomic parts): `volcano-hard` keeps the unit in one super-node (sn-1, the only
+/// one with room for both pods), `first-fit` puts each atomic part in the first super-node
+/// with room, so the unit splits (allowed: only its atomic parts must stay whole). A unit
+/// that fits in no super-node waits under both, where binpack splits it.
+#[test]
+fn volcano_hard_keeps_units_and_first_fit_keeps_atomic_parts() {
+    let trace = [job("solo", 0, 1000, 1, 8), grouped("pair", 5, 2, 8, 16, 8)].join("\n");
+    let s = sim("4xdgx-h100:2", &trace);
+    let (vo, vm) = metrics(&s, Policy::VolcanoHard);
+    let nodes: Vec<&str> = vo.jobs[1].pods.iter().map(|p| p.node.as_str()).collect();
+    assert_eq!(nodes, ["node-002", "node-003"]);
+    assert_eq!((vm.units, vm.units_split, vm.ideal_jobs), (1, 0, 2));
+    let (fo, fm) = metrics(&s, Policy::FirstFit);
+    let nodes: Vec<&str> = fo.jobs[1].pods.iter().map(|p| p.node.as_str()).collect();
+    assert_eq!(nodes, ["node-001", "node-002"]);
+    assert_eq!((fm.units_split, fm.atomic_split), (1, 0));
+
+    // Atomic part of 2 nodes, super-nodes of 1: neither places it; the later job goes ahead.
+    let trace = [
+        grouped("atomic", 0, 2, 8, 16, 16),
+        job("later", 2, 100, 1, 8),
+    ]
+    .join("\n");
+    let s = sim("2xdgx-h100:2", &trace);
+    for p in [Policy::VolcanoHard, Policy::FirstFit] {
+        let (o, m) = metrics(&s, p);
+        assert_eq!(o.jobs[0].start, None, "{p}");
+        assert_eq!(o.jobs[1].start, Some(2), "{p}");
+        assert_eq!((m.placed, m.never_placed), (1, 1), "{p}");
+    }
+}
+
+/// The super-nodes each unit (by `unit`) or atomic part (by `(unit, atomic)`) of every placed
+/// job landed in, read from the outcome itself rather than from the report.
+fn super_nodes_per_part(s: &Simulation, o: &Outcome, atomic: bool) -> Vec<BTreeSet<String>> {
+    let mut out = Vec::new();
+    for (sj, jo) in s.jobs.iter().zip(&o.jobs) {
+        let mut parts: BTreeMap<(u32, u32), BTreeSet<String>> = BTreeMap::new();
+        for (req, p) in sj.pods.iter().zip(&jo.pods) {
+            if let Some(g) = &req.group {
+                let key = (g.spec.unit, if atomic { g.spec.atomic_unit } else { 0 });
+                parts.entry(key).or_default().insert(p.super_node.clone());
+            }
+        }
+        out.extend(parts.into_values());
+    }
+    out
+}
+
+/// On a generated trace with multi-node units and atomic pairs, under load: `volcano-hard`
+/// never spreads a unit over two super-nodes and `first-fit` never an atomic part, while
+/// binpack does both (so the trace can tell).
+#[test]
+fn the_rule_honouring_baselines_never_split_what_they_keep_whole() {
+    let cluster: ClusterShape = "16xdgx-h100:4".parse().unwrap();
+    let built = cluster.build().unwrap();
+    let spec = trace::GenSpec {
+        seed: 11,
+        jobs: 300,
+        load: 1.0,
+        capacity: built.capacity(),
+        devices_per_node: 8,
+        super_node_size: 4,
+    };
+    let text = trace::write(&trace::generate(&spec), &[]);
+    let s = Simulation::load(built, &text, "gen").unwrap();
+    let split = |o: &Outcome, atomic: bool| {
+        super_nodes_per_part(&s, o, atomic)
+            .iter()
+            .filter(|sns| sns.len() > 1)
+            .count()
+    };
+    let v = run(&s, Policy::VolcanoHard, &Options::default());
+    let f = run(&s, Policy::FirstFit, &Options::default());
+    let b = run(&s, Policy::Binpack, &Options::default());
+    assert_eq!(split(&v, false), 0);
+    assert_eq!(split(&v, true), 0);
+    assert_eq!(split(&f, true), 0);
+    assert!(split(&b, true) > 0);
+    for o in [&v, &f] {
+        let m = Metrics::of(&s, o);
+        assert_eq!(m.atomic_split, 0);
+        assert!(m.atomic_parts > 0);
+        assert_eq!(m.placed, 300);
+        // Gangs stay whole: every placed job has all its pods.
+        for (sj, jo) in s.jobs.iter().zip(&o.jobs) {
+            assert_eq!(jo.pods.len(), sj.pods.len());
+        }
+    }
+    assert_eq!(Metrics::of(&s, &v).units_split, 0);
+}
+
+/// `sweep` at its smallest: two tiny traces, every policy; the figures are there and agree
+/// with each other, and no policy that honours the rules breaks an atomic part.
+#[test]
+fn a_tiny_sweep_has_every_policy_and_consistent_figures() {
+    let spec = sweep::SweepSpec {
+        clusters: vec![
+            "8xdgx-h100:2".parse().unwrap(),
+            "8xatlas-800-910:2".parse().unwrap(),
+        ],
+        loads: vec![1.0],
+        first_seed: 101,
+        seeds: 1,
+        jobs: 40,
+    };
+    let mut heard = 0;
+    let runs = sweep::run(&spec, &Policy::ALL, &Options::default(), |_, n, _| {
+        heard += 1;
+        assert_eq!(n, 2);
+    })
+    .unwrap();
+    assert_eq!((runs.len(), heard), (2, 2));
+    for r in &runs {
+        let ps: Vec<Policy> = r.metrics.iter().map(|m| m.policy).collect();
+        assert_eq!(ps, Policy::ALL);
+        for m in &r.metrics {
+            assert_eq!(m.jobs, 40);
+            assert_eq!(m.placed + m.never_placed, 40);
+            assert!(m.ideal_jobs <= m.placed && m.ideal_pods <= m.pods);
+            assert!(m.units_split <= m.units && m.atomic_split <= m.atomic_parts);
+            assert!((0.0..=1.0).contains(&m.utilisation), "{}", m.utilisation);
+            assert!(m.delay_mean <= m.delay_p95.max(m.delay_max));
+            assert!(m.delay_p95 <= m.delay_max);
+            if matches!(
+                m.policy,
+                Policy::Fumarole | Policy::VolcanoHard | Policy::FirstFit
+            ) {
+                assert_eq!(m.atomic_split, 0, "{}", m.policy);
+            }
+        }
+    }
+    let md = sweep::markdown(&spec, &runs);
+    for p in Policy::ALL {
+        assert!(md.contains(&format!("| {p} |")), "{p}");
+    }
+    for f in &sweep::FIGURES {
+        assert!(md.contains(f.name), "{}", f.name);
+    }
+    assert!(md.contains("| dgx-h100-8 load 1 seed 101 |"), "{md}");
+    assert!(md.contains("Targets for fumarole"));
+    assert!(md.contains("atomic parts broken (target 0): 0 of"));
 }

@@ -187,6 +187,44 @@ fn bad_input_is_named_and_never_a_panic() {
     assert!(stderr(&out).contains("--load must be a number > 0, got -1"));
 }
 
+/// `sweep` through the binary at its smallest: one tiny trace, two policies, Markdown out.
+#[test]
+fn a_tiny_sweep_end_to_end() {
+    let out = bin(&[
+        "sweep",
+        "--cluster",
+        "8xatlas-800-910:2",
+        "--load",
+        "0.9",
+        "--seeds",
+        "1",
+        "--jobs",
+        "30",
+        "--policy",
+        "fumarole",
+        "--policy",
+        "volcano-hard",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(
+        text.starts_with("1 traces of 30 jobs: clusters 8xatlas-800-910:2"),
+        "{text}"
+    );
+    assert!(text.contains("| volcano-hard |"), "{text}");
+    assert!(
+        text.contains("| atlas-800-910-8 load 0.9 seed 101 |"),
+        "{text}"
+    );
+    assert!(
+        text.contains("atomic parts broken (target 0): 0 of"),
+        "{text}"
+    );
+    let out = bin(&["sweep", "--load=0", "--jobs", "5"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("--load must be a number > 0, got 0"));
+}
+
 /// docs/placement.md's figures for the Atlas trace are what the simulator prints today (the two DGX
 /// traces take longer in a debug build; they come from the same code).
 #[test]
@@ -207,7 +245,7 @@ fn documented_figures_are_current() {
         std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/placement.md"))
             .unwrap();
     let rows: Vec<&str> = table.lines().filter(|l| l.starts_with("| ")).collect();
-    assert_eq!(rows.len(), 6, "{table}");
+    assert_eq!(rows.len(), 8, "{table}");
     for row in rows {
         assert!(
             doc.contains(row),
