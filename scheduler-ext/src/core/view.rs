@@ -689,12 +689,20 @@ impl ClusterView {
             .flat_map(|n| n.resource_masks.iter().map(|(r, _)| r.clone()))
             .collect();
         let pods: Vec<&PodFacts> = pods.into_iter().collect();
+        let offered = view.offered.clone();
+        let offered: BTreeSet<&str> = offered.iter().map(String::as_str).collect();
         view.jobs = Jobs::default();
         for pod in &pods {
             view.jobs.add_facts(&pod.group);
+            // Job totals are checked against sp-block; pods on their way out do not count.
+            if !pod.finished
+                && !pod.deleting
+                && let Ok(r) = pod.request.request(&offered, &view.claims)
+            {
+                let n = u32::try_from(r.count).unwrap_or(u32::MAX);
+                view.jobs.add_devices(&pod.group.job, n);
+            }
         }
-        let offered = view.offered.clone();
-        let offered: BTreeSet<&str> = offered.iter().map(String::as_str).collect();
         for pod in pods {
             view.add_pod(pod, &offered);
         }
