@@ -397,10 +397,7 @@ impl Jobs {
 
     /// The job's device total, when counted.
     fn devices(&self, job: &str) -> Option<u32> {
-        self.jobs
-            .get(job)
-            .filter(|j| j.counted)
-            .map(|j| j.devices)
+        self.jobs.get(job).filter(|j| j.counted).map(|j| j.devices)
     }
 
     /// The group annotations that hold for the pod: its own, else its job's.
@@ -884,6 +881,137 @@ mod tests {
             e.to_string()
                 .contains("pods of job ml/j disagree on their group annotations"),
             "{e}"
+        );
+    }
+
+    /// Huawei's `sp-block` alone is the unit and its atomic size (the block MUST share a
+    /// super-node); beside gpu-group-size it is the atomic size; the job's master carries it
+    /// for the whole job.
+    #[test]
+    fn sp_block_is_an_alias_of_the_group_sizes() {
+        let g = group_spec(
+            &pod(
+                "job-3",
+                serde_json::json!({SP_BLOCK: "16"}),
+                serde_json::json!({}),
+            ),
+            8,
+            &Jobs::default(),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            g,
+            GroupSpec {
+                group_size: 16,
+                atomic_size: 16,
+                rank: 3,
+                unit: 1,
+                atomic_unit: 1,
+                super_pod: true,
+                idlest: false,
+            }
+        );
+        let both = pod(
+            "job-5",
+            serde_json::json!({"metax-tech.com/gpu-group-size": "32", SP_BLOCK: "16", SP_FIT: "idlest"}),
+            serde_json::json!({}),
+        );
+        let g = group_spec(&both, 8, &Jobs::default()).unwrap().unwrap();
+        assert_eq!(
+            (g.group_size, g.atomic_size, g.unit, g.atomic_unit, g.idlest),
+            (32, 16, 1, 2, true)
+        );
+        // The same job written MetaX's way gets the same units.
+        let metax = pod(
+            "job-5",
+            serde_json::json!({"metax-tech.com/gpu-group-size": "32", "metax-tech.com/atomic-gpu-group-size": "16"}),
+            serde_json::json!({}),
+        );
+        let m = group_spec(&metax, 8, &Jobs::default()).unwrap().unwrap();
+        assert_eq!((m.unit, m.atomic_unit, m.super_pod), (1, 2, false));
+
+        let mut pods = vec![volcano_pod(
+            "sp",
+            "master",
+            0,
+            Some(0),
+            serde_json::json!({SP_BLOCK: "16"}),
+        )];
+        for i in 0..3 {
+            pods.push(volcano_pod(
+                "sp",
+                "worker",
+                i,
+                Some(i + 1),
+                serde_json::json!({}),
+            ));
+        }
+        let jobs = Jobs::of(&pods);
+        let units: Vec<(u32, bool)> = pods
+            .iter()
+            .map(|p| {
+                let g = group_spec(p, 8, &jobs).unwrap().unwrap();
+                (g.unit, g.super_pod)
+            })
+            .collect();
+        assert_eq!(units, [(0, true), (0, true), (1, true), (1, true)]);
+        assert!(pods.iter().all(|p| jobs.in_group(p)));
+    }
+
+    #[test]
+    fn bad_sp_block_jobs_get_reasons() {
+        let one = |a: serde_json::Value, npus: u32, jobs: &Jobs| {
+            group_spec(&pod("job-0", a, serde_json::json!({})), npus, jobs)
+        };
+        let none = Jobs::default();
+        let e = one(serde_json::json!({SP_BLOCK: "12"}), 8, &none).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "sp-block = 12 is not a multiple of the pod's 8 GPUs"
+        );
+        let e = one(serde_json::json!({SP_BLOCK: "-4"}), 8, &none).unwrap_err();
+        assert!(matches!(e, GroupError::NotInteger { .. }), "{e}");
+        let e = one(
+            serde_json::json!({SP_BLOCK: "16", "metax-tech.com/atomic-gpu-group-size": "8"}),
+            8,
+            &none,
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "metax-tech.com/atomic-gpu-group-size = \"8\" and sp-block = \"16\" disagree"
+        );
+        let e = one(
+            serde_json::json!({SP_BLOCK: "16", SP_FIT: "best"}),
+            8,
+            &none,
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string().contains("sp-fit: \"best\" is not understood"),
+            "{e}"
+        );
+        // Three pods of 8 NPUs: 24 in all, not whole blocks of 16.
+        let mut jobs = Jobs::default();
+        for _ in 0..3 {
+            jobs.add_devices("default/job", 8);
+        }
+        let e = one(serde_json::json!({SP_BLOCK: "16"}), 8, &jobs).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "job default/job requests 24 devices in all (pods seen so far), not a multiple of sp-block = 16"
+        );
+        jobs.add_devices("default/job", 8);
+        assert!(one(serde_json::json!({SP_BLOCK: "16"}), 8, &jobs).is_ok());
+        // gpu-group-size jobs are not held to whole units (MetaX's behaviour, unchanged).
+        assert!(
+            one(
+                serde_json::json!({"metax-tech.com/gpu-group-size": "16"}),
+                8,
+                &Jobs::default()
+            )
+            .is_ok()
         );
     }
 }

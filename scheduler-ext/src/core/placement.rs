@@ -121,12 +121,7 @@ pub struct SuperPods {
 
 /// The reserve of a super-node: of its nodes whose devices of `resource` are all free, the
 /// last `keep` by name (deterministic, so every pod of a session sees the same set).
-fn reserve_nodes<'n>(
-    c: &Cluster,
-    nodes: &'n [String],
-    resource: &str,
-    keep: u32,
-) -> Vec<&'n str> {
+fn reserve_nodes<'n>(c: &Cluster, nodes: &'n [String], resource: &str, keep: u32) -> Vec<&'n str> {
     if keep == 0 {
         return Vec::new();
     }
@@ -281,7 +276,11 @@ pub fn ensure_plan(
             });
         }
     }
-    let keep = if super_pod { super_pods.reserve_nodes } else { 0 };
+    let keep = if super_pod {
+        super_pods.reserve_nodes
+    } else {
+        0
+    };
     // (super-node, room, room outside its reserve)
     let rooms: Vec<(String, u32, u32)> = view
         .super_nodes()
@@ -439,9 +438,7 @@ impl<'a> Checker<'a> {
             let g = u32::try_from(count).unwrap_or(u32::MAX);
             // Soft: when only the reserve has room left, the pod may use it.
             let elsewhere = nodes.iter().any(|n| {
-                !reserve.contains(n)
-                    && g > 0
-                    && usable(self.c.free_count(n, self.resource), g) >= g
+                !reserve.contains(n) && g > 0 && usable(self.c.free_count(n, self.resource), g) >= g
             });
             (reserve, elsewhere)
         });
@@ -682,6 +679,160 @@ mod tests {
         assert_eq!(
             ensure_plan(&v, &mut l, &p, GPU, Some(&only_b), NO_SP, now, TTL).unwrap(),
             "rack-b"
+        );
+    }
+
+    const NPU: &str = "huawei.com/Ascend910";
+
+    /// Two physical super-pods of whole free Atlas 800 nodes: `sp-1` (n0..n3, 32 NPUs) and
+    /// `sp-2` (m0..m5, 48 NPUs).
+    fn super_pods() -> ClusterView {
+        let mut dts = Vec::new();
+        for (sp, prefix, n) in [("sp-1", "n", 4), ("sp-2", "m", 6)] {
+            for i in 0..n {
+                let mut t =
+                    fumarole_topology::crd::testing::atlas_800_910(&format!("{prefix}{i}"), &[]);
+                t.spec.super_node = Some(SuperNodeInfo {
+                    id: sp.into(),
+                    source: "config".into(),
+                });
+                dts.push(t);
+            }
+        }
+        ClusterView::build(&dts, &[], &[], &[]).unwrap()
+    }
+
+    /// A pod of an sp-block job: 8 NPUs per pod, blocks of `block`.
+    fn sp(job: &str, rank: u32, block: u32, idlest: bool) -> PodGroup {
+        let mut p = pg(job, rank, 8, block, block);
+        p.spec.super_pod = true;
+        p.spec.idlest = idlest;
+        p
+    }
+
+    fn reserve(n: u32) -> SuperPods {
+        SuperPods {
+            size: None,
+            reserve_nodes: n,
+        }
+    }
+
+    /// With reserve-nodes 2 a 16-NPU block goes where it leaves the reserve whole (sp-1, the
+    /// fuller one) and keeps its pods off the reserve nodes (n2, n3); a second block no longer
+    /// fits sp-1 outside its reserve and goes to sp-2, though sp-1 still has the room.
+    #[test]
+    fn sp_blocks_keep_the_reserve_and_prefer_the_fuller_super_pod() {
+        let v = super_pods();
+        let mut l = Ledger::default();
+        let now = Instant::now();
+        let a = sp("ns/a", 0, 16, false);
+        assert_eq!(
+            ensure_plan(&v, &mut l, &a, NPU, None, reserve(2), now, TTL).unwrap(),
+            "sp-1"
+        );
+        assert_eq!(l.plan(&a.key, now).unwrap().keep_free, 2);
+        let c = Cluster::new(&v, &l, now);
+        let member = Checker::new(c, Some((&a, "sp-1")), NPU);
+        assert!(member.check(v.node("n0").unwrap(), 8).is_none());
+        assert!(member.check(v.node("n1").unwrap(), 8).is_none());
+        let why = member.check(v.node("n3").unwrap(), 8).unwrap().to_string();
+        assert!(
+            why.contains("keeps 2 whole nodes of super-node sp-1 free (reserve-nodes); n3"),
+            "{why}"
+        );
+        assert!(member.check(v.node("n2").unwrap(), 8).is_some());
+
+        let b = sp("ns/b", 0, 16, false);
+        assert_eq!(
+            ensure_plan(&v, &mut l, &b, NPU, None, reserve(2), now, TTL).unwrap(),
+            "sp-2"
+        );
+        // Without a reserve the second block would have taken sp-1's last two nodes.
+        let mut l0 = Ledger::default();
+        ensure_plan(&v, &mut l0, &a, NPU, None, reserve(0), now, TTL).unwrap();
+        assert_eq!(
+            ensure_plan(&v, &mut l0, &b, NPU, None, reserve(0), now, TTL).unwrap(),
+            "sp-1"
+        );
+        assert_eq!(l0.plan(&b.key, now).unwrap().keep_free, 0);
+    }
+
+    /// The reserve is soft: a block that fits nowhere outside the reserves goes where it fits
+    /// at all, and its pods may then use the reserve nodes.
+    #[test]
+    fn sp_blocks_eat_into_the_reserve_only_when_nothing_else_fits() {
+        let v = super_pods();
+        let mut l = Ledger::default();
+        let now = Instant::now();
+        // 48 NPUs: only sp-2 has them, and only with its 2 reserve nodes.
+        let big = sp("ns/big", 0, 48, false);
+        assert_eq!(
+            ensure_plan(&v, &mut l, &big, NPU, None, reserve(2), now, TTL).unwrap(),
+            "sp-2"
+        );
+        assert_eq!(l.plan(&big.key, now).unwrap().keep_free, 0);
+        let c = Cluster::new(&v, &l, now);
+        let member = Checker::new(c, Some((&big, "sp-2")), NPU);
+        assert!(member.check(v.node("m5").unwrap(), 8).is_none());
+    }
+
+    /// `sp-fit: idlest` takes the super-pod with the most room; gpu-group-size units (not
+    /// sp-block) ignore the reserve; super-pod-size refuses blocks that could never fit.
+    #[test]
+    fn sp_fit_idlest_plain_units_and_super_pod_size() {
+        let v = super_pods();
+        let now = Instant::now();
+        let mut l = Ledger::default();
+        let idle = sp("ns/i", 0, 16, true);
+        assert_eq!(
+            ensure_plan(&v, &mut l, &idle, NPU, None, reserve(2), now, TTL).unwrap(),
+            "sp-2"
+        );
+        let mut l = Ledger::default();
+        let plain = pg("ns/p", 0, 8, 32, 32);
+        assert_eq!(
+            ensure_plan(&v, &mut l, &plain, NPU, None, reserve(2), now, TTL).unwrap(),
+            "sp-1"
+        );
+        assert_eq!(l.plan(&plain.key, now).unwrap().keep_free, 0);
+        let sized = SuperPods {
+            size: Some(4),
+            reserve_nodes: 0,
+        };
+        let e = ensure_plan(
+            &v,
+            &mut Ledger::default(),
+            &sp("ns/w", 0, 48, false),
+            NPU,
+            None,
+            sized,
+            now,
+            TTL,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains(
+                "needs 48 huawei.com/Ascend910, at least 6 nodes of 8; a super-pod has 4 nodes"
+            ),
+            "{e}"
+        );
+        // A block that fits nowhere names the largest room, as gpu-group-size units do.
+        let e = ensure_plan(
+            &v,
+            &mut Ledger::default(),
+            &sp("ns/h", 0, 64, false),
+            NPU,
+            None,
+            reserve(2),
+            now,
+            TTL,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("the most room any super-node has is 48 (sp-2)"),
+            "{e}"
         );
     }
 }
