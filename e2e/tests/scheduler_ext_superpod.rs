@@ -121,14 +121,18 @@ async fn all_placed(
     pods: &Api<Pod>,
     names: &[String],
 ) -> BTreeMap<String, (String, Vec<String>)> {
-    let placed = eventually("all pods bound and annotated", Duration::from_secs(150), || {
-        let pods = pods.clone();
-        let names = names.to_vec();
-        async move {
-            let placed = common::placements(&pods, &names).await;
-            Ok((placed.len() == names.len()).then_some(placed))
-        }
-    })
+    let placed = eventually(
+        "all pods bound and annotated",
+        Duration::from_secs(150),
+        || {
+            let pods = pods.clone();
+            let names = names.to_vec();
+            async move {
+                let placed = common::placements(&pods, &names).await;
+                Ok((placed.len() == names.len()).then_some(placed))
+            }
+        },
+    )
     .await;
     match placed {
         Ok(p) => p,
@@ -167,7 +171,10 @@ async fn blocks(
         assert_eq!(devices.len(), 8, "{pod}: {devices:?}");
         for d in devices {
             assert!(d.starts_with("Ascend910-"), "{pod}: {d}");
-            assert!(seen.insert((node.clone(), d.clone())), "{d} on {node} twice");
+            assert!(
+                seen.insert((node.clone(), d.clone())),
+                "{d} on {node} twice"
+            );
         }
         out.entry(rank(pods, pod).await / pods_per_block)
             .or_default()
@@ -275,6 +282,9 @@ async fn sp_block_job_lands_block_by_block_and_keeps_the_reserve() {
     );
     let log = cluster.log_tail("vc-scheduler", 4000).unwrap();
     for failure in ["Predicate failed", "Prioritize failed"] {
-        assert!(!log.contains(failure), "{failure} in vc-scheduler log:\n{log}");
+        assert!(
+            !log.contains(failure),
+            "{failure} in vc-scheduler log:\n{log}"
+        );
     }
 }
