@@ -13,8 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use scheduler_ext::cli::ScoringArgs;
-use scheduler_ext::core::placement::SuperPods;
+use scheduler_ext::cli::{ScoringArgs, SuperPodArgs};
 use scheduler_ext::core::view::ClusterView;
 use scheduler_ext::dead_agents;
 use scheduler_ext::http::access::{Rule, Token};
@@ -89,15 +88,6 @@ pub struct ServeArgs {
     /// How long a gpu-group-size unit's super-node reservation waits for the unit's next pod.
     #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
     reservation_ttl: Duration,
-    /// Nodes per physical super-pod (Huawei's `super-pod-size` init-param): `sp-block` jobs
-    /// needing more nodes than this are refused. Unset: not checked.
-    #[arg(long)]
-    super_pod_size: Option<u32>,
-    /// Whole nodes to keep free in each super-node for fault rescheduling when placing
-    /// `sp-block` jobs (Huawei's `reserve-nodes` init-param); kept when another super-node can
-    /// take the block.
-    #[arg(long, default_value_t = 0)]
-    reserve_nodes: u32,
     /// Coalesce cluster changes for this long before rebuilding the view.
     #[arg(long, default_value = "50ms", value_parser = humantime::parse_duration)]
     view_debounce: Duration,
@@ -123,6 +113,8 @@ pub struct ServeArgs {
     election: ElectionArgs,
     #[command(flatten)]
     scoring: ScoringArgs,
+    #[command(flatten)]
+    super_pods: SuperPodArgs,
 }
 
 /// Leader election among replicas (kube-scheduler's flag names and defaults).
@@ -186,14 +178,6 @@ impl ElectionArgs {
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
-    if let Some(size) = args.super_pod_size
-        && (size == 0 || args.reserve_nodes >= size)
-    {
-        bail!(
-            "--super-pod-size {size} must be positive and larger than --reserve-nodes {}",
-            args.reserve_nodes
-        );
-    }
     let settings = Settings {
         scorer: args.scoring.gpu_aware()?,
         commit_ttl: args.commit_ttl,
@@ -204,10 +188,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             .filter(|s| !s.is_empty())
             .cloned()
             .collect(),
-        super_pods: SuperPods {
-            size: args.super_pod_size,
-            reserve_nodes: args.reserve_nodes,
-        },
+        super_pods: args.super_pods.super_pods()?,
     };
     let tls = match (&args.tls_cert_file, &args.tls_key_file) {
         (Some(cert), Some(key)) => Some(Tls::load(TlsFiles {
