@@ -16,11 +16,12 @@
 //! 5. else the pod is unschedulable, with a reason naming the sub-unit and the most room any
 //!    super-node has.
 //!
-//! **Super-pod jobs** (Huawei's `sp-block`, [`crate::core::group`]) are such units, with two
-//! more rules from Huawei's scheduler ([`SuperPods`]):
+//! **Super-pod jobs** (Huawei's `sp-block`, [`crate::core::group`]) are such units, with these
+//! rules from Huawei's scheduler ([`SuperPods`]):
 //! - steps 2-4 run first over the room outside each super-node's reserve (the last
 //!   `reserve-nodes` nodes, by name, whose devices are all free), and only when nothing fits
-//!   there over the whole room: the reserve is kept when it can be (soft, like Huawei's);
+//!   there over the whole room: the reserve is kept when it can be (soft: a block eats into
+//!   a reserve rather than wait);
 //!   a sub-unit planned outside the reserve keeps its pods off the reserve nodes ([`Checker`]);
 //! - `sp-fit: idlest` picks the super-node with the most room instead of the least;
 //! - with `super-pod-size` set, a block that needs more nodes than a super-pod has is refused
