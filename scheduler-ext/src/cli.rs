@@ -1,11 +1,12 @@
 //! Command-line plumbing shared by the binaries that decide through the core
-//! (`fumarole-scheduler-ext`, `fumarole-sim`, `kubectl-fumarole`): the gpu-aware flags and the
-//! `main` frame (logging to stderr, `error: ...` and exit code 1 on failure).
+//! (`fumarole-scheduler-ext`, `fumarole-sim`, `kubectl-fumarole`): the gpu-aware flags, Huawei's
+//! super-pod parameters, and the `main` frame (logging to stderr, `error: ...` and exit code 1 on failure).
 
 use std::process::ExitCode;
 
 use anyhow::{Result, bail};
 
+use crate::core::placement::SuperPods;
 use crate::core::score::gpu_aware::GpuAware;
 
 /// gpu-aware scoring arguments (Volcano's `weight` and `loss.weight`).
@@ -38,6 +39,37 @@ impl ScoringArgs {
     }
 }
 
+/// Huawei's super-pod parameters for `sp-block` jobs (its Volcano plugin's `init-params`).
+#[derive(clap::Args, Clone, Copy, Debug)]
+pub struct SuperPodArgs {
+    /// Nodes per physical super-pod (Huawei's `super-pod-size`): `sp-block` jobs needing more
+    /// nodes than this are refused. Unset: not checked.
+    #[arg(long)]
+    pub super_pod_size: Option<u32>,
+    /// Whole nodes to keep free in each super-node when placing `sp-block` jobs (Huawei's
+    /// `reserve-nodes`); kept while another super-node can take the block.
+    #[arg(long, default_value_t = 0)]
+    pub reserve_nodes: u32,
+}
+
+impl SuperPodArgs {
+    /// The parameters, or why they do not go together.
+    pub fn super_pods(self) -> Result<SuperPods> {
+        if let Some(size) = self.super_pod_size
+            && (size == 0 || self.reserve_nodes >= size)
+        {
+            bail!(
+                "--super-pod-size {size} must be positive and larger than --reserve-nodes {}",
+                self.reserve_nodes
+            );
+        }
+        Ok(SuperPods {
+            size: self.super_pod_size,
+            reserve_nodes: self.reserve_nodes,
+        })
+    }
+}
+
 /// Logs to stderr (`RUST_LOG`, default `info`), runs `command`, and turns its error into
 /// `error: ...` on stderr and exit code 1.
 pub fn main_with(command: impl FnOnce() -> Result<()>) -> ExitCode {
@@ -60,5 +92,33 @@ pub fn main_logging(default_filter: &str, command: impl FnOnce() -> Result<()>) 
             eprintln!("error: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+
+    #[test]
+    fn super_pod_flags_must_go_together() {
+        let args = |size, reserve| SuperPodArgs {
+            super_pod_size: size,
+            reserve_nodes: reserve,
+        };
+        assert_eq!(
+            args(Some(48), 2).super_pods().unwrap(),
+            SuperPods {
+                size: Some(48),
+                reserve_nodes: 2
+            }
+        );
+        assert_eq!(args(None, 3).super_pods().unwrap().reserve_nodes, 3);
+        let e = args(Some(2), 2).super_pods().unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "--super-pod-size 2 must be positive and larger than --reserve-nodes 2"
+        );
+        assert!(args(Some(0), 0).super_pods().is_err());
     }
 }

@@ -25,7 +25,7 @@ use crate::core::cluster::Cluster;
 use crate::core::decide;
 use crate::core::explain::Row;
 use crate::core::ledger::{Commit, Ledger};
-use crate::core::placement::PlacementError;
+use crate::core::placement::{PlacementError, SuperPods};
 use crate::core::request::{DeviceRequest, PodRequest, RequestError, pod_key, pod_request_in};
 use crate::core::score::gpu_aware::GpuAware;
 use crate::core::verdict::{NodeVerdict, Unfit, best_first};
@@ -102,6 +102,8 @@ pub struct Settings {
     pub reservation_ttl: Duration,
     /// The schedulers (`spec.schedulerName`) whose pods the verbs accept.
     pub scheduler_names: BTreeSet<String>,
+    /// Huawei's super-pod parameters, for `sp-block` jobs.
+    pub super_pods: SuperPods,
 }
 
 impl Default for Settings {
@@ -114,6 +116,7 @@ impl Default for Settings {
                 .into_iter()
                 .map(String::from)
                 .collect(),
+            super_pods: SuperPods::default(),
         }
     }
 }
@@ -457,6 +460,7 @@ impl Service {
                 ledger,
                 req,
                 candidates.as_ref(),
+                self.settings.super_pods,
                 now,
                 self.settings.reservation_ttl,
             ) {
@@ -544,7 +548,15 @@ impl Service {
         ledger.release(&key);
         let verdict = match placing {
             Placing::Choose => {
-                let planned = decide::plan(&view, &mut ledger, &req, None, now, ttl)?;
+                let planned = decide::plan(
+                    &view,
+                    &mut ledger,
+                    &req,
+                    None,
+                    self.settings.super_pods,
+                    now,
+                    ttl,
+                )?;
                 decide::judge(
                     Cluster::new(&view, &ledger, now),
                     &self.settings.scorer,

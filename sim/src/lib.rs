@@ -436,6 +436,8 @@ impl<'a> Engine<'a> {
             &mut self.ledger,
             req,
             None,
+            // Traces carry no sp-block jobs; Huawei's parameters stay off.
+            scheduler_ext::core::placement::SuperPods::default(),
             now,
             self.opts.reservation_ttl,
         )

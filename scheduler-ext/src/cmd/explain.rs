@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use clap::ValueEnum;
 use k8s_openapi::api::core::v1::Pod;
-use scheduler_ext::cli::ScoringArgs;
+use scheduler_ext::cli::{ScoringArgs, SuperPodArgs};
 use scheduler_ext::core::explain;
 use scheduler_ext::service::Service;
 use scheduler_ext::snapshot;
@@ -23,6 +23,8 @@ pub struct ExplainArgs {
     format: Format,
     #[command(flatten)]
     scoring: ScoringArgs,
+    #[command(flatten)]
+    super_pods: SuperPodArgs,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -37,7 +39,8 @@ pub fn run(args: ExplainArgs) -> Result<()> {
         tracing::warn!("{w}");
     }
     let pod = read_pod(&args.pod)?;
-    let svc = Service::new(view, args.scoring.gpu_aware()?);
+    let mut svc = Service::new(view, args.scoring.gpu_aware()?);
+    svc.settings.super_pods = args.super_pods.super_pods()?;
     let (req, rows) = svc.explain(&pod)?;
     match args.format {
         Format::Json => print!("{}", explain::json(&rows)),

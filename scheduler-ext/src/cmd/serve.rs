@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use scheduler_ext::cli::ScoringArgs;
+use scheduler_ext::cli::{ScoringArgs, SuperPodArgs};
 use scheduler_ext::core::view::ClusterView;
 use scheduler_ext::dead_agents;
 use scheduler_ext::http::access::{Rule, Token};
@@ -113,6 +113,8 @@ pub struct ServeArgs {
     election: ElectionArgs,
     #[command(flatten)]
     scoring: ScoringArgs,
+    #[command(flatten)]
+    super_pods: SuperPodArgs,
 }
 
 /// Leader election among replicas (kube-scheduler's flag names and defaults).
@@ -186,6 +188,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             .filter(|s| !s.is_empty())
             .cloned()
             .collect(),
+        super_pods: args.super_pods.super_pods()?,
     };
     let tls = match (&args.tls_cert_file, &args.tls_key_file) {
         (Some(cert), Some(key)) => Some(Tls::load(TlsFiles {

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use crate::core::cluster::Cluster;
 use crate::core::ledger::Ledger;
-use crate::core::placement::{self, Checker, PlacementError};
+use crate::core::placement::{self, Checker, PlacementError, SuperPods};
 use crate::core::request::PodRequest;
 use crate::core::score::gpu_aware::GpuAware;
 use crate::core::verdict::{NodeVerdict, Unfit};
@@ -21,6 +21,7 @@ pub fn plan(
     ledger: &mut Ledger,
     req: &PodRequest,
     candidates: Option<&HashSet<&str>>,
+    super_pods: SuperPods,
     now: Instant,
     ttl: Duration,
 ) -> Result<Option<String>, PlacementError> {
@@ -33,6 +34,7 @@ pub fn plan(
         pg,
         &req.devices.resource,
         candidates,
+        super_pods,
         now,
         ttl,
     )

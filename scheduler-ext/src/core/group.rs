@@ -25,6 +25,13 @@
 //! 5. a StatefulSet's `apps.kubernetes.io/pod-index` label;
 //! 6. the trailing number of the pod's name (`job-worker-3` -> 3).
 //!
+//! **Huawei's super-pod jobs.** `sp-block` (NPUs per logical super-pod, which must lie whole in
+//! one physical super-pod, i.e. one super-node) is read as an alias: it is the atomic size, and
+//! the group size too when no gpu-group-size is given, so an `sp-block` job is a unit job whose
+//! units MUST each share a super-node. Such a job is a [`GroupSpec::super_pod`] job: placement
+//! keeps the reserve nodes free and honours `sp-fit` ([`SP_FIT`]). The job's total devices
+//! (over the pods the view holds) must be a multiple of `sp-block`.
+//!
 //! Consecutive ranks form units: pod `rank` with `g` GPUs is in unit `rank·g / group_size` and
 //! atomic sub-unit `rank·g / atomic_size`.
 //!
@@ -48,6 +55,15 @@ pub const ATOMIC_GROUP_SIZE: [&str; 2] = [
     "metax-tech.com/atomic-gpu-group-size",
     "fumarole.dev/atomic-gpu-group-size",
 ];
+/// Huawei's job annotation: NPUs per logical super-pod (an alias of the atomic group size, and
+/// of the group size when that is not given).
+pub const SP_BLOCK: &str = "sp-block";
+/// Huawei's job annotation choosing the physical super-pod: `idlest` asks for the one with the
+/// most room instead of the fullest one that fits.
+pub const SP_FIT: &str = "sp-fit";
+/// The one `sp-fit` value besides the default.
+pub const SP_FIT_IDLEST: &str = "idlest";
+
 /// The environment variable PyTorch launchers read the global rank from.
 pub const RANK_ENV: &str = "RANK";
 /// Volcano's task index annotation (index of the pod within its task).
@@ -95,6 +111,14 @@ pub enum GroupError {
         "pod {pod} has no rank: no {RANK_ENV} env, no {VOLCANO_TASK_INDEX}, no {KUBEFLOW_REPLICA_INDEX}, no {DLROVER_RANK_INDEX}, no {STATEFULSET_POD_INDEX} and no number at the end of its name"
     )]
     NoRank { pod: String },
+    /// `sp-fit` with a value other than `idlest`.
+    #[error("{SP_FIT}: {value:?} is not understood (only {SP_FIT_IDLEST:?}, or no annotation)")]
+    BadSpFit { value: String },
+    /// The job's devices do not divide into whole super-pod blocks.
+    #[error(
+        "job {job} requests {total} devices in all (pods seen so far), not a multiple of {SP_BLOCK} = {block}"
+    )]
+    JobNotMultiple { job: String, total: u32, block: u32 },
     /// Pods of one job carry different group annotations.
     #[error("pods of job {job} disagree on their group annotations: {a} and {b}")]
     JobConflict { job: String, a: String, b: String },
@@ -110,6 +134,11 @@ pub struct GroupSpec {
     pub unit: u32,
     /// `rank·gpus / atomic_size`.
     pub atomic_unit: u32,
+    /// The sizes came from Huawei's `sp-block`: placement keeps the super-node's reserve nodes
+    /// free and may prefer the idlest super-node.
+    pub super_pod: bool,
+    /// `sp-fit: idlest`.
+    pub idlest: bool,
 }
 
 /// One atomic sub-unit of a job's unit.
@@ -204,10 +233,10 @@ fn meta_index(pod: &Pod, key: &str) -> Option<u32> {
 /// The value of the first of `keys` present, checked against the other and parsed.
 fn annotation(
     annotations: &BTreeMap<String, String>,
-    keys: [&'static str; 2],
+    keys: &[&'static str],
 ) -> Result<Option<(&'static str, u32)>, GroupError> {
     let mut found: Option<(&'static str, &str)> = None;
-    for key in keys {
+    for &key in keys {
         if let Some(v) = annotations.get(key) {
             if let Some((k0, v0)) = found
                 && v0.trim() != v.trim()
@@ -240,6 +269,10 @@ fn annotation(
 pub struct Sizes {
     pub group: Option<(&'static str, u32)>,
     pub atomic: Option<(&'static str, u32)>,
+    /// `sp-block` was one of the keys read.
+    pub super_pod: bool,
+    /// `sp-fit: idlest`.
+    pub idlest: bool,
 }
 
 impl Sizes {
@@ -248,16 +281,43 @@ impl Sizes {
         let Some(annotations) = pod.metadata.annotations.as_ref() else {
             return Ok(None);
         };
+        let group = annotation(annotations, &GROUP_SIZE)?;
+        // sp-block is the atomic size (it MUST share a super-node) and, alone, the unit too;
+        // read with the atomic spellings so a disagreeing atomic size is a conflict.
+        let [a0, a1] = ATOMIC_GROUP_SIZE;
+        let atomic = annotation(annotations, &[a0, a1, SP_BLOCK])?;
+        let super_pod = annotations.contains_key(SP_BLOCK);
+        let group = match group {
+            None if super_pod => annotation(annotations, &[SP_BLOCK])?,
+            g => g,
+        };
+        let idlest = match annotations.get(SP_FIT).map(|v| v.trim()) {
+            None => false,
+            Some(v) if v == SP_FIT_IDLEST => true,
+            Some(v) => {
+                return Err(GroupError::BadSpFit {
+                    value: v.to_string(),
+                });
+            }
+        };
         let sizes = Sizes {
-            group: annotation(annotations, GROUP_SIZE)?,
-            atomic: annotation(annotations, ATOMIC_GROUP_SIZE)?,
+            group,
+            atomic,
+            super_pod,
+            idlest,
         };
         Ok((sizes.group.is_some() || sizes.atomic.is_some()).then_some(sizes))
     }
 
     fn describe(&self) -> String {
         let part = |v: Option<(&str, u32)>| v.map_or("-".to_string(), |(_, n)| n.to_string());
-        format!("group {} / atomic {}", part(self.group), part(self.atomic))
+        let sp = if self.super_pod { " (sp-block)" } else { "" };
+        let fit = if self.idlest { ", sp-fit idlest" } else { "" };
+        format!(
+            "group {} / atomic {}{sp}{fit}",
+            part(self.group),
+            part(self.atomic)
+        )
     }
 }
 
@@ -268,6 +328,10 @@ struct JobFacts {
     sizes: Option<Result<Sizes, GroupError>>,
     /// Volcano task -> pods of that task seen.
     tasks: BTreeMap<String, u32>,
+    /// Accelerator devices its pods request in all (as far as told: [`Jobs::add_devices`]).
+    devices: u32,
+    /// True once some pod's devices were counted.
+    counted: bool,
 }
 
 /// Every job's group annotations and Volcano task sizes, gathered from all the pods of the
@@ -321,6 +385,19 @@ impl Jobs {
             },
             Some(Err(e)) => Err(e),
         });
+    }
+
+    /// Counts `devices` requested by one pod of `job` towards the job's total (checked against
+    /// `sp-block`). Jobs never told their devices are not checked.
+    pub fn add_devices(&mut self, job: &str, devices: u32) {
+        let facts = self.jobs.entry(job.to_string()).or_default();
+        facts.devices = facts.devices.saturating_add(devices);
+        facts.counted = true;
+    }
+
+    /// The job's device total, when counted.
+    fn devices(&self, job: &str) -> Option<u32> {
+        self.jobs.get(job).filter(|j| j.counted).map(|j| j.devices)
     }
 
     /// The group annotations that hold for the pod: its own, else its job's.
@@ -480,6 +557,7 @@ pub fn has_group_annotations(pod: &Pod) -> bool {
         GROUP_SIZE
             .iter()
             .chain(&ATOMIC_GROUP_SIZE)
+            .chain(&[SP_BLOCK])
             .any(|k| a.contains_key(*k))
     })
 }
@@ -529,6 +607,16 @@ pub fn group_spec_of(
             group: group_size,
         });
     }
+    if sizes.super_pod
+        && let Some(total) = jobs.devices(&pod.job)
+        && total % atomic_size != 0
+    {
+        return Err(GroupError::JobNotMultiple {
+            job: pod.job.clone(),
+            total,
+            block: atomic_size,
+        });
+    }
     let rank = pod.rank(jobs).ok_or_else(|| GroupError::NoRank {
         pod: pod.pod.clone(),
     })?;
@@ -541,6 +629,8 @@ pub fn group_spec_of(
         rank,
         unit,
         atomic_unit,
+        super_pod: sizes.super_pod,
+        idlest: sizes.idlest,
     }))
 }
 
@@ -573,7 +663,9 @@ mod tests {
                 atomic_size: 4,
                 rank: 5,
                 unit: 1,
-                atomic_unit: 2
+                atomic_unit: 2,
+                super_pod: false,
+                idlest: false,
             }
         );
         let v = pod(
@@ -789,6 +881,137 @@ mod tests {
             e.to_string()
                 .contains("pods of job ml/j disagree on their group annotations"),
             "{e}"
+        );
+    }
+
+    /// Huawei's `sp-block` alone is the unit and its atomic size (the block MUST share a
+    /// super-node); beside gpu-group-size it is the atomic size; the job's master carries it
+    /// for the whole job.
+    #[test]
+    fn sp_block_is_an_alias_of_the_group_sizes() {
+        let g = group_spec(
+            &pod(
+                "job-3",
+                serde_json::json!({SP_BLOCK: "16"}),
+                serde_json::json!({}),
+            ),
+            8,
+            &Jobs::default(),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            g,
+            GroupSpec {
+                group_size: 16,
+                atomic_size: 16,
+                rank: 3,
+                unit: 1,
+                atomic_unit: 1,
+                super_pod: true,
+                idlest: false,
+            }
+        );
+        let both = pod(
+            "job-5",
+            serde_json::json!({"metax-tech.com/gpu-group-size": "32", SP_BLOCK: "16", SP_FIT: "idlest"}),
+            serde_json::json!({}),
+        );
+        let g = group_spec(&both, 8, &Jobs::default()).unwrap().unwrap();
+        assert_eq!(
+            (g.group_size, g.atomic_size, g.unit, g.atomic_unit, g.idlest),
+            (32, 16, 1, 2, true)
+        );
+        // The same job written MetaX's way gets the same units.
+        let metax = pod(
+            "job-5",
+            serde_json::json!({"metax-tech.com/gpu-group-size": "32", "metax-tech.com/atomic-gpu-group-size": "16"}),
+            serde_json::json!({}),
+        );
+        let m = group_spec(&metax, 8, &Jobs::default()).unwrap().unwrap();
+        assert_eq!((m.unit, m.atomic_unit, m.super_pod), (1, 2, false));
+
+        let mut pods = vec![volcano_pod(
+            "sp",
+            "master",
+            0,
+            Some(0),
+            serde_json::json!({SP_BLOCK: "16"}),
+        )];
+        for i in 0..3 {
+            pods.push(volcano_pod(
+                "sp",
+                "worker",
+                i,
+                Some(i + 1),
+                serde_json::json!({}),
+            ));
+        }
+        let jobs = Jobs::of(&pods);
+        let units: Vec<(u32, bool)> = pods
+            .iter()
+            .map(|p| {
+                let g = group_spec(p, 8, &jobs).unwrap().unwrap();
+                (g.unit, g.super_pod)
+            })
+            .collect();
+        assert_eq!(units, [(0, true), (0, true), (1, true), (1, true)]);
+        assert!(pods.iter().all(|p| jobs.in_group(p)));
+    }
+
+    #[test]
+    fn bad_sp_block_jobs_get_reasons() {
+        let one = |a: serde_json::Value, npus: u32, jobs: &Jobs| {
+            group_spec(&pod("job-0", a, serde_json::json!({})), npus, jobs)
+        };
+        let none = Jobs::default();
+        let e = one(serde_json::json!({SP_BLOCK: "12"}), 8, &none).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "sp-block = 12 is not a multiple of the pod's 8 GPUs"
+        );
+        let e = one(serde_json::json!({SP_BLOCK: "-4"}), 8, &none).unwrap_err();
+        assert!(matches!(e, GroupError::NotInteger { .. }), "{e}");
+        let e = one(
+            serde_json::json!({SP_BLOCK: "16", "metax-tech.com/atomic-gpu-group-size": "8"}),
+            8,
+            &none,
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "metax-tech.com/atomic-gpu-group-size = \"8\" and sp-block = \"16\" disagree"
+        );
+        let e = one(
+            serde_json::json!({SP_BLOCK: "16", SP_FIT: "best"}),
+            8,
+            &none,
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string().contains("sp-fit: \"best\" is not understood"),
+            "{e}"
+        );
+        // Three pods of 8 NPUs: 24 in all, not whole blocks of 16.
+        let mut jobs = Jobs::default();
+        for _ in 0..3 {
+            jobs.add_devices("default/job", 8);
+        }
+        let e = one(serde_json::json!({SP_BLOCK: "16"}), 8, &jobs).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "job default/job requests 24 devices in all (pods seen so far), not a multiple of sp-block = 16"
+        );
+        jobs.add_devices("default/job", 8);
+        assert!(one(serde_json::json!({SP_BLOCK: "16"}), 8, &jobs).is_ok());
+        // gpu-group-size jobs are not held to whole units (MetaX's behaviour, unchanged).
+        assert!(
+            one(
+                serde_json::json!({"metax-tech.com/gpu-group-size": "16"}),
+                8,
+                &Jobs::default()
+            )
+            .is_ok()
         );
     }
 }

@@ -51,6 +51,9 @@ pub struct Plan {
     pub pod_gpus: u32,
     pub resource: String,
     pub expires: Instant,
+    /// Whole nodes the sub-unit keeps free in its super-node (`reserve-nodes` of a super-pod
+    /// job placed without eating into the reserve; 0 otherwise).
+    pub keep_free: u32,
 }
 
 /// Commits and plans.
@@ -238,6 +241,7 @@ mod tests {
                 pod_gpus: 2,
                 resource: "nvidia.com/gpu".into(),
                 expires: t0 + Duration::from_secs(10),
+                keep_free: 0,
             },
         );
         assert!(l.plan(&k, t0).is_some());

@@ -16,6 +16,17 @@
 //! 5. else the pod is unschedulable, with a reason naming the sub-unit and the most room any
 //!    super-node has.
 //!
+//! **Super-pod jobs** (Huawei's `sp-block`, [`crate::core::group`]) are such units, with these
+//! rules from Huawei's scheduler ([`SuperPods`]):
+//! - steps 2-4 run first over the room outside each super-node's reserve (the last
+//!   `reserve-nodes` nodes, by name, whose devices are all free), and only when nothing fits
+//!   there over the whole room: the reserve is kept when it can be (soft: a block eats into
+//!   a reserve rather than wait);
+//!   a sub-unit planned outside the reserve keeps its pods off the reserve nodes ([`Checker`]);
+//! - `sp-fit: idlest` picks the super-node with the most room instead of the least;
+//! - with `super-pod-size` set, a block that needs more nodes than a super-pod has is refused
+//!   with that reason.
+//!
 //! Room of a super-node for pods of `g` GPUs: the sum over its nodes of `g·⌊free/g⌋` (each pod
 //! needs its GPUs on one node), minus what other units' plans reserve there. A pod may then go
 //! only to nodes of its sub-unit's super-node ([`Checker`]), and no pod may take room another
@@ -46,6 +57,18 @@ pub enum PlacementError {
         most_room: u32,
         most_super_node: String,
     },
+    /// A super-pod block needs more nodes than `super-pod-size`.
+    #[error(
+        "{unit}: needs {need} {resource}, at least {nodes} nodes of {per_node}; a super-pod has {size} nodes (super-pod-size)"
+    )]
+    LargerThanSuperPod {
+        unit: UnitKey,
+        need: u32,
+        resource: String,
+        nodes: u32,
+        per_node: u32,
+        size: u32,
+    },
     /// The view has no nodes at all.
     #[error("{unit}: no super-node in the cluster view")]
     NoSuperNode { unit: UnitKey },
@@ -61,6 +84,17 @@ pub enum GroupConflict {
         planned: String,
         here: String,
     },
+    /// The node is one of the super-node's reserve nodes, which the pod's super-pod block keeps
+    /// free (other nodes of the super-node have room for it).
+    #[error(
+        "{unit} keeps {keep_free} whole nodes of super-node {super_node} free (reserve-nodes); {node} is one of them"
+    )]
+    ReserveNode {
+        unit: UnitKey,
+        node: String,
+        super_node: String,
+        keep_free: u32,
+    },
     /// Taking the pod's devices here would eat into room other units reserved.
     #[error(
         "super-node {super_node}: {reserved} {resource} are reserved for {} and other pending units; this pod would leave room for {after}",
@@ -74,6 +108,37 @@ pub enum GroupConflict {
         by: Option<UnitKey>,
         after: u32,
     },
+}
+
+/// Huawei's super-pod parameters (`init-params` of its Volcano scheduler; flags here).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SuperPods {
+    /// Nodes per physical super-pod (`super-pod-size`). Super-node membership comes from the
+    /// nodes; this only refuses blocks that could never fit.
+    pub size: Option<u32>,
+    /// Whole nodes to keep free in each super-node for fault rescheduling (`reserve-nodes`).
+    pub reserve_nodes: u32,
+}
+
+/// The reserve of a super-node: of its nodes whose devices of `resource` are all free, the
+/// last `keep` by name (deterministic, so every pod of a session sees the same set).
+fn reserve_nodes<'n>(c: &Cluster, nodes: &'n [String], resource: &str, keep: u32) -> Vec<&'n str> {
+    if keep == 0 {
+        return Vec::new();
+    }
+    let whole_free = nodes.iter().filter(|n| {
+        c.view.node(n).is_some_and(|nv| {
+            let all = nv.resource_mask(resource).count_ones();
+            all > 0 && c.free_mask(nv, resource).count_ones() == all
+        })
+    });
+    let mut out: Vec<&str> = whole_free
+        .rev()
+        .take(usize::try_from(keep).unwrap_or(usize::MAX))
+        .map(String::as_str)
+        .collect();
+    out.reverse();
+    out
 }
 
 /// GPUs of `unit` bound (view) or committed (ledger), per super-node.
@@ -151,12 +216,14 @@ fn room(
 /// plan (see the module doc). `candidates` limits a new plan to super-nodes with room on those
 /// nodes (kube-scheduler's filter gets only the nodes its own filters passed); `None` looks at
 /// every node. Renews the plan. Errors are the reason the pod cannot be placed.
+#[allow(clippy::too_many_arguments)]
 pub fn ensure_plan(
     view: &ClusterView,
     ledger: &mut Ledger,
     pg: &PodGroup,
     resource: &str,
     candidates: Option<&HashSet<&str>>,
+    super_pods: SuperPods,
     now: Instant,
     ttl: Duration,
 ) -> Result<String, PlacementError> {
@@ -190,13 +257,45 @@ pub fn ensure_plan(
     if !open.contains(&pg.key) {
         open.push(pg.key.clone());
     }
-    let rooms: Vec<(String, u32)> = view
+    let super_pod = pg.spec.super_pod;
+    if super_pod && let Some(size) = super_pods.size {
+        let per_node = view
+            .nodes()
+            .map(|n| n.resource_mask(resource).count_ones())
+            .max()
+            .unwrap_or(0)
+            .max(1);
+        let nodes = pg.spec.atomic_size.div_ceil(per_node);
+        if nodes > size {
+            return Err(PlacementError::LargerThanSuperPod {
+                unit: pg.key.clone(),
+                need: pg.spec.atomic_size,
+                resource: resource.to_string(),
+                nodes,
+                per_node,
+                size,
+            });
+        }
+    }
+    let keep = if super_pod {
+        super_pods.reserve_nodes
+    } else {
+        0
+    };
+    // (super-node, room, room outside its reserve)
+    let rooms: Vec<(String, u32, u32)> = view
         .super_nodes()
         .iter()
         .map(|(sn, nodes)| {
             let total = room(&c, nodes, resource, pg.gpus, candidates);
             let (taken, _, _) = reserved(&c, sn, |k| *k == pg.key);
-            (sn.clone(), total.saturating_sub(taken))
+            let kept: u32 = reserve_nodes(&c, nodes, resource, keep)
+                .into_iter()
+                .filter(|n| candidates.is_none_or(|set| set.contains(n)))
+                .map(|n| usable(c.free_count(n, resource), pg.gpus))
+                .sum();
+            let all = total.saturating_sub(taken);
+            (sn.clone(), all, all.saturating_sub(kept))
         })
         .collect();
     let need_one = pg.spec.atomic_size;
@@ -204,29 +303,49 @@ pub fn ensure_plan(
         .spec
         .atomic_size
         .saturating_mul(u32::try_from(open.len()).unwrap_or(u32::MAX));
-    let best_fit = |need: u32| {
-        rooms
-            .iter()
-            .filter(|(_, r)| *r >= need)
-            .min_by(|a, b| a.1.cmp(&b.1).then_with(|| a.0.cmp(&b.0)))
-            .map(|(sn, _)| sn.clone())
+    let room_of = |r: &(String, u32, u32), outside: bool| if outside { r.2 } else { r.1 };
+    // Best fit (least room) keeps large super-nodes for large units; sp-fit idlest the most.
+    let fit = |need: u32, outside: bool| {
+        let fits = rooms.iter().filter(|r| room_of(r, outside) >= need);
+        let pick = if pg.spec.idlest {
+            fits.max_by(|a, b| {
+                room_of(a, outside)
+                    .cmp(&room_of(b, outside))
+                    .then_with(|| b.0.cmp(&a.0))
+            })
+        } else {
+            fits.min_by(|a, b| {
+                room_of(a, outside)
+                    .cmp(&room_of(b, outside))
+                    .then_with(|| a.0.cmp(&b.0))
+            })
+        };
+        pick.map(|(sn, _, _)| sn.clone())
     };
     siblings.sort();
-    let sibling = siblings
-        .iter()
-        .find(|sn| rooms.iter().any(|(s, r)| s == *sn && *r >= need_one));
-    let (chosen, keys) = if let Some(sn) = sibling {
-        (sn.clone(), vec![pg.key.clone()])
-    } else if let Some(sn) = best_fit(need_all) {
-        (sn, open)
-    } else if let Some(sn) = best_fit(need_one) {
-        (sn, vec![pg.key.clone()])
-    } else {
+    // Outside the reserve first (only super-pod jobs have one), then anywhere.
+    let passes: &[bool] = if keep > 0 { &[true, false] } else { &[false] };
+    let choice = passes.iter().find_map(|&outside| {
+        let sibling = siblings.iter().find(|sn| {
+            rooms
+                .iter()
+                .any(|r| r.0 == **sn && room_of(r, outside) >= need_one)
+        });
+        let found = if let Some(sn) = sibling {
+            Some((sn.clone(), vec![pg.key.clone()]))
+        } else if let Some(sn) = fit(need_all, outside) {
+            Some((sn, open.clone()))
+        } else {
+            fit(need_one, outside).map(|sn| (sn, vec![pg.key.clone()]))
+        };
+        found.map(|(sn, keys)| (sn, keys, if outside { keep } else { 0 }))
+    });
+    let Some((chosen, keys, keep_free)) = choice else {
         let most = rooms
             .iter()
             .max_by(|a, b| a.1.cmp(&b.1).then_with(|| b.0.cmp(&a.0)));
         return Err(match most {
-            Some((sn, r)) => PlacementError::NoRoom {
+            Some((sn, r, _)) => PlacementError::NoRoom {
                 unit: pg.key.clone(),
                 need: need_one,
                 resource: resource.to_string(),
@@ -248,6 +367,7 @@ pub fn ensure_plan(
                 pod_gpus: pg.gpus,
                 resource: resource.to_string(),
                 expires: until,
+                keep_free,
             },
         );
     }
@@ -275,6 +395,9 @@ pub struct Checker<'a> {
     resource: &'a str,
     /// Super-node -> its reservations by other units.
     rooms: RefCell<HashMap<String, Reservations>>,
+    /// The reserve nodes the pod's super-pod block keeps free, and whether the rest of its
+    /// super-node has room for the pod (computed on first use).
+    reserve: RefCell<Option<(Vec<String>, bool)>>,
 }
 
 impl<'a> Checker<'a> {
@@ -284,7 +407,48 @@ impl<'a> Checker<'a> {
             member,
             resource,
             rooms: RefCell::new(HashMap::new()),
+            reserve: RefCell::new(None),
         }
+    }
+
+    /// Why a super-pod block's pod keeps off `node`: the node is in the reserve its plan keeps
+    /// free while other nodes of the super-node have room for the pod.
+    fn reserve_conflict(
+        &self,
+        pg: &PodGroup,
+        planned: &str,
+        node: &NodeView,
+        count: usize,
+    ) -> Option<GroupConflict> {
+        let keep = self.c.ledger.plan(&pg.key, self.c.now)?.keep_free;
+        if keep == 0 {
+            return None;
+        }
+        let mut cache = self.reserve.borrow_mut();
+        let (reserve, room_elsewhere) = cache.get_or_insert_with(|| {
+            let nodes = self
+                .c
+                .view
+                .super_nodes()
+                .get(planned)
+                .map_or(&[][..], Vec::as_slice);
+            let reserve: Vec<String> = reserve_nodes(&self.c, nodes, self.resource, keep)
+                .into_iter()
+                .map(str::to_string)
+                .collect();
+            let g = u32::try_from(count).unwrap_or(u32::MAX);
+            // Soft: when only the reserve has room left, the pod may use it.
+            let elsewhere = nodes.iter().any(|n| {
+                !reserve.contains(n) && g > 0 && usable(self.c.free_count(n, self.resource), g) >= g
+            });
+            (reserve, elsewhere)
+        });
+        (*room_elsewhere && reserve.contains(&node.name)).then(|| GroupConflict::ReserveNode {
+            unit: pg.key.clone(),
+            node: node.name.clone(),
+            super_node: planned.to_string(),
+            keep_free: keep,
+        })
     }
 
     /// Why the pod (asking `count` devices) may not go to `node`; `None` when it may.
@@ -298,6 +462,11 @@ impl<'a> Checker<'a> {
                 planned: planned.to_string(),
                 here: sn.to_string(),
             });
+        }
+        if let Some((pg, planned)) = self.member
+            && let Some(conflict) = self.reserve_conflict(pg, planned, node, count)
+        {
+            return Some(conflict);
         }
         if !self.c.ledger.has_plans() {
             return None;
@@ -393,6 +562,8 @@ mod tests {
                 rank,
                 unit: first / group,
                 atomic_unit: first / atomic,
+                super_pod: false,
+                idlest: false,
             },
             gpus,
         }
@@ -400,6 +571,10 @@ mod tests {
 
     const GPU: &str = "nvidia.com/gpu";
     const TTL: Duration = Duration::from_secs(60);
+    const NO_SP: SuperPods = SuperPods {
+        size: None,
+        reserve_nodes: 0,
+    };
 
     #[test]
     fn best_fit_then_siblings_then_reasons() {
@@ -409,30 +584,30 @@ mod tests {
         // A whole 8-GPU unit: rack-a (8) and rack-c (8) fit; rack-a wins on name, best fit.
         let p = pg("ns/j", 0, 2, 8, 8);
         assert_eq!(
-            ensure_plan(&v, &mut l, &p, GPU, None, now, TTL).unwrap(),
+            ensure_plan(&v, &mut l, &p, GPU, None, NO_SP, now, TTL).unwrap(),
             "rack-a"
         );
         // Its second pod follows the plan.
         let p1 = pg("ns/j", 1, 2, 8, 8);
         assert_eq!(
-            ensure_plan(&v, &mut l, &p1, GPU, None, now, TTL).unwrap(),
+            ensure_plan(&v, &mut l, &p1, GPU, None, NO_SP, now, TTL).unwrap(),
             "rack-a"
         );
         // A second 8-GPU job cannot take rack-a's reserved room: rack-c (8) is the best fit
         // over rack-b (12).
         let q = pg("ns/k", 0, 2, 8, 8);
         assert_eq!(
-            ensure_plan(&v, &mut l, &q, GPU, None, now, TTL).unwrap(),
+            ensure_plan(&v, &mut l, &q, GPU, None, NO_SP, now, TTL).unwrap(),
             "rack-c"
         );
         // A 16-GPU unit in atomic halves of 8: the only room left is rack-b (12) for one half.
         let r0 = pg("ns/big", 0, 4, 16, 8);
         assert_eq!(
-            ensure_plan(&v, &mut l, &r0, GPU, None, now, TTL).unwrap(),
+            ensure_plan(&v, &mut l, &r0, GPU, None, NO_SP, now, TTL).unwrap(),
             "rack-b"
         );
         let r2 = pg("ns/big", 2, 4, 16, 8);
-        let e = ensure_plan(&v, &mut l, &r2, GPU, None, now, TTL)
+        let e = ensure_plan(&v, &mut l, &r2, GPU, None, NO_SP, now, TTL)
             .unwrap_err()
             .to_string();
         assert!(
@@ -445,7 +620,7 @@ mod tests {
         let later = now + TTL + Duration::from_secs(1);
         let s = pg("ns/s", 0, 4, 12, 12);
         assert_eq!(
-            ensure_plan(&v, &mut l, &s, GPU, None, later, TTL).unwrap(),
+            ensure_plan(&v, &mut l, &s, GPU, None, NO_SP, later, TTL).unwrap(),
             "rack-b"
         );
     }
@@ -469,13 +644,13 @@ mod tests {
         );
         let p1 = pg("ns/j", 1, 2, 8, 8);
         assert_eq!(
-            ensure_plan(&v, &mut l, &p1, GPU, None, now, TTL).unwrap(),
+            ensure_plan(&v, &mut l, &p1, GPU, None, NO_SP, now, TTL).unwrap(),
             "rack-b"
         );
         // No plan was needed for that; plan rack-a for another unit and check the guards.
         let q = pg("ns/k", 0, 4, 8, 8);
         assert_eq!(
-            ensure_plan(&v, &mut l, &q, GPU, None, now, TTL).unwrap(),
+            ensure_plan(&v, &mut l, &q, GPU, None, NO_SP, now, TTL).unwrap(),
             "rack-a"
         );
         let c = Cluster::new(&v, &l, now);
@@ -503,8 +678,162 @@ mod tests {
         let only_b: HashSet<&str> = ["b0", "b1"].into();
         let p = pg("ns/j", 0, 2, 8, 8);
         assert_eq!(
-            ensure_plan(&v, &mut l, &p, GPU, Some(&only_b), now, TTL).unwrap(),
+            ensure_plan(&v, &mut l, &p, GPU, Some(&only_b), NO_SP, now, TTL).unwrap(),
             "rack-b"
+        );
+    }
+
+    const NPU: &str = "huawei.com/Ascend910";
+
+    /// Two physical super-pods of whole free Atlas 800 nodes: `sp-1` (n0..n3, 32 NPUs) and
+    /// `sp-2` (m0..m5, 48 NPUs).
+    fn super_pods() -> ClusterView {
+        let mut dts = Vec::new();
+        for (sp, prefix, n) in [("sp-1", "n", 4), ("sp-2", "m", 6)] {
+            for i in 0..n {
+                let mut t =
+                    fumarole_topology::crd::testing::atlas_800_910(&format!("{prefix}{i}"), &[]);
+                t.spec.super_node = Some(SuperNodeInfo {
+                    id: sp.into(),
+                    source: "config".into(),
+                });
+                dts.push(t);
+            }
+        }
+        ClusterView::build(&dts, &[], &[], &[]).unwrap()
+    }
+
+    /// A pod of an sp-block job: 8 NPUs per pod, blocks of `block`.
+    fn sp(job: &str, rank: u32, block: u32, idlest: bool) -> PodGroup {
+        let mut p = pg(job, rank, 8, block, block);
+        p.spec.super_pod = true;
+        p.spec.idlest = idlest;
+        p
+    }
+
+    fn reserve(n: u32) -> SuperPods {
+        SuperPods {
+            size: None,
+            reserve_nodes: n,
+        }
+    }
+
+    /// With reserve-nodes 2 a 16-NPU block goes where it leaves the reserve whole (sp-1, the
+    /// fuller one) and keeps its pods off the reserve nodes (n2, n3); a second block no longer
+    /// fits sp-1 outside its reserve and goes to sp-2, though sp-1 still has the room.
+    #[test]
+    fn sp_blocks_keep_the_reserve_and_prefer_the_fuller_super_pod() {
+        let v = super_pods();
+        let mut l = Ledger::default();
+        let now = Instant::now();
+        let a = sp("ns/a", 0, 16, false);
+        assert_eq!(
+            ensure_plan(&v, &mut l, &a, NPU, None, reserve(2), now, TTL).unwrap(),
+            "sp-1"
+        );
+        assert_eq!(l.plan(&a.key, now).unwrap().keep_free, 2);
+        let c = Cluster::new(&v, &l, now);
+        let member = Checker::new(c, Some((&a, "sp-1")), NPU);
+        assert!(member.check(v.node("n0").unwrap(), 8).is_none());
+        assert!(member.check(v.node("n1").unwrap(), 8).is_none());
+        let why = member.check(v.node("n3").unwrap(), 8).unwrap().to_string();
+        assert!(
+            why.contains("keeps 2 whole nodes of super-node sp-1 free (reserve-nodes); n3"),
+            "{why}"
+        );
+        assert!(member.check(v.node("n2").unwrap(), 8).is_some());
+
+        let b = sp("ns/b", 0, 16, false);
+        assert_eq!(
+            ensure_plan(&v, &mut l, &b, NPU, None, reserve(2), now, TTL).unwrap(),
+            "sp-2"
+        );
+        // Without a reserve the second block would have taken sp-1's last two nodes.
+        let mut l0 = Ledger::default();
+        ensure_plan(&v, &mut l0, &a, NPU, None, reserve(0), now, TTL).unwrap();
+        assert_eq!(
+            ensure_plan(&v, &mut l0, &b, NPU, None, reserve(0), now, TTL).unwrap(),
+            "sp-1"
+        );
+        assert_eq!(l0.plan(&b.key, now).unwrap().keep_free, 0);
+    }
+
+    /// The reserve is soft: a block that fits nowhere outside the reserves goes where it fits
+    /// at all, and its pods may then use the reserve nodes.
+    #[test]
+    fn sp_blocks_eat_into_the_reserve_only_when_nothing_else_fits() {
+        let v = super_pods();
+        let mut l = Ledger::default();
+        let now = Instant::now();
+        // 48 NPUs: only sp-2 has them, and only with its 2 reserve nodes.
+        let big = sp("ns/big", 0, 48, false);
+        assert_eq!(
+            ensure_plan(&v, &mut l, &big, NPU, None, reserve(2), now, TTL).unwrap(),
+            "sp-2"
+        );
+        assert_eq!(l.plan(&big.key, now).unwrap().keep_free, 0);
+        let c = Cluster::new(&v, &l, now);
+        let member = Checker::new(c, Some((&big, "sp-2")), NPU);
+        assert!(member.check(v.node("m5").unwrap(), 8).is_none());
+    }
+
+    /// `sp-fit: idlest` takes the super-pod with the most room; gpu-group-size units (not
+    /// sp-block) ignore the reserve; super-pod-size refuses blocks that could never fit.
+    #[test]
+    fn sp_fit_idlest_plain_units_and_super_pod_size() {
+        let v = super_pods();
+        let now = Instant::now();
+        let mut l = Ledger::default();
+        let idle = sp("ns/i", 0, 16, true);
+        assert_eq!(
+            ensure_plan(&v, &mut l, &idle, NPU, None, reserve(2), now, TTL).unwrap(),
+            "sp-2"
+        );
+        let mut l = Ledger::default();
+        let plain = pg("ns/p", 0, 8, 32, 32);
+        assert_eq!(
+            ensure_plan(&v, &mut l, &plain, NPU, None, reserve(2), now, TTL).unwrap(),
+            "sp-1"
+        );
+        assert_eq!(l.plan(&plain.key, now).unwrap().keep_free, 0);
+        let sized = SuperPods {
+            size: Some(4),
+            reserve_nodes: 0,
+        };
+        let e = ensure_plan(
+            &v,
+            &mut Ledger::default(),
+            &sp("ns/w", 0, 48, false),
+            NPU,
+            None,
+            sized,
+            now,
+            TTL,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains(
+                "needs 48 huawei.com/Ascend910, at least 6 nodes of 8; a super-pod has 4 nodes"
+            ),
+            "{e}"
+        );
+        // A block that fits nowhere names the largest room, as gpu-group-size units do.
+        let e = ensure_plan(
+            &v,
+            &mut Ledger::default(),
+            &sp("ns/h", 0, 64, false),
+            NPU,
+            None,
+            reserve(2),
+            now,
+            TTL,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("the most room any super-node has is 48 (sp-2)"),
+            "{e}"
         );
     }
 }

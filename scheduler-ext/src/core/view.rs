@@ -689,12 +689,24 @@ impl ClusterView {
             .flat_map(|n| n.resource_masks.iter().map(|(r, _)| r.clone()))
             .collect();
         let pods: Vec<&PodFacts> = pods.into_iter().collect();
+        let offered = view.offered.clone();
+        let offered: BTreeSet<&str> = offered.iter().map(String::as_str).collect();
         view.jobs = Jobs::default();
         for pod in &pods {
             view.jobs.add_facts(&pod.group);
         }
-        let offered = view.offered.clone();
-        let offered: BTreeSet<&str> = offered.iter().map(String::as_str).collect();
+        // Job totals are checked against sp-block: counted for group jobs only (cheap in a big
+        // cluster); pods on their way out do not count.
+        for pod in &pods {
+            if !pod.finished
+                && !pod.deleting
+                && view.jobs.in_group_facts(&pod.group)
+                && let Ok(r) = pod.request.request(&offered, &view.claims)
+            {
+                let n = u32::try_from(r.count).unwrap_or(u32::MAX);
+                view.jobs.add_devices(&pod.group.job, n);
+            }
+        }
         for pod in pods {
             view.add_pod(pod, &offered);
         }
@@ -1231,5 +1243,56 @@ mod tests {
         // The same view without claims: everything free.
         let plain = ClusterView::build(&[ascend_node("a")], &[], &[], &[]).unwrap();
         assert_eq!(plain.free("a", NPU).len(), 8);
+    }
+
+    /// An sp-block job's total counts the NPUs of its unfinished pods in the view: three pods
+    /// of 8 with `sp-block: 16` are refused, a fourth makes whole blocks.
+    #[test]
+    fn sp_block_job_totals_come_from_the_view() {
+        use crate::core::request::{RequestError, pod_request};
+        let worker = |i: u32, phase: &str| -> Pod {
+            let annotations = if i == 0 {
+                serde_json::json!({"sp-block": "16"})
+            } else {
+                serde_json::json!({})
+            };
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": format!("sp-worker-{i}"), "namespace": "ml",
+                             "labels": {"volcano.sh/job-name": "sp", "volcano.sh/task-spec": "worker"},
+                             "annotations": annotations},
+                "spec": {"containers": [{"name": "c",
+                    "resources": {"limits": {"huawei.com/Ascend910": "8"}}}]},
+                "status": {"phase": phase}
+            }))
+            .unwrap()
+        };
+        let nodes = [fumarole_topology::crd::testing::atlas_800_910("a", &[])];
+        let three = [
+            worker(0, "Pending"),
+            worker(1, "Pending"),
+            worker(2, "Pending"),
+        ];
+        let view = ClusterView::build(&nodes, &[], &[], &three).unwrap();
+        let e = pod_request(&three[1], &view.resources(), view.jobs()).unwrap_err();
+        assert!(
+            matches!(&e, RequestError::Group { .. })
+                && e.to_string().contains(
+                    "job ml/sp requests 24 devices in all (pods seen so far), not a multiple of sp-block = 16"
+                ),
+            "{e}"
+        );
+        // A finished pod does not count; a fourth pending one makes two blocks.
+        let mut four = three.to_vec();
+        four.push(worker(3, "Failed"));
+        let view = ClusterView::build(&nodes, &[], &[], &four).unwrap();
+        assert!(pod_request(&four[1], &view.resources(), view.jobs()).is_err());
+        four[3] = worker(3, "Pending");
+        let view = ClusterView::build(&nodes, &[], &[], &four).unwrap();
+        let req = pod_request(&four[1], &view.resources(), view.jobs()).unwrap();
+        let g = req.group.unwrap();
+        assert_eq!(
+            (g.spec.group_size, g.spec.unit, g.spec.super_pod),
+            (16, 0, true)
+        );
     }
 }

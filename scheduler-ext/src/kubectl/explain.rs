@@ -13,6 +13,7 @@ use serde::Serialize;
 
 use super::config::Connection;
 use crate::core::explain::{self as core_explain, Row, num};
+use crate::core::placement::SuperPods;
 use crate::core::request::{DeviceRequest, RequestError};
 use crate::core::score::gpu_aware::GpuAware;
 use crate::core::view::ClusterView;
@@ -59,7 +60,12 @@ pub struct NodeRow {
 }
 
 /// Reads the pod and the cluster and explains the pod.
-pub async fn read(conn: &Connection, name: &str, scorer: GpuAware) -> Result<Explanation> {
+pub async fn read(
+    conn: &Connection,
+    name: &str,
+    scorer: GpuAware,
+    super_pods: SuperPods,
+) -> Result<Explanation> {
     let ns = &conn.namespace;
     let pods: Api<Pod> = Api::namespaced(conn.client.clone(), ns);
     let Some(pod) = pods
@@ -73,7 +79,7 @@ pub async fn read(conn: &Connection, name: &str, scorer: GpuAware) -> Result<Exp
     for w in &view.warnings {
         tracing::warn!("{w}");
     }
-    Ok(explain(view, &pod, scorer)?)
+    Ok(explain(view, &pod, scorer, super_pods)?)
 }
 
 /// The explanation of `pod` in `view`.
@@ -81,8 +87,10 @@ pub fn explain(
     view: ClusterView,
     pod: &Pod,
     scorer: GpuAware,
+    super_pods: SuperPods,
 ) -> Result<Explanation, RequestError> {
-    let svc = Service::new(view, scorer);
+    let mut svc = Service::new(view, scorer);
+    svc.settings.super_pods = super_pods;
     let (req, rows) = svc.explain(pod)?;
     let view = svc.view();
     let nodes = rows
@@ -271,7 +279,7 @@ mod tests {
                 "type": "PodScheduled", "status": "False",
                 "message": "0/2 nodes are available"}]}}),
         );
-        let e = explain(view(&[]), &p, GpuAware::default()).unwrap();
+        let e = explain(view(&[]), &p, GpuAware::default(), SuperPods::default()).unwrap();
         assert_eq!(e.pod, "ml/big");
         assert!(e.nodes.iter().all(|n| !n.verdict.feasible));
         assert_eq!(
@@ -300,6 +308,7 @@ Scheduler: 0/2 nodes are available
             view(&[]),
             &pod("two", 2, serde_json::json!({})),
             GpuAware::default(),
+            SuperPods::default(),
         )
         .unwrap();
         let text = table(&e, false);
@@ -338,7 +347,13 @@ Scheduler: 0/2 nodes are available
                 "spec": {"nodeName": "b0"},
                 "status": {"phase": "Running"}}),
         );
-        let e = explain(view(std::slice::from_ref(&p)), &p, GpuAware::default()).unwrap();
+        let e = explain(
+            view(std::slice::from_ref(&p)),
+            &p,
+            GpuAware::default(),
+            SuperPods::default(),
+        )
+        .unwrap();
         assert_eq!(e.bound_to.as_deref(), Some("b0"));
         assert_eq!(e.devices_node.as_deref(), Some("b0"));
         assert_eq!(e.devices, ["b0-gpu0", "b0-gpu1"]);
@@ -358,7 +373,7 @@ Scheduler: 0/2 nodes are available
             "spec": {"containers": [{"name": "c"}]}
         }))
         .unwrap();
-        let e = explain(view(&[]), &p, GpuAware::default()).unwrap_err();
+        let e = explain(view(&[]), &p, GpuAware::default(), SuperPods::default()).unwrap_err();
         assert!(e.to_string().contains("requests no accelerator"), "{e}");
     }
 }

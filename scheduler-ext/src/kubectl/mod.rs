@@ -23,7 +23,7 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use serde::Serialize;
 
-use crate::cli::ScoringArgs;
+use crate::cli::{ScoringArgs, SuperPodArgs};
 
 /// `kubectl fumarole ...` (kubectl runs `kubectl-fumarole` with the arguments after
 /// `fumarole`).
@@ -67,6 +67,9 @@ pub enum Command {
         pod: String,
         #[command(flatten)]
         scoring: ScoringArgs,
+        /// The extension's `--super-pod-size` / `--reserve-nodes`, for `sp-block` jobs.
+        #[command(flatten)]
+        super_pods: SuperPodArgs,
     },
     /// A node's devices: the link class between every pair, health and who uses each.
     Node {
@@ -113,8 +116,14 @@ pub fn run(cli: Cli) -> Result<()> {
         let conn = config::connect(&cli.global).await?;
         let output = cli.global.output;
         match cli.command {
-            Command::Explain { pod, scoring } => {
-                let report = explain::read(&conn, &pod, scoring.gpu_aware()?).await?;
+            Command::Explain {
+                pod,
+                scoring,
+                super_pods,
+            } => {
+                let report =
+                    explain::read(&conn, &pod, scoring.gpu_aware()?, super_pods.super_pods()?)
+                        .await?;
                 render(output, &report, explain::table)
             }
             Command::Node { node } => {

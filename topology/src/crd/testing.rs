@@ -70,3 +70,25 @@ pub fn nvlink_node(
     });
     t
 }
+
+/// An Atlas 800 training server (`atlas-800-910`): 8 healthy Ascend 910 NPUs `Ascend910-<i>`,
+/// HCCS (weight 200) inside the rings 0-3 and 4-7, cross-NUMA (10) between them, ring 0-3 on
+/// NUMA node 0; the `allocated` ones are in use by pod `default/running-<index>`.
+pub fn atlas_800_910(name: &str, allocated: &[u32]) -> DeviceTopology {
+    let mut t = nvlink_node(name, 8, 10, allocated, |i| format!("Ascend910-{i}"));
+    t.spec.model = "Ascend 910".into();
+    for d in &mut t.spec.devices {
+        d.vendor = "huawei".into();
+        d.kind = "npu".into();
+    }
+    for l in &mut t.spec.links {
+        if (l.a < 4) == (l.b < 4) {
+            l.kind = "hccs".into();
+            l.weight = 200;
+        } else {
+            l.kind = "crossNuma".into();
+            l.weight = 10;
+        }
+    }
+    t
+}
