@@ -33,9 +33,10 @@ use fumarole_topology::{SuperNode, SuperNodeSource};
 use k8s_openapi::api::core::v1::Node;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::watcher;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 
 use fumarole_exporter::health::HealthStream;
+use fumarole_exporter::health::dcmi::answers::SuperPod;
 use fumarole_exporter::health::nvml::NvmlSession;
 use fumarole_topology::NodeTopology;
 
@@ -120,6 +121,13 @@ pub struct RunArgs {
     /// default: with GFD installed too, both would write the same keys.
     #[arg(long)]
     compat_labels: bool,
+    /// Also publish what Huawei's Ascend scheduler plugin (ascend-for-volcano, per-node mode)
+    /// reads, on nodes with Ascend NPUs: the ConfigMap `kube-system/mindx-dl-deviceinfo-<node>`
+    /// (device lists by health, super-pod id and server index) and the labels `accelerator`
+    /// and `accelerator-type` (docs/labels.md). Off by default: do not turn it on where
+    /// Huawei's device plugin runs too (both would write the ConfigMap).
+    #[arg(long)]
+    ascend_device_info: bool,
     /// Address of `/metrics` and `/healthz`.
     #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:9400")]
     metrics_addr: SocketAddr,
@@ -270,6 +278,8 @@ pub fn run(args: RunArgs) -> Result<()> {
         tokio::spawn(metrics::serve(listener, metrics.clone()));
 
         let stream = HealthStream::new();
+        // The DCMI source's answer to the super-pod query (A3 hardware), for publishing.
+        let (super_pod_tx, super_pod) = watch::channel(None);
         let mut resources = None;
         // The config may serve devices through DRA even without device plugins.
         let serves_devices =
@@ -288,7 +298,15 @@ pub fn run(args: RunArgs) -> Result<()> {
                     ));
                 }
                 let served = resources.as_ref().map(|(r, _)| r.as_slice());
-                start_health(&args, &prepared, &topology, served, session.as_ref(), &stream);
+                start_health(
+                    &args,
+                    &prepared,
+                    &topology,
+                    served,
+                    session.as_ref(),
+                    &stream,
+                    Some(super_pod_tx),
+                );
             }
             // The device plugins cannot start without the node; the publisher can keep trying.
             Err(e) if serves_devices => return Err(e),
@@ -380,12 +398,15 @@ pub fn run(args: RunArgs) -> Result<()> {
             client,
             &node_name,
             dra_served.is_some(),
+            args.ascend_device_info,
             metrics.clone(),
             wake.clone(),
         );
         let mut state = NodeState::new(prepared.options.clone(), prepared.nvml, kubelet, allocations, metrics)
             .with_health(stream.subscribe())
             .with_compat_labels(args.compat_labels)
+            .with_ascend_device_info(args.ascend_device_info)
+            .with_super_pod(super_pod)
             .with_reserved_memory(reserved_memory);
         if let Some(served) = dra_served {
             state = state.with_dra(&node_name, served);
@@ -549,6 +570,7 @@ async fn standalone(args: RunArgs, mut prepared: Prepared) -> Result<()> {
         Some(&resources),
         session.as_ref(),
         &stream,
+        None,
     );
     health::spawn_reports(stream.subscribe(), None, None);
     let (resources, dra) = split(resources);
@@ -599,6 +621,7 @@ fn start_health(
     resources: Option<&[fumarole_device_plugin::resources::Resource]>,
     session: Option<&NvmlSession>,
     stream: &HealthStream,
+    super_pod: Option<watch::Sender<Option<SuperPod>>>,
 ) {
     // The device plugins' device nodes when they are served, else what discovery found.
     let dev_nodes = match resources {
@@ -618,6 +641,7 @@ fn start_health(
         session,
         host,
         stream,
+        super_pod,
     );
 }
 
