@@ -112,7 +112,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
     recheck_interval: Duration,
     /// Node label whose value is this node's super-node id (read from the Node at start; the
-    /// `--super-node` flag wins over it, it wins over the override file and the NVLink fabric).
+    /// `--super-node` flag wins over it, it wins over the override file and the hardware: the
+    /// NVLink fabric, an Ascend A3 chip's super-pod id from DCMI).
     #[arg(long, value_name = "KEY")]
     super_node_label: Option<String>,
     /// Also label the Node with the keys other projects' tools select nodes by: NVIDIA

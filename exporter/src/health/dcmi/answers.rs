@@ -10,8 +10,8 @@
 //!   else is garbage.
 //! - error codes the operator names as HCCS link faults (`--hccs-fault-codes`) lower the
 //!   chip's HCCS pairs ([`FaultKind::HccsDown`]); the chip's health decides its use.
-//! - `dcmi_get_device_info` super-pod info ([`super_pod`]): answered only by A3 (910_93)
-//!   chips; `super_pod_id` `0xFFFFFFFF` means the server is in no super-pod, any other value
+//! - `dcmi_get_device_info` super-pod info ([`super_pod`]): super-pod hardware's chips (Huawei's
+//!   `npu-smi` asks only A3 / 910_93 and 950 chips); `super_pod_id` `0xFFFFFFFF` means the server is in no super-pod, any other value
 //!   is the super-pod's id, with `server_index` the server's place in it.
 
 use std::collections::BTreeSet;

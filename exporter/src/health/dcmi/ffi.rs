@@ -298,8 +298,8 @@ impl Dcmi {
 
 impl Dcmi {
     /// The chip's super-pod info (`dcmi_get_device_info`, chip-info main command, spod-info sub
-    /// command); `None` when the library lacks the call. Chips that are not A3 answer
-    /// `DCMI_ERR_CODE_NOT_SUPPORT`. An answer shorter than the struct's fields is an error.
+    /// command); `None` when the library lacks the call. Chips without super-pod info are
+    /// expected to answer `DCMI_ERR_CODE_NOT_SUPPORT`. An answer shorter than the struct's fields is an error.
     pub fn spod_info(&self, card: i32, chip: i32) -> Option<Result<SpodInfo, CallError>> {
         let f = self.device_info?;
         let call = "dcmi_get_device_info";
