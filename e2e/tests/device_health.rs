@@ -1131,6 +1131,36 @@ async fn ascend_device_info_follows_dcmi_health_and_super_pod() {
     );
     let first = ascend_cfg(&cluster, node).await.unwrap();
     assert_eq!(first.device_info.update_time, cfg.device_info.update_time);
+    // Someone overwrites the data: restored as it was, UpdateTime included.
+    let cms: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(cluster.client(), "kube-system");
+    cms.patch(
+        &format!("mindx-dl-deviceinfo-{node}"),
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(json!({"data": {"DeviceInfoCfg": "{}"}})),
+    )
+    .await
+    .unwrap();
+    let t = Instant::now();
+    until(
+        "the ConfigMap restored",
+        t,
+        Duration::from_secs(20),
+        || async {
+            let cms = cms.clone();
+            let text = cms
+                .get(&format!("mindx-dl-deviceinfo-{node}"))
+                .await
+                .unwrap()
+                .data
+                .unwrap_or_default()
+                .remove("DeviceInfoCfg")
+                .unwrap_or_default();
+            serde_json::from_str::<AscendCfg>(&text)
+                .is_ok_and(|c| c.device_info.update_time == first.device_info.update_time)
+        },
+    )
+    .await;
 
     // A critical chip alarm on Ascend910-2 and a RoCE fault on Ascend910-5 (UpdateTime is in
     // seconds: the fault comes a second after the last change).
