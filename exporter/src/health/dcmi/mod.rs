@@ -185,7 +185,10 @@ fn ask_super_pod(
     to: Option<&watch::Sender<Option<SuperPod>>>,
     logs: &mut LogOnce,
 ) -> bool {
-    let Some(to) = to else { return true };
+    // No chip to ask (none matched, or the cards could not be listed: logged already).
+    let Some(to) = to.filter(|_| !chips.is_empty()) else {
+        return true;
+    };
     let mut answers = Vec::new();
     for c in chips {
         match dcmi.spod_info(c.card, c.chip) {
