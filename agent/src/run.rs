@@ -311,7 +311,11 @@ pub fn run(args: RunArgs) -> Result<()> {
             }
             // The device plugins cannot start without the node; the publisher can keep trying.
             Err(e) if serves_devices => return Err(e),
-            Err(e) => tracing::warn!(error = %e, "discovery failed: no health sources; publishing retries discovery"),
+            Err(e) => {
+                // No DCMI source: nobody will answer the super-pod question.
+                drop(super_pod_tx);
+                tracing::warn!(error = %e, "discovery failed: no health sources; publishing retries discovery");
+            }
         }
 
         let wake = Arc::new(Notify::new());

@@ -1223,4 +1223,45 @@ async fn ascend_device_info_follows_dcmi_health_and_super_pod() {
         before,
         "writes after recovery"
     );
+
+    // An agent restart: the ConfigMap keeps its content (UpdateTime from the live object, the
+    // super-pod fields from the hardware's answer, awaited before the first round).
+    let cms: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(cluster.client(), "kube-system");
+    let name = format!("mindx-dl-deviceinfo-{node}");
+    let version = |cm: k8s_openapi::api::core::v1::ConfigMap| cm.metadata.resource_version;
+    let rv = version(cms.get(&name).await.unwrap());
+    let dt_rv = dtopo(&cluster, node).await["metadata"]["resourceVersion"].clone();
+    cluster.stop("fumarole-agent").unwrap();
+    let restart = configmap_writes(&cluster, node);
+    cluster
+        .start_program(
+            "fumarole-agent",
+            &agent_bin().unwrap(),
+            &args,
+            &[("FUMAROLE_DCMI_STANDIN", &state)],
+        )
+        .unwrap();
+    let t = Instant::now();
+    until(
+        "the restarted agent's apply",
+        t,
+        Duration::from_secs(30),
+        || async { configmap_writes(&cluster, node) > restart },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        version(cms.get(&name).await.unwrap()),
+        rv,
+        "ConfigMap changed by a restart"
+    );
+    assert_eq!(
+        dtopo(&cluster, node).await["metadata"]["resourceVersion"],
+        dt_rv,
+        "DeviceTopology changed by a restart"
+    );
+    let after = ascend_cfg(&cluster, node).await.unwrap();
+    assert_eq!(after.device_info.update_time, back.device_info.update_time);
+    assert_eq!((after.super_pod_id, after.server_index), (7, 3));
 }

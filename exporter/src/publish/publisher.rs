@@ -573,6 +573,15 @@ pub async fn run(
     {
         tracing::warn!(node = %publisher.node, wait = ?NODE_LIST_WAIT, "the Node watch has not listed yet; publishing without the owner reference for now");
     }
+    // Likewise the device-info ConfigMap's: after a restart its UpdateTime is kept from the
+    // live object, which the first round must see.
+    if let Some(w) = &publisher.ascend_device_info
+        && tokio::time::timeout(NODE_LIST_WAIT, w.store.wait_until_ready())
+            .await
+            .is_err()
+    {
+        tracing::warn!(node = %publisher.node, wait = ?NODE_LIST_WAIT, "the Ascend device-info ConfigMap watch has not listed yet; its UpdateTime may move once");
+    }
     let mut failures = 0u32;
     loop {
         let state = node.desired().await;

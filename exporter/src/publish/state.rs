@@ -27,6 +27,9 @@ use super::LatestAllocations;
 use super::metrics::Metrics;
 use super::{ascend, compat, objects, slices};
 
+/// How long the first round waits for the DCMI source's super-pod answer.
+const SUPER_POD_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// What the node should look like. `None` keeps the last published object (its inputs could
 /// not be read this round).
 #[derive(Clone, Debug, Default)]
@@ -58,6 +61,8 @@ pub struct NodeState {
     ascend_device_info: bool,
     /// The DCMI source's super-pod answer (A3 hardware), when DCMI runs.
     super_pod: Option<watch::Receiver<Option<SuperPod>>>,
+    /// Whether the first round has waited for the DCMI source's super-pod answer.
+    super_pod_waited: bool,
     last_allocations: Option<Allocations>,
     /// The last allocations read from PodResources (for devices while it is down).
     last_pod_resources: Option<Allocations>,
@@ -88,6 +93,7 @@ impl NodeState {
             compat_labels: false,
             ascend_device_info: false,
             super_pod: None,
+            super_pod_waited: false,
             last_allocations: None,
             last_pod_resources: None,
             last_problem: None,
@@ -206,6 +212,20 @@ impl NodeState {
             .as_ref()
             .map(|h| h.borrow().clone())
             .unwrap_or_default();
+        // The first round waits (a little) for the hardware's super-pod answer, so an agent start
+        // does not publish the node without its super-node and then with it.
+        if let Some(rx) = self.super_pod.as_mut()
+            && !self.super_pod_waited
+        {
+            self.super_pod_waited = true;
+            // A closed channel (no DCMI source) returns at once.
+            if tokio::time::timeout(SUPER_POD_WAIT, rx.changed())
+                .await
+                .is_err()
+            {
+                tracing::warn!(wait = ?SUPER_POD_WAIT, "DCMI has not answered the super-pod question yet; publishing without it for now");
+            }
+        }
         let hardware: Option<SuperPod> = self.super_pod.as_ref().and_then(|r| *r.borrow());
         let topology = match topology {
             Ok(t) => {
