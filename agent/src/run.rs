@@ -320,6 +320,14 @@ pub fn run(args: RunArgs) -> Result<()> {
 
         let wake = Arc::new(Notify::new());
         publish::wake_on_health(stream.subscribe(), wake.clone());
+        // A late DCMI super-pod answer is published at once, not at the next re-check.
+        let mut answered = super_pod.clone();
+        let poke = wake.clone();
+        tokio::spawn(async move {
+            while answered.changed().await.is_ok() {
+                poke.notify_one();
+            }
+        });
         let reserved_memory = if args.reserved_memory.is_empty() {
             None
         } else {

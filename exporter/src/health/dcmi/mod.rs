@@ -44,7 +44,8 @@ pub struct DcmiSetup {
     pub hccs_codes: BTreeSet<u32>,
     pub poll: Duration,
     pub source: SourceHandle,
-    /// Where the hardware's super-pod answer goes (`None` until the chips answered).
+    /// Where the hardware's super-pod answer goes, once the chips have answered (`None`: no
+    /// one wants it, the chips are not asked).
     pub super_pod: Option<watch::Sender<Option<SuperPod>>>,
 }
 
