@@ -33,9 +33,10 @@ use fumarole_topology::{SuperNode, SuperNodeSource};
 use k8s_openapi::api::core::v1::Node;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::watcher;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 
 use fumarole_exporter::health::HealthStream;
+use fumarole_exporter::health::dcmi::answers::SuperPod;
 use fumarole_exporter::health::nvml::NvmlSession;
 use fumarole_topology::NodeTopology;
 
@@ -111,7 +112,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
     recheck_interval: Duration,
     /// Node label whose value is this node's super-node id (read from the Node at start; the
-    /// `--super-node` flag wins over it, it wins over the override file and the NVLink fabric).
+    /// `--super-node` flag wins over it, it wins over the override file and the hardware: the
+    /// NVLink fabric, an Ascend A3 chip's super-pod id from DCMI).
     #[arg(long, value_name = "KEY")]
     super_node_label: Option<String>,
     /// Also label the Node with the keys other projects' tools select nodes by: NVIDIA
@@ -120,6 +122,13 @@ pub struct RunArgs {
     /// default: with GFD installed too, both would write the same keys.
     #[arg(long)]
     compat_labels: bool,
+    /// Also publish what Huawei's Ascend scheduler plugin (ascend-for-volcano, per-node mode)
+    /// reads, on nodes with Ascend NPUs: the ConfigMap `kube-system/mindx-dl-deviceinfo-<node>`
+    /// (device lists by health, super-pod id and server index) and the labels `accelerator`
+    /// and `accelerator-type` (docs/labels.md). Off by default: do not turn it on where
+    /// Huawei's device plugin runs too (both would write the ConfigMap).
+    #[arg(long)]
+    ascend_device_info: bool,
     /// Address of `/metrics` and `/healthz`.
     #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:9400")]
     metrics_addr: SocketAddr,
@@ -270,6 +279,8 @@ pub fn run(args: RunArgs) -> Result<()> {
         tokio::spawn(metrics::serve(listener, metrics.clone()));
 
         let stream = HealthStream::new();
+        // The DCMI source's answer to the super-pod query (A3 hardware), for publishing.
+        let (super_pod_tx, super_pod) = watch::channel(None);
         let mut resources = None;
         // The config may serve devices through DRA even without device plugins.
         let serves_devices =
@@ -288,15 +299,35 @@ pub fn run(args: RunArgs) -> Result<()> {
                     ));
                 }
                 let served = resources.as_ref().map(|(r, _)| r.as_slice());
-                start_health(&args, &prepared, &topology, served, session.as_ref(), &stream);
+                start_health(
+                    &args,
+                    &prepared,
+                    &topology,
+                    served,
+                    session.as_ref(),
+                    &stream,
+                    Some(super_pod_tx),
+                );
             }
             // The device plugins cannot start without the node; the publisher can keep trying.
             Err(e) if serves_devices => return Err(e),
-            Err(e) => tracing::warn!(error = %e, "discovery failed: no health sources; publishing retries discovery"),
+            Err(e) => {
+                // No DCMI source: nobody will answer the super-pod question.
+                drop(super_pod_tx);
+                tracing::warn!(error = %e, "discovery failed: no health sources; publishing retries discovery");
+            }
         }
 
         let wake = Arc::new(Notify::new());
         publish::wake_on_health(stream.subscribe(), wake.clone());
+        // A late DCMI super-pod answer is published at once, not at the next re-check.
+        let mut answered = super_pod.clone();
+        let poke = wake.clone();
+        tokio::spawn(async move {
+            while answered.changed().await.is_ok() {
+                poke.notify_one();
+            }
+        });
         let reserved_memory = if args.reserved_memory.is_empty() {
             None
         } else {
@@ -380,12 +411,15 @@ pub fn run(args: RunArgs) -> Result<()> {
             client,
             &node_name,
             dra_served.is_some(),
+            args.ascend_device_info,
             metrics.clone(),
             wake.clone(),
         );
         let mut state = NodeState::new(prepared.options.clone(), prepared.nvml, kubelet, allocations, metrics)
             .with_health(stream.subscribe())
             .with_compat_labels(args.compat_labels)
+            .with_ascend_device_info(args.ascend_device_info)
+            .with_super_pod(super_pod)
             .with_reserved_memory(reserved_memory);
         if let Some(served) = dra_served {
             state = state.with_dra(&node_name, served);
@@ -549,6 +583,7 @@ async fn standalone(args: RunArgs, mut prepared: Prepared) -> Result<()> {
         Some(&resources),
         session.as_ref(),
         &stream,
+        None,
     );
     health::spawn_reports(stream.subscribe(), None, None);
     let (resources, dra) = split(resources);
@@ -599,6 +634,7 @@ fn start_health(
     resources: Option<&[fumarole_device_plugin::resources::Resource]>,
     session: Option<&NvmlSession>,
     stream: &HealthStream,
+    super_pod: Option<watch::Sender<Option<SuperPod>>>,
 ) {
     // The device plugins' device nodes when they are served, else what discovery found.
     let dev_nodes = match resources {
@@ -618,6 +654,7 @@ fn start_health(
         session,
         host,
         stream,
+        super_pod,
     );
 }
 

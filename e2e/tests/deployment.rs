@@ -163,7 +163,25 @@ async fn every_manifest_passes_a_server_side_dry_run() {
     let chart = render_chart(&[], true);
     let mut expected = identities(&objects);
     expected.remove(&format!("Namespace//{NAMESPACE}"));
+    // The kube-system Role for Huawei's device-info ConfigMap: in the manifests, in the chart
+    // only with agent.ascendDeviceInfo.
+    let ascend_rbac = [
+        "Role/kube-system/fumarole-agent-ascend-device-info",
+        "RoleBinding/kube-system/fumarole-agent-ascend-device-info",
+    ];
+    for id in ascend_rbac {
+        assert!(expected.remove(id), "{id} not in deploy/daemonset");
+    }
     assert_eq!(identities(&chart), expected);
+    let with_ascend = render_chart(&["agent.ascendDeviceInfo=true"], false);
+    for id in ascend_rbac {
+        assert!(identities(&with_ascend).contains(id), "{id} not rendered");
+    }
+    for (name, object) in &with_ascend {
+        if let Err(e) = apply(&client, object, true).await {
+            panic!("{name}: server-side dry-run apply failed: {e}");
+        }
+    }
     for (name, object) in &chart {
         if let Err(e) = apply(&client, object, true).await {
             panic!("{name}: server-side dry-run apply failed: {e}");
@@ -354,6 +372,12 @@ async fn every_manifest_passes_a_server_side_dry_run() {
     assert!(!agent_args(&chart).contains("--compat-labels"));
     assert!(
         agent_args(&render_chart(&["agent.compatLabels=true"], false)).contains("--compat-labels")
+    );
+    // Huawei's device-info ConfigMap only when asked.
+    assert!(!agent_args(&chart).contains("--ascend-device-info"));
+    assert!(
+        agent_args(&render_chart(&["agent.ascendDeviceInfo=true"], false))
+            .contains("--ascend-device-info")
     );
     // HyperNode rights and the flag come only with publishing; cert-manager issues the
     // certificates when asked, and its CA is then the client CA. (cert-manager's CRDs are not
@@ -556,8 +580,48 @@ async fn each_component_does_its_job_with_only_its_rights_and_the_agent_writes_o
         .patch("node-a", &ssa, &Patch::Apply(topology("node-a")))
         .await
         .unwrap();
+    // Its own node's Ascend device-info ConfigMap in kube-system, by server-side apply.
+    let agent_configmaps: Api<ConfigMap> = Api::namespaced(as_agent.clone(), "kube-system");
+    let device_info = |name: &str| {
+        json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": "kube-system",
+                "labels": {"mx-consumer-cim": "true"}},
+            "data": {"DeviceInfoCfg": "{}"},
+        })
+    };
+    agent_configmaps
+        .patch(
+            "mindx-dl-deviceinfo-node-a",
+            &ssa,
+            &Patch::Apply(device_info("mindx-dl-deviceinfo-node-a")),
+        )
+        .await
+        .unwrap();
     let policy = "may write only the objects of its own node";
     let denied = [
+        (
+            "node-b's Ascend device-info ConfigMap",
+            agent_configmaps
+                .patch(
+                    "mindx-dl-deviceinfo-node-b",
+                    &ssa,
+                    &Patch::Apply(device_info("mindx-dl-deviceinfo-node-b")),
+                )
+                .await
+                .map(drop),
+        ),
+        (
+            "another kube-system ConfigMap",
+            agent_configmaps
+                .patch(
+                    "cluster-settings",
+                    &ssa,
+                    &Patch::Apply(device_info("cluster-settings")),
+                )
+                .await
+                .map(drop),
+        ),
         (
             "node-b's labels",
             agent_nodes

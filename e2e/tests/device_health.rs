@@ -949,3 +949,319 @@ async fn compat_labels_from_the_library() {
         assert_eq!(labels.get(key).map(String::as_str), Some(value), "{key}");
     }
 }
+
+/// Huawei's device-info ConfigMap as the Ascend scheduler plugin reads it (types written here
+/// from the reference, not the agent's).
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AscendCfg {
+    #[serde(rename = "DeviceInfo")]
+    device_info: AscendDeviceInfo,
+    #[serde(rename = "CheckCode")]
+    check_code: String,
+    #[serde(rename = "SuperPodID")]
+    super_pod_id: i64,
+    #[serde(rename = "ServerIndex")]
+    server_index: i64,
+    #[serde(rename = "RackID")]
+    rack_id: i64,
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AscendDeviceInfo {
+    #[serde(rename = "DeviceList")]
+    device_list: std::collections::BTreeMap<String, String>,
+    #[serde(rename = "UpdateTime")]
+    update_time: i64,
+}
+
+/// `kube-system/mindx-dl-deviceinfo-<node>`, parsed; `None` before it exists.
+async fn ascend_cfg(cluster: &TestCluster, node: &str) -> Option<AscendCfg> {
+    let cms: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(cluster.client(), "kube-system");
+    let cm = cms
+        .get_opt(&format!("mindx-dl-deviceinfo-{node}"))
+        .await
+        .unwrap()?;
+    assert_eq!(
+        cm.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("mx-consumer-cim")),
+        Some(&"true".to_string())
+    );
+    let text = cm.data.as_ref()?.get("DeviceInfoCfg")?.clone();
+    Some(serde_json::from_str(&text).unwrap())
+}
+
+/// Writes to the node's device-info ConfigMap in the audit log so far.
+fn configmap_writes(cluster: &TestCluster, node: &str) -> usize {
+    let name = format!("mindx-dl-deviceinfo-{node}");
+    cluster
+        .audited_writes()
+        .unwrap()
+        .iter()
+        .filter(|e| e["objectRef"]["resource"] == "configmaps" && e["objectRef"]["name"] == name)
+        .filter(|e| matches!(e["verb"].as_str(), Some("create" | "update" | "patch")))
+        .count()
+}
+
+/// `--ascend-device-info` on the A3 fixture with the DCMI stand-in answering from the
+/// fixture's recorded answers: the super-pod id and server index the chips give become the
+/// node's super-node (DeviceTopology, labels) and the ConfigMap's SuperPodID / ServerIndex;
+/// the ConfigMap follows a chip fault, a RoCE fault and the recovery, its UpdateTime moving
+/// only then, and is not written in steady state.
+#[tokio::test(flavor = "multi_thread")]
+async fn ascend_device_info_follows_dcmi_health_and_super_pod() {
+    let node = "a3-1";
+    let cluster = TestCluster::start().await.unwrap();
+    cluster.install_fumarole_crds().await.unwrap();
+    cluster
+        .create_node(
+            &NodeSpec::new(node)
+                .capacity("cpu", "192")
+                .capacity(NPU, "16"),
+        )
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let root = fixture_root("atlas-a3-16", dir.path()).unwrap();
+    let lib = dir.path().join("libdcmi.so");
+    std::fs::copy(standin_lib("fumarole-standin-dcmi").unwrap(), &lib).unwrap();
+    // The fixture's recorded DCMI answers: 16 healthy chips, two per card, in super-pod 7.
+    let recorded: Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("fumarole/dcmi-standin.json")).unwrap(),
+    )
+    .unwrap();
+    let mut dcmi = StandIn::new(dir.path().join("dcmi-state.json"), recorded);
+    let absent = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
+    let args: Vec<String> = vec![
+        "run".into(),
+        "--root".into(),
+        root.to_str().unwrap().into(),
+        "--node-name".into(),
+        node.into(),
+        "--ascend-device-info".into(),
+        "--dcmi-library".into(),
+        lib.to_str().unwrap().into(),
+        "--health-poll-interval".into(),
+        "300ms".into(),
+        "--recheck-interval".into(),
+        "1s".into(),
+        "--kubelet-config".into(),
+        absent("absent.yaml"),
+        "--cpu-manager-state".into(),
+        absent("absent_state"),
+        "--pod-resources-socket".into(),
+        absent("absent.sock"),
+        "--metrics-addr".into(),
+        format!("127.0.0.1:{}", free_port().unwrap()),
+    ];
+    let state = dcmi.path.display().to_string();
+    cluster
+        .start_program(
+            "fumarole-agent",
+            &agent_bin().unwrap(),
+            &args,
+            &[("FUMAROLE_DCMI_STANDIN", &state)],
+        )
+        .unwrap();
+    let healthy_key = "huawei.com/Ascend910";
+    let all: Vec<String> = (0..16).map(|i| format!("Ascend910-{i}")).collect();
+    let start = Instant::now();
+    until(
+        "the device-info ConfigMap with 16 healthy NPUs in super-pod 7",
+        start,
+        Duration::from_secs(60),
+        || async {
+            ascend_cfg(&cluster, node).await.is_some_and(|c| {
+                c.device_info.device_list.get(healthy_key) == Some(&all.join(","))
+                    && c.super_pod_id == 7
+            })
+        },
+    )
+    .await;
+    let cfg = ascend_cfg(&cluster, node).await.unwrap();
+    assert_eq!(
+        (cfg.super_pod_id, cfg.server_index, cfg.rack_id),
+        (7, 3, -1)
+    );
+    for suffix in ["-Unhealthy", "-NetworkUnhealthy", "-Recovering"] {
+        assert_eq!(
+            cfg.device_info.device_list[&format!("{healthy_key}{suffix}")],
+            ""
+        );
+    }
+    // The hardware's super-pod is the node's super-node, with its source.
+    until(
+        "DeviceTopology's super-node",
+        start,
+        Duration::from_secs(20),
+        || async {
+            dtopo(&cluster, node).await["spec"]["superNode"]
+                == json!({"id": "7", "source": "hardware"})
+        },
+    )
+    .await;
+    let labels = |n: k8s_openapi::api::core::v1::Node| n.metadata.labels.unwrap_or_default();
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(cluster.client());
+    until(
+        "the Ascend labels",
+        start,
+        Duration::from_secs(20),
+        || async {
+            let l = labels(nodes.get(node).await.unwrap());
+            l.get("fumarole.dev/super-node").map(String::as_str) == Some("7")
+                && l.get("accelerator").map(String::as_str) == Some("huawei-Ascend910")
+                && l.get("accelerator-type").map(String::as_str) == Some("module-a3-16-super-pod")
+        },
+    )
+    .await;
+    let l = labels(nodes.get(node).await.unwrap());
+    assert!(!l.contains_key("servertype") && !l.contains_key("node.kubernetes.io/npu.chip.name"));
+
+    // Steady state: with a 1 s re-check, no write for 5 s.
+    let before = configmap_writes(&cluster, node);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        configmap_writes(&cluster, node),
+        before,
+        "writes in steady state"
+    );
+    let first = ascend_cfg(&cluster, node).await.unwrap();
+    assert_eq!(first.device_info.update_time, cfg.device_info.update_time);
+    // Someone overwrites the data: restored as it was, UpdateTime included.
+    let cms: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(cluster.client(), "kube-system");
+    cms.patch(
+        &format!("mindx-dl-deviceinfo-{node}"),
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(json!({"data": {"DeviceInfoCfg": "{}"}})),
+    )
+    .await
+    .unwrap();
+    let t = Instant::now();
+    until(
+        "the ConfigMap restored",
+        t,
+        Duration::from_secs(20),
+        || async {
+            let cms = cms.clone();
+            let text = cms
+                .get(&format!("mindx-dl-deviceinfo-{node}"))
+                .await
+                .unwrap()
+                .data
+                .unwrap_or_default()
+                .remove("DeviceInfoCfg")
+                .unwrap_or_default();
+            serde_json::from_str::<AscendCfg>(&text)
+                .is_ok_and(|c| c.device_info.update_time == first.device_info.update_time)
+        },
+    )
+    .await;
+
+    // A critical chip alarm on Ascend910-2 and a RoCE fault on Ascend910-5 (UpdateTime is in
+    // seconds: the fault comes a second after the last change).
+    let t0 = dcmi.edit(|s| {
+        s["chips"][2]["health"] = json!(3);
+        s["chips"][5]["network"] = json!(3);
+    });
+    let fault = until(
+        "the faults in the ConfigMap",
+        t0,
+        Duration::from_secs(20),
+        || async {
+            ascend_cfg(&cluster, node).await.is_some_and(|c| {
+                c.device_info.device_list[&format!("{healthy_key}-Unhealthy")] == "Ascend910-2"
+                    && c.device_info.device_list[&format!("{healthy_key}-NetworkUnhealthy")]
+                        == "Ascend910-5"
+            })
+        },
+    )
+    .await;
+    let faulty = ascend_cfg(&cluster, node).await.unwrap();
+    let healthy: Vec<&str> = faulty.device_info.device_list[healthy_key]
+        .split(',')
+        .collect();
+    assert_eq!(healthy.len(), 14);
+    assert!(!healthy.contains(&"Ascend910-2") && !healthy.contains(&"Ascend910-5"));
+    assert!(faulty.device_info.update_time > first.device_info.update_time);
+    assert!(!faulty.check_code.is_empty());
+    println!("DCMI fault -> device-info ConfigMap {fault:?} (poll 300 ms)");
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+
+    // Recovery: all 16 healthy again, UpdateTime moves again.
+    let t1 = dcmi.edit(|s| {
+        s["chips"][2]["health"] = json!(0);
+        s["chips"][5]["network"] = json!(0);
+    });
+    until(
+        "recovery in the ConfigMap",
+        t1,
+        Duration::from_secs(20),
+        || async {
+            ascend_cfg(&cluster, node)
+                .await
+                .is_some_and(|c| c.device_info.device_list.get(healthy_key) == Some(&all.join(",")))
+        },
+    )
+    .await;
+    let back = ascend_cfg(&cluster, node).await.unwrap();
+    assert_eq!(
+        back.device_info.device_list[&format!("{healthy_key}-Unhealthy")],
+        ""
+    );
+    assert!(back.device_info.update_time > faulty.device_info.update_time);
+    // And quiet again.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before = configmap_writes(&cluster, node);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(
+        configmap_writes(&cluster, node),
+        before,
+        "writes after recovery"
+    );
+
+    // An agent restart: the ConfigMap keeps its content (UpdateTime from the live object, the
+    // super-pod fields from the hardware's answer, awaited before the first round).
+    let cms: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(cluster.client(), "kube-system");
+    let name = format!("mindx-dl-deviceinfo-{node}");
+    let version = |cm: k8s_openapi::api::core::v1::ConfigMap| cm.metadata.resource_version;
+    let rv = version(cms.get(&name).await.unwrap());
+    let dt_rv = dtopo(&cluster, node).await["metadata"]["resourceVersion"].clone();
+    cluster.stop("fumarole-agent").unwrap();
+    let restart = configmap_writes(&cluster, node);
+    cluster
+        .start_program(
+            "fumarole-agent",
+            &agent_bin().unwrap(),
+            &args,
+            &[("FUMAROLE_DCMI_STANDIN", &state)],
+        )
+        .unwrap();
+    let t = Instant::now();
+    until(
+        "the restarted agent's apply",
+        t,
+        Duration::from_secs(30),
+        || async { configmap_writes(&cluster, node) > restart },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        version(cms.get(&name).await.unwrap()),
+        rv,
+        "ConfigMap changed by a restart"
+    );
+    assert_eq!(
+        dtopo(&cluster, node).await["metadata"]["resourceVersion"],
+        dt_rv,
+        "DeviceTopology changed by a restart"
+    );
+    let after = ascend_cfg(&cluster, node).await.unwrap();
+    assert_eq!(after.device_info.update_time, back.device_info.update_time);
+    assert_eq!((after.super_pod_id, after.server_index), (7, 3));
+}

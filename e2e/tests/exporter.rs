@@ -772,6 +772,11 @@ async fn compat_labels_on_an_ascend_node() {
     // 910B NPUs are advertised as huawei.com/Ascend910, so their family label is Ascend910.
     assert_eq!(labels["accelerator"], "huawei-Ascend910");
     assert_eq!(labels["fumarole.dev/accelerator-vendor"], "huawei");
+    // Atlas 800T A2: 8 x 910B, chips without super-pod info (no DCMI here): module-910b-8.
+    assert_eq!(labels["accelerator-type"], "module-910b-8");
+    // The chip SKU is not known: never guessed.
+    assert!(!labels.contains_key("servertype"));
+    assert!(!labels.contains_key("node.kubernetes.io/npu.chip.name"));
     let nvidia: Vec<&String> = labels
         .keys()
         .filter(|k| k.starts_with("nvidia.com/"))

@@ -6,7 +6,10 @@
 //! `numa_node`, `local_cpus`), `/sys/bus/pci/devices` links, the NVIDIA driver's `/proc`
 //! entries, device nodes (plain files), and, where a vendor library is needed, recorded
 //! answers ([`crate::discover::RECORDED_NVML_FILE`]) or an override file
-//! ([`crate::discover::OVERRIDE_FILE`]).
+//! ([`crate::discover::OVERRIDE_FILE`]). Ascend fixtures also carry the DCMI answers their
+//! chips would give, as the state file of the DCMI stand-in library ([`DCMI_STANDIN_FILE`]):
+//! all healthy; `atlas-a3-16`'s chips (two per card) answer the super-pod query with
+//! super-pod [`A3_SUPER_POD`], the other fixtures' chips do not (not A3 hardware).
 //!
 //! | name            | node                                                              |
 //! |-----------------|-------------------------------------------------------------------|
@@ -24,6 +27,14 @@ use std::path::Path;
 
 use crate::discover::nvml::{ComputeCapability, NvlinkLane, NvmlGpu, NvmlReport, RemoteKind};
 use crate::discover::{OVERRIDE_FILE, RECORDED_NVML_FILE};
+
+/// Where an Ascend fixture's DCMI answers go under its root: the state file the DCMI stand-in
+/// (`standins/dcmi`) answers from (`FUMAROLE_DCMI_STANDIN`).
+pub const DCMI_STANDIN_FILE: &str = "/fumarole/dcmi-standin.json";
+
+/// `atlas-a3-16`'s place in its super-pod, as its chips answer DCMI: (super-pod id, server
+/// index). Made-up numbers of a made-up cluster.
+pub const A3_SUPER_POD: (u32, u32) = (7, 3);
 
 /// A bundled node.
 #[derive(Clone, Debug)]
@@ -58,12 +69,16 @@ pub fn get(name: &str) -> Option<Fixture> {
             "Huawei Atlas 800 (9000): 4 Kunpeng 920 sockets, 8 NUMA nodes, 8 Ascend 910 in HCCS groups 0-3 / 4-7",
             0xd801,
         ),
-        "atlas-a3-16" => atlas_with(
-            "atlas-a3-16",
-            "Huawei Atlas A3-class node: 4 Kunpeng 920 sockets, 8 NUMA nodes, 16 Ascend 910B in HCCS halves 0-7 / 8-15",
-            0xd802,
-            16,
-        ),
+        "atlas-a3-16" => {
+            let mut f = atlas_with(
+                "atlas-a3-16",
+                "Huawei Atlas A3-class node: 4 Kunpeng 920 sockets, 8 NUMA nodes, 16 Ascend 910B in HCCS halves 0-7 / 8-15",
+                0xd802,
+                16,
+            );
+            f.spec.dcmi = Some((2, Some(A3_SUPER_POD)));
+            f
+        }
         "metax-c500-8" => metax_c500_8(),
         "pcie-4gpu" => pcie_4gpu(),
         "cpu-only" => cpu_only(),
@@ -87,6 +102,8 @@ struct NodeSpec {
     overrides: Option<fn(&[String]) -> String>,
     /// Node-wide device nodes (control devices).
     extra_dev: &'static [&'static str],
+    /// Ascend: chips per card in the DCMI answers, and the super-pod the chips answer (A3).
+    dcmi: Option<(u32, Option<(u32, u32)>)>,
 }
 
 #[derive(Clone, Debug)]
@@ -187,6 +204,7 @@ fn dgx_h100() -> Fixture {
             ],
             nvml_switch_lanes: Some(18),
             overrides: None,
+            dcmi: None,
             extra_dev: &["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"],
         },
     }
@@ -227,8 +245,31 @@ fn atlas_with(name: &'static str, description: &'static str, device: u16, npus: 
             nvml_switch_lanes: None,
             overrides: None,
             extra_dev: &["/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc"],
+            dcmi: Some((1, None)),
         },
     }
+}
+
+/// The DCMI stand-in's state for `npus` healthy chips, `per_card` to a card (logic id =
+/// physical id = davinci index), each answering the super-pod query with `super_pod` when
+/// given.
+fn dcmi_answers(npus: u32, per_card: u32, super_pod: Option<(u32, u32)>) -> String {
+    let per_card = per_card.max(1);
+    let chips: Vec<serde_json::Value> = (0..npus)
+        .map(|i| {
+            let mut chip = serde_json::json!({
+                "card": i / per_card, "device": i % per_card, "logicId": i, "phyId": i,
+                "health": 0, "errorCodes": [], "network": 0,
+            });
+            if let Some((id, index)) = super_pod {
+                chip["superPod"] = serde_json::json!({
+                    "sdid": i, "superPodId": id, "serverIndex": index,
+                });
+            }
+            chip
+        })
+        .collect();
+    serde_json::to_string_pretty(&serde_json::json!({ "chips": chips })).unwrap_or_default()
 }
 
 fn metax_c500_8() -> Fixture {
@@ -269,6 +310,7 @@ fn metax_c500_8() -> Fixture {
             ],
             nvml_switch_lanes: None,
             overrides: Some(overrides),
+            dcmi: None,
             extra_dev: &["/dev/mxcd"],
         },
     }
@@ -299,6 +341,7 @@ fn pcie_4gpu() -> Fixture {
             ],
             nvml_switch_lanes: None,
             overrides: None,
+            dcmi: None,
             extra_dev: &["/dev/nvidiactl", "/dev/nvidia-uvm"],
         },
     }
@@ -318,6 +361,7 @@ fn cpu_only() -> Fixture {
             host_bridges: vec![(0x00, 0, vec![plain(ASPEED), plain(INTEL_NIC)])],
             nvml_switch_lanes: None,
             overrides: None,
+            dcmi: None,
             extra_dev: &[],
         },
     }
@@ -575,6 +619,12 @@ impl Fixture {
         if !nvml.gpus.is_empty() {
             let json = serde_json::to_string_pretty(&nvml).map_err(io::Error::other)?;
             out.text(RECORDED_NVML_FILE, json);
+        }
+        if let Some((per_card, super_pod)) = s.dcmi.filter(|_| ascend_minor > 0) {
+            out.text(
+                DCMI_STANDIN_FILE,
+                dcmi_answers(ascend_minor, per_card, super_pod),
+            );
         }
         if let Some(overrides) = s.overrides {
             let ids: Vec<String> = accelerators.iter().map(|a| a.bus_id.clone()).collect();

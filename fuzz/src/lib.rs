@@ -33,6 +33,7 @@ use fumarole_exporter::discover::sysfs::{NvidiaProcInfo, parse_numa_node};
 use fumarole_exporter::kubelet::KubeletConfig;
 use fumarole_exporter::kubelet::config::parse_reserved_memory_flag;
 use fumarole_exporter::kubelet::cpu_manager_state::CpuManagerState;
+use fumarole_exporter::publish::ascend;
 use fumarole_sim::{self, Simulation, policy::Policy, shape::ClusterShape, shape::SimCluster};
 use fumarole_topology::{CpuSet, NodeTopology, annotation as devices_annotation};
 use k8s_openapi::api::core::v1::Pod;
@@ -63,6 +64,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("device_plugin_config", device_plugin_config),
     ("kernel_files", kernel_files),
     ("simulate_trace", simulate_trace),
+    ("ascend_device_info", ascend_device_info),
 ];
 
 /// `cpuset`, `local_cpulist` and the kubelet's CPU lists; sysfs `cpumap` masks. A list that
@@ -635,4 +637,27 @@ pub fn simulate_trace(data: &[u8]) {
             None => assert!(got.pods.is_empty()),
         }
     }
+}
+
+/// A live Ascend device-info ConfigMap's `DeviceInfoCfg` (anyone can write it): what parses
+/// renders back and reads back as the same lists and time.
+pub fn ascend_device_info(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let Some((lists, time)) = ascend::parse_live(text) else {
+        return;
+    };
+    let info = ascend::DeviceInfo {
+        lists: lists.clone(),
+        super_pod_id: -1,
+        server_index: -1,
+        rack_id: -1,
+    };
+    let rendered = ascend::device_info_cfg(&info, time);
+    assert_eq!(
+        ascend::parse_live(&rendered),
+        Some((lists, time)),
+        "{rendered}"
+    );
 }

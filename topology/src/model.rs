@@ -215,6 +215,9 @@ pub enum SuperNodeSource {
     NodeLabel,
     /// The agent's configuration.
     Config,
+    /// The hardware itself: an Ascend A3 chip's super-pod id from DCMI
+    /// (`dcmi_get_device_info`, super-pod info).
+    Hardware,
 }
 
 /// Membership of a group of nodes joined by a scale-up fabric (NVL72 rack, Ascend super-pod).

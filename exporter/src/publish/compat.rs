@@ -1,6 +1,6 @@
 //! Node labels under other projects' keys, for tools that select nodes by them: those NVIDIA's
 //! gpu-feature-discovery (GFD) publishes, with its keys and value formats, and the Ascend
-//! `accelerator` label Huawei's scheduler plugin reads. Only labels whose value fumarole knows
+//! `accelerator` and `accelerator-type` labels Huawei's scheduler plugin reads ([`ascend::labels`]). Only labels whose value fumarole knows
 //! truthfully are rendered (docs/labels.md lists the others and why). Pure functions: the
 //! publisher writes them when `--compat-labels` is on.
 
@@ -9,7 +9,9 @@ use std::collections::BTreeMap;
 use fumarole_topology::{NodeTopology, Vendor};
 
 use crate::discover::nvml::NvmlReport;
+use crate::health::dcmi::answers::SuperPod;
 
+use super::ascend;
 use super::objects::label_value;
 
 /// Every key [`labels`] may render: the publisher treats these as ours on the Node (and the
@@ -37,13 +39,19 @@ pub const KEYS: &[&str] = &[
     "nvidia.com/cuda.runtime.major",
     "nvidia.com/cuda.runtime.minor",
     "accelerator",
+    "accelerator-type",
 ];
 
-/// The compatible labels of node `t`, with NVML's answers `nvml` (`None`: not asked or absent).
-pub fn labels(t: &NodeTopology, nvml: Option<&NvmlReport>) -> BTreeMap<String, String> {
+/// The compatible labels of node `t`, with NVML's answers `nvml` (`None`: not asked or absent)
+/// and the DCMI super-pod answer `super_pod` (`None`: no answer, see [`ascend::labels`]).
+pub fn labels(
+    t: &NodeTopology,
+    nvml: Option<&NvmlReport>,
+    super_pod: Option<&SuperPod>,
+) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
     gfd(t, nvml, &mut out);
-    ascend(t, &mut out);
+    out.extend(ascend::labels(t, super_pod));
     debug_assert!(out.keys().all(|k| KEYS.contains(&k.as_str())));
     out
 }
@@ -137,21 +145,6 @@ fn gfd(t: &NodeTopology, nvml: Option<&NvmlReport>, out: &mut BTreeMap<String, S
             put(&format!("{prefix}.minor"), minor.to_string());
         }
         put("cuda.runtime-version.full", format!("{major}.{minor}"));
-    }
-}
-
-/// `accelerator: huawei-<family>` (`huawei-Ascend910`, `huawei-Ascend310P`), the processor
-/// family Huawei's scheduler plugin selects nodes by, from the first Ascend device's id
-/// (`Ascend910-3`).
-fn ascend(t: &NodeTopology, out: &mut BTreeMap<String, String>) {
-    let family = t
-        .devices
-        .iter()
-        .filter(|d| d.vendor == Vendor::Huawei)
-        .find_map(|d| d.id.rsplit_once('-').map(|(family, _)| family))
-        .filter(|f| f.starts_with("Ascend"));
-    if let Some(family) = family {
-        out.insert("accelerator".into(), format!("huawei-{family}"));
     }
 }
 
@@ -265,7 +258,7 @@ mod tests {
 
     #[test]
     fn gfd_keys_and_value_formats() {
-        let l = labels(&h100s(8), Some(&report(8)));
+        let l = labels(&h100s(8), Some(&report(8)), None);
         let want = [
             ("nvidia.com/gpu.product", "NVIDIA-H100-80GB-HBM3"),
             ("nvidia.com/gpu.count", "8"),
@@ -300,7 +293,7 @@ mod tests {
         // Without NVML: product, count, memory and mode only.
         let mut t = h100s(2);
         t.devices[0].memory_bytes = None;
-        let l = labels(&t, None);
+        let l = labels(&t, None, None);
         assert_eq!(
             l.keys().map(String::as_str).collect::<Vec<_>>(),
             [
@@ -316,7 +309,7 @@ mod tests {
         r.gpus[0].compute_capability = None;
         r.gpus[0].mig_capable = None;
         r.gpus[1].mig_capable = Some(false);
-        let l = labels(&t, Some(&r));
+        let l = labels(&t, Some(&r), None);
         assert_eq!(get(&l, "nvidia.com/cuda.driver-version.revision"), Some(""));
         assert_eq!(get(&l, "nvidia.com/cuda.driver.rev"), Some(""));
         assert_eq!(
@@ -329,18 +322,18 @@ mod tests {
         assert_eq!(get(&l, "nvidia.com/mig.capable"), None);
         r.gpus[0].mig_capable = Some(false);
         r.driver_version = Some("1.2.3.4".into());
-        let l = labels(&t, Some(&r));
+        let l = labels(&t, Some(&r), None);
         assert_eq!(get(&l, "nvidia.com/mig.capable"), Some("false"));
         assert!(!l.keys().any(|k| k.contains("cuda.driver")));
         // Mixed PCI classes: mode unknown.
         t.devices[1].pci_id.class = 0x0300;
         assert_eq!(
-            get(&labels(&t, None), "nvidia.com/gpu.mode"),
+            get(&labels(&t, None, None), "nvidia.com/gpu.mode"),
             Some("unknown")
         );
         t.devices[0].pci_id.class = 0x0300;
         assert_eq!(
-            get(&labels(&t, None), "nvidia.com/gpu.mode"),
+            get(&labels(&t, None, None), "nvidia.com/gpu.mode"),
             Some("graphics")
         );
     }
@@ -356,21 +349,21 @@ mod tests {
         };
         r.gpus[0].fabric = fabric(1);
         r.gpus[1].fabric = fabric(1);
-        let l = labels(&h100s(2), Some(&r));
+        let l = labels(&h100s(2), Some(&r), None);
         assert_eq!(
             get(&l, "nvidia.com/gpu.clique"),
             Some("7b968a6d-c8aa-45e1-9e07-e1e51be99c31.1")
         );
         r.gpus[1].fabric = fabric(2);
         assert_eq!(
-            get(&labels(&h100s(2), Some(&r)), "nvidia.com/gpu.clique"),
+            get(&labels(&h100s(2), Some(&r), None), "nvidia.com/gpu.clique"),
             None
         );
     }
 
     #[test]
     fn none_without_a_gpu_and_ascend_family() {
-        assert!(labels(&node(vec![]), None).is_empty());
+        assert!(labels(&node(vec![]), None, None).is_empty());
         let npus = |family: &str| {
             node(
                 (0..8)
@@ -378,12 +371,13 @@ mod tests {
                     .collect(),
             )
         };
-        let l = labels(&npus("Ascend910"), None);
-        assert_eq!(l.len(), 1);
+        let l = labels(&npus("Ascend910"), None, None);
+        assert_eq!(l.len(), 2);
         assert_eq!(get(&l, "accelerator"), Some("huawei-Ascend910"));
-        let l = labels(&npus("Ascend310P"), None);
+        assert_eq!(get(&l, "accelerator-type"), Some("module-910b-8"));
+        let l = labels(&npus("Ascend310P"), None, None);
         assert_eq!(get(&l, "accelerator"), Some("huawei-Ascend310P"));
-        assert!(labels(&npus("npu"), None).is_empty());
+        assert!(labels(&npus("npu"), None, None).is_empty());
     }
 
     #[test]

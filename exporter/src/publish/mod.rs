@@ -7,8 +7,10 @@
 //! re-check every interval or at once when poked, back off exponentially while the API server
 //! fails, recover by itself; [`watch_allocations`] pokes it when a pod gets or frees
 //! exclusive CPUs or devices, [`wake_on_health`] when a device's or link's health changes.
-//! [`metrics`] serves `/metrics` and `/healthz`.
+//! [`metrics`] serves `/metrics` and `/healthz`. [`compat`] and [`ascend`] render other
+//! projects' formats (GFD's labels; Huawei's device-info ConfigMap and Ascend labels).
 
+pub mod ascend;
 pub mod compat;
 pub mod metrics;
 pub mod objects;

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use fumarole_topology::dra;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{ConfigMap, Node};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
 use kube::runtime::reflector::{self, Store};
@@ -13,6 +13,7 @@ use kube::{Client, Resource};
 use serde_json::{Value, json};
 use tokio::sync::Notify;
 
+use super::ascend;
 use super::metrics::Metrics;
 use super::objects::LABEL_PREFIX;
 use super::slices;
@@ -37,10 +38,12 @@ enum Kind {
     GpuSlice,
     /// The ResourceSlice of driver `npu.fumarole.dev`.
     NpuSlice,
+    /// Huawei's device-info ConfigMap `kube-system/mindx-dl-deviceinfo-<node>`.
+    AscendDeviceInfo,
 }
 
 impl Kind {
-    const ALL: [Kind; 7] = [
+    const ALL: [Kind; 8] = [
         Kind::Numatopology,
         Kind::NodeResourceTopology,
         Kind::DeviceTopology,
@@ -48,6 +51,7 @@ impl Kind {
         Kind::NodeLabels,
         Kind::GpuSlice,
         Kind::NpuSlice,
+        Kind::AscendDeviceInfo,
     ];
 
     /// Objects of their own for the node, owned by its Node so they go when it goes.
@@ -73,6 +77,7 @@ impl Kind {
             Kind::NodeLabels => "node-labels",
             Kind::GpuSlice => "resourceslice-gpu",
             Kind::NpuSlice => "resourceslice-npu",
+            Kind::AscendDeviceInfo => "configmap-ascend-device-info",
         }
     }
 }
@@ -114,17 +119,23 @@ pub struct Publisher {
     nodes: Watched,
     /// Watched only when the node serves devices through DRA.
     resource_slices: Option<Watched>,
+    /// Watched only with `--ascend-device-info`.
+    ascend_device_info: Option<Watched>,
+    /// The Ascend device lists last rendered and their `UpdateTime`.
+    ascend_last: Option<(BTreeMap<String, String>, i64)>,
     applied: BTreeMap<Kind, Applied>,
     metrics: Arc<Metrics>,
 }
 
 impl Publisher {
     /// Starts watching this node's objects; every change to them pokes `wake`. With `dra`,
-    /// its ResourceSlices too (publish them with [`super::state::NodeState::with_dra`]).
+    /// its ResourceSlices too (publish them with [`super::state::NodeState::with_dra`]); with
+    /// `ascend`, its Ascend device-info ConfigMap (in `kube-system`, by name).
     pub fn new(
         client: Client,
         node: &str,
         dra: bool,
+        ascend: bool,
         metrics: Arc<Metrics>,
         wake: Arc<Notify>,
     ) -> Self {
@@ -133,8 +144,7 @@ impl Publisher {
             metrics.objects_known(kind.name());
         }
         let by_name = format!("metadata.name={node}");
-        let watch = |ar: ApiResource, fields: &str| {
-            let api = Api::<DynamicObject>::all_with(client.clone(), &ar);
+        let watch_in = |api: Api<DynamicObject>, ar: ApiResource, fields: &str| {
             let writer = reflector::store::Writer::new(ar.clone());
             let store = writer.as_reader();
             let stream = reflector::reflector(
@@ -161,6 +171,9 @@ impl Publisher {
                 }
             });
             Watched { api, ar, store }
+        };
+        let watch = |ar: ApiResource, fields: &str| {
+            watch_in(Api::all_with(client.clone(), &ar), ar, fields)
         };
         Publisher {
             node: node.to_string(),
@@ -198,6 +211,15 @@ impl Publisher {
                     &format!("spec.nodeName={node}"),
                 )
             }),
+            ascend_device_info: ascend.then(|| {
+                let ar = ApiResource::erase::<ConfigMap>(&());
+                watch_in(
+                    Api::namespaced_with(client.clone(), ascend::NAMESPACE, &ar),
+                    ar,
+                    &format!("metadata.name={}", ascend::configmap_name(node)),
+                )
+            }),
+            ascend_last: None,
             applied: BTreeMap::new(),
             metrics,
         }
@@ -236,6 +258,10 @@ impl Publisher {
                 bodies.push((kind, body));
             }
         }
+        if let Some(info) = &desired.ascend_device_info {
+            let time = self.ascend_update_time(info);
+            bodies.push((Kind::AscendDeviceInfo, Some(ascend::body(info, time))));
+        }
         let mut writes = 0;
         for (kind, body) in bodies {
             let result = match body {
@@ -252,6 +278,29 @@ impl Publisher {
         Ok(writes)
     }
 
+    /// `UpdateTime` for the device lists of `info`: moves only when they change (kept from
+    /// our last rendering, or from the live object after a restart).
+    fn ascend_update_time(&mut self, info: &ascend::DeviceInfo) -> i64 {
+        let live = self.live(Kind::AscendDeviceInfo).and_then(|o| {
+            o.data
+                .get("data")?
+                .get(ascend::DATA_KEY)?
+                .as_str()
+                .and_then(ascend::parse_live)
+        });
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+        let time = ascend::update_time(
+            &info.lists,
+            self.ascend_last.as_ref().map(|(l, t)| (l, *t)),
+            live.as_ref().map(|(l, t)| (l, *t)),
+            now,
+        );
+        self.ascend_last = Some((info.lists.clone(), time));
+        time
+    }
+
     fn watched(&self, kind: Kind) -> Option<&Watched> {
         match kind {
             Kind::Numatopology => Some(&self.numatopology),
@@ -259,6 +308,7 @@ impl Publisher {
             Kind::DeviceTopology | Kind::DeviceTopologyStatus => Some(&self.device_topology),
             Kind::NodeLabels => Some(&self.nodes),
             Kind::GpuSlice | Kind::NpuSlice => self.resource_slices.as_ref(),
+            Kind::AscendDeviceInfo => self.ascend_device_info.as_ref(),
         }
     }
 
@@ -266,6 +316,7 @@ impl Publisher {
     fn object_name(&self, kind: Kind) -> String {
         match kind.driver() {
             Some(driver) => slices::slice_name(&self.node, driver),
+            None if kind == Kind::AscendDeviceInfo => ascend::configmap_name(&self.node),
             None => self.node.clone(),
         }
     }
@@ -344,6 +395,23 @@ impl Publisher {
                     }
                 }
                 json!({ "spec": spec })
+            }
+            Kind::AscendDeviceInfo => {
+                // Ours: the labels and the data key we set; others' keys are not compared.
+                let set = &body["metadata"]["labels"];
+                let labels: BTreeMap<&String, &String> = live
+                    .metadata
+                    .labels
+                    .iter()
+                    .flatten()
+                    .filter(|(k, _)| set.get(k.as_str()).is_some())
+                    .collect();
+                let cfg = data
+                    .get("data")
+                    .and_then(|d| d.get(ascend::DATA_KEY))
+                    .cloned()
+                    .unwrap_or(Value::Null);
+                json!({ "metadata": { "labels": labels }, "data": { ascend::DATA_KEY: cfg } })
             }
             Kind::NodeLabels => {
                 // Ours: every label under our prefix, and the compatible labels (other
@@ -504,6 +572,15 @@ pub async fn run(
         .is_err()
     {
         tracing::warn!(node = %publisher.node, wait = ?NODE_LIST_WAIT, "the Node watch has not listed yet; publishing without the owner reference for now");
+    }
+    // Likewise the device-info ConfigMap's: after a restart its UpdateTime is kept from the
+    // live object, which the first round must see.
+    if let Some(w) = &publisher.ascend_device_info
+        && tokio::time::timeout(NODE_LIST_WAIT, w.store.wait_until_ready())
+            .await
+            .is_err()
+    {
+        tracing::warn!(node = %publisher.node, wait = ?NODE_LIST_WAIT, "the Ascend device-info ConfigMap watch has not listed yet; its UpdateTime may move once");
     }
     let mut failures = 0u32;
     loop {

@@ -19,12 +19,16 @@ use tokio::sync::watch;
 
 use crate::discover::nvml::NvmlProbe;
 use crate::discover::{DiscoverOptions, discover_with_nvml};
+use crate::health::dcmi::answers::SuperPod;
 use crate::kubelet::config::{ConfigError, KubeletPolicies, ReservedMemory};
 use crate::kubelet::{AllocationSource, Allocations, KubeletConfig, KubeletPaths};
 
 use super::LatestAllocations;
 use super::metrics::Metrics;
-use super::{compat, objects, slices};
+use super::{ascend, compat, objects, slices};
+
+/// How long the first round waits for the DCMI source's super-pod answer.
+const SUPER_POD_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// What the node should look like. `None` keeps the last published object (its inputs could
 /// not be read this round).
@@ -37,6 +41,9 @@ pub struct Desired {
     /// The node's ResourceSlices by driver; `None` when no device is served through DRA
     /// (then no slice is written or deleted).
     pub resource_slices: Option<BTreeMap<&'static str, ResourceSliceSpec>>,
+    /// Huawei's device-info ConfigMap content; `None` when not asked for
+    /// (`--ascend-device-info`) or the node has no Ascend device (then nothing is written).
+    pub ascend_device_info: Option<ascend::DeviceInfo>,
 }
 
 pub struct NodeState {
@@ -50,6 +57,12 @@ pub struct NodeState {
     dra: Option<(String, BTreeSet<String>)>,
     /// Also publish the GFD- and Ascend-compatible labels ([`compat`]).
     compat_labels: bool,
+    /// Also publish Huawei's device-info ConfigMap and the Ascend labels ([`ascend`]).
+    ascend_device_info: bool,
+    /// The DCMI source's super-pod answer (A3 hardware), when DCMI runs.
+    super_pod: Option<watch::Receiver<Option<SuperPod>>>,
+    /// Whether the first round has waited for the DCMI source's super-pod answer.
+    super_pod_waited: bool,
     last_allocations: Option<Allocations>,
     /// The last allocations read from PodResources (for devices while it is down).
     last_pod_resources: Option<Allocations>,
@@ -78,6 +91,9 @@ impl NodeState {
             health: None,
             dra: None,
             compat_labels: false,
+            ascend_device_info: false,
+            super_pod: None,
+            super_pod_waited: false,
             last_allocations: None,
             last_pod_resources: None,
             last_problem: None,
@@ -103,6 +119,20 @@ impl NodeState {
     /// NVIDIA gpu-feature-discovery's and Ascend's `accelerator`.
     pub fn with_compat_labels(mut self, on: bool) -> Self {
         self.compat_labels = on;
+        self
+    }
+
+    /// Also publishes what Huawei's Ascend scheduler plugin reads: the device-info ConfigMap
+    /// and the Ascend labels ([`ascend`]).
+    pub fn with_ascend_device_info(mut self, on: bool) -> Self {
+        self.ascend_device_info = on;
+        self
+    }
+
+    /// The hardware's super-pod answer (the DCMI source's): the node's super-node when nobody
+    /// set one, its server index in the device-info ConfigMap, and the A3 label.
+    pub fn with_super_pod(mut self, super_pod: watch::Receiver<Option<SuperPod>>) -> Self {
+        self.super_pod = Some(super_pod);
         self
     }
 
@@ -182,8 +212,28 @@ impl NodeState {
             .as_ref()
             .map(|h| h.borrow().clone())
             .unwrap_or_default();
+        // The first round waits (a little) for the hardware's super-pod answer, so an agent start
+        // does not publish the node without its super-node and then with it.
+        if let Some(rx) = self.super_pod.as_mut()
+            && !self.super_pod_waited
+        {
+            self.super_pod_waited = true;
+            // A closed channel (no DCMI source) returns at once.
+            if tokio::time::timeout(SUPER_POD_WAIT, rx.changed())
+                .await
+                .is_err()
+            {
+                tracing::warn!(wait = ?SUPER_POD_WAIT, "DCMI has not answered the super-pod question yet; publishing without it for now");
+            }
+        }
+        let hardware: Option<SuperPod> = self.super_pod.as_ref().and_then(|r| *r.borrow());
         let topology = match topology {
-            Ok(t) => t.with_health(&health),
+            Ok(t) => {
+                let mut t = t.with_health(&health);
+                t.super_node =
+                    ascend::hardware_super_node(t.super_node.as_ref(), hardware.as_ref());
+                t
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "discovery failed; keeping every published object");
                 return Desired::default();
@@ -260,10 +310,17 @@ impl NodeState {
             labels: Some({
                 let mut labels = objects::labels(&topology);
                 if self.compat_labels {
-                    labels.extend(compat::labels(&topology, nvml.as_ref()));
+                    labels.extend(compat::labels(&topology, nvml.as_ref(), hardware.as_ref()));
+                }
+                if self.ascend_device_info {
+                    labels.extend(ascend::labels(&topology, hardware.as_ref()));
                 }
                 labels
             }),
+            ascend_device_info: self
+                .ascend_device_info
+                .then(|| ascend::device_info(&topology, &health, hardware.as_ref()))
+                .flatten(),
             resource_slices: self
                 .dra
                 .as_ref()

@@ -18,7 +18,11 @@
 //!
 //! `health` is `dcmi_get_device_health`'s value (0 normal .. 3 critical), `errorCodes` what
 //! `dcmi_get_device_errorcode_v2` lists, `network` the `dcmi_rdfx_detect_result` of
-//! `dcmi_get_device_network_health` (0 OK). `hang` blocks the named calls (`"*"`: all) until
+//! `dcmi_get_device_network_health` (0 OK). `superPod`, when present, is the chip's answer to
+//! `dcmi_get_device_info`'s super-pod query (`{"sdid": 0, "superPodSize": 48, "superPodId": 1,
+//! "serverIndex": 5, "chassisId": 0, "superPodType": 0}`, the fields of `struct
+//! dcmi_spod_info`; `superPodId` 4294967295 is "in no super-pod"); without it the chip answers
+//! `DCMI_ERR_CODE_NOT_SUPPORT`, as chips other than A3 do. `hang` blocks the named calls (`"*"`: all) until
 //! the file no longer names them; `fail` makes them return that code. Cards are the distinct
 //! `card` values, in order. Test code standing in for a C library: it keeps the parsed file
 //! process-wide, as the real one keeps its state.
@@ -37,6 +41,11 @@ const OK: c_int = 0;
 const INVALID_PARAMETER: c_int = -8001;
 /// `DCMI_ERR_CODE_INVALID_DEVICE_ID`.
 const INVALID_DEVICE_ID: c_int = -8007;
+/// `DCMI_ERR_CODE_NOT_SUPPORT`.
+const NOT_SUPPORT: c_int = -8255;
+/// `DCMI_MAIN_CMD_CHIP_INF` and `DCMI_CHIP_INF_SUB_CMD_SPOD_INFO`.
+const MAIN_CMD_CHIP_INF: c_int = 12;
+const SUB_CMD_SPOD_INFO: c_uint = 1;
 
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -63,6 +72,25 @@ struct Chip {
     error_codes: Vec<c_uint>,
     #[serde(default)]
     network: c_int,
+    #[serde(default)]
+    super_pod: Option<SuperPod>,
+}
+
+/// `struct dcmi_spod_info` (48 bytes: these six, then six reserved unsigned ints).
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SuperPod {
+    #[serde(default)]
+    sdid: c_uint,
+    #[serde(default)]
+    super_pod_size: c_uint,
+    super_pod_id: c_uint,
+    #[serde(default)]
+    server_index: c_uint,
+    #[serde(default)]
+    chassis_id: c_uint,
+    #[serde(default)]
+    super_pod_type: c_uint,
 }
 
 struct Loaded {
@@ -305,4 +333,58 @@ pub unsafe extern "C" fn dcmi_get_device_network_health(
         Some(c) => out!(result, c.network),
         None => INVALID_DEVICE_ID,
     }
+}
+
+/// `dcmi_get_device_info`: only the chip-info main command's super-pod sub command.
+///
+/// # Safety
+/// `buf` holds `*size` writable bytes and `size` is writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dcmi_get_device_info(
+    card_id: c_int,
+    device_id: c_int,
+    main_cmd: c_int,
+    sub_cmd: c_uint,
+    buf: *mut std::ffi::c_void,
+    size: *mut c_uint,
+) -> c_int {
+    check!("dcmi_get_device_info");
+    let Some(c) = chip(card_id, device_id) else {
+        return INVALID_DEVICE_ID;
+    };
+    if main_cmd != MAIN_CMD_CHIP_INF || sub_cmd != SUB_CMD_SPOD_INFO {
+        return NOT_SUPPORT;
+    }
+    let Some(p) = c.super_pod else {
+        return NOT_SUPPORT;
+    };
+    let words: [c_uint; 12] = [
+        p.sdid,
+        p.super_pod_size,
+        p.super_pod_id,
+        p.server_index,
+        p.chassis_id,
+        p.super_pod_type,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+    ];
+    let bytes = std::mem::size_of_val(&words);
+    if buf.is_null() || size.is_null() {
+        return INVALID_PARAMETER;
+    }
+    // SAFETY: `size` is writable (checked non-null).
+    let room = usize::try_from(unsafe { *size }).unwrap_or(0);
+    if room < bytes {
+        return INVALID_PARAMETER;
+    }
+    // SAFETY: `buf` holds `room` >= `bytes` writable bytes; `size` is writable.
+    unsafe {
+        std::ptr::copy_nonoverlapping(words.as_ptr().cast::<u8>(), buf.cast::<u8>(), bytes);
+        *size = c_uint::try_from(bytes).unwrap_or(0);
+    }
+    OK
 }

@@ -137,7 +137,7 @@ impl LinkInfo {
 #[serde(rename_all = "camelCase")]
 pub struct SuperNodeInfo {
     pub id: String,
-    /// nvlinkClique | overrideFile | nodeLabel | config
+    /// nvlinkClique | overrideFile | nodeLabel | config | hardware
     pub source: String,
 }
 

@@ -10,6 +10,9 @@
 //!   else is garbage.
 //! - error codes the operator names as HCCS link faults (`--hccs-fault-codes`) lower the
 //!   chip's HCCS pairs ([`FaultKind::HccsDown`]); the chip's health decides its use.
+//! - `dcmi_get_device_info` super-pod info ([`super_pod`]): super-pod hardware's chips (Huawei's
+//!   `npu-smi` asks only A3 / 910_93 and 950 chips); `super_pod_id` `0xFFFFFFFF` means the server is in no super-pod, any other value
+//!   is the super-pod's id, with `server_index` the server's place in it.
 
 use std::collections::BTreeSet;
 
@@ -27,6 +30,41 @@ pub struct Garbage {
 pub const NETWORK_OK: i32 = 0;
 /// `DCMI_RDFX_DETECT_INIT`: the chip has not probed its peer yet.
 pub const NETWORK_INIT: i32 = 6;
+
+/// `super_pod_id` of a chip in no super-pod (CANN's `invalidSuperPodId`).
+pub const NO_SUPER_POD: u32 = 0xFFFF_FFFF;
+
+/// What the hardware says of the server's super-pod: the chips answered the super-pod query
+/// (so this is an A3 server), and the super-pod it is in, if any.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SuperPod {
+    /// `Some((super-pod id, server index))` when the server is in a super-pod.
+    pub member: Option<(u32, u32)>,
+}
+
+/// The server's super-pod from each chip's answer (`super_pod_id`, `server_index`). The chips
+/// of one server must agree; chips that disagree are garbage (the last good state stays).
+pub fn super_pod(answers: &[(u32, u32)]) -> Result<Option<SuperPod>, Garbage> {
+    let Some(first) = answers.first() else {
+        return Ok(None);
+    };
+    if let Some((id, _)) = answers.iter().find(|a| a.0 != first.0) {
+        return Err(Garbage {
+            call: "dcmi_get_device_info (super-pod id differs between chips)",
+            value: i64::from(*id),
+        });
+    }
+    let member = (first.0 != NO_SUPER_POD).then_some(*first);
+    if let Some((_, index)) = member
+        && answers.iter().any(|a| a.1 != index)
+    {
+        return Err(Garbage {
+            call: "dcmi_get_device_info (server index differs between chips)",
+            value: i64::from(index),
+        });
+    }
+    Ok(Some(SuperPod { member }))
+}
 
 /// Error codes as people and Huawei's documents write them: `0x80E01801, 0x80CB8009`.
 pub fn format_codes(codes: &[u32]) -> String {
@@ -152,6 +190,23 @@ mod tests {
         assert!(f.reason.contains("peer unreachable"), "{}", f.reason);
         assert!(network(255).is_err());
         assert!(network(-1).is_err());
+    }
+
+    #[test]
+    fn super_pod_answers() {
+        assert_eq!(super_pod(&[]), Ok(None));
+        assert_eq!(
+            super_pod(&[(7, 3), (7, 3)]),
+            Ok(Some(SuperPod {
+                member: Some((7, 3))
+            }))
+        );
+        assert_eq!(
+            super_pod(&[(NO_SUPER_POD, 0x3ff)]),
+            Ok(Some(SuperPod { member: None }))
+        );
+        assert!(super_pod(&[(7, 3), (8, 3)]).is_err());
+        assert!(super_pod(&[(7, 3), (7, 4)]).is_err());
     }
 
     #[test]

@@ -15,7 +15,19 @@
 //!                                  unsigned int *error_code_list, unsigned int list_len);
 //! int dcmi_get_device_network_health(int card_id, int device_id,
 //!                                    enum dcmi_rdfx_detect_result *result);
+//! int dcmi_get_device_info(int card_id, int device_id, enum dcmi_main_cmd main_cmd,
+//!                          unsigned int sub_cmd, void *buf, unsigned int *size);
 //! ```
+//!
+//! Super-pod membership (Atlas A3) is `dcmi_get_device_info` with main command
+//! `DCMI_MAIN_CMD_CHIP_INF` (12) and sub command `DCMI_CHIP_INF_SUB_CMD_SPOD_INFO` (1) into a
+//! 48-byte `struct dcmi_spod_info { unsigned int sdid, super_pod_size, super_pod_id,
+//! server_index, chassis_id, super_pod_type, reserve[6]; }`. Sources: the DCMI header
+//! `dcmi_interface_api.h` and how Huawei's own tools call it (`npu-smi`'s spod-info query,
+//! which refuses chips other than 910_93 (A3) and 950; MindCluster's
+//! `ascend-common/devmanager/dcmi` `DcGetSuperPodInfo`, which reads the same struct;
+//! CANN components treat a super-pod id of `0xFFFFFFFF` as "none"). See
+//! [`super::answers::super_pod`] for what the numbers mean.
 
 use std::ffi::{c_int, c_uint};
 use std::path::Path;
@@ -30,6 +42,12 @@ pub const MAX_CARDS: usize = 64;
 pub const MAX_CHIPS_PER_CARD: i32 = 16;
 /// The most error codes read per chip.
 pub const MAX_ERROR_CODES: usize = 128;
+/// `DCMI_MAIN_CMD_CHIP_INF`.
+pub const MAIN_CMD_CHIP_INF: c_int = 12;
+/// `DCMI_CHIP_INF_SUB_CMD_SPOD_INFO`.
+pub const SUB_CMD_SPOD_INFO: c_uint = 1;
+/// `sizeof(struct dcmi_spod_info)`: twelve unsigned ints.
+pub const SPOD_INFO_WORDS: usize = 12;
 
 type InitFn = unsafe extern "C" fn() -> c_int;
 type CardListFn = unsafe extern "C" fn(*mut c_int, *mut c_int, c_int) -> c_int;
@@ -39,6 +57,20 @@ type PhyIdFn = unsafe extern "C" fn(c_uint, *mut c_uint) -> c_int;
 type HealthFn = unsafe extern "C" fn(c_int, c_int, *mut c_uint) -> c_int;
 type ErrorCodesFn = unsafe extern "C" fn(c_int, c_int, *mut c_int, *mut c_uint, c_uint) -> c_int;
 type NetworkHealthFn = unsafe extern "C" fn(c_int, c_int, *mut c_int) -> c_int;
+/// `main_cmd` is a C enum: an int.
+type DeviceInfoFn =
+    unsafe extern "C" fn(c_int, c_int, c_int, c_uint, *mut std::ffi::c_void, *mut c_uint) -> c_int;
+
+/// `struct dcmi_spod_info` as the library fills it (the fields we read; the rest is reserved).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SpodInfo {
+    pub sdid: u32,
+    pub super_pod_size: u32,
+    pub super_pod_id: u32,
+    pub server_index: u32,
+    pub chassis_id: u32,
+    pub super_pod_type: u32,
+}
 
 /// Why the library cannot be used at all.
 #[derive(Debug, thiserror::Error)]
@@ -73,6 +105,7 @@ pub struct Dcmi {
     phy_id: Option<PhyIdFn>,
     error_codes: Option<ErrorCodesFn>,
     network_health: Option<NetworkHealthFn>,
+    device_info: Option<DeviceInfoFn>,
     _lib: Library,
 }
 
@@ -127,6 +160,7 @@ impl Dcmi {
             phy_id: sym(&lib, "dcmi_get_device_phyid_from_logicid"),
             error_codes: sym(&lib, "dcmi_get_device_errorcode_v2"),
             network_health: sym(&lib, "dcmi_get_device_network_health"),
+            device_info: sym(&lib, "dcmi_get_device_info"),
             _lib: lib,
         })
     }
@@ -142,6 +176,9 @@ impl Dcmi {
         }
         if self.network_health.is_none() {
             out.push("dcmi_get_device_network_health");
+        }
+        if self.device_info.is_none() {
+            out.push("dcmi_get_device_info");
         }
         out
     }
@@ -256,6 +293,48 @@ impl Dcmi {
         // SAFETY: `result` is writable for the call (a C enum is an int).
         let ret = unsafe { f(card, chip, &mut result) };
         Some(check("dcmi_get_device_network_health", ret).map(|()| result))
+    }
+}
+
+impl Dcmi {
+    /// The chip's super-pod info (`dcmi_get_device_info`, chip-info main command, spod-info sub
+    /// command); `None` when the library lacks the call. Chips without super-pod info are
+    /// expected to answer `DCMI_ERR_CODE_NOT_SUPPORT`. An answer shorter than the struct's fields is an error.
+    pub fn spod_info(&self, card: i32, chip: i32) -> Option<Result<SpodInfo, CallError>> {
+        let f = self.device_info?;
+        let call = "dcmi_get_device_info";
+        let mut words = [0 as c_uint; SPOD_INFO_WORDS];
+        let full = c_uint::try_from(std::mem::size_of_val(&words)).unwrap_or(c_uint::MAX);
+        let mut size = full;
+        // SAFETY: `words` is `size` writable bytes, as the call requires; `size` is writable.
+        let ret = unsafe {
+            f(
+                card,
+                chip,
+                MAIN_CMD_CHIP_INF,
+                SUB_CMD_SPOD_INFO,
+                words.as_mut_ptr().cast(),
+                &mut size,
+            )
+        };
+        // The six fields we read are the first 24 bytes.
+        let needed = c_uint::try_from(6 * std::mem::size_of::<c_uint>()).unwrap_or(c_uint::MAX);
+        Some(check(call, ret).and_then(|()| {
+            if size < needed || size > full {
+                return Err(CallError {
+                    call,
+                    code: i64::from(size),
+                });
+            }
+            Ok(SpodInfo {
+                sdid: words[0],
+                super_pod_size: words[1],
+                super_pod_id: words[2],
+                server_index: words[3],
+                chassis_id: words[4],
+                super_pod_type: words[5],
+            })
+        }))
     }
 }
 

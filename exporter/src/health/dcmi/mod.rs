@@ -10,6 +10,10 @@
 //! still count); a library without a call we need, a call that fails or an answer out of range
 //! is one log line and the last good state of that part; a call that hangs freezes only this
 //! thread (the [`watchdog`](crate::health::watchdog) says so).
+//!
+//! The same thread asks the chips once for their super-pod info (Atlas A3, see [`ffi`]) and
+//! hands the answer to whoever publishes the node ([`DcmiSetup::super_pod`]); a library
+//! without the call, or chips that say it is not supported, give no hardware super-pod.
 
 pub mod answers;
 pub mod ffi;
@@ -21,8 +25,11 @@ use std::time::Duration;
 
 use fumarole_topology::{Fault, FaultKind, LinkFault, NodeHealth};
 
+use tokio::sync::watch;
+
 use crate::health::watchdog::CallWatch;
 use crate::health::{LogOnce, SourceHandle};
+use answers::SuperPod;
 use ffi::{CallError, Dcmi};
 
 /// What the DCMI thread watches.
@@ -37,6 +44,9 @@ pub struct DcmiSetup {
     pub hccs_codes: BTreeSet<u32>,
     pub poll: Duration,
     pub source: SourceHandle,
+    /// Where the hardware's super-pod answer goes, once the chips have answered (`None`: no
+    /// one wants it, the chips are not asked).
+    pub super_pod: Option<watch::Sender<Option<SuperPod>>>,
 }
 
 /// One chip and what it last said (each part kept until read again).
@@ -99,7 +109,12 @@ fn run(setup: DcmiSetup, calls: &CallWatch) {
     };
     tracing::info!(chips = chips.len(), poll = ?setup.poll, "DCMI health watching");
     let mut logs = LogOnce::default();
+    let mut super_pod_asked = setup.super_pod.is_none();
     loop {
+        if !super_pod_asked {
+            let _call = calls.enter("dcmi_get_device_info");
+            super_pod_asked = ask_super_pod(&dcmi, &chips, setup.super_pod.as_ref(), &mut logs);
+        }
         for c in &mut chips {
             poll_chip(&dcmi, c, &setup.hccs_codes, calls, &mut logs);
         }
@@ -160,6 +175,55 @@ fn enumerate(dcmi: &Dcmi, devices: &[(u32, String)]) -> Vec<Chip> {
         }
     }
     out
+}
+
+/// Asks every chip for its super-pod info and sends what they agree on. Returns whether the
+/// question is settled (answered, not supported, or no such call); a failed call or chips that
+/// disagree are logged once and asked again on the next poll.
+fn ask_super_pod(
+    dcmi: &Dcmi,
+    chips: &[Chip],
+    to: Option<&watch::Sender<Option<SuperPod>>>,
+    logs: &mut LogOnce,
+) -> bool {
+    // No chip to ask (none matched, or the cards could not be listed: logged already).
+    let Some(to) = to.filter(|_| !chips.is_empty()) else {
+        return true;
+    };
+    let mut answers = Vec::new();
+    for c in chips {
+        match dcmi.spod_info(c.card, c.chip) {
+            None => return true,
+            Some(Err(CallError { code, .. })) if code == i64::from(ffi::NOT_SUPPORTED) => {}
+            Some(Err(e)) => return failed::<()>(logs, &c.id, &e, "dcmi_get_device_info").is_some(),
+            Some(Ok(info)) => answers.push((info.super_pod_id, info.server_index)),
+        }
+    }
+    match answers::super_pod(&answers) {
+        Ok(found) => {
+            match found.and_then(|p| p.member) {
+                Some((id, index)) => {
+                    tracing::info!(
+                        super_pod = id,
+                        server_index = index,
+                        "DCMI: this server is in a super-pod"
+                    )
+                }
+                None if found.is_some() => {
+                    tracing::info!("DCMI: super-pod capable chips, in no super-pod")
+                }
+                None => tracing::info!("DCMI: the chips have no super-pod info (not an A3 server)"),
+            }
+            to.send_replace(found);
+            true
+        }
+        Err(g) => {
+            if logs.first("super-pod") {
+                tracing::warn!(error = %g, "DCMI super-pod answer unusable: asking again");
+            }
+            false
+        }
+    }
 }
 
 /// Logs a failed or garbage answer once per chip and call; returns `None` (keep the last).
