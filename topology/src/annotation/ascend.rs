@@ -13,7 +13,7 @@
 //!
 //! Start at [`parse`] and [`format`].
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// Prefix of the per-resource choice annotations (and of Ascend resource names).
 pub const RESOURCE_PREFIX: &str = "huawei.com/";
@@ -95,6 +95,22 @@ pub fn format(chip: &str, ids: impl IntoIterator<Item = u32>) -> String {
         .join(",")
 }
 
+/// The `huawei.com/<Chip>` annotations that say what a `fumarole.dev/devices` choice (resource
+/// -> device ids) says, so Huawei's device plugin would hand out the same NPUs: one per Ascend
+/// resource of the choice whose ids are Huawei's names, which fumarole's Ascend ids are
+/// (`<Chip>-<davinci number>`, the physical id) unless a device-plugin config renamed the
+/// resource. Other resources, and ids of another form, get none.
+pub fn from_choice(choice: &BTreeMap<String, Vec<String>>) -> BTreeMap<String, String> {
+    choice
+        .iter()
+        .filter_map(|(resource, ids)| {
+            let chip = chip_of(resource)?;
+            let physical = parse(chip, &ids.join(",")).ok()?;
+            Some((resource.clone(), format(chip, physical)))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -164,6 +180,26 @@ mod tests {
             p(r#"["Ascend910-1"]"#),
             Err(BadName(r#"["Ascend910-1"]"#.into()))
         );
+    }
+
+    #[test]
+    fn choices_become_huawei_annotations_only_where_names_fit() {
+        let choice = BTreeMap::from([
+            (
+                "huawei.com/Ascend910".to_string(),
+                vec!["Ascend910-3".into(), "Ascend910-2".into()],
+            ),
+            ("huawei.com/Ascend310P".to_string(), vec!["npu-1".into()]),
+            ("nvidia.com/gpu".to_string(), vec!["GPU-0".into()]),
+        ]);
+        assert_eq!(
+            from_choice(&choice),
+            BTreeMap::from([(
+                "huawei.com/Ascend910".to_string(),
+                "Ascend910-3,Ascend910-2".to_string()
+            )])
+        );
+        assert!(from_choice(&BTreeMap::new()).is_empty());
     }
 
     #[test]
