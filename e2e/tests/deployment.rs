@@ -755,7 +755,7 @@ async fn each_component_does_its_job_with_only_its_rights_and_the_agent_writes_o
             || message.contains("only fumarole-scheduler-ext sets fumarole.dev/devices"),
         "{message}"
     );
-    forbidden(
+    let message = forbidden(
         "choose a pod's NPUs",
         agent_pods
             .patch(
@@ -764,6 +764,10 @@ async fn each_component_does_its_job_with_only_its_rights_and_the_agent_writes_o
                 &annotate("huawei.com/Ascend910", "Ascend910-1"),
             )
             .await,
+    );
+    assert!(
+        message.contains("only the huawei.com/AscendReal annotation"),
+        "{message}"
     );
     for name in ["npu-on-a", "npu-on-b"] {
         admin_pods
