@@ -23,7 +23,7 @@ use tokio::sync::watch;
 
 /// `fumarole_device_choice_total{resource, outcome}`: what became of the scheduler extension's
 /// device choice per container (`honoured`, `no-choice`, `invalid`, `not-honoured`,
-/// `differs`, `no-choice-in-time`; see `fumarole_device_plugin::admission::Outcome`).
+/// `differs`, `no-choice-in-time`, `overruled`; see `fumarole_device_plugin::admission::Outcome`).
 #[derive(Debug, Default)]
 pub struct ChoiceMetrics {
     total: Family<Vec<(String, String)>, Counter>,

@@ -8,6 +8,12 @@
 //! scheduler's devices or the choice was ignored, and the counter
 //! `fumarole_device_choice_total{resource, outcome}`. Pods deleted before they started stay
 //! candidates for a while: the kubelet still admits them.
+//!
+//! Ascend pods also carry Huawei's choice, `huawei.com/<Chip>` ([`BoundPod::ascend_choices`]),
+//! and get `huawei.com/AscendReal` (the NPUs mounted) written after `Allocate`
+//! ([`PodSource::annotate`]): a merge patch of that one annotation on a pod of this node, the
+//! only pod write the agent makes (RBAC `patch` on pods, held to this node's pods and that
+//! annotation by `deploy/daemonset/node-scoped-writes.yaml`).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -17,8 +23,10 @@ use fumarole_colocation::watched::Watched;
 use fumarole_device_plugin::admission::{BoundPod, Outcome, PodSource};
 use fumarole_device_plugin::annotation::DEVICES_ANNOTATION;
 use fumarole_exporter::publish::LatestAllocations;
+use fumarole_topology::annotation::ascend;
 use fumarole_topology::{pod, quantity};
 use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::watcher;
 use kube::{Api, Client};
@@ -28,6 +36,7 @@ use tokio::sync::Notify;
 const REASON_IGNORED: &str = "DeviceChoiceIgnored";
 const REASON_NOT_HONOURED: &str = "DeviceChoiceNotHonoured";
 const REASON_DIFFERS: &str = "DeviceChoiceDiffers";
+const REASON_CONFLICT: &str = "DeviceChoiceConflict";
 
 /// How long a pod deleted before it started stays a candidate for admission: the kubelet
 /// admits every pod it was told of, deleted or not, and may be behind this watch by the
@@ -47,6 +56,8 @@ pub struct NodePods {
     /// Writes the Events of [`PodSource::report`].
     recorder: Recorder,
     choices: Option<Arc<crate::plugins::ChoiceMetrics>>,
+    /// Writes [`PodSource::annotate`]'s annotations.
+    client: Client,
 }
 
 impl NodePods {
@@ -77,12 +88,13 @@ impl NodePods {
             }
         };
         Arc::new(Self {
-            pods: Watched::spawn_observed(Api::<Pod>::all(client), config, observe),
+            pods: Watched::spawn_observed(Api::<Pod>::all(client.clone()), config, observe),
             arrivals,
             deleted,
             allocations: OnceLock::new(),
             recorder,
             choices,
+            client,
         })
     }
 
@@ -264,6 +276,13 @@ fn bound_pod(
             .as_ref()
             .and_then(|a| a.get(DEVICES_ANNOTATION))
             .cloned(),
+        ascend_choices: meta
+            .annotations
+            .iter()
+            .flatten()
+            .filter(|(k, _)| ascend::chip_of(k).is_some())
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
     })
 }
 
@@ -298,6 +317,7 @@ impl PodSource for NodePods {
         let reason = match outcome {
             Outcome::Invalid { .. } => REASON_IGNORED,
             Outcome::Differs { .. } => REASON_DIFFERS,
+            Outcome::Overruled { .. } => REASON_CONFLICT,
             _ => REASON_NOT_HONOURED,
         };
         let event = Event {
@@ -319,6 +339,23 @@ impl PodSource for NodePods {
         tokio::spawn(async move {
             if let Err(e) = recorder.publish(&event, &object).await {
                 tracing::warn!(pod = %who, error = %e, "recording the device choice Event failed");
+            }
+        });
+    }
+
+    fn annotate(&self, pod: &BoundPod, key: &str, value: &str) {
+        tracing::info!(pod = %pod, key, value, "annotating the pod");
+        let api = Api::<Pod>::namespaced(self.client.clone(), &pod.namespace);
+        // The uid precondition: never annotate a newer pod of the same name.
+        let patch = serde_json::json!({"metadata": {"uid": pod.uid, "annotations": {key: value}}});
+        let (name, who, key) = (pod.name.clone(), pod.to_string(), key.to_string());
+        tokio::spawn(async move {
+            let params = PatchParams {
+                field_manager: Some("fumarole-agent".into()),
+                ..Default::default()
+            };
+            if let Err(e) = api.patch(&name, &params, &Patch::Merge(&patch)).await {
+                tracing::warn!(pod = %who, key, error = %e, "annotating the pod failed");
             }
         });
     }
@@ -349,6 +386,32 @@ mod tests {
         assert_eq!(a.by_uid.keys().count(), 2);
         assert_eq!((a.of("c"), a.of("d")), (3, 4));
         assert_eq!(a.of("b"), 5);
+    }
+
+    #[test]
+    fn huaweis_choice_annotations_are_read_per_ascend_resource() {
+        let p: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p", "uid": "u", "annotations": {
+                "huawei.com/Ascend910": "Ascend910-2,Ascend910-3",
+                "huawei.com/Ascend310P": "Ascend310P-0",
+                "huawei.com/AscendReal": "Ascend910-2,Ascend910-3",
+                "predicate-time": "1700000000000000000",
+                "fumarole.dev/devices": "{}"}},
+            "spec": {"containers": [{"name": "c", "resources": {
+                "limits": {"huawei.com/Ascend910": "2"}}}]}
+        }))
+        .unwrap();
+        let b = bound_pod(&p, 1, &BTreeMap::new()).unwrap();
+        assert_eq!(
+            b.ascend_choices.keys().collect::<Vec<_>>(),
+            ["huawei.com/Ascend310P", "huawei.com/Ascend910"]
+        );
+        assert_eq!(
+            b.ascend_choices["huawei.com/Ascend910"],
+            "Ascend910-2,Ascend910-3"
+        );
+        assert_eq!(b.choice.as_deref(), Some("{}"));
+        assert_eq!(b.requests["huawei.com/Ascend910"], 2);
     }
 
     #[test]

@@ -12,9 +12,17 @@
 //! [`Admissions::decide`] picks it from a [`PodSource`]'s snapshot.
 //!
 //! The scheduler extension's choice for that pod is its `fumarole.dev/devices` annotation
-//! ([`crate::annotation`]). It is honoured when it is valid for the pod (every resource it
-//! names is one the pod asks for, no more devices than asked, every id a device of this
-//! resource) and its next devices are available and cover the kubelet's must-include ones.
+//! ([`crate::annotation`]). For an Ascend resource (`huawei.com/<Chip>`), Huawei's Volcano
+//! plugin's choice, the pod's `huawei.com/<Chip>` annotation naming devices `<Chip>-<physical
+//! id>` ([`fumarole_topology::annotation::ascend`]), is a choice too, mapped to this resource's
+//! devices by physical id (davinci number). Which one decides ([`Admissions::chosen`]):
+//! `fumarole.dev/devices` when it names devices of this resource or is unusable, else Huawei's;
+//! when both name devices and they differ, fumarole's wins and the pod hears of it
+//! ([`Outcome::Overruled`]). Either is honoured when it is valid for the pod (every resource it
+//! names is one the pod asks for, no more devices than asked, every device one of this
+//! resource on this node) and its next devices are available and cover the kubelet's
+//! must-include ones. Huawei's `predicate-time` is not needed: arrival numbers are unique, so
+//! there is no tie among pending pods for it to break.
 //! Otherwise the plugin chooses with `topology::select`, and says why ([`Outcome`]): the
 //! [`PodSource`] turns outcomes into Events on the pod, metrics and log lines, so a difference
 //! between the scheduler's choice and the container's devices is never silent. `Allocate`
@@ -30,6 +38,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 use std::sync::Mutex;
 use std::time::Duration;
+
+use fumarole_topology::annotation::ascend;
 
 use crate::annotation::{self, DeviceChoice};
 
@@ -55,6 +65,8 @@ pub struct BoundPod {
     pub requests: BTreeMap<String, u64>,
     /// The `fumarole.dev/devices` value, raw.
     pub choice: Option<String>,
+    /// Huawei's per-resource choice annotations (`huawei.com/<Chip>` -> value), raw.
+    pub ascend_choices: BTreeMap<String, String>,
     /// Devices of each resource the kubelet reports for the pod (PodResources).
     pub reported: BTreeMap<String, Vec<String>>,
 }
@@ -73,7 +85,14 @@ pub enum Outcome {
     /// The pod carries no choice (not scheduled through fumarole): `select` chose.
     NoChoice,
     /// The annotation is unusable for this pod; ignored.
-    Invalid { reason: String },
+    Invalid { annotation: String, reason: String },
+    /// Both `fumarole.dev/devices` and Huawei's annotation name devices, different ones:
+    /// fumarole's are preferred.
+    Overruled {
+        annotation: String,
+        named: Vec<String>,
+        preferred: Vec<String>,
+    },
     /// A valid choice that cannot be honoured now (devices taken, unhealthy, or not what the
     /// kubelet must include); `select` chose.
     NotHonoured { chosen: Vec<String>, reason: String },
@@ -95,6 +114,7 @@ impl Outcome {
             Outcome::Honoured { .. } => "honoured",
             Outcome::NoChoice => "no-choice",
             Outcome::Invalid { .. } => "invalid",
+            Outcome::Overruled { .. } => "overruled",
             Outcome::NotHonoured { .. } => "not-honoured",
             Outcome::Differs { .. } => "differs",
             Outcome::NoChoiceInTime { .. } => "no-choice-in-time",
@@ -118,9 +138,21 @@ impl fmt::Display for Outcome {
                 write!(f, "got the scheduler's devices {}", devices.join(","))
             }
             Outcome::NoChoice => write!(f, "no device choice from the scheduler"),
-            Outcome::Invalid { reason } => {
-                write!(f, "ignoring {}: {reason}", annotation::DEVICES_ANNOTATION)
+            Outcome::Invalid { annotation, reason } => {
+                write!(f, "ignoring {annotation}: {reason}")
             }
+            Outcome::Overruled {
+                annotation,
+                named,
+                preferred,
+            } => write!(
+                f,
+                "{annotation} names {} but {} names {}; following {}",
+                named.join(","),
+                annotation::DEVICES_ANNOTATION,
+                preferred.join(","),
+                annotation::DEVICES_ANNOTATION
+            ),
             Outcome::NotHonoured { chosen, reason } => write!(
                 f,
                 "cannot give the scheduler's devices {}: {reason}; choosing on the node",
@@ -155,6 +187,9 @@ pub trait PodSource: Send + Sync {
     fn bound(&self) -> Vec<BoundPod>;
     /// Tells users what became of the scheduler's choice for `pod` (resource `resource`).
     fn report(&self, pod: &BoundPod, resource: &str, outcome: &Outcome);
+    /// Sets annotation `key` of `pod` to `value` (Huawei's `huawei.com/AscendReal` after
+    /// `Allocate`). Sources that cannot write pods do nothing.
+    fn annotate(&self, _pod: &BoundPod, _key: &str, _value: &str) {}
 }
 
 /// How long to wait for a choice the scheduler has not written yet.
@@ -213,7 +248,27 @@ pub struct Admissions {
     resource: String,
     /// The device ids of this resource on this node.
     known: BTreeSet<String>,
+    /// How Huawei names this resource's devices, for an Ascend resource.
+    ascend: Option<AscendNames>,
     state: Mutex<State>,
+}
+
+/// An Ascend resource's devices by Huawei's names (`<chip>-<physical id>`).
+#[derive(Debug)]
+struct AscendNames {
+    chip: String,
+    /// Physical id -> device id.
+    by_physical: BTreeMap<u32, String>,
+}
+
+/// The choice annotation that decides this resource's devices for a pod.
+#[derive(Debug)]
+struct Chosen {
+    annotation: String,
+    /// The devices in order, or why the annotation is unusable.
+    devices: Result<Vec<String>, String>,
+    /// Huawei's annotation naming other devices than fumarole's, which won.
+    overruled: Option<Outcome>,
 }
 
 #[derive(Debug, Default)]
@@ -228,8 +283,23 @@ impl Admissions {
         Admissions {
             resource: resource.to_string(),
             known: known.into_iter().collect(),
+            ascend: None,
             state: Mutex::new(State::default()),
         }
+    }
+
+    /// Also honours Huawei's `huawei.com/<chip>` annotation, whose names `<chip>-<N>` mean
+    /// the device of physical id N: `devices` gives each device id's physical id.
+    pub fn with_ascend_names(
+        mut self,
+        chip: &str,
+        devices: impl IntoIterator<Item = (u32, String)>,
+    ) -> Self {
+        self.ascend = Some(AscendNames {
+            chip: chip.to_string(),
+            by_physical: devices.into_iter().collect(),
+        });
+        self
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -268,22 +338,12 @@ impl Admissions {
             .cloned()
     }
 
-    /// The scheduler's devices of this resource for `pod`, if its choice is valid for it.
+    /// The scheduler's devices of this resource for `pod`, if its `fumarole.dev/devices`
+    /// choice is valid for it.
     fn choice_for(&self, pod: &BoundPod, value: &str) -> Result<Vec<String>, String> {
         let choice: DeviceChoice = annotation::parse(value).map_err(|e| e.to_string())?;
         for (resource, ids) in &choice {
-            let asked = pod.requests.get(resource).copied().unwrap_or(0);
-            if asked == 0 {
-                return Err(format!(
-                    "it names {resource}, which the pod does not request"
-                ));
-            }
-            if ids.len() as u64 > asked {
-                return Err(format!(
-                    "it names {} {resource} devices, the pod requests {asked}",
-                    ids.len()
-                ));
-            }
+            check_count(pod, resource, ids.len())?;
         }
         let ids = choice.get(&self.resource).cloned().unwrap_or_default();
         if let Some(unknown) = ids.iter().find(|id| !self.known.contains(*id)) {
@@ -293,6 +353,93 @@ impl Admissions {
             ));
         }
         Ok(ids)
+    }
+
+    /// The devices Huawei's annotation `value` names for `pod`, if valid for it: the same
+    /// checks as [`Self::choice_for`], on names mapped to this node's devices.
+    fn ascend_choice_for(
+        &self,
+        names: &AscendNames,
+        pod: &BoundPod,
+        value: &str,
+    ) -> Result<Vec<String>, String> {
+        let physical = ascend::parse(&names.chip, value).map_err(|e| e.to_string())?;
+        check_count(pod, &self.resource, physical.len())?;
+        physical
+            .iter()
+            .map(|n| {
+                names.by_physical.get(n).cloned().ok_or_else(|| {
+                    format!(
+                        "{:?} is not a {} device of this node",
+                        ascend::name(&names.chip, *n),
+                        self.resource
+                    )
+                })
+            })
+            .collect()
+    }
+
+    /// Which annotation decides this resource's devices for `pod` (see the module doc), or
+    /// `None` when the pod carries neither.
+    fn chosen(&self, pod: &BoundPod) -> Option<Chosen> {
+        let ours = pod.choice.as_deref().map(|v| self.choice_for(pod, v));
+        let theirs = self.ascend.as_ref().and_then(|names| {
+            let value = pod.ascend_choices.get(&self.resource)?;
+            Some(self.ascend_choice_for(names, pod, value))
+        });
+        let fumarole = |devices, overruled| Chosen {
+            annotation: annotation::DEVICES_ANNOTATION.to_string(),
+            devices,
+            overruled,
+        };
+        match (ours, theirs) {
+            (Some(Ok(ids)), theirs) if !ids.is_empty() => {
+                let overruled = match theirs {
+                    Some(Ok(named)) if !same_set(&named, &ids) => Some(Outcome::Overruled {
+                        annotation: self.resource.clone(),
+                        named,
+                        preferred: ids.clone(),
+                    }),
+                    _ => None,
+                };
+                Some(fumarole(Ok(ids), overruled))
+            }
+            (Some(Err(reason)), _) => Some(fumarole(Err(reason), None)),
+            (_, Some(devices)) => Some(Chosen {
+                annotation: self.resource.clone(),
+                devices,
+                overruled: None,
+            }),
+            (Some(Ok(none)), None) => Some(fumarole(Ok(none), None)),
+            (None, None) => None,
+        }
+    }
+
+    /// Huawei's annotation naming other devices for `pod` than `fumarole.dev/devices`, which
+    /// wins: the plugin reports it when it prefers fumarole's.
+    pub fn overruled(&self, pod: &BoundPod) -> Option<Outcome> {
+        self.chosen(pod)?.overruled
+    }
+
+    /// `huawei.com/AscendReal` for `pod` when this is an Ascend resource: Huawei's names of
+    /// the devices of this resource the pod holds, by physical id.
+    pub fn ascend_real(&self, pod: &BoundPod) -> Option<String> {
+        let names = self.ascend.as_ref()?;
+        let state = self.state();
+        let held: BTreeSet<&String> = state
+            .allocated
+            .get(&pod.uid)
+            .into_iter()
+            .flatten()
+            .chain(pod.reported.get(&self.resource).into_iter().flatten())
+            .collect();
+        let physical: Vec<u32> = names
+            .by_physical
+            .iter()
+            .filter(|(_, id)| held.contains(id))
+            .map(|(n, _)| *n)
+            .collect();
+        (!physical.is_empty()).then(|| ascend::format(&names.chip, physical))
     }
 
     /// What to answer for one container. `waited` is how long this request has already waited;
@@ -316,7 +463,7 @@ impl Admissions {
                 }
             };
         };
-        let Some(value) = pod.choice.clone() else {
+        let Some(chosen) = self.chosen(&pod) else {
             if pod.deleting {
                 return self.select(&mut state, pod, Outcome::Deleting);
             }
@@ -328,10 +475,13 @@ impl Admissions {
             }
             return self.select(&mut state, pod, Outcome::NoChoice);
         };
-        let chosen = match self.choice_for(&pod, &value) {
+        let chosen = match chosen.devices {
             Ok(ids) if ids.is_empty() => return self.select(&mut state, pod, Outcome::NoChoice),
             Ok(ids) => ids,
-            Err(reason) => return self.select(&mut state, pod, Outcome::Invalid { reason }),
+            Err(reason) => {
+                let annotation = chosen.annotation;
+                return self.select(&mut state, pod, Outcome::Invalid { annotation, reason });
+            }
         };
         let next = self.next_of(&state, &pod, &chosen, req.size);
         let reason = if next.len() < req.size {
@@ -410,10 +560,9 @@ impl Admissions {
             Some(p) => p,
             None => {
                 let pod = self.admitting(&state, pods, devices.len())?;
-                let chosen = pod
-                    .choice
-                    .as_deref()
-                    .and_then(|v| self.choice_for(&pod, v).ok())
+                let chosen = self
+                    .chosen(&pod)
+                    .and_then(|c| c.devices.ok())
                     .unwrap_or_default();
                 let devices = self.next_of(&state, &pod, &chosen, devices.len());
                 Preferred {
@@ -455,7 +604,7 @@ impl Admissions {
         pods.iter()
             .filter(|p| !p.started && Some(p.uid.as_str()) != except)
             .filter_map(|p| {
-                let chosen = self.choice_for(p, p.choice.as_deref()?).ok()?;
+                let chosen = self.chosen(p)?.devices.ok()?;
                 let wants = p.requests.get(&self.resource).copied().unwrap_or(0) as usize;
                 let held = self.held(&state, p);
                 Some(self.next_of(&state, p, &chosen, wants.saturating_sub(held)))
@@ -471,6 +620,27 @@ impl Admissions {
             .allocated
             .retain(|uid, _| live.contains(uid.as_str()));
     }
+}
+
+/// A choice naming `count` devices of `resource` must be for a resource the pod requests, and
+/// no more devices than it requests.
+fn check_count(pod: &BoundPod, resource: &str, count: usize) -> Result<(), String> {
+    let asked = pod.requests.get(resource).copied().unwrap_or(0);
+    if asked == 0 {
+        return Err(format!(
+            "it names {resource}, which the pod does not request"
+        ));
+    }
+    if count as u64 > asked {
+        return Err(format!(
+            "it names {count} {resource} devices, the pod requests {asked}"
+        ));
+    }
+    Ok(())
+}
+
+fn same_set(a: &[String], b: &[String]) -> bool {
+    a.iter().collect::<BTreeSet<_>>() == b.iter().collect::<BTreeSet<_>>()
 }
 
 #[cfg(test)]

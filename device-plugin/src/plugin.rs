@@ -13,7 +13,8 @@ use std::pin::Pin;
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
-use fumarole_topology::NodeTopology;
+use fumarole_topology::annotation::ascend;
+use fumarole_topology::{NodeTopology, Vendor};
 use fumarole_topology::{SelectContext, SelectError};
 use tokio::sync::watch;
 use tokio_stream::wrappers::WatchStream;
@@ -74,13 +75,23 @@ impl DevicePluginService {
     ) -> Result<(Self, watch::Sender<Vec<bool>>), SelectError> {
         let select = SelectContext::from_weights(&weights(topology, &resource))?;
         let (tx, rx) = watch::channel(resource.devices.iter().map(|d| d.healthy).collect());
+        let mut admissions = Admissions::new(
+            &resource.name,
+            resource.devices.iter().map(|d| d.id.clone()),
+        );
+        // Huawei's scheduler names an Ascend resource's NPUs by physical id: the davinci number.
+        if resource.vendor == Vendor::Huawei
+            && let Some(chip) = ascend::chip_of(&resource.name)
+        {
+            admissions = admissions.with_ascend_names(
+                chip,
+                resource.devices.iter().map(|d| (d.index, d.id.clone())),
+            );
+        }
         Ok((
             Self {
                 inner: Arc::new(Inner {
-                    admissions: Admissions::new(
-                        &resource.name,
-                        resource.devices.iter().map(|d| d.id.clone()),
-                    ),
+                    admissions,
                     resource,
                     pods,
                     select: RwLock::new(Arc::new(select)),
@@ -220,6 +231,9 @@ impl DevicePluginService {
                 Decision::Prefer { pod, devices } => {
                     tracing::info!(pod = %pod, resource = %r.name, devices = ?devices,
                         "preferring the scheduler's devices");
+                    if let Some(overruled) = self.inner.admissions.overruled(&pod) {
+                        pods.source.report(&pod, &r.name, &overruled);
+                    }
                     return Choice::Scheduler(devices);
                 }
                 Decision::Select {
@@ -241,7 +255,8 @@ impl DevicePluginService {
         }
     }
 
-    /// Records the devices `Allocate` gave, and reports whether they are the scheduler's.
+    /// Records the devices `Allocate` gave, reports whether they are the scheduler's and, for
+    /// an Ascend resource, writes the pod's `huawei.com/AscendReal` (what training jobs read).
     fn allocated(&self, devices: &[String]) {
         let Some(pods) = &self.inner.pods else {
             return;
@@ -249,9 +264,16 @@ impl DevicePluginService {
         let bound = pods.source.bound();
         let admissions = &self.inner.admissions;
         admissions.retain(&bound);
-        if let Some((pod, Some(outcome))) = admissions.allocated(&bound, devices) {
+        let Some((pod, outcome)) = admissions.allocated(&bound, devices) else {
+            return;
+        };
+        if let Some(outcome) = outcome {
             pods.source
                 .report(&pod, &self.inner.resource.name, &outcome);
+        }
+        if let Some(real) = admissions.ascend_real(&pod) {
+            pods.source
+                .annotate(&pod, ascend::ASCEND_REAL_ANNOTATION, &real);
         }
     }
 }

@@ -772,18 +772,73 @@ async fn each_component_does_its_job_with_only_its_rights_and_the_agent_writes_o
         "create pods",
         agent_pods.create(&PostParams::default(), &pod).await,
     );
-    forbidden(
-        "set a device choice on a pod",
+    // Pod writes: only huawei.com/AscendReal (the NPUs mounted), only on its own node's pods.
+    let admin_pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    for (name, node) in [("npu-on-a", "node-a"), ("npu-on-b", "node-b")] {
+        let p: Pod = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox"}]},
+        }))
+        .unwrap();
+        admin_pods.create(&PostParams::default(), &p).await.unwrap();
+    }
+    let annotate =
+        |key: &str, value: &str| Patch::Merge(json!({"metadata": {"annotations": {key: value}}}));
+    agent_pods
+        .patch(
+            "npu-on-a",
+            &PatchParams::default(),
+            &annotate("huawei.com/AscendReal", "Ascend910-0"),
+        )
+        .await
+        .unwrap();
+    let message = forbidden(
+        "annotate another node's pod",
         agent_pods
             .patch(
-                "p",
+                "npu-on-b",
                 &PatchParams::default(),
-                &Patch::Merge(
-                    json!({"metadata": {"annotations": {"fumarole.dev/devices": "nvidia0"}}}),
-                ),
+                &annotate("huawei.com/AscendReal", "Ascend910-0"),
             )
             .await,
     );
+    assert!(message.contains(policy), "{message}");
+    let message = forbidden(
+        "set a device choice on a pod",
+        agent_pods
+            .patch(
+                "npu-on-a",
+                &PatchParams::default(),
+                &annotate("fumarole.dev/devices", "nvidia0"),
+            )
+            .await,
+    );
+    // Two policies deny it; which one answers first varies.
+    assert!(
+        message.contains("only the huawei.com/AscendReal annotation")
+            || message.contains("only fumarole-scheduler-ext sets fumarole.dev/devices"),
+        "{message}"
+    );
+    let message = forbidden(
+        "choose a pod's NPUs",
+        agent_pods
+            .patch(
+                "npu-on-a",
+                &PatchParams::default(),
+                &annotate("huawei.com/Ascend910", "Ascend910-1"),
+            )
+            .await,
+    );
+    assert!(
+        message.contains("only the huawei.com/AscendReal annotation"),
+        "{message}"
+    );
+    for name in ["npu-on-a", "npu-on-b"] {
+        admin_pods
+            .delete(name, &DeleteParams::default().grace_period(0))
+            .await
+            .unwrap();
+    }
     forbidden(
         "delete pods",
         agent_pods.delete("p", &DeleteParams::default()).await,

@@ -1,9 +1,13 @@
 //! The API server writes of the service: the `fumarole.dev/devices` annotation (with the node
-//! it is for), alone or carried by the pod's `Binding`. A pod not bound yet is read from the [`PodStore`] (which
+//! it is for), alone or carried by the pod's `Binding`. Beside an Ascend choice goes Huawei's
+//! `huawei.com/<Chip>` annotation naming the same NPUs ([`ascend::from_choice`]), so Huawei's
+//! device plugin, if it served the node instead of fumarole's, would hand out the same ones. A pod not bound yet is read from the [`PodStore`] (which
 //! keeps those whole), any other from the API server.
 
+use std::collections::BTreeMap;
+
 use fumarole_topology::annotation::{
-    self, DEVICES_ANNOTATION, DEVICES_NODE_ANNOTATION, DeviceChoice,
+    self, DEVICES_ANNOTATION, DEVICES_NODE_ANNOTATION, DeviceChoice, ascend,
 };
 use k8s_openapi::api::core::v1::{Binding, ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -63,21 +67,33 @@ impl KubeOps {
     }
 
     /// Sets the pod's `fumarole.dev/devices` annotation to the devices `choice` gives it on
-    /// `node` (with `fumarole.dev/devices-node`), or with `None` removes both.
+    /// `node` (with `fumarole.dev/devices-node` and the Ascend names), or with `None` removes
+    /// them (Huawei's only where they still say what the removed choice said: another
+    /// scheduler's are left alone).
     pub async fn annotate(
         &self,
         ns: &str,
         name: &str,
         choice: Option<(&str, &DeviceChoice)>,
     ) -> Result<(), kube::Error> {
-        let (node, value) = match choice {
-            Some((node, c)) => (Some(node), Some(annotation::format(c))),
-            None => (None, None),
-        };
-        let patch = serde_json::json!({"metadata": {"annotations": {
-            DEVICES_ANNOTATION: value,
-            DEVICES_NODE_ANNOTATION: node,
-        }}});
+        let mut annotations: BTreeMap<String, Option<String>> = BTreeMap::new();
+        match choice {
+            Some((node, c)) => {
+                annotations.insert(DEVICES_ANNOTATION.into(), Some(annotation::format(c)));
+                annotations.insert(DEVICES_NODE_ANNOTATION.into(), Some(node.into()));
+                for (key, value) in ascend::from_choice(c) {
+                    annotations.insert(key, Some(value));
+                }
+            }
+            None => {
+                annotations.insert(DEVICES_ANNOTATION.into(), None);
+                annotations.insert(DEVICES_NODE_ANNOTATION.into(), None);
+                for key in self.ascend_names_of_choice(ns, name).await? {
+                    annotations.insert(key, None);
+                }
+            }
+        }
+        let patch = serde_json::json!({"metadata": {"annotations": annotations}});
         self.api(ns)
             .patch(
                 name,
@@ -89,6 +105,29 @@ impl KubeOps {
             )
             .await
             .map(drop)
+    }
+
+    /// The `huawei.com/<Chip>` annotations of the pod that say what its `fumarole.dev/devices`
+    /// says (written with it).
+    async fn ascend_names_of_choice(
+        &self,
+        ns: &str,
+        name: &str,
+    ) -> Result<Vec<String>, kube::Error> {
+        let pod = match self.pod(ns, name).await {
+            Ok(p) => p,
+            Err(kube::Error::Api(e)) if e.code == 404 => return Ok(Vec::new()),
+            Err(e) => return Err(e),
+        };
+        let have = pod.metadata.annotations.unwrap_or_default();
+        let Some(Ok(choice)) = have.get(DEVICES_ANNOTATION).map(|v| annotation::parse(v)) else {
+            return Ok(Vec::new());
+        };
+        Ok(ascend::from_choice(&choice)
+            .into_iter()
+            .filter(|(k, v)| have.get(k) == Some(v))
+            .map(|(k, _)| k)
+            .collect())
     }
 
     /// Binds the pod to `node` (the `pods/binding` subresource), as a binding extender must,
@@ -105,12 +144,10 @@ impl KubeOps {
         choice: Option<&DeviceChoice>,
     ) -> Result<(), kube::Error> {
         let annotations = choice.map(|choice| {
-            [
-                (DEVICES_ANNOTATION.to_string(), annotation::format(choice)),
-                (DEVICES_NODE_ANNOTATION.to_string(), node.to_string()),
-            ]
-            .into_iter()
-            .collect()
+            let mut a: BTreeMap<String, String> = ascend::from_choice(choice);
+            a.insert(DEVICES_ANNOTATION.to_string(), annotation::format(choice));
+            a.insert(DEVICES_NODE_ANNOTATION.to_string(), node.to_string());
+            a
         });
         let binding = Binding {
             metadata: ObjectMeta {

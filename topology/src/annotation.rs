@@ -14,6 +14,8 @@
 
 use std::collections::BTreeMap;
 
+pub mod ascend;
+
 /// The pod annotation key.
 pub const DEVICES_ANNOTATION: &str = "fumarole.dev/devices";
 

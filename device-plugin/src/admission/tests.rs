@@ -27,6 +27,7 @@ fn pod(name: &str, created: &str, gpus: u64, choice: Option<&str>) -> BoundPod {
         deleting: false,
         requests: BTreeMap::from([(GPU.to_string(), gpus)]),
         choice: choice.map(str::to_string),
+        ascend_choices: BTreeMap::new(),
         reported: BTreeMap::new(),
     }
 }
@@ -198,7 +199,7 @@ fn bad_choices_are_ignored_with_a_reason() {
         ) {
             Decision::Select {
                 pod: Some(who),
-                outcome: Outcome::Invalid { reason },
+                outcome: Outcome::Invalid { reason, .. },
             } => {
                 assert_eq!(who, p);
                 assert!(reason.contains(want), "{value}: {reason}");
@@ -404,4 +405,246 @@ fn other_waiting_pods_choices_are_spoken_for() {
     assert_eq!(spoken, ids(&["GPU-2", "GPU-3"]));
     let all: Vec<String> = a.spoken_for(&pods, None).into_iter().collect();
     assert_eq!(all, ids(&["GPU-0", "GPU-1", "GPU-2", "GPU-3"]));
+}
+
+const NPU: &str = "huawei.com/Ascend910";
+
+/// An Ascend resource whose device ids are not Huawei's names, so the tests see the mapping by
+/// physical id (davinci number) at work.
+fn npu_admissions() -> Admissions {
+    Admissions::new(NPU, (0..8).map(|i| format!("npu-{i}")))
+        .with_ascend_names("Ascend910", (0..8).map(|i| (i, format!("npu-{i}"))))
+}
+
+fn npus() -> Vec<String> {
+    (0..8).map(|i| format!("npu-{i}")).collect()
+}
+
+/// A pod asking for `n` NPUs, with Huawei's annotation `huawei` and fumarole's `ours`.
+fn npu_pod(n: u64, huawei: Option<&str>, ours: Option<&str>) -> BoundPod {
+    BoundPod {
+        requests: BTreeMap::from([(NPU.to_string(), n)]),
+        ascend_choices: huawei
+            .map(|v| BTreeMap::from([(NPU.to_string(), v.to_string())]))
+            .unwrap_or_default(),
+        choice: ours.map(str::to_string),
+        ..pod("npu", "t", 0, None)
+    }
+}
+
+#[test]
+fn huaweis_choice_is_honoured_by_physical_id_and_ascend_real_names_it() {
+    let a = npu_admissions();
+    let available = npus();
+    let p = npu_pod(2, Some("Ascend910-3,Ascend910-2"), None);
+    let d = a.decide(
+        std::slice::from_ref(&p),
+        request(&available, 2),
+        &AwaitChoice::default(),
+        NOW,
+    );
+    assert_eq!(
+        d,
+        Decision::Prefer {
+            pod: p.clone(),
+            devices: ids(&["npu-3", "npu-2"])
+        }
+    );
+    assert_eq!(a.overruled(&p), None);
+    assert_eq!(a.ascend_real(&p), None, "nothing mounted yet");
+    let (who, outcome) = a
+        .allocated(std::slice::from_ref(&p), &ids(&["npu-2", "npu-3"]))
+        .unwrap();
+    assert_eq!(who, p);
+    assert!(matches!(outcome, Some(Outcome::Honoured { .. })));
+    assert_eq!(
+        a.ascend_real(&p).as_deref(),
+        Some("Ascend910-2,Ascend910-3")
+    );
+}
+
+#[test]
+fn huaweis_choice_arrives_with_the_pod_so_volcano_pods_do_not_wait() {
+    let a = npu_admissions();
+    let available = npus();
+    let p = BoundPod {
+        scheduler: "volcano".into(),
+        ..npu_pod(1, Some("Ascend910-5"), None)
+    };
+    let d = a.decide(
+        std::slice::from_ref(&p),
+        request(&available, 1),
+        &AwaitChoice::default(),
+        NOW,
+    );
+    assert!(matches!(d, Decision::Prefer { devices, .. } if devices == ids(&["npu-5"])));
+}
+
+#[test]
+fn bad_huawei_choices_are_ignored_with_a_reason() {
+    let available = npus();
+    let cases = [
+        ("", "empty"),
+        ("  ", "empty"),
+        ("Ascend910-2,,Ascend910-3", "is not a device name"),
+        ("npu-2,npu-3", "\"npu-2\" is not an Ascend910 device"),
+        ("Ascend910-2;Ascend910-3", "is not a device name"),
+        ("Ascend910-x,Ascend910-3", "is not a device name"),
+        ("Ascend910-2,Ascend910-2", "listed twice"),
+        ("Ascend310P-2,Ascend310P-3", "is not an Ascend910 device"),
+        (
+            "Ascend910-9,Ascend910-3",
+            "\"Ascend910-9\" is not a huawei.com/Ascend910 device of this node",
+        ),
+        (
+            "Ascend910-1,Ascend910-2,Ascend910-3",
+            "names 3 huawei.com/Ascend910 devices, the pod requests 2",
+        ),
+    ];
+    for (value, want) in cases {
+        let a = npu_admissions();
+        let p = npu_pod(2, Some(value), None);
+        match a.decide(
+            std::slice::from_ref(&p),
+            request(&available, 2),
+            &AwaitChoice::default(),
+            NOW,
+        ) {
+            Decision::Select {
+                pod: Some(who),
+                outcome: outcome @ Outcome::Invalid { .. },
+            } => {
+                assert_eq!(who, p);
+                let text = outcome.to_string();
+                assert!(
+                    text.starts_with("ignoring huawei.com/Ascend910: "),
+                    "{text}"
+                );
+                assert!(text.contains(want), "{value:?}: {text}");
+                assert!(outcome.is_warning());
+            }
+            other => panic!("{value:?}: {other:?}"),
+        }
+        // Nothing of a bad choice is kept off for other pods either.
+        assert!(a.spoken_for(std::slice::from_ref(&p), None).is_empty());
+    }
+}
+
+#[test]
+fn huaweis_devices_in_use_or_too_few_fall_back_with_a_reason() {
+    let a = npu_admissions();
+    let p = npu_pod(2, Some("Ascend910-2,Ascend910-3"), None);
+    // npu-3 taken by another pod, or unhealthy: the kubelet does not offer it.
+    let available = ids(&["npu-0", "npu-1", "npu-2", "npu-4"]);
+    match a.decide(
+        std::slice::from_ref(&p),
+        request(&available, 2),
+        &AwaitChoice::default(),
+        NOW,
+    ) {
+        Decision::Select {
+            outcome: Outcome::NotHonoured { reason, .. },
+            ..
+        } => assert!(reason.contains("npu-3 is not available"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+    // One name for a container of two.
+    let a = npu_admissions();
+    let p = npu_pod(2, Some("Ascend910-2"), None);
+    match a.decide(
+        std::slice::from_ref(&p),
+        request(&npus(), 2),
+        &AwaitChoice::default(),
+        NOW,
+    ) {
+        Decision::Select {
+            outcome: Outcome::NotHonoured { reason, .. },
+            ..
+        } => assert!(
+            reason.contains("needs 2 devices, 1 of the choice"),
+            "{reason}"
+        ),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[test]
+fn fumaroles_choice_wins_over_huaweis_and_a_difference_is_reported() {
+    let ours = |d: &[&str]| format!(r#"{{"{NPU}":{}}}"#, serde_json::to_string(d).unwrap());
+    let available = npus();
+    let decide = |a: &Admissions, p: &BoundPod| {
+        a.decide(
+            std::slice::from_ref(p),
+            request(&available, 2),
+            &AwaitChoice::default(),
+            NOW,
+        )
+    };
+    // They differ: fumarole's is preferred, Huawei's overruled.
+    let a = npu_admissions();
+    let p = npu_pod(
+        2,
+        Some("Ascend910-2,Ascend910-3"),
+        Some(&ours(&["npu-4", "npu-5"])),
+    );
+    assert!(
+        matches!(decide(&a, &p), Decision::Prefer { devices, .. } if devices == ids(&["npu-4", "npu-5"]))
+    );
+    let overruled = a.overruled(&p).unwrap();
+    assert!(overruled.is_warning());
+    assert_eq!(
+        overruled.to_string(),
+        "huawei.com/Ascend910 names npu-2,npu-3 but fumarole.dev/devices names npu-4,npu-5; following fumarole.dev/devices"
+    );
+    // They agree (the extension writes both): nothing to report.
+    let p = npu_pod(
+        2,
+        Some("Ascend910-2,Ascend910-3"),
+        Some(&ours(&["npu-3", "npu-2"])),
+    );
+    assert_eq!(a.overruled(&p), None);
+    // fumarole's is unusable: it still decides (ignored, the node chooses).
+    let a = npu_admissions();
+    let p = npu_pod(2, Some("Ascend910-2,Ascend910-3"), Some("garbled"));
+    assert!(matches!(
+        decide(&a, &p),
+        Decision::Select { outcome: Outcome::Invalid { annotation, .. }, .. } if annotation == "fumarole.dev/devices"
+    ));
+    // fumarole's names only other resources: Huawei's decides this one.
+    let a = npu_admissions();
+    let p = BoundPod {
+        requests: BTreeMap::from([(NPU.to_string(), 2), (GPU.to_string(), 1)]),
+        ..npu_pod(
+            2,
+            Some("Ascend910-6,Ascend910-7"),
+            Some(r#"{"nvidia.com/gpu":["GPU-0"]}"#),
+        )
+    };
+    assert!(
+        matches!(decide(&a, &p), Decision::Prefer { devices, .. } if devices == ids(&["npu-6", "npu-7"]))
+    );
+}
+
+#[test]
+fn huawei_annotations_mean_nothing_to_other_resources() {
+    let a = admissions();
+    let available = all();
+    let p = BoundPod {
+        ascend_choices: BTreeMap::from([(GPU.to_string(), "Ascend910-1".to_string())]),
+        ..pod("p", "t", 1, None)
+    };
+    let d = a.decide(
+        std::slice::from_ref(&p),
+        request(&available, 1),
+        &AwaitChoice::default(),
+        NOW,
+    );
+    assert!(matches!(
+        d,
+        Decision::Select {
+            outcome: Outcome::NoChoice,
+            ..
+        }
+    ));
+    assert_eq!(a.ascend_real(&p), None);
 }

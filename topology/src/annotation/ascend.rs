@@ -1,0 +1,219 @@
+//! Huawei Ascend's pod annotations, as fumarole reads and writes them to interoperate with
+//! Huawei's Volcano plugin and device plugin (facts: `shared/reference/ascend-contract.md`).
+//!
+//! - `huawei.com/<Chip>` (e.g. `huawei.com/Ascend910`, keyed by the resource name): the NPUs
+//!   Huawei's scheduler plugin chose, as device names `<Chip>-<physical id>` joined by commas
+//!   (`"Ascend910-2,Ascend910-3"`). fumarole's device plugin honours it like
+//!   `fumarole.dev/devices`; fumarole's extension writes it beside its own choice, so Huawei's
+//!   device plugin, if it served the node instead, would hand out the same NPUs.
+//! - `huawei.com/AscendReal`: the NPUs actually mounted, same format; written by the agent
+//!   after `Allocate`.
+//! - `predicate-time`: Unix nanoseconds, written by Huawei's plugin; read by nobody here
+//!   (fumarole finds the pod being admitted by watch order, see the device plugin's admission).
+//!
+//! Start at [`parse`] and [`format`].
+
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Prefix of the per-resource choice annotations (and of Ascend resource names).
+pub const RESOURCE_PREFIX: &str = "huawei.com/";
+
+/// The NPUs actually mounted into the pod.
+pub const ASCEND_REAL_ANNOTATION: &str = "huawei.com/AscendReal";
+
+/// Unix nanoseconds of Huawei's scheduling decision.
+pub const PREDICATE_TIME_ANNOTATION: &str = "predicate-time";
+
+/// The chip of an Ascend resource name (`huawei.com/Ascend910` -> `Ascend910`): the prefix
+/// of its device names. `None` for other resources and for `huawei.com/AscendReal`.
+pub fn chip_of(resource: &str) -> Option<&str> {
+    let chip = resource.strip_prefix(RESOURCE_PREFIX)?;
+    let ok = chip.starts_with("Ascend")
+        && chip.len() > "Ascend".len()
+        && resource != ASCEND_REAL_ANNOTATION
+        && chip.chars().all(|c| c.is_ascii_alphanumeric());
+    ok.then_some(chip)
+}
+
+/// Why an Ascend device list is unusable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AscendError {
+    #[error("the device list is empty")]
+    Empty,
+    #[error("{0:?} is not a device name <Chip>-<physical id>")]
+    BadName(String),
+    #[error("{name:?} is not an {chip} device")]
+    WrongChip { name: String, chip: String },
+    #[error("{0:?} is listed twice")]
+    Duplicate(String),
+}
+
+/// Parses a device list of `chip` (`"Ascend910-2,Ascend910-3"`) into physical ids, in order.
+/// Spaces around names are allowed; anything else unexpected is an error.
+pub fn parse(chip: &str, value: &str) -> Result<Vec<u32>, AscendError> {
+    if value.trim().is_empty() {
+        return Err(AscendError::Empty);
+    }
+    let mut seen = BTreeSet::new();
+    let mut ids = Vec::new();
+    for name in value.split(',').map(str::trim) {
+        let (prefix, id) = name
+            .rsplit_once('-')
+            .ok_or_else(|| AscendError::BadName(name.to_string()))?;
+        // Digits only: `u32::from_str` would take a leading '+'.
+        let chip_like = !prefix.is_empty() && prefix.bytes().all(|b| b.is_ascii_alphanumeric());
+        if id.is_empty() || !id.bytes().all(|b| b.is_ascii_digit()) || !chip_like {
+            return Err(AscendError::BadName(name.to_string()));
+        }
+        let id: u32 = id
+            .parse()
+            .map_err(|_| AscendError::BadName(name.to_string()))?;
+        if prefix != chip {
+            return Err(AscendError::WrongChip {
+                name: name.to_string(),
+                chip: chip.to_string(),
+            });
+        }
+        if !seen.insert(id) {
+            return Err(AscendError::Duplicate(name.to_string()));
+        }
+        ids.push(id);
+    }
+    Ok(ids)
+}
+
+/// The device name of physical id `id` of `chip` (`Ascend910-3`).
+pub fn name(chip: &str, id: u32) -> String {
+    format!("{chip}-{id}")
+}
+
+/// A device list of `chip`, as Huawei writes it.
+pub fn format(chip: &str, ids: impl IntoIterator<Item = u32>) -> String {
+    ids.into_iter()
+        .map(|id| name(chip, id))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The `huawei.com/<Chip>` annotations that say what a `fumarole.dev/devices` choice (resource
+/// -> device ids) says, so Huawei's device plugin would hand out the same NPUs: one per Ascend
+/// resource of the choice whose ids are Huawei's names, which fumarole's Ascend ids are
+/// (`<Chip>-<davinci number>`, the physical id) unless a device-plugin config renamed the
+/// resource. Other resources, and ids of another form, get none.
+pub fn from_choice(choice: &BTreeMap<String, Vec<String>>) -> BTreeMap<String, String> {
+    choice
+        .iter()
+        .filter_map(|(resource, ids)| {
+            let chip = chip_of(resource)?;
+            let physical = parse(chip, &ids.join(",")).ok()?;
+            Some((resource.clone(), format(chip, physical)))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn chips_of_resources() {
+        assert_eq!(chip_of("huawei.com/Ascend910"), Some("Ascend910"));
+        assert_eq!(chip_of("huawei.com/Ascend310P"), Some("Ascend310P"));
+        assert_eq!(chip_of("huawei.com/AscendReal"), None);
+        assert_eq!(chip_of("huawei.com/Ascend"), None);
+        assert_eq!(chip_of("huawei.com/Ascend910-Unhealthy"), None);
+        assert_eq!(chip_of("nvidia.com/gpu"), None);
+        assert_eq!(chip_of("huawei.com/npu"), None);
+    }
+
+    #[test]
+    fn parses_lists_in_order() {
+        assert_eq!(
+            parse("Ascend910", "Ascend910-2,Ascend910-3").unwrap(),
+            [2, 3]
+        );
+        assert_eq!(
+            parse("Ascend910", " Ascend910-7 , Ascend910-0").unwrap(),
+            [7, 0]
+        );
+        assert_eq!(parse("Ascend310P", "Ascend310P-1").unwrap(), [1]);
+        let v = format("Ascend910", [4, 5]);
+        assert_eq!(v, "Ascend910-4,Ascend910-5");
+        assert_eq!(parse("Ascend910", &v).unwrap(), [4, 5]);
+    }
+
+    #[test]
+    fn rejects_garbled_lists() {
+        use AscendError::*;
+        let p = |v: &str| parse("Ascend910", v);
+        assert_eq!(p(""), Err(Empty));
+        assert_eq!(p("  "), Err(Empty));
+        assert_eq!(p("Ascend910-2,"), Err(BadName(String::new())));
+        assert_eq!(p("Ascend910-2,,Ascend910-3"), Err(BadName(String::new())));
+        assert_eq!(p("npu2"), Err(BadName("npu2".into())));
+        assert_eq!(p("Ascend910-"), Err(BadName("Ascend910-".into())));
+        assert_eq!(p("-2"), Err(BadName("-2".into())));
+        assert_eq!(p("Ascend910-+2"), Err(BadName("Ascend910-+2".into())));
+        assert_eq!(p("Ascend910--2"), Err(BadName("Ascend910--2".into())));
+        assert_eq!(p("Ascend910-x"), Err(BadName("Ascend910-x".into())));
+        assert_eq!(
+            p("Ascend910-99999999999"),
+            Err(BadName("Ascend910-99999999999".into()))
+        );
+        assert_eq!(
+            p("Ascend910-2,Ascend910-2"),
+            Err(Duplicate("Ascend910-2".into()))
+        );
+        assert_eq!(
+            p("Ascend910-2;Ascend910-3"),
+            Err(BadName("Ascend910-2;Ascend910-3".into()))
+        );
+        assert_eq!(
+            p("Ascend310P-1"),
+            Err(WrongChip {
+                name: "Ascend310P-1".into(),
+                chip: "Ascend910".into()
+            })
+        );
+        assert_eq!(
+            p(r#"["Ascend910-1"]"#),
+            Err(BadName(r#"["Ascend910-1"]"#.into()))
+        );
+    }
+
+    #[test]
+    fn choices_become_huawei_annotations_only_where_names_fit() {
+        let choice = BTreeMap::from([
+            (
+                "huawei.com/Ascend910".to_string(),
+                vec!["Ascend910-3".into(), "Ascend910-2".into()],
+            ),
+            ("huawei.com/Ascend310P".to_string(), vec!["npu-1".into()]),
+            ("nvidia.com/gpu".to_string(), vec!["GPU-0".into()]),
+        ]);
+        assert_eq!(
+            from_choice(&choice),
+            BTreeMap::from([(
+                "huawei.com/Ascend910".to_string(),
+                "Ascend910-3,Ascend910-2".to_string()
+            )])
+        );
+        assert!(from_choice(&BTreeMap::new()).is_empty());
+    }
+
+    #[test]
+    fn never_panics_on_arbitrary_input() {
+        for v in [
+            "\u{0}",
+            "é-1",
+            "-",
+            ",",
+            "Ascend910-1-2",
+            "Ascend910-٣",
+            "a-b-c,d",
+        ] {
+            let _ = parse("Ascend910", v);
+        }
+    }
+}
