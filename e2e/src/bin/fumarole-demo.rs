@@ -140,8 +140,9 @@ async fn run(args: &Args) -> Result<()> {
             }
         } else {
             say(
-                "  no accelerator asked: kube-scheduler places it without the extension; \
-                 its node's agent applies the QoS level",
+                "  no accelerator asked: kube-scheduler places it without the extension. Its QoS \
+                 level is for the agent's co-location (--colocation, docs/colocation.md), \
+                 which the demo's fixture nodes do not run",
             );
         }
         pods.create(&PostParams::default(), &pod).await?;
