@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 
 use crate::cluster::{NodeSpec, TestCluster, free_port};
-use crate::fumarole::agent_bin;
+use crate::fumarole::{agent_bin, without_host_kubelet};
 use crate::harness_node::HarnessNode;
 
 /// One node of the fleet.
@@ -70,18 +70,14 @@ pub async fn start(
             )
             .await?;
         let h = cluster.start_harness_node(&n.name).await?;
-        // The agent runs on a fixture: the host's kubelet files must not be read.
-        let absent = |f: &str| cluster.root().join(f).display().to_string();
         let mut args = vec![
             "run".to_string(),
             format!("--fixture={}", n.fixture),
             format!("--node-name={}", n.name),
             format!("--device-plugin-dir={}", h.plugin_dir().display()),
-            format!("--kubelet-config={}", absent("absent.yaml")),
-            format!("--cpu-manager-state={}", absent("absent_state")),
-            format!("--pod-resources-socket={}", absent("absent.sock")),
             format!("--metrics-addr=127.0.0.1:{}", free_port()?),
         ];
+        args.extend(without_host_kubelet(cluster.root()));
         if let Some(s) = &n.super_node {
             args.push(format!("--super-node={s}"));
         }

@@ -30,6 +30,18 @@ pub fn kubectl_plugin_bin() -> Result<PathBuf> {
     our_bin("kubectl-fumarole", "fumarole-scheduler-ext")
 }
 
+/// The agent flags that point its kubelet inputs (configuration, CPU manager checkpoint,
+/// PodResources socket) at files that do not exist under `dir`: an agent on a fixture must not
+/// read the host's kubelet.
+pub fn without_host_kubelet(dir: &Path) -> Vec<String> {
+    let absent = |f: &str| dir.join(f).display().to_string();
+    vec![
+        format!("--kubelet-config={}", absent("absent.yaml")),
+        format!("--cpu-manager-state={}", absent("absent_state")),
+        format!("--pod-resources-socket={}", absent("absent.sock")),
+    ]
+}
+
 /// `target/<profile>/`: where a test binary (in its `deps/`) or one of this crate's own binaries
 /// (like `fumarole-demo`) runs from.
 fn profile_dir() -> Result<PathBuf> {

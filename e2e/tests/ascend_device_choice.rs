@@ -22,7 +22,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use fumarole_e2e::cluster::{eventually, http_post_json};
-use fumarole_e2e::fumarole::agent_bin;
+use fumarole_e2e::fumarole::{agent_bin, without_host_kubelet};
 use fumarole_e2e::harness_node::PodRecord;
 use fumarole_e2e::process::Proc;
 use fumarole_e2e::{HarnessNode, NodeSpec, TestCluster};
@@ -70,16 +70,13 @@ mod huawei {
 /// The agent in cluster mode on the atlas-800-910 fixture, its device plugins registered with
 /// `node`'s kubelet.
 fn agent(cluster: &TestCluster, node: &HarnessNode) -> Proc {
-    let absent = |f: &str| cluster.root().join(f).display().to_string();
-    let args = vec![
+    let mut args = vec![
         "run".to_string(),
         "--fixture=atlas-800-910".into(),
         format!("--node-name={NODE}"),
         format!("--device-plugin-dir={}", node.plugin_dir().display()),
-        format!("--kubelet-config={}", absent("absent.yaml")),
-        format!("--cpu-manager-state={}", absent("absent_state")),
-        format!("--pod-resources-socket={}", absent("absent.sock")),
     ];
+    args.extend(without_host_kubelet(cluster.root()));
     let kubeconfig = cluster.admin_kubeconfig().display().to_string();
     Proc::spawn_with_env(
         "fumarole-agent",

@@ -11,7 +11,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use fumarole_e2e::cluster::{eventually, free_port, http_get};
-use fumarole_e2e::fumarole::agent_bin;
+use fumarole_e2e::fumarole::{agent_bin, without_host_kubelet};
 use fumarole_e2e::harness_node::PodRecord;
 use fumarole_e2e::process::Proc;
 use fumarole_e2e::{HarnessNode, HarnessOptions, NodeSpec, TestCluster};
@@ -45,19 +45,16 @@ async fn start(extra: &[&str]) -> (TestCluster, HarnessNode) {
 /// The agent in cluster mode on the dgx-h100 fixture, waiting up to a minute for a Volcano
 /// pod's choice (long enough that a wait would show), serving metrics on `metrics`.
 fn agent(cluster: &TestCluster, node: &HarnessNode, metrics: u16) -> Proc {
-    let absent = |f: &str| cluster.root().join(f).display().to_string();
-    let args = vec![
+    let mut args = vec![
         "run".to_string(),
         "--fixture=dgx-h100".into(),
         format!("--node-name={NODE}"),
         format!("--device-plugin-dir={}", node.plugin_dir().display()),
         "--await-device-choice-from=volcano".into(),
         "--await-device-choice-timeout=60s".into(),
-        format!("--kubelet-config={}", absent("absent.yaml")),
-        format!("--cpu-manager-state={}", absent("absent_state")),
-        format!("--pod-resources-socket={}", absent("absent.sock")),
         format!("--metrics-addr=127.0.0.1:{metrics}"),
     ];
+    args.extend(without_host_kubelet(cluster.root()));
     let kubeconfig = cluster.admin_kubeconfig().display().to_string();
     Proc::spawn_with_env(
         "fumarole-agent",

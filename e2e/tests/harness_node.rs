@@ -13,7 +13,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use fumarole_e2e::cluster::{eventually, free_port};
-use fumarole_e2e::fumarole::agent_bin;
+use fumarole_e2e::fumarole::{agent_bin, without_host_kubelet};
 use fumarole_e2e::harness_node::PodRecord;
 use fumarole_e2e::{HarnessNode, HarnessOptions, NodeSpec, TestCluster};
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -460,17 +460,14 @@ async fn the_schedulers_device_choice_is_what_the_kubelet_allocates() {
         .await
         .unwrap();
     let node = cluster.start_harness_node("dgx-1").await.unwrap();
-    let absent = |f: &str| cluster.root().join(f).to_str().unwrap().to_string();
-    let args = vec![
+    let mut args = vec![
         "run".to_string(),
         "--fixture=dgx-h100".into(),
         "--node-name=dgx-1".into(),
         format!("--device-plugin-dir={}", node.plugin_dir().display()),
-        format!("--kubelet-config={}", absent("absent.yaml")),
-        format!("--cpu-manager-state={}", absent("absent_state")),
-        format!("--pod-resources-socket={}", absent("absent.sock")),
         format!("--metrics-addr=127.0.0.1:{}", free_port().unwrap()),
     ];
+    args.extend(without_host_kubelet(cluster.root()));
     cluster
         .start_program("fumarole-agent", &agent_bin().unwrap(), &args, &[])
         .unwrap();
