@@ -14,6 +14,9 @@
 //! - No library: today's `/dev` rule.
 //! - Ascend through DCMI on atlas-800-910: a chip fault, a RoCE network fault and an HCCS fault
 //!   code (lowering the chip's HCCS pairs), and their recovery.
+//! - `--ascend-device-info`: Huawei's device-info ConfigMap and Ascend labels from DCMI (A3
+//!   super-pod, chip info: `servertype`, `node.kubernetes.io/npu.chip.name`), and the labels
+//!   gone with the switch.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -21,7 +24,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use fumarole_e2e::cluster::{free_port, http_get, http_post_json, metric_sum};
-use fumarole_e2e::fumarole::{agent_bin, device_topologies, fixture_root, standin_lib};
+use fumarole_e2e::fumarole::{
+    agent_bin, device_topologies, fixture_root, standin_lib, without_host_kubelet,
+};
 use fumarole_e2e::process::Proc;
 use fumarole_e2e::{KubeletDm, NodeSpec, TestCluster};
 use k8s_openapi::api::core::v1::Pod;
@@ -997,14 +1002,46 @@ async fn ascend_cfg(cluster: &TestCluster, node: &str) -> Option<AscendCfg> {
 
 /// Writes to the node's device-info ConfigMap in the audit log so far.
 fn configmap_writes(cluster: &TestCluster, node: &str) -> usize {
-    let name = format!("mindx-dl-deviceinfo-{node}");
+    writes(
+        cluster,
+        "configmaps",
+        &format!("mindx-dl-deviceinfo-{node}"),
+    )
+}
+
+/// Writes to the object `resource/name` itself (not a subresource) in the audit log so far.
+fn writes(cluster: &TestCluster, resource: &str, name: &str) -> usize {
     cluster
         .audited_writes()
         .unwrap()
         .iter()
-        .filter(|e| e["objectRef"]["resource"] == "configmaps" && e["objectRef"]["name"] == name)
+        .filter(|e| e["objectRef"]["resource"] == resource && e["objectRef"]["name"] == name)
+        .filter(|e| e["objectRef"]["subresource"].is_null())
         .filter(|e| matches!(e["verb"].as_str(), Some("create" | "update" | "patch")))
         .count()
+}
+
+/// The agent's arguments for fixture root `root` as node `node`, its Ascend health from the
+/// DCMI stand-in `lib` (polled every 300 ms, the node re-checked every second), with `extra`.
+fn dcmi_agent_args(root: &Path, node: &str, lib: &Path, dir: &Path, extra: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = vec![
+        "run".into(),
+        "--root".into(),
+        root.to_str().unwrap().into(),
+        "--node-name".into(),
+        node.into(),
+        "--dcmi-library".into(),
+        lib.to_str().unwrap().into(),
+        "--health-poll-interval".into(),
+        "300ms".into(),
+        "--recheck-interval".into(),
+        "1s".into(),
+        "--metrics-addr".into(),
+        format!("127.0.0.1:{}", free_port().unwrap()),
+    ];
+    args.extend(without_host_kubelet(dir));
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args
 }
 
 /// `--ascend-device-info` on the A3 fixture with the DCMI stand-in answering from the
@@ -1035,29 +1072,7 @@ async fn ascend_device_info_follows_dcmi_health_and_super_pod() {
     )
     .unwrap();
     let mut dcmi = StandIn::new(dir.path().join("dcmi-state.json"), recorded);
-    let absent = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
-    let args: Vec<String> = vec![
-        "run".into(),
-        "--root".into(),
-        root.to_str().unwrap().into(),
-        "--node-name".into(),
-        node.into(),
-        "--ascend-device-info".into(),
-        "--dcmi-library".into(),
-        lib.to_str().unwrap().into(),
-        "--health-poll-interval".into(),
-        "300ms".into(),
-        "--recheck-interval".into(),
-        "1s".into(),
-        "--kubelet-config".into(),
-        absent("absent.yaml"),
-        "--cpu-manager-state".into(),
-        absent("absent_state"),
-        "--pod-resources-socket".into(),
-        absent("absent.sock"),
-        "--metrics-addr".into(),
-        format!("127.0.0.1:{}", free_port().unwrap()),
-    ];
+    let args = dcmi_agent_args(&root, node, &lib, dir.path(), &["--ascend-device-info"]);
     let state = dcmi.path.display().to_string();
     cluster
         .start_program(
@@ -1118,8 +1133,10 @@ async fn ascend_device_info_follows_dcmi_health_and_super_pod() {
         },
     )
     .await;
+    // The chips' DCMI chip info (the fixture's: name "Ascend910", 24 AI cores) on A3 hardware.
     let l = labels(nodes.get(node).await.unwrap());
-    assert!(!l.contains_key("servertype") && !l.contains_key("node.kubernetes.io/npu.chip.name"));
+    assert_eq!(l["servertype"], "Ascend910A3-24");
+    assert_eq!(l["node.kubernetes.io/npu.chip.name"], "Ascend910");
 
     // Steady state: with a 1 s re-check, no write for 5 s.
     let before = configmap_writes(&cluster, node);
@@ -1264,4 +1281,105 @@ async fn ascend_device_info_follows_dcmi_health_and_super_pod() {
     let after = ascend_cfg(&cluster, node).await.unwrap();
     assert_eq!(after.device_info.update_time, back.device_info.update_time);
     assert_eq!((after.super_pod_id, after.server_index), (7, 3));
+}
+
+/// `--ascend-device-info` on the Atlas 800T A2 fixture with the DCMI stand-in: the first chip
+/// answers its chip info garbled (a name filling its 32 bytes, no NUL), which the agent skips;
+/// the next chip's answer (910B3, 20 AI cores) gives `servertype` `Ascend910B-20` and
+/// `node.kubernetes.io/npu.chip.name` `910B3`. No Node write in steady state; an agent
+/// restarted without the switch removes them (with `accelerator` and `accelerator-type`).
+#[tokio::test(flavor = "multi_thread")]
+async fn ascend_chip_labels_from_dcmi_follow_the_switch() {
+    let node = "a2-1";
+    let cluster = TestCluster::start().await.unwrap();
+    cluster.install_fumarole_crds().await.unwrap();
+    cluster
+        .create_node(
+            &NodeSpec::new(node)
+                .capacity("cpu", "192")
+                .capacity(NPU, "8"),
+        )
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let root = fixture_root("atlas-800t-a2", dir.path()).unwrap();
+    let lib = dir.path().join("libdcmi.so");
+    std::fs::copy(standin_lib("fumarole-standin-dcmi").unwrap(), &lib).unwrap();
+    let recorded: Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("fumarole/dcmi-standin.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(recorded["chips"][1]["chipInfo"]["chipName"], "910B3");
+    let mut dcmi = StandIn::new(dir.path().join("dcmi-state.json"), recorded);
+    dcmi.edit(|s| s["chips"][0]["chipInfo"]["chipName"] = json!("9".repeat(40)));
+    let state = dcmi.path.display().to_string();
+    let start_agent = |extra: &'static [&'static str]| {
+        cluster
+            .start_program(
+                "fumarole-agent",
+                &agent_bin().unwrap(),
+                &dcmi_agent_args(&root, node, &lib, dir.path(), extra),
+                &[("FUMAROLE_DCMI_STANDIN", &state)],
+            )
+            .unwrap();
+    };
+    start_agent(&["--ascend-device-info"]);
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(cluster.client());
+    let labels = || async {
+        nodes
+            .get(node)
+            .await
+            .unwrap()
+            .metadata
+            .labels
+            .unwrap_or_default()
+    };
+    let start = Instant::now();
+    let took = until(
+        "servertype and npu.chip.name",
+        start,
+        Duration::from_secs(60),
+        || async { labels().await.contains_key("servertype") },
+    )
+    .await;
+    let l = labels().await;
+    assert_eq!(l["servertype"], "Ascend910B-20");
+    assert_eq!(l["node.kubernetes.io/npu.chip.name"], "910B3");
+    assert_eq!(l["accelerator"], "huawei-Ascend910");
+    assert_eq!(l["accelerator-type"], "module-910b-8");
+    println!("agent start -> chip labels {took:?}");
+
+    // Steady state: with a 1 s re-check, no Node write for 5 s.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before = writes(&cluster, "nodes", node);
+    assert!(before >= 1);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        writes(&cluster, "nodes", node),
+        before,
+        "Node writes in steady state"
+    );
+
+    // The switch off: the Ascend labels go, fumarole's own stay.
+    cluster.stop("fumarole-agent").unwrap();
+    start_agent(&[]);
+    let t = Instant::now();
+    until(
+        "the Ascend labels removed",
+        t,
+        Duration::from_secs(60),
+        || async {
+            let l = labels().await;
+            ![
+                "servertype",
+                "node.kubernetes.io/npu.chip.name",
+                "accelerator",
+                "accelerator-type",
+            ]
+            .iter()
+            .any(|k| l.contains_key(*k))
+        },
+    )
+    .await;
+    assert_eq!(labels().await["fumarole.dev/accelerator-count"], "8");
 }
