@@ -11,7 +11,7 @@
 //! all healthy; `atlas-a3-16`'s chips (two per card) answer the super-pod query with
 //! super-pod [`A3_SUPER_POD`], the other fixtures' chips do not (not A3 hardware). Each
 //! Ascend fixture's chips answer `dcmi_get_device_chip_info` with its [`ChipAnswer`]
-//! (docs/fixtures.md says where each value comes from).
+//! (docs/labels.md says where each value comes from).
 //!
 //! | name            | node                                                              |
 //! |-----------------|-------------------------------------------------------------------|
