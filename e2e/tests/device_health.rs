@@ -1044,6 +1044,36 @@ fn dcmi_agent_args(root: &Path, node: &str, lib: &Path, dir: &Path, extra: &[&st
     args
 }
 
+/// Starts a cluster with node `node` (`npus` NPUs) and writes fixture `fixture` for it: the
+/// cluster, the temporary directory, the fixture's root, a copy of the DCMI stand-in library,
+/// and the stand-in's state (the fixture's recorded DCMI answers).
+async fn ascend_setup(
+    fixture: &str,
+    node: &str,
+    npus: &str,
+) -> (TestCluster, tempfile::TempDir, PathBuf, PathBuf, StandIn) {
+    let cluster = TestCluster::start().await.unwrap();
+    cluster.install_fumarole_crds().await.unwrap();
+    cluster
+        .create_node(
+            &NodeSpec::new(node)
+                .capacity("cpu", "192")
+                .capacity(NPU, npus),
+        )
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let root = fixture_root(fixture, dir.path()).unwrap();
+    let lib = dir.path().join("libdcmi.so");
+    std::fs::copy(standin_lib("fumarole-standin-dcmi").unwrap(), &lib).unwrap();
+    let recorded: Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("fumarole/dcmi-standin.json")).unwrap(),
+    )
+    .unwrap();
+    let dcmi = StandIn::new(dir.path().join("dcmi-state.json"), recorded);
+    (cluster, dir, root, lib, dcmi)
+}
+
 /// `--ascend-device-info` on the A3 fixture with the DCMI stand-in answering from the
 /// fixture's recorded answers: the super-pod id and server index the chips give become the
 /// node's super-node (DeviceTopology, labels) and the ConfigMap's SuperPodID / ServerIndex;
@@ -1052,26 +1082,8 @@ fn dcmi_agent_args(root: &Path, node: &str, lib: &Path, dir: &Path, extra: &[&st
 #[tokio::test(flavor = "multi_thread")]
 async fn ascend_device_info_follows_dcmi_health_and_super_pod() {
     let node = "a3-1";
-    let cluster = TestCluster::start().await.unwrap();
-    cluster.install_fumarole_crds().await.unwrap();
-    cluster
-        .create_node(
-            &NodeSpec::new(node)
-                .capacity("cpu", "192")
-                .capacity(NPU, "16"),
-        )
-        .await
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let root = fixture_root("atlas-a3-16", dir.path()).unwrap();
-    let lib = dir.path().join("libdcmi.so");
-    std::fs::copy(standin_lib("fumarole-standin-dcmi").unwrap(), &lib).unwrap();
     // The fixture's recorded DCMI answers: 16 healthy chips, two per card, in super-pod 7.
-    let recorded: Value = serde_json::from_str(
-        &std::fs::read_to_string(root.join("fumarole/dcmi-standin.json")).unwrap(),
-    )
-    .unwrap();
-    let mut dcmi = StandIn::new(dir.path().join("dcmi-state.json"), recorded);
+    let (cluster, dir, root, lib, mut dcmi) = ascend_setup("atlas-a3-16", node, "16").await;
     let args = dcmi_agent_args(&root, node, &lib, dir.path(), &["--ascend-device-info"]);
     let state = dcmi.path.display().to_string();
     cluster
@@ -1291,26 +1303,8 @@ async fn ascend_device_info_follows_dcmi_health_and_super_pod() {
 #[tokio::test(flavor = "multi_thread")]
 async fn ascend_chip_labels_from_dcmi_follow_the_switch() {
     let node = "a2-1";
-    let cluster = TestCluster::start().await.unwrap();
-    cluster.install_fumarole_crds().await.unwrap();
-    cluster
-        .create_node(
-            &NodeSpec::new(node)
-                .capacity("cpu", "192")
-                .capacity(NPU, "8"),
-        )
-        .await
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let root = fixture_root("atlas-800t-a2", dir.path()).unwrap();
-    let lib = dir.path().join("libdcmi.so");
-    std::fs::copy(standin_lib("fumarole-standin-dcmi").unwrap(), &lib).unwrap();
-    let recorded: Value = serde_json::from_str(
-        &std::fs::read_to_string(root.join("fumarole/dcmi-standin.json")).unwrap(),
-    )
-    .unwrap();
-    assert_eq!(recorded["chips"][1]["chipInfo"]["chipName"], "910B3");
-    let mut dcmi = StandIn::new(dir.path().join("dcmi-state.json"), recorded);
+    let (cluster, dir, root, lib, mut dcmi) = ascend_setup("atlas-800t-a2", node, "8").await;
+    assert_eq!(dcmi.state["chips"][1]["chipInfo"]["chipName"], "910B3");
     dcmi.edit(|s| s["chips"][0]["chipInfo"]["chipName"] = json!("9".repeat(40)));
     let state = dcmi.path.display().to_string();
     let start_agent = |extra: &'static [&'static str]| {
