@@ -1295,17 +1295,22 @@ async fn ascend_device_info_follows_dcmi_health_and_super_pod() {
     assert_eq!((after.super_pod_id, after.server_index), (7, 3));
 }
 
-/// `--ascend-device-info` on the Atlas 800T A2 fixture with the DCMI stand-in: the first chip
-/// answers its chip info garbled (a name filling its 32 bytes, no NUL), which the agent skips;
-/// the next chip's answer (910B3, 20 AI cores) gives `servertype` `Ascend910B-20` and
-/// `node.kubernetes.io/npu.chip.name` `910B3`. No Node write in steady state; an agent
+/// `--ascend-device-info` on the Atlas 800T A2 fixture with the DCMI stand-in: while the
+/// chip-info call hangs the node is published without `servertype` and
+/// `node.kubernetes.io/npu.chip.name`; once it answers, the first chip's answer is garbled (a
+/// name filling its 32 bytes, no NUL), which the agent skips, and the next chip's (910B3, 20 AI
+/// cores) gives `servertype` `Ascend910B-20` and `node.kubernetes.io/npu.chip.name` `910B3`. No Node write in steady state; an agent
 /// restarted without the switch removes them (with `accelerator` and `accelerator-type`).
 #[tokio::test(flavor = "multi_thread")]
 async fn ascend_chip_labels_from_dcmi_follow_the_switch() {
     let node = "a2-1";
     let (cluster, dir, root, lib, mut dcmi) = ascend_setup("atlas-800t-a2", node, "8").await;
     assert_eq!(dcmi.state["chips"][1]["chipInfo"]["chipName"], "910B3");
-    dcmi.edit(|s| s["chips"][0]["chipInfo"]["chipName"] = json!("9".repeat(40)));
+    // The chip-info call hangs at first: the node is published without the two labels.
+    dcmi.edit(|s| {
+        s["chips"][0]["chipInfo"]["chipName"] = json!("9".repeat(40));
+        s["hang"] = json!(["dcmi_get_device_chip_info"]);
+    });
     let state = dcmi.path.display().to_string();
     let start_agent = |extra: &'static [&'static str]| {
         cluster
@@ -1329,10 +1334,21 @@ async fn ascend_chip_labels_from_dcmi_follow_the_switch() {
             .unwrap_or_default()
     };
     let start = Instant::now();
-    let took = until(
-        "servertype and npu.chip.name",
+    until(
+        "the Ascend labels without chip info",
         start,
         Duration::from_secs(60),
+        || async { labels().await.contains_key("accelerator-type") },
+    )
+    .await;
+    let l = labels().await;
+    assert!(!l.contains_key("servertype") && !l.contains_key("node.kubernetes.io/npu.chip.name"));
+    // The late answer: the labels follow.
+    let answered = dcmi.edit(|s| s["hang"] = json!([]));
+    let took = until(
+        "servertype and npu.chip.name",
+        answered,
+        Duration::from_secs(30),
         || async { labels().await.contains_key("servertype") },
     )
     .await;
@@ -1341,7 +1357,7 @@ async fn ascend_chip_labels_from_dcmi_follow_the_switch() {
     assert_eq!(l["node.kubernetes.io/npu.chip.name"], "910B3");
     assert_eq!(l["accelerator"], "huawei-Ascend910");
     assert_eq!(l["accelerator-type"], "module-910b-8");
-    println!("agent start -> chip labels {took:?}");
+    println!("late DCMI chip info -> Node labels {took:?} (re-check 1 s)");
 
     // Steady state: with a 1 s re-check, no Node write for 5 s.
     tokio::time::sleep(Duration::from_secs(2)).await;
