@@ -1312,17 +1312,17 @@ async fn ascend_chip_labels_from_dcmi_follow_the_switch() {
         s["hang"] = json!(["dcmi_get_device_chip_info"]);
     });
     let state = dcmi.path.display().to_string();
-    let start_agent = |extra: &'static [&'static str]| {
+    let start_agent = |lib: &Path, extra: &'static [&'static str]| {
         cluster
             .start_program(
                 "fumarole-agent",
                 &agent_bin().unwrap(),
-                &dcmi_agent_args(&root, node, &lib, dir.path(), extra),
+                &dcmi_agent_args(&root, node, lib, dir.path(), extra),
                 &[("FUMAROLE_DCMI_STANDIN", &state)],
             )
             .unwrap();
     };
-    start_agent(&["--ascend-device-info"]);
+    start_agent(&lib, &["--ascend-device-info"]);
     let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(cluster.client());
     let labels = || async {
         nodes
@@ -1372,7 +1372,7 @@ async fn ascend_chip_labels_from_dcmi_follow_the_switch() {
 
     // The switch off: the Ascend labels go, fumarole's own stay.
     cluster.stop("fumarole-agent").unwrap();
-    start_agent(&[]);
+    start_agent(&lib, &[]);
     let t = Instant::now();
     until(
         "the Ascend labels removed",
@@ -1392,4 +1392,58 @@ async fn ascend_chip_labels_from_dcmi_follow_the_switch() {
     )
     .await;
     assert_eq!(labels().await["fumarole.dev/accelerator-count"], "8");
+
+    // An older DCMI without dcmi_get_device_chip_info (the stand-in with that symbol's name
+    // changed in its dynamic symbol table): the switch's other labels and the ConfigMap, and
+    // not these two; the agent keeps running.
+    let old_lib = dir.path().join("libdcmi-old.so");
+    std::fs::write(
+        &old_lib,
+        without_symbol(&std::fs::read(&lib).unwrap(), "dcmi_get_device_chip_info"),
+    )
+    .unwrap();
+    cluster.stop("fumarole-agent").unwrap();
+    start_agent(&old_lib, &["--ascend-device-info"]);
+    let t = Instant::now();
+    until(
+        "the Ascend labels back, without chip info",
+        t,
+        Duration::from_secs(60),
+        || async { labels().await.contains_key("accelerator-type") },
+    )
+    .await;
+    until(
+        "the device-info ConfigMap",
+        t,
+        Duration::from_secs(30),
+        || async { ascend_cfg(&cluster, node).await.is_some() },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let l = labels().await;
+    assert!(!l.contains_key("servertype") && !l.contains_key("node.kubernetes.io/npu.chip.name"));
+    cluster.check_processes().unwrap();
+}
+
+/// `library` with the dynamic symbol `symbol` renamed (its last letter changed, the string
+/// table entry kept the same length), so the loader no longer finds it.
+fn without_symbol(library: &[u8], symbol: &str) -> Vec<u8> {
+    let entry = format!("\0{symbol}\0").into_bytes();
+    let mut renamed = entry.clone();
+    let last = renamed.len() - 2;
+    renamed[last] = b'X';
+    let mut out = library.to_vec();
+    let mut hits = 0;
+    let mut i = 0;
+    while i + entry.len() <= out.len() {
+        if out[i..i + entry.len()] == entry[..] {
+            out[i..i + entry.len()].copy_from_slice(&renamed);
+            hits += 1;
+            i += entry.len();
+        } else {
+            i += 1;
+        }
+    }
+    assert!(hits > 0, "{symbol} not in the library's string tables");
+    out
 }
