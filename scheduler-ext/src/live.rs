@@ -26,6 +26,11 @@
 //!
 //! `Numatopology` is optional (clusters without Volcano's CRDs): without it NUMA fit has no CPU
 //! data and says so in its reasons. `DeviceTopology` is required.
+//!
+//! Volcano `PodGroup`s (`scheduling.volcano.sh/v1beta1`, metadata only) are watched where the
+//! API server serves them: their `sp-block` / `sp-fit` (copied by Volcano from the Volcano
+//! Job's annotations) count for the pods that name them ([`crate::core::group`]). Without the
+//! CRD (kube-scheduler-only clusters) this is logged once and only pod annotations count.
 
 use std::collections::{BTreeMap, HashSet};
 use std::fmt::Debug;
@@ -39,7 +44,8 @@ use fumarole_topology::crd::{DeviceTopology, Numatopology};
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::ResourceClaim;
-use kube::api::{Api, ListParams};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -47,6 +53,7 @@ use kube::{Client, Resource};
 use tokio::sync::Notify;
 
 use crate::core::claims::Claims;
+use crate::core::group::{JobSources, PodGroupSizes};
 use crate::core::pod_facts::PodFacts;
 use crate::core::request::pod_key;
 use crate::core::view::{ClusterView, ContextCache};
@@ -104,6 +111,8 @@ struct Stores {
     pods: PodStore,
     /// `None` where the API server does not serve `resource.k8s.io/v1` ResourceClaims.
     claims: Option<Store<ResourceClaim>>,
+    /// `None` where the API server does not serve Volcano's PodGroups.
+    pod_groups: Option<Store<PartialObjectMeta<DynamicObject>>>,
 }
 
 impl Stores {
@@ -120,19 +129,48 @@ impl Stores {
         let claims = self.claims.as_ref().map_or_else(Claims::default, |s| {
             Claims::new(s.state().iter().map(AsRef::as_ref))
         });
-        let built = ClusterView::build_with_claims(
+        let groups = self
+            .pod_groups
+            .as_ref()
+            .map(Store::state)
+            .unwrap_or_default();
+        let sources = JobSources {
+            pod_groups: pod_group_sizes(groups.iter().map(|g| &g.metadata)),
+        };
+        let built = ClusterView::build_with_jobs(
             contexts,
             dts.iter().map(AsRef::as_ref),
             nts.iter().map(AsRef::as_ref),
             nodes.iter().map(|n| &n.metadata),
             pods.iter().map(AsRef::as_ref),
             claims,
+            &sources,
         );
         // Only a nameless object fails the build, and the API server names every object.
         built
             .inspect_err(|e| tracing::warn!(error = %e, "keeping the previous cluster view"))
             .ok()
     }
+}
+
+/// Volcano's `PodGroup` (`scheduling.volcano.sh/v1beta1`).
+pub fn pod_group_resource() -> ApiResource {
+    ApiResource::from_gvk(&GroupVersionKind::gvk(
+        "scheduling.volcano.sh",
+        "v1beta1",
+        "PodGroup",
+    ))
+}
+
+/// The `sp-block` / `sp-fit` of PodGroups, from their metadata.
+fn pod_group_sizes<'a>(groups: impl Iterator<Item = &'a ObjectMeta>) -> PodGroupSizes {
+    PodGroupSizes::new(groups.filter_map(|m| {
+        Some((
+            m.namespace.as_deref().unwrap_or("default"),
+            m.name.as_deref()?,
+            m.annotations.as_ref()?,
+        ))
+    }))
 }
 
 /// True when the API server serves `K` (its CRD is installed).
@@ -300,14 +338,28 @@ pub async fn read_once(client: &Client) -> Result<ClusterView> {
     } else {
         Claims::default()
     };
+    let pg_api: Api<DynamicObject> = Api::all_with(client.clone(), &pod_group_resource());
+    let pod_groups = if served(&pg_api).await? {
+        pg_api
+            .list_metadata(&all)
+            .await
+            .context("listing PodGroup")?
+            .items
+    } else {
+        Vec::new()
+    };
+    let sources = JobSources {
+        pod_groups: pod_group_sizes(pod_groups.iter().map(|g| &g.metadata)),
+    };
     let facts: Vec<PodFacts> = pods.items.iter().map(PodFacts::of).collect();
-    let view = ClusterView::build_with_claims(
+    let view = ClusterView::build_with_jobs(
         &mut ContextCache::default(),
         &topologies.items,
         &numatopologies,
         nodes.items.iter().map(|n| &n.metadata),
         &facts,
         claims,
+        &sources,
     )?;
     Ok(view)
 }
@@ -358,6 +410,24 @@ pub async fn start(
         );
         None
     };
+    let pg_api: Api<DynamicObject> = Api::all_with(client.clone(), &pod_group_resource());
+    let pod_groups = if served(&pg_api).await? {
+        let writer = reflector::store::Writer::new(pod_group_resource());
+        let store = writer.as_reader();
+        let meta_api: Api<PartialObjectMeta<DynamicObject>> =
+            Api::all_with(client.clone(), &pod_group_resource());
+        let stream = watcher(meta_api, watcher::Config::default())
+            .backoff(WatchBackoff::default())
+            .reflect(writer);
+        watches.freshness.track("PodGroup");
+        tokio::spawn(drive("PodGroup", stream, watches.clone(), |_| {}));
+        Some(store)
+    } else {
+        tracing::warn!(
+            "podgroups.scheduling.volcano.sh is not served: sp-block / sp-fit are read from pod annotations only"
+        );
+        None
+    };
     let released = Arc::clone(&svc);
     let stores = Stores {
         topologies: reflect("DeviceTopology", dt_api, &watches),
@@ -369,6 +439,7 @@ pub async fn start(
             }
         }),
         claims,
+        pod_groups,
     };
     stores
         .topologies
@@ -390,6 +461,9 @@ pub async fn start(
         c.wait_until_ready()
             .await
             .context("ResourceClaim reflector")?;
+    }
+    if let Some(g) = &stores.pod_groups {
+        g.wait_until_ready().await.context("PodGroup reflector")?;
     }
     let mut opts = opts;
     if opts.publish_hypernodes {

@@ -32,6 +32,13 @@
 //! keeps the reserve nodes free and honours `sp-fit` ([`SP_FIT`]). The job's total devices
 //! (over the pods the view holds) must be a multiple of `sp-block`.
 //!
+//! **Volcano Jobs and PodGroups.** Huawei's users annotate the Volcano Job, whose annotations
+//! Volcano copies to the job's PodGroup (not to its pods); pods name their PodGroup in
+//! `scheduling.k8s.io/group-name` ([`POD_GROUP_NAME`]). A PodGroup's `sp-block` and `sp-fit`
+//! ([`PodGroupSizes`]) count for its job like one more pod carrying them: a pod's own
+//! annotations win, and a pod with its own values that differ leaves the job's other pods
+//! with the "pods of job … disagree" error.
+//!
 //! Consecutive ranks form units: pod `rank` with `g` GPUs is in unit `rank·g / group_size` and
 //! atomic sub-unit `rank·g / atomic_size`.
 //!
@@ -82,6 +89,9 @@ pub const VOLCANO_JOB_NAME: &str = "volcano.sh/job-name";
 pub const VOLCANO_TASK_SPEC: &str = "volcano.sh/task-spec";
 /// Kubeflow training-operator job name label.
 pub const KUBEFLOW_JOB_NAME: &str = "training.kubeflow.org/job-name";
+
+/// The PodGroup a pod belongs to (annotation Volcano and the PodGroup controller set).
+pub const POD_GROUP_NAME: &str = "scheduling.k8s.io/group-name";
 
 /// Task names that lead their job's rank order (Volcano's pytorch and MPI plugins, Kubeflow).
 const LEADING_TASKS: [&str; 3] = ["master", "chief", "launcher"];
@@ -278,9 +288,14 @@ pub struct Sizes {
 impl Sizes {
     /// The pod's own annotations; `None` when it carries none.
     fn of(pod: &Pod) -> Result<Option<Sizes>, GroupError> {
-        let Some(annotations) = pod.metadata.annotations.as_ref() else {
-            return Ok(None);
-        };
+        match pod.metadata.annotations.as_ref() {
+            Some(annotations) => Self::of_annotations(annotations),
+            None => Ok(None),
+        }
+    }
+
+    /// The group annotations among `annotations`; `None` when there are none.
+    fn of_annotations(annotations: &BTreeMap<String, String>) -> Result<Option<Sizes>, GroupError> {
         let group = annotation(annotations, &GROUP_SIZE)?;
         // sp-block is the atomic size (it MUST share a super-node) and, alone, the unit too;
         // read with the atomic spellings so a disagreeing atomic size is a conflict.
@@ -334,6 +349,69 @@ struct JobFacts {
     counted: bool,
 }
 
+/// Merges one more statement of the job's group annotations into what its other pods said:
+/// the same values agree, others are [`GroupError::JobConflict`]; an error stays.
+fn merge_sizes(facts: &mut JobFacts, job: &str, own: Result<Sizes, GroupError>) {
+    facts.sizes = Some(match facts.sizes.take() {
+        None => own,
+        Some(Ok(seen)) => match own {
+            Ok(s) if s == seen => Ok(seen),
+            Ok(s) => Err(GroupError::JobConflict {
+                job: job.to_string(),
+                a: seen.describe(),
+                b: s.describe(),
+            }),
+            Err(e) => Err(e),
+        },
+        Some(Err(e)) => Err(e),
+    });
+}
+
+/// The `sp-block` and `sp-fit` of Volcano PodGroups (which Volcano copies from the Volcano
+/// Job's annotations), by `namespace/name`, for the pods that name them.
+#[derive(Clone, Debug, Default)]
+pub struct PodGroupSizes {
+    groups: HashMap<String, Result<Sizes, GroupError>>,
+}
+
+impl PodGroupSizes {
+    /// From each PodGroup's namespace, name and annotations; PodGroups without `sp-block`
+    /// are left out (`sp-fit` alone says nothing: it only qualifies a block).
+    pub fn new<'a>(
+        groups: impl IntoIterator<Item = (&'a str, &'a str, &'a BTreeMap<String, String>)>,
+    ) -> Self {
+        let groups = groups
+            .into_iter()
+            .filter(|(_, _, annotations)| annotations.contains_key(SP_BLOCK))
+            .filter_map(|(ns, name, annotations)| {
+                let ours: BTreeMap<String, String> = [SP_BLOCK, SP_FIT]
+                    .into_iter()
+                    .filter_map(|k| annotations.get(k).map(|v| (k.to_string(), v.clone())))
+                    .collect();
+                let sizes = Sizes::of_annotations(&ours).transpose()?;
+                Some((format!("{ns}/{name}"), sizes))
+            })
+            .collect();
+        PodGroupSizes { groups }
+    }
+
+    /// The group annotations of the PodGroup the pod names, if that PodGroup has any.
+    pub fn of(&self, pod: &GroupFacts) -> Option<&Result<Sizes, GroupError>> {
+        self.groups.get(pod.pod_group.as_deref()?)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.groups.is_empty()
+    }
+}
+
+/// What the view learns about jobs from outside their pods.
+#[derive(Clone, Debug, Default)]
+pub struct JobSources {
+    /// `sp-block` / `sp-fit` of the Volcano PodGroups the pods name.
+    pub pod_groups: PodGroupSizes,
+}
+
 /// Every job's group annotations and Volcano task sizes, gathered from all the pods of the
 /// cluster view (bound or pending), so pods without annotations of their own inherit their
 /// job's and ranks run across a job's tasks.
@@ -372,19 +450,14 @@ impl Jobs {
             Ok(None) => return,
             Err(e) => Err(e.clone()),
         };
-        facts.sizes = Some(match facts.sizes.take() {
-            None => own,
-            Some(Ok(seen)) => match own {
-                Ok(s) if s == seen => Ok(seen),
-                Ok(s) => Err(GroupError::JobConflict {
-                    job: pod.job.clone(),
-                    a: seen.describe(),
-                    b: s.describe(),
-                }),
-                Err(e) => Err(e),
-            },
-            Some(Err(e)) => Err(e),
-        });
+        merge_sizes(facts, &pod.job, own);
+    }
+
+    /// Takes the group annotations of a pod's PodGroup ([`PodGroupSizes::of`]) into account
+    /// for its job, like those of one more pod of the job.
+    pub fn add_pod_group(&mut self, job: &str, sizes: &Result<Sizes, GroupError>) {
+        let facts = self.jobs.entry(job.to_string()).or_default();
+        merge_sizes(facts, job, sizes.clone());
     }
 
     /// Counts `devices` requested by one pod of `job` towards the job's total (checked against
@@ -459,16 +532,19 @@ pub struct GroupFacts {
     /// The pod carries a group annotation, well-formed or not.
     annotated: bool,
     rank: RankFacts,
+    /// `namespace/name` of the PodGroup the pod names ([`POD_GROUP_NAME`]).
+    pod_group: Option<String>,
 }
 
 /// Where a pod's rank comes from (see [`rank`] for the order).
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum RankFacts {
-    /// Stated by the pod whatever its job: `RANK`, DLRover's or Kubeflow's index.
+    /// Stated by the pod whatever its job: `RANK`, DLRover's or Kubeflow's index, a
+    /// StatefulSet ordinal.
     Own(u32),
     /// Volcano's task index, offset by the pods of the job's tasks before `task`.
     VolcanoTask { index: u32, task: Option<String> },
-    /// A StatefulSet ordinal, else the trailing number of the name, if any.
+    /// The trailing number of the name, if any: a guess.
     Fallback(Option<u32>),
 }
 
@@ -484,6 +560,15 @@ impl GroupFacts {
             sizes: Sizes::of(pod),
             annotated: has_group_annotations(pod),
             rank: RankFacts::of(pod),
+            pod_group: pod
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(POD_GROUP_NAME))
+                .map(|g| {
+                    let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
+                    format!("{ns}/{g}")
+                }),
         }
     }
 
@@ -498,6 +583,14 @@ impl GroupFacts {
                 Some(offset.saturating_add(*index))
             }
             RankFacts::Fallback(r) => *r,
+        }
+    }
+
+    /// [`Self::rank`] when the pod's framework states it (not guessed from the pod's name).
+    pub fn stated_rank(&self, jobs: &Jobs) -> Option<u32> {
+        match self.rank {
+            RankFacts::Fallback(_) => None,
+            _ => self.rank(jobs),
         }
     }
 }
@@ -523,7 +616,7 @@ impl RankFacts {
             return RankFacts::VolcanoTask { index, task };
         }
         if let Some(i) = meta_index(pod, STATEFULSET_POD_INDEX) {
-            return RankFacts::Fallback(Some(i));
+            return RankFacts::Own(i);
         }
         let digits = pod.metadata.name.as_deref().and_then(|name| {
             let digits = name.rsplit(|c: char| !c.is_ascii_digit()).next()?;

@@ -39,7 +39,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::core::claims::Claims;
-use crate::core::group::{self, Jobs, UnitKey};
+use crate::core::group::{self, JobSources, Jobs, UnitKey};
 use crate::core::pod_facts::PodFacts;
 
 /// Most devices one node may have (free sets are 64-bit masks, so the hot path allocates
@@ -602,6 +602,28 @@ impl ClusterView {
         pods: impl IntoIterator<Item = &'p PodFacts>,
         claims: Claims,
     ) -> Result<Self, ViewError> {
+        Self::build_with_jobs(
+            contexts,
+            topologies,
+            numatopologies,
+            nodes,
+            pods,
+            claims,
+            &JobSources::default(),
+        )
+    }
+
+    /// [`Self::build_with_claims`] with what is known of jobs from outside their pods (their
+    /// Volcano PodGroups' `sp-block`).
+    pub fn build_with_jobs<'a, 'p>(
+        contexts: &mut ContextCache,
+        topologies: impl IntoIterator<Item = &'a DeviceTopology>,
+        numatopologies: impl IntoIterator<Item = &'a Numatopology>,
+        nodes: impl IntoIterator<Item = &'a ObjectMeta>,
+        pods: impl IntoIterator<Item = &'p PodFacts>,
+        claims: Claims,
+        job_sources: &JobSources,
+    ) -> Result<Self, ViewError> {
         let mut view = ClusterView {
             claims,
             ..ClusterView::default()
@@ -694,6 +716,9 @@ impl ClusterView {
         view.jobs = Jobs::default();
         for pod in &pods {
             view.jobs.add_facts(&pod.group);
+            if let Some(sizes) = job_sources.pod_groups.of(&pod.group) {
+                view.jobs.add_pod_group(&pod.group.job, sizes);
+            }
         }
         // Job totals are checked against sp-block: counted for group jobs only (cheap in a big
         // cluster); pods on their way out do not count.
@@ -1293,6 +1318,110 @@ mod tests {
         assert_eq!(
             (g.spec.group_size, g.spec.unit, g.spec.super_pod),
             (16, 0, true)
+        );
+    }
+
+    /// `sp-block` and `sp-fit` on a Volcano Job reach its pods through the PodGroup the pods
+    /// name: each pod's unit follows from them; a pod's own `sp-block` wins for that pod, and
+    /// when it differs the job's other pods are refused with the disagreement.
+    #[test]
+    fn pod_group_sp_block_holds_for_pods_without_their_own() {
+        use crate::core::group::{JobSources, PodGroupSizes};
+        use crate::core::request::pod_request;
+        let worker = |i: u32, own: serde_json::Value| -> Pod {
+            let mut annotations = serde_json::json!({
+                "scheduling.k8s.io/group-name": "sp-1234",
+                "volcano.sh/task-index": i.to_string()});
+            if let (Some(a), Some(own)) = (annotations.as_object_mut(), own.as_object()) {
+                a.extend(own.clone());
+            }
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": format!("sp-worker-{i}"), "namespace": "ml",
+                             "labels": {"volcano.sh/job-name": "sp", "volcano.sh/task-spec": "worker"},
+                             "annotations": annotations},
+                "spec": {"containers": [{"name": "c",
+                    "resources": {"limits": {"huawei.com/Ascend910": "8"}}}]},
+                "status": {"phase": "Pending"}
+            }))
+            .unwrap()
+        };
+        let build = |pods: &[Pod], group: serde_json::Value| {
+            let annotations: BTreeMap<String, String> = serde_json::from_value(group).unwrap();
+            let sources = JobSources {
+                pod_groups: PodGroupSizes::new([("ml", "sp-1234", &annotations)]),
+            };
+            let facts: Vec<PodFacts> = pods.iter().map(PodFacts::of).collect();
+            let nodes = [fumarole_topology::crd::testing::atlas_800_910("a", &[])];
+            ClusterView::build_with_jobs(
+                &mut ContextCache::default(),
+                &nodes,
+                &[],
+                &[],
+                &facts,
+                Claims::default(),
+                &sources,
+            )
+            .unwrap()
+        };
+        let plain: Vec<Pod> = (0..4).map(|i| worker(i, serde_json::json!({}))).collect();
+        let view = build(
+            &plain,
+            serde_json::json!({"sp-block": "16", "sp-fit": "idlest", "other": "x"}),
+        );
+        let specs: Vec<(u32, u32, bool, bool)> = plain
+            .iter()
+            .map(|p| {
+                let g = pod_request(p, &view.resources(), view.jobs())
+                    .unwrap()
+                    .group
+                    .unwrap();
+                (
+                    g.spec.rank,
+                    g.spec.atomic_unit,
+                    g.spec.super_pod,
+                    g.spec.idlest,
+                )
+            })
+            .collect();
+        assert_eq!(
+            specs,
+            [
+                (0, 0, true, true),
+                (1, 0, true, true),
+                (2, 1, true, true),
+                (3, 1, true, true)
+            ]
+        );
+        // Without the PodGroup's sp-block the pods are in no group.
+        let view = build(&plain, serde_json::json!({"sp-fit": "idlest"}));
+        assert!(
+            pod_request(&plain[0], &view.resources(), view.jobs())
+                .unwrap()
+                .group
+                .is_none()
+        );
+        // A pod's own value wins for it; the others cannot tell which holds.
+        let mut mixed = plain.clone();
+        mixed[0] = worker(0, serde_json::json!({"sp-block": "32"}));
+        let view = build(&mixed, serde_json::json!({"sp-block": "16"}));
+        let own = pod_request(&mixed[0], &view.resources(), view.jobs())
+            .unwrap()
+            .group
+            .unwrap();
+        assert_eq!(own.spec.atomic_size, 32);
+        let e = pod_request(&mixed[1], &view.resources(), view.jobs()).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("pods of job ml/sp disagree on their group annotations"),
+            "{e}"
+        );
+        // A garbled PodGroup value is the job's reason.
+        let view = build(&plain, serde_json::json!({"sp-block": "sixteen"}));
+        let e = pod_request(&plain[1], &view.resources(), view.jobs()).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("sp-block: \"sixteen\" is not a positive integer"),
+            "{e}"
         );
     }
 }
