@@ -382,3 +382,57 @@ async fn sp_block_on_the_volcano_job_and_the_job_annotations() {
         "each block whole in one super-pod, the second in the idlest: {placed:?}"
     );
 }
+
+/// With `--whole-job-super-pod`, a Volcano Job of 4 pods x 8 NPUs without `sp-block` anywhere
+/// is one logical super-pod (Huawei's default): all its pods land in one super-pod and carry
+/// `super-pod-rank: "0"` and that super-pod's id (without the flag they would carry neither:
+/// no group, no super-pod keys).
+#[tokio::test]
+async fn whole_job_super_pod_places_an_unannotated_job_in_one_super_pod() {
+    let cluster = common::cluster().await;
+    publish(&cluster, &super_pods_with_ids(["1", "2"])).await;
+    let port = cluster
+        .start_scheduler_ext(&["--super-pod-size=4", "--whole-job-super-pod"])
+        .await
+        .unwrap();
+    cluster
+        .start_volcano(&fumarole_e2e::fumarole::volcano_conf_with_extender(port))
+        .await
+        .unwrap();
+    let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(
+        "batch.volcano.sh",
+        "v1alpha1",
+        "Job",
+    ));
+    let jobs: Api<DynamicObject> = Api::namespaced_with(cluster.client(), "default", &ar);
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    jobs.create(&PostParams::default(), &plain_job("whole", 3))
+        .await
+        .unwrap();
+    let names = pod_names("whole", 3);
+    let placed = all_placed(&cluster, &pods, &names).await;
+    let mut ids = BTreeSet::new();
+    for (pod, (node, _)) in &placed {
+        let a = pods.get(pod).await.unwrap().annotations().clone();
+        let rank = rank(&pods, pod).await;
+        assert_eq!(
+            a.get("hccl/rankIndex"),
+            Some(&rank.to_string()),
+            "{pod}: {a:?}"
+        );
+        assert_eq!(
+            a.get("super-pod-rank").map(String::as_str),
+            Some("0"),
+            "{pod}: {a:?}"
+        );
+        let id = a.get("super-pod-id").cloned().unwrap_or_default();
+        let expected = if super_pod_of(node) == "sp-1" {
+            "1"
+        } else {
+            "2"
+        };
+        assert_eq!(id, expected, "{pod} on {node}: {a:?}");
+        ids.insert(id);
+    }
+    assert_eq!(ids.len(), 1, "the whole job in one super-pod: {placed:?}");
+}

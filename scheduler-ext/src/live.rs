@@ -117,7 +117,7 @@ struct Stores {
 
 impl Stores {
     /// The view of the stores; `None` (keep the previous view) if it cannot be built.
-    fn view(&self, contexts: &mut ContextCache) -> Option<ClusterView> {
+    fn view(&self, contexts: &mut ContextCache, whole_job_super_pod: bool) -> Option<ClusterView> {
         let dts = self.topologies.state();
         let nts = self
             .numatopologies
@@ -136,6 +136,7 @@ impl Stores {
             .unwrap_or_default();
         let sources = JobSources {
             pod_groups: pod_group_sizes(groups.iter().map(|g| &g.metadata)),
+            whole_job_super_pod,
         };
         let built = ClusterView::build_with_jobs(
             contexts,
@@ -298,6 +299,12 @@ pub fn trim_pod(pod: &mut Pod) {
 /// one-shot readers (`kubectl fumarole`), which ask once and exit. Kinds the API server does
 /// not serve are left out as in [`start`]; `DeviceTopology` is required.
 pub async fn read_once(client: &Client) -> Result<ClusterView> {
+    read_once_with(client, false).await
+}
+
+/// [`read_once`], with Huawei's whole-job default for Ascend jobs when `whole_job_super_pod`
+/// (as the service's `--whole-job-super-pod`).
+pub async fn read_once_with(client: &Client, whole_job_super_pod: bool) -> Result<ClusterView> {
     let dt_api: Api<DeviceTopology> = Api::all(client.clone());
     if !served(&dt_api).await? {
         bail!(
@@ -350,6 +357,7 @@ pub async fn read_once(client: &Client) -> Result<ClusterView> {
     };
     let sources = JobSources {
         pod_groups: pod_group_sizes(pod_groups.iter().map(|g| &g.metadata)),
+        whole_job_super_pod,
     };
     let facts: Vec<PodFacts> = pods.items.iter().map(PodFacts::of).collect();
     let view = ClusterView::build_with_jobs(
@@ -656,7 +664,10 @@ async fn rebuild(stores: &Stores, svc: &Service, opts: &LiveOptions, late: &mut 
     let (built, contexts) = {
         let stores = stores.clone();
         let mut contexts = std::mem::take(&mut late.contexts);
-        match tokio::task::spawn_blocking(move || (stores.view(&mut contexts), contexts)).await {
+        let whole_job = svc.settings.whole_job_super_pod;
+        match tokio::task::spawn_blocking(move || (stores.view(&mut contexts, whole_job), contexts))
+            .await
+        {
             Ok(done) => done,
             Err(e) => {
                 tracing::warn!(error = %e, "building the cluster view failed; keeping the previous one");

@@ -106,6 +106,9 @@ pub struct Settings {
     pub scheduler_names: BTreeSet<String>,
     /// Huawei's super-pod parameters, for `sp-block` jobs.
     pub super_pods: SuperPods,
+    /// Huawei's default for Ascend jobs without `sp-block` (`--whole-job-super-pod`), applied
+    /// where the live view is built.
+    pub whole_job_super_pod: bool,
 }
 
 impl Default for Settings {
@@ -119,6 +122,7 @@ impl Default for Settings {
                 .map(String::from)
                 .collect(),
             super_pods: SuperPods::default(),
+            whole_job_super_pod: false,
         }
     }
 }

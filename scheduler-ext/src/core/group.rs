@@ -39,6 +39,14 @@
 //! annotations win, and a pod with its own values that differ leaves the job's other pods
 //! with the "pods of job … disagree" error.
 //!
+//! **Huawei's default, on request.** Huawei reads a super-pod job without `sp-block` as one
+//! logical super-pod. With [`JobSources::whole_job_super_pod`] (the extension's
+//! `--whole-job-super-pod`, which needs `--super-pod-size`) a job of more than one pod asking
+//! for an Ascend resource (`huawei.com/Ascend…`) with no group annotation anywhere (its pods,
+//! its PodGroup) is such a job: `sp-block` = the job's NPUs (its unfinished pods the view holds),
+//! every pod in block 0. Off by default: the job key also groups a Deployment's or
+//! StatefulSet's pods, which the rule would then tie to one super-node.
+//!
 //! Consecutive ranks form units: pod `rank` with `g` GPUs is in unit `rank·g / group_size` and
 //! atomic sub-unit `rank·g / atomic_size`.
 //!
@@ -283,6 +291,8 @@ pub struct Sizes {
     pub super_pod: bool,
     /// `sp-fit: idlest`.
     pub idlest: bool,
+    /// Huawei's default for a super-pod job without `sp-block`: the whole job is one block.
+    pub whole_job: bool,
 }
 
 impl Sizes {
@@ -320,6 +330,7 @@ impl Sizes {
             atomic,
             super_pod,
             idlest,
+            whole_job: false,
         };
         Ok((sizes.group.is_some() || sizes.atomic.is_some()).then_some(sizes))
     }
@@ -347,6 +358,8 @@ struct JobFacts {
     devices: u32,
     /// True once some pod's devices were counted.
     counted: bool,
+    /// Pods asking for an Ascend resource, counted for Huawei's whole-job default.
+    ascend_pods: u32,
 }
 
 /// Merges one more statement of the job's group annotations into what its other pods said:
@@ -410,6 +423,9 @@ impl PodGroupSizes {
 pub struct JobSources {
     /// `sp-block` / `sp-fit` of the Volcano PodGroups the pods name.
     pub pod_groups: PodGroupSizes,
+    /// Huawei's default: a job of several Ascend pods without any group annotation is one
+    /// logical super-pod (see the module doc).
+    pub whole_job_super_pod: bool,
 }
 
 /// Every job's group annotations and Volcano task sizes, gathered from all the pods of the
@@ -418,9 +434,44 @@ pub struct JobSources {
 #[derive(Clone, Debug, Default)]
 pub struct Jobs {
     jobs: HashMap<String, JobFacts>,
+    /// [`JobSources::whole_job_super_pod`].
+    whole_job_super_pod: bool,
 }
 
 impl Jobs {
+    /// No jobs yet; with `whole_job_super_pod`, Huawei's default applies to the jobs of the
+    /// Ascend pods told with [`Self::add_ascend_pod`].
+    pub fn with_whole_job_super_pod(whole_job_super_pod: bool) -> Self {
+        Jobs {
+            whole_job_super_pod,
+            ..Jobs::default()
+        }
+    }
+
+    /// True when Huawei's whole-job default is on.
+    pub fn whole_job_super_pod(&self) -> bool {
+        self.whole_job_super_pod
+    }
+
+    /// Counts one pod of `job` asking for `devices` of an Ascend resource (for the whole-job
+    /// default; pods of group jobs are counted with [`Self::add_devices`]).
+    pub fn add_ascend_pod(&mut self, job: &str, devices: u32) {
+        self.add_devices(job, devices);
+        if let Some(facts) = self.jobs.get_mut(job) {
+            facts.ascend_pods += 1;
+        }
+    }
+
+    /// The job's NPUs when Huawei's whole-job default makes it one logical super-pod.
+    fn whole_job(&self, job: &str) -> Option<u32> {
+        if !self.whole_job_super_pod {
+            return None;
+        }
+        let facts = self.jobs.get(job)?;
+        (facts.sizes.is_none() && facts.ascend_pods > 1 && facts.devices > 0)
+            .then_some(facts.devices)
+    }
+
     /// The jobs of `pods`.
     pub fn of<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> Self {
         let mut jobs = Jobs::default();
@@ -479,7 +530,13 @@ impl Jobs {
             return Ok(Some(own));
         }
         match self.jobs.get(&pod.job).and_then(|j| j.sizes.as_ref()) {
-            None => Ok(None),
+            None => Ok(self.whole_job(&pod.job).map(|npus| Sizes {
+                group: Some((SP_BLOCK, npus)),
+                atomic: Some((SP_BLOCK, npus)),
+                super_pod: true,
+                idlest: false,
+                whole_job: true,
+            })),
             Some(Ok(s)) => Ok(Some(*s)),
             Some(Err(e)) => Err(e.clone()),
         }
@@ -493,6 +550,11 @@ impl Jobs {
 
     /// [`Self::in_group`], from what was read of the pod.
     pub fn in_group_facts(&self, pod: &GroupFacts) -> bool {
+        self.annotated_group(pod) || self.whole_job(&pod.job).is_some()
+    }
+
+    /// [`Self::in_group_facts`] by group annotations alone (not Huawei's whole-job default).
+    pub fn annotated_group(&self, pod: &GroupFacts) -> bool {
         pod.annotated || self.jobs.get(&pod.job).is_some_and(|j| j.sizes.is_some())
     }
 
@@ -716,6 +778,12 @@ pub fn group_spec_of(
     let first_gpu = u64::from(rank) * u64::from(gpus);
     let unit = u32::try_from(first_gpu / u64::from(group_size)).unwrap_or(u32::MAX);
     let atomic_unit = u32::try_from(first_gpu / u64::from(atomic_size)).unwrap_or(u32::MAX);
+    // The whole job is one block even while the view holds only some of its pods.
+    let (unit, atomic_unit) = if sizes.whole_job {
+        (0, 0)
+    } else {
+        (unit, atomic_unit)
+    };
     Ok(Some(GroupSpec {
         group_size,
         atomic_size,

@@ -31,7 +31,7 @@ use std::hash::BuildHasher;
 use std::sync::{Arc, RwLock};
 
 use fumarole_topology::CpuSet;
-use fumarole_topology::annotation::DEVICES_ANNOTATION;
+use fumarole_topology::annotation::{DEVICES_ANNOTATION, ascend};
 use fumarole_topology::crd::device_topology::DeviceInfo;
 use fumarole_topology::crd::{DeviceTopology, Numatopology};
 use fumarole_topology::{SelectContext, SelectError, Selection};
@@ -713,7 +713,7 @@ impl ClusterView {
         let pods: Vec<&PodFacts> = pods.into_iter().collect();
         let offered = view.offered.clone();
         let offered: BTreeSet<&str> = offered.iter().map(String::as_str).collect();
-        view.jobs = Jobs::default();
+        view.jobs = Jobs::with_whole_job_super_pod(job_sources.whole_job_super_pod);
         for pod in &pods {
             view.jobs.add_facts(&pod.group);
             if let Some(sizes) = job_sources.pod_groups.of(&pod.group) {
@@ -722,14 +722,21 @@ impl ClusterView {
         }
         // Job totals are checked against sp-block: counted for group jobs only (cheap in a big
         // cluster); pods on their way out do not count.
+        // With Huawei's whole-job default, Ascend pods count towards their job too.
+        let whole_job = view.jobs.whole_job_super_pod();
         for pod in &pods {
+            let grouped = view.jobs.annotated_group(&pod.group);
             if !pod.finished
                 && !pod.deleting
-                && view.jobs.in_group_facts(&pod.group)
+                && (grouped || whole_job)
                 && let Ok(r) = pod.request.request(&offered, &view.claims)
             {
                 let n = u32::try_from(r.count).unwrap_or(u32::MAX);
-                view.jobs.add_devices(&pod.group.job, n);
+                if grouped {
+                    view.jobs.add_devices(&pod.group.job, n);
+                } else if ascend::chip_of(&r.resource).is_some() {
+                    view.jobs.add_ascend_pod(&pod.group.job, n);
+                }
             }
         }
         for pod in pods {
@@ -1321,6 +1328,96 @@ mod tests {
         );
     }
 
+    /// Huawei's default with `--whole-job-super-pod`: a job of several Ascend pods without any
+    /// group annotation is one block of all its NPUs, every pod in block 0 (also while only
+    /// some of its pods are in the view); off, or for one pod, GPUs, or an `sp-block` job, it
+    /// changes nothing.
+    #[test]
+    fn whole_job_super_pod_makes_one_block_of_an_unannotated_ascend_job() {
+        use crate::core::group::JobSources;
+        use crate::core::request::pod_request;
+        let pod = |job: &str, i: u32, resource: &str, annotations: serde_json::Value| -> Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": format!("{job}-worker-{i}"), "namespace": "ml",
+                             "labels": {"volcano.sh/job-name": job, "volcano.sh/task-spec": "worker"},
+                             "annotations": {"volcano.sh/task-index": i.to_string()}},
+                "spec": {"containers": [{"name": "c",
+                    "resources": {"limits": {resource: "8"}}}]},
+                "status": {"phase": "Pending"}
+            }))
+            .map(|mut p: Pod| {
+                if let (Some(a), Some(extra)) =
+                    (p.metadata.annotations.as_mut(), annotations.as_object())
+                {
+                    for (k, v) in extra {
+                        a.insert(k.clone(), v.as_str().unwrap().to_string());
+                    }
+                }
+                p
+            })
+            .unwrap()
+        };
+        let npu = "huawei.com/Ascend910";
+        let build = |pods: &[Pod], on: bool| {
+            let facts: Vec<PodFacts> = pods.iter().map(PodFacts::of).collect();
+            let nodes = [
+                fumarole_topology::crd::testing::atlas_800_910("a", &[]),
+                fumarole_topology::crd::testing::nvlink_node("g", 8, 10, &[], |i| format!("g-{i}")),
+            ];
+            ClusterView::build_with_jobs(
+                &mut ContextCache::default(),
+                &nodes,
+                &[],
+                &[],
+                &facts,
+                Claims::default(),
+                &JobSources {
+                    whole_job_super_pod: on,
+                    ..JobSources::default()
+                },
+            )
+            .unwrap()
+        };
+        let group = |view: &ClusterView, p: &Pod| {
+            pod_request(p, &view.resources(), view.jobs())
+                .unwrap()
+                .group
+                .map(|g| {
+                    (
+                        g.spec.atomic_size,
+                        g.spec.unit,
+                        g.spec.atomic_unit,
+                        g.spec.super_pod,
+                    )
+                })
+        };
+        let job: Vec<Pod> = (0..4)
+            .map(|i| pod("big", i, npu, serde_json::json!({})))
+            .collect();
+        let view = build(&job, true);
+        for p in &job {
+            assert_eq!(group(&view, p), Some((32, 0, 0, true)));
+            assert!(view.jobs().in_group(p));
+        }
+        assert_eq!(group(&build(&job, false), &job[3]), None);
+        // Only ranks 2 and 3 seen so far: still one block, of what is seen.
+        let view = build(&job[2..], true);
+        assert_eq!(group(&view, &job[3]), Some((16, 0, 0, true)));
+        // One pod is no super-pod job.
+        let view = build(&job[..1], true);
+        assert_eq!(group(&view, &job[0]), None);
+        // GPUs are not Ascend.
+        let gpus: Vec<Pod> = (0..2)
+            .map(|i| pod("gpu", i, "nvidia.com/gpu", serde_json::json!({})))
+            .collect();
+        assert_eq!(group(&build(&gpus, true), &gpus[1]), None);
+        // An sp-block job keeps its blocks.
+        let sp: Vec<Pod> = (0..4)
+            .map(|i| pod("sp", i, npu, serde_json::json!({"sp-block": "16"})))
+            .collect();
+        assert_eq!(group(&build(&sp, true), &sp[3]), Some((16, 1, 1, true)));
+    }
+
     /// `sp-block` and `sp-fit` on a Volcano Job reach its pods through the PodGroup the pods
     /// name: each pod's unit follows from them; a pod's own `sp-block` wins for that pod, and
     /// when it differs the job's other pods are refused with the disagreement.
@@ -1349,6 +1446,7 @@ mod tests {
             let annotations: BTreeMap<String, String> = serde_json::from_value(group).unwrap();
             let sources = JobSources {
                 pod_groups: PodGroupSizes::new([("ml", "sp-1234", &annotations)]),
+                ..JobSources::default()
             };
             let facts: Vec<PodFacts> = pods.iter().map(PodFacts::of).collect();
             let nodes = [fumarole_topology::crd::testing::atlas_800_910("a", &[])];
