@@ -229,21 +229,15 @@ async fn reported(cluster: &TestCluster, pods: &Api<Pod>, pod: &str, ours: &str)
     .unwrap()
 }
 
-/// With `--reserve-nodes 2`: a job of 4 pods x 8 NPUs in `sp-block: 16` lands block by block,
-/// each block whole in one super-pod. The first block takes sp-1 (equal room, first by name)
-/// outside its reserve (n2, n3); sp-1 then has room for one more block only in its reserve, so
-/// the second block goes to sp-2 (without the reserve best fit would put it on n2, n3). Then a
-/// third job's block fits nowhere outside a reserve and takes one super-pod's two reserve
-/// nodes, whole. A job with `sp-block: 12` (not a multiple of its pods' 8 NPUs) stays pending
-/// with our reason.
-#[tokio::test]
-async fn sp_block_job_lands_block_by_block_and_keeps_the_reserve() {
+/// A cluster of `topologies` with the extension (`args`) as Volcano's extender; the Volcano Job
+/// and Pod APIs of namespace `default`.
+async fn volcano_with_extension(
+    topologies: &[DeviceTopology],
+    args: &[&str],
+) -> (TestCluster, Api<DynamicObject>, Api<Pod>) {
     let cluster = common::cluster().await;
-    publish(&cluster, &super_pods()).await;
-    let port = cluster
-        .start_scheduler_ext(&["--reserve-nodes=2", "--super-pod-size=4"])
-        .await
-        .unwrap();
+    publish(&cluster, topologies).await;
+    let port = cluster.start_scheduler_ext(args).await.unwrap();
     cluster
         .start_volcano(&fumarole_e2e::fumarole::volcano_conf_with_extender(port))
         .await
@@ -253,8 +247,22 @@ async fn sp_block_job_lands_block_by_block_and_keeps_the_reserve() {
         "v1alpha1",
         "Job",
     ));
-    let jobs: Api<DynamicObject> = Api::namespaced_with(cluster.client(), "default", &ar);
-    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let jobs = Api::namespaced_with(cluster.client(), "default", &ar);
+    let pods = Api::namespaced(cluster.client(), "default");
+    (cluster, jobs, pods)
+}
+
+/// With `--reserve-nodes 2`: a job of 4 pods x 8 NPUs in `sp-block: 16` lands block by block,
+/// each block whole in one super-pod. The first block takes sp-1 (equal room, first by name)
+/// outside its reserve (n2, n3); sp-1 then has room for one more block only in its reserve, so
+/// the second block goes to sp-2 (without the reserve best fit would put it on n2, n3). Then a
+/// third job's block fits nowhere outside a reserve and takes one super-pod's two reserve
+/// nodes, whole. A job with `sp-block: 12` (not a multiple of its pods' 8 NPUs) stays pending
+/// with our reason.
+#[tokio::test]
+async fn sp_block_job_lands_block_by_block_and_keeps_the_reserve() {
+    let (cluster, jobs, pods) =
+        volcano_with_extension(&super_pods(), &["--reserve-nodes=2", "--super-pod-size=4"]).await;
     let pp = PostParams::default();
 
     jobs.create(&pp, &sp_job("odd", 0, "12")).await.unwrap();
@@ -313,23 +321,8 @@ async fn sp_block_job_lands_block_by_block_and_keeps_the_reserve() {
 /// template presets a garbled `hccl/rankIndex`, which stays.
 #[tokio::test]
 async fn sp_block_on_the_volcano_job_and_the_job_annotations() {
-    let cluster = common::cluster().await;
-    publish(&cluster, &super_pods_with_ids(["1", "2"])).await;
-    let port = cluster
-        .start_scheduler_ext(&["--super-pod-size=4"])
-        .await
-        .unwrap();
-    cluster
-        .start_volcano(&fumarole_e2e::fumarole::volcano_conf_with_extender(port))
-        .await
-        .unwrap();
-    let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(
-        "batch.volcano.sh",
-        "v1alpha1",
-        "Job",
-    ));
-    let jobs: Api<DynamicObject> = Api::namespaced_with(cluster.client(), "default", &ar);
-    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let (cluster, jobs, pods) =
+        volcano_with_extension(&super_pods_with_ids(["1", "2"]), &["--super-pod-size=4"]).await;
     let mut job = plain_job("train", 3);
     job.metadata.annotations = Some(BTreeMap::from([
         ("sp-block".to_string(), "16".to_string()),
@@ -389,23 +382,11 @@ async fn sp_block_on_the_volcano_job_and_the_job_annotations() {
 /// no group, no super-pod keys).
 #[tokio::test]
 async fn whole_job_super_pod_places_an_unannotated_job_in_one_super_pod() {
-    let cluster = common::cluster().await;
-    publish(&cluster, &super_pods_with_ids(["1", "2"])).await;
-    let port = cluster
-        .start_scheduler_ext(&["--super-pod-size=4", "--whole-job-super-pod"])
-        .await
-        .unwrap();
-    cluster
-        .start_volcano(&fumarole_e2e::fumarole::volcano_conf_with_extender(port))
-        .await
-        .unwrap();
-    let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(
-        "batch.volcano.sh",
-        "v1alpha1",
-        "Job",
-    ));
-    let jobs: Api<DynamicObject> = Api::namespaced_with(cluster.client(), "default", &ar);
-    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let (cluster, jobs, pods) = volcano_with_extension(
+        &super_pods_with_ids(["1", "2"]),
+        &["--super-pod-size=4", "--whole-job-super-pod"],
+    )
+    .await;
     jobs.create(&PostParams::default(), &plain_job("whole", 3))
         .await
         .unwrap();

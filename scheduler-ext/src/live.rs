@@ -30,7 +30,8 @@
 //! Volcano `PodGroup`s (`scheduling.volcano.sh/v1beta1`, metadata only) are watched where the
 //! API server serves them: their `sp-block` / `sp-fit` (copied by Volcano from the Volcano
 //! Job's annotations) count for the pods that name them ([`crate::core::group`]). Without the
-//! CRD (kube-scheduler-only clusters) this is logged once and only pod annotations count.
+//! CRD (kube-scheduler-only clusters), or without the rights to read it, this is logged once
+//! and only pod annotations count.
 
 use std::collections::{BTreeMap, HashSet};
 use std::fmt::Debug;
@@ -186,6 +187,21 @@ where
     }
 }
 
+/// Every object of `api`'s kind, or none where the API server does not serve it.
+async fn list_if_served<K>(api: &Api<K>, kind: &str) -> Result<Vec<K>>
+where
+    K: Resource + Clone + Debug + serde::de::DeserializeOwned,
+{
+    if !served(api).await? {
+        return Ok(Vec::new());
+    }
+    Ok(api
+        .list(&ListParams::default())
+        .await
+        .with_context(|| format!("listing {kind}"))?
+        .items)
+}
+
 /// What every watch shares: the rebuild loop's wake-up and the freshness record.
 #[derive(Clone)]
 struct Watches {
@@ -313,16 +329,8 @@ pub async fn read_once_with(client: &Client, whole_job_super_pod: bool) -> Resul
     }
     let all = ListParams::default();
     let topologies = dt_api.list(&all).await.context("listing DeviceTopology")?;
-    let nt_api: Api<Numatopology> = Api::all(client.clone());
-    let numatopologies = if served(&nt_api).await? {
-        nt_api
-            .list(&all)
-            .await
-            .context("listing Numatopology")?
-            .items
-    } else {
-        Vec::new()
-    };
+    let numatopologies =
+        list_if_served(&Api::<Numatopology>::all(client.clone()), "Numatopology").await?;
     let nodes = Api::<Node>::all(client.clone())
         .list_metadata(&all)
         .await
@@ -345,16 +353,16 @@ pub async fn read_once_with(client: &Client, whole_job_super_pod: bool) -> Resul
     } else {
         Claims::default()
     };
-    let pg_api: Api<DynamicObject> = Api::all_with(client.clone(), &pod_group_resource());
-    let pod_groups = if served(&pg_api).await? {
-        pg_api
-            .list_metadata(&all)
-            .await
-            .context("listing PodGroup")?
-            .items
-    } else {
+    // Optional: a reader without rights on PodGroups still gets the rest.
+    let pod_groups = list_if_served(
+        &Api::<DynamicObject>::all_with(client.clone(), &pod_group_resource()),
+        "PodGroup",
+    )
+    .await
+    .unwrap_or_else(|e| {
+        tracing::warn!(error = %e, "PodGroups not read: sp-block / sp-fit from pod annotations only");
         Vec::new()
-    };
+    });
     let sources = JobSources {
         pod_groups: pod_group_sizes(pod_groups.iter().map(|g| &g.metadata)),
         whole_job_super_pod,
@@ -419,7 +427,12 @@ pub async fn start(
         None
     };
     let pg_api: Api<DynamicObject> = Api::all_with(client.clone(), &pod_group_resource());
-    let pod_groups = if served(&pg_api).await? {
+    let pod_groups = if served(&pg_api).await.unwrap_or_else(|e| {
+        // Optional like a missing CRD: an extension whose RBAC predates the PodGroup watch
+        // still starts.
+        tracing::warn!(error = %e, "podgroups.scheduling.volcano.sh cannot be read");
+        false
+    }) {
         let writer = reflector::store::Writer::new(pod_group_resource());
         let store = writer.as_reader();
         let meta_api: Api<PartialObjectMeta<DynamicObject>> =
@@ -432,7 +445,7 @@ pub async fn start(
         Some(store)
     } else {
         tracing::warn!(
-            "podgroups.scheduling.volcano.sh is not served: sp-block / sp-fit are read from pod annotations only"
+            "podgroups.scheduling.volcano.sh is not watched (not served or not readable): sp-block / sp-fit are read from pod annotations only"
         );
         None
     };
