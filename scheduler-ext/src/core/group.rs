@@ -412,10 +412,6 @@ impl PodGroupSizes {
     pub fn of(&self, pod: &GroupFacts) -> Option<&Result<Sizes, GroupError>> {
         self.groups.get(pod.pod_group.as_deref()?)
     }
-
-    pub fn is_empty(&self) -> bool {
-        self.groups.is_empty()
-    }
 }
 
 /// What the view learns about jobs from outside their pods.
