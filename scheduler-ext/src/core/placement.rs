@@ -22,9 +22,10 @@
 //! outside the plans took it, the plan lapses and the sub-unit is planned afresh. Only what the
 //! service knows counts (free devices, pods bound or committed, plans), never how long a
 //! running pod will take. (Holding a plan for a sub-unit one pod short of room, so that what
-//! frees there stays for it, was tried in the simulator and tripled the mean queueing delay:
-//! the idle room waits on the longest pod of the last node; `docs/placement.md`.)
-
+//! frees there stays for it, was tried in the simulator and more than tripled the mean
+//! queueing delay: the reserved room idles until the last busy node drains;
+//! `docs/placement.md`, "What we tried".)
+//!
 //! **Super-pod jobs** (Huawei's `sp-block`, [`crate::core::group`]) are such units, with these
 //! rules from Huawei's scheduler ([`SuperPods`]):
 //! - steps 2-4 run first over the room outside each super-node's reserve (the last
@@ -39,8 +40,8 @@
 //! Room of a super-node for pods of `g` GPUs: the sum over its nodes of `g·⌊free/g⌋` (each pod
 //! needs its GPUs on one node), minus what other units' plans reserve there. A pod may then go
 //! only to nodes of its sub-unit's super-node ([`Checker`]), and no pod may take room another
-//! unit reserved; a pod that takes none of that room (devices on a node where the waiting
-//! unit's pods would not fit anyway) backfills around it.
+//! unit reserved; a pod that takes none of that room (devices beyond it, or on a node where
+//! the reserving unit's pods would not fit anyway) backfills around the reservation.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, HashSet};
