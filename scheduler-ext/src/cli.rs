@@ -18,6 +18,10 @@ pub struct ScoringArgs {
     /// How much the loss counts against the quality (Volcano's `loss.weight`).
     #[arg(long = "loss-weight", default_value_t = 1.0)]
     pub loss_weight: f64,
+    /// How much the share of a node's super-node in use adds to the 0..1 score (small jobs
+    /// lean to partly used super-nodes); 0 leaves it out.
+    #[arg(long = "super-node-weight", default_value_t = 0.0)]
+    pub super_node_weight: f64,
 }
 
 impl ScoringArgs {
@@ -32,9 +36,16 @@ impl ScoringArgs {
                 self.loss_weight
             );
         }
+        if !(self.super_node_weight.is_finite() && self.super_node_weight >= 0.0) {
+            bail!(
+                "--super-node-weight must be a number >= 0, got {}",
+                self.super_node_weight
+            );
+        }
         Ok(GpuAware {
             weight: self.weight,
             loss_weight: self.loss_weight,
+            super_node_weight: self.super_node_weight,
         })
     }
 }
