@@ -62,6 +62,42 @@ fn super_pod_of(node: &str) -> &'static str {
     }
 }
 
+/// The super-pod id (`SuperPodID`) of a node of [`super_pods_with_ids`]`(["1", "2"])`.
+fn numeric_super_pod_of(node: &str) -> &'static str {
+    match super_pod_of(node) {
+        "sp-1" => "1",
+        "sp-2" => "2",
+        other => panic!("{node} is in no super-pod ({other})"),
+    }
+}
+
+/// Asserts that `pod` on `node` (a node of [`super_pods_with_ids`]`(["1", "2"])`) carries
+/// `hccl/rankIndex` = `hccl_rank`, `super-pod-rank` = `block` and `super-pod-id` = its node's
+/// super-pod id.
+fn assert_job_annotations(
+    pod: &str,
+    node: &str,
+    a: &BTreeMap<String, String>,
+    hccl_rank: &str,
+    block: u32,
+) {
+    assert_eq!(
+        a.get("hccl/rankIndex").map(String::as_str),
+        Some(hccl_rank),
+        "{pod}: {a:?}"
+    );
+    assert_eq!(
+        a.get("super-pod-rank"),
+        Some(&block.to_string()),
+        "{pod}: {a:?}"
+    );
+    assert_eq!(
+        a.get("super-pod-id").map(String::as_str),
+        Some(numeric_super_pod_of(node)),
+        "{pod} on {node}: {a:?}"
+    );
+}
+
 /// A Node advertising its 8 NPUs (so only the extender tells free from used) and its
 /// DeviceTopology with status, as the agent publishes them.
 async fn publish(cluster: &TestCluster, topologies: &[DeviceTopology]) {
@@ -348,11 +384,6 @@ async fn sp_block_on_the_volcano_job_and_the_job_annotations() {
     jobs.create(&PostParams::default(), &job).await.unwrap();
     let names = pod_names("train", 3);
     let placed = all_placed(&cluster, &pods, &names).await;
-    let id_of = |node: &str| match super_pod_of(node) {
-        "sp-1" => "1",
-        "sp-2" => "2",
-        other => panic!("{node} is in no super-pod ({other})"),
-    };
     let mut blocks: BTreeMap<u32, BTreeSet<&str>> = BTreeMap::new();
     for (pod, (node, _)) in &placed {
         let p = pods.get(pod).await.unwrap();
@@ -367,22 +398,11 @@ async fn sp_block_on_the_volcano_job_and_the_job_annotations() {
         } else {
             rank.to_string()
         };
-        assert_eq!(
-            a.get("hccl/rankIndex"),
-            Some(&expected_rank),
-            "{pod}: {a:?}"
-        );
-        assert_eq!(
-            a.get("super-pod-rank"),
-            Some(&(rank / 2).to_string()),
-            "{pod}: {a:?}"
-        );
-        assert_eq!(
-            a.get("super-pod-id").map(String::as_str),
-            Some(id_of(node)),
-            "{pod} on {node}: {a:?}"
-        );
-        blocks.entry(rank / 2).or_default().insert(id_of(node));
+        assert_job_annotations(pod, node, a, &expected_rank, rank / 2);
+        blocks
+            .entry(rank / 2)
+            .or_default()
+            .insert(numeric_super_pod_of(node));
     }
     assert_eq!(
         blocks,
@@ -411,24 +431,8 @@ async fn whole_job_super_pod_places_an_unannotated_job_in_one_super_pod() {
     for (pod, (node, _)) in &placed {
         let a = pods.get(pod).await.unwrap().annotations().clone();
         let rank = rank(&pods, pod).await;
-        assert_eq!(
-            a.get("hccl/rankIndex"),
-            Some(&rank.to_string()),
-            "{pod}: {a:?}"
-        );
-        assert_eq!(
-            a.get("super-pod-rank").map(String::as_str),
-            Some("0"),
-            "{pod}: {a:?}"
-        );
-        let id = a.get("super-pod-id").cloned().unwrap_or_default();
-        let expected = if super_pod_of(node) == "sp-1" {
-            "1"
-        } else {
-            "2"
-        };
-        assert_eq!(id, expected, "{pod} on {node}: {a:?}");
-        ids.insert(id);
+        assert_job_annotations(pod, node, &a, &rank.to_string(), 0);
+        ids.insert(numeric_super_pod_of(node));
     }
     assert_eq!(ids.len(), 1, "the whole job in one super-pod: {placed:?}");
 }
@@ -448,19 +452,10 @@ fn npu_pod(name: &str, rank: u32, annotations: serde_json::Value) -> Pod {
     .unwrap()
 }
 
-/// The super-pod id (`SuperPodID`) of a node of [`super_pods_with_ids`]`(["1", "2"])`.
-fn numeric_super_pod_of(node: &str) -> &'static str {
-    match super_pod_of(node) {
-        "sp-1" => "1",
-        "sp-2" => "2",
-        other => panic!("{node} is in no super-pod ({other})"),
-    }
-}
-
 /// Pods `{job}-0..3` (`RANK` = the name's ordinal, 8 NPUs each) of an `sp-block: 16` job, all
 /// placed: each carries `hccl/rankIndex` = its rank, `super-pod-rank` = its block (rank / 2),
 /// `super-pod-id` = its node's super-pod, and `huawei.com/Ascend910` naming the NPUs of
-/// `fumarole.dev/devices`; each block lies whole in one super-pod. Returns the placements.
+/// `fumarole.dev/devices`; each block lies whole in one super-pod. Returns block -> super-pods.
 async fn check_job_annotations(
     pods: &Api<Pod>,
     placed: &BTreeMap<String, (String, Vec<String>)>,
@@ -470,21 +465,7 @@ async fn check_job_annotations(
         let rank: u32 = pod.rsplit('-').next().unwrap().parse().unwrap();
         let p = pods.get(pod).await.unwrap();
         let a = p.annotations();
-        assert_eq!(
-            a.get("hccl/rankIndex"),
-            Some(&rank.to_string()),
-            "{pod}: {a:?}"
-        );
-        assert_eq!(
-            a.get("super-pod-rank"),
-            Some(&(rank / 2).to_string()),
-            "{pod}: {a:?}"
-        );
-        assert_eq!(
-            a.get("super-pod-id").map(String::as_str),
-            Some(numeric_super_pod_of(node)),
-            "{pod} on {node}: {a:?}"
-        );
+        assert_job_annotations(pod, node, a, &rank.to_string(), rank / 2);
         let huawei: BTreeSet<&str> = a
             .get(NPU)
             .unwrap_or_else(|| panic!("{pod}: no {NPU}: {a:?}"))
@@ -503,6 +484,36 @@ async fn check_job_annotations(
     blocks
 }
 
+/// Creates pods `{job}-0..3` ([`npu_pod`], `annotations` on each), then starts kube-scheduler
+/// with the extension (on `port`) as its extender for [`NPU`], waits until all are placed and
+/// checks them as an `sp-block: 16` job in two blocks ([`check_job_annotations`]). Returns
+/// the pod names.
+async fn kube_scheduler_job(
+    cluster: &TestCluster,
+    port: u16,
+    job: &str,
+    annotations: serde_json::Value,
+) -> Vec<String> {
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let names: Vec<String> = (0..4).map(|i| format!("{job}-{i}")).collect();
+    for (rank, n) in (0..).zip(&names) {
+        let pod = npu_pod(n, rank, annotations.clone());
+        pods.create(&PostParams::default(), &pod).await.unwrap();
+    }
+    // The extension learns a job's group from the pods its view holds (a PodGroup through the
+    // pods naming it): kube-scheduler starts once the view has rebuilt with all four, at the
+    // latest one tick later, as Volcano's gang wait would give it.
+    tokio::time::sleep(scheduler_ext::live::TICK * 2).await;
+    cluster
+        .start_kube_scheduler(&fumarole_e2e::fumarole::kube_scheduler_config(port, &[NPU]))
+        .await
+        .unwrap();
+    let placed = all_placed_by(cluster, "kube-scheduler", &pods, &names).await;
+    let blocks = check_job_annotations(&pods, &placed).await;
+    assert_eq!(blocks.len(), 2, "{placed:?}");
+    names
+}
+
 /// The real kube-scheduler with the extension as its binding extender, no Volcano: 4 pods of
 /// 8 NPUs (`hccl-0`..`hccl-3`, `RANK` 0..3) with `sp-block: 16` land block by
 /// block, each block in one super-pod, and each pod carries `huawei.com/Ascend910`,
@@ -517,23 +528,7 @@ async fn kube_scheduler_binding_carries_the_job_annotations() {
         .start_scheduler_ext(&["--super-pod-size=4"])
         .await
         .unwrap();
-    cluster
-        .start_kube_scheduler(&fumarole_e2e::fumarole::kube_scheduler_config(port, &[NPU]))
-        .await
-        .unwrap();
-    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
-    let names: Vec<String> = (0..4).map(|i| format!("hccl-{i}")).collect();
-    for (rank, n) in (0..).zip(&names) {
-        pods.create(
-            &PostParams::default(),
-            &npu_pod(n, rank, json!({"sp-block": "16"})),
-        )
-        .await
-        .unwrap();
-    }
-    let placed = all_placed_by(&cluster, "kube-scheduler", &pods, &names).await;
-    let blocks = check_job_annotations(&pods, &placed).await;
-    assert_eq!(blocks.len(), 2, "{placed:?}");
+    let names = kube_scheduler_job(&cluster, port, "hccl", json!({"sp-block": "16"})).await;
 
     let audit = cluster.audited_writes().unwrap();
     for n in &names {
@@ -572,10 +567,11 @@ async fn kube_scheduler_binding_carries_the_job_annotations() {
 /// The extension starts on an API server without Volcano's CRDs (it says PodGroups are not
 /// served), then the PodGroup CRD is installed and a PodGroup `train` with `sp-block: 16`
 /// created: the extension's probe finds it (within its first 30 s wait) and starts the watch,
-/// without a restart. Pods `train-0..3` naming the PodGroup (`scheduling.k8s.io/group-name`),
-/// with no `sp-block` of their own, are then placed by kube-scheduler as an `sp-block` job:
-/// blocks whole in one super-pod, `super-pod-rank` and `super-pod-id` on every pod (without the
-/// PodGroup they would be in no group and carry neither).
+/// without a restart (it logs when the watch has listed). Pods `train-0..3` naming the
+/// PodGroup (`scheduling.k8s.io/group-name`), with no `sp-block` of their own, are then placed
+/// by kube-scheduler as an `sp-block` job: blocks whole in one super-pod, `super-pod-rank` and
+/// `super-pod-id` on every pod (without the PodGroup they would be in no group and carry
+/// neither).
 #[tokio::test]
 async fn pod_group_crd_installed_after_start_is_watched() {
     let cluster = TestCluster::start().await.unwrap();
@@ -615,27 +611,16 @@ async fn pod_group_crd_installed_after_start_is_watched() {
         Duration::from_secs(90),
         || async {
             let log = cluster.log_tail("fumarole-scheduler-ext", 200)?;
-            Ok(log.contains("watching PodGroups").then_some(()))
+            Ok(log.contains("PodGroups listed").then_some(()))
         },
     )
     .await
     .unwrap();
     eprintln!(
-        "PodGroup watch started {:?} after the CRD was installed",
+        "PodGroups listed by the extension {:?} after the CRD was installed",
         installed.elapsed()
     );
 
-    cluster
-        .start_kube_scheduler(&fumarole_e2e::fumarole::kube_scheduler_config(port, &[NPU]))
-        .await
-        .unwrap();
-    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
-    let names: Vec<String> = (0..4).map(|i| format!("train-{i}")).collect();
-    for (rank, n) in (0..).zip(&names) {
-        let pod = npu_pod(n, rank, json!({"scheduling.k8s.io/group-name": "train"}));
-        pods.create(&PostParams::default(), &pod).await.unwrap();
-    }
-    let placed = all_placed_by(&cluster, "kube-scheduler", &pods, &names).await;
-    let blocks = check_job_annotations(&pods, &placed).await;
-    assert_eq!(blocks.len(), 2, "{placed:?}");
+    let group = json!({"scheduling.k8s.io/group-name": "train"});
+    kube_scheduler_job(&cluster, port, "train", group).await;
 }

@@ -271,7 +271,7 @@ async fn probe_pod_groups(api: &Api<DynamicObject>) -> (Readable, String) {
 fn log_pod_groups(readable: Readable, error: &str) {
     match readable {
         Readable::Yes => {
-            tracing::info!("podgroups.scheduling.volcano.sh can be read now: watching PodGroups")
+            tracing::info!("podgroups.scheduling.volcano.sh can be read now: starting the watch")
         }
         Readable::NotServed => tracing::warn!(
             "podgroups.scheduling.volcano.sh is not served: sp-block / sp-fit are read from pod annotations only until it is (probing every 30 s to 5 min)"
@@ -335,15 +335,22 @@ async fn start_pod_groups(
     let meta_api: Api<PartialObjectMeta<DynamicObject>> =
         Api::all_with(client.clone(), &pod_group_resource());
     let (now, error) = probe_pod_groups(&probe_api).await;
-    let watch = |watches: Watches| {
+    let watch = |watches: Watches, late: bool| {
         let stream = watcher(meta_api, watcher::Config::default())
             .backoff(WatchBackoff::default())
             .reflect(writer);
-        drive("PodGroup", stream, watches, |_| {})
+        let listed = std::sync::atomic::AtomicBool::new(!late);
+        drive("PodGroup", stream, watches, move |ev| {
+            if matches!(ev, watcher::Event::InitDone)
+                && !listed.swap(true, std::sync::atomic::Ordering::Relaxed)
+            {
+                tracing::info!("PodGroups listed: their sp-block / sp-fit count from now on");
+            }
+        })
     };
     if now == Readable::Yes {
         watches.freshness.track("PodGroup");
-        tokio::spawn(watch(watches.clone()));
+        tokio::spawn(watch(watches.clone(), false));
         return (store, true);
     }
     log_pod_groups(now, &error);
@@ -353,7 +360,7 @@ async fn start_pod_groups(
         wait_until_readable(now, probe, pod_group_probe_delays()).await;
         // Not tracked in the freshness record before it lists: a late watch does not make
         // the view unready while it starts.
-        watch(watches).await;
+        watch(watches, true).await;
     });
     (store, false)
 }
