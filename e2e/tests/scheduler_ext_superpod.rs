@@ -4,6 +4,11 @@
 //! super-pod can take a block, and a bad `sp-block` refused with our reason; `sp-block` given
 //! on the Volcano Job only (Volcano copies it to the PodGroup), and the annotations the
 //! training job reads (`hccl/rankIndex`, `super-pod-rank`, `super-pod-id`) on every pod.
+//!
+//! And through the real kube-scheduler (the extension as its filter, prioritize and bind
+//! extender, no Volcano): the job annotations and `huawei.com/Ascend910` arrive in the
+//! extension's `Binding`, the only write to the pod after its creation (the API server's audit
+//! log); and a PodGroup CRD installed after the extension started is watched without a restart.
 
 // Test code: helpers outside #[test] fns may unwrap and panic too.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -55,6 +60,42 @@ fn super_pod_of(node: &str) -> &'static str {
         Some('m') => "sp-2",
         _ => "?",
     }
+}
+
+/// The super-pod id (`SuperPodID`) of a node of [`super_pods_with_ids`]`(["1", "2"])`.
+fn numeric_super_pod_of(node: &str) -> &'static str {
+    match super_pod_of(node) {
+        "sp-1" => "1",
+        "sp-2" => "2",
+        other => panic!("{node} is in no super-pod ({other})"),
+    }
+}
+
+/// Asserts that `pod` on `node` (a node of [`super_pods_with_ids`]`(["1", "2"])`) carries
+/// `hccl/rankIndex` = `hccl_rank`, `super-pod-rank` = `block` and `super-pod-id` = its node's
+/// super-pod id.
+fn assert_job_annotations(
+    pod: &str,
+    node: &str,
+    a: &BTreeMap<String, String>,
+    hccl_rank: &str,
+    block: u32,
+) {
+    assert_eq!(
+        a.get("hccl/rankIndex").map(String::as_str),
+        Some(hccl_rank),
+        "{pod}: {a:?}"
+    );
+    assert_eq!(
+        a.get("super-pod-rank"),
+        Some(&block.to_string()),
+        "{pod}: {a:?}"
+    );
+    assert_eq!(
+        a.get("super-pod-id").map(String::as_str),
+        Some(numeric_super_pod_of(node)),
+        "{pod} on {node}: {a:?}"
+    );
 }
 
 /// A Node advertising its 8 NPUs (so only the extender tells free from used) and its
@@ -131,9 +172,19 @@ fn pod_names(job: &str, workers: u32) -> Vec<String> {
         .collect()
 }
 
-/// Waits for every pod of `names` to be bound with our device annotation.
+/// Waits for every pod of `names` to be bound with our device annotation (Volcano binding).
 async fn all_placed(
     cluster: &TestCluster,
+    pods: &Api<Pod>,
+    names: &[String],
+) -> BTreeMap<String, (String, Vec<String>)> {
+    all_placed_by(cluster, "vc-scheduler", pods, names).await
+}
+
+/// [`all_placed`] with `scheduler` (the process whose log a failure shows) binding.
+async fn all_placed_by(
+    cluster: &TestCluster,
+    scheduler: &str,
     pods: &Api<Pod>,
     names: &[String],
 ) -> BTreeMap<String, (String, Vec<String>)> {
@@ -153,10 +204,10 @@ async fn all_placed(
     match placed {
         Ok(p) => p,
         Err(e) => panic!(
-            "{e}\npods: {:?}\nscheduler-ext:\n{}\nvc-scheduler:\n{}",
+            "{e}\npods: {:?}\nscheduler-ext:\n{}\n{scheduler}:\n{}",
             common::pod_states(pods).await,
             cluster.log_tail("fumarole-scheduler-ext", 80).unwrap(),
-            cluster.log_tail("vc-scheduler", 80).unwrap()
+            cluster.log_tail(scheduler, 80).unwrap()
         ),
     }
 }
@@ -333,11 +384,6 @@ async fn sp_block_on_the_volcano_job_and_the_job_annotations() {
     jobs.create(&PostParams::default(), &job).await.unwrap();
     let names = pod_names("train", 3);
     let placed = all_placed(&cluster, &pods, &names).await;
-    let id_of = |node: &str| match super_pod_of(node) {
-        "sp-1" => "1",
-        "sp-2" => "2",
-        other => panic!("{node} is in no super-pod ({other})"),
-    };
     let mut blocks: BTreeMap<u32, BTreeSet<&str>> = BTreeMap::new();
     for (pod, (node, _)) in &placed {
         let p = pods.get(pod).await.unwrap();
@@ -352,22 +398,11 @@ async fn sp_block_on_the_volcano_job_and_the_job_annotations() {
         } else {
             rank.to_string()
         };
-        assert_eq!(
-            a.get("hccl/rankIndex"),
-            Some(&expected_rank),
-            "{pod}: {a:?}"
-        );
-        assert_eq!(
-            a.get("super-pod-rank"),
-            Some(&(rank / 2).to_string()),
-            "{pod}: {a:?}"
-        );
-        assert_eq!(
-            a.get("super-pod-id").map(String::as_str),
-            Some(id_of(node)),
-            "{pod} on {node}: {a:?}"
-        );
-        blocks.entry(rank / 2).or_default().insert(id_of(node));
+        assert_job_annotations(pod, node, a, &expected_rank, rank / 2);
+        blocks
+            .entry(rank / 2)
+            .or_default()
+            .insert(numeric_super_pod_of(node));
     }
     assert_eq!(
         blocks,
@@ -396,24 +431,196 @@ async fn whole_job_super_pod_places_an_unannotated_job_in_one_super_pod() {
     for (pod, (node, _)) in &placed {
         let a = pods.get(pod).await.unwrap().annotations().clone();
         let rank = rank(&pods, pod).await;
-        assert_eq!(
-            a.get("hccl/rankIndex"),
-            Some(&rank.to_string()),
-            "{pod}: {a:?}"
-        );
-        assert_eq!(
-            a.get("super-pod-rank").map(String::as_str),
-            Some("0"),
-            "{pod}: {a:?}"
-        );
-        let id = a.get("super-pod-id").cloned().unwrap_or_default();
-        let expected = if super_pod_of(node) == "sp-1" {
-            "1"
-        } else {
-            "2"
-        };
-        assert_eq!(id, expected, "{pod} on {node}: {a:?}");
-        ids.insert(id);
+        assert_job_annotations(pod, node, &a, &rank.to_string(), 0);
+        ids.insert(numeric_super_pod_of(node));
     }
     assert_eq!(ids.len(), 1, "the whole job in one super-pod: {placed:?}");
+}
+
+/// An Ascend pod of 8 NPUs for kube-scheduler (no Volcano), with `annotations` and its rank
+/// stated in `RANK` (as the pytorch plugin and Kubeflow's training-operator do).
+fn npu_pod(name: &str, rank: u32, annotations: serde_json::Value) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "annotations": annotations,
+            "labels": {"ring-controller.atlas": "ascend-910"}},
+        "spec": {"containers": [{
+            "name": "train", "image": "example.invalid/mindspore",
+            "env": [{"name": "RANK", "value": rank.to_string()}],
+            "resources": {"requests": {"cpu": "1"}, "limits": {NPU: "8"}}
+        }]}
+    }))
+    .unwrap()
+}
+
+/// Pods `{job}-0..3` (`RANK` = the name's ordinal, 8 NPUs each) of an `sp-block: 16` job, all
+/// placed: each carries `hccl/rankIndex` = its rank, `super-pod-rank` = its block (rank / 2),
+/// `super-pod-id` = its node's super-pod, and `huawei.com/Ascend910` naming the NPUs of
+/// `fumarole.dev/devices`; each block lies whole in one super-pod. Returns block -> super-pods.
+async fn check_job_annotations(
+    pods: &Api<Pod>,
+    placed: &BTreeMap<String, (String, Vec<String>)>,
+) -> BTreeMap<u32, BTreeSet<&'static str>> {
+    let mut blocks: BTreeMap<u32, BTreeSet<&'static str>> = BTreeMap::new();
+    for (pod, (node, devices)) in placed {
+        let rank: u32 = pod.rsplit('-').next().unwrap().parse().unwrap();
+        let p = pods.get(pod).await.unwrap();
+        let a = p.annotations();
+        assert_job_annotations(pod, node, a, &rank.to_string(), rank / 2);
+        let huawei: BTreeSet<&str> = a
+            .get(NPU)
+            .unwrap_or_else(|| panic!("{pod}: no {NPU}: {a:?}"))
+            .split(',')
+            .collect();
+        let ours: BTreeSet<&str> = devices.iter().map(String::as_str).collect();
+        assert_eq!(huawei, ours, "{pod}: {a:?}");
+        blocks
+            .entry(rank / 2)
+            .or_default()
+            .insert(numeric_super_pod_of(node));
+    }
+    for (block, sps) in &blocks {
+        assert_eq!(sps.len(), 1, "block {block} spans {sps:?}: {placed:?}");
+    }
+    blocks
+}
+
+/// Creates pods `{job}-0..3` ([`npu_pod`], `annotations` on each), then starts kube-scheduler
+/// with the extension (on `port`) as its extender for [`NPU`], waits until all are placed and
+/// checks them as an `sp-block: 16` job in two blocks ([`check_job_annotations`]). Returns
+/// the pod names.
+async fn kube_scheduler_job(
+    cluster: &TestCluster,
+    port: u16,
+    job: &str,
+    annotations: serde_json::Value,
+) -> Vec<String> {
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let names: Vec<String> = (0..4).map(|i| format!("{job}-{i}")).collect();
+    for (rank, n) in (0..).zip(&names) {
+        let pod = npu_pod(n, rank, annotations.clone());
+        pods.create(&PostParams::default(), &pod).await.unwrap();
+    }
+    // The extension learns a job's group from the pods its view holds (a PodGroup through the
+    // pods naming it): kube-scheduler starts once the view has rebuilt with all four, at the
+    // latest one tick later, as Volcano's gang wait would give it.
+    tokio::time::sleep(scheduler_ext::live::TICK * 2).await;
+    cluster
+        .start_kube_scheduler(&fumarole_e2e::fumarole::kube_scheduler_config(port, &[NPU]))
+        .await
+        .unwrap();
+    let placed = all_placed_by(cluster, "kube-scheduler", &pods, &names).await;
+    let blocks = check_job_annotations(&pods, &placed).await;
+    assert_eq!(blocks.len(), 2, "{placed:?}");
+    names
+}
+
+/// The real kube-scheduler with the extension as its binding extender, no Volcano: 4 pods of
+/// 8 NPUs (`hccl-0`..`hccl-3`, `RANK` 0..3) with `sp-block: 16` land block by
+/// block, each block in one super-pod, and each pod carries `huawei.com/Ascend910`,
+/// `hccl/rankIndex`, `super-pod-rank` and `super-pod-id`. The API server's audit log holds,
+/// per pod, its creation and the extension's `Binding` (201, not from kube-scheduler's own
+/// binder) and no other write: the annotations came with the Binding, in one write.
+#[tokio::test]
+async fn kube_scheduler_binding_carries_the_job_annotations() {
+    let cluster = common::cluster().await;
+    publish(&cluster, &super_pods_with_ids(["1", "2"])).await;
+    let port = cluster
+        .start_scheduler_ext(&["--super-pod-size=4"])
+        .await
+        .unwrap();
+    let names = kube_scheduler_job(&cluster, port, "hccl", json!({"sp-block": "16"})).await;
+
+    let audit = cluster.audited_writes().unwrap();
+    for n in &names {
+        let writes: Vec<&serde_json::Value> = audit
+            .iter()
+            .filter(|e| {
+                e["objectRef"]["resource"] == "pods"
+                    && e["objectRef"]["namespace"] == "default"
+                    && e["objectRef"]["name"] == n.as_str()
+            })
+            .collect();
+        let kinds: Vec<(&str, &str)> = writes
+            .iter()
+            .map(|e| {
+                (
+                    e["verb"].as_str().unwrap_or(""),
+                    e["objectRef"]["subresource"].as_str().unwrap_or(""),
+                )
+            })
+            .collect();
+        assert_eq!(
+            kinds,
+            [("create", ""), ("create", "binding")],
+            "{n}: {writes:#?}"
+        );
+        let binding = writes[1];
+        assert_eq!(binding["responseStatus"]["code"], 201, "{binding:#}");
+        let agent = binding["userAgent"].as_str().unwrap_or("");
+        assert!(
+            !agent.starts_with("kube-scheduler"),
+            "{n}: bound by kube-scheduler's own binder: {binding:#}"
+        );
+    }
+}
+
+/// The extension starts on an API server without Volcano's CRDs (it says PodGroups are not
+/// served), then the PodGroup CRD is installed and a PodGroup `train` with `sp-block: 16`
+/// created: the extension's probe finds it (within its first 30 s wait) and starts the watch,
+/// without a restart (it logs when the watch has listed). Pods `train-0..3` naming the
+/// PodGroup (`scheduling.k8s.io/group-name`), with no `sp-block` of their own, are then placed
+/// by kube-scheduler as an `sp-block` job: blocks whole in one super-pod, `super-pod-rank` and
+/// `super-pod-id` on every pod (without the PodGroup they would be in no group and carry
+/// neither).
+#[tokio::test]
+async fn pod_group_crd_installed_after_start_is_watched() {
+    let cluster = TestCluster::start().await.unwrap();
+    cluster
+        .install_crd_file(&fumarole_e2e::fumarole::device_topology_crd())
+        .await
+        .unwrap();
+    publish(&cluster, &super_pods_with_ids(["1", "2"])).await;
+    let port = cluster
+        .start_scheduler_ext(&["--super-pod-size=4"])
+        .await
+        .unwrap();
+    let log = cluster.log_tail("fumarole-scheduler-ext", 200).unwrap();
+    assert!(
+        log.contains("podgroups.scheduling.volcano.sh is not served"),
+        "{log}"
+    );
+
+    let crd = fumarole_e2e::Upstream::get()
+        .unwrap()
+        .volcano_crds()
+        .join("scheduling.volcano.sh_podgroups.yaml");
+    cluster.install_crd_file(&crd).await.unwrap();
+    let groups: Api<DynamicObject> = Api::namespaced_with(
+        cluster.client(),
+        "default",
+        &scheduler_ext::live::pod_group_resource(),
+    );
+    let mut group =
+        DynamicObject::new("train", &scheduler_ext::live::pod_group_resource()).within("default");
+    group.metadata.annotations = Some(BTreeMap::from([("sp-block".to_string(), "16".to_string())]));
+    group.data = json!({"spec": {"minMember": 4, "queue": "default"}});
+    groups.create(&PostParams::default(), &group).await.unwrap();
+    let installed = std::time::Instant::now();
+    eventually(
+        "the extension to watch PodGroups",
+        Duration::from_secs(90),
+        || async {
+            let log = cluster.log_tail("fumarole-scheduler-ext", 200)?;
+            Ok(log.contains("PodGroups listed").then_some(()))
+        },
+    )
+    .await
+    .unwrap();
+    eprintln!(
+        "PodGroups listed by the extension {:?} after the CRD was installed",
+        installed.elapsed()
+    );
+
+    let group = json!({"scheduling.k8s.io/group-name": "train"});
+    kube_scheduler_job(&cluster, port, "train", group).await;
 }

@@ -30,8 +30,10 @@
 //! Volcano `PodGroup`s (`scheduling.volcano.sh/v1beta1`, metadata only) are watched where the
 //! API server serves them: their `sp-block` / `sp-fit` (copied by Volcano from the Volcano
 //! Job's annotations) count for the pods that name them ([`crate::core::group`]). Without the
-//! CRD (kube-scheduler-only clusters), or without the rights to read it, this is logged once
-//! and only pod annotations count.
+//! CRD (kube-scheduler-only clusters), or without the rights to read it, only pod annotations
+//! count; a task probes every 30 s to 5 min (logging each change of answer once) and starts
+//! the watch once PodGroups can be read, so a CRD installed later counts without a restart
+//! ([`start_pod_groups`]).
 
 use std::collections::{BTreeMap, HashSet};
 use std::fmt::Debug;
@@ -112,8 +114,9 @@ struct Stores {
     pods: PodStore,
     /// `None` where the API server does not serve `resource.k8s.io/v1` ResourceClaims.
     claims: Option<Store<ResourceClaim>>,
-    /// `None` where the API server does not serve Volcano's PodGroups.
-    pod_groups: Option<Store<PartialObjectMeta<DynamicObject>>>,
+    /// Empty while the API server does not serve Volcano's PodGroups or lets us read them
+    /// ([`start_pod_groups`]).
+    pod_groups: Store<PartialObjectMeta<DynamicObject>>,
 }
 
 impl Stores {
@@ -130,11 +133,7 @@ impl Stores {
         let claims = self.claims.as_ref().map_or_else(Claims::default, |s| {
             Claims::new(s.state().iter().map(AsRef::as_ref))
         });
-        let groups = self
-            .pod_groups
-            .as_ref()
-            .map(Store::state)
-            .unwrap_or_default();
+        let groups = self.pod_groups.state();
         let sources = JobSources {
             pod_groups: pod_group_sizes(groups.iter().map(|g| &g.metadata)),
             whole_job_super_pod,
@@ -231,6 +230,139 @@ async fn drive<K>(
         }
         watches.changed.notify_one();
     }
+}
+
+/// The first wait between two probes for PodGroups that are not served or not readable.
+const POD_GROUP_PROBE_FIRST: Duration = Duration::from_secs(30);
+/// The longest wait between two probes for PodGroups.
+const POD_GROUP_PROBE_MAX: Duration = Duration::from_secs(300);
+
+/// Whether the API server lets us read a kind, as one probe found it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Readable {
+    Yes,
+    /// Not served: its CRD is not installed (404).
+    NotServed,
+    /// Our RBAC does not allow it (401, 403).
+    Forbidden,
+    /// Any other failure (API server unreachable, 5xx).
+    Failing,
+}
+
+impl Readable {
+    fn of<T>(probe: &Result<T, kube::Error>) -> Readable {
+        match probe {
+            Ok(_) => Readable::Yes,
+            Err(kube::Error::Api(s)) if s.code == 404 => Readable::NotServed,
+            Err(kube::Error::Api(s)) if s.code == 401 || s.code == 403 => Readable::Forbidden,
+            Err(_) => Readable::Failing,
+        }
+    }
+}
+
+/// One probe: can we list PodGroups (metadata, one item)? With the error, if any.
+async fn probe_pod_groups(api: &Api<DynamicObject>) -> (Readable, String) {
+    let result = api.list_metadata(&ListParams::default().limit(1)).await;
+    let error = result.as_ref().err().map(ToString::to_string);
+    (Readable::of(&result), error.unwrap_or_default())
+}
+
+/// Logs what a PodGroup probe found (called once per change of answer).
+fn log_pod_groups(readable: Readable, error: &str) {
+    match readable {
+        Readable::Yes => {
+            tracing::info!("podgroups.scheduling.volcano.sh can be read now: starting the watch")
+        }
+        Readable::NotServed => tracing::warn!(
+            "podgroups.scheduling.volcano.sh is not served: sp-block / sp-fit are read from pod annotations only until it is (probing every 30 s to 5 min)"
+        ),
+        Readable::Forbidden | Readable::Failing => tracing::warn!(
+            error,
+            "podgroups.scheduling.volcano.sh cannot be read: sp-block / sp-fit are read from pod annotations only until it can (probing every 30 s to 5 min)"
+        ),
+    }
+}
+
+/// Probes with `probe` after each of `delays` until it answers [`Readable::Yes`]; `last` is
+/// the answer before the first wait. Each new answer is logged once (a missing CRD is not
+/// logged every 5 minutes). Returns the answers logged, in order.
+async fn wait_until_readable<F, Fut>(
+    mut last: Readable,
+    mut probe: F,
+    delays: impl IntoIterator<Item = Duration>,
+) -> Vec<Readable>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = (Readable, String)>,
+{
+    let mut logged = Vec::new();
+    for delay in delays {
+        if last == Readable::Yes {
+            break;
+        }
+        tokio::time::sleep(delay).await;
+        let (now, error) = probe().await;
+        if now != last {
+            log_pod_groups(now, &error);
+            logged.push(now);
+        }
+        last = now;
+    }
+    logged
+}
+
+/// The waits between PodGroup probes: from [`POD_GROUP_PROBE_FIRST`], doubling up to
+/// [`POD_GROUP_PROBE_MAX`], without end.
+fn pod_group_probe_delays() -> impl Iterator<Item = Duration> {
+    std::iter::successors(Some(POD_GROUP_PROBE_FIRST), |d| {
+        Some((*d * 2).min(POD_GROUP_PROBE_MAX))
+    })
+}
+
+/// The PodGroup store, and whether PodGroups could be read at start (then the caller waits
+/// for the first list). PodGroups are optional (kube-scheduler-only clusters have no Volcano
+/// CRDs; an RBAC that predates this watch cannot read them): where they cannot be read the
+/// store stays empty and a task probes with backoff ([`pod_group_probe_delays`]) until they
+/// can, then starts the watch, so a CRD installed or a right granted later counts without a
+/// restart. The rest of the view never waits for it.
+async fn start_pod_groups(
+    client: &Client,
+    watches: &Watches,
+) -> (Store<PartialObjectMeta<DynamicObject>>, bool) {
+    let writer = reflector::store::Writer::new(pod_group_resource());
+    let store = writer.as_reader();
+    let probe_api: Api<DynamicObject> = Api::all_with(client.clone(), &pod_group_resource());
+    let meta_api: Api<PartialObjectMeta<DynamicObject>> =
+        Api::all_with(client.clone(), &pod_group_resource());
+    let (now, error) = probe_pod_groups(&probe_api).await;
+    let watch = |watches: Watches, late: bool| {
+        let stream = watcher(meta_api, watcher::Config::default())
+            .backoff(WatchBackoff::default())
+            .reflect(writer);
+        let listed = std::sync::atomic::AtomicBool::new(!late);
+        drive("PodGroup", stream, watches, move |ev| {
+            if matches!(ev, watcher::Event::InitDone)
+                && !listed.swap(true, std::sync::atomic::Ordering::Relaxed)
+            {
+                tracing::info!("PodGroups listed: their sp-block / sp-fit count from now on");
+            }
+        })
+    };
+    if now == Readable::Yes {
+        watches.freshness.track("PodGroup");
+        tokio::spawn(watch(watches.clone(), false));
+        return (store, true);
+    }
+    log_pod_groups(now, &error);
+    let watches = watches.clone();
+    tokio::spawn(async move {
+        let probe = || probe_pod_groups(&probe_api);
+        wait_until_readable(now, probe, pod_group_probe_delays()).await;
+        // Not tracked in the freshness record before it lists: a late watch does not make
+        // the view unready while it starts.
+        watch(watches, true).await;
+    });
+    (store, false)
 }
 
 fn reflect<K>(kind: &'static str, api: Api<K>, watches: &Watches) -> Store<K>
@@ -426,29 +558,7 @@ pub async fn start(
         );
         None
     };
-    let pg_api: Api<DynamicObject> = Api::all_with(client.clone(), &pod_group_resource());
-    let pod_groups = if served(&pg_api).await.unwrap_or_else(|e| {
-        // Optional like a missing CRD: an extension whose RBAC predates the PodGroup watch
-        // still starts.
-        tracing::warn!(error = %e, "podgroups.scheduling.volcano.sh cannot be read");
-        false
-    }) {
-        let writer = reflector::store::Writer::new(pod_group_resource());
-        let store = writer.as_reader();
-        let meta_api: Api<PartialObjectMeta<DynamicObject>> =
-            Api::all_with(client.clone(), &pod_group_resource());
-        let stream = watcher(meta_api, watcher::Config::default())
-            .backoff(WatchBackoff::default())
-            .reflect(writer);
-        watches.freshness.track("PodGroup");
-        tokio::spawn(drive("PodGroup", stream, watches.clone(), |_| {}));
-        Some(store)
-    } else {
-        tracing::warn!(
-            "podgroups.scheduling.volcano.sh is not watched (not served or not readable): sp-block / sp-fit are read from pod annotations only"
-        );
-        None
-    };
+    let (pod_groups, pod_groups_at_start) = start_pod_groups(&client, &watches).await;
     let released = Arc::clone(&svc);
     let stores = Stores {
         topologies: reflect("DeviceTopology", dt_api, &watches),
@@ -483,8 +593,12 @@ pub async fn start(
             .await
             .context("ResourceClaim reflector")?;
     }
-    if let Some(g) = &stores.pod_groups {
-        g.wait_until_ready().await.context("PodGroup reflector")?;
+    if pod_groups_at_start {
+        stores
+            .pod_groups
+            .wait_until_ready()
+            .await
+            .context("PodGroup reflector")?;
     }
     let mut opts = opts;
     if opts.publish_hypernodes {
@@ -818,6 +932,79 @@ mod tests {
     use super::*;
     use crate::core::request::pod_request;
     use std::collections::BTreeSet;
+
+    fn api_error(code: u16) -> kube::Error {
+        kube::Error::Api(
+            kube::core::Status::failure("probe", "Test")
+                .with_code(code)
+                .boxed(),
+        )
+    }
+
+    #[test]
+    fn probe_answers_tell_missing_from_forbidden() {
+        assert_eq!(Readable::of(&Ok::<(), _>(())), Readable::Yes);
+        assert_eq!(
+            Readable::of::<()>(&Err(api_error(404))),
+            Readable::NotServed
+        );
+        assert_eq!(
+            Readable::of::<()>(&Err(api_error(403))),
+            Readable::Forbidden
+        );
+        assert_eq!(
+            Readable::of::<()>(&Err(api_error(401))),
+            Readable::Forbidden
+        );
+        assert_eq!(Readable::of::<()>(&Err(api_error(503))), Readable::Failing);
+    }
+
+    /// The probe waits 30 s, then doubling, never more than 5 min between probes.
+    #[test]
+    fn pod_group_probes_back_off_to_five_minutes() {
+        let secs: Vec<u64> = pod_group_probe_delays()
+            .take(7)
+            .map(|d| d.as_secs())
+            .collect();
+        assert_eq!(secs, [30, 60, 120, 240, 300, 300, 300]);
+    }
+
+    /// Not served, then forbidden (CRD installed, RBAC not yet), then readable: the wait ends
+    /// at the first readable answer, after one probe per delay, and logs each new answer once
+    /// (not the repeated ones).
+    #[tokio::test]
+    async fn waiting_for_pod_groups_ends_when_readable_and_logs_changes_once() {
+        let answers = std::sync::Mutex::new(vec![
+            Readable::NotServed,
+            Readable::NotServed,
+            Readable::Forbidden,
+            Readable::Forbidden,
+            Readable::Yes,
+            Readable::NotServed,
+        ]);
+        let probes = std::sync::atomic::AtomicUsize::new(0);
+        let probe = || {
+            probes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let answer = answers.lock().unwrap().remove(0);
+            async move { (answer, String::new()) }
+        };
+        let delays = std::iter::repeat(Duration::from_millis(1));
+        let logged = wait_until_readable(Readable::NotServed, probe, delays.clone()).await;
+        assert_eq!(logged, [Readable::Forbidden, Readable::Yes]);
+        assert_eq!(probes.load(std::sync::atomic::Ordering::SeqCst), 5);
+        // Readable from the start: no probe, nothing logged.
+        let probes = std::sync::atomic::AtomicUsize::new(0);
+        let counted = || {
+            probes.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            async { (Readable::Yes, String::new()) }
+        };
+        assert!(
+            wait_until_readable(Readable::Yes, counted, delays)
+                .await
+                .is_empty()
+        );
+        assert_eq!(probes.load(std::sync::atomic::Ordering::SeqCst), 0);
+    }
 
     /// A trimmed pod asks for the same devices, in the same unit, as the whole pod.
     #[test]
