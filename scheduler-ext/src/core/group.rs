@@ -432,14 +432,20 @@ pub struct Jobs {
     jobs: HashMap<String, JobFacts>,
     /// [`JobSources::whole_job_super_pod`].
     whole_job_super_pod: bool,
+    /// [`JobSources::pod_groups`], kept for pods whose job has no pod in the view yet (the
+    /// first pod a scheduler asks about may come before the view holds any of its job).
+    pod_groups: PodGroupSizes,
 }
 
 impl Jobs {
-    /// No jobs yet; with `whole_job_super_pod`, Huawei's default applies to the jobs of the
-    /// Ascend pods told with [`Self::add_ascend_pod`].
-    pub fn with_whole_job_super_pod(whole_job_super_pod: bool) -> Self {
+    /// No jobs yet, with what the view learned about jobs from outside their pods: with
+    /// `whole_job_super_pod`, Huawei's default applies to the jobs of the Ascend pods told
+    /// with [`Self::add_ascend_pod`]; a pod of a job the view has no pod of still gets its
+    /// PodGroup's `sp-block`.
+    pub fn with_sources(sources: &JobSources) -> Self {
         Jobs {
-            whole_job_super_pod,
+            whole_job_super_pod: sources.whole_job_super_pod,
+            pod_groups: sources.pod_groups.clone(),
             ..Jobs::default()
         }
     }
@@ -520,12 +526,14 @@ impl Jobs {
         self.jobs.get(job).filter(|j| j.counted).map(|j| j.devices)
     }
 
-    /// The group annotations that hold for the pod: its own, else its job's.
+    /// The group annotations that hold for the pod: its own, else its job's, else (no pod of
+    /// its job carries any yet) its PodGroup's.
     fn sizes(&self, pod: &GroupFacts) -> Result<Option<Sizes>, GroupError> {
         if let Some(own) = pod.sizes.clone()? {
             return Ok(Some(own));
         }
-        match self.jobs.get(&pod.job).and_then(|j| j.sizes.as_ref()) {
+        let job = self.jobs.get(&pod.job).and_then(|j| j.sizes.as_ref());
+        match job.or_else(|| self.pod_groups.of(pod)) {
             None => Ok(self.whole_job(&pod.job).map(|npus| Sizes {
                 group: Some((SP_BLOCK, npus)),
                 atomic: Some((SP_BLOCK, npus)),
@@ -551,7 +559,9 @@ impl Jobs {
 
     /// [`Self::in_group_facts`] by group annotations alone (not Huawei's whole-job default).
     pub fn annotated_group(&self, pod: &GroupFacts) -> bool {
-        pod.annotated || self.jobs.get(&pod.job).is_some_and(|j| j.sizes.is_some())
+        pod.annotated
+            || self.jobs.get(&pod.job).is_some_and(|j| j.sizes.is_some())
+            || self.pod_groups.of(pod).is_some()
     }
 
     /// Pods of the job's Volcano tasks that come before `task` in rank order.

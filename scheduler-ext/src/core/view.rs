@@ -713,7 +713,7 @@ impl ClusterView {
         let pods: Vec<&PodFacts> = pods.into_iter().collect();
         let offered = view.offered.clone();
         let offered: BTreeSet<&str> = offered.iter().map(String::as_str).collect();
-        view.jobs = Jobs::with_whole_job_super_pod(job_sources.whole_job_super_pod);
+        view.jobs = Jobs::with_sources(job_sources);
         for pod in &pods {
             view.jobs.add_facts(&pod.group);
             if let Some(sizes) = job_sources.pod_groups.of(&pod.group) {
@@ -1512,6 +1512,21 @@ mod tests {
             e.to_string()
                 .contains("pods of job ml/sp disagree on their group annotations"),
             "{e}"
+        );
+        // A pod asked about before the view holds any pod of its job (a scheduler may be
+        // quicker than the pod watch) still gets its PodGroup's sp-block.
+        let view = build(&[], serde_json::json!({"sp-block": "16"}));
+        let first = pod_request(&plain[2], &view.resources(), view.jobs())
+            .unwrap()
+            .group
+            .unwrap();
+        assert_eq!(
+            (
+                first.spec.atomic_size,
+                first.spec.atomic_unit,
+                first.spec.super_pod
+            ),
+            (16, 1, true)
         );
         // A garbled PodGroup value is the job's reason.
         let view = build(&plain, serde_json::json!({"sp-block": "sixteen"}));
