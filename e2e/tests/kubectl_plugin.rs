@@ -455,8 +455,9 @@ async fn explain_node_and_top_against_the_real_api_server() {
             .contains("dgx-1 holds 0 such pods even empty"),
         "{v}"
     );
-    // Without big, six (6 GPUs) waits: dgx-1 has 5 free, the bare pod `bound` holds 2 (nobody
-    // would recreate it) and web, a ReplicaSet's pod, 1. Moving web to pcie-1 frees dgx-1.
+    // Without big, five (5 GPUs) waits: dgx-1 has 4 free (GPU7 is unhealthy, the bare pod
+    // `bound` holds 2, nobody would recreate it, and web, a ReplicaSet's pod, 1). Moving web to
+    // pcie-1 makes room on dgx-1; `bound` is never proposed.
     pods.delete("big", &Default::default()).await.unwrap();
     let mut web = gpu_pod("web", 1, Some("dgx-1"), &[gpu(&dgx, 2)]);
     web.metadata.owner_references = Some(vec![
@@ -467,12 +468,12 @@ async fn explain_node_and_top_against_the_real_api_server() {
         .unwrap(),
     ]);
     pods.create(&pp, &web).await.unwrap();
-    pods.create(&pp, &gpu_pod("six", 6, None, &[]))
+    pods.create(&pp, &gpu_pod("five", 5, None, &[]))
         .await
         .unwrap();
-    let v = eventually("defrag to see six", Duration::from_secs(30), || async {
+    let v = eventually("defrag to see five", Duration::from_secs(30), || async {
         let v = ok_json(kc, &["defrag", "-o", "json"]).await;
-        Ok((v["unit"]["name"] == "pod default/six").then_some(v))
+        Ok((v["unit"]["name"] == "pod default/five").then_some(v))
     })
     .await
     .unwrap();
@@ -485,7 +486,7 @@ async fn explain_node_and_top_against_the_real_api_server() {
     assert_eq!(moves[0]["restarts"], 1);
     let text = ok(kc, &["defrag"]).await;
     assert!(
-        text.starts_with("waiting: pod default/six asks 1 pods of 6 nvidia.com/gpu\n"),
+        text.starts_with("waiting: pod default/five asks 1 pods of 5 nvidia.com/gpu\n"),
         "{text}"
     );
     assert!(

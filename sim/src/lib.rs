@@ -99,7 +99,7 @@ impl Default for Options {
             seed: 1,
             scorer: GpuAware::default(),
             reservation_ttl: Duration::from_secs(300),
-            defrag_max_run: Duration::from_secs(600),
+            defrag_max_run: Duration::from_secs(2 * 3600),
         }
     }
 }

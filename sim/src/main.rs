@@ -57,7 +57,7 @@ pub struct RunArgs {
     reservation_ttl: Duration,
     /// `fumarole-defrag` moves only pods whose job has run at most this long (simulated; a
     /// move restarts the job from scratch).
-    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "2h", value_parser = humantime::parse_duration)]
     defrag_max_run: Duration,
     #[arg(long, value_enum, default_value_t = ReportFormat::Table)]
     format: ReportFormat,
@@ -127,7 +127,7 @@ pub struct SweepArgs {
     reservation_ttl: Duration,
     /// `fumarole-defrag` moves only pods whose job has run at most this long (simulated; a
     /// move restarts the job from scratch).
-    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "2h", value_parser = humantime::parse_duration)]
     defrag_max_run: Duration,
     #[command(flatten)]
     scoring: ScoringArgs,

@@ -56,18 +56,8 @@ impl Policy {
         Policy::Nvidia,
     ];
 
-    /// Every policy a name may ask for: [`Self::ALL`] (what runs by default) and
-    /// `fumarole-defrag`, which runs only when asked for (`--policy fumarole-defrag`).
-    pub const KNOWN: [Policy; 8] = [
-        Policy::Fumarole,
-        Policy::FumaroleDefrag,
-        Policy::VolcanoHard,
-        Policy::FirstFit,
-        Policy::Binpack,
-        Policy::Spread,
-        Policy::Random,
-        Policy::Nvidia,
-    ];
+    /// Policies that run only when asked for by name (`--policy fumarole-defrag`).
+    pub const OPT_IN: [Policy; 1] = [Policy::FumaroleDefrag];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -100,7 +90,7 @@ impl fmt::Display for Policy {
     }
 }
 
-/// A policy name that is not one of [`Policy::KNOWN`].
+/// A policy name that is not one of [`Policy::ALL`] or [`Policy::OPT_IN`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
     "unknown policy {0:?} (known: fumarole, fumarole-defrag, volcano-hard, first-fit, binpack, spread, random, nvidia)"
@@ -111,8 +101,9 @@ impl FromStr for Policy {
     type Err = UnknownPolicy;
 
     fn from_str(s: &str) -> Result<Self, UnknownPolicy> {
-        Policy::KNOWN
+        Policy::ALL
             .into_iter()
+            .chain(Policy::OPT_IN)
             .find(|p| p.name() == s.trim().to_ascii_lowercase())
             .ok_or_else(|| UnknownPolicy(s.to_string()))
     }
@@ -134,7 +125,7 @@ mod tests {
 
     #[test]
     fn names_round_trip_and_unknown_is_named() {
-        for p in Policy::KNOWN {
+        for p in Policy::ALL.into_iter().chain(Policy::OPT_IN) {
             assert_eq!(p.name().parse::<Policy>().unwrap(), p);
         }
         assert!(!Policy::ALL.contains(&Policy::FumaroleDefrag));

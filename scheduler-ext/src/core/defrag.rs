@@ -699,6 +699,17 @@ mod tests {
         ClusterView::build(&dts, &[], &[], &[]).unwrap()
     }
 
+    /// rack-a (a0, a1), rack-b (b0, b1), rack-c (c0).
+    fn racks() -> ClusterView {
+        view(&[
+            ("a0", "rack-a"),
+            ("a1", "rack-a"),
+            ("b0", "rack-b"),
+            ("b1", "rack-b"),
+            ("c0", "rack-c"),
+        ])
+    }
+
     /// A running pod on `node` holding device indices `devices`.
     fn pod(name: &str, node: &str, devices: &[usize], job_pods: u32) -> Running {
         Running {
@@ -748,13 +759,7 @@ mod tests {
     /// node outside rack-a that takes it (b1, 3 free, over c0, 4 free).
     #[test]
     fn one_small_pod_blocking_a_super_node_is_moved_with_its_destination() {
-        let v = view(&[
-            ("a0", "rack-a"),
-            ("a1", "rack-a"),
-            ("b0", "rack-b"),
-            ("b1", "rack-b"),
-            ("c0", "rack-c"),
-        ]);
+        let v = racks();
         let running = vec![
             pod("small", "a1", &[2], 1),
             pod("big-0", "b0", &[0, 1, 2, 3], 2),
@@ -783,17 +788,11 @@ mod tests {
         assert!(advice.reason.is_none());
     }
 
-    /// A pinned pod is never moved: the same layout with the small pod pinned frees rack-b
-    /// instead (its 1-GPU pod, as rack-b's 2-pod job costs more), never touching the pinned one.
+    /// A pinned pod is never moved: with the small pod on a1 pinned, rack-a cannot be freed;
+    /// rack-b is, by moving its one 1-GPU pod (to a1, the fullest node outside rack-b).
     #[test]
     fn pinned_pods_are_skipped() {
-        let v = view(&[
-            ("a0", "rack-a"),
-            ("a1", "rack-a"),
-            ("b0", "rack-b"),
-            ("b1", "rack-b"),
-            ("c0", "rack-c"),
-        ]);
+        let v = racks();
         let mut small = pod("small", "a1", &[2], 1);
         small.pinned = Some("no controller would recreate it".into());
         let running = vec![small, pod("other", "b1", &[0], 1)];

@@ -443,4 +443,43 @@ mod tests {
             .expect("a pending row");
         assert!(row.contains("2 × npu.fumarole.dev"), "{row}");
     }
+
+    /// The defragmentation section over the `defrag` snapshot's pods in the pod store: the
+    /// gain, and the one move with its destination; served from a snapshot (no pod store), it
+    /// says it needs the live cluster.
+    #[tokio::test]
+    async fn the_defrag_section_shows_the_move_from_the_pod_store() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/snapshots/defrag");
+        let objects = crate::snapshot::read_dir(&dir).unwrap();
+        let svc = Service::new(objects.view().unwrap(), GpuAware::default());
+        let page = render(&svc, SystemTime::now());
+        assert!(
+            page.contains("<p class=\"summary\" id=\"defrag-gain\">needs the live cluster"),
+            "{page}"
+        );
+        let store = crate::pod_store::PodStore::default();
+        for pod in &objects.pods {
+            store.apply(&kube::runtime::watcher::Event::Apply(pod.clone()));
+        }
+        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        let client = kube::Client::try_from(config).unwrap();
+        svc.set_kube(crate::kube_ops::KubeOps::new(client, store));
+        let page = render(&svc, SystemTime::now());
+        let section = page
+            .split("<h2 id=\"defragmentation\">")
+            .nth(1)
+            .expect("a defragmentation section");
+        assert!(
+            section.contains("unit 0 of job ml/train (atomic part 0) (2 pods of 8 nvidia.com/gpu) becomes placeable in rack-a"),
+            "{section}"
+        );
+        let row = section
+            .split("<tr class=\"move\" data-pod=\"ml/web-7d9f\">")
+            .nth(1)
+            .expect("a row for web");
+        assert!(
+            row.starts_with("<td>ml/web-7d9f</td><td>ml/ReplicaSet/web-5c6b</td><td>a1</td><td>GPU-a1-3</td><td>b0</td><td>GPU-b0-3</td><td>1</td>"),
+            "{row}"
+        );
+    }
 }
