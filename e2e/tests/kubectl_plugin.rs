@@ -460,13 +460,8 @@ async fn explain_node_and_top_against_the_real_api_server() {
     // pcie-1 makes room on dgx-1; `bound` is never proposed.
     pods.delete("big", &Default::default()).await.unwrap();
     let mut web = gpu_pod("web", 1, Some("dgx-1"), &[gpu(&dgx, 2)]);
-    web.metadata.owner_references = Some(vec![
-        serde_json::from_value(json!({
-            "apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-5c6b",
-            "uid": "0b0d1c3e-0000-4000-8000-000000000001", "controller": true
-        }))
-        .unwrap(),
-    ]);
+    web.metadata.owner_references =
+        Some(vec![fumarole_e2e::fumarole::replica_set_owner("web-5c6b")]);
     pods.create(&pp, &web).await.unwrap();
     pods.create(&pp, &gpu_pod("five", 5, None, &[]))
         .await

@@ -231,13 +231,8 @@ async fn ui_shows_the_defrag_advice_for_a_waiting_unit() {
         p
     };
     let mut web = bound("web", "a0", "a0-gpu4");
-    web.metadata.owner_references = Some(vec![
-        serde_json::from_value(json!({
-            "apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web-5c6b",
-            "uid": "0b0d1c3e-0000-4000-8000-000000000001", "controller": true
-        }))
-        .unwrap(),
-    ]);
+    web.metadata.owner_references =
+        Some(vec![fumarole_e2e::fumarole::replica_set_owner("web-5c6b")]);
     pods.create(&pp, &web).await.unwrap();
     pods.create(&pp, &bound("notebook", "b0", "b0-gpu4"))
         .await
