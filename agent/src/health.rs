@@ -10,8 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
-use fumarole_exporter::health::dcmi::answers::SuperPod;
-use fumarole_exporter::health::dcmi::{self, DcmiSetup};
+use fumarole_exporter::health::dcmi::{self, DcmiSetup, ServerAnswers};
 use fumarole_exporter::health::nvml::{HealthSetup, NvmlSession, xid};
 use fumarole_exporter::health::{HealthStream, dev_nodes, watchdog};
 use fumarole_topology::{Fault, FaultKind, LinkClass, NodeHealth, NodeTopology, Vendor};
@@ -76,8 +75,8 @@ impl HealthArgs {
 /// Starts every health source of the node into `stream`: device nodes (`dev_nodes`: each
 /// device id and the nodes it needs under `root`), NVML through `nvml` when the node uses the
 /// library, DCMI when the node has Ascend NPUs and a DCMI library (`host` nodes look for
-/// `libdcmi.so` by default). The DCMI source's super-pod answer (Atlas A3) goes to
-/// `super_pod` when given.
+/// `libdcmi.so` by default). The DCMI source's answers about the server (super-pod, chip
+/// info) go to `answers`.
 #[allow(clippy::too_many_arguments)]
 pub fn start_sources(
     args: &HealthArgs,
@@ -87,7 +86,7 @@ pub fn start_sources(
     nvml: Option<&NvmlSession>,
     host: bool,
     stream: &HealthStream,
-    super_pod: Option<watch::Sender<Option<SuperPod>>>,
+    answers: ServerAnswers,
 ) {
     dev_nodes::spawn(root, dev_node_list, stream.source("dev-nodes"));
     let limit = args.health_poll_interval + Duration::from_secs(5);
@@ -131,7 +130,7 @@ pub fn start_sources(
             hccs_codes: args.hccs_fault_codes.0.iter().copied().collect(),
             poll: args.health_poll_interval,
             source: stream.source("dcmi"),
-            super_pod,
+            answers,
         });
         watchdog::spawn("DCMI", calls, limit);
     }

@@ -36,7 +36,7 @@ use kube::runtime::watcher;
 use tokio::sync::{Notify, watch};
 
 use fumarole_exporter::health::HealthStream;
-use fumarole_exporter::health::dcmi::answers::SuperPod;
+use fumarole_exporter::health::dcmi::ServerAnswers;
 use fumarole_exporter::health::nvml::NvmlSession;
 use fumarole_topology::NodeTopology;
 
@@ -281,6 +281,8 @@ pub fn run(args: RunArgs) -> Result<()> {
         let stream = HealthStream::new();
         // The DCMI source's answer to the super-pod query (A3 hardware), for publishing.
         let (super_pod_tx, super_pod) = watch::channel(None);
+        // Its chips' chip info (the servertype and npu.chip.name labels).
+        let (chip_info_tx, chip_info) = watch::channel(None);
         let mut resources = None;
         // The config may serve devices through DRA even without device plugins.
         let serves_devices =
@@ -306,28 +308,27 @@ pub fn run(args: RunArgs) -> Result<()> {
                     served,
                     session.as_ref(),
                     &stream,
-                    Some(super_pod_tx),
+                    ServerAnswers {
+                        super_pod: Some(super_pod_tx),
+                        chip: Some(chip_info_tx),
+                    },
                 );
             }
             // The device plugins cannot start without the node; the publisher can keep trying.
             Err(e) if serves_devices => return Err(e),
             Err(e) => {
-                // No DCMI source: nobody will answer the super-pod question.
+                // No DCMI source: nobody will answer the super-pod or chip-info question.
                 drop(super_pod_tx);
+                drop(chip_info_tx);
                 tracing::warn!(error = %e, "discovery failed: no health sources; publishing retries discovery");
             }
         }
 
         let wake = Arc::new(Notify::new());
         publish::wake_on_health(stream.subscribe(), wake.clone());
-        // A late DCMI super-pod answer is published at once, not at the next re-check.
-        let mut answered = super_pod.clone();
-        let poke = wake.clone();
-        tokio::spawn(async move {
-            while answered.changed().await.is_ok() {
-                poke.notify_one();
-            }
-        });
+        // A late DCMI answer is published at once, not at the next re-check.
+        wake_on_change(super_pod.clone(), wake.clone());
+        wake_on_change(chip_info.clone(), wake.clone());
         let reserved_memory = if args.reserved_memory.is_empty() {
             None
         } else {
@@ -420,6 +421,7 @@ pub fn run(args: RunArgs) -> Result<()> {
             .with_compat_labels(args.compat_labels)
             .with_ascend_device_info(args.ascend_device_info)
             .with_super_pod(super_pod)
+            .with_chip_info(chip_info)
             .with_reserved_memory(reserved_memory);
         if let Some(served) = dra_served {
             state = state.with_dra(&node_name, served);
@@ -583,7 +585,7 @@ async fn standalone(args: RunArgs, mut prepared: Prepared) -> Result<()> {
         Some(&resources),
         session.as_ref(),
         &stream,
-        None,
+        ServerAnswers::default(),
     );
     health::spawn_reports(stream.subscribe(), None, None);
     let (resources, dra) = split(resources);
@@ -634,7 +636,7 @@ fn start_health(
     resources: Option<&[fumarole_device_plugin::resources::Resource]>,
     session: Option<&NvmlSession>,
     stream: &HealthStream,
-    super_pod: Option<watch::Sender<Option<SuperPod>>>,
+    answers: ServerAnswers,
 ) {
     // The device plugins' device nodes when they are served, else what discovery found.
     let dev_nodes = match resources {
@@ -654,8 +656,17 @@ fn start_health(
         session,
         host,
         stream,
-        super_pod,
+        answers,
     );
+}
+
+/// Wakes the publisher whenever `answer` changes, until its sender is gone.
+fn wake_on_change<T: Send + Sync + 'static>(mut answer: watch::Receiver<T>, wake: Arc<Notify>) {
+    tokio::spawn(async move {
+        while answer.changed().await.is_ok() {
+            wake.notify_one();
+        }
+    });
 }
 
 /// SIGTERM (the kubelet stopping the pod) or Ctrl-C.

@@ -1319,6 +1319,19 @@ async fn each_component_does_its_job_with_only_its_rights_and_the_agent_writes_o
         );
         assert!(message.contains("may change on a pod only"), "{message}");
     }
+    // Huawei's job annotations: added where the pod has none, never changed afterwards.
+    let rank = |v: &str| Patch::Merge(json!({"metadata": {"annotations": {"hccl/rankIndex": v}}}));
+    ext_pods
+        .patch("trainer", &PatchParams::default(), &rank("3"))
+        .await
+        .unwrap();
+    let message = forbidden(
+        "extension: change hccl/rankIndex on a pod",
+        ext_pods
+            .patch("trainer", &PatchParams::default(), &rank("4"))
+            .await,
+    );
+    assert!(message.contains("may change on a pod only"), "{message}");
     // Nobody else sets a device choice: a user who may create and patch pods in default.
     let alice = Identity::user("alice", &["system:authenticated"]);
     let rbac = [

@@ -14,6 +14,9 @@
 //! - No library: today's `/dev` rule.
 //! - Ascend through DCMI on atlas-800-910: a chip fault, a RoCE network fault and an HCCS fault
 //!   code (lowering the chip's HCCS pairs), and their recovery.
+//! - `--ascend-device-info`: Huawei's device-info ConfigMap and Ascend labels from DCMI (A3
+//!   super-pod, chip info: `servertype`, `node.kubernetes.io/npu.chip.name`), and the labels
+//!   gone with the switch.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -21,7 +24,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use fumarole_e2e::cluster::{free_port, http_get, http_post_json, metric_sum};
-use fumarole_e2e::fumarole::{agent_bin, device_topologies, fixture_root, standin_lib};
+use fumarole_e2e::fumarole::{
+    agent_bin, device_topologies, fixture_root, standin_lib, without_host_kubelet,
+};
 use fumarole_e2e::process::Proc;
 use fumarole_e2e::{KubeletDm, NodeSpec, TestCluster};
 use k8s_openapi::api::core::v1::Pod;
@@ -997,14 +1002,76 @@ async fn ascend_cfg(cluster: &TestCluster, node: &str) -> Option<AscendCfg> {
 
 /// Writes to the node's device-info ConfigMap in the audit log so far.
 fn configmap_writes(cluster: &TestCluster, node: &str) -> usize {
-    let name = format!("mindx-dl-deviceinfo-{node}");
+    writes(
+        cluster,
+        "configmaps",
+        &format!("mindx-dl-deviceinfo-{node}"),
+    )
+}
+
+/// Writes to the object `resource/name` itself (not a subresource) in the audit log so far.
+fn writes(cluster: &TestCluster, resource: &str, name: &str) -> usize {
     cluster
         .audited_writes()
         .unwrap()
         .iter()
-        .filter(|e| e["objectRef"]["resource"] == "configmaps" && e["objectRef"]["name"] == name)
+        .filter(|e| e["objectRef"]["resource"] == resource && e["objectRef"]["name"] == name)
+        .filter(|e| e["objectRef"]["subresource"].is_null())
         .filter(|e| matches!(e["verb"].as_str(), Some("create" | "update" | "patch")))
         .count()
+}
+
+/// The agent's arguments for fixture root `root` as node `node`, its Ascend health from the
+/// DCMI stand-in `lib` (polled every 300 ms, the node re-checked every second), with `extra`.
+fn dcmi_agent_args(root: &Path, node: &str, lib: &Path, dir: &Path, extra: &[&str]) -> Vec<String> {
+    let mut args: Vec<String> = vec![
+        "run".into(),
+        "--root".into(),
+        root.to_str().unwrap().into(),
+        "--node-name".into(),
+        node.into(),
+        "--dcmi-library".into(),
+        lib.to_str().unwrap().into(),
+        "--health-poll-interval".into(),
+        "300ms".into(),
+        "--recheck-interval".into(),
+        "1s".into(),
+        "--metrics-addr".into(),
+        format!("127.0.0.1:{}", free_port().unwrap()),
+    ];
+    args.extend(without_host_kubelet(dir));
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args
+}
+
+/// Starts a cluster with node `node` (`npus` NPUs) and writes fixture `fixture` for it: the
+/// cluster, the temporary directory, the fixture's root, a copy of the DCMI stand-in library,
+/// and the stand-in's state (the fixture's recorded DCMI answers).
+async fn ascend_setup(
+    fixture: &str,
+    node: &str,
+    npus: &str,
+) -> (TestCluster, tempfile::TempDir, PathBuf, PathBuf, StandIn) {
+    let cluster = TestCluster::start().await.unwrap();
+    cluster.install_fumarole_crds().await.unwrap();
+    cluster
+        .create_node(
+            &NodeSpec::new(node)
+                .capacity("cpu", "192")
+                .capacity(NPU, npus),
+        )
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let root = fixture_root(fixture, dir.path()).unwrap();
+    let lib = dir.path().join("libdcmi.so");
+    std::fs::copy(standin_lib("fumarole-standin-dcmi").unwrap(), &lib).unwrap();
+    let recorded: Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("fumarole/dcmi-standin.json")).unwrap(),
+    )
+    .unwrap();
+    let dcmi = StandIn::new(dir.path().join("dcmi-state.json"), recorded);
+    (cluster, dir, root, lib, dcmi)
 }
 
 /// `--ascend-device-info` on the A3 fixture with the DCMI stand-in answering from the
@@ -1015,49 +1082,9 @@ fn configmap_writes(cluster: &TestCluster, node: &str) -> usize {
 #[tokio::test(flavor = "multi_thread")]
 async fn ascend_device_info_follows_dcmi_health_and_super_pod() {
     let node = "a3-1";
-    let cluster = TestCluster::start().await.unwrap();
-    cluster.install_fumarole_crds().await.unwrap();
-    cluster
-        .create_node(
-            &NodeSpec::new(node)
-                .capacity("cpu", "192")
-                .capacity(NPU, "16"),
-        )
-        .await
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let root = fixture_root("atlas-a3-16", dir.path()).unwrap();
-    let lib = dir.path().join("libdcmi.so");
-    std::fs::copy(standin_lib("fumarole-standin-dcmi").unwrap(), &lib).unwrap();
     // The fixture's recorded DCMI answers: 16 healthy chips, two per card, in super-pod 7.
-    let recorded: Value = serde_json::from_str(
-        &std::fs::read_to_string(root.join("fumarole/dcmi-standin.json")).unwrap(),
-    )
-    .unwrap();
-    let mut dcmi = StandIn::new(dir.path().join("dcmi-state.json"), recorded);
-    let absent = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
-    let args: Vec<String> = vec![
-        "run".into(),
-        "--root".into(),
-        root.to_str().unwrap().into(),
-        "--node-name".into(),
-        node.into(),
-        "--ascend-device-info".into(),
-        "--dcmi-library".into(),
-        lib.to_str().unwrap().into(),
-        "--health-poll-interval".into(),
-        "300ms".into(),
-        "--recheck-interval".into(),
-        "1s".into(),
-        "--kubelet-config".into(),
-        absent("absent.yaml"),
-        "--cpu-manager-state".into(),
-        absent("absent_state"),
-        "--pod-resources-socket".into(),
-        absent("absent.sock"),
-        "--metrics-addr".into(),
-        format!("127.0.0.1:{}", free_port().unwrap()),
-    ];
+    let (cluster, dir, root, lib, mut dcmi) = ascend_setup("atlas-a3-16", node, "16").await;
+    let args = dcmi_agent_args(&root, node, &lib, dir.path(), &["--ascend-device-info"]);
     let state = dcmi.path.display().to_string();
     cluster
         .start_program(
@@ -1118,8 +1145,10 @@ async fn ascend_device_info_follows_dcmi_health_and_super_pod() {
         },
     )
     .await;
+    // The chips' DCMI chip info (the fixture's: name "Ascend910", 24 AI cores) on A3 hardware.
     let l = labels(nodes.get(node).await.unwrap());
-    assert!(!l.contains_key("servertype") && !l.contains_key("node.kubernetes.io/npu.chip.name"));
+    assert_eq!(l["servertype"], "Ascend910A3-24");
+    assert_eq!(l["node.kubernetes.io/npu.chip.name"], "Ascend910");
 
     // Steady state: with a 1 s re-check, no write for 5 s.
     let before = configmap_writes(&cluster, node);
@@ -1264,4 +1293,157 @@ async fn ascend_device_info_follows_dcmi_health_and_super_pod() {
     let after = ascend_cfg(&cluster, node).await.unwrap();
     assert_eq!(after.device_info.update_time, back.device_info.update_time);
     assert_eq!((after.super_pod_id, after.server_index), (7, 3));
+}
+
+/// `--ascend-device-info` on the Atlas 800T A2 fixture with the DCMI stand-in: while the
+/// chip-info call hangs the node is published without `servertype` and
+/// `node.kubernetes.io/npu.chip.name`; once it answers, the first chip's answer is garbled (a
+/// name filling its 32 bytes, no NUL), which the agent skips, and the next chip's (910B3, 20 AI
+/// cores) gives `servertype` `Ascend910B-20` and `node.kubernetes.io/npu.chip.name` `910B3`. No Node write in steady state; an agent
+/// restarted without the switch removes them (with `accelerator` and `accelerator-type`).
+#[tokio::test(flavor = "multi_thread")]
+async fn ascend_chip_labels_from_dcmi_follow_the_switch() {
+    let node = "a2-1";
+    let (cluster, dir, root, lib, mut dcmi) = ascend_setup("atlas-800t-a2", node, "8").await;
+    assert_eq!(dcmi.state["chips"][1]["chipInfo"]["chipName"], "910B3");
+    // The chip-info call hangs at first: the node is published without the two labels.
+    dcmi.edit(|s| {
+        s["chips"][0]["chipInfo"]["chipName"] = json!("9".repeat(40));
+        s["hang"] = json!(["dcmi_get_device_chip_info"]);
+    });
+    let state = dcmi.path.display().to_string();
+    let start_agent = |lib: &Path, extra: &'static [&'static str]| {
+        cluster
+            .start_program(
+                "fumarole-agent",
+                &agent_bin().unwrap(),
+                &dcmi_agent_args(&root, node, lib, dir.path(), extra),
+                &[("FUMAROLE_DCMI_STANDIN", &state)],
+            )
+            .unwrap();
+    };
+    start_agent(&lib, &["--ascend-device-info"]);
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(cluster.client());
+    let labels = || async {
+        nodes
+            .get(node)
+            .await
+            .unwrap()
+            .metadata
+            .labels
+            .unwrap_or_default()
+    };
+    let start = Instant::now();
+    until(
+        "the Ascend labels without chip info",
+        start,
+        Duration::from_secs(60),
+        || async { labels().await.contains_key("accelerator-type") },
+    )
+    .await;
+    let l = labels().await;
+    assert!(!l.contains_key("servertype") && !l.contains_key("node.kubernetes.io/npu.chip.name"));
+    // The late answer: the labels follow.
+    let answered = dcmi.edit(|s| s["hang"] = json!([]));
+    let took = until(
+        "servertype and npu.chip.name",
+        answered,
+        Duration::from_secs(30),
+        || async { labels().await.contains_key("servertype") },
+    )
+    .await;
+    let l = labels().await;
+    assert_eq!(l["servertype"], "Ascend910B-20");
+    assert_eq!(l["node.kubernetes.io/npu.chip.name"], "910B3");
+    assert_eq!(l["accelerator"], "huawei-Ascend910");
+    assert_eq!(l["accelerator-type"], "module-910b-8");
+    println!("late DCMI chip info -> Node labels {took:?} (re-check 1 s)");
+
+    // Steady state: with a 1 s re-check, no Node write for 5 s.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before = writes(&cluster, "nodes", node);
+    assert!(before >= 1);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(
+        writes(&cluster, "nodes", node),
+        before,
+        "Node writes in steady state"
+    );
+
+    // The switch off: the Ascend labels go, fumarole's own stay.
+    cluster.stop("fumarole-agent").unwrap();
+    start_agent(&lib, &[]);
+    let t = Instant::now();
+    until(
+        "the Ascend labels removed",
+        t,
+        Duration::from_secs(60),
+        || async {
+            let l = labels().await;
+            ![
+                "servertype",
+                "node.kubernetes.io/npu.chip.name",
+                "accelerator",
+                "accelerator-type",
+            ]
+            .iter()
+            .any(|k| l.contains_key(*k))
+        },
+    )
+    .await;
+    assert_eq!(labels().await["fumarole.dev/accelerator-count"], "8");
+
+    // An older DCMI without dcmi_get_device_chip_info (the stand-in with that symbol's name
+    // changed in its dynamic symbol table): the switch's other labels and the ConfigMap, and
+    // not these two; the agent keeps running.
+    let old_lib = dir.path().join("libdcmi-old.so");
+    std::fs::write(
+        &old_lib,
+        without_symbol(&std::fs::read(&lib).unwrap(), "dcmi_get_device_chip_info"),
+    )
+    .unwrap();
+    cluster.stop("fumarole-agent").unwrap();
+    start_agent(&old_lib, &["--ascend-device-info"]);
+    let t = Instant::now();
+    until(
+        "the Ascend labels back, without chip info",
+        t,
+        Duration::from_secs(60),
+        || async { labels().await.contains_key("accelerator-type") },
+    )
+    .await;
+    until(
+        "the device-info ConfigMap",
+        t,
+        Duration::from_secs(30),
+        || async { ascend_cfg(&cluster, node).await.is_some() },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let l = labels().await;
+    assert!(!l.contains_key("servertype") && !l.contains_key("node.kubernetes.io/npu.chip.name"));
+    cluster.check_processes().unwrap();
+}
+
+/// `library` with the dynamic symbol `symbol` renamed (its last letter changed, the string
+/// table entry kept the same length), so the loader no longer finds it.
+fn without_symbol(library: &[u8], symbol: &str) -> Vec<u8> {
+    let entry = format!("\0{symbol}\0").into_bytes();
+    let mut renamed = entry.clone();
+    let last = renamed.len() - 2;
+    renamed[last] = b'X';
+    let mut out = library.to_vec();
+    let mut hits = 0;
+    let mut i = 0;
+    while i + entry.len() <= out.len() {
+        if out[i..i + entry.len()] == entry[..] {
+            out[i..i + entry.len()].copy_from_slice(&renamed);
+            hits += 1;
+            i += entry.len();
+        } else {
+            i += 1;
+        }
+    }
+    assert!(hits > 0, "{symbol} not in the library's string tables");
+    out
 }

@@ -774,7 +774,7 @@ async fn compat_labels_on_an_ascend_node() {
     assert_eq!(labels["fumarole.dev/accelerator-vendor"], "huawei");
     // Atlas 800T A2: 8 x 910B, chips without super-pod info (no DCMI here): module-910b-8.
     assert_eq!(labels["accelerator-type"], "module-910b-8");
-    // The chip SKU is not known: never guessed.
+    // The chip-info labels come from DCMI with --ascend-device-info only (no DCMI here).
     assert!(!labels.contains_key("servertype"));
     assert!(!labels.contains_key("node.kubernetes.io/npu.chip.name"));
     let nvidia: Vec<&String> = labels

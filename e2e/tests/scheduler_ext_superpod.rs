@@ -1,7 +1,9 @@
 //! Huawei's super-pod jobs through real Volcano (v1.10, with fumarole-scheduler-ext as its
 //! extender): Ascend nodes (`huawei.com/Ascend910`, Atlas 800 topology) in two physical
 //! super-pods, an `sp-block` job placed block by block, `--reserve-nodes` kept while another
-//! super-pod can take a block, and a bad `sp-block` refused with our reason.
+//! super-pod can take a block, and a bad `sp-block` refused with our reason; `sp-block` given
+//! on the Volcano Job only (Volcano copies it to the PodGroup), and the annotations the
+//! training job reads (`hccl/rankIndex`, `super-pod-rank`, `super-pod-id`) on every pod.
 
 // Test code: helpers outside #[test] fns may unwrap and panic too.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -17,6 +19,7 @@ use fumarole_topology::crd::DeviceTopology;
 use fumarole_topology::crd::device_topology::SuperNodeInfo;
 use fumarole_topology::crd::testing::atlas_800_910;
 use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
 use kube::api::{
     Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
 };
@@ -26,8 +29,14 @@ const NPU: &str = "huawei.com/Ascend910";
 
 /// Physical super-pod `sp-1` (n0..n3) and `sp-2` (m0..m3): 8 idle Atlas 800 nodes.
 fn super_pods() -> Vec<DeviceTopology> {
+    super_pods_with_ids(["sp-1", "sp-2"])
+}
+
+/// Two physical super-pods of 4 idle Atlas 800 nodes, n0..n3 in the first, m0..m3 in the
+/// second, with these super-node ids.
+fn super_pods_with_ids(ids: [&str; 2]) -> Vec<DeviceTopology> {
     let mut out = Vec::new();
-    for (sp, prefix) in [("sp-1", "n"), ("sp-2", "m")] {
+    for (sp, prefix) in [(ids[0], "n"), (ids[1], "m")] {
         for i in 0..4 {
             let mut t = atlas_800_910(&format!("{prefix}{i}"), &[]);
             t.spec.super_node = Some(SuperNodeInfo {
@@ -80,6 +89,14 @@ async fn publish(cluster: &TestCluster, topologies: &[DeviceTopology]) {
 /// A Volcano Job with the pytorch plugin: master 1 + `workers`, 8 NPUs each, `sp-block` on the
 /// master's template only (the extension takes it for the whole job, as for gpu-group-size).
 fn sp_job(name: &str, workers: u32, sp_block: &str) -> DynamicObject {
+    let mut job = plain_job(name, workers);
+    job.data["spec"]["tasks"][0]["template"]["metadata"]["annotations"] =
+        json!({"sp-block": sp_block});
+    job
+}
+
+/// The Volcano Job of [`sp_job`] without `sp-block` anywhere.
+fn plain_job(name: &str, workers: u32) -> DynamicObject {
     let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(
         "batch.volcano.sh",
         "v1alpha1",
@@ -91,8 +108,7 @@ fn sp_job(name: &str, workers: u32, sp_block: &str) -> DynamicObject {
     });
     let mut job = DynamicObject::new(name, &ar).within("default");
     let mut tasks = vec![json!({"name": "master", "replicas": 1, "template": {
-        "metadata": {"annotations": {"sp-block": sp_block},
-                     "labels": {"ring-controller.atlas": "ascend-910"}},
+        "metadata": {"labels": {"ring-controller.atlas": "ascend-910"}},
         "spec": {"restartPolicy": "OnFailure", "containers": [container.clone()]}}})];
     if workers > 0 {
         tasks.push(json!({"name": "worker", "replicas": workers, "template": {
@@ -213,21 +229,15 @@ async fn reported(cluster: &TestCluster, pods: &Api<Pod>, pod: &str, ours: &str)
     .unwrap()
 }
 
-/// With `--reserve-nodes 2`: a job of 4 pods x 8 NPUs in `sp-block: 16` lands block by block,
-/// each block whole in one super-pod. The first block takes sp-1 (equal room, first by name)
-/// outside its reserve (n2, n3); sp-1 then has room for one more block only in its reserve, so
-/// the second block goes to sp-2 (without the reserve best fit would put it on n2, n3). Then a
-/// third job's block fits nowhere outside a reserve and takes one super-pod's two reserve
-/// nodes, whole. A job with `sp-block: 12` (not a multiple of its pods' 8 NPUs) stays pending
-/// with our reason.
-#[tokio::test]
-async fn sp_block_job_lands_block_by_block_and_keeps_the_reserve() {
+/// A cluster of `topologies` with the extension (`args`) as Volcano's extender; the Volcano Job
+/// and Pod APIs of namespace `default`.
+async fn volcano_with_extension(
+    topologies: &[DeviceTopology],
+    args: &[&str],
+) -> (TestCluster, Api<DynamicObject>, Api<Pod>) {
     let cluster = common::cluster().await;
-    publish(&cluster, &super_pods()).await;
-    let port = cluster
-        .start_scheduler_ext(&["--reserve-nodes=2", "--super-pod-size=4"])
-        .await
-        .unwrap();
+    publish(&cluster, topologies).await;
+    let port = cluster.start_scheduler_ext(args).await.unwrap();
     cluster
         .start_volcano(&fumarole_e2e::fumarole::volcano_conf_with_extender(port))
         .await
@@ -237,8 +247,22 @@ async fn sp_block_job_lands_block_by_block_and_keeps_the_reserve() {
         "v1alpha1",
         "Job",
     ));
-    let jobs: Api<DynamicObject> = Api::namespaced_with(cluster.client(), "default", &ar);
-    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let jobs = Api::namespaced_with(cluster.client(), "default", &ar);
+    let pods = Api::namespaced(cluster.client(), "default");
+    (cluster, jobs, pods)
+}
+
+/// With `--reserve-nodes 2`: a job of 4 pods x 8 NPUs in `sp-block: 16` lands block by block,
+/// each block whole in one super-pod. The first block takes sp-1 (equal room, first by name)
+/// outside its reserve (n2, n3); sp-1 then has room for one more block only in its reserve, so
+/// the second block goes to sp-2 (without the reserve best fit would put it on n2, n3). Then a
+/// third job's block fits nowhere outside a reserve and takes one super-pod's two reserve
+/// nodes, whole. A job with `sp-block: 12` (not a multiple of its pods' 8 NPUs) stays pending
+/// with our reason.
+#[tokio::test]
+async fn sp_block_job_lands_block_by_block_and_keeps_the_reserve() {
+    let (cluster, jobs, pods) =
+        volcano_with_extension(&super_pods(), &["--reserve-nodes=2", "--super-pod-size=4"]).await;
     let pp = PostParams::default();
 
     jobs.create(&pp, &sp_job("odd", 0, "12")).await.unwrap();
@@ -287,4 +311,109 @@ async fn sp_block_job_lands_block_by_block_and_keeps_the_reserve() {
             "{failure} in vc-scheduler log:\n{log}"
         );
     }
+}
+
+/// `sp-block: "16"` and `sp-fit: idlest` given on the Volcano Job only (Volcano copies them to
+/// the PodGroup, not to the pods): the job of 4 pods x 8 NPUs lands block by block, each block
+/// in one super-pod, and `sp-fit: idlest` sends the second block to the other, idle super-pod
+/// (best fit would keep it beside the first). Every pod carries `hccl/rankIndex` (its RANK),
+/// `super-pod-rank` (its block) and `super-pod-id` (its node's super-node id); the master's
+/// template presets a garbled `hccl/rankIndex`, which stays.
+#[tokio::test]
+async fn sp_block_on_the_volcano_job_and_the_job_annotations() {
+    let (cluster, jobs, pods) =
+        volcano_with_extension(&super_pods_with_ids(["1", "2"]), &["--super-pod-size=4"]).await;
+    let mut job = plain_job("train", 3);
+    job.metadata.annotations = Some(BTreeMap::from([
+        ("sp-block".to_string(), "16".to_string()),
+        ("sp-fit".to_string(), "idlest".to_string()),
+    ]));
+    job.data["spec"]["tasks"][0]["template"]["metadata"]["annotations"] =
+        json!({"hccl/rankIndex": "garbled"});
+    jobs.create(&PostParams::default(), &job).await.unwrap();
+    let names = pod_names("train", 3);
+    let placed = all_placed(&cluster, &pods, &names).await;
+    let id_of = |node: &str| match super_pod_of(node) {
+        "sp-1" => "1",
+        "sp-2" => "2",
+        other => panic!("{node} is in no super-pod ({other})"),
+    };
+    let mut blocks: BTreeMap<u32, BTreeSet<&str>> = BTreeMap::new();
+    for (pod, (node, _)) in &placed {
+        let p = pods.get(pod).await.unwrap();
+        assert!(
+            !p.annotations().contains_key("sp-block"),
+            "{pod}: sp-block came from the pod, not the Job"
+        );
+        let rank = rank(&pods, pod).await;
+        let a = p.annotations();
+        let expected_rank = if pod == "train-master-0" {
+            "garbled".to_string()
+        } else {
+            rank.to_string()
+        };
+        assert_eq!(
+            a.get("hccl/rankIndex"),
+            Some(&expected_rank),
+            "{pod}: {a:?}"
+        );
+        assert_eq!(
+            a.get("super-pod-rank"),
+            Some(&(rank / 2).to_string()),
+            "{pod}: {a:?}"
+        );
+        assert_eq!(
+            a.get("super-pod-id").map(String::as_str),
+            Some(id_of(node)),
+            "{pod} on {node}: {a:?}"
+        );
+        blocks.entry(rank / 2).or_default().insert(id_of(node));
+    }
+    assert_eq!(
+        blocks,
+        BTreeMap::from([(0, BTreeSet::from(["1"])), (1, BTreeSet::from(["2"]))]),
+        "each block whole in one super-pod, the second in the idlest: {placed:?}"
+    );
+}
+
+/// With `--whole-job-super-pod`, a Volcano Job of 4 pods x 8 NPUs without `sp-block` anywhere
+/// is one logical super-pod (Huawei's default): all its pods land in one super-pod and carry
+/// `super-pod-rank: "0"` and that super-pod's id (without the flag they would carry neither:
+/// no group, no super-pod keys).
+#[tokio::test]
+async fn whole_job_super_pod_places_an_unannotated_job_in_one_super_pod() {
+    let (cluster, jobs, pods) = volcano_with_extension(
+        &super_pods_with_ids(["1", "2"]),
+        &["--super-pod-size=4", "--whole-job-super-pod"],
+    )
+    .await;
+    jobs.create(&PostParams::default(), &plain_job("whole", 3))
+        .await
+        .unwrap();
+    let names = pod_names("whole", 3);
+    let placed = all_placed(&cluster, &pods, &names).await;
+    let mut ids = BTreeSet::new();
+    for (pod, (node, _)) in &placed {
+        let a = pods.get(pod).await.unwrap().annotations().clone();
+        let rank = rank(&pods, pod).await;
+        assert_eq!(
+            a.get("hccl/rankIndex"),
+            Some(&rank.to_string()),
+            "{pod}: {a:?}"
+        );
+        assert_eq!(
+            a.get("super-pod-rank").map(String::as_str),
+            Some("0"),
+            "{pod}: {a:?}"
+        );
+        let id = a.get("super-pod-id").cloned().unwrap_or_default();
+        let expected = if super_pod_of(node) == "sp-1" {
+            "1"
+        } else {
+            "2"
+        };
+        assert_eq!(id, expected, "{pod} on {node}: {a:?}");
+        ids.insert(id);
+    }
+    assert_eq!(ids.len(), 1, "the whole job in one super-pod: {placed:?}");
 }

@@ -9,7 +9,9 @@
 //! ([`crate::discover::OVERRIDE_FILE`]). Ascend fixtures also carry the DCMI answers their
 //! chips would give, as the state file of the DCMI stand-in library ([`DCMI_STANDIN_FILE`]):
 //! all healthy; `atlas-a3-16`'s chips (two per card) answer the super-pod query with
-//! super-pod [`A3_SUPER_POD`], the other fixtures' chips do not (not A3 hardware).
+//! super-pod [`A3_SUPER_POD`], the other fixtures' chips do not (not A3 hardware). Each
+//! Ascend fixture's chips answer `dcmi_get_device_chip_info` with its [`ChipAnswer`]
+//! (docs/labels.md says where each value comes from).
 //!
 //! | name            | node                                                              |
 //! |-----------------|-------------------------------------------------------------------|
@@ -35,6 +37,39 @@ pub const DCMI_STANDIN_FILE: &str = "/fumarole/dcmi-standin.json";
 /// `atlas-a3-16`'s place in its super-pod, as its chips answer DCMI: (super-pod id, server
 /// index). Made-up numbers of a made-up cluster.
 pub const A3_SUPER_POD: (u32, u32) = (7, 3);
+
+/// What an Ascend fixture's chips answer to `dcmi_get_device_chip_info`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChipAnswer {
+    pub chip_type: &'static str,
+    pub name: &'static str,
+    pub version: &'static str,
+    pub ai_cores: u32,
+}
+
+/// `atlas-800-910`'s chips: Ascend 910 (A), 32 AI cores (Huawei's `servertype` example
+/// `Ascend910-32`, the `910A` chip-name example in its device plugin).
+pub const ATLAS_800_910_CHIP: ChipAnswer = ChipAnswer {
+    chip_type: "Ascend",
+    name: "910A",
+    version: "V1",
+    ai_cores: 32,
+};
+/// `atlas-800t-a2`'s chips: Ascend 910B3, 20 AI cores (`servertype` `Ascend910B-20`).
+pub const ATLAS_800T_A2_CHIP: ChipAnswer = ChipAnswer {
+    chip_type: "Ascend",
+    name: "910B3",
+    version: "V1",
+    ai_cores: 20,
+};
+/// `atlas-a3-16`'s chips: an A3 (Ascend 910_93xx) chip, whose DCMI chip name is `Ascend910`
+/// (the 93xx is the separate `npu_name` of the v2 call), 24 AI cores (`Ascend910A3-24`).
+pub const ATLAS_A3_CHIP: ChipAnswer = ChipAnswer {
+    chip_type: "Ascend",
+    name: "Ascend910",
+    version: "V1",
+    ai_cores: 24,
+};
 
 /// A bundled node.
 #[derive(Clone, Debug)]
@@ -63,11 +98,13 @@ pub fn get(name: &str) -> Option<Fixture> {
             "atlas-800t-a2",
             "Huawei Atlas 800T A2: 4 Kunpeng 920 sockets, 8 NUMA nodes, 8 Ascend 910B, full HCCS mesh",
             0xd802,
+            ATLAS_800T_A2_CHIP,
         ),
         "atlas-800-910" => atlas(
             "atlas-800-910",
             "Huawei Atlas 800 (9000): 4 Kunpeng 920 sockets, 8 NUMA nodes, 8 Ascend 910 in HCCS groups 0-3 / 4-7",
             0xd801,
+            ATLAS_800_910_CHIP,
         ),
         "atlas-a3-16" => {
             let mut f = atlas_with(
@@ -75,8 +112,13 @@ pub fn get(name: &str) -> Option<Fixture> {
                 "Huawei Atlas A3-class node: 4 Kunpeng 920 sockets, 8 NUMA nodes, 16 Ascend 910B in HCCS halves 0-7 / 8-15",
                 0xd802,
                 16,
+                ATLAS_A3_CHIP,
             );
-            f.spec.dcmi = Some((2, Some(A3_SUPER_POD)));
+            f.spec.dcmi = Some(DcmiSpec {
+                per_card: 2,
+                super_pod: Some(A3_SUPER_POD),
+                chip: ATLAS_A3_CHIP,
+            });
             f
         }
         "metax-c500-8" => metax_c500_8(),
@@ -102,8 +144,18 @@ struct NodeSpec {
     overrides: Option<fn(&[String]) -> String>,
     /// Node-wide device nodes (control devices).
     extra_dev: &'static [&'static str],
-    /// Ascend: chips per card in the DCMI answers, and the super-pod the chips answer (A3).
-    dcmi: Option<(u32, Option<(u32, u32)>)>,
+    /// Ascend: the chips' DCMI answers.
+    dcmi: Option<DcmiSpec>,
+}
+
+/// What an Ascend fixture's chips answer DCMI.
+#[derive(Clone, Copy, Debug)]
+struct DcmiSpec {
+    /// Chips per card.
+    per_card: u32,
+    /// The super-pod the chips answer (A3): (super-pod id, server index).
+    super_pod: Option<(u32, u32)>,
+    chip: ChipAnswer,
 }
 
 #[derive(Clone, Debug)]
@@ -210,13 +262,19 @@ fn dgx_h100() -> Fixture {
     }
 }
 
-fn atlas(name: &'static str, description: &'static str, device: u16) -> Fixture {
-    atlas_with(name, description, device, 8)
+fn atlas(name: &'static str, description: &'static str, device: u16, chip: ChipAnswer) -> Fixture {
+    atlas_with(name, description, device, 8, chip)
 }
 
 /// `npus` Ascend NPUs (8 or 16), each behind its own root port: 8 sit on the first NUMA node
 /// of each socket (two each), 16 on every NUMA node (two each).
-fn atlas_with(name: &'static str, description: &'static str, device: u16, npus: u8) -> Fixture {
+fn atlas_with(
+    name: &'static str,
+    description: &'static str,
+    device: u16,
+    npus: u8,
+    chip: ChipAnswer,
+) -> Fixture {
     let npu = || bridge(vec![f(0x19e5, device, 0x120000, FnKind::Ascend)]);
     let spacing = 0x100 / u16::from(npus);
     let host_bridges = (0..npus)
@@ -245,21 +303,34 @@ fn atlas_with(name: &'static str, description: &'static str, device: u16, npus: 
             nvml_switch_lanes: None,
             overrides: None,
             extra_dev: &["/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc"],
-            dcmi: Some((1, None)),
+            dcmi: Some(DcmiSpec {
+                per_card: 1,
+                super_pod: None,
+                chip,
+            }),
         },
     }
 }
 
-/// The DCMI stand-in's state for `npus` healthy chips, `per_card` to a card (logic id =
-/// physical id = davinci index), each answering the super-pod query with `super_pod` when
-/// given.
-fn dcmi_answers(npus: u32, per_card: u32, super_pod: Option<(u32, u32)>) -> String {
+/// The DCMI stand-in's state for `npus` healthy chips as `spec` says: `per_card` to a card
+/// (logic id = physical id = davinci index), each answering the chip-info query with `chip`
+/// and the super-pod query with `super_pod` when given.
+fn dcmi_answers(npus: u32, spec: DcmiSpec) -> String {
+    let DcmiSpec {
+        per_card,
+        super_pod,
+        chip: answer,
+    } = spec;
     let per_card = per_card.max(1);
     let chips: Vec<serde_json::Value> = (0..npus)
         .map(|i| {
             let mut chip = serde_json::json!({
                 "card": i / per_card, "device": i % per_card, "logicId": i, "phyId": i,
                 "health": 0, "errorCodes": [], "network": 0,
+                "chipInfo": {
+                    "chipType": answer.chip_type, "chipName": answer.name,
+                    "chipVer": answer.version, "aicoreCnt": answer.ai_cores,
+                },
             });
             if let Some((id, index)) = super_pod {
                 chip["superPod"] = serde_json::json!({
@@ -620,11 +691,8 @@ impl Fixture {
             let json = serde_json::to_string_pretty(&nvml).map_err(io::Error::other)?;
             out.text(RECORDED_NVML_FILE, json);
         }
-        if let Some((per_card, super_pod)) = s.dcmi.filter(|_| ascend_minor > 0) {
-            out.text(
-                DCMI_STANDIN_FILE,
-                dcmi_answers(ascend_minor, per_card, super_pod),
-            );
+        if let Some(spec) = s.dcmi.filter(|_| ascend_minor > 0) {
+            out.text(DCMI_STANDIN_FILE, dcmi_answers(ascend_minor, spec));
         }
         if let Some(overrides) = s.overrides {
             let ids: Vec<String> = accelerators.iter().map(|a| a.bus_id.clone()).collect();

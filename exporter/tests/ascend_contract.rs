@@ -1,13 +1,18 @@
 //! Contract test: what `publish::ascend` renders, parsed with types written here from the
 //! documented format (`shared/reference/ascend-contract.md`: Huawei's device-info ConfigMap
 //! and node labels), not with the writer's types. Unknown fields are refused, so a renamed or
-//! extra key fails here.
+//! extra key fails here. The node labels are parsed the same way: a map with exactly the
+//! reference's keys (`accelerator`, `accelerator-type`, `servertype`,
+//! `node.kubernetes.io/npu.chip.name`), `servertype` split as `<chip kind>-<AI cores>`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::BTreeMap;
 
-use fumarole_exporter::health::dcmi::answers::SuperPod;
+use fumarole_exporter::fixtures::{
+    ATLAS_800_910_CHIP, ATLAS_800T_A2_CHIP, ATLAS_A3_CHIP, ChipAnswer,
+};
+use fumarole_exporter::health::dcmi::answers::{ChipInfo, SuperPod};
 use fumarole_exporter::publish::ascend;
 use fumarole_topology::model::{Device, DeviceKind, PciId};
 use fumarole_topology::{
@@ -53,6 +58,39 @@ struct ConfigMapPart {
 #[serde(deny_unknown_fields)]
 struct Metadata {
     labels: BTreeMap<String, String>,
+}
+
+/// The Ascend node labels as the scheduler plugin reads them; no other key may appear.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NodeLabels {
+    accelerator: String,
+    #[serde(rename = "accelerator-type")]
+    accelerator_type: Option<String>,
+    #[serde(rename = "servertype")]
+    server_type: Option<String>,
+    #[serde(rename = "node.kubernetes.io/npu.chip.name")]
+    chip_name: Option<String>,
+}
+
+fn parse_labels(labels: &BTreeMap<String, String>) -> NodeLabels {
+    serde_json::from_value(serde_json::to_value(labels).unwrap()).unwrap()
+}
+
+/// `servertype` as `<chip kind>-<AI cores>` (`Ascend910B-20`: the reference's example).
+fn server_type_parts(value: &str) -> (&str, u32) {
+    let (kind, cores) = value.rsplit_once('-').unwrap();
+    assert!(kind.starts_with("Ascend"), "{value}");
+    (kind, cores.parse().unwrap())
+}
+
+fn chip(answer: ChipAnswer) -> ChipInfo {
+    ChipInfo {
+        chip_type: answer.chip_type.into(),
+        name: answer.name.into(),
+        version: answer.version.into(),
+        ai_cores: answer.ai_cores,
+    }
 }
 
 /// Go's `json.Marshal` of `DeviceInfo{DeviceList map[string]string; UpdateTime int64}`:
@@ -198,7 +236,7 @@ fn a3_super_pod_from_the_hardware() {
             .count(),
         16
     );
-    let labels = ascend::labels(&t, Some(&hw));
+    let labels = ascend::labels(&t, Some(&hw), None);
     assert_eq!(
         labels,
         BTreeMap::from([
@@ -214,7 +252,7 @@ fn a3_super_pod_from_the_hardware() {
 #[test]
 fn labels_per_server_shape() {
     let kind = |t: &NodeTopology, hw: Option<&SuperPod>| {
-        ascend::labels(t, hw).get("accelerator-type").cloned()
+        ascend::labels(t, hw, None).get("accelerator-type").cloned()
     };
     assert_eq!(kind(&npus("Ascend910", 8), None).as_deref(), Some("module"));
     assert_eq!(
@@ -227,4 +265,60 @@ fn labels_per_server_shape() {
     );
     // 16 x 910B without the hardware's answer: A2 or A3 cannot be told apart, left out.
     assert_eq!(kind(&npus("Ascend910B", 16), None), None);
+}
+
+#[test]
+fn chip_labels_per_fixture_parse_as_the_reference_says() {
+    let a3 = SuperPod {
+        member: Some((7, 3)),
+    };
+    for (t, hw, answer, kind, server_type, chip_name) in [
+        (
+            npus("Ascend910", 8),
+            None,
+            ATLAS_800_910_CHIP,
+            "module",
+            ("Ascend910", 32),
+            "910A",
+        ),
+        (
+            npus("Ascend910B", 8),
+            None,
+            ATLAS_800T_A2_CHIP,
+            "module-910b-8",
+            ("Ascend910B", 20),
+            "910B3",
+        ),
+        (
+            npus("Ascend910B", 16),
+            Some(&a3),
+            ATLAS_A3_CHIP,
+            "module-a3-16",
+            ("Ascend910A3", 24),
+            "Ascend910",
+        ),
+    ] {
+        let rendered = ascend::labels(&t, hw, Some(&chip(answer)));
+        let l = parse_labels(&rendered);
+        assert_eq!(l.accelerator, "huawei-Ascend910");
+        assert_eq!(l.accelerator_type.as_deref(), Some(kind));
+        assert_eq!(
+            server_type_parts(l.server_type.as_deref().unwrap()),
+            server_type
+        );
+        assert_eq!(l.chip_name.as_deref(), Some(chip_name));
+    }
+    // The reference's example pair, literally.
+    let l = parse_labels(&ascend::labels(
+        &npus("Ascend910B", 8),
+        None,
+        Some(&chip(ATLAS_800T_A2_CHIP)),
+    ));
+    assert_eq!(
+        (l.server_type.as_deref(), l.chip_name.as_deref()),
+        (Some("Ascend910B-20"), Some("910B3"))
+    );
+    // Without chip info: neither key.
+    let l = parse_labels(&ascend::labels(&npus("Ascend910B", 8), None, None));
+    assert!(l.server_type.is_none() && l.chip_name.is_none());
 }

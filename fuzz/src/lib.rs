@@ -30,10 +30,12 @@ use fumarole_device_plugin::plugin::DevicePluginService;
 use fumarole_device_plugin::plugin::Pods;
 use fumarole_exporter::discover::overrides::Overrides;
 use fumarole_exporter::discover::sysfs::{NvidiaProcInfo, parse_numa_node};
+use fumarole_exporter::health::dcmi::answers;
 use fumarole_exporter::kubelet::KubeletConfig;
 use fumarole_exporter::kubelet::config::parse_reserved_memory_flag;
 use fumarole_exporter::kubelet::cpu_manager_state::CpuManagerState;
 use fumarole_exporter::publish::ascend;
+use fumarole_exporter::publish::objects::label_value;
 use fumarole_sim::{self, Simulation, policy::Policy, shape::ClusterShape, shape::SimCluster};
 use fumarole_topology::{CpuSet, NodeTopology, annotation as devices_annotation};
 use k8s_openapi::api::core::v1::Pod;
@@ -65,6 +67,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("kernel_files", kernel_files),
     ("simulate_trace", simulate_trace),
     ("ascend_device_info", ascend_device_info),
+    ("dcmi_chip_info", dcmi_chip_info),
 ];
 
 /// `cpuset`, `local_cpulist` and the kubelet's CPU lists; sysfs `cpumap` masks. A list that
@@ -660,4 +663,23 @@ pub fn ascend_device_info(data: &[u8]) {
         Some((lists, time)),
         "{rendered}"
     );
+}
+
+/// `struct dcmi_chip_info` as a DCMI library fills it (three 32-byte arrays, then the AI core
+/// count; a short input leaves the rest zero, as the zeroed struct the agent passes): decoded,
+/// and when usable, the labels derived from it are valid label values.
+pub fn dcmi_chip_info(data: &[u8]) {
+    let mut raw = [0u8; 100];
+    let n = data.len().min(raw.len());
+    raw[..n].copy_from_slice(&data[..n]);
+    let cores = u32::from_ne_bytes([raw[96], raw[97], raw[98], raw[99]]);
+    let Ok(info) = answers::chip_info(&raw[0..32], &raw[32..64], &raw[64..96], cores) else {
+        return;
+    };
+    assert!(!info.name.is_empty() && info.name.len() < 32, "{info:?}");
+    for a3 in [false, true] {
+        for (key, value) in ascend::chip_labels(&info, a3) {
+            assert_eq!(label_value(&value), value, "{key}={value:?} from {info:?}");
+        }
+    }
 }

@@ -18,6 +18,10 @@ pub struct ScoringArgs {
     /// How much the loss counts against the quality (Volcano's `loss.weight`).
     #[arg(long = "loss-weight", default_value_t = 1.0)]
     pub loss_weight: f64,
+    /// How much the share of a node's super-node in use adds to the 0..1 score (small jobs
+    /// lean to partly used super-nodes); 0 leaves it out.
+    #[arg(long = "super-node-weight", default_value_t = 0.0)]
+    pub super_node_weight: f64,
 }
 
 impl ScoringArgs {
@@ -32,9 +36,16 @@ impl ScoringArgs {
                 self.loss_weight
             );
         }
+        if !(self.super_node_weight.is_finite() && self.super_node_weight >= 0.0) {
+            bail!(
+                "--super-node-weight must be a number >= 0, got {}",
+                self.super_node_weight
+            );
+        }
         Ok(GpuAware {
             weight: self.weight,
             loss_weight: self.loss_weight,
+            super_node_weight: self.super_node_weight,
         })
     }
 }
@@ -50,6 +61,11 @@ pub struct SuperPodArgs {
     /// `reserve-nodes`); kept while another super-node can take the block.
     #[arg(long, default_value_t = 0)]
     pub reserve_nodes: u32,
+    /// Huawei's default for super-pod jobs without `sp-block`: a job of more than one pod
+    /// asking for an Ascend resource, with no group annotation at all, is one logical
+    /// super-pod (`sp-block` = its NPUs). Needs --super-pod-size.
+    #[arg(long)]
+    pub whole_job_super_pod: bool,
 }
 
 impl SuperPodArgs {
@@ -67,6 +83,15 @@ impl SuperPodArgs {
             size: self.super_pod_size,
             reserve_nodes: self.reserve_nodes,
         })
+    }
+
+    /// `--whole-job-super-pod`, or why it cannot be used: Huawei applies its default in
+    /// super-pod mode only.
+    pub fn whole_job(self) -> Result<bool> {
+        if self.whole_job_super_pod && self.super_pod_size.is_none() {
+            bail!("--whole-job-super-pod needs --super-pod-size (Huawei's super-pod mode)");
+        }
+        Ok(self.whole_job_super_pod)
     }
 }
 
@@ -105,6 +130,7 @@ mod tests {
         let args = |size, reserve| SuperPodArgs {
             super_pod_size: size,
             reserve_nodes: reserve,
+            whole_job_super_pod: false,
         };
         assert_eq!(
             args(Some(48), 2).super_pods().unwrap(),
@@ -120,5 +146,15 @@ mod tests {
             "--super-pod-size 2 must be positive and larger than --reserve-nodes 2"
         );
         assert!(args(Some(0), 0).super_pods().is_err());
+        let whole = |size| SuperPodArgs {
+            whole_job_super_pod: true,
+            ..args(size, 0)
+        };
+        assert!(whole(Some(48)).whole_job().unwrap());
+        assert_eq!(
+            whole(None).whole_job().unwrap_err().to_string(),
+            "--whole-job-super-pod needs --super-pod-size (Huawei's super-pod mode)"
+        );
+        assert!(!args(None, 0).whole_job().unwrap());
     }
 }

@@ -1,8 +1,11 @@
 //! The API server writes of the service: the `fumarole.dev/devices` annotation (with the node
 //! it is for), alone or carried by the pod's `Binding`. Beside an Ascend choice goes Huawei's
 //! `huawei.com/<Chip>` annotation naming the same NPUs ([`ascend::from_choice`]), so Huawei's
-//! device plugin, if it served the node instead of fumarole's, would hand out the same ones. A pod not bound yet is read from the [`PodStore`] (which
-//! keeps those whole), any other from the API server.
+//! device plugin, if it served the node instead of fumarole's, would hand out the same ones,
+//! and the annotations the training job reads (`hccl/rankIndex`, `super-pod-rank`,
+//! `super-pod-id`: [`crate::service::Service::job_annotations`]), in the same write. A pod not
+//! bound yet is read from the [`PodStore`] (which keeps those whole), any other from the API
+//! server.
 
 use std::collections::BTreeMap;
 
@@ -72,18 +75,21 @@ impl KubeOps {
     }
 
     /// Sets the pod's `fumarole.dev/devices` annotation to the devices `choice` gives it on
-    /// `node` (with `fumarole.dev/devices-node` and the Ascend names), or with `None` removes
-    /// them (Huawei's only where they still say what the removed choice said: another
-    /// scheduler's are left alone).
+    /// `node` (with `fumarole.dev/devices-node`, the Ascend names and the job's annotations
+    /// given), or with `None` removes them (Huawei's only where they still say what the
+    /// removed choice said: another scheduler's are left alone; the job's annotations stay).
     pub async fn annotate(
         &self,
         ns: &str,
         name: &str,
-        choice: Option<(&str, &DeviceChoice)>,
+        choice: Option<(&str, &DeviceChoice, &BTreeMap<String, String>)>,
     ) -> Result<(), kube::Error> {
         let mut annotations: BTreeMap<String, Option<String>> = BTreeMap::new();
         match choice {
-            Some((node, c)) => {
+            Some((node, c, job)) => {
+                for (key, value) in job {
+                    annotations.insert(key.clone(), Some(value.clone()));
+                }
                 annotations.insert(DEVICES_ANNOTATION.into(), Some(annotation::format(c)));
                 annotations.insert(DEVICES_NODE_ANNOTATION.into(), Some(node.into()));
                 for (key, value) in ascend::from_choice(c) {
@@ -137,9 +143,9 @@ impl KubeOps {
 
     /// Binds the pod to `node` (the `pods/binding` subresource), as a binding extender must,
     /// with the devices `choice` gives it there (no annotation for `None`: a pod whose devices
-    /// come from ResourceClaims): the API server copies a Binding's annotations
-    /// onto the pod, so node and devices arrive in one write (one watch event for every
-    /// watcher, and never a device choice on a pod whose Binding failed).
+    /// come from ResourceClaims) and the job's annotations `job`: the API server copies a
+    /// Binding's annotations onto the pod, so node and devices arrive in one write (one watch
+    /// event for every watcher, and never a device choice on a pod whose Binding failed).
     pub async fn bind(
         &self,
         ns: &str,
@@ -147,9 +153,11 @@ impl KubeOps {
         uid: &str,
         node: &str,
         choice: Option<&DeviceChoice>,
+        job: BTreeMap<String, String>,
     ) -> Result<(), kube::Error> {
         let annotations = choice.map(|choice| {
-            let mut a: BTreeMap<String, String> = ascend::from_choice(choice);
+            let mut a = job;
+            a.extend(ascend::from_choice(choice));
             a.insert(DEVICES_ANNOTATION.to_string(), annotation::format(choice));
             a.insert(DEVICES_NODE_ANNOTATION.to_string(), node.to_string());
             a

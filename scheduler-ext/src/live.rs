@@ -26,6 +26,12 @@
 //!
 //! `Numatopology` is optional (clusters without Volcano's CRDs): without it NUMA fit has no CPU
 //! data and says so in its reasons. `DeviceTopology` is required.
+//!
+//! Volcano `PodGroup`s (`scheduling.volcano.sh/v1beta1`, metadata only) are watched where the
+//! API server serves them: their `sp-block` / `sp-fit` (copied by Volcano from the Volcano
+//! Job's annotations) count for the pods that name them ([`crate::core::group`]). Without the
+//! CRD (kube-scheduler-only clusters), or without the rights to read it, this is logged once
+//! and only pod annotations count.
 
 use std::collections::{BTreeMap, HashSet};
 use std::fmt::Debug;
@@ -39,7 +45,8 @@ use fumarole_topology::crd::{DeviceTopology, Numatopology};
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::ResourceClaim;
-use kube::api::{Api, ListParams};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -47,6 +54,7 @@ use kube::{Client, Resource};
 use tokio::sync::Notify;
 
 use crate::core::claims::Claims;
+use crate::core::group::{JobSources, PodGroupSizes};
 use crate::core::pod_facts::PodFacts;
 use crate::core::request::pod_key;
 use crate::core::view::{ClusterView, ContextCache};
@@ -104,11 +112,13 @@ struct Stores {
     pods: PodStore,
     /// `None` where the API server does not serve `resource.k8s.io/v1` ResourceClaims.
     claims: Option<Store<ResourceClaim>>,
+    /// `None` where the API server does not serve Volcano's PodGroups.
+    pod_groups: Option<Store<PartialObjectMeta<DynamicObject>>>,
 }
 
 impl Stores {
     /// The view of the stores; `None` (keep the previous view) if it cannot be built.
-    fn view(&self, contexts: &mut ContextCache) -> Option<ClusterView> {
+    fn view(&self, contexts: &mut ContextCache, whole_job_super_pod: bool) -> Option<ClusterView> {
         let dts = self.topologies.state();
         let nts = self
             .numatopologies
@@ -120,19 +130,49 @@ impl Stores {
         let claims = self.claims.as_ref().map_or_else(Claims::default, |s| {
             Claims::new(s.state().iter().map(AsRef::as_ref))
         });
-        let built = ClusterView::build_with_claims(
+        let groups = self
+            .pod_groups
+            .as_ref()
+            .map(Store::state)
+            .unwrap_or_default();
+        let sources = JobSources {
+            pod_groups: pod_group_sizes(groups.iter().map(|g| &g.metadata)),
+            whole_job_super_pod,
+        };
+        let built = ClusterView::build_with_jobs(
             contexts,
             dts.iter().map(AsRef::as_ref),
             nts.iter().map(AsRef::as_ref),
             nodes.iter().map(|n| &n.metadata),
             pods.iter().map(AsRef::as_ref),
             claims,
+            &sources,
         );
         // Only a nameless object fails the build, and the API server names every object.
         built
             .inspect_err(|e| tracing::warn!(error = %e, "keeping the previous cluster view"))
             .ok()
     }
+}
+
+/// Volcano's `PodGroup` (`scheduling.volcano.sh/v1beta1`).
+pub fn pod_group_resource() -> ApiResource {
+    ApiResource::from_gvk(&GroupVersionKind::gvk(
+        "scheduling.volcano.sh",
+        "v1beta1",
+        "PodGroup",
+    ))
+}
+
+/// The `sp-block` / `sp-fit` of PodGroups, from their metadata.
+fn pod_group_sizes<'a>(groups: impl Iterator<Item = &'a ObjectMeta>) -> PodGroupSizes {
+    PodGroupSizes::new(groups.filter_map(|m| {
+        Some((
+            m.namespace.as_deref().unwrap_or("default"),
+            m.name.as_deref()?,
+            m.annotations.as_ref()?,
+        ))
+    }))
 }
 
 /// True when the API server serves `K` (its CRD is installed).
@@ -145,6 +185,21 @@ where
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
         Err(e) => Err(e).context("listing from the API server"),
     }
+}
+
+/// Every object of `api`'s kind, or none where the API server does not serve it.
+async fn list_if_served<K>(api: &Api<K>, kind: &str) -> Result<Vec<K>>
+where
+    K: Resource + Clone + Debug + serde::de::DeserializeOwned,
+{
+    if !served(api).await? {
+        return Ok(Vec::new());
+    }
+    Ok(api
+        .list(&ListParams::default())
+        .await
+        .with_context(|| format!("listing {kind}"))?
+        .items)
 }
 
 /// What every watch shares: the rebuild loop's wake-up and the freshness record.
@@ -260,6 +315,12 @@ pub fn trim_pod(pod: &mut Pod) {
 /// one-shot readers (`kubectl fumarole`), which ask once and exit. Kinds the API server does
 /// not serve are left out as in [`start`]; `DeviceTopology` is required.
 pub async fn read_once(client: &Client) -> Result<ClusterView> {
+    read_once_with(client, false).await
+}
+
+/// [`read_once`], with Huawei's whole-job default for Ascend jobs when `whole_job_super_pod`
+/// (as the service's `--whole-job-super-pod`).
+pub async fn read_once_with(client: &Client, whole_job_super_pod: bool) -> Result<ClusterView> {
     let dt_api: Api<DeviceTopology> = Api::all(client.clone());
     if !served(&dt_api).await? {
         bail!(
@@ -268,16 +329,8 @@ pub async fn read_once(client: &Client) -> Result<ClusterView> {
     }
     let all = ListParams::default();
     let topologies = dt_api.list(&all).await.context("listing DeviceTopology")?;
-    let nt_api: Api<Numatopology> = Api::all(client.clone());
-    let numatopologies = if served(&nt_api).await? {
-        nt_api
-            .list(&all)
-            .await
-            .context("listing Numatopology")?
-            .items
-    } else {
-        Vec::new()
-    };
+    let numatopologies =
+        list_if_served(&Api::<Numatopology>::all(client.clone()), "Numatopology").await?;
     let nodes = Api::<Node>::all(client.clone())
         .list_metadata(&all)
         .await
@@ -300,14 +353,29 @@ pub async fn read_once(client: &Client) -> Result<ClusterView> {
     } else {
         Claims::default()
     };
+    // Optional: a reader without rights on PodGroups still gets the rest.
+    let pod_groups = list_if_served(
+        &Api::<DynamicObject>::all_with(client.clone(), &pod_group_resource()),
+        "PodGroup",
+    )
+    .await
+    .unwrap_or_else(|e| {
+        tracing::warn!(error = %e, "PodGroups not read: sp-block / sp-fit from pod annotations only");
+        Vec::new()
+    });
+    let sources = JobSources {
+        pod_groups: pod_group_sizes(pod_groups.iter().map(|g| &g.metadata)),
+        whole_job_super_pod,
+    };
     let facts: Vec<PodFacts> = pods.items.iter().map(PodFacts::of).collect();
-    let view = ClusterView::build_with_claims(
+    let view = ClusterView::build_with_jobs(
         &mut ContextCache::default(),
         &topologies.items,
         &numatopologies,
         nodes.items.iter().map(|n| &n.metadata),
         &facts,
         claims,
+        &sources,
     )?;
     Ok(view)
 }
@@ -358,6 +426,29 @@ pub async fn start(
         );
         None
     };
+    let pg_api: Api<DynamicObject> = Api::all_with(client.clone(), &pod_group_resource());
+    let pod_groups = if served(&pg_api).await.unwrap_or_else(|e| {
+        // Optional like a missing CRD: an extension whose RBAC predates the PodGroup watch
+        // still starts.
+        tracing::warn!(error = %e, "podgroups.scheduling.volcano.sh cannot be read");
+        false
+    }) {
+        let writer = reflector::store::Writer::new(pod_group_resource());
+        let store = writer.as_reader();
+        let meta_api: Api<PartialObjectMeta<DynamicObject>> =
+            Api::all_with(client.clone(), &pod_group_resource());
+        let stream = watcher(meta_api, watcher::Config::default())
+            .backoff(WatchBackoff::default())
+            .reflect(writer);
+        watches.freshness.track("PodGroup");
+        tokio::spawn(drive("PodGroup", stream, watches.clone(), |_| {}));
+        Some(store)
+    } else {
+        tracing::warn!(
+            "podgroups.scheduling.volcano.sh is not watched (not served or not readable): sp-block / sp-fit are read from pod annotations only"
+        );
+        None
+    };
     let released = Arc::clone(&svc);
     let stores = Stores {
         topologies: reflect("DeviceTopology", dt_api, &watches),
@@ -369,6 +460,7 @@ pub async fn start(
             }
         }),
         claims,
+        pod_groups,
     };
     stores
         .topologies
@@ -390,6 +482,9 @@ pub async fn start(
         c.wait_until_ready()
             .await
             .context("ResourceClaim reflector")?;
+    }
+    if let Some(g) = &stores.pod_groups {
+        g.wait_until_ready().await.context("PodGroup reflector")?;
     }
     let mut opts = opts;
     if opts.publish_hypernodes {
@@ -582,7 +677,10 @@ async fn rebuild(stores: &Stores, svc: &Service, opts: &LiveOptions, late: &mut 
     let (built, contexts) = {
         let stores = stores.clone();
         let mut contexts = std::mem::take(&mut late.contexts);
-        match tokio::task::spawn_blocking(move || (stores.view(&mut contexts), contexts)).await {
+        let whole_job = svc.settings.whole_job_super_pod;
+        match tokio::task::spawn_blocking(move || (stores.view(&mut contexts, whole_job), contexts))
+            .await
+        {
             Ok(done) => done,
             Err(e) => {
                 tracing::warn!(error = %e, "building the cluster view failed; keeping the previous one");

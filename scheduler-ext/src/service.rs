@@ -13,17 +13,19 @@
 //! one device. Of several replicas only the leader commits ([`crate::leader`]); the others
 //! answer reads and refuse commits with [`CommitError::NotLeader`].
 
-use std::collections::{BTreeSet, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant, SystemTime};
 
+use fumarole_topology::annotation::ascend;
 use k8s_openapi::api::core::v1::Pod;
 
 use crate::core::claims::{ClaimRef, pod_claims};
 use crate::core::cluster::Cluster;
 use crate::core::decide;
 use crate::core::explain::Row;
+use crate::core::group::{self, GroupFacts};
 use crate::core::ledger::{Commit, Ledger};
 use crate::core::placement::{PlacementError, SuperPods};
 use crate::core::request::{DeviceRequest, PodRequest, RequestError, pod_key, pod_request_in};
@@ -104,6 +106,9 @@ pub struct Settings {
     pub scheduler_names: BTreeSet<String>,
     /// Huawei's super-pod parameters, for `sp-block` jobs.
     pub super_pods: SuperPods,
+    /// Huawei's default for Ascend jobs without `sp-block` (`--whole-job-super-pod`), applied
+    /// where the live view is built.
+    pub whole_job_super_pod: bool,
 }
 
 impl Default for Settings {
@@ -117,6 +122,7 @@ impl Default for Settings {
                 .map(String::from)
                 .collect(),
             super_pods: SuperPods::default(),
+            whole_job_super_pod: false,
         }
     }
 }
@@ -622,12 +628,59 @@ impl Service {
         if let Some(ops) = self.kube() {
             let key = pod_key(pod);
             let (ns, name) = key.split_once('/').unwrap_or(("default", key.as_str()));
-            if let Err(source) = ops.annotate(ns, name, Some((&c.node, &c.choice()))).await {
+            let job = self.job_annotations(pod, &c);
+            if let Err(source) = ops
+                .annotate(ns, name, Some((&c.node, &c.choice(), &job)))
+                .await
+            {
                 self.release(&key);
                 return Err(CommitError::Annotate { pod: key, source });
             }
         }
         Ok(Some(c))
+    }
+
+    /// The annotations a training job reads that go on `pod` with `commit`, Huawei's way
+    /// ([`ascend::job_annotations`]), for a pod given an Ascend resource only:
+    /// `hccl/rankIndex` when its rank is stated by its framework or it is in a group (the rank
+    /// group placement uses); for a pod of an `sp-block` job on a node in a super-node
+    /// `super-pod-rank` (its block, `rank x NPUs / sp-block`) and `super-pod-id` (the
+    /// super-node's id, when that is a `SuperPodID`: a non-negative integer). A key the pod
+    /// already carries with another value is left out (logged): the user's or another
+    /// scheduler's value stands.
+    pub fn job_annotations(&self, pod: &Pod, commit: &Commit) -> BTreeMap<String, String> {
+        if ascend::chip_of(&commit.resource).is_none() {
+            return BTreeMap::new();
+        }
+        let view = self.view();
+        let facts = GroupFacts::of(pod);
+        let npus = u32::try_from(commit.devices.len()).unwrap_or(u32::MAX);
+        let spec = group::group_spec_of(&facts, npus, view.jobs())
+            .ok()
+            .flatten();
+        let rank = spec
+            .as_ref()
+            .map(|s| s.rank)
+            .or_else(|| facts.stated_rank(view.jobs()));
+        let super_pod = spec.as_ref().filter(|s| s.super_pod).and_then(|s| {
+            let super_node = view.node(&commit.node)?.super_node.as_deref()?;
+            Some(ascend::SuperPodPlace {
+                logical: s.atomic_unit,
+                physical: ascend::super_pod_id(super_node),
+            })
+        });
+        let want = ascend::job_annotations(rank, super_pod);
+        let have = pod.metadata.annotations.as_ref();
+        want.into_iter()
+            .filter(|(k, v)| match have.and_then(|a| a.get(k)) {
+                Some(set) if set != v => {
+                    tracing::info!(pod = %pod_key(pod), key = %k, kept = %set, ours = %v,
+                        "the pod already carries this annotation; keeping its value");
+                    false
+                }
+                _ => true,
+            })
+            .collect()
     }
 
     /// The verdicts for `pod` on every node of the view, best first, through the same steps as
@@ -773,6 +826,108 @@ mod tests {
         let lost = claim_pod("lost", &["gone"], None, serde_json::json!({}));
         let e = svc.evaluate(&lost, &["a"], true).unwrap_err();
         assert!(e.to_string().contains("ml/gone"), "{e}");
+    }
+
+    /// Huawei's job annotations for an Ascend pod: the rank group placement uses, the block and
+    /// the super-node's id where it is a number; a value the pod already has stands; GPUs and
+    /// pods whose rank is only guessed from their name get none.
+    #[test]
+    fn job_annotations_follow_the_rank_and_the_super_node() {
+        let node = |name: &str, super_node: Option<&str>| {
+            let mut t = fumarole_topology::crd::testing::atlas_800_910(name, &[]);
+            t.spec.super_node = super_node.map(|id| SuperNodeInfo {
+                id: id.into(),
+                source: "config".into(),
+            });
+            t
+        };
+        let worker = |i: u32, extra: serde_json::Value| -> Pod {
+            let mut annotations = serde_json::json!({"volcano.sh/task-index": i.to_string()});
+            if i == 0 {
+                annotations["sp-block"] = "16".into();
+            }
+            if let (Some(a), Some(extra)) = (annotations.as_object_mut(), extra.as_object()) {
+                a.extend(extra.clone());
+            }
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": format!("sp-worker-{i}"), "namespace": "ml",
+                             "labels": {"volcano.sh/job-name": "sp", "volcano.sh/task-spec": "worker"},
+                             "annotations": annotations},
+                "spec": {"containers": [{"name": "c",
+                    "resources": {"limits": {"huawei.com/Ascend910": "8"}}}]}
+            }))
+            .unwrap()
+        };
+        let pods: Vec<Pod> = (0..4).map(|i| worker(i, serde_json::json!({}))).collect();
+        let view = ClusterView::build(
+            &[
+                node("n0", Some("7")),
+                node("r0", Some("rack-r")),
+                node("solo", None),
+            ],
+            &[],
+            &[],
+            &pods,
+        )
+        .unwrap();
+        let svc = Service::new(view, GpuAware::default());
+        let commit = |node: &str, resource: &str| Commit {
+            node: node.into(),
+            resource: resource.into(),
+            devices: (0..8).map(|i| format!("Ascend910-{i}")).collect(),
+            unit: None,
+            at: Instant::now(),
+        };
+        let npu = "huawei.com/Ascend910";
+        let map = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        assert_eq!(
+            svc.job_annotations(&pods[2], &commit("n0", npu)),
+            map(&[
+                ("hccl/rankIndex", "2"),
+                ("super-pod-id", "7"),
+                ("super-pod-rank", "1")
+            ])
+        );
+        assert_eq!(
+            svc.job_annotations(&pods[1], &commit("r0", npu)),
+            map(&[("hccl/rankIndex", "1"), ("super-pod-rank", "0")])
+        );
+        assert_eq!(
+            svc.job_annotations(&pods[3], &commit("solo", npu)),
+            map(&[("hccl/rankIndex", "3")])
+        );
+        // A value already on the pod stands (ours is left out); the same value is written.
+        let preset = worker(
+            3,
+            serde_json::json!({"hccl/rankIndex": "garbled", "super-pod-id": "7"}),
+        );
+        assert_eq!(
+            svc.job_annotations(&preset, &commit("n0", npu)),
+            map(&[("super-pod-id", "7"), ("super-pod-rank", "1")])
+        );
+        // Not an Ascend resource: nothing.
+        assert!(
+            svc.job_annotations(&pods[2], &commit("n0", "nvidia.com/gpu"))
+                .is_empty()
+        );
+        // A lone pod whose only rank is the number ending its name: no rank written; a
+        // StatefulSet's ordinal is a rank.
+        let lone = pod_asking(npu, 8);
+        assert!(svc.job_annotations(&lone, &commit("solo", npu)).is_empty());
+        let mut sts = lone.clone();
+        sts.metadata.labels = Some(BTreeMap::from([(
+            "apps.kubernetes.io/pod-index".to_string(),
+            "4".to_string(),
+        )]));
+        assert_eq!(
+            svc.job_annotations(&sts, &commit("solo", npu)),
+            map(&[("hccl/rankIndex", "4")])
+        );
     }
 
     fn pod_asking(resource: &str, n: u32) -> Pod {

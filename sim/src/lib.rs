@@ -29,7 +29,9 @@
 //! units live and expire on simulated time. A waiting unit's reservation is renewed at every
 //! pass, as the scheduler's retries of its pods would renew it; a unit placed whole drops it at
 //! once, as the service does when its view shows the unit's pods bound. So every reservation
-//! belongs to a waiting job, and none lapses while it waits.
+//! belongs to a waiting job; the decision core drops it as soon as the unit cannot start (one
+//! of its parts fits nowhere) or its super-node lost the room
+//! ([`scheduler_ext::core::placement`]), so a reservation rarely outlives the pass that made it.
 
 pub mod defrag;
 pub mod plot;

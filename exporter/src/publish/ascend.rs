@@ -13,7 +13,9 @@ use fumarole_topology::{FaultKind, NodeHealth, NodeTopology, SuperNodeSource, Ve
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::health::dcmi::answers::SuperPod;
+use crate::health::dcmi::answers::{ChipInfo, SuperPod};
+
+use super::objects::label_value;
 
 /// Namespace of the device-info ConfigMaps.
 pub const NAMESPACE: &str = "kube-system";
@@ -25,6 +27,10 @@ pub const CONSUMER_LABEL: &str = "mx-consumer-cim";
 pub const DATA_KEY: &str = "DeviceInfoCfg";
 /// `SuperPodID`, `ServerIndex`, `RackID` where they do not apply.
 pub const NOT_APPLICABLE: i64 = -1;
+/// The label of the server model as Huawei's device plugin writes it (`Ascend910B-20`).
+pub const SERVER_TYPE_LABEL: &str = "servertype";
+/// The label of the chip's name as DCMI gives it (`910B3`).
+pub const CHIP_NAME_LABEL: &str = "node.kubernetes.io/npu.chip.name";
 /// Suffixes of the per-state device lists, after the resource name.
 pub const SUFFIXES: [&str; 4] = ["", "-Unhealthy", "-NetworkUnhealthy", "-Recovering"];
 
@@ -50,7 +56,8 @@ pub struct DeviceInfo {
 /// (`dcmi-network`). Recovering: always empty (fumarole has no such state). A device with
 /// both kinds of fault is in both lists. `SuperPodID` is the node's super-node id when it is
 /// a number (any source), `ServerIndex` the hardware's when the hardware's super-pod is that
-/// one; `RackID` is not read: -1.
+/// one; `RackID` is always -1: Huawei's device plugin fills it (from the super-pod info's
+/// `chassis_id`) only on Ascend 950 (A5) super-pods of type 1D/2D, never on A3 hardware.
 pub fn device_info(
     t: &NodeTopology,
     health: &NodeHealth,
@@ -207,9 +214,13 @@ pub fn update_time(
 /// chips do not answer the super-pod query -> `module-910b-8`; 16 NPUs whose chips answer it
 /// (A3) -> `module-a3-16`, or `module-a3-16-super-pod` when the node is in a super-node. Any
 /// other shape (16 x 910B without the answer: A2 `module-910b-16` or A3?) is left out.
-/// `servertype` and `node.kubernetes.io/npu.chip.name` (the chip SKU) are never written:
-/// nothing fumarole reads gives the SKU.
-pub fn labels(t: &NodeTopology, hardware: Option<&SuperPod>) -> BTreeMap<String, String> {
+/// `servertype` and `node.kubernetes.io/npu.chip.name` come from the chips' DCMI chip info
+/// `chip` ([`chip_labels`]); without it they are not written.
+pub fn labels(
+    t: &NodeTopology,
+    hardware: Option<&SuperPod>,
+    chip: Option<&ChipInfo>,
+) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
     let npus: Vec<_> = t
         .devices
@@ -225,6 +236,11 @@ pub fn labels(t: &NodeTopology, hardware: Option<&SuperPod>) -> BTreeMap<String,
     };
     let family = first.id.rsplit_once('-').map_or("", |(f, _)| f);
     out.insert("accelerator".into(), format!("huawei-{family}"));
+    if let Some(chip) = chip {
+        // Huawei tells A3 servers by board id; we by the chips answering the super-pod query.
+        let a3 = family == "Ascend910" && hardware.is_some();
+        out.extend(chip_labels(chip, a3));
+    }
     // The server shapes below are all Ascend 910-family training servers.
     if family != "Ascend910" {
         return out;
@@ -245,6 +261,43 @@ pub fn labels(t: &NodeTopology, hardware: Option<&SuperPod>) -> BTreeMap<String,
     };
     if let Some(kind) = kind {
         out.insert("accelerator-type".into(), kind);
+    }
+    out
+}
+
+/// `servertype` and `node.kubernetes.io/npu.chip.name` from a chip's DCMI chip info, as
+/// Huawei's device plugin derives them (MindCluster `ascend-device-plugin`, `getNewNodeLabel`
+/// and `updateChipNameToNode`): the chip name as DCMI gives it (`910B3`), and
+/// `<device type>-<AI cores>` (`Ascend910B-20`), the device type being `Ascend910A3` on A3
+/// servers (`a3`), else from the chip name: `910B<digit>` or `A2G<digit>` -> `Ascend910B`,
+/// any other `910...` -> `Ascend910`. Other chips (310P: Huawei adds a card-mode suffix we
+/// cannot know) get no `servertype`; a name that is not a label value, or 0 AI cores, no
+/// label of its own.
+pub fn chip_labels(chip: &ChipInfo, a3: bool) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    if label_value(&chip.name) == chip.name {
+        out.insert(CHIP_NAME_LABEL.to_string(), chip.name.clone());
+    }
+    let digit_after = |prefix: &str| {
+        chip.name
+            .strip_prefix(prefix)
+            .and_then(|rest| rest.chars().next())
+            .is_some_and(|c| c.is_ascii_digit())
+    };
+    let device_type = if a3 {
+        Some("Ascend910A3")
+    } else if digit_after("910B") || digit_after("A2G") {
+        Some("Ascend910B")
+    } else if chip.name.starts_with("910") {
+        Some("Ascend910")
+    } else {
+        None
+    };
+    if let Some(device_type) = device_type.filter(|_| chip.ai_cores > 0) {
+        out.insert(
+            SERVER_TYPE_LABEL.to_string(),
+            format!("{device_type}-{}", chip.ai_cores),
+        );
     }
     out
 }
@@ -422,7 +475,7 @@ mod tests {
                 id: id.into(),
                 source: SuperNodeSource::Hardware,
             });
-            super::labels(&t, hw.as_ref())
+            super::labels(&t, hw.as_ref(), None)
         };
         let kind = |l: BTreeMap<String, String>| l.get("accelerator-type").cloned();
         let a3 = Some(SuperPod {
@@ -451,5 +504,83 @@ mod tests {
             !l.contains_key("servertype") && !l.contains_key("node.kubernetes.io/npu.chip.name")
         );
         assert!(labels("pcie-4gpu", None, None).is_empty());
+    }
+
+    fn chip(name: &str, ai_cores: u32) -> ChipInfo {
+        ChipInfo {
+            chip_type: "Ascend".into(),
+            name: name.into(),
+            version: "V1".into(),
+            ai_cores,
+        }
+    }
+
+    #[test]
+    fn chip_labels_as_huawei_derives_them() {
+        let get = |c: ChipInfo, a3: bool| {
+            let l = chip_labels(&c, a3);
+            (
+                l.get(SERVER_TYPE_LABEL).cloned(),
+                l.get(CHIP_NAME_LABEL).cloned(),
+            )
+        };
+        let some = |a: &str, b: &str| (Some(a.to_string()), Some(b.to_string()));
+        // The reference's example pair: an Atlas 800T A2 chip.
+        assert_eq!(
+            get(chip("910B3", 20), false),
+            some("Ascend910B-20", "910B3")
+        );
+        assert_eq!(
+            get(chip("910B4", 20), false),
+            some("Ascend910B-20", "910B4")
+        );
+        assert_eq!(get(chip("A2G1", 24), false), some("Ascend910B-24", "A2G1"));
+        // Ascend 910 (Atlas 800 training server): the older names.
+        assert_eq!(get(chip("910A", 32), false), some("Ascend910-32", "910A"));
+        assert_eq!(
+            get(chip("910ProB", 30), false),
+            some("Ascend910-30", "910ProB")
+        );
+        // A plain "910B" is the older 910 (no digit), not a 910B-generation chip.
+        assert_eq!(get(chip("910B", 32), false), some("Ascend910-32", "910B"));
+        // A3: the server decides the type, the name stays as DCMI gives it.
+        assert_eq!(
+            get(chip("Ascend910", 24), true),
+            some("Ascend910A3-24", "Ascend910")
+        );
+        // Without A3 hardware, "Ascend910" names no type we know: the name only.
+        assert_eq!(
+            get(chip("Ascend910", 24), false),
+            (None, Some("Ascend910".into()))
+        );
+        // 310P: Huawei's servertype has a card-mode suffix we do not know.
+        assert_eq!(get(chip("310P3", 8), false), (None, Some("310P3".into())));
+        // No AI cores: no servertype. A name that is no label value: no name label.
+        assert_eq!(get(chip("910B3", 0), false), (None, Some("910B3".into())));
+        assert_eq!(
+            get(chip("910B3!", 20), false),
+            (Some("Ascend910B-20".into()), None)
+        );
+        assert_eq!(get(chip(&"9".repeat(64), 20), false).1, None);
+    }
+
+    #[test]
+    fn chip_labels_join_the_ascend_labels() {
+        let t = node("atlas-800t-a2");
+        let l = labels(&t, None, Some(&chip("910B3", 20)));
+        assert_eq!(l["servertype"], "Ascend910B-20");
+        assert_eq!(l["node.kubernetes.io/npu.chip.name"], "910B3");
+        assert_eq!(l["accelerator-type"], "module-910b-8");
+        let a3 = SuperPod {
+            member: Some((7, 3)),
+        };
+        let l = labels(
+            &node("atlas-a3-16"),
+            Some(&a3),
+            Some(&chip("Ascend910", 24)),
+        );
+        assert_eq!(l["servertype"], "Ascend910A3-24");
+        // No Ascend device: nothing, whatever the chip info.
+        assert!(labels(&node("pcie-4gpu"), None, Some(&chip("910B3", 20))).is_empty());
     }
 }

@@ -40,6 +40,9 @@ pub const KEYS: &[&str] = &[
     "nvidia.com/cuda.runtime.minor",
     "accelerator",
     "accelerator-type",
+    // Rendered by `ascend::labels` with `--ascend-device-info` only (from DCMI's chip info).
+    "servertype",
+    "node.kubernetes.io/npu.chip.name",
 ];
 
 /// The compatible labels of node `t`, with NVML's answers `nvml` (`None`: not asked or absent)
@@ -51,7 +54,8 @@ pub fn labels(
 ) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
     gfd(t, nvml, &mut out);
-    out.extend(ascend::labels(t, super_pod));
+    // The chip-info labels (`servertype`, `npu.chip.name`) are `--ascend-device-info`'s only.
+    out.extend(ascend::labels(t, super_pod, None));
     debug_assert!(out.keys().all(|k| KEYS.contains(&k.as_str())));
     out
 }

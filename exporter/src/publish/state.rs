@@ -19,7 +19,7 @@ use tokio::sync::watch;
 
 use crate::discover::nvml::NvmlProbe;
 use crate::discover::{DiscoverOptions, discover_with_nvml};
-use crate::health::dcmi::answers::SuperPod;
+use crate::health::dcmi::answers::{ChipInfo, SuperPod};
 use crate::kubelet::config::{ConfigError, KubeletPolicies, ReservedMemory};
 use crate::kubelet::{AllocationSource, Allocations, KubeletConfig, KubeletPaths};
 
@@ -63,6 +63,8 @@ pub struct NodeState {
     super_pod: Option<watch::Receiver<Option<SuperPod>>>,
     /// Whether the first round has waited for the DCMI source's super-pod answer.
     super_pod_waited: bool,
+    /// The DCMI source's chip info (sent before its super-pod answer), when DCMI runs.
+    chip_info: Option<watch::Receiver<Option<ChipInfo>>>,
     last_allocations: Option<Allocations>,
     /// The last allocations read from PodResources (for devices while it is down).
     last_pod_resources: Option<Allocations>,
@@ -94,6 +96,7 @@ impl NodeState {
             ascend_device_info: false,
             super_pod: None,
             super_pod_waited: false,
+            chip_info: None,
             last_allocations: None,
             last_pod_resources: None,
             last_problem: None,
@@ -133,6 +136,13 @@ impl NodeState {
     /// set one, its server index in the device-info ConfigMap, and the A3 label.
     pub fn with_super_pod(mut self, super_pod: watch::Receiver<Option<SuperPod>>) -> Self {
         self.super_pod = Some(super_pod);
+        self
+    }
+
+    /// The chips' DCMI chip info (the DCMI source's): the `servertype` and
+    /// `node.kubernetes.io/npu.chip.name` labels ([`ascend::chip_labels`]).
+    pub fn with_chip_info(mut self, chip_info: watch::Receiver<Option<ChipInfo>>) -> Self {
+        self.chip_info = Some(chip_info);
         self
     }
 
@@ -227,6 +237,7 @@ impl NodeState {
             }
         }
         let hardware: Option<SuperPod> = self.super_pod.as_ref().and_then(|r| *r.borrow());
+        let chip_info: Option<ChipInfo> = self.chip_info.as_ref().and_then(|r| r.borrow().clone());
         let topology = match topology {
             Ok(t) => {
                 let mut t = t.with_health(&health);
@@ -313,7 +324,11 @@ impl NodeState {
                     labels.extend(compat::labels(&topology, nvml.as_ref(), hardware.as_ref()));
                 }
                 if self.ascend_device_info {
-                    labels.extend(ascend::labels(&topology, hardware.as_ref()));
+                    labels.extend(ascend::labels(
+                        &topology,
+                        hardware.as_ref(),
+                        chip_info.as_ref(),
+                    ));
                 }
                 labels
             }),

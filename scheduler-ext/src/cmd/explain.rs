@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use clap::ValueEnum;
 use k8s_openapi::api::core::v1::Pod;
 use scheduler_ext::cli::{ScoringArgs, SuperPodArgs};
@@ -41,6 +41,11 @@ pub fn run(args: ExplainArgs) -> Result<()> {
     let pod = read_pod(&args.pod)?;
     let mut svc = Service::new(view, args.scoring.gpu_aware()?);
     svc.settings.super_pods = args.super_pods.super_pods()?;
+    if args.super_pods.whole_job()? {
+        bail!(
+            "--whole-job-super-pod is applied to live views only (serve, kubectl fumarole explain)"
+        );
+    }
     let (req, rows) = svc.explain(&pod)?;
     match args.format {
         Format::Json => print!("{}", explain::json(&rows)),

@@ -189,6 +189,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             .cloned()
             .collect(),
         super_pods: args.super_pods.super_pods()?,
+        whole_job_super_pod: args.super_pods.whole_job()?,
     };
     let tls = match (&args.tls_cert_file, &args.tls_key_file) {
         (Some(cert), Some(key)) => Some(Tls::load(TlsFiles {

@@ -32,6 +32,21 @@
 //! keeps the reserve nodes free and honours `sp-fit` ([`SP_FIT`]). The job's total devices
 //! (over the pods the view holds) must be a multiple of `sp-block`.
 //!
+//! **Volcano Jobs and PodGroups.** Huawei's users annotate the Volcano Job, whose annotations
+//! Volcano copies to the job's PodGroup (not to its pods); pods name their PodGroup in
+//! `scheduling.k8s.io/group-name` ([`POD_GROUP_NAME`]). A PodGroup's `sp-block` and `sp-fit`
+//! ([`PodGroupSizes`]) count for its job like one more pod carrying them: a pod's own
+//! annotations win, and a pod with its own values that differ leaves the job's other pods
+//! with the "pods of job … disagree" error.
+//!
+//! **Huawei's default, on request.** Huawei reads a super-pod job without `sp-block` as one
+//! logical super-pod. With [`JobSources::whole_job_super_pod`] (the extension's
+//! `--whole-job-super-pod`, which needs `--super-pod-size`) a job of more than one pod asking
+//! for an Ascend resource (`huawei.com/Ascend…`) with no group annotation anywhere (its pods,
+//! its PodGroup) is such a job: `sp-block` = the job's NPUs (its unfinished pods the view holds),
+//! every pod in block 0. Off by default: the job key also groups a Deployment's or
+//! StatefulSet's pods, which the rule would then tie to one super-node.
+//!
 //! Consecutive ranks form units: pod `rank` with `g` GPUs is in unit `rank·g / group_size` and
 //! atomic sub-unit `rank·g / atomic_size`.
 //!
@@ -82,6 +97,9 @@ pub const VOLCANO_JOB_NAME: &str = "volcano.sh/job-name";
 pub const VOLCANO_TASK_SPEC: &str = "volcano.sh/task-spec";
 /// Kubeflow training-operator job name label.
 pub const KUBEFLOW_JOB_NAME: &str = "training.kubeflow.org/job-name";
+
+/// The PodGroup a pod belongs to (annotation Volcano and the PodGroup controller set).
+pub const POD_GROUP_NAME: &str = "scheduling.k8s.io/group-name";
 
 /// Task names that lead their job's rank order (Volcano's pytorch and MPI plugins, Kubeflow).
 const LEADING_TASKS: [&str; 3] = ["master", "chief", "launcher"];
@@ -273,14 +291,21 @@ pub struct Sizes {
     pub super_pod: bool,
     /// `sp-fit: idlest`.
     pub idlest: bool,
+    /// Huawei's default for a super-pod job without `sp-block`: the whole job is one block.
+    pub whole_job: bool,
 }
 
 impl Sizes {
     /// The pod's own annotations; `None` when it carries none.
     fn of(pod: &Pod) -> Result<Option<Sizes>, GroupError> {
-        let Some(annotations) = pod.metadata.annotations.as_ref() else {
-            return Ok(None);
-        };
+        match pod.metadata.annotations.as_ref() {
+            Some(annotations) => Self::of_annotations(annotations),
+            None => Ok(None),
+        }
+    }
+
+    /// The group annotations among `annotations`; `None` when there are none.
+    fn of_annotations(annotations: &BTreeMap<String, String>) -> Result<Option<Sizes>, GroupError> {
         let group = annotation(annotations, &GROUP_SIZE)?;
         // sp-block is the atomic size (it MUST share a super-node) and, alone, the unit too;
         // read with the atomic spellings so a disagreeing atomic size is a conflict.
@@ -305,6 +330,7 @@ impl Sizes {
             atomic,
             super_pod,
             idlest,
+            whole_job: false,
         };
         Ok((sizes.group.is_some() || sizes.atomic.is_some()).then_some(sizes))
     }
@@ -332,6 +358,70 @@ struct JobFacts {
     devices: u32,
     /// True once some pod's devices were counted.
     counted: bool,
+    /// Pods asking for an Ascend resource, counted for Huawei's whole-job default.
+    ascend_pods: u32,
+}
+
+/// Merges one more statement of the job's group annotations into what its other pods said:
+/// the same values agree, others are [`GroupError::JobConflict`]; an error stays.
+fn merge_sizes(facts: &mut JobFacts, job: &str, own: Result<Sizes, GroupError>) {
+    facts.sizes = Some(match facts.sizes.take() {
+        None => own,
+        Some(Ok(seen)) => match own {
+            Ok(s) if s == seen => Ok(seen),
+            Ok(s) => Err(GroupError::JobConflict {
+                job: job.to_string(),
+                a: seen.describe(),
+                b: s.describe(),
+            }),
+            Err(e) => Err(e),
+        },
+        Some(Err(e)) => Err(e),
+    });
+}
+
+/// The `sp-block` and `sp-fit` of Volcano PodGroups (which Volcano copies from the Volcano
+/// Job's annotations), by `namespace/name`, for the pods that name them.
+#[derive(Clone, Debug, Default)]
+pub struct PodGroupSizes {
+    groups: HashMap<String, Result<Sizes, GroupError>>,
+}
+
+impl PodGroupSizes {
+    /// From each PodGroup's namespace, name and annotations; PodGroups without `sp-block`
+    /// are left out (`sp-fit` alone says nothing: it only qualifies a block).
+    pub fn new<'a>(
+        groups: impl IntoIterator<Item = (&'a str, &'a str, &'a BTreeMap<String, String>)>,
+    ) -> Self {
+        let groups = groups
+            .into_iter()
+            .filter(|(_, _, annotations)| annotations.contains_key(SP_BLOCK))
+            .filter_map(|(ns, name, annotations)| {
+                let ours: BTreeMap<String, String> = [SP_BLOCK, SP_FIT]
+                    .into_iter()
+                    .filter_map(|k| annotations.get(k).map(|v| (k.to_string(), v.clone())))
+                    .collect();
+                let sizes = Sizes::of_annotations(&ours).transpose()?;
+                Some((format!("{ns}/{name}"), sizes))
+            })
+            .collect();
+        PodGroupSizes { groups }
+    }
+
+    /// The group annotations of the PodGroup the pod names, if that PodGroup has any.
+    pub fn of(&self, pod: &GroupFacts) -> Option<&Result<Sizes, GroupError>> {
+        self.groups.get(pod.pod_group.as_deref()?)
+    }
+}
+
+/// What the view learns about jobs from outside their pods.
+#[derive(Clone, Debug, Default)]
+pub struct JobSources {
+    /// `sp-block` / `sp-fit` of the Volcano PodGroups the pods name.
+    pub pod_groups: PodGroupSizes,
+    /// Huawei's default: a job of several Ascend pods without any group annotation is one
+    /// logical super-pod (see the module doc).
+    pub whole_job_super_pod: bool,
 }
 
 /// Every job's group annotations and Volcano task sizes, gathered from all the pods of the
@@ -340,9 +430,44 @@ struct JobFacts {
 #[derive(Clone, Debug, Default)]
 pub struct Jobs {
     jobs: HashMap<String, JobFacts>,
+    /// [`JobSources::whole_job_super_pod`].
+    whole_job_super_pod: bool,
 }
 
 impl Jobs {
+    /// No jobs yet; with `whole_job_super_pod`, Huawei's default applies to the jobs of the
+    /// Ascend pods told with [`Self::add_ascend_pod`].
+    pub fn with_whole_job_super_pod(whole_job_super_pod: bool) -> Self {
+        Jobs {
+            whole_job_super_pod,
+            ..Jobs::default()
+        }
+    }
+
+    /// True when Huawei's whole-job default is on.
+    pub fn whole_job_super_pod(&self) -> bool {
+        self.whole_job_super_pod
+    }
+
+    /// Counts one pod of `job` asking for `devices` of an Ascend resource (for the whole-job
+    /// default; pods of group jobs are counted with [`Self::add_devices`]).
+    pub fn add_ascend_pod(&mut self, job: &str, devices: u32) {
+        self.add_devices(job, devices);
+        if let Some(facts) = self.jobs.get_mut(job) {
+            facts.ascend_pods += 1;
+        }
+    }
+
+    /// The job's NPUs when Huawei's whole-job default makes it one logical super-pod.
+    fn whole_job(&self, job: &str) -> Option<u32> {
+        if !self.whole_job_super_pod {
+            return None;
+        }
+        let facts = self.jobs.get(job)?;
+        (facts.sizes.is_none() && facts.ascend_pods > 1 && facts.devices > 0)
+            .then_some(facts.devices)
+    }
+
     /// The jobs of `pods`.
     pub fn of<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> Self {
         let mut jobs = Jobs::default();
@@ -372,19 +497,14 @@ impl Jobs {
             Ok(None) => return,
             Err(e) => Err(e.clone()),
         };
-        facts.sizes = Some(match facts.sizes.take() {
-            None => own,
-            Some(Ok(seen)) => match own {
-                Ok(s) if s == seen => Ok(seen),
-                Ok(s) => Err(GroupError::JobConflict {
-                    job: pod.job.clone(),
-                    a: seen.describe(),
-                    b: s.describe(),
-                }),
-                Err(e) => Err(e),
-            },
-            Some(Err(e)) => Err(e),
-        });
+        merge_sizes(facts, &pod.job, own);
+    }
+
+    /// Takes the group annotations of a pod's PodGroup ([`PodGroupSizes::of`]) into account
+    /// for its job, like those of one more pod of the job.
+    pub fn add_pod_group(&mut self, job: &str, sizes: &Result<Sizes, GroupError>) {
+        let facts = self.jobs.entry(job.to_string()).or_default();
+        merge_sizes(facts, job, sizes.clone());
     }
 
     /// Counts `devices` requested by one pod of `job` towards the job's total (checked against
@@ -406,7 +526,13 @@ impl Jobs {
             return Ok(Some(own));
         }
         match self.jobs.get(&pod.job).and_then(|j| j.sizes.as_ref()) {
-            None => Ok(None),
+            None => Ok(self.whole_job(&pod.job).map(|npus| Sizes {
+                group: Some((SP_BLOCK, npus)),
+                atomic: Some((SP_BLOCK, npus)),
+                super_pod: true,
+                idlest: false,
+                whole_job: true,
+            })),
             Some(Ok(s)) => Ok(Some(*s)),
             Some(Err(e)) => Err(e.clone()),
         }
@@ -420,6 +546,11 @@ impl Jobs {
 
     /// [`Self::in_group`], from what was read of the pod.
     pub fn in_group_facts(&self, pod: &GroupFacts) -> bool {
+        self.annotated_group(pod) || self.whole_job(&pod.job).is_some()
+    }
+
+    /// [`Self::in_group_facts`] by group annotations alone (not Huawei's whole-job default).
+    pub fn annotated_group(&self, pod: &GroupFacts) -> bool {
         pod.annotated || self.jobs.get(&pod.job).is_some_and(|j| j.sizes.is_some())
     }
 
@@ -459,16 +590,19 @@ pub struct GroupFacts {
     /// The pod carries a group annotation, well-formed or not.
     annotated: bool,
     rank: RankFacts,
+    /// `namespace/name` of the PodGroup the pod names ([`POD_GROUP_NAME`]).
+    pod_group: Option<String>,
 }
 
 /// Where a pod's rank comes from (see [`rank`] for the order).
 #[derive(Clone, Debug, PartialEq, Eq)]
 enum RankFacts {
-    /// Stated by the pod whatever its job: `RANK`, DLRover's or Kubeflow's index.
+    /// Stated by the pod whatever its job: `RANK`, DLRover's or Kubeflow's index, a
+    /// StatefulSet ordinal.
     Own(u32),
     /// Volcano's task index, offset by the pods of the job's tasks before `task`.
     VolcanoTask { index: u32, task: Option<String> },
-    /// A StatefulSet ordinal, else the trailing number of the name, if any.
+    /// The trailing number of the name, if any: a guess.
     Fallback(Option<u32>),
 }
 
@@ -484,6 +618,15 @@ impl GroupFacts {
             sizes: Sizes::of(pod),
             annotated: has_group_annotations(pod),
             rank: RankFacts::of(pod),
+            pod_group: pod
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(POD_GROUP_NAME))
+                .map(|g| {
+                    let ns = pod.metadata.namespace.as_deref().unwrap_or("default");
+                    format!("{ns}/{g}")
+                }),
         }
     }
 
@@ -498,6 +641,14 @@ impl GroupFacts {
                 Some(offset.saturating_add(*index))
             }
             RankFacts::Fallback(r) => *r,
+        }
+    }
+
+    /// [`Self::rank`] when the pod's framework states it (not guessed from the pod's name).
+    pub fn stated_rank(&self, jobs: &Jobs) -> Option<u32> {
+        match self.rank {
+            RankFacts::Fallback(_) => None,
+            _ => self.rank(jobs),
         }
     }
 }
@@ -523,7 +674,7 @@ impl RankFacts {
             return RankFacts::VolcanoTask { index, task };
         }
         if let Some(i) = meta_index(pod, STATEFULSET_POD_INDEX) {
-            return RankFacts::Fallback(Some(i));
+            return RankFacts::Own(i);
         }
         let digits = pod.metadata.name.as_deref().and_then(|name| {
             let digits = name.rsplit(|c: char| !c.is_ascii_digit()).next()?;
@@ -623,6 +774,12 @@ pub fn group_spec_of(
     let first_gpu = u64::from(rank) * u64::from(gpus);
     let unit = u32::try_from(first_gpu / u64::from(group_size)).unwrap_or(u32::MAX);
     let atomic_unit = u32::try_from(first_gpu / u64::from(atomic_size)).unwrap_or(u32::MAX);
+    // The whole job is one block even while the view holds only some of its pods.
+    let (unit, atomic_unit) = if sizes.whole_job {
+        (0, 0)
+    } else {
+        (unit, atomic_unit)
+    };
     Ok(Some(GroupSpec {
         group_size,
         atomic_size,

@@ -14,7 +14,17 @@
 //!    planned there at once;
 //! 4. else the super-node with the least room that holds this sub-unit;
 //! 5. else the pod is unschedulable, with a reason naming the sub-unit and the most room any
-//!    super-node has.
+//!    super-node has, and the plans of the unit's other sub-units that have no pod bound yet
+//!    lapse: the unit cannot start now, and they would only keep others out.
+//!
+//! A plan holds only while it helps: a sub-unit with nothing placed keeps its plan while the
+//! planned super-node still has its room (after other units' reservations); when a pod bound
+//! outside the plans took it, the plan lapses and the sub-unit is planned afresh. Only what the
+//! service knows counts (free devices, pods bound or committed, plans), never how long a
+//! running pod will take. (Holding a plan for a sub-unit one pod short of room, so that what
+//! frees there stays for it, was tried in the simulator and more than tripled the mean
+//! queueing delay: the reserved room idles until the last busy node drains;
+//! `docs/placement.md`, "What we tried".)
 //!
 //! **Super-pod jobs** (Huawei's `sp-block`, [`crate::core::group`]) are such units, with these
 //! rules from Huawei's scheduler ([`SuperPods`]):
@@ -30,7 +40,8 @@
 //! Room of a super-node for pods of `g` GPUs: the sum over its nodes of `g·⌊free/g⌋` (each pod
 //! needs its GPUs on one node), minus what other units' plans reserve there. A pod may then go
 //! only to nodes of its sub-unit's super-node ([`Checker`]), and no pod may take room another
-//! unit reserved.
+//! unit reserved; a pod that takes none of that room (devices beyond it, or on a node where
+//! the reserving unit's pods would not fit anyway) backfills around the reservation.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -166,6 +177,41 @@ fn main_super_node(placed: &BTreeMap<String, u32>) -> Option<&str> {
         .map(|(s, _)| s.as_str())
 }
 
+/// The share of `super_node`'s devices of `resource` in use (bound or committed), 0..1; 0 for
+/// a super-node without such devices.
+pub fn used_share(c: &Cluster, super_node: &str, resource: &str) -> f64 {
+    let (mut all, mut free) = (0u32, 0u32);
+    for nv in c
+        .view
+        .super_nodes()
+        .get(super_node)
+        .into_iter()
+        .flatten()
+        .filter_map(|n| c.view.node(n))
+    {
+        all += nv.resource_mask(resource).count_ones();
+        free += c.free_mask(nv, resource).count_ones();
+    }
+    if all == 0 {
+        0.0
+    } else {
+        f64::from(all.saturating_sub(free)) / f64::from(all)
+    }
+}
+
+/// How many GPUs `super_node` lacks for `pg`'s whole sub-unit: its room for the sub-unit's
+/// pods, less what other units reserve there, against the sub-unit's size.
+fn shortfall(c: &Cluster, super_node: &str, pg: &PodGroup, resource: &str) -> u32 {
+    let nodes = c
+        .view
+        .super_nodes()
+        .get(super_node)
+        .map_or(&[][..], Vec::as_slice);
+    let (taken, _, _) = reserved(c, super_node, |k| *k == pg.key);
+    let room = room(c, nodes, resource, pg.gpus, None).saturating_sub(taken);
+    pg.spec.atomic_size.saturating_sub(room)
+}
+
 /// `g·⌊free/g⌋`: GPUs usable by pods of `g` GPUs out of `free`.
 fn usable(free: usize, g: u32) -> u32 {
     let g = g.max(1);
@@ -237,9 +283,16 @@ pub fn ensure_plan(
     }
     if let Some(p) = ledger.plan(&pg.key, now) {
         let sn = p.super_node.clone();
-        ledger.renew_plan(&pg.key, until);
-        return Ok(sn);
+        // Nothing of the sub-unit is placed (checked above): its plan holds while the
+        // super-node still has the room (a pod bound outside the plans may have taken it);
+        // otherwise it no longer helps, and the sub-unit is planned afresh.
+        if shortfall(&c, &sn, pg, resource) == 0 {
+            ledger.renew_plan(&pg.key, until);
+            return Ok(sn);
+        }
+        ledger.drop_plan(&pg.key);
     }
+    let c = Cluster::new(view, ledger, now);
 
     // Where the other sub-units are, and which are not placed anywhere yet.
     let mut siblings: Vec<String> = Vec::new();
@@ -344,6 +397,14 @@ pub fn ensure_plan(
         let most = rooms
             .iter()
             .max_by(|a, b| a.1.cmp(&b.1).then_with(|| b.0.cmp(&a.0)));
+        // The unit cannot start now: the plans of its other sub-units with no pod bound in the
+        // view lapse instead of keeping others out while it waits (under a gang scheduler the
+        // pods they hold in this session are given back; they plan afresh at the next try).
+        for key in pg.sub_units() {
+            if view.members(&key).is_empty() {
+                ledger.drop_plan(&key);
+            }
+        }
         return Err(match most {
             Some((sn, r, _)) => PlacementError::NoRoom {
                 unit: pg.key.clone(),
@@ -517,25 +578,17 @@ impl<'a> Checker<'a> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
     use crate::core::group::GroupSpec;
     use crate::core::ledger::Commit;
     use fumarole_topology::crd::device_topology::SuperNodeInfo;
 
-    /// Super-node `rack-a`: a0, a1 (4 free each); `rack-b`: b0, b1, b2 (4 free each);
-    /// `rack-c`: c0 (8 free).
-    fn view() -> ClusterView {
+    /// 8-GPU NVLink nodes `(name, super-node, allocated devices)`, devices `<name>-g<i>`.
+    pub(crate) fn racks(nodes: &[(&str, &str, &[u32])]) -> ClusterView {
         let mut dts = Vec::new();
-        for (name, rack, allocated) in [
-            ("a0", "rack-a", &[0u32, 1, 2, 3][..]),
-            ("a1", "rack-a", &[0, 1, 2, 3]),
-            ("b0", "rack-b", &[0, 1, 2, 3]),
-            ("b1", "rack-b", &[0, 1, 2, 3]),
-            ("b2", "rack-b", &[0, 1, 2, 3]),
-            ("c0", "rack-c", &[]),
-        ] {
+        for &(name, rack, allocated) in nodes {
             let mut t = fumarole_topology::crd::testing::nvlink_node(name, 8, 10, allocated, |i| {
                 format!("{name}-g{i}")
             });
@@ -546,6 +599,20 @@ mod tests {
             dts.push(t);
         }
         ClusterView::build(&dts, &[], &[], &[]).unwrap()
+    }
+
+    /// Super-node `rack-a`: a0, a1 (4 free each); `rack-b`: b0, b1, b2 (4 free each);
+    /// `rack-c`: c0 (8 free).
+    fn view() -> ClusterView {
+        let half: &[u32] = &[0, 1, 2, 3];
+        racks(&[
+            ("a0", "rack-a", half),
+            ("a1", "rack-a", half),
+            ("b0", "rack-b", half),
+            ("b1", "rack-b", half),
+            ("b2", "rack-b", half),
+            ("c0", "rack-c", &[]),
+        ])
     }
 
     fn pg(job: &str, rank: u32, gpus: u32, group: u32, atomic: u32) -> PodGroup {
@@ -606,6 +673,8 @@ mod tests {
             ensure_plan(&v, &mut l, &r0, GPU, None, NO_SP, now, TTL).unwrap(),
             "rack-b"
         );
+        // Its other half: the most room left is rack-b's 4. The unit cannot start, so the
+        // plan of its first half lapses too, and rack-b is free for others again.
         let r2 = pg("ns/big", 2, 4, 16, 8);
         let e = ensure_plan(&v, &mut l, &r2, GPU, None, NO_SP, now, TTL)
             .unwrap_err()
@@ -616,12 +685,121 @@ mod tests {
                 && e.contains("the most room any super-node has is 4 (rack-b)"),
             "{e}"
         );
+        assert!(l.plan(&r0.key, now).is_none() && l.plan(&r2.key, now).is_none());
         // After the reservation time-to-live nobody holds rack-a any more.
         let later = now + TTL + Duration::from_secs(1);
         let s = pg("ns/s", 0, 4, 12, 12);
         assert_eq!(
             ensure_plan(&v, &mut l, &s, GPU, None, NO_SP, later, TTL).unwrap(),
             "rack-b"
+        );
+    }
+
+    /// A stranger's pod holding `devices` of `node` (bound outside the unit's plans).
+    fn take(l: &mut Ledger, node: &str, devices: &[u32], now: Instant) {
+        l.commit(
+            &format!("ns/x-{node}-{}", devices[0]),
+            Commit {
+                node: node.into(),
+                resource: GPU.into(),
+                devices: devices.iter().map(|d| format!("{node}-g{d}")).collect(),
+                unit: None,
+                at: now,
+            },
+        );
+    }
+
+    /// [`view`] with c0 full and one GPU of b2 taken (room for 4-GPU pods: rack-a 8, rack-b 8,
+    /// rack-c 0), and a unit of two atomic halves of 8 (pods of 4): the first half planned in
+    /// rack-a (best fit, first by name), the second in rack-b.
+    fn planned_halves(l: &mut Ledger, now: Instant) -> (ClusterView, PodGroup, PodGroup) {
+        let v = view();
+        take(l, "c0", &[0, 1, 2, 3, 4, 5, 6, 7], now);
+        take(l, "b2", &[4], now);
+        let r0 = pg("ns/big", 0, 4, 16, 8);
+        assert_eq!(
+            ensure_plan(&v, l, &r0, GPU, None, NO_SP, now, TTL).unwrap(),
+            "rack-a"
+        );
+        let r2 = pg("ns/big", 2, 4, 16, 8);
+        assert_eq!(
+            ensure_plan(&v, l, &r2, GPU, None, NO_SP, now, TTL).unwrap(),
+            "rack-b"
+        );
+        (v, r0, r2)
+    }
+
+    /// A small job backfills around a reservation: devices the unit's pods cannot use (b2's
+    /// 3 GPUs, for 4-GPU pods) are free to take; the room it needs is not.
+    #[test]
+    fn a_small_job_backfills_around_a_reservation_without_taking_its_room() {
+        let mut l = Ledger::default();
+        let now = Instant::now();
+        let (v, _, _) = planned_halves(&mut l, now);
+        let c = Cluster::new(&v, &l, now);
+        let stranger = Checker::new(c, None, GPU);
+        assert!(stranger.check(v.node("b2").unwrap(), 3).is_none());
+        for node in ["b0", "b1", "a0", "a1"] {
+            let why = stranger
+                .check(v.node(node).unwrap(), 1)
+                .unwrap()
+                .to_string();
+            assert!(
+                why.contains("8 nvidia.com/gpu are reserved"),
+                "{node}: {why}"
+            );
+        }
+    }
+
+    /// A plan lapses when its super-node no longer has the room (a pod bound outside the plans
+    /// took it): the sub-unit is planned afresh where the room is, and the old super-node is
+    /// free for others again.
+    #[test]
+    fn a_reservation_lapses_when_its_super_node_no_longer_has_the_room() {
+        let mut l = Ledger::default();
+        let now = Instant::now();
+        let (v, r0, _) = planned_halves(&mut l, now);
+        take(&mut l, "a0", &[4], now);
+        l.release("ns/x-c0-0");
+        assert_eq!(
+            ensure_plan(&v, &mut l, &r0, GPU, None, NO_SP, now, TTL).unwrap(),
+            "rack-c"
+        );
+        let c = Cluster::new(&v, &l, now);
+        assert!(
+            Checker::new(c, None, GPU)
+                .check(v.node("a1").unwrap(), 4)
+                .is_none()
+        );
+    }
+
+    /// A unit one of whose parts fits nowhere cannot start: the plans of its other parts
+    /// lapse instead of keeping others out while it waits.
+    #[test]
+    fn a_unit_that_cannot_start_holds_no_reservation() {
+        let mut l = Ledger::default();
+        let now = Instant::now();
+        let (v, r0, r2) = planned_halves(&mut l, now);
+        // Three parts of 8 in a unit of 24: rack-a and rack-b are taken by ns/big's plans.
+        let t0 = pg("ns/three", 0, 4, 24, 8);
+        let e = ensure_plan(&v, &mut l, &t0, GPU, None, NO_SP, now, TTL).unwrap_err();
+        assert!(matches!(e, PlacementError::NoRoom { .. }), "{e}");
+        // ns/big's second half loses its room in rack-b to a pod bound outside the plans, and
+        // no other super-node has 8: both halves' plans lapse.
+        take(&mut l, "b1", &[4], now);
+        let e = ensure_plan(&v, &mut l, &r2, GPU, None, NO_SP, now, TTL).unwrap_err();
+        assert!(matches!(e, PlacementError::NoRoom { .. }), "{e}");
+        assert!(l.plan(&r2.key, now).is_none() && l.plan(&r0.key, now).is_none());
+        let c = Cluster::new(&v, &l, now);
+        assert!(
+            Checker::new(c, None, GPU)
+                .check(v.node("a0").unwrap(), 4)
+                .is_none()
+        );
+        // Its first part plans again at its next try.
+        assert_eq!(
+            ensure_plan(&v, &mut l, &r0, GPU, None, NO_SP, now, TTL).unwrap(),
+            "rack-a"
         );
     }
 

@@ -31,7 +31,7 @@ use std::hash::BuildHasher;
 use std::sync::{Arc, RwLock};
 
 use fumarole_topology::CpuSet;
-use fumarole_topology::annotation::DEVICES_ANNOTATION;
+use fumarole_topology::annotation::{DEVICES_ANNOTATION, ascend};
 use fumarole_topology::crd::device_topology::DeviceInfo;
 use fumarole_topology::crd::{DeviceTopology, Numatopology};
 use fumarole_topology::{SelectContext, SelectError, Selection};
@@ -39,7 +39,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::core::claims::Claims;
-use crate::core::group::{self, Jobs, UnitKey};
+use crate::core::group::{self, JobSources, Jobs, UnitKey};
 use crate::core::pod_facts::PodFacts;
 
 /// Most devices one node may have (free sets are 64-bit masks, so the hot path allocates
@@ -602,6 +602,28 @@ impl ClusterView {
         pods: impl IntoIterator<Item = &'p PodFacts>,
         claims: Claims,
     ) -> Result<Self, ViewError> {
+        Self::build_with_jobs(
+            contexts,
+            topologies,
+            numatopologies,
+            nodes,
+            pods,
+            claims,
+            &JobSources::default(),
+        )
+    }
+
+    /// [`Self::build_with_claims`] with what is known of jobs from outside their pods (their
+    /// Volcano PodGroups' `sp-block`).
+    pub fn build_with_jobs<'a, 'p>(
+        contexts: &mut ContextCache,
+        topologies: impl IntoIterator<Item = &'a DeviceTopology>,
+        numatopologies: impl IntoIterator<Item = &'a Numatopology>,
+        nodes: impl IntoIterator<Item = &'a ObjectMeta>,
+        pods: impl IntoIterator<Item = &'p PodFacts>,
+        claims: Claims,
+        job_sources: &JobSources,
+    ) -> Result<Self, ViewError> {
         let mut view = ClusterView {
             claims,
             ..ClusterView::default()
@@ -691,20 +713,30 @@ impl ClusterView {
         let pods: Vec<&PodFacts> = pods.into_iter().collect();
         let offered = view.offered.clone();
         let offered: BTreeSet<&str> = offered.iter().map(String::as_str).collect();
-        view.jobs = Jobs::default();
+        view.jobs = Jobs::with_whole_job_super_pod(job_sources.whole_job_super_pod);
         for pod in &pods {
             view.jobs.add_facts(&pod.group);
+            if let Some(sizes) = job_sources.pod_groups.of(&pod.group) {
+                view.jobs.add_pod_group(&pod.group.job, sizes);
+            }
         }
         // Job totals are checked against sp-block: counted for group jobs only (cheap in a big
         // cluster); pods on their way out do not count.
+        // With Huawei's whole-job default, Ascend pods count towards their job too.
+        let whole_job = view.jobs.whole_job_super_pod();
         for pod in &pods {
+            let grouped = view.jobs.annotated_group(&pod.group);
             if !pod.finished
                 && !pod.deleting
-                && view.jobs.in_group_facts(&pod.group)
+                && (grouped || whole_job)
                 && let Ok(r) = pod.request.request(&offered, &view.claims)
             {
                 let n = u32::try_from(r.count).unwrap_or(u32::MAX);
-                view.jobs.add_devices(&pod.group.job, n);
+                if grouped {
+                    view.jobs.add_devices(&pod.group.job, n);
+                } else if ascend::chip_of(&r.resource).is_some() {
+                    view.jobs.add_ascend_pod(&pod.group.job, n);
+                }
             }
         }
         for pod in pods {
@@ -1293,6 +1325,201 @@ mod tests {
         assert_eq!(
             (g.spec.group_size, g.spec.unit, g.spec.super_pod),
             (16, 0, true)
+        );
+    }
+
+    /// Huawei's default with `--whole-job-super-pod`: a job of several Ascend pods without any
+    /// group annotation is one block of all its NPUs, every pod in block 0 (also while only
+    /// some of its pods are in the view); off, or for one pod, GPUs, or an `sp-block` job, it
+    /// changes nothing.
+    #[test]
+    fn whole_job_super_pod_makes_one_block_of_an_unannotated_ascend_job() {
+        use crate::core::group::JobSources;
+        use crate::core::request::pod_request;
+        let pod = |job: &str, i: u32, resource: &str, annotations: serde_json::Value| -> Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": format!("{job}-worker-{i}"), "namespace": "ml",
+                             "labels": {"volcano.sh/job-name": job, "volcano.sh/task-spec": "worker"},
+                             "annotations": {"volcano.sh/task-index": i.to_string()}},
+                "spec": {"containers": [{"name": "c",
+                    "resources": {"limits": {resource: "8"}}}]},
+                "status": {"phase": "Pending"}
+            }))
+            .map(|mut p: Pod| {
+                if let (Some(a), Some(extra)) =
+                    (p.metadata.annotations.as_mut(), annotations.as_object())
+                {
+                    for (k, v) in extra {
+                        a.insert(k.clone(), v.as_str().unwrap().to_string());
+                    }
+                }
+                p
+            })
+            .unwrap()
+        };
+        let npu = "huawei.com/Ascend910";
+        let build = |pods: &[Pod], on: bool| {
+            let facts: Vec<PodFacts> = pods.iter().map(PodFacts::of).collect();
+            let nodes = [
+                fumarole_topology::crd::testing::atlas_800_910("a", &[]),
+                fumarole_topology::crd::testing::nvlink_node("g", 8, 10, &[], |i| format!("g-{i}")),
+            ];
+            ClusterView::build_with_jobs(
+                &mut ContextCache::default(),
+                &nodes,
+                &[],
+                &[],
+                &facts,
+                Claims::default(),
+                &JobSources {
+                    whole_job_super_pod: on,
+                    ..JobSources::default()
+                },
+            )
+            .unwrap()
+        };
+        let group = |view: &ClusterView, p: &Pod| {
+            pod_request(p, &view.resources(), view.jobs())
+                .unwrap()
+                .group
+                .map(|g| {
+                    (
+                        g.spec.atomic_size,
+                        g.spec.unit,
+                        g.spec.atomic_unit,
+                        g.spec.super_pod,
+                    )
+                })
+        };
+        let job: Vec<Pod> = (0..4)
+            .map(|i| pod("big", i, npu, serde_json::json!({})))
+            .collect();
+        let view = build(&job, true);
+        for p in &job {
+            assert_eq!(group(&view, p), Some((32, 0, 0, true)));
+            assert!(view.jobs().in_group(p));
+        }
+        assert_eq!(group(&build(&job, false), &job[3]), None);
+        // Only ranks 2 and 3 seen so far: still one block, of what is seen.
+        let view = build(&job[2..], true);
+        assert_eq!(group(&view, &job[3]), Some((16, 0, 0, true)));
+        // One pod is no super-pod job.
+        let view = build(&job[..1], true);
+        assert_eq!(group(&view, &job[0]), None);
+        // GPUs are not Ascend.
+        let gpus: Vec<Pod> = (0..2)
+            .map(|i| pod("gpu", i, "nvidia.com/gpu", serde_json::json!({})))
+            .collect();
+        assert_eq!(group(&build(&gpus, true), &gpus[1]), None);
+        // An sp-block job keeps its blocks.
+        let sp: Vec<Pod> = (0..4)
+            .map(|i| pod("sp", i, npu, serde_json::json!({"sp-block": "16"})))
+            .collect();
+        assert_eq!(group(&build(&sp, true), &sp[3]), Some((16, 1, 1, true)));
+    }
+
+    /// `sp-block` and `sp-fit` on a Volcano Job reach its pods through the PodGroup the pods
+    /// name: each pod's unit follows from them; a pod's own `sp-block` wins for that pod, and
+    /// when it differs the job's other pods are refused with the disagreement.
+    #[test]
+    fn pod_group_sp_block_holds_for_pods_without_their_own() {
+        use crate::core::group::{JobSources, PodGroupSizes};
+        use crate::core::request::pod_request;
+        let worker = |i: u32, own: serde_json::Value| -> Pod {
+            let mut annotations = serde_json::json!({
+                "scheduling.k8s.io/group-name": "sp-1234",
+                "volcano.sh/task-index": i.to_string()});
+            if let (Some(a), Some(own)) = (annotations.as_object_mut(), own.as_object()) {
+                a.extend(own.clone());
+            }
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": format!("sp-worker-{i}"), "namespace": "ml",
+                             "labels": {"volcano.sh/job-name": "sp", "volcano.sh/task-spec": "worker"},
+                             "annotations": annotations},
+                "spec": {"containers": [{"name": "c",
+                    "resources": {"limits": {"huawei.com/Ascend910": "8"}}}]},
+                "status": {"phase": "Pending"}
+            }))
+            .unwrap()
+        };
+        let build = |pods: &[Pod], group: serde_json::Value| {
+            let annotations: BTreeMap<String, String> = serde_json::from_value(group).unwrap();
+            let sources = JobSources {
+                pod_groups: PodGroupSizes::new([("ml", "sp-1234", &annotations)]),
+                ..JobSources::default()
+            };
+            let facts: Vec<PodFacts> = pods.iter().map(PodFacts::of).collect();
+            let nodes = [fumarole_topology::crd::testing::atlas_800_910("a", &[])];
+            ClusterView::build_with_jobs(
+                &mut ContextCache::default(),
+                &nodes,
+                &[],
+                &[],
+                &facts,
+                Claims::default(),
+                &sources,
+            )
+            .unwrap()
+        };
+        let plain: Vec<Pod> = (0..4).map(|i| worker(i, serde_json::json!({}))).collect();
+        let view = build(
+            &plain,
+            serde_json::json!({"sp-block": "16", "sp-fit": "idlest", "other": "x"}),
+        );
+        let specs: Vec<(u32, u32, bool, bool)> = plain
+            .iter()
+            .map(|p| {
+                let g = pod_request(p, &view.resources(), view.jobs())
+                    .unwrap()
+                    .group
+                    .unwrap();
+                (
+                    g.spec.rank,
+                    g.spec.atomic_unit,
+                    g.spec.super_pod,
+                    g.spec.idlest,
+                )
+            })
+            .collect();
+        assert_eq!(
+            specs,
+            [
+                (0, 0, true, true),
+                (1, 0, true, true),
+                (2, 1, true, true),
+                (3, 1, true, true)
+            ]
+        );
+        // Without the PodGroup's sp-block the pods are in no group.
+        let view = build(&plain, serde_json::json!({"sp-fit": "idlest"}));
+        assert!(
+            pod_request(&plain[0], &view.resources(), view.jobs())
+                .unwrap()
+                .group
+                .is_none()
+        );
+        // A pod's own value wins for it; the others cannot tell which holds.
+        let mut mixed = plain.clone();
+        mixed[0] = worker(0, serde_json::json!({"sp-block": "32"}));
+        let view = build(&mixed, serde_json::json!({"sp-block": "16"}));
+        let own = pod_request(&mixed[0], &view.resources(), view.jobs())
+            .unwrap()
+            .group
+            .unwrap();
+        assert_eq!(own.spec.atomic_size, 32);
+        let e = pod_request(&mixed[1], &view.resources(), view.jobs()).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("pods of job ml/sp disagree on their group annotations"),
+            "{e}"
+        );
+        // A garbled PodGroup value is the job's reason.
+        let view = build(&plain, serde_json::json!({"sp-block": "sixteen"}));
+        let e = pod_request(&plain[1], &view.resources(), view.jobs()).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("sp-block: \"sixteen\" is not a positive integer"),
+            "{e}"
         );
     }
 }

@@ -65,6 +65,7 @@ pub async fn read(
     name: &str,
     scorer: GpuAware,
     super_pods: SuperPods,
+    whole_job_super_pod: bool,
 ) -> Result<Explanation> {
     let ns = &conn.namespace;
     let pods: Api<Pod> = Api::namespaced(conn.client.clone(), ns);
@@ -75,7 +76,7 @@ pub async fn read(
     else {
         bail!("pod {ns}/{name} not found (no pod {name:?} in namespace {ns:?})");
     };
-    let view = live::read_once(&conn.client).await?;
+    let view = live::read_once_with(&conn.client, whole_job_super_pod).await?;
     for w in &view.warnings {
         tracing::warn!("{w}");
     }

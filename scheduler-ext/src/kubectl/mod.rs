@@ -127,9 +127,14 @@ pub fn run(cli: Cli) -> Result<()> {
                 scoring,
                 super_pods,
             } => {
-                let report =
-                    explain::read(&conn, &pod, scoring.gpu_aware()?, super_pods.super_pods()?)
-                        .await?;
+                let report = explain::read(
+                    &conn,
+                    &pod,
+                    scoring.gpu_aware()?,
+                    super_pods.super_pods()?,
+                    super_pods.whole_job()?,
+                )
+                .await?;
                 render(output, &report, explain::table)
             }
             Command::Node { node } => {

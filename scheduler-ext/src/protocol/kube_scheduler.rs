@@ -351,15 +351,15 @@ pub async fn bind(svc: &Service, args: &ExtenderBindingArgs) -> Result<(), BindE
             node: bound,
         });
     }
-    let choice = match svc.commit(&pod, node)? {
-        Some(commit) => Some(commit.choice()),
+    let (choice, job) = match svc.commit(&pod, node)? {
+        Some(commit) => (Some(commit.choice()), svc.job_annotations(&pod, &commit)),
         // A pod asking through ResourceClaims: the scheduler's DRA allocator picked its
         // devices; bind it without a choice of ours.
-        None if svc.asks_through_claims(&pod) => None,
+        None if svc.asks_through_claims(&pod) => (None, Default::default()),
         None => return Err(BindError::NoAccelerator { pod: key }),
     };
     let uid = pod.metadata.uid.as_deref().unwrap_or_default();
-    if let Err(source) = ops.bind(ns, name, uid, node, choice.as_ref()).await {
+    if let Err(source) = ops.bind(ns, name, uid, node, choice.as_ref(), job).await {
         svc.release(&key);
         return Err(BindError::Binding {
             pod: key,

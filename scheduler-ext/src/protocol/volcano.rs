@@ -393,6 +393,7 @@ mod tests {
     #[test]
     fn prioritize_scores_on_volcano_scale() {
         let svc = service(GpuAware {
+            super_node_weight: 0.0,
             weight: 2.0,
             loss_weight: 1.0,
         });

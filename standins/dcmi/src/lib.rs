@@ -22,7 +22,11 @@
 //! `dcmi_get_device_info`'s super-pod query (`{"sdid": 0, "superPodSize": 48, "superPodId": 1,
 //! "serverIndex": 5, "chassisId": 0, "superPodType": 0}`, the fields of `struct
 //! dcmi_spod_info`; `superPodId` 4294967295 is "in no super-pod"); without it the chip answers
-//! `DCMI_ERR_CODE_NOT_SUPPORT`, as chips other than A3 do. `hang` blocks the named calls (`"*"`: all) until
+//! `DCMI_ERR_CODE_NOT_SUPPORT`, as chips other than A3 do. `chipInfo`, when present, is the
+//! chip's answer to `dcmi_get_device_chip_info` (`{"chipType": "Ascend", "chipName": "910B3",
+//! "chipVer": "V1", "aicoreCnt": 20}`, the fields of `struct dcmi_chip_info`; a string of 32
+//! bytes or more fills its array without a NUL, as a misbehaving library would); without it
+//! the chip answers `DCMI_ERR_CODE_NOT_SUPPORT`. `hang` blocks the named calls (`"*"`: all) until
 //! the file no longer names them; `fail` makes them return that code. Cards are the distinct
 //! `card` values, in order. Test code standing in for a C library: it keeps the parsed file
 //! process-wide, as the real one keeps its state.
@@ -74,6 +78,42 @@ struct Chip {
     network: c_int,
     #[serde(default)]
     super_pod: Option<SuperPod>,
+    #[serde(default)]
+    chip_info: Option<ChipInfo>,
+}
+
+/// `struct dcmi_chip_info`'s fields, the strings as text.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ChipInfo {
+    #[serde(default)]
+    chip_type: String,
+    #[serde(default)]
+    chip_name: String,
+    #[serde(default)]
+    chip_ver: String,
+    #[serde(default)]
+    aicore_cnt: c_uint,
+}
+
+/// `MAX_CHIP_NAME_LEN`.
+const CHIP_NAME_LEN: usize = 32;
+
+/// `struct dcmi_chip_info` as the header lays it out.
+#[repr(C)]
+pub struct DcmiChipInfo {
+    chip_type: [u8; CHIP_NAME_LEN],
+    chip_name: [u8; CHIP_NAME_LEN],
+    chip_ver: [u8; CHIP_NAME_LEN],
+    aicore_cnt: c_uint,
+}
+
+/// `text` in a C array: NUL-terminated when it fits, else its first 32 bytes and no NUL.
+fn c_array(text: &str) -> [u8; CHIP_NAME_LEN] {
+    let mut a = [0u8; CHIP_NAME_LEN];
+    let n = text.len().min(CHIP_NAME_LEN);
+    a[..n].copy_from_slice(&text.as_bytes()[..n]);
+    a
 }
 
 /// `struct dcmi_spod_info` (48 bytes: these six, then six reserved unsigned ints).
@@ -387,4 +427,32 @@ pub unsafe extern "C" fn dcmi_get_device_info(
         *size = c_uint::try_from(bytes).unwrap_or(0);
     }
     OK
+}
+
+/// `dcmi_get_device_chip_info`.
+///
+/// # Safety
+/// `chip_info` is a writable `struct dcmi_chip_info`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dcmi_get_device_chip_info(
+    card_id: c_int,
+    device_id: c_int,
+    chip_info: *mut DcmiChipInfo,
+) -> c_int {
+    check!("dcmi_get_device_chip_info");
+    let Some(c) = chip(card_id, device_id) else {
+        return INVALID_DEVICE_ID;
+    };
+    let Some(info) = c.chip_info else {
+        return NOT_SUPPORT;
+    };
+    out!(
+        chip_info,
+        DcmiChipInfo {
+            chip_type: c_array(&info.chip_type),
+            chip_name: c_array(&info.chip_name),
+            chip_ver: c_array(&info.chip_ver),
+            aicore_cnt: info.aicore_cnt,
+        }
+    )
 }

@@ -10,6 +10,12 @@
 //!   after `Allocate`.
 //! - `predicate-time`: Unix nanoseconds, written by Huawei's plugin; read by nobody here
 //!   (fumarole finds the pod being admitted by watch order, see the device plugin's admission).
+//! - For the training job ([`job_annotations`]), written by Huawei's plugin at allocation and by
+//!   fumarole's extension beside its choice: `hccl/rankIndex` (the pod's rank in its job),
+//!   and for the pods of a super-pod (`sp-block`) job `super-pod-rank` (the index of the pod's
+//!   logical super-pod in the job) and `super-pod-id` (the physical super-pod's `SuperPodID`).
+//!   All three are decimal integers, as Huawei writes them (`strconv.Itoa`); Huawei's
+//!   ascend-operator reads `super-pod-rank` into the job's environment.
 //!
 //! Start at [`parse`] and [`format`].
 
@@ -33,6 +39,58 @@ pub fn chip_of(resource: &str) -> Option<&str> {
         && resource != ASCEND_REAL_ANNOTATION
         && chip.chars().all(|c| c.is_ascii_alphanumeric());
     ok.then_some(chip)
+}
+
+/// The pod's rank in its job (HCCL's rank table).
+pub const RANK_INDEX_ANNOTATION: &str = "hccl/rankIndex";
+
+/// The index of the pod's logical super-pod (`sp-block`) within its job.
+pub const SUPER_POD_RANK_ANNOTATION: &str = "super-pod-rank";
+
+/// The id of the physical super-pod the pod's node is in (`SuperPodID`).
+pub const SUPER_POD_ID_ANNOTATION: &str = "super-pod-id";
+
+/// Where a pod of a super-pod job landed: its logical super-pod and the physical one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SuperPodPlace {
+    /// Index of the logical super-pod in the job: `rank x NPUs per pod / sp-block`.
+    pub logical: u32,
+    /// `SuperPodID` of the node's physical super-pod, when its super-node id is one
+    /// ([`super_pod_id`]).
+    pub physical: Option<u32>,
+}
+
+/// The physical super-pod id of a super-node id: Huawei's `SuperPodID` is a non-negative
+/// integer, so only an id that is one names it (the rule the node side applies when it
+/// writes `SuperPodID` into the device-info ConfigMap).
+pub fn super_pod_id(super_node: &str) -> Option<u32> {
+    let id = super_node.trim();
+    (!id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| id.parse().ok())
+        .flatten()
+}
+
+/// The annotations a training job reads, as Huawei's scheduler plugin writes them:
+/// `hccl/rankIndex` when the rank is known, and for a pod of a super-pod job `super-pod-rank`,
+/// with `super-pod-id` when the physical super-pod's id is known.
+pub fn job_annotations(
+    rank: Option<u32>,
+    super_pod: Option<SuperPodPlace>,
+) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    if let Some(rank) = rank {
+        out.insert(RANK_INDEX_ANNOTATION.to_string(), rank.to_string());
+    }
+    if let Some(place) = super_pod {
+        out.insert(
+            SUPER_POD_RANK_ANNOTATION.to_string(),
+            place.logical.to_string(),
+        );
+        if let Some(id) = place.physical {
+            out.insert(SUPER_POD_ID_ANNOTATION.to_string(), id.to_string());
+        }
+    }
+    out
 }
 
 /// Why an Ascend device list is unusable.
@@ -115,6 +173,43 @@ pub fn from_choice(choice: &BTreeMap<String, Vec<String>>) -> BTreeMap<String, S
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    #[test]
+    fn job_annotations_are_decimal_like_huaweis() {
+        assert_eq!(job_annotations(None, None), BTreeMap::new());
+        let a = job_annotations(
+            Some(5),
+            Some(SuperPodPlace {
+                logical: 2,
+                physical: Some(7),
+            }),
+        );
+        assert_eq!(
+            a,
+            BTreeMap::from([
+                ("hccl/rankIndex".to_string(), "5".to_string()),
+                ("super-pod-id".to_string(), "7".to_string()),
+                ("super-pod-rank".to_string(), "2".to_string()),
+            ])
+        );
+        assert_eq!(job_annotations(Some(0), None).len(), 1);
+        let unnumbered = job_annotations(
+            None,
+            Some(SuperPodPlace {
+                logical: 0,
+                physical: None,
+            }),
+        );
+        assert_eq!(
+            unnumbered,
+            BTreeMap::from([("super-pod-rank".to_string(), "0".to_string())])
+        );
+        assert_eq!(super_pod_id("7"), Some(7));
+        assert_eq!(super_pod_id(" 12 "), Some(12));
+        for not_an_id in ["sp-1", "", "-1", "+3", "4294967296", "1.5"] {
+            assert_eq!(super_pod_id(not_an_id), None, "{not_an_id:?}");
+        }
+    }
 
     #[test]
     fn chips_of_resources() {

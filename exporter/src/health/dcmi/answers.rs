@@ -13,6 +13,9 @@
 //! - `dcmi_get_device_info` super-pod info ([`super_pod`]): super-pod hardware's chips (Huawei's
 //!   `npu-smi` asks only A3 / 910_93 and 950 chips); `super_pod_id` `0xFFFFFFFF` means the server is in no super-pod, any other value
 //!   is the super-pod's id, with `server_index` the server's place in it.
+//! - `dcmi_get_device_chip_info` ([`chip_info`]): the chip's type (`Ascend`), name (`910B3`),
+//!   version and AI core count, as C strings in 32-byte arrays. An array without its NUL, text
+//!   that is not UTF-8 or not printable ASCII, or an empty name is no answer ([`BadChipInfo`]).
 
 use std::collections::BTreeSet;
 
@@ -64,6 +67,76 @@ pub fn super_pod(answers: &[(u32, u32)]) -> Result<Option<SuperPod>, Garbage> {
         });
     }
     Ok(Some(SuperPod { member }))
+}
+
+/// What `dcmi_get_device_chip_info` says of a chip, decoded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChipInfo {
+    /// `chip_type`, e.g. `Ascend`.
+    pub chip_type: String,
+    /// `chip_name`, e.g. `910B3` (what Huawei's device plugin publishes as
+    /// `node.kubernetes.io/npu.chip.name`).
+    pub name: String,
+    /// `chip_ver`, e.g. `V1`.
+    pub version: String,
+    /// `aicore_cnt`: AI cores per chip.
+    pub ai_cores: u32,
+}
+
+/// A chip-info answer that cannot be used: which field, and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadChipInfo {
+    #[error("dcmi_get_device_chip_info: {field} fills its {len} bytes without a terminating NUL")]
+    Unterminated { field: &'static str, len: usize },
+    #[error("dcmi_get_device_chip_info: {field} is not UTF-8 ({bytes:02x?})")]
+    NotUtf8 { field: &'static str, bytes: Vec<u8> },
+    #[error(
+        "dcmi_get_device_chip_info: {field} {text:?} holds characters other than printable ASCII"
+    )]
+    NotPrintable { field: &'static str, text: String },
+    #[error("dcmi_get_device_chip_info: empty chip name")]
+    EmptyName,
+}
+
+/// The text of a C string held in a fixed array: the bytes before the first NUL.
+fn c_text(field: &'static str, bytes: &[u8]) -> Result<String, BadChipInfo> {
+    let end = bytes
+        .iter()
+        .position(|b| *b == 0)
+        .ok_or(BadChipInfo::Unterminated {
+            field,
+            len: bytes.len(),
+        })?;
+    let text = std::str::from_utf8(&bytes[..end]).map_err(|_| BadChipInfo::NotUtf8 {
+        field,
+        bytes: bytes[..end].to_vec(),
+    })?;
+    if !text.chars().all(|c| c.is_ascii_graphic()) {
+        return Err(BadChipInfo::NotPrintable {
+            field,
+            text: text.to_string(),
+        });
+    }
+    Ok(text.to_string())
+}
+
+/// The chip's info from the raw arrays of `struct dcmi_chip_info`.
+pub fn chip_info(
+    chip_type: &[u8],
+    name: &[u8],
+    version: &[u8],
+    ai_cores: u32,
+) -> Result<ChipInfo, BadChipInfo> {
+    let name = c_text("chip_name", name)?;
+    if name.is_empty() {
+        return Err(BadChipInfo::EmptyName);
+    }
+    Ok(ChipInfo {
+        chip_type: c_text("chip_type", chip_type)?,
+        name,
+        version: c_text("chip_ver", version)?,
+        ai_cores,
+    })
 }
 
 /// Error codes as people and Huawei's documents write them: `0x80E01801, 0x80CB8009`.
@@ -207,6 +280,88 @@ mod tests {
         );
         assert!(super_pod(&[(7, 3), (8, 3)]).is_err());
         assert!(super_pod(&[(7, 3), (7, 4)]).is_err());
+    }
+
+    /// A 32-byte C array holding `text` and NULs.
+    fn arr(text: &[u8]) -> [u8; 32] {
+        let mut a = [0u8; 32];
+        a[..text.len()].copy_from_slice(text);
+        a
+    }
+
+    #[test]
+    fn chip_info_decodes_c_strings() {
+        let got = chip_info(&arr(b"Ascend"), &arr(b"910B3"), &arr(b"V1"), 20).unwrap();
+        assert_eq!(
+            got,
+            ChipInfo {
+                chip_type: "Ascend".into(),
+                name: "910B3".into(),
+                version: "V1".into(),
+                ai_cores: 20
+            }
+        );
+        // Bytes after the first NUL are not the string's.
+        let mut trailing = arr(b"910A");
+        trailing[10] = b'x';
+        assert_eq!(
+            chip_info(&arr(b"Ascend"), &trailing, &arr(b""), 32)
+                .unwrap()
+                .name,
+            "910A"
+        );
+    }
+
+    #[test]
+    fn garbled_chip_info_is_refused_with_its_reason() {
+        let ok = arr(b"Ascend");
+        // All 32 bytes used, no NUL: the library overran the field.
+        assert_eq!(
+            chip_info(&ok, &[b'9'; 32], &ok, 20),
+            Err(BadChipInfo::Unterminated {
+                field: "chip_name",
+                len: 32
+            })
+        );
+        assert_eq!(
+            chip_info(&[b'A'; 32], &arr(b"910B3"), &ok, 20),
+            Err(BadChipInfo::Unterminated {
+                field: "chip_type",
+                len: 32
+            })
+        );
+        // Not UTF-8.
+        let err = chip_info(&ok, &arr(&[0x39, 0xff, 0xfe]), &ok, 20).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                BadChipInfo::NotUtf8 {
+                    field: "chip_name",
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        assert!(err.to_string().contains("39, ff, fe"), "{err}");
+        // UTF-8 but not a name: a space, a control character, a non-ASCII letter.
+        for bad in [&b"910 B3"[..], b"910\x07", "910\u{e9}".as_bytes()] {
+            assert!(
+                matches!(
+                    chip_info(&ok, &arr(bad), &ok, 20),
+                    Err(BadChipInfo::NotPrintable {
+                        field: "chip_name",
+                        ..
+                    })
+                ),
+                "{bad:?}"
+            );
+        }
+        assert_eq!(
+            chip_info(&ok, &arr(b""), &ok, 20),
+            Err(BadChipInfo::EmptyName)
+        );
+        // A slice without any NUL, even an empty one, is refused the same way.
+        assert!(chip_info(&ok, b"", &ok, 20).is_err());
     }
 
     #[test]

@@ -17,7 +17,15 @@
 //!                                    enum dcmi_rdfx_detect_result *result);
 //! int dcmi_get_device_info(int card_id, int device_id, enum dcmi_main_cmd main_cmd,
 //!                          unsigned int sub_cmd, void *buf, unsigned int *size);
+//! int dcmi_get_device_chip_info(int card_id, int device_id, struct dcmi_chip_info *chip_info);
 //! ```
+//!
+//! `struct dcmi_chip_info { unsigned char chip_type[32], chip_name[32], chip_ver[32];
+//! unsigned int aicore_cnt; }` (`MAX_CHIP_NAME_LEN` 32; 100 bytes). Sources: the DCMI header
+//! `dcmi_interface_api.h` as shipped in Huawei's `ascend-docker-runtime` and in MindCluster's
+//! `ascend-common/devmanager/dcmi`, whose `DcGetChipInfo` reads the same struct (after trying
+//! `dcmi_get_device_chip_info_v2`, the same fields plus `npu_name`). The strings are C strings in
+//! fixed arrays; [`super::answers::chip_info`] decides what a usable answer is.
 //!
 //! Super-pod membership (Atlas A3) is `dcmi_get_device_info` with main command
 //! `DCMI_MAIN_CMD_CHIP_INF` (12) and sub command `DCMI_CHIP_INF_SUB_CMD_SPOD_INFO` (1) into a
@@ -57,6 +65,7 @@ type PhyIdFn = unsafe extern "C" fn(c_uint, *mut c_uint) -> c_int;
 type HealthFn = unsafe extern "C" fn(c_int, c_int, *mut c_uint) -> c_int;
 type ErrorCodesFn = unsafe extern "C" fn(c_int, c_int, *mut c_int, *mut c_uint, c_uint) -> c_int;
 type NetworkHealthFn = unsafe extern "C" fn(c_int, c_int, *mut c_int) -> c_int;
+type ChipInfoFn = unsafe extern "C" fn(c_int, c_int, *mut RawChipInfo) -> c_int;
 /// `main_cmd` is a C enum: an int.
 type DeviceInfoFn =
     unsafe extern "C" fn(c_int, c_int, c_int, c_uint, *mut std::ffi::c_void, *mut c_uint) -> c_int;
@@ -70,6 +79,19 @@ pub struct SpodInfo {
     pub server_index: u32,
     pub chassis_id: u32,
     pub super_pod_type: u32,
+}
+
+/// `MAX_CHIP_NAME_LEN`: the size of each string array of `struct dcmi_chip_info`.
+pub const CHIP_NAME_LEN: usize = 32;
+
+/// `struct dcmi_chip_info`, exactly as the library fills it (bytes as given, not decoded).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RawChipInfo {
+    pub chip_type: [u8; CHIP_NAME_LEN],
+    pub chip_name: [u8; CHIP_NAME_LEN],
+    pub chip_ver: [u8; CHIP_NAME_LEN],
+    pub aicore_cnt: c_uint,
 }
 
 /// Why the library cannot be used at all.
@@ -106,6 +128,7 @@ pub struct Dcmi {
     error_codes: Option<ErrorCodesFn>,
     network_health: Option<NetworkHealthFn>,
     device_info: Option<DeviceInfoFn>,
+    chip_info: Option<ChipInfoFn>,
     _lib: Library,
 }
 
@@ -161,6 +184,7 @@ impl Dcmi {
             error_codes: sym(&lib, "dcmi_get_device_errorcode_v2"),
             network_health: sym(&lib, "dcmi_get_device_network_health"),
             device_info: sym(&lib, "dcmi_get_device_info"),
+            chip_info: sym(&lib, "dcmi_get_device_chip_info"),
             _lib: lib,
         })
     }
@@ -179,6 +203,9 @@ impl Dcmi {
         }
         if self.device_info.is_none() {
             out.push("dcmi_get_device_info");
+        }
+        if self.chip_info.is_none() {
+            out.push("dcmi_get_device_chip_info");
         }
         out
     }
@@ -338,9 +365,32 @@ impl Dcmi {
     }
 }
 
+impl Dcmi {
+    /// `dcmi_get_device_chip_info`; `None` when the library lacks it (an older DCMI).
+    pub fn chip_info(&self, card: i32, chip: i32) -> Option<Result<RawChipInfo, CallError>> {
+        let f = self.chip_info?;
+        let mut info = RawChipInfo {
+            chip_type: [0; CHIP_NAME_LEN],
+            chip_name: [0; CHIP_NAME_LEN],
+            chip_ver: [0; CHIP_NAME_LEN],
+            aicore_cnt: 0,
+        };
+        // SAFETY: `info` is a writable `struct dcmi_chip_info` (same layout, `repr(C)`).
+        let ret = unsafe { f(card, chip, &mut info) };
+        Some(check("dcmi_get_device_chip_info", ret).map(|()| info))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn chip_info_has_the_c_layout() {
+        // Three 32-byte arrays and an unsigned int: 100 bytes, 4-aligned, as the header's.
+        assert_eq!(std::mem::size_of::<RawChipInfo>(), 100);
+        assert_eq!(std::mem::align_of::<RawChipInfo>(), 4);
+    }
 
     #[test]
     fn a_missing_library_is_a_load_error() {

@@ -12,8 +12,12 @@
 //! thread (the [`watchdog`](crate::health::watchdog) says so).
 //!
 //! The same thread asks the chips once for their super-pod info (Atlas A3, see [`ffi`]) and
-//! hands the answer to whoever publishes the node ([`DcmiSetup::super_pod`]); a library
+//! hands the answer to whoever publishes the node ([`ServerAnswers::super_pod`]); a library
 //! without the call, or chips that say it is not supported, give no hardware super-pod.
+//! Before that it asks them for their chip info (`dcmi_get_device_chip_info`: chip name, AI
+//! cores) and hands the first usable answer on ([`ServerAnswers::chip`]), for the `servertype` and
+//! `node.kubernetes.io/npu.chip.name` labels; an older library without the call is one log line
+//! and no such labels.
 
 pub mod answers;
 pub mod ffi;
@@ -29,7 +33,7 @@ use tokio::sync::watch;
 
 use crate::health::watchdog::CallWatch;
 use crate::health::{LogOnce, SourceHandle};
-use answers::SuperPod;
+use answers::{ChipInfo, SuperPod};
 use ffi::{CallError, Dcmi};
 
 /// What the DCMI thread watches.
@@ -44,9 +48,19 @@ pub struct DcmiSetup {
     pub hccs_codes: BTreeSet<u32>,
     pub poll: Duration,
     pub source: SourceHandle,
-    /// Where the hardware's super-pod answer goes, once the chips have answered (`None`: no
-    /// one wants it, the chips are not asked).
+    /// Where the answers about the server go.
+    pub answers: ServerAnswers,
+}
+
+/// Where the DCMI source's answers about the server go, for whoever publishes the node.
+#[derive(Default)]
+pub struct ServerAnswers {
+    /// The hardware's super-pod answer, once the chips have answered (`None`: no one wants
+    /// it, the chips are not asked).
     pub super_pod: Option<watch::Sender<Option<SuperPod>>>,
+    /// The chips' chip info, once one has answered usably (`None`: not asked). Sent before
+    /// the super-pod answer, so a publisher waiting for that one has both.
+    pub chip: Option<watch::Sender<Option<ChipInfo>>>,
 }
 
 /// One chip and what it last said (each part kept until read again).
@@ -109,11 +123,17 @@ fn run(setup: DcmiSetup, calls: &CallWatch) {
     };
     tracing::info!(chips = chips.len(), poll = ?setup.poll, "DCMI health watching");
     let mut logs = LogOnce::default();
-    let mut super_pod_asked = setup.super_pod.is_none();
+    let mut super_pod_asked = setup.answers.super_pod.is_none();
+    let mut chip_asked = setup.answers.chip.is_none();
     loop {
+        if !chip_asked {
+            let _call = calls.enter("dcmi_get_device_chip_info");
+            chip_asked = ask_chip_info(&dcmi, &chips, setup.answers.chip.as_ref(), &mut logs);
+        }
         if !super_pod_asked {
             let _call = calls.enter("dcmi_get_device_info");
-            super_pod_asked = ask_super_pod(&dcmi, &chips, setup.super_pod.as_ref(), &mut logs);
+            super_pod_asked =
+                ask_super_pod(&dcmi, &chips, setup.answers.super_pod.as_ref(), &mut logs);
         }
         for c in &mut chips {
             poll_chip(&dcmi, c, &setup.hccs_codes, calls, &mut logs);
@@ -224,6 +244,57 @@ fn ask_super_pod(
             false
         }
     }
+}
+
+/// Asks the chips, in order, for their chip info and sends the first usable answer (as
+/// Huawei's device plugin takes the first valid chip's). Returns whether the question is
+/// settled (answered, or no such call); when no chip answers usably, that is logged once and
+/// they are asked again on the next poll.
+fn ask_chip_info(
+    dcmi: &Dcmi,
+    chips: &[Chip],
+    to: Option<&watch::Sender<Option<ChipInfo>>>,
+    logs: &mut LogOnce,
+) -> bool {
+    let Some(to) = to.filter(|_| !chips.is_empty()) else {
+        return true;
+    };
+    for c in chips {
+        match dcmi.chip_info(c.card, c.chip) {
+            None => {
+                tracing::info!(
+                    "this DCMI library lacks dcmi_get_device_chip_info: no servertype or npu.chip.name labels"
+                );
+                return true;
+            }
+            Some(Err(e)) => {
+                failed::<()>(logs, &c.id, &e, "dcmi_get_device_chip_info");
+            }
+            Some(Ok(raw)) => {
+                match answers::chip_info(
+                    &raw.chip_type,
+                    &raw.chip_name,
+                    &raw.chip_ver,
+                    raw.aicore_cnt,
+                ) {
+                    Ok(info) => {
+                        tracing::info!(device = %c.id, chip_type = %info.chip_type, chip_name = %info.name, ai_cores = info.ai_cores, "DCMI chip info");
+                        to.send_replace(Some(info));
+                        return true;
+                    }
+                    Err(bad) => {
+                        failed::<()>(logs, &c.id, &bad, "dcmi_get_device_chip_info");
+                    }
+                }
+            }
+        }
+    }
+    if logs.first("chip-info") {
+        tracing::warn!(
+            "no chip gave usable chip info: no servertype or npu.chip.name labels for now; asking again"
+        );
+    }
+    false
 }
 
 /// Logs a failed or garbage answer once per chip and call; returns `None` (keep the last).

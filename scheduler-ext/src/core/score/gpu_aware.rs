@@ -38,6 +38,9 @@ pub struct GpuAware {
     pub weight: f64,
     /// How much the loss counts against the quality; 0 ignores the loss.
     pub loss_weight: f64,
+    /// How much the share of a node's super-node in use adds to its score
+    /// ([`crate::core::decide::with_super_node`]); 0 (the default) leaves it out.
+    pub super_node_weight: f64,
 }
 
 impl Default for GpuAware {
@@ -45,6 +48,7 @@ impl Default for GpuAware {
         GpuAware {
             weight: 1.0,
             loss_weight: 1.0,
+            super_node_weight: 0.0,
         }
     }
 }
@@ -210,6 +214,7 @@ mod tests {
         assert_eq!(g.raw(0.5, 1.0), 0.25);
         assert_eq!(g.raw(0.0, 1.0), 0.0);
         let g3 = GpuAware {
+            super_node_weight: 0.0,
             weight: 2.0,
             loss_weight: 3.0,
         };
@@ -221,6 +226,7 @@ mod tests {
         assert_eq!(g.kube(1.0), 10);
         // loss ignored
         let g0 = GpuAware {
+            super_node_weight: 0.0,
             weight: 1.0,
             loss_weight: 0.0,
         };
