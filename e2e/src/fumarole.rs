@@ -24,6 +24,21 @@ pub fn scheduler_ext_bin() -> Result<PathBuf> {
     our_bin("fumarole-scheduler-ext", "fumarole-scheduler-ext")
 }
 
+/// A controller reference to a ReplicaSet `name` (none exists; no kube-controller-manager runs
+/// in the harness, so nothing collects the pod): a pod the defragmentation advisor may move.
+pub fn replica_set_owner(
+    name: &str,
+) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+    k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+        api_version: "apps/v1".into(),
+        kind: "ReplicaSet".into(),
+        name: name.into(),
+        uid: "0b0d1c3e-0000-4000-8000-000000000001".into(),
+        controller: Some(true),
+        ..Default::default()
+    }
+}
+
 /// The `kubectl-fumarole` plugin binary (a binary of the `fumarole-scheduler-ext` package),
 /// like [`agent_bin`].
 pub fn kubectl_plugin_bin() -> Result<PathBuf> {

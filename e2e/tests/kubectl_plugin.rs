@@ -2,7 +2,7 @@
 //! against the real API server: two real agents publish the `DeviceTopology` of fixture nodes
 //! in two super-nodes (dgx-1: dgx-h100 in rack-a; pcie-1: pcie-4gpu in rack-b), a pod is bound
 //! to dgx-1 with two GPUs in `fumarole.dev/devices`, and pods wait (no scheduler runs). Then
-//! `explain`, `node` and `top` are checked in table and JSON (and YAML, wide) form, the
+//! `explain`, `node`, `top` and `defrag` are checked in table and JSON (and YAML, wide) form, the
 //! kubeconfig found through `--kubeconfig`, `KUBECONFIG` and `~/.kube/config`, the namespace
 //! from the context or `-n`, and bad input (an unknown pod, node or context, an unknown output
 //! format) fails with a clear message and a non-zero exit.
@@ -443,4 +443,51 @@ async fn explain_node_and_top_against_the_real_api_server() {
     let run = plugin(&[kc, "explain", "big", "-o", "xml"], &[]).await;
     assert_eq!(run.code, Some(2), "clap's usage error: {}", run.stderr);
     assert!(run.stderr.contains("invalid value 'xml'"), "{}", run.stderr);
+
+    // defrag: while big (16 GPUs, more than any node has) waits, nothing can help it.
+    let v = ok_json(kc, &["defrag", "-o", "json"]).await;
+    assert_eq!(v["unit"]["name"], "pod default/big", "{v}");
+    assert!(v["moves"].as_array().unwrap().is_empty(), "{v}");
+    assert!(
+        v["reason"]
+            .as_str()
+            .unwrap()
+            .contains("dgx-1 holds 0 such pods even empty"),
+        "{v}"
+    );
+    // Without big, five (5 GPUs) waits: dgx-1 has 4 free (GPU7 is unhealthy, the bare pod
+    // `bound` holds 2, nobody would recreate it, and web, a ReplicaSet's pod, 1). Moving web to
+    // pcie-1 makes room on dgx-1; `bound` is never proposed.
+    pods.delete("big", &Default::default()).await.unwrap();
+    let mut web = gpu_pod("web", 1, Some("dgx-1"), &[gpu(&dgx, 2)]);
+    web.metadata.owner_references =
+        Some(vec![fumarole_e2e::fumarole::replica_set_owner("web-5c6b")]);
+    pods.create(&pp, &web).await.unwrap();
+    pods.create(&pp, &gpu_pod("five", 5, None, &[]))
+        .await
+        .unwrap();
+    let v = eventually("defrag to see five", Duration::from_secs(30), || async {
+        let v = ok_json(kc, &["defrag", "-o", "json"]).await;
+        Ok((v["unit"]["name"] == "pod default/five").then_some(v))
+    })
+    .await
+    .unwrap();
+    assert_eq!(v["target"], "dgx-1", "{v}");
+    let moves = v["moves"].as_array().unwrap();
+    assert_eq!(moves.len(), 1, "{v}");
+    assert_eq!(moves[0]["pod"], "default/web");
+    assert_eq!(moves[0]["devices"], json!([gpu(&dgx, 2)]));
+    assert_eq!(moves[0]["to"], "pcie-1");
+    assert_eq!(moves[0]["restarts"], 1);
+    let text = ok(kc, &["defrag"]).await;
+    assert!(
+        text.starts_with("waiting: pod default/five asks 1 pods of 5 nvidia.com/gpu\n"),
+        "{text}"
+    );
+    assert!(
+        text.lines().any(|l| l.starts_with("default/web ")
+            && l.contains(" dgx-1 ")
+            && l.contains(" pcie-1 ")),
+        "{text}"
+    );
 }

@@ -208,3 +208,69 @@ async fn group_job_lands_unit_by_unit_in_single_super_nodes() {
         BTreeSet::from(["fumarole-rack-a".to_string(), "fumarole-rack-b".to_string()])
     );
 }
+
+/// The `/ui` defragmentation section of a live `serve`, from its pod watch: over the racks
+/// (every node 4 of 8 GPUs free), `web` (a ReplicaSet's pod, 1 GPU on a0) and a bare pod
+/// (1 GPU on b0) keep rack-a and rack-b from a waiting unit of 4 pods x 4 GPUs that must share
+/// a super-node (rack-c has 3 nodes). The page names web's move, out of rack-a to the fullest
+/// node that takes it (b0), never the bare pod. No scheduler runs: the pods are bound by hand.
+#[tokio::test]
+async fn ui_shows_the_defrag_advice_for_a_waiting_unit() {
+    let ui = fumarole_e2e::cluster::free_port().unwrap();
+    let ui_listen = format!("--ui-listen=127.0.0.1:{ui}");
+    let (cluster, _port) = common::cluster_with_extender(&common::racks(), &[&ui_listen]).await;
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let pp = PostParams::default();
+    let bound = |name: &str, node: &str, gpu: &str| -> Pod {
+        let mut p = gpu_pod(
+            name,
+            1,
+            json!({"fumarole.dev/devices": json!({"nvidia.com/gpu": [gpu]}).to_string()}),
+        );
+        p.spec.as_mut().unwrap().node_name = Some(node.into());
+        p
+    };
+    let mut web = bound("web", "a0", "a0-gpu4");
+    web.metadata.owner_references =
+        Some(vec![fumarole_e2e::fumarole::replica_set_owner("web-5c6b")]);
+    pods.create(&pp, &web).await.unwrap();
+    pods.create(&pp, &bound("notebook", "b0", "b0-gpu4"))
+        .await
+        .unwrap();
+    for i in 0..4 {
+        let mut p = gpu_pod(
+            &format!("train-{i}"),
+            4,
+            json!({"metax-tech.com/gpu-group-size": "16"}),
+        );
+        // Nobody schedules it: it stays pending.
+        p.spec.as_mut().unwrap().scheduler_name = Some("nobody".into());
+        pods.create(&pp, &p).await.unwrap();
+    }
+    let page = eventually(
+        "/ui to advise moving web",
+        Duration::from_secs(60),
+        || async move {
+            let page = fumarole_e2e::cluster::http_get(ui, "/ui").await?;
+            Ok(page.contains("data-pod=\"default/web\"").then_some(page))
+        },
+    )
+    .await
+    .unwrap();
+    let section = page.split("<h2 id=\"defragmentation\">").nth(1).unwrap();
+    assert!(
+        section.contains(
+            "unit 0 of job default/train (atomic part 0) (4 pods of 4 nvidia.com/gpu) becomes placeable in rack-a"
+        ),
+        "{section}"
+    );
+    let row = section
+        .split("<tr class=\"move\" data-pod=\"default/web\">")
+        .nth(1)
+        .unwrap();
+    assert!(
+        row.starts_with("<td>default/web</td><td>default/ReplicaSet/web-5c6b</td><td>a0</td><td>a0-gpu4</td><td>b0</td>"),
+        "{row}"
+    );
+    assert!(!section.contains("default/notebook"), "{section}");
+}

@@ -40,6 +40,11 @@ impl KubeOps {
         KubeOps { client, pods }
     }
 
+    /// The pods the live view reads (for readers off the scheduling path, as `/ui`).
+    pub fn pods(&self) -> &PodStore {
+        &self.pods
+    }
+
     fn api(&self, ns: &str) -> Api<Pod> {
         Api::namespaced(self.client.clone(), ns)
     }

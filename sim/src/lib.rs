@@ -33,6 +33,7 @@
 //! of its parts fits nowhere) or its super-node lost the room
 //! ([`scheduler_ext::core::placement`]), so a reservation rarely outlives the pass that made it.
 
+pub mod defrag;
 pub mod plot;
 pub mod policy;
 pub mod report;
@@ -89,6 +90,9 @@ pub struct Options {
     pub scorer: GpuAware,
     /// How long a unit's super-node reservation lives without its pods (`fumarole`).
     pub reservation_ttl: Duration,
+    /// `fumarole-defrag` moves only pods whose job has run at most this long (a move restarts
+    /// the job and throws its work away).
+    pub defrag_max_run: Duration,
 }
 
 impl Default for Options {
@@ -97,6 +101,7 @@ impl Default for Options {
             seed: 1,
             scorer: GpuAware::default(),
             reservation_ttl: Duration::from_secs(300),
+            defrag_max_run: Duration::from_secs(2 * 3600),
         }
     }
 }
@@ -203,6 +208,8 @@ pub struct Outcome {
     pub stranded: Vec<(u64, f64)>,
     /// Time of the last event.
     pub end: u64,
+    /// What defragmentation moves cost (`fumarole-defrag` only; zero otherwise).
+    pub defrag: defrag::DefragStats,
 }
 
 /// Stranded devices of the cluster now: over the common pod sizes `k` with weight `p_k`
@@ -249,6 +256,9 @@ pub fn run(sim: &Simulation, policy: Policy, opts: &Options) -> Outcome {
     let mut jobs = vec![JobOutcome::default(); n];
     let mut series = Vec::new();
     let mut end = 0;
+    // Each started job's end; a defragmentation restart moves it (older heap entries are void).
+    let mut ends = vec![0u64; n];
+    let mut defrag_stats = defrag::DefragStats::default();
     loop {
         let next_arrival = arrivals.peek().map(|&j| sim.jobs[j].job.arrival);
         let next_done = running.peek().map(|Reverse((t, _))| *t);
@@ -262,6 +272,9 @@ pub fn run(sim: &Simulation, policy: Policy, opts: &Options) -> Outcome {
                 break;
             }
             running.pop();
+            if ends[j] != done {
+                continue;
+            }
             e.release_job(j);
             freed = true;
         }
@@ -274,7 +287,7 @@ pub fn run(sim: &Simulation, policy: Policy, opts: &Options) -> Outcome {
             queue.push(j);
             new.push(j);
         }
-        if policy == Policy::Fumarole {
+        if policy.is_fumarole() {
             e.keep_reservations(&queue, now);
         }
         let tries = if freed { queue.clone() } else { new };
@@ -285,12 +298,23 @@ pub fn run(sim: &Simulation, policy: Policy, opts: &Options) -> Outcome {
                     start: Some(t),
                     pods,
                 };
-                running.push(Reverse((t.saturating_add(sim.jobs[j].job.duration), j)));
+                ends[j] = t.saturating_add(sim.jobs[j].job.duration);
+                running.push(Reverse((ends[j], j)));
                 started.push(j);
             }
         }
         if !started.is_empty() {
             queue.retain(|j| !started.contains(j));
+        }
+        if freed && policy == Policy::FumaroleDefrag {
+            let state = defrag::RunState {
+                queue: &mut queue,
+                jobs: &mut jobs,
+                ends: &mut ends,
+                running: &mut running,
+                stats: &mut defrag_stats,
+            };
+            defrag::at_completion(&mut e, state, t, now);
         }
         let value = stranded(
             &Cluster::new(&sim.cluster.view, &e.ledger, now),
@@ -305,6 +329,7 @@ pub fn run(sim: &Simulation, policy: Policy, opts: &Options) -> Outcome {
         jobs,
         stranded: series,
         end,
+        defrag: defrag_stats,
     }
 }
 
@@ -381,7 +406,7 @@ impl<'a> Engine<'a> {
         for req in &sj.pods {
             let choice = match (&mut planned, self.policy) {
                 (Some(plan), _) => plan.next(),
-                (None, Policy::Fumarole) => self.fumarole_pod(req, now),
+                (None, Policy::Fumarole | Policy::FumaroleDefrag) => self.fumarole_pod(req, now),
                 (None, _) => self.baseline_pod(req, now),
             };
             let Some((nv, devices)) = choice else {
@@ -480,6 +505,7 @@ impl<'a> Engine<'a> {
             Policy::Binpack
             | Policy::Nvidia
             | Policy::Fumarole
+            | Policy::FumaroleDefrag
             | Policy::VolcanoHard
             | Policy::FirstFit => fits.iter().min_by_key(|(_, f)| count(f)).copied()?,
             // max_by_key keeps the last of equal keys; reversed, the first by name.

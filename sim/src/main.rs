@@ -44,8 +44,9 @@ pub struct RunArgs {
     /// The job trace (JSON lines; see `generate-trace`).
     #[arg(long, value_name = "FILE")]
     trace: PathBuf,
-    /// Policies to compare, in order (repeat the flag); default: all of fumarole, binpack,
-    /// spread, random, nvidia.
+    /// Policies to compare, in order (repeat the flag); default: all of fumarole,
+    /// volcano-hard, first-fit, binpack, spread, random, nvidia (fumarole-defrag only when
+    /// named).
     #[arg(long = "policy", value_name = "NAME")]
     policies: Vec<Policy>,
     /// Seed of the `random` policy.
@@ -54,6 +55,10 @@ pub struct RunArgs {
     /// How long a gpu-group-size unit's super-node reservation waits for its pods (simulated).
     #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
     reservation_ttl: Duration,
+    /// `fumarole-defrag` moves only pods whose job has run at most this long (simulated; a
+    /// move restarts the job from scratch).
+    #[arg(long, default_value = "2h", value_parser = humantime::parse_duration)]
+    defrag_max_run: Duration,
     #[arg(long, value_enum, default_value_t = ReportFormat::Table)]
     format: ReportFormat,
     /// Drop the jobs' gpu-group-size and atomic-gpu-group-size (to see what the super-node
@@ -110,7 +115,8 @@ pub struct SweepArgs {
     /// Jobs per trace.
     #[arg(long, default_value_t = 1000)]
     jobs: usize,
-    /// Policies to compare, in order (repeat the flag); default: all.
+    /// Policies to compare, in order (repeat the flag); default: all but fumarole-defrag
+    /// (named, it runs too).
     #[arg(long = "policy", value_name = "NAME")]
     policies: Vec<Policy>,
     /// Seed of the `random` policy.
@@ -119,6 +125,10 @@ pub struct SweepArgs {
     /// How long a gpu-group-size unit's super-node reservation waits for its pods (simulated).
     #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
     reservation_ttl: Duration,
+    /// `fumarole-defrag` moves only pods whose job has run at most this long (simulated; a
+    /// move restarts the job from scratch).
+    #[arg(long, default_value = "2h", value_parser = humantime::parse_duration)]
+    defrag_max_run: Duration,
     #[command(flatten)]
     scoring: ScoringArgs,
 }
@@ -153,6 +163,7 @@ fn run_cmd(args: RunArgs) -> Result<()> {
         seed: args.seed,
         scorer,
         reservation_ttl: args.reservation_ttl,
+        defrag_max_run: args.defrag_max_run,
     };
     let runs = fumarole_sim::compare(&sim, &policies, &opts);
     let metrics: Vec<Metrics> = runs.iter().map(|o| Metrics::of(&sim, o)).collect();
@@ -254,6 +265,7 @@ fn sweep_cmd(args: SweepArgs) -> Result<()> {
         seed: args.seed,
         scorer,
         reservation_ttl: args.reservation_ttl,
+        defrag_max_run: args.defrag_max_run,
     };
     let runs = fumarole_sim::sweep::run(&spec, &policies, &opts, |i, n, r| {
         tracing::info!(trace = %r.case.name(), "{i}/{n} traces simulated");

@@ -18,6 +18,7 @@ pub const BUCKETS: usize = 160;
 pub fn color(p: Policy) -> &'static str {
     match p {
         Policy::Fumarole => "#d84315",
+        Policy::FumaroleDefrag => "#6d4c41",
         Policy::Binpack => "#1565c0",
         Policy::Spread => "#2e7d32",
         Policy::Random => "#757575",
@@ -32,7 +33,7 @@ pub fn color(p: Policy) -> &'static str {
 pub fn dash(p: Policy) -> &'static str {
     match p {
         Policy::Fumarole | Policy::Binpack | Policy::Spread => "none",
-        Policy::Random => "2 3",
+        Policy::Random | Policy::FumaroleDefrag => "2 3",
         Policy::Nvidia => "7 4",
         Policy::VolcanoHard => "5 2",
         Policy::FirstFit => "1 2",

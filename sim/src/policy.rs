@@ -4,6 +4,9 @@
 //!   reservations) then [`scheduler_ext::core::decide::judge`] over every node (gpu-aware fit, `q`, `loss`,
 //!   score, devices from `topology::select`, the group checks); the best verdict wins
 //!   ([`scheduler_ext::core::score::gpu_aware::best_first`]) and its devices are committed to the ledger.
+//! - `fumarole-defrag` (only when asked for by name): `fumarole`, and at each job completion, when the oldest waiting job is
+//!   large and still waits, the moves of the scheduler extension's defragmentation advisor that
+//!   let it start, each moved pod restarting its job ([`crate::defrag`]).
 //! - `binpack`: the node with the fewest free devices that still has enough (kube-scheduler's
 //!   `MostAllocated` on the device count); the lowest free device indices.
 //! - `spread`: the node with the most free devices (`LeastAllocated`); lowest free indices.
@@ -32,6 +35,7 @@ use std::str::FromStr;
 #[serde(rename_all = "kebab-case")]
 pub enum Policy {
     Fumarole,
+    FumaroleDefrag,
     Binpack,
     Spread,
     Random,
@@ -52,9 +56,13 @@ impl Policy {
         Policy::Nvidia,
     ];
 
+    /// Policies that run only when asked for by name (`--policy fumarole-defrag`).
+    pub const OPT_IN: [Policy; 1] = [Policy::FumaroleDefrag];
+
     pub fn name(self) -> &'static str {
         match self {
             Policy::Fumarole => "fumarole",
+            Policy::FumaroleDefrag => "fumarole-defrag",
             Policy::Binpack => "binpack",
             Policy::Spread => "spread",
             Policy::Random => "random",
@@ -62,6 +70,11 @@ impl Policy {
             Policy::VolcanoHard => "volcano-hard",
             Policy::FirstFit => "first-fit",
         }
+    }
+
+    /// Decides through the service's own path (`fumarole`, with or without defragmentation).
+    pub fn is_fumarole(self) -> bool {
+        matches!(self, Policy::Fumarole | Policy::FumaroleDefrag)
     }
 
     /// Places a whole unit (`volcano-hard`) or atomic part (`first-fit`) inside one
@@ -77,10 +90,10 @@ impl fmt::Display for Policy {
     }
 }
 
-/// A policy name that is not one of [`Policy::ALL`].
+/// A policy name that is not one of [`Policy::ALL`] or [`Policy::OPT_IN`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "unknown policy {0:?} (known: fumarole, volcano-hard, first-fit, binpack, spread, random, nvidia)"
+    "unknown policy {0:?} (known: fumarole, fumarole-defrag, volcano-hard, first-fit, binpack, spread, random, nvidia)"
 )]
 pub struct UnknownPolicy(pub String);
 
@@ -90,6 +103,7 @@ impl FromStr for Policy {
     fn from_str(s: &str) -> Result<Self, UnknownPolicy> {
         Policy::ALL
             .into_iter()
+            .chain(Policy::OPT_IN)
             .find(|p| p.name() == s.trim().to_ascii_lowercase())
             .ok_or_else(|| UnknownPolicy(s.to_string()))
     }
@@ -111,9 +125,10 @@ mod tests {
 
     #[test]
     fn names_round_trip_and_unknown_is_named() {
-        for p in Policy::ALL {
+        for p in Policy::ALL.into_iter().chain(Policy::OPT_IN) {
             assert_eq!(p.name().parse::<Policy>().unwrap(), p);
         }
+        assert!(!Policy::ALL.contains(&Policy::FumaroleDefrag));
         assert_eq!(" Binpack".parse::<Policy>().unwrap(), Policy::Binpack);
         let e = "tetris".parse::<Policy>().unwrap_err().to_string();
         assert!(e.starts_with("unknown policy \"tetris\""), "{e}");

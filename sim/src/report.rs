@@ -18,6 +18,10 @@
 //!   cluster's devices (durations do not depend on placement, so a policy that keeps jobs
 //!   waiting keeps devices idle).
 //! - **Makespan**: when the last job finished.
+//! - **Defragmentation** (`fumarole-defrag`): pods moved, jobs restarted by the moves, and the
+//!   work those restarts threw away (device-hours the restarted jobs had run). A restarted job
+//!   keeps its first start for the delay, and makespan and utilisation count its first run
+//!   only: the rerun is in the lost work, not in those two.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -61,6 +65,11 @@ pub struct Metrics {
     pub delay_mean_multi: f64,
     /// Seconds from 0 to the last completion.
     pub makespan: u64,
+    /// Pods moved by defragmentation (`fumarole-defrag`), the jobs those moves restarted, and
+    /// the work the restarts lost, in device-hours.
+    pub defrag_moves: usize,
+    pub defrag_restarts: usize,
+    pub lost_device_hours: f64,
 }
 
 /// `part / whole` as a share (0 when `whole` is 0).
@@ -96,6 +105,9 @@ impl Metrics {
             delay_max: 0.0,
             delay_mean_multi: 0.0,
             makespan: 0,
+            defrag_moves: out.defrag.moves,
+            defrag_restarts: out.defrag.restarted_jobs,
+            lost_device_hours: out.defrag.lost_device_seconds / 3600.0,
         };
         let (t0, t1) = sim.arrival_window();
         let mut busy = 0.0;

@@ -168,7 +168,7 @@ impl Unit {
 }
 
 /// The figures the sweep summarises, in order.
-pub const FIGURES: [Figure; 12] = [
+pub const FIGURES: [Figure; 15] = [
     Figure {
         name: "placed",
         value: |m| share(m.placed, m.jobs),
@@ -228,6 +228,21 @@ pub const FIGURES: [Figure; 12] = [
         name: "makespan",
         value: |m| m.makespan as f64,
         unit: Unit::Hours,
+    },
+    Figure {
+        name: "defrag moves",
+        value: |m| m.defrag_moves as f64,
+        unit: Unit::Count,
+    },
+    Figure {
+        name: "jobs restarted by moves",
+        value: |m| m.defrag_restarts as f64,
+        unit: Unit::Count,
+    },
+    Figure {
+        name: "device-hours lost to restarts",
+        value: |m| m.lost_device_hours,
+        unit: Unit::Count,
     },
 ];
 

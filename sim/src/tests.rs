@@ -337,10 +337,8 @@ fn a_tiny_sweep_has_every_policy_and_consistent_figures() {
             assert!((0.0..=1.0).contains(&m.utilisation), "{}", m.utilisation);
             assert!(m.delay_mean <= m.delay_p95.max(m.delay_max));
             assert!(m.delay_p95 <= m.delay_max);
-            if matches!(
-                m.policy,
-                Policy::Fumarole | Policy::VolcanoHard | Policy::FirstFit
-            ) {
+            if m.policy.is_fumarole() || matches!(m.policy, Policy::VolcanoHard | Policy::FirstFit)
+            {
                 assert_eq!(m.atomic_split, 0, "{}", m.policy);
             }
         }
@@ -355,4 +353,62 @@ fn a_tiny_sweep_has_every_policy_and_consistent_figures() {
     assert!(md.contains("| dgx-h100-8 load 1 seed 101 |"), "{md}");
     assert!(md.contains("Targets for fumarole"));
     assert!(md.contains("atomic parts broken (target 0): 0 of"));
+}
+
+/// Two super-nodes of two DGX nodes (sn-0: node-000, node-001; sn-1: node-002, node-003).
+/// fumarole puts the 1-GPU job and the 7-GPU job together on node-000, w1 on node-001, w2 on
+/// node-002; a 2-node unit that must share a super-node arrives and waits. When w1 ends,
+/// `fumarole` leaves the unit waiting until the long jobs end; `fumarole-defrag` moves w2 to
+/// node-001 (one move, where freeing sn-0 would take two), restarting it (100 s of 8 GPUs
+/// lost; it ends 100 s later), and starts the unit at once in sn-1. With moves limited to jobs
+/// that ran at most 60 s, nothing moves.
+#[test]
+fn defrag_moves_the_fewest_pods_and_starts_the_unit_at_the_completion() {
+    let trace = [
+        job("small", 0, 10_000, 1, 1),
+        job("w1", 0, 100, 1, 8),
+        job("w2", 0, 10_000, 1, 8),
+        job("w3", 0, 10_000, 1, 7),
+        grouped("pair", 1, 2, 8, 16, 16),
+    ]
+    .join("\n");
+    let s = sim("4xdgx-h100:2", &trace);
+    let (fo, fm) = metrics(&s, Policy::Fumarole);
+    let nodes: Vec<&str> = fo.jobs[..4]
+        .iter()
+        .map(|j| j.pods[0].node.as_str())
+        .collect();
+    assert_eq!(nodes, ["node-000", "node-001", "node-002", "node-000"]);
+    assert!(fo.jobs[4].start.unwrap() >= 10_000, "{:?}", fo.jobs[4]);
+    assert_eq!(fo.defrag, defrag::DefragStats::default());
+    assert_eq!(fm.defrag_moves, 0);
+    let (o, m) = metrics(&s, Policy::FumaroleDefrag);
+    assert_eq!(o.jobs[4].start, Some(100));
+    let sns: BTreeSet<&str> = o.jobs[4]
+        .pods
+        .iter()
+        .map(|p| p.super_node.as_str())
+        .collect();
+    assert_eq!(sns, BTreeSet::from(["sn-1"]));
+    assert_eq!(o.jobs[2].pods[0].node, "node-001");
+    assert!(o.jobs[2].pods[0].ideal);
+    assert_eq!(o.jobs[0].pods[0].node, "node-000");
+    assert_eq!(
+        (o.defrag.applied, o.defrag.moves, o.defrag.restarted_jobs),
+        (1, 1, 1)
+    );
+    assert_eq!(o.defrag.lost_device_seconds, 800.0);
+    assert_eq!((m.defrag_moves, m.defrag_restarts), (1, 1));
+    assert!((m.lost_device_hours - 800.0 / 3600.0).abs() < 1e-9);
+    // The moved job restarted: it ends 100 s after the others.
+    assert_eq!(o.end, 10_100);
+    assert_eq!(m.atomic_split, 0);
+    assert!(m.delay_max < fm.delay_max);
+    let limited = Options {
+        defrag_max_run: Duration::from_secs(60),
+        ..Options::default()
+    };
+    let o = run(&s, Policy::FumaroleDefrag, &limited);
+    assert_eq!(o.defrag, defrag::DefragStats::default());
+    assert_eq!(o.jobs[4].start, fo.jobs[4].start);
 }

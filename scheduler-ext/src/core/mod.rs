@@ -12,11 +12,13 @@
 //! verdicts out for people.
 //!
 //! Imports inside the core point one way: `claims`, `group` <- `request` <- `view` <- `ledger` <-
-//! `cluster` <- `score`, `placement` <- `verdict` <- `decide`, `explain`.
+//! `cluster` <- `score`, `placement` <- `verdict` <- `decide`, `explain`; [`defrag`] (moves that
+//! make room for a waiting unit) reads `cluster`, `group`, `request` and `placement`.
 
 pub mod claims;
 pub mod cluster;
 pub mod decide;
+pub mod defrag;
 pub mod explain;
 pub mod group;
 pub mod ledger;

@@ -35,6 +35,38 @@ pub struct PodFacts {
     pub group: GroupFacts,
     /// The pod itself, while it is not bound.
     pub unbound: Option<Arc<Pod>>,
+    /// Why the defragmentation advisor may not move the pod ([`movability`]); `None`: it may.
+    pub pinned: Option<String>,
+}
+
+/// Pod annotation: `never` keeps the defragmentation advisor from moving the pod.
+pub const DEFRAG_ANNOTATION: &str = "fumarole.dev/defrag";
+
+/// Why moving `pod` elsewhere is not an option, or `None` when it is: a pod marked
+/// `fumarole.dev/defrag: never`; a pod no controller owns (deleting it loses it for good); a
+/// DaemonSet's or a static pod (owned by a Node), which belong to their node.
+pub fn movability(pod: &Pod) -> Option<String> {
+    let meta = &pod.metadata;
+    if meta
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(DEFRAG_ANNOTATION))
+        .is_some_and(|v| v.trim() == "never")
+    {
+        return Some(format!("{DEFRAG_ANNOTATION}: never"));
+    }
+    let owner = meta
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true));
+    match owner {
+        None => Some("no controller would recreate it".into()),
+        Some(o) if o.kind == "DaemonSet" || o.kind == "Node" => {
+            Some(format!("owned by {} {}: bound to its node", o.kind, o.name))
+        }
+        Some(_) => None,
+    }
 }
 
 impl PodFacts {
@@ -65,6 +97,7 @@ impl PodFacts {
             request: RequestFacts::of(pod),
             group: GroupFacts::of(pod),
             unbound: node.is_none().then(|| Arc::new(pod.clone())),
+            pinned: movability(pod),
             node,
             key: key.into(),
         }

@@ -9,6 +9,8 @@
 //!   when there is one, else the verdicts of a fresh evaluation, for at most
 //!   [`EVALUATED_MAX`] pods; gpu-group-size pods are not evaluated here, since planning their
 //!   unit would reserve a super-node);
+//! - the defragmentation advice: the fewest running pods whose move would make room for the
+//!   largest waiting unit ([`crate::core::defrag`]), from the live pod store;
 //! - the last scorings the schedulers asked for, per node, the same rows as `explain`.
 //!
 //! The page is rendered again only when the service's state moved (a new view, a new scoring)
@@ -27,6 +29,7 @@ use axum::response::Html;
 use html_escape::encode_double_quoted_attribute as esc;
 
 use crate::core::cluster::Cluster;
+use crate::core::defrag;
 use crate::core::explain::Row;
 use crate::core::request::{self, pod_key};
 use crate::core::view::NodeView;
@@ -271,6 +274,8 @@ pub fn render(svc: &Service, now: SystemTime) -> String {
         o.push_str("</table>");
     }
 
+    defrag_section(svc, &mut o);
+
     // The last scorings.
     o.push_str("<h2>Last decisions</h2>");
     if decisions.is_empty() {
@@ -307,6 +312,52 @@ pub fn render(svc: &Service, now: SystemTime) -> String {
     }
     o.push_str("</body></html>\n");
     o
+}
+
+/// The defragmentation advice for the largest waiting unit ([`defrag::advise`]), over the
+/// live pod store: a line with the gain, then the moves. Computed only when the page is
+/// rendered, over a copy of the ledger, so the schedulers' requests never wait for it. Served
+/// over a snapshot (no pod store) it says that it needs the live cluster.
+fn defrag_section(svc: &Service, o: &mut String) {
+    o.push_str("<h2 id=\"defragmentation\">Defragmentation</h2>");
+    let Some(kube) = svc.kube() else {
+        o.push_str(
+            "<p class=\"summary\" id=\"defrag-gain\">needs the live cluster's pods (not served from a snapshot)</p>",
+        );
+        return;
+    };
+    let facts = kube.pods().state();
+    let view = svc.view();
+    let ledger = svc.with_cluster(|c| c.ledger.clone());
+    let c = Cluster::new(&view, &ledger, Instant::now());
+    let (running, waiting) = defrag::from_facts(&c, facts.iter().map(AsRef::as_ref));
+    let advice = defrag::advise(&c, &running, &waiting);
+    let _ = write!(
+        o,
+        "<p class=\"summary\" id=\"defrag-gain\">{}</p>",
+        esc(&advice.gain)
+    );
+    if advice.moves.is_empty() {
+        return;
+    }
+    o.push_str(
+        "<table id=\"defrag\"><tr><th>pod</th><th>job</th><th>from</th><th>devices</th><th>to</th><th>to devices</th><th>restarts</th></tr>",
+    );
+    for m in &advice.moves {
+        let _ = write!(
+            o,
+            "<tr class=\"move\" data-pod=\"{}\"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            esc(&m.pod),
+            esc(&m.pod),
+            esc(&m.job),
+            esc(&m.from),
+            esc(&m.devices.join(", ")),
+            esc(&m.to),
+            esc(&m.to_devices.join(", ")),
+            m.restarts
+        );
+    }
+    o.push_str("</table>");
 }
 
 /// Why `pod` waits: from the scheduler's last scoring of it, else a fresh evaluation over every
@@ -391,5 +442,44 @@ mod tests {
             .nth(1)
             .expect("a pending row");
         assert!(row.contains("2 × npu.fumarole.dev"), "{row}");
+    }
+
+    /// The defragmentation section over the `defrag` snapshot's pods in the pod store: the
+    /// gain, and the one move with its destination; served from a snapshot (no pod store), it
+    /// says it needs the live cluster.
+    #[tokio::test]
+    async fn the_defrag_section_shows_the_move_from_the_pod_store() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/snapshots/defrag");
+        let objects = crate::snapshot::read_dir(&dir).unwrap();
+        let svc = Service::new(objects.view().unwrap(), GpuAware::default());
+        let page = render(&svc, SystemTime::now());
+        assert!(
+            page.contains("<p class=\"summary\" id=\"defrag-gain\">needs the live cluster"),
+            "{page}"
+        );
+        let store = crate::pod_store::PodStore::default();
+        for pod in &objects.pods {
+            store.apply(&kube::runtime::watcher::Event::Apply(pod.clone()));
+        }
+        let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
+        let client = kube::Client::try_from(config).unwrap();
+        svc.set_kube(crate::kube_ops::KubeOps::new(client, store));
+        let page = render(&svc, SystemTime::now());
+        let section = page
+            .split("<h2 id=\"defragmentation\">")
+            .nth(1)
+            .expect("a defragmentation section");
+        assert!(
+            section.contains("unit 0 of job ml/train (atomic part 0) (2 pods of 8 nvidia.com/gpu) becomes placeable in rack-a"),
+            "{section}"
+        );
+        let row = section
+            .split("<tr class=\"move\" data-pod=\"ml/web-7d9f\">")
+            .nth(1)
+            .expect("a row for web");
+        assert!(
+            row.starts_with("<td>ml/web-7d9f</td><td>ml/ReplicaSet/web-5c6b</td><td>a1</td><td>GPU-a1-3</td><td>b0</td><td>GPU-b0-3</td><td>1</td>"),
+            "{row}"
+        );
     }
 }

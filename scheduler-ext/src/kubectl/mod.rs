@@ -5,7 +5,9 @@
 //!   [`crate::service::Service::explain`] the extension's `explain` uses, over a view read once
 //!   from the API server ([`crate::live::read_once`]);
 //! - `node NODE`: the node's link matrix and device health, from its `DeviceTopology`;
-//! - `top`: devices free, in use and unhealthy per super-node (per node with `-o wide`).
+//! - `top`: devices free, in use and unhealthy per super-node (per node with `-o wide`);
+//! - `defrag`: the fewest running pods whose move would make room for the largest waiting unit
+//!   ([`crate::core::defrag`]).
 //!
 //! Start at [`Cli`] and [`run`]. Each subcommand's module turns what it read into a plain
 //! report (serialized for `-o json|yaml`) and lays it out as a table; the layouts are pure
@@ -13,6 +15,7 @@
 //! [`run`].
 
 pub mod config;
+pub mod defrag;
 pub mod explain;
 pub mod node;
 pub mod top;
@@ -78,6 +81,9 @@ pub enum Command {
     },
     /// Devices free, in use and unhealthy per super-node (and per node with -o wide).
     Top,
+    /// The fewest running pods whose move would make room for the largest waiting unit, where
+    /// each would go, and what it costs.
+    Defrag,
 }
 
 /// `-o` values.
@@ -138,6 +144,10 @@ pub fn run(cli: Cli) -> Result<()> {
             Command::Top => {
                 let report = top::read(&conn).await?;
                 render(output, &report, top::table)
+            }
+            Command::Defrag => {
+                let report = defrag::read(&conn).await?;
+                render(output, &report, defrag::table)
             }
         }
     })?;
