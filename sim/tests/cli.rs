@@ -275,21 +275,24 @@ fn jobs_out_lists_every_job_of_every_policy() {
         trace.to_str().unwrap(),
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
-    let out = bin(&[
-        "run",
-        "--cluster",
-        "8xatlas-800-910:2",
-        "--trace",
-        trace.to_str().unwrap(),
-        "--policy",
-        "fumarole",
-        "--policy",
-        "volcano-hard",
-        "--format",
-        "json",
-        "--jobs-out",
-        jobs_out.to_str().unwrap(),
-    ]);
+    let run = |policies: &[&str], jobs_out: &Path| {
+        let mut args = vec![
+            "run",
+            "--cluster",
+            "8xatlas-800-910:2",
+            "--trace",
+            trace.to_str().unwrap(),
+            "--format",
+            "json",
+            "--jobs-out",
+            jobs_out.to_str().unwrap(),
+        ];
+        for p in policies {
+            args.extend(["--policy", p]);
+        }
+        bin(&args)
+    };
+    let out = run(&["fumarole", "volcano-hard"], &jobs_out);
     assert!(out.status.success(), "{}", stderr(&out));
     let figures: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let lines: Vec<serde_json::Value> = std::fs::read_to_string(&jobs_out)
@@ -323,17 +326,7 @@ fn jobs_out_lists_every_job_of_every_policy() {
         );
     }
     // A path that cannot be written is an error naming it, not a panic.
-    let out = bin(&[
-        "run",
-        "--cluster",
-        "8xatlas-800-910:2",
-        "--trace",
-        trace.to_str().unwrap(),
-        "--policy",
-        "binpack",
-        "--jobs-out",
-        dir.path().join("missing/jobs.jsonl").to_str().unwrap(),
-    ]);
+    let out = run(&["binpack"], &dir.path().join("missing/jobs.jsonl"));
     assert!(!out.status.success());
     assert!(
         stderr(&out).contains("missing/jobs.jsonl"),
