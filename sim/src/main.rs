@@ -68,6 +68,10 @@ pub struct RunArgs {
     /// Write `<trace>.stranded.svg` and `<trace>.metrics.svg` into this directory.
     #[arg(long, value_name = "DIR")]
     plot_dir: Option<PathBuf>,
+    /// Write every job's outcome under every policy here, one JSON object a line (start,
+    /// queueing delay, super-nodes and nodes of its pods), to compare policies job by job.
+    #[arg(long, value_name = "FILE")]
+    jobs_out: Option<PathBuf>,
     #[command(flatten)]
     scoring: ScoringArgs,
 }
@@ -171,6 +175,10 @@ fn run_cmd(args: RunArgs) -> Result<()> {
         ReportFormat::Table => print!("{}", report::table(&sim, &metrics)),
         ReportFormat::Markdown => print!("{}", report::markdown(&sim, &metrics)),
         ReportFormat::Json => print!("{}", report::json(&sim, &metrics)),
+    }
+    if let Some(path) = &args.jobs_out {
+        std::fs::write(path, report::jobs_jsonl(&sim, &runs))
+            .with_context(|| format!("writing {}", path.display()))?;
     }
     if let Some(dir) = &args.plot_dir {
         let stem = args

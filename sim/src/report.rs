@@ -351,6 +351,34 @@ pub fn json(sim: &Simulation, ms: &[Metrics]) -> String {
     serde_json::to_string_pretty(&v).unwrap_or_default() + "\n"
 }
 
+/// Every job's outcome under every policy, one JSON object a line (`run --jobs-out`): the job
+/// as traced, the policy, its start and queueing delay in seconds (`null` when never placed),
+/// and the super-nodes and nodes its pods went to, in rank order. For comparing policies job
+/// by job (which jobs wait longer, and where their pods went).
+pub fn jobs_jsonl(sim: &Simulation, outcomes: &[Outcome]) -> String {
+    let mut out = String::new();
+    for o in outcomes {
+        for (sj, jo) in sim.jobs.iter().zip(&o.jobs) {
+            let line = serde_json::json!({
+                "policy": o.policy,
+                "job": sj.job.job,
+                "arrival": sj.job.arrival,
+                "duration": sj.job.duration,
+                "pods": sj.job.pods,
+                "devices": sj.job.devices,
+                "gpu_group_size": sj.job.gpu_group_size,
+                "atomic_gpu_group_size": sj.job.atomic_gpu_group_size,
+                "start": jo.start,
+                "delay": jo.start.map(|s| s.saturating_sub(sj.job.arrival)),
+                "super_nodes": jo.pods.iter().map(|p| p.super_node.as_str()).collect::<Vec<_>>(),
+                "nodes": jo.pods.iter().map(|p| p.node.as_str()).collect::<Vec<_>>(),
+            });
+            let _ = writeln!(out, "{line}");
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]

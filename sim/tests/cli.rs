@@ -253,3 +253,84 @@ fn documented_figures_are_current() {
         );
     }
 }
+
+/// `run --jobs-out` writes one line per job and policy, and its delays are the ones the
+/// figures are made of (their mean is the reported mean queueing delay).
+#[test]
+fn jobs_out_lists_every_job_of_every_policy() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("t.jsonl");
+    let jobs_out = dir.path().join("jobs.jsonl");
+    let out = bin(&[
+        "generate-trace",
+        "--cluster",
+        "8xatlas-800-910:2",
+        "--jobs",
+        "60",
+        "--seed",
+        "7",
+        "--load",
+        "1.1",
+        "--out",
+        trace.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let run = |policies: &[&str], jobs_out: &Path| {
+        let mut args = vec![
+            "run",
+            "--cluster",
+            "8xatlas-800-910:2",
+            "--trace",
+            trace.to_str().unwrap(),
+            "--format",
+            "json",
+            "--jobs-out",
+            jobs_out.to_str().unwrap(),
+        ];
+        for p in policies {
+            args.extend(["--policy", p]);
+        }
+        bin(&args)
+    };
+    let out = run(&["fumarole", "volcano-hard"], &jobs_out);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let figures: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&jobs_out)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2 * 60);
+    for (i, policy) in ["fumarole", "volcano-hard"].into_iter().enumerate() {
+        let mine: Vec<&serde_json::Value> =
+            lines.iter().filter(|l| l["policy"] == policy).collect();
+        assert_eq!(mine.len(), 60, "{policy}");
+        let mut delays = Vec::new();
+        for l in &mine {
+            let Some(start) = l["start"].as_u64() else {
+                assert!(l["delay"].is_null() && l["nodes"].as_array().unwrap().is_empty());
+                continue;
+            };
+            let delay = l["delay"].as_u64().unwrap();
+            assert_eq!(start - l["arrival"].as_u64().unwrap(), delay, "{l}");
+            let pods = l["pods"].as_u64().unwrap() as usize;
+            assert_eq!(l["nodes"].as_array().unwrap().len(), pods, "{l}");
+            assert_eq!(l["super_nodes"].as_array().unwrap().len(), pods, "{l}");
+            delays.push(delay as f64);
+        }
+        let mean = delays.iter().sum::<f64>() / delays.len() as f64;
+        let reported = figures["policies"][i]["delay_mean"].as_f64().unwrap();
+        assert!(
+            (mean - reported).abs() < 1e-6,
+            "{policy}: {mean} vs {reported}"
+        );
+    }
+    // A path that cannot be written is an error naming it, not a panic.
+    let out = run(&["binpack"], &dir.path().join("missing/jobs.jsonl"));
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("missing/jobs.jsonl"),
+        "{}",
+        stderr(&out)
+    );
+}
