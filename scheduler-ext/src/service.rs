@@ -779,7 +779,7 @@ mod tests {
         use crate::core::view::ContextCache;
         const NPU: &str = "npu.fumarole.dev";
         let holder = claim_pod("holder", &["held"], Some("a"), serde_json::json!({}));
-        let view = ClusterView::build_with_claims(
+        let view = ClusterView::build_with_jobs(
             &mut ContextCache::default(),
             &[ascend_node("a"), ascend_node("b")],
             &[],
@@ -790,6 +790,7 @@ mod tests {
                 claim("one", NPU, 1, None),
                 claim("five", NPU, 5, None),
             ]),
+            &crate::core::group::JobSources::default(),
         )
         .unwrap();
         let svc = Service::new(view, GpuAware::default());

@@ -582,39 +582,20 @@ impl ClusterView {
         nodes: impl IntoIterator<Item = &'a ObjectMeta>,
         pods: impl IntoIterator<Item = &'p PodFacts>,
     ) -> Result<Self, ViewError> {
-        Self::build_with_claims(
-            contexts,
-            topologies,
-            numatopologies,
-            nodes,
-            pods,
-            Claims::default(),
-        )
-    }
-
-    /// [`Self::build_with`] with the cluster's ResourceClaims: the devices allocated claims
-    /// hold are not free, and pods' claims are read into their requests.
-    pub fn build_with_claims<'a, 'p>(
-        contexts: &mut ContextCache,
-        topologies: impl IntoIterator<Item = &'a DeviceTopology>,
-        numatopologies: impl IntoIterator<Item = &'a Numatopology>,
-        nodes: impl IntoIterator<Item = &'a ObjectMeta>,
-        pods: impl IntoIterator<Item = &'p PodFacts>,
-        claims: Claims,
-    ) -> Result<Self, ViewError> {
         Self::build_with_jobs(
             contexts,
             topologies,
             numatopologies,
             nodes,
             pods,
-            claims,
+            Claims::default(),
             &JobSources::default(),
         )
     }
 
-    /// [`Self::build_with_claims`] with what is known of jobs from outside their pods (their
-    /// Volcano PodGroups' `sp-block`).
+    /// [`Self::build_with`] with the cluster's ResourceClaims (the devices allocated claims
+    /// hold are not free, and pods' claims are read into their requests) and what is known of
+    /// jobs from outside their pods (their Volcano PodGroups' `sp-block`).
     pub fn build_with_jobs<'a, 'p>(
         contexts: &mut ContextCache,
         topologies: impl IntoIterator<Item = &'a DeviceTopology>,
@@ -1242,13 +1223,14 @@ mod tests {
             // Another driver's results never count.
             claim("nic", "nic.example.com", 1, Some(("b", &[1]))),
         ]);
-        let view = ClusterView::build_with_claims(
+        let view = ClusterView::build_with_jobs(
             &mut ContextCache::default(),
             &[ascend_node("a"), ascend_node("b"), dt("g", 2, 10, &[])],
             &[],
             &[],
             &[],
             claims,
+            &crate::core::group::JobSources::default(),
         )
         .unwrap();
         assert_eq!(view.free("a", NPU), vec![1, 2, 3, 4, 6, 7]);

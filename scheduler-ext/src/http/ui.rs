@@ -427,13 +427,14 @@ mod tests {
     #[test]
     fn a_pending_claim_pod_shows_its_claims_ask() {
         let pod = claim_pod("waits", &["two"], None, serde_json::json!({}));
-        let view = ClusterView::build_with_claims(
+        let view = ClusterView::build_with_jobs(
             &mut ContextCache::default(),
             &[ascend_node("a")],
             &[],
             &[],
             &[PodFacts::of(&pod)],
             Claims::new(&[claim("two", "npu.fumarole.dev", 2, None)]),
+            &crate::core::group::JobSources::default(),
         )
         .unwrap();
         let page = render(&Service::new(view, GpuAware::default()), SystemTime::now());
