@@ -109,6 +109,10 @@ pub struct Settings {
     /// Huawei's default for Ascend jobs without `sp-block` (`--whole-job-super-pod`), applied
     /// where the live view is built.
     pub whole_job_super_pod: bool,
+    /// `--lapse-reservations`: waiting plans lapse when their super-node lost the room or
+    /// their unit cannot start ([`crate::core::placement::ensure_plan`]); off, they are
+    /// renewed while their pods are retried ([`Ledger::keeping_waiting_plans`]).
+    pub lapse_reservations: bool,
 }
 
 impl Default for Settings {
@@ -123,6 +127,7 @@ impl Default for Settings {
                 .collect(),
             super_pods: SuperPods::default(),
             whole_job_super_pod: false,
+            lapse_reservations: false,
         }
     }
 }
@@ -182,7 +187,11 @@ impl Service {
     pub fn with_settings(view: ClusterView, settings: Settings) -> Self {
         Service {
             view: RwLock::new(Arc::new(view)),
-            ledger: RwLock::new(Ledger::default()),
+            ledger: RwLock::new(if settings.lapse_reservations {
+                Ledger::default()
+            } else {
+                Ledger::keeping_waiting_plans()
+            }),
             settings,
             kube: OnceLock::new(),
             leadership: OnceLock::new(),

@@ -90,6 +90,10 @@ pub struct Options {
     pub scorer: GpuAware,
     /// How long a unit's super-node reservation lives without its pods (`fumarole`).
     pub reservation_ttl: Duration,
+    /// Waiting reservations renewed while their unit waits, as the live service does by
+    /// default ([`Ledger::keeping_waiting_plans`]); off (the simulator's default), they lapse
+    /// as `--lapse-reservations` makes them in the service.
+    pub keep_waiting_reservations: bool,
     /// `fumarole-defrag` moves only pods whose job has run at most this long (a move restarts
     /// the job and throws its work away).
     pub defrag_max_run: Duration,
@@ -101,6 +105,7 @@ impl Default for Options {
             seed: 1,
             scorer: GpuAware::default(),
             reservation_ttl: Duration::from_secs(300),
+            keep_waiting_reservations: false,
             defrag_max_run: Duration::from_secs(2 * 3600),
         }
     }
@@ -242,7 +247,11 @@ pub fn run(sim: &Simulation, policy: Policy, opts: &Options) -> Outcome {
         sim,
         policy,
         opts,
-        ledger: Ledger::default(),
+        ledger: if opts.keep_waiting_reservations {
+            Ledger::keeping_waiting_plans()
+        } else {
+            Ledger::default()
+        },
         rng: ChaCha8Rng::seed_from_u64(opts.seed),
         base: Instant::now(),
         free_total: sim.cluster.capacity(),

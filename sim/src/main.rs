@@ -55,6 +55,10 @@ pub struct RunArgs {
     /// How long a gpu-group-size unit's super-node reservation waits for its pods (simulated).
     #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
     reservation_ttl: Duration,
+    /// Renew a waiting unit's reservations while it waits, as the scheduler extension does
+    /// without `--lapse-reservations` (its default); without this flag they lapse.
+    #[arg(long)]
+    keep_waiting_reservations: bool,
     /// `fumarole-defrag` moves only pods whose job has run at most this long (simulated; a
     /// move restarts the job from scratch).
     #[arg(long, default_value = "2h", value_parser = humantime::parse_duration)]
@@ -129,6 +133,10 @@ pub struct SweepArgs {
     /// How long a gpu-group-size unit's super-node reservation waits for its pods (simulated).
     #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
     reservation_ttl: Duration,
+    /// Renew a waiting unit's reservations while it waits, as the scheduler extension does
+    /// without `--lapse-reservations` (its default); without this flag they lapse.
+    #[arg(long)]
+    keep_waiting_reservations: bool,
     /// `fumarole-defrag` moves only pods whose job has run at most this long (simulated; a
     /// move restarts the job from scratch).
     #[arg(long, default_value = "2h", value_parser = humantime::parse_duration)]
@@ -167,6 +175,7 @@ fn run_cmd(args: RunArgs) -> Result<()> {
         seed: args.seed,
         scorer,
         reservation_ttl: args.reservation_ttl,
+        keep_waiting_reservations: args.keep_waiting_reservations,
         defrag_max_run: args.defrag_max_run,
     };
     let runs = fumarole_sim::compare(&sim, &policies, &opts);
@@ -273,6 +282,7 @@ fn sweep_cmd(args: SweepArgs) -> Result<()> {
         seed: args.seed,
         scorer,
         reservation_ttl: args.reservation_ttl,
+        keep_waiting_reservations: args.keep_waiting_reservations,
         defrag_max_run: args.defrag_max_run,
     };
     let runs = fumarole_sim::sweep::run(&spec, &policies, &opts, |i, n, r| {

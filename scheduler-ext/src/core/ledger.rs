@@ -64,9 +64,31 @@ pub struct Ledger {
     /// Node -> device ids committed there.
     by_node: HashMap<String, HashSet<String>>,
     plans: HashMap<UnitKey, Plan>,
+    /// Plans of sub-units with nothing placed are renewed while their pods are retried, never
+    /// lapsing early ([`crate::core::placement::ensure_plan`]): the live service's default
+    /// (see [`Self::keeping_waiting_plans`]).
+    keep_waiting_plans: bool,
 }
 
 impl Ledger {
+    /// An empty ledger whose waiting plans hold while their pods are retried, instead of
+    /// lapsing when their super-node lost the room or their unit cannot start. The live
+    /// service runs so unless `--lapse-reservations`: with the lapse rules, e2e
+    /// `scheduler_ext_ha` (the leader of two killed under Volcano) saw a unit split over two
+    /// super-nodes (a plan is what keeps a pod Volcano allocated without a commit and its
+    /// siblings together).
+    pub fn keeping_waiting_plans() -> Self {
+        Ledger {
+            keep_waiting_plans: true,
+            ..Ledger::default()
+        }
+    }
+
+    /// True when waiting plans never lapse early ([`Self::keeping_waiting_plans`]).
+    pub fn keeps_waiting_plans(&self) -> bool {
+        self.keep_waiting_plans
+    }
+
     /// Records `commit` for `pod`, replacing an earlier one.
     pub fn commit(&mut self, pod: &str, commit: Commit) {
         self.release(pod);

@@ -17,7 +17,9 @@
 //!    super-node has, and the plans of the unit's other sub-units that have no pod bound yet
 //!    lapse: the unit cannot start now, and they would only keep others out.
 //!
-//! A plan holds only while it helps: a sub-unit with nothing placed keeps its plan while the
+//! With the lapse rules (the simulator's default; the live service's only with
+//! `--lapse-reservations`, see [`Ledger::keeping_waiting_plans`] for why), a plan holds only
+//! while it helps: a sub-unit with nothing placed keeps its plan while the
 //! planned super-node still has its room (after other units' reservations); when a pod bound
 //! outside the plans took it, the plan lapses and the sub-unit is planned afresh. Only what the
 //! service knows counts (free devices, pods bound or committed, plans), never how long a
@@ -286,7 +288,7 @@ pub fn ensure_plan(
         // Nothing of the sub-unit is placed (checked above): its plan holds while the
         // super-node still has the room (a pod bound outside the plans may have taken it);
         // otherwise it no longer helps, and the sub-unit is planned afresh.
-        if shortfall(&c, &sn, pg, resource) == 0 {
+        if ledger.keeps_waiting_plans() || shortfall(&c, &sn, pg, resource) == 0 {
             ledger.renew_plan(&pg.key, until);
             return Ok(sn);
         }
@@ -400,9 +402,11 @@ pub fn ensure_plan(
         // The unit cannot start now: the plans of its other sub-units with no pod bound in the
         // view lapse instead of keeping others out while it waits (under a gang scheduler the
         // pods they hold in this session are given back; they plan afresh at the next try).
-        for key in pg.sub_units() {
-            if view.members(&key).is_empty() {
-                ledger.drop_plan(&key);
+        if !ledger.keeps_waiting_plans() {
+            for key in pg.sub_units() {
+                if view.members(&key).is_empty() {
+                    ledger.drop_plan(&key);
+                }
             }
         }
         return Err(match most {
@@ -770,6 +774,21 @@ pub(crate) mod tests {
             Checker::new(c, None, GPU)
                 .check(v.node("a1").unwrap(), 4)
                 .is_none()
+        );
+    }
+
+    /// The live service's default ledger keeps a waiting plan where the lapse rules would
+    /// move it (the plan is what keeps pods Volcano allocated without a commit together).
+    #[test]
+    fn a_ledger_keeping_waiting_plans_keeps_the_plan() {
+        let mut l = Ledger::keeping_waiting_plans();
+        let now = Instant::now();
+        let (v, r0, _) = planned_halves(&mut l, now);
+        take(&mut l, "a0", &[4], now);
+        l.release("ns/x-c0-0");
+        assert_eq!(
+            ensure_plan(&v, &mut l, &r0, GPU, None, NO_SP, now, TTL).unwrap(),
+            "rack-a"
         );
     }
 
