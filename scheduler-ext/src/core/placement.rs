@@ -757,39 +757,28 @@ pub(crate) mod tests {
 
     /// A plan lapses when its super-node no longer has the room (a pod bound outside the plans
     /// took it): the sub-unit is planned afresh where the room is, and the old super-node is
-    /// free for others again.
+    /// free for others again. The live service's default ledger keeps it instead (the plan is
+    /// what keeps together pods Volcano allocated without a commit).
     #[test]
     fn a_reservation_lapses_when_its_super_node_no_longer_has_the_room() {
-        let mut l = Ledger::default();
-        let now = Instant::now();
-        let (v, r0, _) = planned_halves(&mut l, now);
-        take(&mut l, "a0", &[4], now);
-        l.release("ns/x-c0-0");
-        assert_eq!(
-            ensure_plan(&v, &mut l, &r0, GPU, None, NO_SP, now, TTL).unwrap(),
-            "rack-c"
-        );
-        let c = Cluster::new(&v, &l, now);
-        assert!(
-            Checker::new(c, None, GPU)
+        for (mut l, planned) in [
+            (Ledger::default(), "rack-c"),
+            (Ledger::keeping_waiting_plans(), "rack-a"),
+        ] {
+            let now = Instant::now();
+            let (v, r0, _) = planned_halves(&mut l, now);
+            take(&mut l, "a0", &[4], now);
+            l.release("ns/x-c0-0");
+            assert_eq!(
+                ensure_plan(&v, &mut l, &r0, GPU, None, NO_SP, now, TTL).unwrap(),
+                planned
+            );
+            let c = Cluster::new(&v, &l, now);
+            let a1_free = Checker::new(c, None, GPU)
                 .check(v.node("a1").unwrap(), 4)
-                .is_none()
-        );
-    }
-
-    /// The live service's default ledger keeps a waiting plan where the lapse rules would
-    /// move it (the plan is what keeps pods Volcano allocated without a commit together).
-    #[test]
-    fn a_ledger_keeping_waiting_plans_keeps_the_plan() {
-        let mut l = Ledger::keeping_waiting_plans();
-        let now = Instant::now();
-        let (v, r0, _) = planned_halves(&mut l, now);
-        take(&mut l, "a0", &[4], now);
-        l.release("ns/x-c0-0");
-        assert_eq!(
-            ensure_plan(&v, &mut l, &r0, GPU, None, NO_SP, now, TTL).unwrap(),
-            "rack-a"
-        );
+                .is_none();
+            assert_eq!(a1_free, planned == "rack-c");
+        }
     }
 
     /// A unit one of whose parts fits nowhere cannot start: the plans of its other parts
