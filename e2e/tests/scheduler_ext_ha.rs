@@ -90,6 +90,15 @@ impl Replica {
             "--leader-elect-retry-period=1s".into(),
             "--ui-listen=off".into(),
         ];
+        // FUMAROLE_HA_EXT_ARGS: more flags for every replica (space-separated), to measure a
+        // setting under the same kills.
+        let mut args = args;
+        args.extend(
+            std::env::var("FUMAROLE_HA_EXT_ARGS")
+                .unwrap_or_default()
+                .split_whitespace()
+                .map(str::to_string),
+        );
         self.starts += 1;
         self.proc = Some(
             Proc::spawn_with_env(
@@ -99,7 +108,10 @@ impl Replica {
                 &[
                     ("POD_NAME", &self.name),
                     ("POD_NAMESPACE", "default"),
-                    ("RUST_LOG", "info"),
+                    (
+                        "RUST_LOG",
+                        &std::env::var("FUMAROLE_HA_EXT_LOG").unwrap_or_else(|_| "info".into()),
+                    ),
                 ],
                 &cluster.root().join("logs"),
             )

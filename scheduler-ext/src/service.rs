@@ -15,7 +15,9 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{
+    Arc, Mutex, MutexGuard, OnceLock, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard,
+};
 use std::time::{Duration, Instant, SystemTime};
 
 use fumarole_topology::annotation::ascend;
@@ -94,6 +96,20 @@ pub enum CommitError {
     NotLeader { holder: String },
 }
 
+impl CommitError {
+    /// True when group placement refused the node (the pod's unit is planned elsewhere, another
+    /// unit reserved the room, or the unit fits nowhere), not the node's devices.
+    pub fn is_placement(&self) -> bool {
+        match self {
+            CommitError::Placement(_) => true,
+            CommitError::Unfit { unfit, .. } => {
+                matches!(**unfit, Unfit::Group(_) | Unfit::Placement(_))
+            }
+            _ => false,
+        }
+    }
+}
+
 /// How the service decides, from flags.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Settings {
@@ -109,10 +125,10 @@ pub struct Settings {
     /// Huawei's default for Ascend jobs without `sp-block` (`--whole-job-super-pod`), applied
     /// where the live view is built.
     pub whole_job_super_pod: bool,
-    /// `--lapse-reservations`: waiting plans lapse when their super-node lost the room or
-    /// their unit cannot start ([`crate::core::placement::ensure_plan`]); off, they are
-    /// renewed while their pods are retried ([`Ledger::keeping_waiting_plans`]).
-    pub lapse_reservations: bool,
+    /// `--keep-waiting-reservations`: waiting plans are renewed while their pods are retried
+    /// ([`Ledger::keeping_waiting_plans`]) instead of lapsing when their super-node lost the
+    /// room or their unit cannot start ([`crate::core::placement::ensure_plan`]).
+    pub keep_waiting_reservations: bool,
 }
 
 impl Default for Settings {
@@ -127,7 +143,7 @@ impl Default for Settings {
                 .collect(),
             super_pods: SuperPods::default(),
             whole_job_super_pod: false,
-            lapse_reservations: false,
+            keep_waiting_reservations: false,
         }
     }
 }
@@ -149,7 +165,31 @@ pub struct Service {
     decisions: Mutex<VecDeque<Recorded>>,
     /// Counts view replacements and recorded scorings: what `/ui` shows changed when it moves.
     generation: AtomicU64,
+    /// When Volcano last called `allocateFunc`: while it does, it tells this service where it
+    /// puts each pod, and Volcano's plans may lapse ([`Asker::Volcano`]).
+    last_allocate_func: Mutex<Option<Instant>>,
 }
+
+/// The scheduler whose question the service answers, for what it tells the service afterwards.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Asker {
+    /// kube-scheduler's `filter` / `prioritize`: it passes only the nodes its own filters kept
+    /// (a new plan is made among them), and `bind` tells the service where each pod goes
+    /// (and may be refused), so waiting plans may lapse.
+    KubeScheduler,
+    /// Volcano's `predicate` / `prioritize`. Volcano tells the service where a pod goes only
+    /// through `allocateFunc`, which Volcano v1.10 never calls: the pods it allocates in a
+    /// session are unknown here until their binds show in the view, so a unit's plan must
+    /// not lapse (its next pod would be planned without the first, and the unit split; seen
+    /// in e2e `scheduler_ext_ha`). Waiting plans lapse only while `allocateFunc` calls come
+    /// ([`ALLOCATE_FUNC_FRESH`]).
+    Volcano,
+}
+
+/// How long after Volcano's last `allocateFunc` call its plans may still lapse: a Volcano
+/// started again without that verb configured stops them lapsing within this (its restart
+/// takes longer); a busy Volcano that has the verb allocates far more often.
+pub const ALLOCATE_FUNC_FRESH: Duration = Duration::from_secs(60);
 
 /// A scoring as the verb left it.
 #[derive(Debug)]
@@ -187,10 +227,10 @@ impl Service {
     pub fn with_settings(view: ClusterView, settings: Settings) -> Self {
         Service {
             view: RwLock::new(Arc::new(view)),
-            ledger: RwLock::new(if settings.lapse_reservations {
-                Ledger::default()
-            } else {
+            ledger: RwLock::new(if settings.keep_waiting_reservations {
                 Ledger::keeping_waiting_plans()
+            } else {
+                Ledger::default()
             }),
             settings,
             kube: OnceLock::new(),
@@ -198,6 +238,7 @@ impl Service {
             freshness: OnceLock::new(),
             decisions: Mutex::new(VecDeque::new()),
             generation: AtomicU64::new(0),
+            last_allocate_func: Mutex::new(None),
         }
     }
 
@@ -362,7 +403,7 @@ impl Service {
         }
     }
 
-    fn ledger(&self) -> RwLockReadGuard<'_, Ledger> {
+    pub(crate) fn ledger(&self) -> RwLockReadGuard<'_, Ledger> {
         match self.ledger.read() {
             Ok(g) => g,
             Err(poisoned) => poisoned.into_inner(),
@@ -383,12 +424,32 @@ impl Service {
         &self,
         pod: &Pod,
         nodes: &[N],
-        plan_among_nodes: bool,
+        asker: Asker,
     ) -> Result<Vec<NodeVerdict>, RequestError> {
         let view = self.view();
         let req = pod_request_in(pod, &view.resources(), view.jobs(), view.claims())?;
         let reserve = self.kube().is_none_or(|ops| ops.knows(pod));
-        Ok(self.evaluate_request(&view, &req, nodes, plan_among_nodes, reserve))
+        let (plan_among_nodes, lapse) = match asker {
+            Asker::KubeScheduler => (true, true),
+            Asker::Volcano => (false, self.volcano_reports_allocations()),
+        };
+        Ok(self.evaluate_request(&view, &req, nodes, plan_among_nodes, reserve, lapse))
+    }
+
+    /// Notes a call of Volcano's `allocateFunc` ([`Asker::Volcano`]).
+    pub fn allocate_func_called(&self) {
+        *self
+            .last_allocate_func
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+    }
+
+    /// True while Volcano calls `allocateFunc` ([`ALLOCATE_FUNC_FRESH`]).
+    fn volcano_reports_allocations(&self) -> bool {
+        self.last_allocate_func
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some_and(|at| at.elapsed() < ALLOCATE_FUNC_FRESH)
     }
 
     /// The pod a request names, as the API server has it: a verb that writes acts on this, never
@@ -448,7 +509,7 @@ impl Service {
 
     /// The verdicts for `req` on `nodes`. With `reserve` false (a pod the API server does not
     /// know: a forged or stale request) a unit's plan is made on a copy of the ledger, so it
-    /// reserves nothing.
+    /// reserves nothing. `lapse`: see [`placement::ensure_plan`](crate::core::placement::ensure_plan).
     fn evaluate_request<N: AsRef<str>>(
         &self,
         view: &ClusterView,
@@ -456,6 +517,7 @@ impl Service {
         nodes: &[N],
         plan_among_nodes: bool,
         reserve: bool,
+        lapse: bool,
     ) -> Vec<NodeVerdict> {
         let now = Instant::now();
         let planned = if req.group.is_some() {
@@ -478,6 +540,7 @@ impl Service {
                 self.settings.super_pods,
                 now,
                 self.settings.reservation_ttl,
+                lapse,
             ) {
                 Ok(p) => p,
                 Err(e) => {
@@ -571,6 +634,8 @@ impl Service {
                     self.settings.super_pods,
                     now,
                     ttl,
+                    // bind and allocateFunc are the scheduler telling where the pod goes.
+                    true,
                 )?;
                 decide::judge(
                     Cluster::new(&view, &ledger, now),
@@ -698,7 +763,8 @@ impl Service {
         let view = self.view();
         let names: Vec<String> = view.nodes().map(|n| n.name.clone()).collect();
         let req = pod_request_in(pod, &view.resources(), view.jobs(), view.claims())?;
-        let mut verdicts = self.evaluate_request(&view, &req, &names, false, true);
+        // A diagnostic lets no plan lapse: the scheduler may not have told where it put pods.
+        let mut verdicts = self.evaluate_request(&view, &req, &names, false, true, false);
         best_first(&mut verdicts);
         let g = self.scorer();
         Ok((
@@ -716,14 +782,15 @@ impl Service {
     }
 }
 
+/// Services over small made-up clusters, for the tests of this crate.
 #[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+pub(crate) mod testing {
+    #![allow(clippy::unwrap_used)]
     use super::*;
     use fumarole_topology::crd::device_topology::SuperNodeInfo;
 
     /// rack-a: a0, a1; rack-b: b0; 8 free GPUs each.
-    fn service() -> Service {
+    pub fn service() -> Service {
         let dts: Vec<_> = [("a0", "rack-a"), ("a1", "rack-a"), ("b0", "rack-b")]
             .into_iter()
             .map(|(name, rack)| {
@@ -741,7 +808,7 @@ mod tests {
         Service::new(view, GpuAware::default())
     }
 
-    fn pod(name: &str, gpus: u32, group: Option<u32>) -> Pod {
+    pub fn pod(name: &str, gpus: u32, group: Option<u32>) -> Pod {
         let annotations = group.map_or_else(
             || serde_json::json!({}),
             |g| serde_json::json!({"fumarole.dev/gpu-group-size": g.to_string()}),
@@ -752,6 +819,14 @@ mod tests {
         }))
         .unwrap()
     }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::testing::{pod, service};
+    use super::*;
+    use fumarole_topology::crd::device_topology::SuperNodeInfo;
 
     /// A unit's reservation keeps a newcomer off the reserved super-node when the service
     /// chooses, but a pod the scheduler already bound there still gets its devices.
@@ -760,7 +835,7 @@ mod tests {
         let svc = service();
         // Unit job-0/1 of 16 GPUs (two pods of 8) reserves a whole super-node: rack-a.
         let unit = pod("job-0", 8, Some(16));
-        let planned = svc.evaluate(&unit, &["a0", "a1"], false).unwrap();
+        let planned = svc.evaluate(&unit, &["a0", "a1"], Asker::Volcano).unwrap();
         assert!(planned[0].feasible(), "{planned:?}");
         let stranger = pod("stranger", 4, None);
         let refused = svc.commit(&stranger, "a0").unwrap_err();
@@ -774,6 +849,52 @@ mod tests {
             e.to_string().contains("needs 8 nvidia.com/gpu, 4 free"),
             "{e}"
         );
+    }
+
+    /// A unit's plan lapses when its super-node lost the room, but only where the scheduler
+    /// tells the service where it put the unit's pods: kube-scheduler (bind), Volcano while it
+    /// calls `allocateFunc`. Under Volcano v1.10 (no `allocateFunc`) the first pod may already
+    /// be allocated there without the service knowing, so the plan holds.
+    #[test]
+    fn plans_lapse_only_where_the_scheduler_reports_its_placements() {
+        let unit = pod("job-0", 4, Some(8));
+        let lost_room = || {
+            let svc = service();
+            // Best fit: rack-b (b0's 8 GPUs are just enough).
+            let v = svc.evaluate(&unit, &["a0", "b0"], Asker::Volcano).unwrap();
+            assert!(!v[0].feasible() && v[1].feasible(), "{v:?}");
+            // A pod bound outside the plans takes half of b0.
+            svc.commit_bound(&pod("stranger", 4, None), "b0").unwrap();
+            svc
+        };
+        let b0_passes =
+            |svc: &Service, asker| svc.evaluate(&unit, &["b0"], asker).unwrap()[0].feasible();
+        // Volcano without allocateFunc: the plan holds (b0 still has the 4 the pod needs).
+        let svc = lost_room();
+        assert!(b0_passes(&svc, Asker::Volcano));
+        // Volcano calling allocateFunc, and kube-scheduler: it lapses, the unit moves to rack-a.
+        let svc = lost_room();
+        svc.allocate_func_called();
+        assert!(!b0_passes(&svc, Asker::Volcano));
+        assert!(!b0_passes(&lost_room(), Asker::KubeScheduler));
+        // --keep-waiting-reservations: it holds for everyone.
+        let keeping = Service::with_settings(
+            service().view().as_ref().clone(),
+            Settings {
+                keep_waiting_reservations: true,
+                ..Settings::default()
+            },
+        );
+        assert!(
+            keeping
+                .evaluate(&unit, &["b0"], Asker::KubeScheduler)
+                .unwrap()[0]
+                .feasible()
+        );
+        keeping
+            .commit_bound(&pod("stranger", 4, None), "b0")
+            .unwrap();
+        assert!(b0_passes(&keeping, Asker::KubeScheduler));
     }
 
     /// A pod asking through a claim is judged by the same gpu-aware logic as the pod asking
@@ -804,7 +925,9 @@ mod tests {
         .unwrap();
         let svc = Service::new(view, GpuAware::default());
         let by_claim = claim_pod("single", &["one"], None, serde_json::json!({}));
-        let v = svc.evaluate(&by_claim, &["a", "b"], true).unwrap();
+        let v = svc
+            .evaluate(&by_claim, &["a", "b"], Asker::KubeScheduler)
+            .unwrap();
         let (a, b) = (v[0].raw.unwrap(), v[1].raw.unwrap());
         assert_eq!(
             (svc.scorer().kube(a), svc.scorer().kube(b)),
@@ -813,13 +936,17 @@ mod tests {
         );
         // The extended-resource pod of the same size gets the same verdicts.
         let by_resource = pod_asking("huawei.com/Ascend910", 1);
-        let e = svc.evaluate(&by_resource, &["a", "b"], true).unwrap();
+        let e = svc
+            .evaluate(&by_resource, &["a", "b"], Asker::KubeScheduler)
+            .unwrap();
         assert_eq!((e[0].raw, e[1].raw), (v[0].raw, v[1].raw));
         // Fit counts the held NPUs: a has 5 free, enough for five, not for eight.
         let five = claim_pod("five", &["five"], None, serde_json::json!({}));
-        assert!(svc.evaluate(&five, &["a"], true).unwrap()[0].feasible());
+        assert!(svc.evaluate(&five, &["a"], Asker::KubeScheduler).unwrap()[0].feasible());
         let eight = pod_asking("huawei.com/Ascend910", 8);
-        let r = svc.evaluate(&eight, &["a", "b"], true).unwrap();
+        let r = svc
+            .evaluate(&eight, &["a", "b"], Asker::KubeScheduler)
+            .unwrap();
         assert!(!r[0].feasible() && r[1].feasible(), "{r:?}");
         assert!(
             r[0].reason().unwrap().contains("5 free"),
@@ -834,7 +961,9 @@ mod tests {
         assert!(svc.commit(&by_resource, "a").unwrap().is_some());
         // A pod whose claim is missing gets the reason, not a panic.
         let lost = claim_pod("lost", &["gone"], None, serde_json::json!({}));
-        let e = svc.evaluate(&lost, &["a"], true).unwrap_err();
+        let e = svc
+            .evaluate(&lost, &["a"], Asker::KubeScheduler)
+            .unwrap_err();
         assert!(e.to_string().contains("ml/gone"), "{e}");
     }
 

@@ -90,9 +90,9 @@ pub struct Options {
     pub scorer: GpuAware,
     /// How long a unit's super-node reservation lives without its pods (`fumarole`).
     pub reservation_ttl: Duration,
-    /// Waiting reservations renewed while their unit waits, as the live service does by
-    /// default ([`Ledger::keeping_waiting_plans`]); off (the simulator's default), they lapse
-    /// as `--lapse-reservations` makes them in the service.
+    /// Waiting reservations renewed while their unit waits ([`Ledger::keeping_waiting_plans`]),
+    /// as the scheduler extension with `--keep-waiting-reservations`; off (the default of
+    /// both), they lapse.
     pub keep_waiting_reservations: bool,
     /// `fumarole-defrag` moves only pods whose job has run at most this long (a move restarts
     /// the job and throws its work away).
@@ -476,6 +476,9 @@ impl<'a> Engine<'a> {
             scheduler_ext::core::placement::SuperPods::default(),
             now,
             self.opts.reservation_ttl,
+            // The simulator places a gang's pods one after the other and commits each: the
+            // scheduler tells the service where every pod went.
+            true,
         )
         .ok()?;
         let mut verdicts = decide::judge(

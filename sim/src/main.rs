@@ -55,8 +55,8 @@ pub struct RunArgs {
     /// How long a gpu-group-size unit's super-node reservation waits for its pods (simulated).
     #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
     reservation_ttl: Duration,
-    /// Renew a waiting unit's reservations while it waits, as the scheduler extension does
-    /// without `--lapse-reservations` (its default); without this flag they lapse.
+    /// Renew a waiting unit's reservations while it waits, as the scheduler extension does with
+    /// `--keep-waiting-reservations`; without this flag they lapse (the default of both).
     #[arg(long)]
     keep_waiting_reservations: bool,
     /// `fumarole-defrag` moves only pods whose job has run at most this long (simulated; a
@@ -133,8 +133,8 @@ pub struct SweepArgs {
     /// How long a gpu-group-size unit's super-node reservation waits for its pods (simulated).
     #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
     reservation_ttl: Duration,
-    /// Renew a waiting unit's reservations while it waits, as the scheduler extension does
-    /// without `--lapse-reservations` (its default); without this flag they lapse.
+    /// Renew a waiting unit's reservations while it waits, as the scheduler extension does with
+    /// `--keep-waiting-reservations`; without this flag they lapse (the default of both).
     #[arg(long)]
     keep_waiting_reservations: bool,
     /// `fumarole-defrag` moves only pods whose job has run at most this long (simulated; a

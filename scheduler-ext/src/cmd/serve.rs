@@ -88,12 +88,11 @@ pub struct ServeArgs {
     /// How long a gpu-group-size unit's super-node reservation waits for the unit's next pod.
     #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
     reservation_ttl: Duration,
-    /// Let a waiting unit's super-node reservation lapse as soon as that super-node lost the
-    /// room or the unit cannot start (the simulator's default: less queueing, see
-    /// docs/placement.md). Off by default: with it, e2e scheduler_ext_ha saw a unit split over
-    /// two super-nodes while the leader of two replicas was killed.
+    /// Keep a waiting unit's super-node reservation while its pods are retried, instead of
+    /// letting it lapse once that super-node lost the room or the unit cannot start (which
+    /// queues less, docs/placement.md; under Volcano without `allocateFunc` they never lapse).
     #[arg(long)]
-    lapse_reservations: bool,
+    keep_waiting_reservations: bool,
     /// Coalesce cluster changes for this long before rebuilding the view.
     #[arg(long, default_value = "50ms", value_parser = humantime::parse_duration)]
     view_debounce: Duration,
@@ -196,7 +195,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             .collect(),
         super_pods: args.super_pods.super_pods()?,
         whole_job_super_pod: args.super_pods.whole_job()?,
-        lapse_reservations: args.lapse_reservations,
+        keep_waiting_reservations: args.keep_waiting_reservations,
     };
     let tls = match (&args.tls_cert_file, &args.tls_key_file) {
         (Some(cert), Some(key)) => Some(Tls::load(TlsFiles {

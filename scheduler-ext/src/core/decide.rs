@@ -16,6 +16,7 @@ use crate::core::view::{ClusterView, RequestMemo};
 
 /// The super-node of the pod's atomic sub-unit (`None` for pods outside any unit), planning it
 /// when needed (see [`placement::ensure_plan`]). `Err` is why the pod fits nowhere.
+#[allow(clippy::too_many_arguments)]
 pub fn plan(
     view: &ClusterView,
     ledger: &mut Ledger,
@@ -24,6 +25,7 @@ pub fn plan(
     super_pods: SuperPods,
     now: Instant,
     ttl: Duration,
+    lapse: bool,
 ) -> Result<Option<String>, PlacementError> {
     let Some(pg) = &req.group else {
         return Ok(None);
@@ -37,6 +39,7 @@ pub fn plan(
         super_pods,
         now,
         ttl,
+        lapse,
     )
     .map(Some)
 }

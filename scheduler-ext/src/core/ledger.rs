@@ -65,18 +65,16 @@ pub struct Ledger {
     by_node: HashMap<String, HashSet<String>>,
     plans: HashMap<UnitKey, Plan>,
     /// Plans of sub-units with nothing placed are renewed while their pods are retried, never
-    /// lapsing early ([`crate::core::placement::ensure_plan`]): the live service's default
-    /// (see [`Self::keeping_waiting_plans`]).
+    /// lapsing early ([`crate::core::placement::ensure_plan`]; see
+    /// [`Self::keeping_waiting_plans`]).
     keep_waiting_plans: bool,
 }
 
 impl Ledger {
     /// An empty ledger whose waiting plans hold while their pods are retried, instead of
-    /// lapsing when their super-node lost the room or their unit cannot start. The live
-    /// service runs so unless `--lapse-reservations`: with the lapse rules, e2e
-    /// `scheduler_ext_ha` (the leader of two killed under Volcano) saw a unit split over two
-    /// super-nodes (a plan is what keeps a pod Volcano allocated without a commit and its
-    /// siblings together).
+    /// lapsing when their super-node lost the room or their unit cannot start: the service
+    /// with `--keep-waiting-reservations`, the simulator with `--keep-waiting-reservations`
+    /// (what the service did by default before the lapse rules were made safe under Volcano).
     pub fn keeping_waiting_plans() -> Self {
         Ledger {
             keep_waiting_plans: true,
@@ -169,6 +167,19 @@ impl Ledger {
     pub fn renew_plan(&mut self, unit: &UnitKey, until: Instant) {
         if let Some(p) = self.plans.get_mut(unit) {
             p.expires = p.expires.max(until);
+        }
+    }
+
+    /// [`Self::renew_plan`], and moves the plan to `super_node` where its sub-unit's pods are:
+    /// a scheduler that went on when this service refused a node (Volcano's `allocateFunc`)
+    /// may have put them elsewhere, and a plan naming another super-node would reserve room
+    /// there for pods that will not come.
+    pub fn follow_plan(&mut self, unit: &UnitKey, super_node: &str, until: Instant) {
+        if let Some(p) = self.plans.get_mut(unit) {
+            p.expires = p.expires.max(until);
+            if p.super_node != super_node {
+                p.super_node = super_node.to_string();
+            }
         }
     }
 

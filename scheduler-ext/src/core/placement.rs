@@ -17,11 +17,14 @@
 //!    super-node has, and the plans of the unit's other sub-units that have no pod bound yet
 //!    lapse: the unit cannot start now, and they would only keep others out.
 //!
-//! With the lapse rules (the simulator's default; the live service's only with
-//! `--lapse-reservations`, see [`Ledger::keeping_waiting_plans`] for why), a plan holds only
-//! while it helps: a sub-unit with nothing placed keeps its plan while the
-//! planned super-node still has its room (after other units' reservations); when a pod bound
-//! outside the plans took it, the plan lapses and the sub-unit is planned afresh. Only what the
+//! With the lapse rules (the default; off with `--keep-waiting-reservations`,
+//! [`Ledger::keeping_waiting_plans`]), a plan holds only while it helps: a sub-unit with
+//! nothing placed keeps its plan while the planned super-node still has its room (after other
+//! units' reservations); when a pod bound outside the plans took it, the plan lapses and the
+//! sub-unit is planned afresh. Only where the scheduler tells the service where it puts each
+//! pod (the `lapse` argument of [`ensure_plan`]): under Volcano without `allocateFunc`, plans
+//! are renewed as without the rules. When a pod of a sub-unit was placed outside its plan
+//! anyway (Volcano goes on whatever `allocateFunc` answers), the plan follows the pod. Only the
 //! service knows counts (free devices, pods bound or committed, plans), never how long a
 //! running pod will take. (Holding a plan for a sub-unit one pod short of room, so that what
 //! frees there stays for it, was tried in the simulator and more than tripled the mean
@@ -264,6 +267,12 @@ fn room(
 /// plan (see the module doc). `candidates` limits a new plan to super-nodes with room on those
 /// nodes (kube-scheduler's filter gets only the nodes its own filters passed); `None` looks at
 /// every node. Renews the plan. Errors are the reason the pod cannot be placed.
+///
+/// `lapse`: waiting plans may lapse (the lapse rules, unless the ledger
+/// [keeps waiting plans](Ledger::keeping_waiting_plans)). Only true where the asking scheduler
+/// tells this service where it puts each pod before it asks about the next (kube-scheduler's
+/// `bind`, Volcano's `allocateFunc`): otherwise a pod of the sub-unit may already be placed
+/// without the service knowing, and a plan moved now would split the sub-unit.
 #[allow(clippy::too_many_arguments)]
 pub fn ensure_plan(
     view: &ClusterView,
@@ -274,13 +283,15 @@ pub fn ensure_plan(
     super_pods: SuperPods,
     now: Instant,
     ttl: Duration,
+    lapse: bool,
 ) -> Result<String, PlacementError> {
+    let keep_waiting = ledger.keeps_waiting_plans() || !lapse;
     let until = now + ttl;
     let c = Cluster::new(view, ledger, now);
     let here = placed(&c, &pg.key);
     if let Some(sn) = main_super_node(&here) {
         let sn = sn.to_string();
-        ledger.renew_plan(&pg.key, until);
+        ledger.follow_plan(&pg.key, &sn, until);
         return Ok(sn);
     }
     if let Some(p) = ledger.plan(&pg.key, now) {
@@ -288,7 +299,7 @@ pub fn ensure_plan(
         // Nothing of the sub-unit is placed (checked above): its plan holds while the
         // super-node still has the room (a pod bound outside the plans may have taken it);
         // otherwise it no longer helps, and the sub-unit is planned afresh.
-        if ledger.keeps_waiting_plans() || shortfall(&c, &sn, pg, resource) == 0 {
+        if keep_waiting || shortfall(&c, &sn, pg, resource) == 0 {
             ledger.renew_plan(&pg.key, until);
             return Ok(sn);
         }
@@ -402,7 +413,7 @@ pub fn ensure_plan(
         // The unit cannot start now: the plans of its other sub-units with no pod bound in the
         // view lapse instead of keeping others out while it waits (under a gang scheduler the
         // pods they hold in this session are given back; they plan afresh at the next try).
-        if !ledger.keeps_waiting_plans() {
+        if !keep_waiting {
             for key in pg.sub_units() {
                 if view.members(&key).is_empty() {
                     ledger.drop_plan(&key);
@@ -655,32 +666,32 @@ pub(crate) mod tests {
         // A whole 8-GPU unit: rack-a (8) and rack-c (8) fit; rack-a wins on name, best fit.
         let p = pg("ns/j", 0, 2, 8, 8);
         assert_eq!(
-            ensure_plan(&v, &mut l, &p, GPU, None, NO_SP, now, TTL).unwrap(),
+            ensure_plan(&v, &mut l, &p, GPU, None, NO_SP, now, TTL, true).unwrap(),
             "rack-a"
         );
         // Its second pod follows the plan.
         let p1 = pg("ns/j", 1, 2, 8, 8);
         assert_eq!(
-            ensure_plan(&v, &mut l, &p1, GPU, None, NO_SP, now, TTL).unwrap(),
+            ensure_plan(&v, &mut l, &p1, GPU, None, NO_SP, now, TTL, true).unwrap(),
             "rack-a"
         );
         // A second 8-GPU job cannot take rack-a's reserved room: rack-c (8) is the best fit
         // over rack-b (12).
         let q = pg("ns/k", 0, 2, 8, 8);
         assert_eq!(
-            ensure_plan(&v, &mut l, &q, GPU, None, NO_SP, now, TTL).unwrap(),
+            ensure_plan(&v, &mut l, &q, GPU, None, NO_SP, now, TTL, true).unwrap(),
             "rack-c"
         );
         // A 16-GPU unit in atomic halves of 8: the only room left is rack-b (12) for one half.
         let r0 = pg("ns/big", 0, 4, 16, 8);
         assert_eq!(
-            ensure_plan(&v, &mut l, &r0, GPU, None, NO_SP, now, TTL).unwrap(),
+            ensure_plan(&v, &mut l, &r0, GPU, None, NO_SP, now, TTL, true).unwrap(),
             "rack-b"
         );
         // Its other half: the most room left is rack-b's 4. The unit cannot start, so the
         // plan of its first half lapses too, and rack-b is free for others again.
         let r2 = pg("ns/big", 2, 4, 16, 8);
-        let e = ensure_plan(&v, &mut l, &r2, GPU, None, NO_SP, now, TTL)
+        let e = ensure_plan(&v, &mut l, &r2, GPU, None, NO_SP, now, TTL, true)
             .unwrap_err()
             .to_string();
         assert!(
@@ -694,7 +705,7 @@ pub(crate) mod tests {
         let later = now + TTL + Duration::from_secs(1);
         let s = pg("ns/s", 0, 4, 12, 12);
         assert_eq!(
-            ensure_plan(&v, &mut l, &s, GPU, None, NO_SP, later, TTL).unwrap(),
+            ensure_plan(&v, &mut l, &s, GPU, None, NO_SP, later, TTL, true).unwrap(),
             "rack-b"
         );
     }
@@ -722,12 +733,12 @@ pub(crate) mod tests {
         take(l, "b2", &[4], now);
         let r0 = pg("ns/big", 0, 4, 16, 8);
         assert_eq!(
-            ensure_plan(&v, l, &r0, GPU, None, NO_SP, now, TTL).unwrap(),
+            ensure_plan(&v, l, &r0, GPU, None, NO_SP, now, TTL, true).unwrap(),
             "rack-a"
         );
         let r2 = pg("ns/big", 2, 4, 16, 8);
         assert_eq!(
-            ensure_plan(&v, l, &r2, GPU, None, NO_SP, now, TTL).unwrap(),
+            ensure_plan(&v, l, &r2, GPU, None, NO_SP, now, TTL, true).unwrap(),
             "rack-b"
         );
         (v, r0, r2)
@@ -770,7 +781,7 @@ pub(crate) mod tests {
             take(&mut l, "a0", &[4], now);
             l.release("ns/x-c0-0");
             assert_eq!(
-                ensure_plan(&v, &mut l, &r0, GPU, None, NO_SP, now, TTL).unwrap(),
+                ensure_plan(&v, &mut l, &r0, GPU, None, NO_SP, now, TTL, true).unwrap(),
                 planned
             );
             let c = Cluster::new(&v, &l, now);
@@ -790,12 +801,12 @@ pub(crate) mod tests {
         let (v, r0, r2) = planned_halves(&mut l, now);
         // Three parts of 8 in a unit of 24: rack-a and rack-b are taken by ns/big's plans.
         let t0 = pg("ns/three", 0, 4, 24, 8);
-        let e = ensure_plan(&v, &mut l, &t0, GPU, None, NO_SP, now, TTL).unwrap_err();
+        let e = ensure_plan(&v, &mut l, &t0, GPU, None, NO_SP, now, TTL, true).unwrap_err();
         assert!(matches!(e, PlacementError::NoRoom { .. }), "{e}");
         // ns/big's second half loses its room in rack-b to a pod bound outside the plans, and
         // no other super-node has 8: both halves' plans lapse.
         take(&mut l, "b1", &[4], now);
-        let e = ensure_plan(&v, &mut l, &r2, GPU, None, NO_SP, now, TTL).unwrap_err();
+        let e = ensure_plan(&v, &mut l, &r2, GPU, None, NO_SP, now, TTL, true).unwrap_err();
         assert!(matches!(e, PlacementError::NoRoom { .. }), "{e}");
         assert!(l.plan(&r2.key, now).is_none() && l.plan(&r0.key, now).is_none());
         let c = Cluster::new(&v, &l, now);
@@ -806,7 +817,7 @@ pub(crate) mod tests {
         );
         // Its first part plans again at its next try.
         assert_eq!(
-            ensure_plan(&v, &mut l, &r0, GPU, None, NO_SP, now, TTL).unwrap(),
+            ensure_plan(&v, &mut l, &r0, GPU, None, NO_SP, now, TTL, true).unwrap(),
             "rack-a"
         );
     }
@@ -830,13 +841,13 @@ pub(crate) mod tests {
         );
         let p1 = pg("ns/j", 1, 2, 8, 8);
         assert_eq!(
-            ensure_plan(&v, &mut l, &p1, GPU, None, NO_SP, now, TTL).unwrap(),
+            ensure_plan(&v, &mut l, &p1, GPU, None, NO_SP, now, TTL, true).unwrap(),
             "rack-b"
         );
         // No plan was needed for that; plan rack-a for another unit and check the guards.
         let q = pg("ns/k", 0, 4, 8, 8);
         assert_eq!(
-            ensure_plan(&v, &mut l, &q, GPU, None, NO_SP, now, TTL).unwrap(),
+            ensure_plan(&v, &mut l, &q, GPU, None, NO_SP, now, TTL, true).unwrap(),
             "rack-a"
         );
         let c = Cluster::new(&v, &l, now);
@@ -864,7 +875,7 @@ pub(crate) mod tests {
         let only_b: HashSet<&str> = ["b0", "b1"].into();
         let p = pg("ns/j", 0, 2, 8, 8);
         assert_eq!(
-            ensure_plan(&v, &mut l, &p, GPU, Some(&only_b), NO_SP, now, TTL).unwrap(),
+            ensure_plan(&v, &mut l, &p, GPU, Some(&only_b), NO_SP, now, TTL, true).unwrap(),
             "rack-b"
         );
     }
@@ -914,7 +925,7 @@ pub(crate) mod tests {
         let now = Instant::now();
         let a = sp("ns/a", 0, 16, false);
         assert_eq!(
-            ensure_plan(&v, &mut l, &a, NPU, None, reserve(2), now, TTL).unwrap(),
+            ensure_plan(&v, &mut l, &a, NPU, None, reserve(2), now, TTL, true).unwrap(),
             "sp-1"
         );
         assert_eq!(l.plan(&a.key, now).unwrap().keep_free, 2);
@@ -931,14 +942,14 @@ pub(crate) mod tests {
 
         let b = sp("ns/b", 0, 16, false);
         assert_eq!(
-            ensure_plan(&v, &mut l, &b, NPU, None, reserve(2), now, TTL).unwrap(),
+            ensure_plan(&v, &mut l, &b, NPU, None, reserve(2), now, TTL, true).unwrap(),
             "sp-2"
         );
         // Without a reserve the second block would have taken sp-1's last two nodes.
         let mut l0 = Ledger::default();
-        ensure_plan(&v, &mut l0, &a, NPU, None, reserve(0), now, TTL).unwrap();
+        ensure_plan(&v, &mut l0, &a, NPU, None, reserve(0), now, TTL, true).unwrap();
         assert_eq!(
-            ensure_plan(&v, &mut l0, &b, NPU, None, reserve(0), now, TTL).unwrap(),
+            ensure_plan(&v, &mut l0, &b, NPU, None, reserve(0), now, TTL, true).unwrap(),
             "sp-1"
         );
         assert_eq!(l0.plan(&b.key, now).unwrap().keep_free, 0);
@@ -954,7 +965,7 @@ pub(crate) mod tests {
         // 48 NPUs: only sp-2 has them, and only with its 2 reserve nodes.
         let big = sp("ns/big", 0, 48, false);
         assert_eq!(
-            ensure_plan(&v, &mut l, &big, NPU, None, reserve(2), now, TTL).unwrap(),
+            ensure_plan(&v, &mut l, &big, NPU, None, reserve(2), now, TTL, true).unwrap(),
             "sp-2"
         );
         assert_eq!(l.plan(&big.key, now).unwrap().keep_free, 0);
@@ -972,13 +983,13 @@ pub(crate) mod tests {
         let mut l = Ledger::default();
         let idle = sp("ns/i", 0, 16, true);
         assert_eq!(
-            ensure_plan(&v, &mut l, &idle, NPU, None, reserve(2), now, TTL).unwrap(),
+            ensure_plan(&v, &mut l, &idle, NPU, None, reserve(2), now, TTL, true).unwrap(),
             "sp-2"
         );
         let mut l = Ledger::default();
         let plain = pg("ns/p", 0, 8, 32, 32);
         assert_eq!(
-            ensure_plan(&v, &mut l, &plain, NPU, None, reserve(2), now, TTL).unwrap(),
+            ensure_plan(&v, &mut l, &plain, NPU, None, reserve(2), now, TTL, true).unwrap(),
             "sp-1"
         );
         assert_eq!(l.plan(&plain.key, now).unwrap().keep_free, 0);
@@ -995,6 +1006,7 @@ pub(crate) mod tests {
             sized,
             now,
             TTL,
+            true,
         )
         .unwrap_err()
         .to_string();
@@ -1014,6 +1026,7 @@ pub(crate) mod tests {
             reserve(2),
             now,
             TTL,
+            true,
         )
         .unwrap_err()
         .to_string();

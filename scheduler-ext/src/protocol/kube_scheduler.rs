@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 use crate::core::request::RequestError;
 use crate::core::verdict::Unfit;
 use crate::protocol::{bad_request, json_response};
-use crate::service::{CommitError, PodCheckError, Service};
+use crate::service::{Asker, CommitError, PodCheckError, Service};
 
 /// Route prefix of the kube-scheduler extender verbs (`urlPrefix` in the scheduler config is
 /// `http://HOST:PORT/kube-scheduler`).
@@ -245,7 +245,7 @@ pub fn filter<'a>(
     let mut reasons = Vec::new();
     // `passed[i]`: names[i] passes.
     let mut passed = vec![true; names.len()];
-    match svc.evaluate(pod, &names, true) {
+    match svc.evaluate(pod, &names, Asker::KubeScheduler) {
         // Not an accelerator pod: not ours to judge.
         Err(RequestError::NoAccelerator { .. }) => {}
         Err(e) => {
@@ -308,7 +308,9 @@ pub fn prioritize<'a>(
 ) -> Result<Vec<HostScore<'a>>, ArgsError> {
     let pod = args.pod.as_ref().ok_or(ArgsError::NoPod)?;
     let names = node_names(args)?;
-    let verdicts = svc.evaluate(pod, &names, true).unwrap_or_default();
+    let verdicts = svc
+        .evaluate(pod, &names, Asker::KubeScheduler)
+        .unwrap_or_default();
     let scorer = svc.scorer();
     let answer = names
         .into_iter()

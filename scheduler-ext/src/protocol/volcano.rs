@@ -33,7 +33,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::core::request::{RequestError, pod_key};
 use crate::protocol::{bad_request, json_response};
-use crate::service::{PodCheckError, Service};
+use crate::service::{Asker, PodCheckError, Service};
 
 /// Route prefix of the Volcano verbs (`extender.urlPrefix` is `http://HOST:PORT/volcano`).
 pub const VOLCANO_PREFIX: &str = "/volcano";
@@ -124,7 +124,7 @@ pub fn predicate(svc: &Service, req: &PredicateRequest) -> PredicateResponse {
             code: code::ERROR,
         };
     };
-    let verdict = match svc.evaluate(pod, std::slice::from_ref(&node.name), false) {
+    let verdict = match svc.evaluate(pod, std::slice::from_ref(&node.name), Asker::Volcano) {
         Ok(mut v) => v.pop(),
         Err(RequestError::NoAccelerator { .. }) => return PredicateResponse::default(),
         Err(e) => {
@@ -163,7 +163,9 @@ pub fn prioritize(svc: &Service, req: &PrioritizeRequest) -> PrioritizeResponse 
         };
     };
     let names: Vec<String> = req.nodes.iter().flatten().map(|n| n.name.clone()).collect();
-    let verdicts = svc.evaluate(pod, &names, false).unwrap_or_default();
+    let verdicts = svc
+        .evaluate(pod, &names, Asker::Volcano)
+        .unwrap_or_default();
     let g = svc.scorer();
     let node_score: BTreeMap<String, f64> = names
         .into_iter()
@@ -189,7 +191,8 @@ pub fn prioritize(svc: &Service, req: &PrioritizeRequest) -> PrioritizeResponse 
 /// `allocateFunc`: the task is allocated to `TaskInfo.NodeName`; commit its devices and, in
 /// live mode, write them on the pod. The pod is re-read from the API server (the body's copy
 /// is never trusted): a pod that does not exist, has another uid, or belongs to another
-/// scheduler is refused.
+/// scheduler is refused. Group placement refuses nothing here (the allocation stands either
+/// way); while these calls come, Volcano's plans may lapse ([`Asker::Volcano`]).
 pub async fn allocate(svc: &Service, req: &EventHandlerRequest) -> EventHandlerResponse {
     let task = req.task.as_ref();
     let Some(claimed) = task_pod(task) else {
@@ -206,16 +209,32 @@ pub async fn allocate(svc: &Service, req: &EventHandlerRequest) -> EventHandlerR
             error_message: "allocateFunc request has no task.NodeName".into(),
         };
     };
+    svc.allocate_func_called();
     let (ns, name) = ns_name(claimed);
     let error_message = match svc
         .checked_pod(&ns, &name, claimed.metadata.uid.as_deref())
         .await
     {
         Err(e) => e.to_string(),
-        Ok(live) => match svc.assign(live.as_ref().unwrap_or(claimed), node).await {
-            Ok(_) => String::new(),
-            Err(e) => e.to_string(),
-        },
+        Ok(live) => {
+            let pod = live.as_ref().unwrap_or(claimed);
+            match svc.assign(pod, node).await {
+                Ok(_) => String::new(),
+                // A Volcano session goes on with the allocation whatever its event handlers do
+                // (v1.10's `Statement.Allocate` fires them and reads no answer), so the pod goes
+                // to `node` anyway: record it there, or its unit's next pod would be planned
+                // without it and the unit split.
+                Err(e) if e.is_placement() => {
+                    tracing::warn!(pod = %pod_key(pod), node, refusal = %e,
+                        "allocateFunc against group placement: Volcano allocates the pod there anyway; recorded there");
+                    match svc.assign_bound(pod, node).await {
+                        Ok(_) => String::new(),
+                        Err(e) => e.to_string(),
+                    }
+                }
+                Err(e) => e.to_string(),
+            }
+        }
     };
     if !error_message.is_empty() {
         tracing::warn!(pod = %pod_key(claimed), node, error = %error_message, "allocateFunc refused");
@@ -388,6 +407,52 @@ mod tests {
         let no_pod: PredicateRequest =
             serde_json::from_value(serde_json::json!({"node": {"Name": "dgx-a"}})).unwrap();
         assert_eq!(predicate(&svc, &no_pod).code, code::ERROR);
+    }
+
+    /// Volcano's allocation stands whatever `allocateFunc` answers. When it allocates a unit's
+    /// pod outside the super-node planned for the unit (the plan moved after the predicate,
+    /// or a failover lost it), the pod is recorded where it went, the plan follows it, and
+    /// the unit's next pod is kept there: the unit is not split, and the super-node it left
+    /// holds no reservation for it.
+    #[tokio::test]
+    async fn a_pod_allocated_outside_its_plan_holds_its_unit_where_it_went() {
+        use crate::service::testing::{pod, service};
+        let svc = service();
+        let ask = |p: &Pod, node: &str| {
+            let r: PredicateRequest = serde_json::from_value(serde_json::json!({
+                "task": {"Pod": p}, "node": {"Name": node}
+            }))
+            .unwrap();
+            predicate(&svc, &r)
+        };
+        // A unit of two 4-GPU pods (gpu-group-size 8): planned on rack-b (best fit: its 8 GPUs are just enough).
+        let (first, second) = (pod("job-0", 4, Some(8)), pod("job-1", 4, Some(8)));
+        assert_eq!(ask(&first, "b0"), PredicateResponse::default());
+        assert_eq!(ask(&first, "a0").code, code::UNSCHEDULABLE);
+        // Volcano allocates it to a0 (rack-a) all the same.
+        let req: EventHandlerRequest = serde_json::from_value(serde_json::json!({
+            "task": {"Pod": first, "NodeName": "a0"}
+        }))
+        .unwrap();
+        assert_eq!(allocate(&svc, &req).await, EventHandlerResponse::default());
+        assert_eq!(svc.ledger().commit_of("ml/job-0").unwrap().node, "a0");
+        // The second pod follows it to rack-a.
+        assert_eq!(ask(&second, "a0"), PredicateResponse::default());
+        assert_eq!(ask(&second, "a1"), PredicateResponse::default());
+        let elsewhere = ask(&second, "b0");
+        assert_eq!(elsewhere.code, code::UNSCHEDULABLE);
+        assert!(elsewhere.status.contains("rack-a"), "{}", elsewhere.status);
+        // rack-b holds nothing for the unit: a stranger takes its whole node.
+        assert_eq!(
+            ask(&pod("stranger", 8, None), "b0"),
+            PredicateResponse::default()
+        );
+        // A node short of devices is still refused.
+        let big = serde_json::from_value(serde_json::json!({
+            "task": {"Pod": pod("big", 8, None), "NodeName": "a0"}
+        }))
+        .unwrap();
+        assert!(allocate(&svc, &big).await.error_message.contains("4 free"));
     }
 
     #[test]
