@@ -46,6 +46,10 @@ pub enum Fault {
     Gone,
     /// Every connection is closed without an answer.
     Reset,
+    /// A network cut that lets requests through but no answers: every write is forwarded (it
+    /// takes effect) and its connection closed instead of the answer; every read is closed
+    /// unanswered, so watches see nothing until the fault ends.
+    AnswerLost,
 }
 
 /// One request seen by the proxy.
@@ -201,6 +205,12 @@ async fn handle(shared: &Shared, req: Request<Incoming>) -> Result<Answer, std::
     };
     let answer = match fault {
         Fault::Reset => None,
+        Fault::AnswerLost => {
+            if write {
+                drop(forward(shared, req, None).await);
+            }
+            None
+        }
         Fault::TooManyRequests { retry_after_s } => {
             let mut r = status(429, "TooManyRequests", "too many requests, try again later");
             if let Ok(v) = http::HeaderValue::from_str(&retry_after_s.to_string()) {

@@ -7,15 +7,19 @@
 //! Retry-After, failed writes are retried no sooner than 150 ms (no retry storm), and no agent
 //! sends more than a bounded number of requests in any second.
 //! The scheduler extension watches through the same proxy: it reports itself unready while
-//! its watches fail (resets, 503) and ready again after every fault.
+//! its watches fail (resets, 503) and ready again after every fault. And when the answer to
+//! its Binding is lost (the Binding applied, the connection closed), it keeps the devices the
+//! Binding carries instead of handing them to the next pod.
 //! Figures are printed (`--nocapture`) and kept in docs/reliability.md.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod common;
+
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use fumarole_e2e::cluster::{eventually, free_port, http_get};
+use fumarole_e2e::cluster::{eventually, free_port, http_get, http_post_json};
 use fumarole_e2e::fault_proxy::{Fault, FaultProxy, Record, peak_per_second};
 use fumarole_e2e::fumarole::{agent_bin, numatopologies, scheduler_ext_bin};
 use fumarole_e2e::{NodeSpec, TestCluster};
@@ -334,4 +338,92 @@ async fn agents_converge_through_api_server_faults_with_bounded_spread_retries()
             _ => {}
         }
     }
+}
+
+/// A Binding applied whose answer is lost: the extension cannot know it took effect, so it
+/// keeps the devices it carries. The next pod is not given them while the view cannot show
+/// the first pod bound (the same cut closes the watches), and is refused once it does.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_binding_whose_answer_is_lost_keeps_its_devices() {
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::ResourceExt;
+    use kube::api::{Api, PostParams};
+    use serde_json::{Value, json};
+    const T: Duration = Duration::from_secs(30);
+    let cluster = common::cluster().await;
+    // dgx-a: GPUs 4-7 free.
+    common::publish(&cluster, &[common::dgx("dgx-a", 8, &[0, 1, 2, 3], None)]).await;
+    let proxy = FaultProxy::start(cluster.client()).await.unwrap();
+    let ext = start_extension(&cluster, &proxy).await;
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let pod = |name: &str| -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"containers": [{"name": "c", "image": "example.invalid/none",
+                "resources": {"limits": {"nvidia.com/gpu": "4"}}}]}
+        }))
+        .unwrap()
+    };
+    let first = pods
+        .create(&PostParams::default(), &pod("first"))
+        .await
+        .unwrap();
+    let second = pods
+        .create(&PostParams::default(), &pod("second"))
+        .await
+        .unwrap();
+    let fits = |p: &Pod| {
+        let body = json!({"Pod": p, "NodeNames": ["dgx-a"]});
+        async move {
+            let answer: Value =
+                serde_json::from_str(&http_post_json(ext, "/kube-scheduler/filter", &body).await?)?;
+            anyhow::Ok(
+                answer["NodeNames"]
+                    .as_array()
+                    .is_some_and(|n| !n.is_empty()),
+            )
+        }
+    };
+    // The extension's view has the pods and dgx-a's devices.
+    eventually("second fits on dgx-a", T, || async {
+        Ok(fits(&second).await?.then_some(()))
+    })
+    .await
+    .unwrap();
+
+    proxy.set(Fault::AnswerLost);
+    let body = json!({"PodName": "first", "PodNamespace": "default",
+        "PodUID": first.uid().unwrap(), "Node": "dgx-a"});
+    let answer: Value = serde_json::from_str(
+        &http_post_json(ext, "/kube-scheduler/bind", &body)
+            .await
+            .unwrap(),
+    )
+    .unwrap();
+    assert_ne!(answer["Error"], "", "the bind saw no answer: {answer}");
+    // Its view cannot show first bound (no watch gets through): the devices are still kept.
+    assert!(
+        !fits(&second).await.unwrap(),
+        "second was offered the devices of first's lost-answer Binding"
+    );
+    proxy.set(Fault::None);
+
+    // The Binding did take effect, with the devices.
+    let bound = pods.get("first").await.unwrap();
+    assert_eq!(
+        bound.spec.as_ref().and_then(|s| s.node_name.as_deref()),
+        Some("dgx-a")
+    );
+    let choice: Value = serde_json::from_str(&bound.annotations()["fumarole.dev/devices"]).unwrap();
+    assert_eq!(choice["nvidia.com/gpu"].as_array().map(Vec::len), Some(4));
+    // Once the view shows it, second is refused on dgx-a for the same reason.
+    cluster
+        .wait_ok(
+            "the extension ready again",
+            &format!("http://127.0.0.1:{ext}"),
+            "/readyz",
+        )
+        .await
+        .unwrap();
+    assert!(!fits(&second).await.unwrap());
 }

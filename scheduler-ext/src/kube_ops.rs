@@ -22,6 +22,14 @@ use crate::pod_store::PodStore;
 /// Field manager of the service's writes.
 pub const FIELD_MANAGER: &str = "fumarole-scheduler-ext";
 
+/// True when the API server refused a write (a 4xx status: conflict, not found, invalid,
+/// forbidden, too many requests), so nothing was written. Any other failure (the connection
+/// closed before the answer, a timeout, a 5xx such as an etcd timeout) leaves the outcome
+/// unknown: the write may have been applied.
+pub fn refused_by_server(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if (400..500).contains(&s.code))
+}
+
 /// The client and the pod store.
 #[derive(Clone)]
 pub struct KubeOps {
@@ -189,5 +197,31 @@ impl KubeOps {
             )
             .await
             .map(drop)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_client_error_status_means_nothing_was_written() {
+        let status = |code| {
+            kube::Error::Api(
+                kube::core::Status::failure("write", "Test")
+                    .with_code(code)
+                    .boxed(),
+            )
+        };
+        for refused in [400, 403, 404, 409, 422, 429] {
+            assert!(refused_by_server(&status(refused)), "{refused}");
+        }
+        // An etcd timeout (500, 504) may still have committed the write.
+        for unknown in [500, 503, 504] {
+            assert!(!refused_by_server(&status(unknown)), "{unknown}");
+        }
+        assert!(!refused_by_server(
+            &kube::Error::LinesCodecMaxLineLengthExceeded
+        ));
     }
 }

@@ -618,6 +618,10 @@ impl Service {
         let now = Instant::now();
         let ttl = self.settings.reservation_ttl;
         let mut ledger = self.ledger_mut();
+        // The view read under the ledger's lock: a new view is installed before the ledger is
+        // pruned against it, so a commit dropped because the view shows its pod is never
+        // judged with an older view that does not (both would miss the pod's devices).
+        let view = self.view();
         if let Some(c) = ledger.commit_of(&key)
             && c.node == node
         {
@@ -707,7 +711,10 @@ impl Service {
                 .annotate(ns, name, Some((&c.node, &c.choice(), &job)))
                 .await
             {
-                self.release(&key);
+                // As for a Binding: a write whose answer was lost may be on the pod.
+                if crate::kube_ops::refused_by_server(&source) {
+                    self.release(&key);
+                }
                 return Err(CommitError::Annotate { pod: key, source });
             }
         }
@@ -895,6 +902,75 @@ mod tests {
             .commit_bound(&pod("stranger", 4, None), "b0")
             .unwrap();
         assert!(b0_passes(&keeping, Asker::KubeScheduler));
+    }
+
+    /// A commit settles (is dropped) once the view shows its pod bound with its devices; a
+    /// commit made meanwhile must see either the commit or that view, never neither. Views
+    /// are replaced in another thread while pods are committed one after another; no device
+    /// may be chosen twice. (Each commit judged with the view it read before taking the
+    /// ledger gave some pod a device of the pod settled just then; e2e `scheduler_ext_ha`
+    /// under kube-scheduler showed it as the node giving that pod other devices.)
+    #[test]
+    fn commits_racing_view_replacements_never_choose_a_device_twice() {
+        use fumarole_topology::annotation::{DEVICES_ANNOTATION, format};
+        let bound = |name: &str, c: &Commit| -> Pod {
+            let mut p = pod(name, 1, None);
+            p.metadata.annotations = Some(BTreeMap::from([(
+                DEVICES_ANNOTATION.to_string(),
+                format(&c.choice()),
+            )]));
+            p.spec.as_mut().unwrap().node_name = Some(c.node.clone());
+            p
+        };
+        let dts: Vec<_> = ["a0", "a1", "b0"]
+            .into_iter()
+            .map(|name| {
+                fumarole_topology::crd::testing::nvlink_node(name, 8, 10, &[], |i| {
+                    format!("{name}-g{i}")
+                })
+            })
+            .collect();
+        for round in 0..300 {
+            // Eight one-GPU pods on a0, each committed while the view that settles the one
+            // before is being installed.
+            let svc = std::sync::Arc::new(Service::new(
+                ClusterView::build(&dts, &[], &[], &[]).unwrap(),
+                GpuAware::default(),
+            ));
+            let mut placed: Vec<Pod> = Vec::new();
+            let mut given: HashSet<String> = HashSet::new();
+            for i in 0..8 {
+                let name = format!("p{round}-{i}");
+                let c = svc.commit(&pod(&name, 1, None), "a0").unwrap().unwrap();
+                for d in &c.devices {
+                    assert!(
+                        given.insert(d.clone()),
+                        "{d} chosen twice (round {round}, {name})"
+                    );
+                }
+                placed.push(bound(&name, &c));
+                let view = ClusterView::build(&dts, &[], &[], &placed).unwrap();
+                let installer = {
+                    let svc = std::sync::Arc::clone(&svc);
+                    std::thread::spawn(move || {
+                        svc.replace_view(view);
+                    })
+                };
+                // The next commit races the installation.
+                if i < 7 {
+                    let next = format!("p{round}-{}", i + 1);
+                    let c = svc.commit(&pod(&next, 1, None), "a0").unwrap().unwrap();
+                    svc.release(&format!("ml/{next}"));
+                    for d in &c.devices {
+                        assert!(
+                            !given.contains(d),
+                            "{d} chosen twice (round {round}, {next})"
+                        );
+                    }
+                }
+                installer.join().unwrap();
+            }
+        }
     }
 
     /// A pod asking through a claim is judged by the same gpu-aware logic as the pod asking

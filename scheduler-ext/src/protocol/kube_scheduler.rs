@@ -362,7 +362,13 @@ pub async fn bind(svc: &Service, args: &ExtenderBindingArgs) -> Result<(), BindE
     };
     let uid = pod.metadata.uid.as_deref().unwrap_or_default();
     if let Err(source) = ops.bind(ns, name, uid, node, choice.as_ref(), job).await {
-        svc.release(&key);
+        // A Binding whose answer was lost may have been written, and it carries the devices:
+        // they stay committed until the view shows the pod bound with them, the pod goes, or
+        // --commit-ttl passes; a retry on another node replaces the commit. Only a refusal
+        // frees them now.
+        if crate::kube_ops::refused_by_server(&source) {
+            svc.release(&key);
+        }
         return Err(BindError::Binding {
             pod: key,
             node: node.clone(),
