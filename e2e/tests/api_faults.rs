@@ -209,6 +209,18 @@ async fn readiness(port: u16) -> Result<(), String> {
     }
 }
 
+/// Waits for the extension on `port` to answer `/readyz` with 200 again.
+async fn ready_again(cluster: &TestCluster, port: u16) {
+    cluster
+        .wait_ok(
+            "the extension ready again",
+            &format!("http://127.0.0.1:{port}"),
+            "/readyz",
+        )
+        .await
+        .unwrap();
+}
+
 fn of<'a>(records: &'a [Record], user: &str) -> Vec<&'a Record> {
     records.iter().filter(|r| r.client == user).collect()
 }
@@ -254,14 +266,7 @@ async fn agents_converge_through_api_server_faults_with_bounded_spread_retries()
         proxy.set(Fault::None);
         let to = proxy.now();
         let took = converged(&cluster, &agents, &free).await;
-        cluster
-            .wait_ok(
-                "the extension ready again",
-                &format!("http://127.0.0.1:{ext}"),
-                "/readyz",
-            )
-            .await
-            .unwrap();
+        ready_again(&cluster, ext).await;
         cluster.check_processes().unwrap();
         if matches!(fault, Fault::Reset | Fault::ServerError(_)) {
             assert!(
@@ -417,13 +422,6 @@ async fn a_binding_whose_answer_is_lost_keeps_its_devices() {
     let choice: Value = serde_json::from_str(&bound.annotations()["fumarole.dev/devices"]).unwrap();
     assert_eq!(choice["nvidia.com/gpu"].as_array().map(Vec::len), Some(4));
     // Once the view shows it, second is refused on dgx-a for the same reason.
-    cluster
-        .wait_ok(
-            "the extension ready again",
-            &format!("http://127.0.0.1:{ext}"),
-            "/readyz",
-        )
-        .await
-        .unwrap();
+    ready_again(&cluster, ext).await;
     assert!(!fits(&second).await.unwrap());
 }
