@@ -509,7 +509,7 @@ impl Service {
 
     /// The verdicts for `req` on `nodes`. With `reserve` false (a pod the API server does not
     /// know: a forged or stale request) a unit's plan is made on a copy of the ledger, so it
-    /// reserves nothing. `lapse`: see [`placement::ensure_plan`](crate::core::placement::ensure_plan).
+    /// reserves nothing. `lapse`: see [`crate::core::placement::ensure_plan`].
     fn evaluate_request<N: AsRef<str>>(
         &self,
         view: &ClusterView,

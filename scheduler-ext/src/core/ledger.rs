@@ -72,9 +72,8 @@ pub struct Ledger {
 
 impl Ledger {
     /// An empty ledger whose waiting plans hold while their pods are retried, instead of
-    /// lapsing when their super-node lost the room or their unit cannot start: the service
-    /// with `--keep-waiting-reservations`, the simulator with `--keep-waiting-reservations`
-    /// (what the service did by default before the lapse rules were made safe under Volcano).
+    /// lapsing when their super-node lost the room or their unit cannot start
+    /// (`--keep-waiting-reservations`, in the service and the simulator).
     pub fn keeping_waiting_plans() -> Self {
         Ledger {
             keep_waiting_plans: true,
@@ -177,9 +176,7 @@ impl Ledger {
     pub fn follow_plan(&mut self, unit: &UnitKey, super_node: &str, until: Instant) {
         if let Some(p) = self.plans.get_mut(unit) {
             p.expires = p.expires.max(until);
-            if p.super_node != super_node {
-                p.super_node = super_node.to_string();
-            }
+            super_node.clone_into(&mut p.super_node);
         }
     }
 

@@ -425,7 +425,8 @@ mod tests {
             .unwrap();
             predicate(&svc, &r)
         };
-        // A unit of two 4-GPU pods (gpu-group-size 8): planned on rack-b (best fit: its 8 GPUs are just enough).
+        // A unit of two 4-GPU pods (gpu-group-size 8): planned on rack-b (best fit: its 8
+        // GPUs are just enough).
         let (first, second) = (pod("job-0", 4, Some(8)), pod("job-1", 4, Some(8)));
         assert_eq!(ask(&first, "b0"), PredicateResponse::default());
         assert_eq!(ask(&first, "a0").code, code::UNSCHEDULABLE);
