@@ -82,7 +82,7 @@ impl Replica {
     /// Starts (again) the replica's process: leader election over a short lease, so a kill
     /// costs seconds, not the default 15 s.
     fn start(&mut self, cluster: &TestCluster) {
-        let args = vec![
+        let mut args = vec![
             "serve".to_string(),
             format!("--kubeconfig={}", cluster.admin_kubeconfig().display()),
             format!("--listen=127.0.0.1:{}", self.port),
@@ -93,7 +93,6 @@ impl Replica {
         ];
         // FUMAROLE_HA_EXT_ARGS: more flags for every replica (space-separated), to measure a
         // setting under the same kills.
-        let mut args = args;
         args.extend(
             std::env::var("FUMAROLE_HA_EXT_ARGS")
                 .unwrap_or_default()
