@@ -145,7 +145,7 @@ impl Stores {
             nodes.iter().map(|n| &n.metadata),
             pods.iter().map(AsRef::as_ref),
             claims,
-            &sources,
+            sources,
         );
         // Only a nameless object fails the build, and the API server names every object.
         built
@@ -507,7 +507,7 @@ pub async fn read_once_with(client: &Client, whole_job_super_pod: bool) -> Resul
         nodes.items.iter().map(|n| &n.metadata),
         &facts,
         claims,
-        &sources,
+        sources,
     )?;
     Ok(view)
 }

@@ -429,9 +429,13 @@ impl Service {
         let view = self.view();
         let req = pod_request_in(pod, &view.resources(), view.jobs(), view.claims())?;
         let reserve = self.kube().is_none_or(|ops| ops.knows(pod));
+        // Only a unit's pod plans, so only it asks whether plans may lapse (a lock).
         let (plan_among_nodes, lapse) = match asker {
             Asker::KubeScheduler => (true, true),
-            Asker::Volcano => (false, self.volcano_reports_allocations()),
+            Asker::Volcano => (
+                false,
+                req.group.is_some() && self.volcano_reports_allocations(),
+            ),
         };
         Ok(self.evaluate_request(&view, &req, nodes, plan_among_nodes, reserve, lapse))
     }
@@ -996,7 +1000,7 @@ mod tests {
                 claim("one", NPU, 1, None),
                 claim("five", NPU, 5, None),
             ]),
-            &crate::core::group::JobSources::default(),
+            crate::core::group::JobSources::default(),
         )
         .unwrap();
         let svc = Service::new(view, GpuAware::default());

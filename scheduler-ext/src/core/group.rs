@@ -442,10 +442,10 @@ impl Jobs {
     /// `whole_job_super_pod`, Huawei's default applies to the jobs of the Ascend pods told
     /// with [`Self::add_ascend_pod`]; a pod of a job the view has no pod of still gets its
     /// PodGroup's `sp-block`.
-    pub fn with_sources(sources: &JobSources) -> Self {
+    pub fn with_sources(sources: JobSources) -> Self {
         Jobs {
             whole_job_super_pod: sources.whole_job_super_pod,
-            pod_groups: sources.pod_groups.clone(),
+            pod_groups: sources.pod_groups,
             ..Jobs::default()
         }
     }
@@ -508,9 +508,11 @@ impl Jobs {
 
     /// Takes the group annotations of a pod's PodGroup ([`PodGroupSizes::of`]) into account
     /// for its job, like those of one more pod of the job.
-    pub fn add_pod_group(&mut self, job: &str, sizes: &Result<Sizes, GroupError>) {
-        let facts = self.jobs.entry(job.to_string()).or_default();
-        merge_sizes(facts, job, sizes.clone());
+    pub fn add_pod_group(&mut self, pod: &GroupFacts) {
+        if let Some(sizes) = self.pod_groups.of(pod) {
+            let facts = self.jobs.entry(pod.job.clone()).or_default();
+            merge_sizes(facts, &pod.job, sizes.clone());
+        }
     }
 
     /// Counts `devices` requested by one pod of `job` towards the job's total (checked against

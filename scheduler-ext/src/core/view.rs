@@ -589,7 +589,7 @@ impl ClusterView {
             nodes,
             pods,
             Claims::default(),
-            &JobSources::default(),
+            JobSources::default(),
         )
     }
 
@@ -603,7 +603,7 @@ impl ClusterView {
         nodes: impl IntoIterator<Item = &'a ObjectMeta>,
         pods: impl IntoIterator<Item = &'p PodFacts>,
         claims: Claims,
-        job_sources: &JobSources,
+        job_sources: JobSources,
     ) -> Result<Self, ViewError> {
         let mut view = ClusterView {
             claims,
@@ -697,9 +697,7 @@ impl ClusterView {
         view.jobs = Jobs::with_sources(job_sources);
         for pod in &pods {
             view.jobs.add_facts(&pod.group);
-            if let Some(sizes) = job_sources.pod_groups.of(&pod.group) {
-                view.jobs.add_pod_group(&pod.group.job, sizes);
-            }
+            view.jobs.add_pod_group(&pod.group);
         }
         // Job totals are checked against sp-block: counted for group jobs only (cheap in a big
         // cluster); pods on their way out do not count.
@@ -1230,7 +1228,7 @@ mod tests {
             &[],
             &[],
             claims,
-            &crate::core::group::JobSources::default(),
+            crate::core::group::JobSources::default(),
         )
         .unwrap();
         assert_eq!(view.free("a", NPU), vec![1, 2, 3, 4, 6, 7]);
@@ -1353,7 +1351,7 @@ mod tests {
                 &[],
                 &facts,
                 Claims::default(),
-                &JobSources {
+                JobSources {
                     whole_job_super_pod: on,
                     ..JobSources::default()
                 },
@@ -1439,7 +1437,7 @@ mod tests {
                 &[],
                 &facts,
                 Claims::default(),
-                &sources,
+                sources,
             )
             .unwrap()
         };

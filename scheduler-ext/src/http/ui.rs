@@ -434,7 +434,7 @@ mod tests {
             &[],
             &[PodFacts::of(&pod)],
             Claims::new(&[claim("two", "npu.fumarole.dev", 2, None)]),
-            &crate::core::group::JobSources::default(),
+            crate::core::group::JobSources::default(),
         )
         .unwrap();
         let page = render(&Service::new(view, GpuAware::default()), SystemTime::now());
