@@ -7,7 +7,7 @@
 //! objects), then [`decide`]: [`decide::plan`] places a pod's gpu-group-size unit over
 //! super-nodes ([`placement`]) and [`decide::judge`] gives each node a [`verdict::NodeVerdict`]
 //! through [`score::gpu_aware`] and the unit checks. A pod's ask is read by [`request`] (its
-//! unit by [`unit`]); what the service decided that the view does not show yet is the
+//! unit by [`unit`](mod@unit)); what the service decided that the view does not show yet is the
 //! [`ledger`]; [`cluster::Cluster`] is the view and the ledger read together. [`explain`] lays
 //! verdicts out for people.
 //!
