@@ -41,7 +41,7 @@ use fumarole_topology::{CpuSet, NodeTopology, annotation as devices_annotation};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use prost::Message;
-use scheduler_ext::core::score::gpu_aware::GpuAware;
+use scheduler_ext::core::score::Scoring;
 use scheduler_ext::core::view::ClusterView;
 use scheduler_ext::http::router::router;
 use scheduler_ext::protocol::kube_scheduler::{ExtenderFilterResult, HostPriority, KUBE_PREFIX};
@@ -256,8 +256,8 @@ pub fn pod_annotations(data: &[u8]) {
     if let Ok(request) = scheduler_ext::core::request::pod_request(
         &pod,
         &offered,
-        &scheduler_ext::core::group::Jobs::of([&pod]),
-    ) && let Some(group) = request.group
+        &scheduler_ext::core::unit::Jobs::of([&pod]),
+    ) && let Some(group) = request.unit
     {
         assert!(group.spec.group_size % group.spec.atomic_size == 0);
     }
@@ -407,7 +407,7 @@ fn post(svc: &Arc<Service>, uri: &str, body: &[u8]) -> (StatusCode, Vec<u8>) {
 /// kube-scheduler's `ExtenderArgs` body, to `filter` and `prioritize`. The service answers
 /// 200 with the upstream result type or 400, never anything else.
 pub fn extender_kube(data: &[u8]) {
-    let svc = Arc::new(Service::new(cluster_view().clone(), GpuAware::default()));
+    let svc = Arc::new(Service::new(cluster_view().clone(), Scoring::default()));
     let (status, body) = post(&svc, &format!("{KUBE_PREFIX}/filter"), data);
     assert!(
         matches!(status, StatusCode::OK | StatusCode::BAD_REQUEST),
@@ -431,7 +431,7 @@ pub fn extender_kube(data: &[u8]) {
 /// `allocateFunc` and `deallocateFunc` of the same task, after which the node must answer
 /// `predicate` as before (a released allocation leaves nothing behind).
 pub fn extender_volcano(data: &[u8]) {
-    let svc = Arc::new(Service::new(cluster_view().clone(), GpuAware::default()));
+    let svc = Arc::new(Service::new(cluster_view().clone(), Scoring::default()));
     let verb = |name: &str| {
         let (status, body) = post(&svc, &format!("{VOLCANO_PREFIX}/{name}"), data);
         assert!(

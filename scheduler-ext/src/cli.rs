@@ -7,9 +7,9 @@ use std::process::ExitCode;
 use anyhow::{Result, bail};
 
 use crate::core::placement::SuperPods;
-use crate::core::score::gpu_aware::GpuAware;
+use crate::core::score::Scoring;
 
-/// gpu-aware scoring arguments (Volcano's `weight` and `loss.weight`).
+/// Scoring arguments (Volcano's `weight` and `loss.weight`, the super-node weight).
 #[derive(clap::Args, Clone, Copy, Debug)]
 pub struct ScoringArgs {
     /// Multiplies the 0..100 (Volcano) score.
@@ -25,8 +25,8 @@ pub struct ScoringArgs {
 }
 
 impl ScoringArgs {
-    /// The scorer, or why the flags are out of range.
-    pub fn gpu_aware(self) -> Result<GpuAware> {
+    /// The scoring settings, or why the flags are out of range.
+    pub fn scoring(self) -> Result<Scoring> {
         if !(self.weight.is_finite() && self.weight >= 0.0) {
             bail!("--weight must be a number >= 0, got {}", self.weight);
         }
@@ -42,7 +42,7 @@ impl ScoringArgs {
                 self.super_node_weight
             );
         }
-        Ok(GpuAware {
+        Ok(Scoring {
             weight: self.weight,
             loss_weight: self.loss_weight,
             super_node_weight: self.super_node_weight,

@@ -9,7 +9,9 @@
 //!    `topology::select` would give). Pure: no HTTP, no API client.
 //! 2. [`service::Service`]: the one view and ledger every request shares, with
 //!    `evaluate` / `commit` / `assign` / `release` / `explain`.
-//! 3. [`protocol`]: one module per scheduler protocol, its verbs functions over `&Service`.
+//! 3. [`protocol`]: one module per scheduler protocol, its verbs functions over `&Service`;
+//!    [`protocol::scale`] turns the core's 0..1 scores into each scheduler's numbers (a leaf
+//!    that imports nothing: the service's `explain` rows show Volcano's number too).
 //! 4. [`http`]: the router (protocols, `/ui`, `/healthz`), `/metrics`, TLS.
 //!
 //! Beside them: [`live`] keeps the service's view current from API server reflectors,

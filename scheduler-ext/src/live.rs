@@ -29,7 +29,7 @@
 //!
 //! Volcano `PodGroup`s (`scheduling.volcano.sh/v1beta1`, metadata only) are watched where the
 //! API server serves them: their `sp-block` / `sp-fit` (copied by Volcano from the Volcano
-//! Job's annotations) count for the pods that name them ([`crate::core::group`]). Without the
+//! Job's annotations) count for the pods that name them ([`crate::core::unit`]). Without the
 //! CRD (kube-scheduler-only clusters), or without the rights to read it, only pod annotations
 //! count; a task probes every 30 s to 5 min (logging each change of answer once) and starts
 //! the watch once PodGroups can be read, so a CRD installed later counts without a restart
@@ -56,9 +56,9 @@ use kube::{Client, Resource};
 use tokio::sync::Notify;
 
 use crate::core::claims::Claims;
-use crate::core::group::{JobSources, PodGroupSizes};
 use crate::core::pod_facts::PodFacts;
 use crate::core::request::pod_key;
+use crate::core::unit::{JobSources, PodGroupSizes};
 use crate::core::view::{ClusterView, ContextCache};
 use crate::freshness::{Freshness, WatchBackoff};
 use crate::hypernode;
@@ -1034,12 +1034,12 @@ mod tests {
         assert!(trimmed.spec.as_ref().unwrap().containers[0].image.is_none());
         assert!(trimmed.status.as_ref().unwrap().conditions.is_none());
         let resources = BTreeSet::from(["nvidia.com/gpu"]);
-        let jobs = crate::core::group::Jobs::of([&full]);
+        let jobs = crate::core::unit::Jobs::of([&full]);
         let a = pod_request(&full, &resources, &jobs).unwrap();
         let b = pod_request(
             &trimmed,
             &resources,
-            &crate::core::group::Jobs::of([&trimmed]),
+            &crate::core::unit::Jobs::of([&trimmed]),
         )
         .unwrap();
         assert_eq!(format!("{a:?}"), format!("{b:?}"));
@@ -1071,7 +1071,7 @@ mod tests {
         let npu = "npu.fumarole.dev";
         let claims = Claims::new(&[claim("two", npu, 2, None), claim("p-b-1", npu, 3, None)]);
         let resources = BTreeSet::from([npu]);
-        let jobs = crate::core::group::Jobs::default();
+        let jobs = crate::core::unit::Jobs::default();
         let a = pod_request_in(&full, &resources, &jobs, &claims).unwrap();
         let b = pod_request_in(&trimmed, &resources, &jobs, &claims).unwrap();
         assert_eq!(a, b);

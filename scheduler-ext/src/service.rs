@@ -27,16 +27,17 @@ use crate::core::claims::{ClaimRef, pod_claims};
 use crate::core::cluster::Cluster;
 use crate::core::decide;
 use crate::core::explain::Row;
-use crate::core::group::{self, GroupFacts};
 use crate::core::ledger::{Commit, Ledger};
-use crate::core::placement::{PlacementError, SuperPods};
+use crate::core::placement::{PlacementError, PlanInputs, SuperPods};
 use crate::core::request::{DeviceRequest, PodRequest, RequestError, pod_key, pod_request_in};
-use crate::core::score::gpu_aware::GpuAware;
+use crate::core::score::Scoring;
+use crate::core::unit::{self, UnitFacts};
 use crate::core::verdict::{NodeVerdict, Unfit, best_first};
 use crate::core::view::ClusterView;
 use crate::freshness::Freshness;
 use crate::kube_ops::KubeOps;
 use crate::leader::Leadership;
+use crate::protocol::scale;
 
 /// Whether a commit still chooses the node, or only the devices on a node already bound.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -103,7 +104,7 @@ impl CommitError {
         match self {
             CommitError::Placement(_) => true,
             CommitError::Unfit { unfit, .. } => {
-                matches!(**unfit, Unfit::Group(_) | Unfit::Placement(_))
+                matches!(**unfit, Unfit::Unit(_) | Unfit::Placement(_))
             }
             _ => false,
         }
@@ -113,7 +114,7 @@ impl CommitError {
 /// How the service decides, from flags.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Settings {
-    pub scorer: GpuAware,
+    pub scorer: Scoring,
     /// How long a commit waits for the view to show its pod bound with its annotation.
     pub commit_ttl: Duration,
     /// How long a unit's plan waits for its next pod.
@@ -134,7 +135,7 @@ pub struct Settings {
 impl Default for Settings {
     fn default() -> Self {
         Settings {
-            scorer: GpuAware::default(),
+            scorer: Scoring::default(),
             commit_ttl: Duration::from_secs(120),
             reservation_ttl: Duration::from_secs(300),
             scheduler_names: ["default-scheduler", "volcano"]
@@ -214,7 +215,7 @@ pub struct Decision {
 
 impl Service {
     /// A service over `view` with default time-to-lives.
-    pub fn new(view: ClusterView, scorer: GpuAware) -> Self {
+    pub fn new(view: ClusterView, scorer: Scoring) -> Self {
         Self::with_settings(
             view,
             Settings {
@@ -340,6 +341,7 @@ impl Service {
     /// view).
     pub fn decisions(&self) -> Vec<Decision> {
         let view = self.view();
+        let weight = self.scorer().weight;
         let kept = self.decisions_kept();
         kept.iter()
             .rev()
@@ -351,7 +353,7 @@ impl Service {
                     at: r.at,
                     rows: verdicts
                         .into_iter()
-                        .map(|v| Row::new(v, self.scorer(), &view))
+                        .map(|v| Row::new(v, |raw| scale::volcano(raw, weight), &view))
                         .collect(),
                 }
             })
@@ -368,7 +370,7 @@ impl Service {
         self.kube.get()
     }
 
-    pub fn scorer(&self) -> &GpuAware {
+    pub fn scorer(&self) -> &Scoring {
         &self.settings.scorer
     }
 
@@ -434,7 +436,7 @@ impl Service {
             Asker::KubeScheduler => (true, true),
             Asker::Volcano => (
                 false,
-                req.group.is_some() && self.volcano_reports_allocations(),
+                req.unit.is_some() && self.volcano_reports_allocations(),
             ),
         };
         Ok(self.evaluate_request(&view, &req, nodes, plan_among_nodes, reserve, lapse))
@@ -524,7 +526,7 @@ impl Service {
         lapse: bool,
     ) -> Vec<NodeVerdict> {
         let now = Instant::now();
-        let planned = if req.group.is_some() {
+        let planned = if req.unit.is_some() {
             let candidates: Option<HashSet<&str>> =
                 plan_among_nodes.then(|| nodes.iter().map(AsRef::as_ref).collect());
             let mut shared = self.ledger_mut();
@@ -536,16 +538,14 @@ impl Service {
                 drop(shared);
                 &mut scratch
             };
-            match decide::plan(
-                view,
-                ledger,
-                req,
-                candidates.as_ref(),
-                self.settings.super_pods,
+            let inputs = PlanInputs {
+                candidates: candidates.as_ref(),
+                super_pods: self.settings.super_pods,
                 now,
-                self.settings.reservation_ttl,
+                ttl: self.settings.reservation_ttl,
                 lapse,
-            ) {
+            };
+            match decide::plan(view, ledger, req, inputs) {
                 Ok(p) => p,
                 Err(e) => {
                     return nodes
@@ -634,17 +634,9 @@ impl Service {
         ledger.release(&key);
         let verdict = match placing {
             Placing::Choose => {
-                let planned = decide::plan(
-                    &view,
-                    &mut ledger,
-                    &req,
-                    None,
-                    self.settings.super_pods,
-                    now,
-                    ttl,
-                    // bind and allocateFunc are the scheduler telling where the pod goes.
-                    true,
-                )?;
+                // lapse: bind and allocateFunc are the scheduler telling where the pod goes.
+                let inputs = PlanInputs::new(now, ttl).with_super_pods(self.settings.super_pods);
+                let planned = decide::plan(&view, &mut ledger, &req, inputs)?;
                 decide::judge(
                     Cluster::new(&view, &ledger, now),
                     &self.settings.scorer,
@@ -654,7 +646,7 @@ impl Service {
                 )
                 .pop()
             }
-            Placing::Bound => Some(self.settings.scorer.node(
+            Placing::Bound => Some(self.settings.scorer.gpu_aware().node(
                 &Cluster::new(&view, &ledger, now),
                 node,
                 &req,
@@ -673,11 +665,11 @@ impl Service {
             node: node.to_string(),
             resource: req.devices.resource.clone(),
             devices: v.device_ids(&view),
-            unit: req.group.as_ref().map(|g| (g.key.clone(), g.gpus)),
+            unit: req.unit.as_ref().map(|g| (g.key.clone(), g.gpus)),
             at: now,
         };
         ledger.commit(&key, commit.clone());
-        if let Some(g) = &req.group {
+        if let Some(g) = &req.unit {
             ledger.renew_plan(&g.key, now + ttl);
         }
         Ok(Some(commit))
@@ -738,11 +730,9 @@ impl Service {
             return BTreeMap::new();
         }
         let view = self.view();
-        let facts = GroupFacts::of(pod);
+        let facts = UnitFacts::of(pod);
         let npus = u32::try_from(commit.devices.len()).unwrap_or(u32::MAX);
-        let spec = group::group_spec_of(&facts, npus, view.jobs())
-            .ok()
-            .flatten();
+        let spec = unit::unit_spec_of(&facts, npus, view.jobs()).ok().flatten();
         let rank = spec
             .as_ref()
             .map(|s| s.rank)
@@ -777,12 +767,12 @@ impl Service {
         // A diagnostic lets no plan lapse: the scheduler may not have told where it put pods.
         let mut verdicts = self.evaluate_request(&view, &req, &names, false, true, false);
         best_first(&mut verdicts);
-        let g = self.scorer();
+        let weight = self.scorer().weight;
         Ok((
             req.devices,
             verdicts
                 .into_iter()
-                .map(|v| Row::new(v, g, &view))
+                .map(|v| Row::new(v, |raw| scale::volcano(raw, weight), &view))
                 .collect(),
         ))
     }
@@ -816,7 +806,7 @@ pub(crate) mod testing {
             })
             .collect();
         let view = ClusterView::build(&dts, &[], &[], &[]).unwrap();
-        Service::new(view, GpuAware::default())
+        Service::new(view, Scoring::default())
     }
 
     pub fn pod(name: &str, gpus: u32, group: Option<u32>) -> Pod {
@@ -939,7 +929,7 @@ mod tests {
             // before is being installed.
             let svc = std::sync::Arc::new(Service::new(
                 ClusterView::build(&dts, &[], &[], &[]).unwrap(),
-                GpuAware::default(),
+                Scoring::default(),
             ));
             let mut placed: Vec<Pod> = Vec::new();
             let mut given: HashSet<String> = HashSet::new();
@@ -1000,17 +990,17 @@ mod tests {
                 claim("one", NPU, 1, None),
                 claim("five", NPU, 5, None),
             ]),
-            crate::core::group::JobSources::default(),
+            crate::core::unit::JobSources::default(),
         )
         .unwrap();
-        let svc = Service::new(view, GpuAware::default());
+        let svc = Service::new(view, Scoring::default());
         let by_claim = claim_pod("single", &["one"], None, serde_json::json!({}));
         let v = svc
             .evaluate(&by_claim, &["a", "b"], Asker::KubeScheduler)
             .unwrap();
         let (a, b) = (v[0].raw.unwrap(), v[1].raw.unwrap());
         assert_eq!(
-            (svc.scorer().kube(a), svc.scorer().kube(b)),
+            (scale::kube_scheduler(a), scale::kube_scheduler(b)),
             (10, 8),
             "{v:?}"
         );
@@ -1089,7 +1079,7 @@ mod tests {
             &pods,
         )
         .unwrap();
-        let svc = Service::new(view, GpuAware::default());
+        let svc = Service::new(view, Scoring::default());
         let commit = |node: &str, resource: &str| Commit {
             node: node.into(),
             resource: resource.into(),

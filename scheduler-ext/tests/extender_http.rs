@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use scheduler_ext::core::score::gpu_aware::GpuAware;
+use scheduler_ext::core::score::Scoring;
 use scheduler_ext::http::router::router;
 use scheduler_ext::protocol::kube_scheduler::{ExtenderFilterResult, HostPriority};
 use scheduler_ext::service::Service;
@@ -17,7 +17,7 @@ use tower::ServiceExt;
 fn app() -> axum::Router {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/snapshots/two-dgx");
     let view = snapshot::load(&dir).unwrap();
-    router(Arc::new(Service::new(view, GpuAware::default())))
+    router(Arc::new(Service::new(view, Scoring::default())))
 }
 
 /// `POST` to `app`, answering the status and the body text.
@@ -226,7 +226,7 @@ async fn concurrent_allocations_never_share_a_device() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/snapshots/two-dgx");
     let svc = Arc::new(Service::new(
         snapshot::load(&dir).unwrap(),
-        GpuAware::default(),
+        Scoring::default(),
     ));
     let app = router(Arc::clone(&svc));
     let calls = (0..20).map(|i| {

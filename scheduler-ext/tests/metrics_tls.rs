@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use rustls::pki_types::{CertificateDer, ServerName};
-use scheduler_ext::core::score::gpu_aware::GpuAware;
+use scheduler_ext::core::score::Scoring;
 use scheduler_ext::http::metrics::{self, Metrics};
 use scheduler_ext::http::router::router;
 use scheduler_ext::http::server::{Limits, Tls, TlsFiles, serve};
@@ -24,7 +24,7 @@ use tokio_rustls::TlsConnector;
 fn app(m: &Arc<Metrics>) -> axum::Router {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/snapshots/two-dgx");
     let view = snapshot::load(&dir).unwrap();
-    let app = router(Arc::new(Service::new(view, GpuAware::default())));
+    let app = router(Arc::new(Service::new(view, Scoring::default())));
     metrics::instrument(app, Arc::clone(m))
 }
 
@@ -419,7 +419,7 @@ async fn verbs_need_a_client_certificate_or_the_token() {
     let view =
         snapshot::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/snapshots/two-dgx"))
             .unwrap();
-    let svc = Arc::new(Service::new(view, GpuAware::default()));
+    let svc = Arc::new(Service::new(view, Scoring::default()));
     let options = Options {
         kube: Rule {
             client_cert: true,

@@ -83,7 +83,7 @@ pub(crate) fn at_completion(e: &mut Engine, s: RunState, t: u64, now: Instant) {
                 resource: resource.to_string(),
                 devices: nv.mask_of_ids(&commit.devices),
                 job_pods: sj.job.pods,
-                in_unit: req.group.is_some(),
+                in_unit: req.unit.is_some(),
                 pinned: limit_pin(e, sj.job.duration, s.ends[j], t),
             });
             at.insert(req.devices.pod.clone(), (j, i));

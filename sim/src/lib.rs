@@ -53,8 +53,9 @@ use policy::Policy;
 use scheduler_ext::core::cluster::Cluster;
 use scheduler_ext::core::decide;
 use scheduler_ext::core::ledger::{Commit, Ledger};
+use scheduler_ext::core::placement::PlanInputs;
 use scheduler_ext::core::request::PodRequest;
-use scheduler_ext::core::score::gpu_aware::GpuAware;
+use scheduler_ext::core::score::Scoring;
 use scheduler_ext::core::verdict::best_first;
 use scheduler_ext::core::view::{NodeView, indices};
 use shape::SimCluster;
@@ -87,7 +88,7 @@ pub struct Options {
     /// Seeds the `random` policy.
     pub seed: u64,
     /// gpu-aware weights (`fumarole`).
-    pub scorer: GpuAware,
+    pub scorer: Scoring,
     /// How long a unit's super-node reservation lives without its pods (`fumarole`).
     pub reservation_ttl: Duration,
     /// Waiting reservations renewed while their unit waits ([`Ledger::keeping_waiting_plans`]),
@@ -103,7 +104,7 @@ impl Default for Options {
     fn default() -> Self {
         Options {
             seed: 1,
-            scorer: GpuAware::default(),
+            scorer: Scoring::default(),
             reservation_ttl: Duration::from_secs(300),
             keep_waiting_reservations: false,
             defrag_max_run: Duration::from_secs(2 * 3600),
@@ -149,7 +150,7 @@ impl Simulation {
             sj.job.gpu_group_size = None;
             sj.job.atomic_gpu_group_size = None;
             for req in &mut sj.pods {
-                req.group = None;
+                req.unit = None;
             }
         }
         self.trace_name = format!("{} (without gpu-group-size)", self.trace_name);
@@ -387,7 +388,7 @@ impl<'a> Engine<'a> {
         let until = now + self.opts.reservation_ttl;
         for &j in queue {
             for req in &self.sim.jobs[j].pods {
-                if let Some(g) = &req.group {
+                if let Some(g) = &req.unit {
                     self.ledger.renew_plan(&g.key, until);
                 }
             }
@@ -433,11 +434,11 @@ impl<'a> Engine<'a> {
                     node: nv.name.clone(),
                     resource: req.devices.resource.clone(),
                     devices: nv.ids_of(&devices),
-                    unit: req.group.as_ref().map(|g| (g.key.clone(), g.gpus)),
+                    unit: req.unit.as_ref().map(|g| (g.key.clone(), g.gpus)),
                     at: now,
                 },
             );
-            if let Some(g) = &req.group {
+            if let Some(g) = &req.unit {
                 self.ledger
                     .renew_plan(&g.key, now + self.opts.reservation_ttl);
             }
@@ -452,7 +453,7 @@ impl<'a> Engine<'a> {
         // Placed whole: in the service the view now shows the unit's pods bound, and the next
         // prune drops its plan; the simulated view never changes, so drop it here.
         for req in &sj.pods {
-            if let Some(g) = &req.group {
+            if let Some(g) = &req.unit {
                 self.ledger.drop_plan(&g.key);
             }
         }
@@ -467,20 +468,11 @@ impl<'a> Engine<'a> {
     ) -> Option<(&'a NodeView, Vec<usize>)> {
         let sim: &'a Simulation = self.sim;
         let view = &sim.cluster.view;
-        let planned = decide::plan(
-            view,
-            &mut self.ledger,
-            req,
-            None,
-            // Traces carry no sp-block jobs; Huawei's parameters stay off.
-            scheduler_ext::core::placement::SuperPods::default(),
-            now,
-            self.opts.reservation_ttl,
-            // The simulator places a gang's pods one after the other and commits each: the
-            // scheduler tells the service where every pod went.
-            true,
-        )
-        .ok()?;
+        // Traces carry no sp-block jobs: Huawei's parameters stay off. Plans may lapse: the
+        // simulator places a gang's pods one after the other and commits each, so the
+        // scheduler tells the service where every pod went.
+        let inputs = PlanInputs::new(now, self.opts.reservation_ttl);
+        let planned = decide::plan(view, &mut self.ledger, req, inputs).ok()?;
         let mut verdicts = decide::judge(
             Cluster::new(view, &self.ledger, now),
             &self.opts.scorer,
@@ -614,7 +606,7 @@ fn parts(pods: &[PodRequest], policy: Policy) -> Vec<(bool, Vec<usize>)> {
     let mut keyed: BTreeMap<(u32, u32), usize> = BTreeMap::new();
     let mut out: Vec<(bool, Vec<usize>)> = Vec::new();
     for (i, req) in pods.iter().enumerate() {
-        let Some(g) = &req.group else {
+        let Some(g) = &req.unit else {
             out.push((false, vec![i]));
             continue;
         };

@@ -146,7 +146,7 @@ pub struct SweepArgs {
 }
 
 fn run_cmd(args: RunArgs) -> Result<()> {
-    let scorer = args.scoring.gpu_aware()?;
+    let scorer = args.scoring.scoring()?;
     let horizon = Duration::from_secs(fumarole_sim::trace::MAX_SECONDS);
     if args.reservation_ttl > horizon {
         bail!(
@@ -235,7 +235,7 @@ fn generate_cmd(args: GenerateArgs) -> Result<()> {
 }
 
 fn sweep_cmd(args: SweepArgs) -> Result<()> {
-    let scorer = args.scoring.gpu_aware()?;
+    let scorer = args.scoring.scoring()?;
     let horizon = Duration::from_secs(fumarole_sim::trace::MAX_SECONDS);
     if args.reservation_ttl > horizon {
         bail!(

@@ -135,7 +135,7 @@ impl Metrics {
             let mut units: BTreeMap<u32, (usize, BTreeSet<&str>)> = BTreeMap::new();
             let mut atomic: BTreeMap<u32, (usize, BTreeSet<&str>)> = BTreeMap::new();
             for (req, p) in sj.pods.iter().zip(&jo.pods) {
-                if let Some(g) = &req.group {
+                if let Some(g) = &req.unit {
                     for (map, key) in [(&mut units, g.spec.unit), (&mut atomic, g.spec.atomic_unit)]
                     {
                         let u = map.entry(key).or_default();

@@ -252,7 +252,7 @@ fn super_nodes_per_part(s: &Simulation, o: &Outcome, atomic: bool) -> Vec<BTreeS
     for (sj, jo) in s.jobs.iter().zip(&o.jobs) {
         let mut parts: BTreeMap<(u32, u32), BTreeSet<String>> = BTreeMap::new();
         for (req, p) in sj.pods.iter().zip(&jo.pods) {
-            if let Some(g) = &req.group {
+            if let Some(g) = &req.unit {
                 let key = (g.spec.unit, if atomic { g.spec.atomic_unit } else { 0 });
                 parts.entry(key).or_default().insert(p.super_node.clone());
             }

@@ -42,8 +42,8 @@ use rand::rngs::ChaCha8Rng;
 use rand::{RngExt, SeedableRng};
 use serde::{Deserialize, Serialize};
 
-use scheduler_ext::core::group::{self, Jobs};
 use scheduler_ext::core::request::{self, PodRequest};
+use scheduler_ext::core::unit::{self, Jobs};
 
 /// The latest second a trace may reach (arrival + duration): 10 years.
 pub const MAX_SECONDS: u64 = 10 * 365 * 24 * 3600;
@@ -171,13 +171,13 @@ pub fn write(jobs: &[Job], header: &[String]) -> String {
 /// The pod of rank `rank` of `job`, as the service would see it.
 pub fn pod(job: &Job, rank: u32, resource: &str) -> Result<Pod, serde_json::Error> {
     let mut annotations = serde_json::Map::new();
-    annotations.insert(group::VOLCANO_JOB_NAME.into(), job.job.clone().into());
-    annotations.insert(group::VOLCANO_TASK_INDEX.into(), rank.to_string().into());
+    annotations.insert(unit::VOLCANO_JOB_NAME.into(), job.job.clone().into());
+    annotations.insert(unit::VOLCANO_TASK_INDEX.into(), rank.to_string().into());
     if let Some(g) = job.gpu_group_size {
-        annotations.insert(group::GROUP_SIZE[0].into(), g.to_string().into());
+        annotations.insert(unit::GROUP_SIZE[0].into(), g.to_string().into());
     }
     if let Some(a) = job.atomic_gpu_group_size {
-        annotations.insert(group::ATOMIC_GROUP_SIZE[0].into(), a.to_string().into());
+        annotations.insert(unit::ATOMIC_GROUP_SIZE[0].into(), a.to_string().into());
     }
     serde_json::from_value(serde_json::json!({
         "metadata": {
@@ -210,7 +210,7 @@ pub fn requests(
         .map(|rank| {
             let p = pod(&tj.job, rank, resource).map_err(|e| err(e.to_string()))?;
             let req = request::pod_request(&p, &offered, &jobs).map_err(|e| err(e.to_string()))?;
-            if let Some(g) = &req.group {
+            if let Some(g) = &req.unit {
                 // The service accepts a unit that ends past the last pod (it would wait for
                 // more pods forever); a trace job must consist of whole units.
                 let total = tj.job.pods.saturating_mul(tj.job.devices);

@@ -39,7 +39,7 @@ pub fn run(args: ExplainArgs) -> Result<()> {
         tracing::warn!("{w}");
     }
     let pod = read_pod(&args.pod)?;
-    let mut svc = Service::new(view, args.scoring.gpu_aware()?);
+    let mut svc = Service::new(view, args.scoring.scoring()?);
     svc.settings.super_pods = args.super_pods.super_pods()?;
     if args.super_pods.whole_job()? {
         bail!(

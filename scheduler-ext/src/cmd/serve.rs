@@ -184,7 +184,7 @@ impl ElectionArgs {
 
 pub fn run(args: ServeArgs) -> Result<()> {
     let settings = Settings {
-        scorer: args.scoring.gpu_aware()?,
+        scorer: args.scoring.scoring()?,
         commit_ttl: args.commit_ttl,
         reservation_ttl: args.reservation_ttl,
         scheduler_names: args

@@ -3,73 +3,49 @@
 //! The same two steps answer kube-scheduler's `filter` / `prioritize`, Volcano's `predicate` /
 //! `prioritize`, the commits of `bind` / `allocateFunc`, `explain`, and the trace simulator.
 
-use std::collections::{HashMap, HashSet};
-use std::time::{Duration, Instant};
-
 use crate::core::cluster::Cluster;
 use crate::core::ledger::Ledger;
-use crate::core::placement::{self, Checker, PlacementError, SuperPods};
+use crate::core::placement::{self, Checker, PlacementError, PlanInputs};
 use crate::core::request::PodRequest;
-use crate::core::score::gpu_aware::GpuAware;
+use crate::core::score::Scoring;
 use crate::core::verdict::{NodeVerdict, Unfit};
 use crate::core::view::{ClusterView, RequestMemo};
 
 /// The super-node of the pod's atomic sub-unit (`None` for pods outside any unit), planning it
-/// when needed (see [`placement::ensure_plan`]). `Err` is why the pod fits nowhere.
-#[allow(clippy::too_many_arguments)]
+/// when needed, as `inputs` allow (see [`placement::ensure_plan`]). `Err` is why the pod fits
+/// nowhere.
 pub fn plan(
     view: &ClusterView,
     ledger: &mut Ledger,
     req: &PodRequest,
-    candidates: Option<&HashSet<&str>>,
-    super_pods: SuperPods,
-    now: Instant,
-    ttl: Duration,
-    lapse: bool,
+    inputs: PlanInputs<'_>,
 ) -> Result<Option<String>, PlacementError> {
-    let Some(pg) = &req.group else {
+    let Some(pg) = &req.unit else {
         return Ok(None);
     };
-    placement::ensure_plan(
-        view,
-        ledger,
-        pg,
-        &req.devices.resource,
-        candidates,
-        super_pods,
-        now,
-        ttl,
-        lapse,
-    )
-    .map(Some)
+    placement::ensure_plan(view, ledger, pg, &req.devices.resource, inputs).map(Some)
 }
 
-/// `raw` with the share `used` of its super-node's devices in use blended in with weight `w`
-/// (`--super-node-weight`): `(raw + w·used) / (1 + w)`, still 0..1. A small `w` (0.05) decides
-/// between nodes gpu-aware scores about alike and never outweighs a better device set.
-pub fn with_super_node(raw: f64, used: f64, w: f64) -> f64 {
-    (raw + w * used) / (1.0 + w)
-}
-
-/// The verdict for each of `nodes`, in order: gpu-aware fit and score, then the group checks
-/// (the pod's super-node, other units' reservations). With a super-node weight, a feasible
-/// node of a super-node of several nodes then leans towards fuller super-nodes
-/// ([`with_super_node`]): small jobs go where devices are already in use and emptier
-/// super-nodes stay whole for the units that need them (the Ascend rule "prefer the super-pod
-/// with fewer nodes left").
+/// The verdict for each of `nodes`, in order: gpu-aware fit (the devices and whether they fit),
+/// then the unit checks (the pod's super-node, other units' reservations), then the score of
+/// each node that can take the pod: the policies of `scoring` weighed together
+/// ([`crate::core::score`]). With a super-node weight, a node of a super-node of several nodes
+/// leans towards fuller super-nodes: small jobs go where devices are already in use and
+/// emptier super-nodes stay whole for the units that need them (the Ascend rule "prefer the
+/// super-pod with fewer nodes left").
 pub fn judge<'a>(
     c: Cluster<'_>,
-    g: &GpuAware,
+    scoring: &Scoring,
     req: &PodRequest,
     planned: Option<&str>,
     nodes: impl IntoIterator<Item = &'a str>,
 ) -> Vec<NodeVerdict> {
-    let member = req.group.as_ref().zip(planned);
+    let member = req.unit.as_ref().zip(planned);
     let checker = Checker::new(c, member, &req.devices.resource);
+    let gpu_aware = scoring.gpu_aware();
     // Most nodes of a request share their link matrix and free mask with an earlier one.
     let mut memo = RequestMemo::default();
-    // Super-node -> share of its devices in use, computed once per request.
-    let mut used: HashMap<String, f64> = HashMap::new();
+    let mut scores = scoring.for_request();
     nodes
         .into_iter()
         .map(|name| {
@@ -77,24 +53,14 @@ pub fn judge<'a>(
             let Some(nv) = c.view.node(name) else {
                 return NodeVerdict::filtered(name, Unfit::UnknownNode);
             };
-            let mut v = g.node_view(&c, name, nv, req, &mut memo);
-            if v.feasible()
-                && let Some(conflict) = checker.check(nv, req.devices.count)
-            {
+            let mut v = gpu_aware.node_view(&c, name, nv, req, &mut memo);
+            if !v.feasible() {
+                return v;
+            }
+            if let Some(conflict) = checker.check(nv, req.devices.count) {
                 return NodeVerdict::filtered(name, conflict.into());
             }
-            if let Some(raw) = v.raw
-                && g.super_node_weight > 0.0
-                && c.view
-                    .super_nodes()
-                    .get(nv.group())
-                    .is_some_and(|n| n.len() > 1)
-            {
-                let share = *used.entry(nv.group().to_string()).or_insert_with(|| {
-                    placement::used_share(&c, nv.group(), &req.devices.resource)
-                });
-                v.raw = Some(with_super_node(raw, share, g.super_node_weight));
-            }
+            v.raw = scores.score(&c, nv, req, &v);
             v
         })
         .collect()
@@ -106,6 +72,7 @@ mod tests {
     use super::*;
     use crate::core::request::DeviceRequest;
     use crate::core::verdict::best_first;
+    use std::time::Instant;
 
     /// Super-node `rack-a`: a0, a1, all 8 GPUs free; `rack-b`: b0 (8 free), b1 (all taken).
     fn view() -> ClusterView {
@@ -130,17 +97,17 @@ mod tests {
                 resource: "nvidia.com/gpu".into(),
                 count: 2,
             },
-            group: None,
+            unit: None,
             numa_cpus: None,
         };
-        let g = GpuAware {
+        let g = Scoring {
             super_node_weight: 0.05,
-            ..GpuAware::default()
+            ..Scoring::default()
         };
         // Without the weight, a0 wins (first by name among alike nodes).
         let mut plain = judge(
             Cluster::new(&v, &l, Instant::now()),
-            &GpuAware::default(),
+            &Scoring::default(),
             &req,
             None,
             ["a0", "a1", "b0", "b1"],

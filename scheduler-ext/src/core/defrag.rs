@@ -38,10 +38,10 @@ use std::collections::{BTreeMap, HashMap};
 use serde::Serialize;
 
 use crate::core::cluster::Cluster;
-use crate::core::group::UnitKey;
 use crate::core::placement;
 use crate::core::pod_facts::PodFacts;
 use crate::core::request::{PodRequest, pod_key, pod_request_in};
+use crate::core::unit::UnitKey;
 use crate::core::view::NodeView;
 
 /// A running pod, as the advisor sees it.
@@ -49,7 +49,7 @@ use crate::core::view::NodeView;
 pub struct Running {
     /// `namespace/name`.
     pub pod: String,
-    /// [`crate::core::group::job_key`].
+    /// [`crate::core::unit::job_key`].
     pub job: String,
     pub node: String,
     pub resource: String,
@@ -170,7 +170,7 @@ pub fn from_facts<'p>(
     let mut job_pods: HashMap<&str, u32> = HashMap::new();
     for p in pods.clone() {
         if !p.finished && !p.deleting {
-            *job_pods.entry(p.group.job.as_str()).or_default() += 1;
+            *job_pods.entry(p.unit.job.as_str()).or_default() += 1;
         }
     }
     let mut running = Vec::new();
@@ -187,12 +187,12 @@ pub fn from_facts<'p>(
         };
         running.push(Running {
             pod: p.key.to_string(),
-            job: p.group.job.clone(),
-            job_pods: job_pods.get(p.group.job.as_str()).copied().unwrap_or(1),
+            job: p.unit.job.clone(),
+            job_pods: job_pods.get(p.unit.job.as_str()).copied().unwrap_or(1),
             node: node.to_string(),
             devices: nv.mask_of_ids(ids) & nv.resource_mask(&req.resource),
             resource: req.resource,
-            in_unit: view.jobs().in_group_facts(&p.group),
+            in_unit: view.jobs().in_unit_facts(&p.unit),
             pinned: p.pinned.clone(),
         });
     }
@@ -211,7 +211,7 @@ pub fn waiting_units(c: &Cluster, pending: &[PodRequest]) -> Vec<Waiting> {
     let mut parts: BTreeMap<UnitKey, Waiting> = BTreeMap::new();
     let mut out = Vec::new();
     for req in pending {
-        let Some(g) = &req.group else {
+        let Some(g) = &req.unit else {
             out.push(Waiting {
                 name: format!("pod {}", req.devices.pod),
                 resource: req.devices.resource.clone(),

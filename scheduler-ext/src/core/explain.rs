@@ -5,12 +5,12 @@
 //! JSON is a list of objects with exactly the keys `node`, `feasible`, `reason`, `q`, `loss`,
 //! `score`, `devices` (other tools rely on them). `reason`, `q`, `loss` and `score` are `null`
 //! where they do not apply (`reason` on feasible nodes, the others on filtered ones). `score` is
-//! the gpu-aware score on Volcano's scale (0..100 times `weight`). Rows come best first.
+//! the node's score on Volcano's scale (0..100 times `weight`), which the caller's `scale` gives
+//! ([`crate::protocol::scale::volcano`]). Rows come best first.
 
 use serde::Serialize;
 
 use crate::core::request::DeviceRequest;
-use crate::core::score::gpu_aware::GpuAware;
 use crate::core::verdict::NodeVerdict;
 use crate::core::view::ClusterView;
 use crate::text_table;
@@ -28,7 +28,8 @@ pub struct Row {
 }
 
 impl Row {
-    pub fn new(v: NodeVerdict, g: &GpuAware, view: &ClusterView) -> Self {
+    /// The row of verdict `v`, its 0..1 score shown as `scale` turns it.
+    pub fn new(v: NodeVerdict, scale: impl Fn(f64) -> f64, view: &ClusterView) -> Self {
         Row {
             feasible: v.feasible(),
             devices: v.device_ids(view),
@@ -36,7 +37,7 @@ impl Row {
             node: v.node,
             q: v.q,
             loss: v.loss,
-            score: v.raw.map(|r| g.volcano(r)),
+            score: v.raw.map(scale),
         }
     }
 }

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use fumarole_topology::annotation::DeviceChoice;
 
-use crate::core::group::UnitKey;
+use crate::core::unit::UnitKey;
 use crate::core::view::ClusterView;
 
 /// Devices handed to one pod.

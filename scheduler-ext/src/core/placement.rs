@@ -1,6 +1,6 @@
 //! gpu-podaffinity: gpu-group-size units over super-nodes.
 //!
-//! A unit (`gpu-group-size` GPUs of consecutive pod ranks, see [`crate::core::group`]) is cut into
+//! A unit (`gpu-group-size` GPUs of consecutive pod ranks, see [`crate::core::unit`]) is cut into
 //! atomic sub-units (`atomic-gpu-group-size`). Each atomic sub-unit MUST run inside one
 //! super-node; the whole unit SHOULD.
 //!
@@ -22,7 +22,7 @@
 //! nothing placed keeps its plan while the planned super-node still has its room (after other
 //! units' reservations); when a pod bound outside the plans took it, the plan lapses and the
 //! sub-unit is planned afresh. Only where the scheduler tells the service where it puts each
-//! pod (the `lapse` argument of [`ensure_plan`]): under Volcano without `allocateFunc`, plans
+//! pod ([`PlanInputs::lapse`]): under Volcano without `allocateFunc`, plans
 //! are renewed as without the rules. When a pod of a sub-unit was placed outside its plan
 //! anyway (Volcano goes on whatever `allocateFunc` answers), the plan follows the pod. Only the
 //! service knows counts (free devices, pods bound or committed, plans), never how long a
@@ -31,7 +31,7 @@
 //! queueing delay: the reserved room idles until the last busy node drains;
 //! `docs/placement.md`, "What we tried".)
 //!
-//! **Super-pod jobs** (Huawei's `sp-block`, [`crate::core::group`]) are such units, with these
+//! **Super-pod jobs** (Huawei's `sp-block`, [`crate::core::unit`]) are such units, with these
 //! rules from Huawei's scheduler ([`SuperPods`]):
 //! - steps 2-4 run first over the room outside each super-node's reserve (the last
 //!   `reserve-nodes` nodes, by name, whose devices are all free), and only when nothing fits
@@ -53,8 +53,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use crate::core::cluster::Cluster;
-use crate::core::group::{PodGroup, UnitKey};
 use crate::core::ledger::{Ledger, Plan};
+use crate::core::unit::{UnitKey, UnitMember};
 use crate::core::view::{ClusterView, NodeView};
 
 /// Why a unit's sub-unit fits in no super-node.
@@ -92,7 +92,7 @@ pub enum PlacementError {
 
 /// Why group placement keeps a pod off one node.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum GroupConflict {
+pub enum UnitConflict {
     /// The pod's sub-unit is placed in another super-node.
     #[error("{unit} is placed in super-node {planned}; this node is in {here}")]
     OtherSuperNode {
@@ -134,6 +134,57 @@ pub struct SuperPods {
     pub size: Option<u32>,
     /// Whole nodes to keep free in each super-node for fault rescheduling (`reserve-nodes`).
     pub reserve_nodes: u32,
+}
+
+/// How to plan a sub-unit, besides what (the pod's unit and resource) and over what (the view
+/// and the ledger): what the asking scheduler allows and the service's settings.
+/// [`PlanInputs::new`] is the common case: every node, no super-pod parameters, plans that may
+/// lapse.
+#[derive(Clone, Copy, Debug)]
+pub struct PlanInputs<'a> {
+    /// Limits a new plan to super-nodes with room on these nodes (kube-scheduler's filter gets
+    /// only the nodes its own filters passed); `None` looks at every node.
+    pub candidates: Option<&'a HashSet<&'a str>>,
+    /// Huawei's super-pod parameters.
+    pub super_pods: SuperPods,
+    /// The clock: plans live until `now + ttl`.
+    pub now: Instant,
+    /// How long a plan lives without being renewed (`--reservation-ttl`).
+    pub ttl: Duration,
+    /// Waiting plans may lapse (the lapse rules, unless the ledger
+    /// [keeps waiting plans](Ledger::keeping_waiting_plans)). Only true where the asking
+    /// scheduler tells this service where it puts each pod before it asks about the next
+    /// (kube-scheduler's `bind`, Volcano's `allocateFunc`): otherwise a pod of the sub-unit may
+    /// already be placed without the service knowing, and a plan moved now would split the
+    /// sub-unit.
+    pub lapse: bool,
+}
+
+impl<'a> PlanInputs<'a> {
+    /// Planning at `now` with plans living `ttl`: every node a candidate, no super-pod
+    /// parameters, waiting plans may lapse.
+    pub fn new(now: Instant, ttl: Duration) -> Self {
+        PlanInputs {
+            candidates: None,
+            super_pods: SuperPods::default(),
+            now,
+            ttl,
+            lapse: true,
+        }
+    }
+
+    /// These inputs with Huawei's super-pod parameters `super_pods`.
+    pub fn with_super_pods(self, super_pods: SuperPods) -> Self {
+        PlanInputs { super_pods, ..self }
+    }
+
+    /// These inputs with new plans limited to `candidates`.
+    pub fn among(self, candidates: &'a HashSet<&'a str>) -> Self {
+        PlanInputs {
+            candidates: Some(candidates),
+            ..self
+        }
+    }
 }
 
 /// The reserve of a super-node: of its nodes whose devices of `resource` are all free, the
@@ -182,31 +233,9 @@ fn main_super_node(placed: &BTreeMap<String, u32>) -> Option<&str> {
         .map(|(s, _)| s.as_str())
 }
 
-/// The share of `super_node`'s devices of `resource` in use (bound or committed), 0..1; 0 for
-/// a super-node without such devices.
-pub fn used_share(c: &Cluster, super_node: &str, resource: &str) -> f64 {
-    let (mut all, mut free) = (0u32, 0u32);
-    for nv in c
-        .view
-        .super_nodes()
-        .get(super_node)
-        .into_iter()
-        .flatten()
-        .filter_map(|n| c.view.node(n))
-    {
-        all += nv.resource_mask(resource).count_ones();
-        free += c.free_mask(nv, resource).count_ones();
-    }
-    if all == 0 {
-        0.0
-    } else {
-        f64::from(all.saturating_sub(free)) / f64::from(all)
-    }
-}
-
 /// How many GPUs `super_node` lacks for `pg`'s whole sub-unit: its room for the sub-unit's
 /// pods, less what other units reserve there, against the sub-unit's size.
-fn shortfall(c: &Cluster, super_node: &str, pg: &PodGroup, resource: &str) -> u32 {
+fn shortfall(c: &Cluster, super_node: &str, pg: &UnitMember, resource: &str) -> u32 {
     let nodes = c
         .view
         .super_nodes()
@@ -264,27 +293,23 @@ fn room(
 }
 
 /// The super-node of `pg`'s atomic sub-unit: where it already runs, its live plan, or a new
-/// plan (see the module doc). `candidates` limits a new plan to super-nodes with room on those
-/// nodes (kube-scheduler's filter gets only the nodes its own filters passed); `None` looks at
-/// every node. Renews the plan. Errors are the reason the pod cannot be placed.
-///
-/// `lapse`: waiting plans may lapse (the lapse rules, unless the ledger
-/// [keeps waiting plans](Ledger::keeping_waiting_plans)). Only true where the asking scheduler
-/// tells this service where it puts each pod before it asks about the next (kube-scheduler's
-/// `bind`, Volcano's `allocateFunc`): otherwise a pod of the sub-unit may already be placed
-/// without the service knowing, and a plan moved now would split the sub-unit.
-#[allow(clippy::too_many_arguments)]
+/// plan (see the module doc), for `resource`, as `inputs` allow ([`PlanInputs`]: which nodes,
+/// the clock, whether waiting plans may lapse). Renews the plan. Errors are the reason the pod
+/// cannot be placed.
 pub fn ensure_plan(
     view: &ClusterView,
     ledger: &mut Ledger,
-    pg: &PodGroup,
+    pg: &UnitMember,
     resource: &str,
-    candidates: Option<&HashSet<&str>>,
-    super_pods: SuperPods,
-    now: Instant,
-    ttl: Duration,
-    lapse: bool,
+    inputs: PlanInputs<'_>,
 ) -> Result<String, PlacementError> {
+    let PlanInputs {
+        candidates,
+        super_pods,
+        now,
+        ttl,
+        lapse,
+    } = inputs;
     let keep_waiting = ledger.keeps_waiting_plans() || !lapse;
     let until = now + ttl;
     let c = Cluster::new(view, ledger, now);
@@ -467,7 +492,7 @@ struct Reservations {
 pub struct Checker<'a> {
     c: Cluster<'a>,
     /// The pod's group and its sub-unit's super-node.
-    member: Option<(&'a PodGroup, &'a str)>,
+    member: Option<(&'a UnitMember, &'a str)>,
     resource: &'a str,
     /// Super-node -> its reservations by other units.
     rooms: RefCell<HashMap<String, Reservations>>,
@@ -477,7 +502,11 @@ pub struct Checker<'a> {
 }
 
 impl<'a> Checker<'a> {
-    pub fn new(c: Cluster<'a>, member: Option<(&'a PodGroup, &'a str)>, resource: &'a str) -> Self {
+    pub fn new(
+        c: Cluster<'a>,
+        member: Option<(&'a UnitMember, &'a str)>,
+        resource: &'a str,
+    ) -> Self {
         Checker {
             c,
             member,
@@ -491,11 +520,11 @@ impl<'a> Checker<'a> {
     /// free while other nodes of the super-node have room for the pod.
     fn reserve_conflict(
         &self,
-        pg: &PodGroup,
+        pg: &UnitMember,
         planned: &str,
         node: &NodeView,
         count: usize,
-    ) -> Option<GroupConflict> {
+    ) -> Option<UnitConflict> {
         let keep = self.c.ledger.plan(&pg.key, self.c.now)?.keep_free;
         if keep == 0 {
             return None;
@@ -519,7 +548,7 @@ impl<'a> Checker<'a> {
             });
             (reserve, elsewhere)
         });
-        (*room_elsewhere && reserve.contains(&node.name)).then(|| GroupConflict::ReserveNode {
+        (*room_elsewhere && reserve.contains(&node.name)).then(|| UnitConflict::ReserveNode {
             unit: pg.key.clone(),
             node: node.name.clone(),
             super_node: planned.to_string(),
@@ -528,12 +557,12 @@ impl<'a> Checker<'a> {
     }
 
     /// Why the pod (asking `count` devices) may not go to `node`; `None` when it may.
-    pub fn check(&self, node: &NodeView, count: usize) -> Option<GroupConflict> {
+    pub fn check(&self, node: &NodeView, count: usize) -> Option<UnitConflict> {
         let sn = node.group();
         if let Some((pg, planned)) = self.member
             && sn != planned
         {
-            return Some(GroupConflict::OtherSuperNode {
+            return Some(UnitConflict::OtherSuperNode {
                 unit: pg.key.clone(),
                 planned: planned.to_string(),
                 here: sn.to_string(),
@@ -582,7 +611,7 @@ impl<'a> Checker<'a> {
         if after >= reserved_gpus {
             return None;
         }
-        Some(GroupConflict::Reserved {
+        Some(UnitConflict::Reserved {
             super_node: sn.to_string(),
             reserved: reserved_gpus,
             resource: self.resource.to_string(),
@@ -596,8 +625,8 @@ impl<'a> Checker<'a> {
 pub(crate) mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
-    use crate::core::group::GroupSpec;
     use crate::core::ledger::Commit;
+    use crate::core::unit::UnitSpec;
     use fumarole_topology::crd::device_topology::SuperNodeInfo;
 
     /// 8-GPU NVLink nodes `(name, super-node, allocated devices)`, devices `<name>-g<i>`.
@@ -630,15 +659,15 @@ pub(crate) mod tests {
         ])
     }
 
-    fn pg(job: &str, rank: u32, gpus: u32, group: u32, atomic: u32) -> PodGroup {
+    fn pg(job: &str, rank: u32, gpus: u32, group: u32, atomic: u32) -> UnitMember {
         let first = rank * gpus;
-        PodGroup {
+        UnitMember {
             key: UnitKey {
                 job: job.into(),
                 unit: first / group,
                 atomic: first / atomic,
             },
-            spec: GroupSpec {
+            spec: UnitSpec {
                 group_size: group,
                 atomic_size: atomic,
                 rank,
@@ -653,10 +682,11 @@ pub(crate) mod tests {
 
     const GPU: &str = "nvidia.com/gpu";
     const TTL: Duration = Duration::from_secs(60);
-    const NO_SP: SuperPods = SuperPods {
-        size: None,
-        reserve_nodes: 0,
-    };
+
+    /// Planning at `now`: every node, no super-pod parameters, plans that may lapse.
+    fn at(now: Instant) -> PlanInputs<'static> {
+        PlanInputs::new(now, TTL)
+    }
 
     #[test]
     fn best_fit_then_siblings_then_reasons() {
@@ -665,33 +695,27 @@ pub(crate) mod tests {
         let now = Instant::now();
         // A whole 8-GPU unit: rack-a (8) and rack-c (8) fit; rack-a wins on name, best fit.
         let p = pg("ns/j", 0, 2, 8, 8);
-        assert_eq!(
-            ensure_plan(&v, &mut l, &p, GPU, None, NO_SP, now, TTL, true).unwrap(),
-            "rack-a"
-        );
+        assert_eq!(ensure_plan(&v, &mut l, &p, GPU, at(now)).unwrap(), "rack-a");
         // Its second pod follows the plan.
         let p1 = pg("ns/j", 1, 2, 8, 8);
         assert_eq!(
-            ensure_plan(&v, &mut l, &p1, GPU, None, NO_SP, now, TTL, true).unwrap(),
+            ensure_plan(&v, &mut l, &p1, GPU, at(now)).unwrap(),
             "rack-a"
         );
         // A second 8-GPU job cannot take rack-a's reserved room: rack-c (8) is the best fit
         // over rack-b (12).
         let q = pg("ns/k", 0, 2, 8, 8);
-        assert_eq!(
-            ensure_plan(&v, &mut l, &q, GPU, None, NO_SP, now, TTL, true).unwrap(),
-            "rack-c"
-        );
+        assert_eq!(ensure_plan(&v, &mut l, &q, GPU, at(now)).unwrap(), "rack-c");
         // A 16-GPU unit in atomic halves of 8: the only room left is rack-b (12) for one half.
         let r0 = pg("ns/big", 0, 4, 16, 8);
         assert_eq!(
-            ensure_plan(&v, &mut l, &r0, GPU, None, NO_SP, now, TTL, true).unwrap(),
+            ensure_plan(&v, &mut l, &r0, GPU, at(now)).unwrap(),
             "rack-b"
         );
         // Its other half: the most room left is rack-b's 4. The unit cannot start, so the
         // plan of its first half lapses too, and rack-b is free for others again.
         let r2 = pg("ns/big", 2, 4, 16, 8);
-        let e = ensure_plan(&v, &mut l, &r2, GPU, None, NO_SP, now, TTL, true)
+        let e = ensure_plan(&v, &mut l, &r2, GPU, at(now))
             .unwrap_err()
             .to_string();
         assert!(
@@ -705,7 +729,7 @@ pub(crate) mod tests {
         let later = now + TTL + Duration::from_secs(1);
         let s = pg("ns/s", 0, 4, 12, 12);
         assert_eq!(
-            ensure_plan(&v, &mut l, &s, GPU, None, NO_SP, later, TTL, true).unwrap(),
+            ensure_plan(&v, &mut l, &s, GPU, at(later)).unwrap(),
             "rack-b"
         );
     }
@@ -727,20 +751,14 @@ pub(crate) mod tests {
     /// [`view`] with c0 full and one GPU of b2 taken (room for 4-GPU pods: rack-a 8, rack-b 8,
     /// rack-c 0), and a unit of two atomic halves of 8 (pods of 4): the first half planned in
     /// rack-a (best fit, first by name), the second in rack-b.
-    fn planned_halves(l: &mut Ledger, now: Instant) -> (ClusterView, PodGroup, PodGroup) {
+    fn planned_halves(l: &mut Ledger, now: Instant) -> (ClusterView, UnitMember, UnitMember) {
         let v = view();
         take(l, "c0", &[0, 1, 2, 3, 4, 5, 6, 7], now);
         take(l, "b2", &[4], now);
         let r0 = pg("ns/big", 0, 4, 16, 8);
-        assert_eq!(
-            ensure_plan(&v, l, &r0, GPU, None, NO_SP, now, TTL, true).unwrap(),
-            "rack-a"
-        );
+        assert_eq!(ensure_plan(&v, l, &r0, GPU, at(now)).unwrap(), "rack-a");
         let r2 = pg("ns/big", 2, 4, 16, 8);
-        assert_eq!(
-            ensure_plan(&v, l, &r2, GPU, None, NO_SP, now, TTL, true).unwrap(),
-            "rack-b"
-        );
+        assert_eq!(ensure_plan(&v, l, &r2, GPU, at(now)).unwrap(), "rack-b");
         (v, r0, r2)
     }
 
@@ -780,10 +798,7 @@ pub(crate) mod tests {
             let (v, r0, _) = planned_halves(&mut l, now);
             take(&mut l, "a0", &[4], now);
             l.release("ns/x-c0-0");
-            assert_eq!(
-                ensure_plan(&v, &mut l, &r0, GPU, None, NO_SP, now, TTL, true).unwrap(),
-                planned
-            );
+            assert_eq!(ensure_plan(&v, &mut l, &r0, GPU, at(now)).unwrap(), planned);
             let c = Cluster::new(&v, &l, now);
             let a1_free = Checker::new(c, None, GPU)
                 .check(v.node("a1").unwrap(), 4)
@@ -801,12 +816,12 @@ pub(crate) mod tests {
         let (v, r0, r2) = planned_halves(&mut l, now);
         // Three parts of 8 in a unit of 24: rack-a and rack-b are taken by ns/big's plans.
         let t0 = pg("ns/three", 0, 4, 24, 8);
-        let e = ensure_plan(&v, &mut l, &t0, GPU, None, NO_SP, now, TTL, true).unwrap_err();
+        let e = ensure_plan(&v, &mut l, &t0, GPU, at(now)).unwrap_err();
         assert!(matches!(e, PlacementError::NoRoom { .. }), "{e}");
         // ns/big's second half loses its room in rack-b to a pod bound outside the plans, and
         // no other super-node has 8: both halves' plans lapse.
         take(&mut l, "b1", &[4], now);
-        let e = ensure_plan(&v, &mut l, &r2, GPU, None, NO_SP, now, TTL, true).unwrap_err();
+        let e = ensure_plan(&v, &mut l, &r2, GPU, at(now)).unwrap_err();
         assert!(matches!(e, PlacementError::NoRoom { .. }), "{e}");
         assert!(l.plan(&r2.key, now).is_none() && l.plan(&r0.key, now).is_none());
         let c = Cluster::new(&v, &l, now);
@@ -817,7 +832,7 @@ pub(crate) mod tests {
         );
         // Its first part plans again at its next try.
         assert_eq!(
-            ensure_plan(&v, &mut l, &r0, GPU, None, NO_SP, now, TTL, true).unwrap(),
+            ensure_plan(&v, &mut l, &r0, GPU, at(now)).unwrap(),
             "rack-a"
         );
     }
@@ -841,15 +856,12 @@ pub(crate) mod tests {
         );
         let p1 = pg("ns/j", 1, 2, 8, 8);
         assert_eq!(
-            ensure_plan(&v, &mut l, &p1, GPU, None, NO_SP, now, TTL, true).unwrap(),
+            ensure_plan(&v, &mut l, &p1, GPU, at(now)).unwrap(),
             "rack-b"
         );
         // No plan was needed for that; plan rack-a for another unit and check the guards.
         let q = pg("ns/k", 0, 4, 8, 8);
-        assert_eq!(
-            ensure_plan(&v, &mut l, &q, GPU, None, NO_SP, now, TTL, true).unwrap(),
-            "rack-a"
-        );
+        assert_eq!(ensure_plan(&v, &mut l, &q, GPU, at(now)).unwrap(), "rack-a");
         let c = Cluster::new(&v, &l, now);
         let a0 = v.node("a0").unwrap();
         // A stranger asking 2 GPUs on a0 would leave 4 in rack-a where 8 are reserved.
@@ -875,7 +887,7 @@ pub(crate) mod tests {
         let only_b: HashSet<&str> = ["b0", "b1"].into();
         let p = pg("ns/j", 0, 2, 8, 8);
         assert_eq!(
-            ensure_plan(&v, &mut l, &p, GPU, Some(&only_b), NO_SP, now, TTL, true).unwrap(),
+            ensure_plan(&v, &mut l, &p, GPU, at(now).among(&only_b)).unwrap(),
             "rack-b"
         );
     }
@@ -901,7 +913,7 @@ pub(crate) mod tests {
     }
 
     /// A pod of an sp-block job: 8 NPUs per pod, blocks of `block`.
-    fn sp(job: &str, rank: u32, block: u32, idlest: bool) -> PodGroup {
+    fn sp(job: &str, rank: u32, block: u32, idlest: bool) -> UnitMember {
         let mut p = pg(job, rank, 8, block, block);
         p.spec.super_pod = true;
         p.spec.idlest = idlest;
@@ -925,7 +937,7 @@ pub(crate) mod tests {
         let now = Instant::now();
         let a = sp("ns/a", 0, 16, false);
         assert_eq!(
-            ensure_plan(&v, &mut l, &a, NPU, None, reserve(2), now, TTL, true).unwrap(),
+            ensure_plan(&v, &mut l, &a, NPU, at(now).with_super_pods(reserve(2))).unwrap(),
             "sp-1"
         );
         assert_eq!(l.plan(&a.key, now).unwrap().keep_free, 2);
@@ -942,14 +954,14 @@ pub(crate) mod tests {
 
         let b = sp("ns/b", 0, 16, false);
         assert_eq!(
-            ensure_plan(&v, &mut l, &b, NPU, None, reserve(2), now, TTL, true).unwrap(),
+            ensure_plan(&v, &mut l, &b, NPU, at(now).with_super_pods(reserve(2))).unwrap(),
             "sp-2"
         );
         // Without a reserve the second block would have taken sp-1's last two nodes.
         let mut l0 = Ledger::default();
-        ensure_plan(&v, &mut l0, &a, NPU, None, reserve(0), now, TTL, true).unwrap();
+        ensure_plan(&v, &mut l0, &a, NPU, at(now).with_super_pods(reserve(0))).unwrap();
         assert_eq!(
-            ensure_plan(&v, &mut l0, &b, NPU, None, reserve(0), now, TTL, true).unwrap(),
+            ensure_plan(&v, &mut l0, &b, NPU, at(now).with_super_pods(reserve(0))).unwrap(),
             "sp-1"
         );
         assert_eq!(l0.plan(&b.key, now).unwrap().keep_free, 0);
@@ -965,7 +977,7 @@ pub(crate) mod tests {
         // 48 NPUs: only sp-2 has them, and only with its 2 reserve nodes.
         let big = sp("ns/big", 0, 48, false);
         assert_eq!(
-            ensure_plan(&v, &mut l, &big, NPU, None, reserve(2), now, TTL, true).unwrap(),
+            ensure_plan(&v, &mut l, &big, NPU, at(now).with_super_pods(reserve(2))).unwrap(),
             "sp-2"
         );
         assert_eq!(l.plan(&big.key, now).unwrap().keep_free, 0);
@@ -983,13 +995,13 @@ pub(crate) mod tests {
         let mut l = Ledger::default();
         let idle = sp("ns/i", 0, 16, true);
         assert_eq!(
-            ensure_plan(&v, &mut l, &idle, NPU, None, reserve(2), now, TTL, true).unwrap(),
+            ensure_plan(&v, &mut l, &idle, NPU, at(now).with_super_pods(reserve(2))).unwrap(),
             "sp-2"
         );
         let mut l = Ledger::default();
         let plain = pg("ns/p", 0, 8, 32, 32);
         assert_eq!(
-            ensure_plan(&v, &mut l, &plain, NPU, None, reserve(2), now, TTL, true).unwrap(),
+            ensure_plan(&v, &mut l, &plain, NPU, at(now).with_super_pods(reserve(2))).unwrap(),
             "sp-1"
         );
         assert_eq!(l.plan(&plain.key, now).unwrap().keep_free, 0);
@@ -1002,11 +1014,7 @@ pub(crate) mod tests {
             &mut Ledger::default(),
             &sp("ns/w", 0, 48, false),
             NPU,
-            None,
-            sized,
-            now,
-            TTL,
-            true,
+            at(now).with_super_pods(sized),
         )
         .unwrap_err()
         .to_string();
@@ -1022,11 +1030,7 @@ pub(crate) mod tests {
             &mut Ledger::default(),
             &sp("ns/h", 0, 64, false),
             NPU,
-            None,
-            reserve(2),
-            now,
-            TTL,
-            true,
+            at(now).with_super_pods(reserve(2)),
         )
         .unwrap_err()
         .to_string();

@@ -11,8 +11,8 @@ use std::sync::Arc;
 use fumarole_topology::annotation::{self, DEVICES_ANNOTATION, DEVICES_NODE_ANNOTATION};
 use k8s_openapi::api::core::v1::Pod;
 
-use crate::core::group::GroupFacts;
 use crate::core::request::{RequestFacts, pod_key};
+use crate::core::unit::UnitFacts;
 
 /// What the view reads of one pod.
 #[derive(Clone, Debug)]
@@ -32,7 +32,7 @@ pub struct PodFacts {
     /// The device ids of `fumarole.dev/devices`, or why they cannot be read.
     pub choice: Option<Result<Vec<String>, String>>,
     pub request: RequestFacts,
-    pub group: GroupFacts,
+    pub unit: UnitFacts,
     /// The pod itself, while it is not bound.
     pub unbound: Option<Arc<Pod>>,
     /// Why the defragmentation advisor may not move the pod ([`movability`]); `None`: it may.
@@ -95,7 +95,7 @@ impl PodFacts {
                 .map(|n| Arc::from(n.as_str())),
             choice,
             request: RequestFacts::of(pod),
-            group: GroupFacts::of(pod),
+            unit: UnitFacts::of(pod),
             unbound: node.is_none().then(|| Arc::new(pod.clone())),
             pinned: movability(pod),
             node,

@@ -14,7 +14,7 @@
 //! has its devices, on the node the allocation names, and asks for nothing more.
 //!
 //! [`pod_request`] adds what placement needs beyond the count: the pod's gpu-group-size unit
-//! ([`PodGroup`]) and, for `volcano.sh/numa-topology-policy:
+//! ([`UnitMember`]) and, for `volcano.sh/numa-topology-policy:
 //! single-numa-node`, the whole CPUs that must sit on the devices' NUMA node.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -23,7 +23,7 @@ use fumarole_topology::{pod, quantity};
 use k8s_openapi::api::core::v1::Pod;
 
 use crate::core::claims::{ClaimRef, Claims, our_class, pod_claims};
-use crate::core::group::{self, GroupError, Jobs, PodGroup, UnitKey};
+use crate::core::unit::{self, Jobs, UnitError, UnitKey, UnitMember};
 
 /// Volcano's pod annotation for the topology policy of one pod.
 pub const NUMA_POLICY: &str = "volcano.sh/numa-topology-policy";
@@ -58,10 +58,10 @@ pub enum RequestError {
     Mixed { pod: String, resources: String },
     /// Unusable gpu-group-size annotations.
     #[error("pod {pod}: {source}")]
-    Group {
+    Unit {
         pod: String,
         #[source]
-        source: GroupError,
+        source: UnitError,
     },
     /// A ResourceClaim the pod uses that the view has not seen.
     #[error("pod {pod} uses ResourceClaim {claim}, which does not exist (yet)")]
@@ -91,7 +91,8 @@ pub enum RequestError {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PodRequest {
     pub devices: DeviceRequest,
-    pub group: Option<PodGroup>,
+    /// The pod's place in its gpu-group-size unit; `None` outside any unit.
+    pub unit: Option<UnitMember>,
     /// Whole CPUs that must share one NUMA node with the devices (`single-numa-node`).
     pub numa_cpus: Option<u32>,
 }
@@ -116,12 +117,12 @@ pub fn pod_request_in(
 ) -> Result<PodRequest, RequestError> {
     let devices = RequestFacts::of(pod).request(offered, claims)?;
     let gpus = u32::try_from(devices.count).unwrap_or(u32::MAX);
-    let group = group::group_spec(pod, gpus, jobs)
-        .map_err(|source| RequestError::Group {
+    let unit = unit::unit_spec(pod, gpus, jobs)
+        .map_err(|source| RequestError::Unit {
             pod: devices.pod.clone(),
             source,
         })?
-        .map(|spec| PodGroup {
+        .map(|spec| UnitMember {
             key: UnitKey::of(pod, &spec),
             spec,
             gpus,
@@ -139,7 +140,7 @@ pub fn pod_request_in(
     };
     Ok(PodRequest {
         devices,
-        group,
+        unit,
         numa_cpus,
     })
 }
@@ -402,7 +403,7 @@ mod tests {
         }));
         let r = pod_request(&p, &offered(), &Jobs::default()).unwrap();
         assert_eq!(r.numa_cpus, Some(4));
-        let g = r.group.unwrap();
+        let g = r.unit.unwrap();
         assert_eq!((g.key.job.as_str(), g.key.unit, g.gpus), ("ns/w", 1, 2));
         let bad = pod(serde_json::json!({
             "metadata": {"name": "w-0", "annotations": {NUMA_POLICY: "single-numa-node"}},

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use fumarole_topology::{SelectError, Selection};
 
-use crate::core::placement::{GroupConflict, PlacementError};
+use crate::core::placement::{PlacementError, UnitConflict};
 use crate::core::request::RequestError;
 use crate::core::view::ClusterView;
 
@@ -46,7 +46,7 @@ pub enum Unfit {
     },
     /// The pod's gpu-group-size unit or another unit's reservation keeps it off the node.
     #[error(transparent)]
-    Group(#[from] GroupConflict),
+    Unit(#[from] UnitConflict),
     /// The pod's unit fits in no super-node (every node gets this reason).
     #[error(transparent)]
     Placement(#[from] PlacementError),

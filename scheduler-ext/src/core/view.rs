@@ -39,8 +39,8 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::core::claims::Claims;
-use crate::core::group::{self, JobSources, Jobs, UnitKey};
 use crate::core::pod_facts::PodFacts;
+use crate::core::unit::{self, JobSources, Jobs, UnitKey};
 
 /// Most devices one node may have (free sets are 64-bit masks, so the hot path allocates
 /// nothing).
@@ -696,15 +696,15 @@ impl ClusterView {
         let offered: BTreeSet<&str> = offered.iter().map(String::as_str).collect();
         view.jobs = Jobs::with_sources(job_sources);
         for pod in &pods {
-            view.jobs.add_facts(&pod.group);
-            view.jobs.add_pod_group(&pod.group);
+            view.jobs.add_facts(&pod.unit);
+            view.jobs.add_pod_group(&pod.unit);
         }
         // Job totals are checked against sp-block: counted for group jobs only (cheap in a big
         // cluster); pods on their way out do not count.
         // With Huawei's whole-job default, Ascend pods count towards their job too.
         let whole_job = view.jobs.whole_job_super_pod();
         for pod in &pods {
-            let grouped = view.jobs.annotated_group(&pod.group);
+            let grouped = view.jobs.annotated_unit(&pod.unit);
             if !pod.finished
                 && !pod.deleting
                 && (grouped || whole_job)
@@ -712,9 +712,9 @@ impl ClusterView {
             {
                 let n = u32::try_from(r.count).unwrap_or(u32::MAX);
                 if grouped {
-                    view.jobs.add_devices(&pod.group.job, n);
+                    view.jobs.add_devices(&pod.unit.job, n);
                 } else if ascend::chip_of(&r.resource).is_some() {
-                    view.jobs.add_ascend_pod(&pod.group.job, n);
+                    view.jobs.add_ascend_pod(&pod.unit.job, n);
                 }
             }
         }
@@ -784,18 +784,18 @@ impl ClusterView {
 
     /// Indexes a pod placed on `node` (bound, or its devices promised there) by its unit.
     fn add_member(&mut self, pod: &PodFacts, node: &str, offered: &BTreeSet<&str>) {
-        if !self.jobs.in_group_facts(&pod.group) {
+        if !self.jobs.in_unit_facts(&pod.unit) {
             return;
         }
         let Ok(req) = pod.request.request(offered, &self.claims) else {
             return;
         };
         let gpus = u32::try_from(req.count).unwrap_or(u32::MAX);
-        match group::group_spec_of(&pod.group, gpus, &self.jobs) {
+        match unit::unit_spec_of(&pod.unit, gpus, &self.jobs) {
             Ok(Some(spec)) => self
                 .members
                 .entry(UnitKey {
-                    job: pod.group.job.clone(),
+                    job: pod.unit.job.clone(),
                     unit: spec.unit,
                     atomic: spec.atomic_unit,
                 })
@@ -985,7 +985,7 @@ mod tests {
         use crate::core::decide::judge;
         use crate::core::ledger::Ledger;
         use crate::core::request::{DeviceRequest, PodRequest};
-        use crate::core::score::gpu_aware::GpuAware;
+        use crate::core::score::Scoring;
         use crate::core::verdict::NodeVerdict;
         let req = PodRequest {
             devices: DeviceRequest {
@@ -993,7 +993,7 @@ mod tests {
                 resource: "nvidia.com/gpu".into(),
                 count: 4,
             },
-            group: None,
+            unit: None,
             numa_cpus: None,
         };
         let ledger = Ledger::default();
@@ -1016,9 +1016,10 @@ mod tests {
             )
             .unwrap();
             let c = Cluster::new(&view, &ledger, now);
-            let g = GpuAware::default();
-            let judged = judge(c, &g, &req, None, names);
+            let s = Scoring::default();
+            let judged = judge(c, &s, &req, None, names);
             // One request's memo gives what judging each node on its own gives.
+            let g = s.gpu_aware();
             let alone: Vec<NodeVerdict> = names.iter().map(|n| g.node(&c, n, &req)).collect();
             assert_eq!(judged, alone);
             verdicts.push(judged);
@@ -1228,7 +1229,7 @@ mod tests {
             &[],
             &[],
             claims,
-            crate::core::group::JobSources::default(),
+            crate::core::unit::JobSources::default(),
         )
         .unwrap();
         assert_eq!(view.free("a", NPU), vec![1, 2, 3, 4, 6, 7]);
@@ -1287,7 +1288,7 @@ mod tests {
         let view = ClusterView::build(&nodes, &[], &[], &three).unwrap();
         let e = pod_request(&three[1], &view.resources(), view.jobs()).unwrap_err();
         assert!(
-            matches!(&e, RequestError::Group { .. })
+            matches!(&e, RequestError::Unit { .. })
                 && e.to_string().contains(
                     "job ml/sp requests 24 devices in all (pods seen so far), not a multiple of sp-block = 16"
                 ),
@@ -1301,7 +1302,7 @@ mod tests {
         four[3] = worker(3, "Pending");
         let view = ClusterView::build(&nodes, &[], &[], &four).unwrap();
         let req = pod_request(&four[1], &view.resources(), view.jobs()).unwrap();
-        let g = req.group.unwrap();
+        let g = req.unit.unwrap();
         assert_eq!(
             (g.spec.group_size, g.spec.unit, g.spec.super_pod),
             (16, 0, true)
@@ -1314,8 +1315,8 @@ mod tests {
     /// changes nothing.
     #[test]
     fn whole_job_super_pod_makes_one_block_of_an_unannotated_ascend_job() {
-        use crate::core::group::JobSources;
         use crate::core::request::pod_request;
+        use crate::core::unit::JobSources;
         let pod = |job: &str, i: u32, resource: &str, annotations: serde_json::Value| -> Pod {
             serde_json::from_value(serde_json::json!({
                 "metadata": {"name": format!("{job}-worker-{i}"), "namespace": "ml",
@@ -1361,7 +1362,7 @@ mod tests {
         let group = |view: &ClusterView, p: &Pod| {
             pod_request(p, &view.resources(), view.jobs())
                 .unwrap()
-                .group
+                .unit
                 .map(|g| {
                     (
                         g.spec.atomic_size,
@@ -1377,7 +1378,7 @@ mod tests {
         let view = build(&job, true);
         for p in &job {
             assert_eq!(group(&view, p), Some((32, 0, 0, true)));
-            assert!(view.jobs().in_group(p));
+            assert!(view.jobs().in_unit(p));
         }
         assert_eq!(group(&build(&job, false), &job[3]), None);
         // Only ranks 2 and 3 seen so far: still one block, of what is seen.
@@ -1403,8 +1404,8 @@ mod tests {
     /// when it differs the job's other pods are refused with the disagreement.
     #[test]
     fn pod_group_sp_block_holds_for_pods_without_their_own() {
-        use crate::core::group::{JobSources, PodGroupSizes};
         use crate::core::request::pod_request;
+        use crate::core::unit::{JobSources, PodGroupSizes};
         let worker = |i: u32, own: serde_json::Value| -> Pod {
             let mut annotations = serde_json::json!({
                 "scheduling.k8s.io/group-name": "sp-1234",
@@ -1451,7 +1452,7 @@ mod tests {
             .map(|p| {
                 let g = pod_request(p, &view.resources(), view.jobs())
                     .unwrap()
-                    .group
+                    .unit
                     .unwrap();
                 (
                     g.spec.rank,
@@ -1475,7 +1476,7 @@ mod tests {
         assert!(
             pod_request(&plain[0], &view.resources(), view.jobs())
                 .unwrap()
-                .group
+                .unit
                 .is_none()
         );
         // A pod's own value wins for it; the others cannot tell which holds.
@@ -1484,7 +1485,7 @@ mod tests {
         let view = build(&mixed, serde_json::json!({"sp-block": "16"}));
         let own = pod_request(&mixed[0], &view.resources(), view.jobs())
             .unwrap()
-            .group
+            .unit
             .unwrap();
         assert_eq!(own.spec.atomic_size, 32);
         let e = pod_request(&mixed[1], &view.resources(), view.jobs()).unwrap_err();
@@ -1498,7 +1499,7 @@ mod tests {
         let view = build(&[], serde_json::json!({"sp-block": "16"}));
         let first = pod_request(&plain[2], &view.resources(), view.jobs())
             .unwrap()
-            .group
+            .unit
             .unwrap();
         assert_eq!(
             (

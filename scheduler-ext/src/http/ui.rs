@@ -372,7 +372,7 @@ fn waiting_reason(
     let rows: Vec<Row> = match decisions.iter().find(|d| d.pod == key) {
         Some(d) => d.rows.clone(),
         None => {
-            if svc.view().jobs().in_group(pod) {
+            if svc.view().jobs().in_unit(pod) {
                 return "gpu-group-size unit: no scoring asked for yet".into();
             }
             if svc.view().is_empty() {
@@ -420,7 +420,7 @@ mod tests {
     use crate::core::claims::Claims;
     use crate::core::claims::testing::{ascend_node, claim, claim_pod};
     use crate::core::pod_facts::PodFacts;
-    use crate::core::score::gpu_aware::GpuAware;
+    use crate::core::score::Scoring;
     use crate::core::view::{ClusterView, ContextCache};
 
     /// A pending pod asking through a ResourceClaim is listed with what its claim asks for.
@@ -434,10 +434,10 @@ mod tests {
             &[],
             &[PodFacts::of(&pod)],
             Claims::new(&[claim("two", "npu.fumarole.dev", 2, None)]),
-            crate::core::group::JobSources::default(),
+            crate::core::unit::JobSources::default(),
         )
         .unwrap();
-        let page = render(&Service::new(view, GpuAware::default()), SystemTime::now());
+        let page = render(&Service::new(view, Scoring::default()), SystemTime::now());
         let row = page
             .split("<tr class=\"pending\"")
             .nth(1)
@@ -452,7 +452,7 @@ mod tests {
     async fn the_defrag_section_shows_the_move_from_the_pod_store() {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/snapshots/defrag");
         let objects = crate::snapshot::read_dir(&dir).unwrap();
-        let svc = Service::new(objects.view().unwrap(), GpuAware::default());
+        let svc = Service::new(objects.view().unwrap(), Scoring::default());
         let page = render(&svc, SystemTime::now());
         assert!(
             page.contains("<p class=\"summary\" id=\"defrag-gain\">needs the live cluster"),

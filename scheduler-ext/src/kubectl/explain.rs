@@ -15,7 +15,7 @@ use super::config::Connection;
 use crate::core::explain::{self as core_explain, Row, num};
 use crate::core::placement::SuperPods;
 use crate::core::request::{DeviceRequest, RequestError};
-use crate::core::score::gpu_aware::GpuAware;
+use crate::core::score::Scoring;
 use crate::core::view::ClusterView;
 use crate::live;
 use crate::service::Service;
@@ -63,7 +63,7 @@ pub struct NodeRow {
 pub async fn read(
     conn: &Connection,
     name: &str,
-    scorer: GpuAware,
+    scorer: Scoring,
     super_pods: SuperPods,
     whole_job_super_pod: bool,
 ) -> Result<Explanation> {
@@ -87,7 +87,7 @@ pub async fn read(
 pub fn explain(
     view: ClusterView,
     pod: &Pod,
-    scorer: GpuAware,
+    scorer: Scoring,
     super_pods: SuperPods,
 ) -> Result<Explanation, RequestError> {
     let mut svc = Service::new(view, scorer);
@@ -280,7 +280,7 @@ mod tests {
                 "type": "PodScheduled", "status": "False",
                 "message": "0/2 nodes are available"}]}}),
         );
-        let e = explain(view(&[]), &p, GpuAware::default(), SuperPods::default()).unwrap();
+        let e = explain(view(&[]), &p, Scoring::default(), SuperPods::default()).unwrap();
         assert_eq!(e.pod, "ml/big");
         assert!(e.nodes.iter().all(|n| !n.verdict.feasible));
         assert_eq!(
@@ -308,7 +308,7 @@ Scheduler: 0/2 nodes are available
         let e = explain(
             view(&[]),
             &pod("two", 2, serde_json::json!({})),
-            GpuAware::default(),
+            Scoring::default(),
             SuperPods::default(),
         )
         .unwrap();
@@ -351,7 +351,7 @@ Scheduler: 0/2 nodes are available
         let e = explain(
             view(std::slice::from_ref(&p)),
             &p,
-            GpuAware::default(),
+            Scoring::default(),
             SuperPods::default(),
         )
         .unwrap();
@@ -374,7 +374,7 @@ Scheduler: 0/2 nodes are available
             "spec": {"containers": [{"name": "c"}]}
         }))
         .unwrap();
-        let e = explain(view(&[]), &p, GpuAware::default(), SuperPods::default()).unwrap_err();
+        let e = explain(view(&[]), &p, Scoring::default(), SuperPods::default()).unwrap_err();
         assert!(e.to_string().contains("requests no accelerator"), "{e}");
     }
 }

@@ -130,7 +130,7 @@ pub fn run(cli: Cli) -> Result<()> {
                 let report = explain::read(
                     &conn,
                     &pod,
-                    scoring.gpu_aware()?,
+                    scoring.scoring()?,
                     super_pods.super_pods()?,
                     super_pods.whole_job()?,
                 )

@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::core::request::RequestError;
 use crate::core::verdict::Unfit;
-use crate::protocol::{bad_request, json_response};
+use crate::protocol::{bad_request, json_response, scale};
 use crate::service::{Asker, CommitError, PodCheckError, Service};
 
 /// Route prefix of the kube-scheduler extender verbs (`urlPrefix` in the scheduler config is
@@ -311,7 +311,6 @@ pub fn prioritize<'a>(
     let verdicts = svc
         .evaluate(pod, &names, Asker::KubeScheduler)
         .unwrap_or_default();
-    let scorer = svc.scorer();
     let answer = names
         .into_iter()
         .enumerate()
@@ -319,7 +318,7 @@ pub fn prioritize<'a>(
             let score = verdicts
                 .get(i)
                 .and_then(|v| v.raw)
-                .map_or(0, |raw| scorer.kube(raw));
+                .map_or(0, scale::kube_scheduler);
             HostScore { host, score }
         })
         .collect();

@@ -2,10 +2,12 @@
 //! (Volcano's `extender` plugin) and [`admission`] (the API server's webhook that keeps
 //! agents to their own node). Each holds its wire types, its verbs as functions over
 //! [`crate::service::Service`], and the HTTP routes that parse a body, call a verb and
-//! answer; [`crate::http::router`] mounts them side by side.
+//! answer; [`crate::http::router`] mounts them side by side. [`scale`] turns the core's 0..1
+//! scores into each scheduler's numbers.
 
 pub mod admission;
 pub mod kube_scheduler;
+pub mod scale;
 pub mod volcano;
 
 use axum::http::{StatusCode, header};

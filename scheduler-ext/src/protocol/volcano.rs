@@ -32,7 +32,7 @@ use k8s_openapi::api::core::v1::Pod;
 use serde::{Deserialize, Serialize};
 
 use crate::core::request::{RequestError, pod_key};
-use crate::protocol::{bad_request, json_response};
+use crate::protocol::{bad_request, json_response, scale};
 use crate::service::{Asker, PodCheckError, Service};
 
 /// Route prefix of the Volcano verbs (`extender.urlPrefix` is `http://HOST:PORT/volcano`).
@@ -166,7 +166,7 @@ pub fn prioritize(svc: &Service, req: &PrioritizeRequest) -> PrioritizeResponse 
     let verdicts = svc
         .evaluate(pod, &names, Asker::Volcano)
         .unwrap_or_default();
-    let g = svc.scorer();
+    let weight = svc.scorer().weight;
     let node_score: BTreeMap<String, f64> = names
         .into_iter()
         .enumerate()
@@ -174,7 +174,7 @@ pub fn prioritize(svc: &Service, req: &PrioritizeRequest) -> PrioritizeResponse 
             let score = verdicts
                 .get(i)
                 .and_then(|v| v.raw)
-                .map_or(0.0, |raw| g.volcano(raw));
+                .map_or(0.0, |raw| scale::volcano(raw, weight));
             (n, score)
         })
         .collect();
@@ -364,10 +364,10 @@ pub fn routes() -> Router<Arc<Service>> {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
-    use crate::core::score::gpu_aware::GpuAware;
+    use crate::core::score::Scoring;
     use std::path::Path;
 
-    fn service(g: GpuAware) -> Service {
+    fn service(g: Scoring) -> Service {
         let view = crate::snapshot::load(
             &Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/snapshots/two-dgx"),
         )
@@ -385,7 +385,7 @@ mod tests {
 
     #[test]
     fn predicate_codes() {
-        let svc = service(GpuAware::default());
+        let svc = service(Scoring::default());
         let ask = |gpus: &str, node: &str| {
             let r: PredicateRequest = serde_json::from_value(serde_json::json!({
                 "task": task(gpus), "node": {"Name": node, "Idle": {"MilliCPU": 1}}
@@ -458,7 +458,7 @@ mod tests {
 
     #[test]
     fn prioritize_scores_on_volcano_scale() {
-        let svc = service(GpuAware {
+        let svc = service(Scoring {
             super_node_weight: 0.0,
             weight: 2.0,
             loss_weight: 1.0,

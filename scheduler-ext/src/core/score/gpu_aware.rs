@@ -9,8 +9,10 @@
 //! raw = (q - loss_weight * loss + loss_weight) / (1 + loss_weight)      in 0..1
 //! ```
 //!
-//! scaled to 0..100 times `weight` for Volcano and to 0..10 (rounded) for kube-scheduler.
-//! `weight` and `loss_weight` are Volcano's `weight` and `loss.weight` arguments (default 1).
+//! (a [`NodeScore`], combined with the other policies in [`crate::core::score`]), scaled by the
+//! protocols ([`crate::protocol::scale`]) to 0..100 times `weight` for Volcano and to 0..10
+//! (rounded) for kube-scheduler. `weight` and `loss_weight` are Volcano's `weight` and
+//! `loss.weight` arguments (default 1).
 //!
 //! Worked example (DGX H100, every GPU pair on NVSwitch with the same weight `w`), a 4-GPU pod:
 //! - node with exactly 4 free GPUs: `q = 1`, nothing left free, `loss = 0`:
@@ -28,28 +30,34 @@ use fumarole_topology::SelectError;
 
 use crate::core::cluster::Cluster;
 use crate::core::request::PodRequest;
+use crate::core::score::node_score::NodeScore;
 use crate::core::verdict::{NodeVerdict, Unfit};
 use crate::core::view::{NodeView, RequestMemo};
 
-/// Volcano's `weight` and `loss.weight`.
+/// The gpu-aware policy (Volcano's `loss.weight`; built by
+/// [`crate::core::score::Scoring::gpu_aware`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct GpuAware {
-    /// Multiplies the 0..100 Volcano score.
-    pub weight: f64,
     /// How much the loss counts against the quality; 0 ignores the loss.
     pub loss_weight: f64,
-    /// How much the share of a node's super-node in use adds to its score
-    /// ([`crate::core::decide::with_super_node`]); 0 (the default) leaves it out.
-    pub super_node_weight: f64,
 }
 
 impl Default for GpuAware {
     fn default() -> Self {
-        GpuAware {
-            weight: 1.0,
-            loss_weight: 1.0,
-            super_node_weight: 0.0,
-        }
+        GpuAware { loss_weight: 1.0 }
+    }
+}
+
+/// The score of the devices the fit chose: [`GpuAware::raw`] of its `q` and `loss`.
+impl NodeScore for GpuAware {
+    fn score(
+        &mut self,
+        _c: &Cluster<'_>,
+        _nv: &NodeView,
+        _req: &PodRequest,
+        fit: &NodeVerdict,
+    ) -> Option<f64> {
+        Some(self.raw(fit.q?, fit.loss?))
     }
 }
 
@@ -58,16 +66,6 @@ impl GpuAware {
     pub fn raw(&self, q: f64, loss: f64) -> f64 {
         let lw = self.loss_weight.max(0.0);
         ((q - lw * loss + lw) / (1.0 + lw)).clamp(0.0, 1.0)
-    }
-
-    /// Volcano's score: 0..100 times `weight`.
-    pub fn volcano(&self, raw: f64) -> f64 {
-        raw * 100.0 * self.weight
-    }
-
-    /// kube-scheduler's score: 0..10, rounded (MaxExtenderPriority = 10).
-    pub fn kube(&self, raw: f64) -> i64 {
-        (raw * 10.0).round().clamp(0.0, 10.0) as i64
     }
 
     /// Filter and score one node for the request.
@@ -171,8 +169,10 @@ mod tests {
     use super::*;
     use crate::core::ledger::Ledger;
     use crate::core::request::DeviceRequest;
+    use crate::core::score::Scoring;
     use crate::core::verdict::best_first;
     use crate::core::view::ClusterView;
+    use crate::protocol::scale;
     use fumarole_topology::crd::{
         CpuInfo, DeviceTopology, Numatopology, NumatopologySpec, ResourceInfoNuma,
     };
@@ -192,7 +192,7 @@ mod tests {
                 resource: "nvidia.com/gpu".into(),
                 count,
             },
-            group: None,
+            unit: None,
             numa_cpus: None,
         }
     }
@@ -213,23 +213,19 @@ mod tests {
         assert_eq!(g.raw(1.0, 0.5), 0.75);
         assert_eq!(g.raw(0.5, 1.0), 0.25);
         assert_eq!(g.raw(0.0, 1.0), 0.0);
-        let g3 = GpuAware {
+        let g3 = Scoring {
             super_node_weight: 0.0,
             weight: 2.0,
             loss_weight: 3.0,
         };
         // (0.8 - 3·0.2 + 3) / 4 = 0.8
-        assert!((g3.raw(0.8, 0.2) - 0.8).abs() < 1e-12);
-        assert!((g3.volcano(0.8) - 160.0).abs() < 1e-9);
-        assert_eq!(g.kube(0.75), 8);
-        assert_eq!(g.kube(0.74), 7);
-        assert_eq!(g.kube(1.0), 10);
+        assert!((g3.gpu_aware().raw(0.8, 0.2) - 0.8).abs() < 1e-12);
+        assert!((scale::volcano(0.8, g3.weight) - 160.0).abs() < 1e-9);
+        assert_eq!(scale::kube_scheduler(0.75), 8);
+        assert_eq!(scale::kube_scheduler(0.74), 7);
+        assert_eq!(scale::kube_scheduler(1.0), 10);
         // loss ignored
-        let g0 = GpuAware {
-            super_node_weight: 0.0,
-            weight: 1.0,
-            loss_weight: 0.0,
-        };
+        let g0 = GpuAware { loss_weight: 0.0 };
         assert_eq!(g0.raw(0.6, 1.0), 0.6);
     }
 
@@ -260,7 +256,7 @@ mod tests {
         assert_eq!(v[1].q, Some(1.0));
         assert_eq!(v[1].loss, Some(0.5));
         assert_eq!(v[1].raw, Some(0.75));
-        assert_eq!(g.kube(v[1].raw.unwrap()), 8);
+        assert_eq!(scale::kube_scheduler(v[1].raw.unwrap()), 8);
         assert_eq!(v[2].node, "two");
         assert_eq!(
             v[2].reason().as_deref(),

@@ -1,4 +1,6 @@
 //! gpu-podaffinity input: a pod's model-parallel unit, read from its annotations and its job.
+//! (A *unit*, not a group: Volcano's PodGroup is another object, read here only for its
+//! `sp-block`; see below.)
 //!
 //! Annotations (each also under the `fumarole.dev/` prefix; both spellings present must agree):
 //! - `metax-tech.com/gpu-group-size`: GPUs of one model-parallel unit; a positive multiple of
@@ -28,7 +30,7 @@
 //! **Huawei's super-pod jobs.** `sp-block` (NPUs per logical super-pod, which must lie whole in
 //! one physical super-pod, i.e. one super-node) is read as an alias: it is the atomic size, and
 //! the group size too when no gpu-group-size is given, so an `sp-block` job is a unit job whose
-//! units MUST each share a super-node. Such a job is a [`GroupSpec::super_pod`] job: placement
+//! units MUST each share a super-node. Such a job is a [`UnitSpec::super_pod`] job: placement
 //! keeps the reserve nodes free and honours `sp-fit` ([`SP_FIT`]). The job's total devices
 //! (over the pods the view holds) must be a multiple of `sp-block`.
 //!
@@ -54,7 +56,7 @@
 //! `volcano.sh/job-name`, else the Kubeflow `training.kubeflow.org/job-name`, else DLRover's
 //! `elasticjob.dlrover/name`, else the controlling owner, else the pod name without its
 //! trailing number. A unit is identified by [`UnitKey`]; a pod's place in its unit is a
-//! [`PodGroup`]; [`crate::core::placement`] places units over super-nodes.
+//! [`UnitMember`]; [`crate::core::placement`] places units over super-nodes.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -106,7 +108,7 @@ const LEADING_TASKS: [&str; 3] = ["master", "chief", "launcher"];
 
 /// Why a pod's group annotations are unusable (the pod is unschedulable with this reason).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum GroupError {
+pub enum UnitError {
     #[error("{key}: {value:?} is not a positive integer")]
     NotInteger { key: String, value: String },
     #[error("{a} = {va:?} and {b} = {vb:?} disagree")]
@@ -144,7 +146,7 @@ pub enum GroupError {
 
 /// A pod's unit.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct GroupSpec {
+pub struct UnitSpec {
     pub group_size: u32,
     pub atomic_size: u32,
     pub rank: u32,
@@ -170,7 +172,7 @@ pub struct UnitKey {
 
 impl UnitKey {
     /// The sub-unit of `pod`, whose spec is `spec`.
-    pub fn of(pod: &Pod, spec: &GroupSpec) -> Self {
+    pub fn of(pod: &Pod, spec: &UnitSpec) -> Self {
         UnitKey {
             job: job_key(pod),
             unit: spec.unit,
@@ -191,14 +193,14 @@ impl std::fmt::Display for UnitKey {
 
 /// A pod's place in its unit.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PodGroup {
+pub struct UnitMember {
     pub key: UnitKey,
-    pub spec: GroupSpec,
+    pub spec: UnitSpec,
     /// GPUs of this pod.
     pub gpus: u32,
 }
 
-impl PodGroup {
+impl UnitMember {
     /// Keys of every atomic sub-unit of this pod's unit.
     pub fn sub_units(&self) -> impl Iterator<Item = UnitKey> + '_ {
         let per_unit = (self.spec.group_size / self.spec.atomic_size).max(1);
@@ -252,14 +254,14 @@ fn meta_index(pod: &Pod, key: &str) -> Option<u32> {
 fn annotation(
     annotations: &BTreeMap<String, String>,
     keys: &[&'static str],
-) -> Result<Option<(&'static str, u32)>, GroupError> {
+) -> Result<Option<(&'static str, u32)>, UnitError> {
     let mut found: Option<(&'static str, &str)> = None;
     for &key in keys {
         if let Some(v) = annotations.get(key) {
             if let Some((k0, v0)) = found
                 && v0.trim() != v.trim()
             {
-                return Err(GroupError::Conflict {
+                return Err(UnitError::Conflict {
                     a: k0.to_string(),
                     va: v0.to_string(),
                     b: key.to_string(),
@@ -274,7 +276,7 @@ fn annotation(
     };
     match value.trim().parse::<u32>() {
         Ok(n) if n > 0 => Ok(Some((key, n))),
-        _ => Err(GroupError::NotInteger {
+        _ => Err(UnitError::NotInteger {
             key: key.to_string(),
             value: value.to_string(),
         }),
@@ -297,7 +299,7 @@ pub struct Sizes {
 
 impl Sizes {
     /// The pod's own annotations; `None` when it carries none.
-    fn of(pod: &Pod) -> Result<Option<Sizes>, GroupError> {
+    fn of(pod: &Pod) -> Result<Option<Sizes>, UnitError> {
         match pod.metadata.annotations.as_ref() {
             Some(annotations) => Self::of_annotations(annotations),
             None => Ok(None),
@@ -305,7 +307,7 @@ impl Sizes {
     }
 
     /// The group annotations among `annotations`; `None` when there are none.
-    fn of_annotations(annotations: &BTreeMap<String, String>) -> Result<Option<Sizes>, GroupError> {
+    fn of_annotations(annotations: &BTreeMap<String, String>) -> Result<Option<Sizes>, UnitError> {
         let group = annotation(annotations, &GROUP_SIZE)?;
         // sp-block is the atomic size (it MUST share a super-node) and, alone, the unit too;
         // read with the atomic spellings so a disagreeing atomic size is a conflict.
@@ -320,7 +322,7 @@ impl Sizes {
             None => false,
             Some(v) if v == SP_FIT_IDLEST => true,
             Some(v) => {
-                return Err(GroupError::BadSpFit {
+                return Err(UnitError::BadSpFit {
                     value: v.to_string(),
                 });
             }
@@ -351,7 +353,7 @@ impl Sizes {
 #[derive(Clone, Debug, Default)]
 struct JobFacts {
     /// The group annotations its pods carry (first seen), or why they cannot be used.
-    sizes: Option<Result<Sizes, GroupError>>,
+    sizes: Option<Result<Sizes, UnitError>>,
     /// Volcano task -> pods of that task seen.
     tasks: BTreeMap<String, u32>,
     /// Accelerator devices its pods request in all (as far as told: [`Jobs::add_devices`]).
@@ -363,13 +365,13 @@ struct JobFacts {
 }
 
 /// Merges one more statement of the job's group annotations into what its other pods said:
-/// the same values agree, others are [`GroupError::JobConflict`]; an error stays.
-fn merge_sizes(facts: &mut JobFacts, job: &str, own: Result<Sizes, GroupError>) {
+/// the same values agree, others are [`UnitError::JobConflict`]; an error stays.
+fn merge_sizes(facts: &mut JobFacts, job: &str, own: Result<Sizes, UnitError>) {
     facts.sizes = Some(match facts.sizes.take() {
         None => own,
         Some(Ok(seen)) => match own {
             Ok(s) if s == seen => Ok(seen),
-            Ok(s) => Err(GroupError::JobConflict {
+            Ok(s) => Err(UnitError::JobConflict {
                 job: job.to_string(),
                 a: seen.describe(),
                 b: s.describe(),
@@ -384,7 +386,7 @@ fn merge_sizes(facts: &mut JobFacts, job: &str, own: Result<Sizes, GroupError>) 
 /// Job's annotations), by `namespace/name`, for the pods that name them.
 #[derive(Clone, Debug, Default)]
 pub struct PodGroupSizes {
-    groups: HashMap<String, Result<Sizes, GroupError>>,
+    groups: HashMap<String, Result<Sizes, UnitError>>,
 }
 
 impl PodGroupSizes {
@@ -409,7 +411,7 @@ impl PodGroupSizes {
     }
 
     /// The group annotations of the PodGroup the pod names, if that PodGroup has any.
-    pub fn of(&self, pod: &GroupFacts) -> Option<&Result<Sizes, GroupError>> {
+    pub fn of(&self, pod: &UnitFacts) -> Option<&Result<Sizes, UnitError>> {
         self.groups.get(pod.pod_group.as_deref()?)
     }
 }
@@ -485,11 +487,11 @@ impl Jobs {
 
     /// Takes one pod into account.
     pub fn add(&mut self, pod: &Pod) {
-        self.add_facts(&GroupFacts::of(pod));
+        self.add_facts(&UnitFacts::of(pod));
     }
 
     /// Takes one pod into account, from what was read of it.
-    pub fn add_facts(&mut self, pod: &GroupFacts) {
+    pub fn add_facts(&mut self, pod: &UnitFacts) {
         if pod.volcano_task.is_none() && matches!(pod.sizes, Ok(None)) {
             // Says nothing about its job.
             return;
@@ -508,7 +510,7 @@ impl Jobs {
 
     /// Takes the group annotations of a pod's PodGroup ([`PodGroupSizes::of`]) into account
     /// for its job, like those of one more pod of the job.
-    pub fn add_pod_group(&mut self, pod: &GroupFacts) {
+    pub fn add_pod_group(&mut self, pod: &UnitFacts) {
         if let Some(sizes) = self.pod_groups.of(pod) {
             let facts = self.jobs.entry(pod.job.clone()).or_default();
             merge_sizes(facts, &pod.job, sizes.clone());
@@ -530,7 +532,7 @@ impl Jobs {
 
     /// The group annotations that hold for the pod: its own, else its job's, else (no pod of
     /// its job carries any yet) its PodGroup's.
-    fn sizes(&self, pod: &GroupFacts) -> Result<Option<Sizes>, GroupError> {
+    fn sizes(&self, pod: &UnitFacts) -> Result<Option<Sizes>, UnitError> {
         if let Some(own) = pod.sizes.clone()? {
             return Ok(Some(own));
         }
@@ -550,17 +552,17 @@ impl Jobs {
 
     /// True when `pod` or another pod of its job carries a gpu-group-size or
     /// atomic-gpu-group-size annotation (any spelling), well-formed or not.
-    pub fn in_group(&self, pod: &Pod) -> bool {
-        self.in_group_facts(&GroupFacts::of(pod))
+    pub fn in_unit(&self, pod: &Pod) -> bool {
+        self.in_unit_facts(&UnitFacts::of(pod))
     }
 
-    /// [`Self::in_group`], from what was read of the pod.
-    pub fn in_group_facts(&self, pod: &GroupFacts) -> bool {
-        self.annotated_group(pod) || self.whole_job(&pod.job).is_some()
+    /// [`Self::in_unit`], from what was read of the pod.
+    pub fn in_unit_facts(&self, pod: &UnitFacts) -> bool {
+        self.annotated_unit(pod) || self.whole_job(&pod.job).is_some()
     }
 
-    /// [`Self::in_group_facts`] by group annotations alone (not Huawei's whole-job default).
-    pub fn annotated_group(&self, pod: &GroupFacts) -> bool {
+    /// [`Self::in_unit_facts`] by group annotations alone (not Huawei's whole-job default).
+    pub fn annotated_unit(&self, pod: &UnitFacts) -> bool {
         pod.annotated
             || self.jobs.get(&pod.job).is_some_and(|j| j.sizes.is_some())
             || self.pod_groups.of(pod).is_some()
@@ -590,7 +592,7 @@ impl Jobs {
 /// What grouping reads of a pod, taken once per version of the pod, so a view rebuilt after a
 /// change elsewhere need not read the pod again. The pod-based functions read through it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct GroupFacts {
+pub struct UnitFacts {
     /// `namespace/name`.
     pod: String,
     /// [`job_key`].
@@ -598,7 +600,7 @@ pub struct GroupFacts {
     /// The Volcano task the pod counts for in its job (a Volcano job's pod naming its task).
     volcano_task: Option<String>,
     /// The pod's own group annotations.
-    sizes: Result<Option<Sizes>, GroupError>,
+    sizes: Result<Option<Sizes>, UnitError>,
     /// The pod carries a group annotation, well-formed or not.
     annotated: bool,
     rank: RankFacts,
@@ -618,12 +620,12 @@ enum RankFacts {
     Fallback(Option<u32>),
 }
 
-impl GroupFacts {
+impl UnitFacts {
     pub fn of(pod: &Pod) -> Self {
         let volcano_task = meta_value(pod, VOLCANO_JOB_NAME)
             .and(meta_value(pod, VOLCANO_TASK_SPEC))
             .map(str::to_string);
-        GroupFacts {
+        UnitFacts {
             pod: fumarole_topology::pod::key(pod),
             job: job_key(pod),
             volcano_task,
@@ -710,11 +712,11 @@ fn rank_env(pod: &Pod) -> Option<u32> {
 
 /// The pod's rank within its job (see the module doc), if it has one.
 pub fn rank(pod: &Pod, jobs: &Jobs) -> Option<u32> {
-    GroupFacts::of(pod).rank(jobs)
+    UnitFacts::of(pod).rank(jobs)
 }
 
 /// True when the pod itself carries a gpu-group-size or atomic-gpu-group-size annotation (any
-/// spelling), well-formed or not. [`Jobs::in_group`] also looks at the pod's job.
+/// spelling), well-formed or not. [`Jobs::in_unit`] also looks at the pod's job.
 pub fn has_group_annotations(pod: &Pod) -> bool {
     pod.metadata.annotations.as_ref().is_some_and(|a| {
         GROUP_SIZE
@@ -727,22 +729,22 @@ pub fn has_group_annotations(pod: &Pod) -> bool {
 
 /// The pod's unit, or `None` when neither it nor its job has a group-size annotation. `gpus`
 /// is the pod's GPU count (from [`crate::core::request::device_request`]).
-pub fn group_spec(pod: &Pod, gpus: u32, jobs: &Jobs) -> Result<Option<GroupSpec>, GroupError> {
-    group_spec_of(&GroupFacts::of(pod), gpus, jobs)
+pub fn unit_spec(pod: &Pod, gpus: u32, jobs: &Jobs) -> Result<Option<UnitSpec>, UnitError> {
+    unit_spec_of(&UnitFacts::of(pod), gpus, jobs)
 }
 
-/// [`group_spec`], from what was read of the pod.
-pub fn group_spec_of(
-    pod: &GroupFacts,
+/// [`unit_spec`], from what was read of the pod.
+pub fn unit_spec_of(
+    pod: &UnitFacts,
     gpus: u32,
     jobs: &Jobs,
-) -> Result<Option<GroupSpec>, GroupError> {
+) -> Result<Option<UnitSpec>, UnitError> {
     let Some(sizes) = jobs.sizes(pod)? else {
         return Ok(None);
     };
     let Some((gkey, group_size)) = sizes.group else {
         return match sizes.atomic {
-            Some((key, _)) => Err(GroupError::AtomicWithoutGroup {
+            Some((key, _)) => Err(UnitError::AtomicWithoutGroup {
                 key: key.to_string(),
             }),
             None => Ok(None),
@@ -750,7 +752,7 @@ pub fn group_spec_of(
     };
     let gpus = gpus.max(1);
     if group_size % gpus != 0 {
-        return Err(GroupError::NotMultiple {
+        return Err(UnitError::NotMultiple {
             key: gkey.to_string(),
             size: group_size,
             gpus,
@@ -758,14 +760,14 @@ pub fn group_spec_of(
     }
     let (akey, atomic_size) = sizes.atomic.unwrap_or((gkey, group_size));
     if atomic_size % gpus != 0 {
-        return Err(GroupError::NotMultiple {
+        return Err(UnitError::NotMultiple {
             key: akey.to_string(),
             size: atomic_size,
             gpus,
         });
     }
     if group_size % atomic_size != 0 {
-        return Err(GroupError::AtomicNotDivisor {
+        return Err(UnitError::AtomicNotDivisor {
             atomic: atomic_size,
             group: group_size,
         });
@@ -774,13 +776,13 @@ pub fn group_spec_of(
         && let Some(total) = jobs.devices(&pod.job)
         && total % atomic_size != 0
     {
-        return Err(GroupError::JobNotMultiple {
+        return Err(UnitError::JobNotMultiple {
             job: pod.job.clone(),
             total,
             block: atomic_size,
         });
     }
-    let rank = pod.rank(jobs).ok_or_else(|| GroupError::NoRank {
+    let rank = pod.rank(jobs).ok_or_else(|| UnitError::NoRank {
         pod: pod.pod.clone(),
     })?;
     let first_gpu = u64::from(rank) * u64::from(gpus);
@@ -792,7 +794,7 @@ pub fn group_spec_of(
     } else {
         (unit, atomic_unit)
     };
-    Ok(Some(GroupSpec {
+    Ok(Some(UnitSpec {
         group_size,
         atomic_size,
         rank,
@@ -824,10 +826,10 @@ mod tests {
                                "fumarole.dev/atomic-gpu-group-size": "4"}),
             serde_json::json!({}),
         );
-        let g = group_spec(&p, 2, &Jobs::default()).unwrap().unwrap();
+        let g = unit_spec(&p, 2, &Jobs::default()).unwrap().unwrap();
         assert_eq!(
             g,
-            GroupSpec {
+            UnitSpec {
                 group_size: 8,
                 atomic_size: 4,
                 rank: 5,
@@ -842,7 +844,7 @@ mod tests {
             serde_json::json!({"fumarole.dev/gpu-group-size": "16", VOLCANO_TASK_INDEX: "9"}),
             serde_json::json!({}),
         );
-        let g = group_spec(&v, 4, &Jobs::default()).unwrap().unwrap();
+        let g = unit_spec(&v, 4, &Jobs::default()).unwrap().unwrap();
         assert_eq!(
             (g.rank, g.unit, g.atomic_size, g.atomic_unit),
             (9, 2, 16, 2)
@@ -852,12 +854,9 @@ mod tests {
             serde_json::json!({"fumarole.dev/gpu-group-size": "8"}),
             serde_json::json!({KUBEFLOW_REPLICA_INDEX: "0", KUBEFLOW_REPLICA_TYPE: "Worker"}),
         );
+        assert_eq!(unit_spec(&k, 8, &Jobs::default()).unwrap().unwrap().rank, 1);
         assert_eq!(
-            group_spec(&k, 8, &Jobs::default()).unwrap().unwrap().rank,
-            1
-        );
-        assert_eq!(
-            group_spec(
+            unit_spec(
                 &pod("a", serde_json::json!({}), serde_json::json!({})),
                 1,
                 &Jobs::default()
@@ -870,7 +869,7 @@ mod tests {
     #[test]
     fn bad_annotations_get_reasons() {
         let bad = |a: serde_json::Value, name: &str, gpus: u32| {
-            group_spec(&pod(name, a, serde_json::json!({})), gpus, &Jobs::default()).unwrap_err()
+            unit_spec(&pod(name, a, serde_json::json!({})), gpus, &Jobs::default()).unwrap_err()
         };
         assert!(matches!(
             bad(
@@ -878,7 +877,7 @@ mod tests {
                 "p-0",
                 1
             ),
-            GroupError::NotInteger { .. }
+            UnitError::NotInteger { .. }
         ));
         assert!(matches!(
             bad(
@@ -886,7 +885,7 @@ mod tests {
                 "p-0",
                 1
             ),
-            GroupError::NotInteger { .. }
+            UnitError::NotInteger { .. }
         ));
         assert!(matches!(
             bad(
@@ -894,7 +893,7 @@ mod tests {
                 "p-0",
                 4
             ),
-            GroupError::NotMultiple { .. }
+            UnitError::NotMultiple { .. }
         ));
         assert!(matches!(
             bad(
@@ -902,7 +901,7 @@ mod tests {
                 "p-0",
                 1
             ),
-            GroupError::Conflict { .. }
+            UnitError::Conflict { .. }
         ));
         assert!(matches!(
             bad(
@@ -910,7 +909,7 @@ mod tests {
                 "p-0",
                 1
             ),
-            GroupError::AtomicNotDivisor { .. }
+            UnitError::AtomicNotDivisor { .. }
         ));
         assert!(matches!(
             bad(
@@ -918,7 +917,7 @@ mod tests {
                 "p-0",
                 1
             ),
-            GroupError::AtomicWithoutGroup { .. }
+            UnitError::AtomicWithoutGroup { .. }
         ));
         let e = bad(
             serde_json::json!({"metax-tech.com/gpu-group-size": "8"}),
@@ -980,7 +979,7 @@ mod tests {
             let units: Vec<(u32, u32)> = pods
                 .iter()
                 .map(|p| {
-                    let g = group_spec(p, 8, &jobs).unwrap().unwrap();
+                    let g = unit_spec(p, 8, &jobs).unwrap().unwrap();
                     assert_eq!(UnitKey::of(p, &g).job, "ml/pytorch-demo");
                     (g.rank, g.unit)
                 })
@@ -999,11 +998,11 @@ mod tests {
                 ],
                 "RANK env: {with_env}"
             );
-            assert!(pods.iter().all(|p| jobs.in_group(p)));
+            assert!(pods.iter().all(|p| jobs.in_unit(p)));
         }
         // Without the job's other pods a worker has no group.
         let lone = volcano_pod("pytorch-demo", "worker", 3, Some(4), serde_json::json!({}));
-        assert_eq!(group_spec(&lone, 8, &Jobs::default()).unwrap(), None);
+        assert_eq!(unit_spec(&lone, 8, &Jobs::default()).unwrap(), None);
     }
 
     #[test]
@@ -1044,8 +1043,8 @@ mod tests {
         let c = volcano_pod("j", "worker", 1, Some(2), serde_json::json!({}));
         let jobs = Jobs::of([&a, &b, &c]);
         // Annotated pods use their own values; the others cannot tell which holds.
-        assert_eq!(group_spec(&a, 8, &jobs).unwrap().unwrap().group_size, 16);
-        let e = group_spec(&c, 8, &jobs).unwrap_err();
+        assert_eq!(unit_spec(&a, 8, &jobs).unwrap().unwrap().group_size, 16);
+        let e = unit_spec(&c, 8, &jobs).unwrap_err();
         assert!(
             e.to_string()
                 .contains("pods of job ml/j disagree on their group annotations"),
@@ -1058,7 +1057,7 @@ mod tests {
     /// for the whole job.
     #[test]
     fn sp_block_is_an_alias_of_the_group_sizes() {
-        let g = group_spec(
+        let g = unit_spec(
             &pod(
                 "job-3",
                 serde_json::json!({SP_BLOCK: "16"}),
@@ -1071,7 +1070,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             g,
-            GroupSpec {
+            UnitSpec {
                 group_size: 16,
                 atomic_size: 16,
                 rank: 3,
@@ -1086,7 +1085,7 @@ mod tests {
             serde_json::json!({"metax-tech.com/gpu-group-size": "32", SP_BLOCK: "16", SP_FIT: "idlest"}),
             serde_json::json!({}),
         );
-        let g = group_spec(&both, 8, &Jobs::default()).unwrap().unwrap();
+        let g = unit_spec(&both, 8, &Jobs::default()).unwrap().unwrap();
         assert_eq!(
             (g.group_size, g.atomic_size, g.unit, g.atomic_unit, g.idlest),
             (32, 16, 1, 2, true)
@@ -1097,7 +1096,7 @@ mod tests {
             serde_json::json!({"metax-tech.com/gpu-group-size": "32", "metax-tech.com/atomic-gpu-group-size": "16"}),
             serde_json::json!({}),
         );
-        let m = group_spec(&metax, 8, &Jobs::default()).unwrap().unwrap();
+        let m = unit_spec(&metax, 8, &Jobs::default()).unwrap().unwrap();
         assert_eq!((m.unit, m.atomic_unit, m.super_pod), (1, 2, false));
 
         let mut pods = vec![volcano_pod(
@@ -1120,18 +1119,18 @@ mod tests {
         let units: Vec<(u32, bool)> = pods
             .iter()
             .map(|p| {
-                let g = group_spec(p, 8, &jobs).unwrap().unwrap();
+                let g = unit_spec(p, 8, &jobs).unwrap().unwrap();
                 (g.unit, g.super_pod)
             })
             .collect();
         assert_eq!(units, [(0, true), (0, true), (1, true), (1, true)]);
-        assert!(pods.iter().all(|p| jobs.in_group(p)));
+        assert!(pods.iter().all(|p| jobs.in_unit(p)));
     }
 
     #[test]
     fn bad_sp_block_jobs_get_reasons() {
         let one = |a: serde_json::Value, npus: u32, jobs: &Jobs| {
-            group_spec(&pod("job-0", a, serde_json::json!({})), npus, jobs)
+            unit_spec(&pod("job-0", a, serde_json::json!({})), npus, jobs)
         };
         let none = Jobs::default();
         let e = one(serde_json::json!({SP_BLOCK: "12"}), 8, &none).unwrap_err();
@@ -1140,7 +1139,7 @@ mod tests {
             "sp-block = 12 is not a multiple of the pod's 8 GPUs"
         );
         let e = one(serde_json::json!({SP_BLOCK: "-4"}), 8, &none).unwrap_err();
-        assert!(matches!(e, GroupError::NotInteger { .. }), "{e}");
+        assert!(matches!(e, UnitError::NotInteger { .. }), "{e}");
         let e = one(
             serde_json::json!({SP_BLOCK: "16", "metax-tech.com/atomic-gpu-group-size": "8"}),
             8,
