@@ -221,7 +221,11 @@ fn run_reads_a_configuration_file_and_flags_win() {
         String::from_utf8_lossy(&out.stderr)
     );
     let out = agent(&["config", "check", f]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(
         String::from_utf8_lossy(&out.stdout),
         "run\n--root=/nonexistent/from-file\n--recheck-interval=30s\n--compat-labels\n"
@@ -233,7 +237,9 @@ fn run_reads_a_configuration_file_and_flags_win() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(
-        stderr.contains(&format!("{f}: run.recheckInterval: invalid duration \"ten\"")),
+        stderr.contains(&format!(
+            "{f}: run.recheckInterval: invalid duration \"ten\""
+        )),
         "{stderr}"
     );
     std::fs::write(&file, format!("{head}run:\n  recheckEvery: 1s\n")).unwrap();

@@ -288,7 +288,11 @@ async fn every_manifest_passes_a_server_side_dry_run() {
         .unwrap();
     let before = volumes.len();
     volumes.retain(|v| v["name"] != "config");
-    assert_eq!(volumes.len() + 1, before, "the chart's agent mounts no configuration file");
+    assert_eq!(
+        volumes.len() + 1,
+        before,
+        "the chart's agent mounts no configuration file"
+    );
     assert_eq!(
         chart_ds.pointer("/spec/template/spec/volumes"),
         pick(&objects, "DaemonSet", "fumarole-agent").pointer("/spec/template/spec/volumes"),
@@ -457,8 +461,9 @@ async fn every_manifest_passes_a_server_side_dry_run() {
     }
     assert!(!volumes.contains("/var/lib/kubelet"), "{volumes}");
     // The compatible labels only when asked.
-    let agent_args =
-        |objects: &[(String, Value)]| effective_args(objects, "DaemonSet", "fumarole-agent").join(" ");
+    let agent_args = |objects: &[(String, Value)]| {
+        effective_args(objects, "DaemonSet", "fumarole-agent").join(" ")
+    };
     assert!(!agent_args(&chart).contains("--compat-labels"));
     assert!(
         agent_args(&render_chart(&["agent.compatLabels=true"], false)).contains("--compat-labels")
@@ -493,12 +498,18 @@ async fn every_manifest_passes_a_server_side_dry_run() {
     ] {
         assert!(args.iter().any(|a| a == want), "{want} not in {args:?}");
     }
-    assert_eq!(args.last().map(String::as_str), Some("--metrics-addr=0.0.0.0:9500"));
+    assert_eq!(
+        args.last().map(String::as_str),
+        Some("--metrics-addr=0.0.0.0:9500")
+    );
     let args = effective_args(&tuned, "Deployment", "fumarole-scheduler-ext");
     for want in ["--commit-ttl=5m", "--listen=0.0.0.0:9999"] {
         assert!(args.iter().any(|a| a == want), "{want} not in {args:?}");
     }
-    assert!(!args.iter().any(|a| a == "--listen=0.0.0.0:8888"), "{args:?}");
+    assert!(
+        !args.iter().any(|a| a == "--listen=0.0.0.0:8888"),
+        "{args:?}"
+    );
     // HyperNode rights and the flag come only with publishing; cert-manager issues the
     // certificates when asked, and its CA is then the client CA. (cert-manager's CRDs are not
     // in the test cluster: these are rendered, not applied.)

@@ -19,7 +19,11 @@ use fumarole_settings::cli::ConfigArgs;
 /// `serve`'s flags in camelCase.
 const CONFIGURATION: Spec = Spec {
     kind: "SchedulerExtConfiguration",
-    reads: &[("serve", "serve"), ("explain", "serve"), ("defrag", "serve")],
+    reads: &[
+        ("serve", "serve"),
+        ("explain", "serve"),
+        ("defrag", "serve"),
+    ],
 };
 
 #[derive(Parser)]

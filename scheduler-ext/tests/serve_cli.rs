@@ -315,7 +315,11 @@ fn serve_and_explain_read_a_configuration_file_and_flags_win() {
             .unwrap()
     };
     let out = explain(&[]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(String::from_utf8_lossy(&out.stdout).contains("dgx-a"));
     let out = explain(&["--cluster-snapshot", "/nonexistent/from-flag"]);
     assert_eq!(out.status.code(), Some(1));

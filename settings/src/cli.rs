@@ -205,7 +205,10 @@ impl Spec {
                 return Err(FileError::Rejected {
                     file: file.to_path_buf(),
                     section: section.to_string(),
-                    message: message.strip_prefix("error: ").unwrap_or(message).to_string(),
+                    message: message
+                        .strip_prefix("error: ")
+                        .unwrap_or(message)
+                        .to_string(),
                 });
             }
             out.push_str(section);

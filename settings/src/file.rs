@@ -125,7 +125,7 @@ impl Configuration {
                 let known = ["apiVersion", "kind"]
                     .into_iter()
                     .chain(sections.iter().map(|c| c.get_name()));
-                return Err(unknown(name, &name, known));
+                return Err(unknown(name.clone(), &name, known));
             };
             out.sections
                 .push((name.clone(), section(&name, value, command)?));
@@ -144,7 +144,9 @@ impl Configuration {
 
     /// The sections, in file order.
     pub fn sections(&self) -> impl Iterator<Item = (&str, &[Setting])> {
-        self.sections.iter().map(|(n, s)| (n.as_str(), s.as_slice()))
+        self.sections
+            .iter()
+            .map(|(n, s)| (n.as_str(), s.as_slice()))
     }
 
     /// The arguments section `name` adds to a command line of `target` that already sets the
@@ -152,7 +154,12 @@ impl Configuration {
     /// ones given and the ones that conflict with a given one (the command line wins).
     /// `target` may be another command than the section's (`explain` reading `serve`'s
     /// section): settings of flags it lacks are left out.
-    pub fn arguments(&self, name: &str, target: &Command, given: &BTreeSet<String>) -> Vec<OsString> {
+    pub fn arguments(
+        &self,
+        name: &str,
+        target: &Command,
+        given: &BTreeSet<String>,
+    ) -> Vec<OsString> {
         let given_args: Vec<&Arg> = target
             .get_arguments()
             .filter(|a| a.get_long().is_some_and(|l| given.contains(l)))
@@ -219,7 +226,11 @@ fn section(name: &str, value: &Value, command: &Command) -> Result<Vec<Setting>,
         let field = key_name(key, name)?;
         let path = format!("{name}.{field}");
         let Some((_, arg)) = settable.iter().find(|(f, _)| *f == field) else {
-            return Err(unknown(path, &field, settable.iter().map(|(f, _)| f.as_str())));
+            return Err(unknown(
+                path,
+                &field,
+                settable.iter().map(|(f, _)| f.as_str()),
+            ));
         };
         let long = arg.get_long().unwrap_or_default().to_string();
         let arguments = arguments(&path, &long, arg, value)?;
@@ -247,11 +258,16 @@ fn arguments(path: &str, long: &str, arg: &Arg, value: &Value) -> Result<Vec<Str
                 return Err(shape("true or false"));
             };
             let set = *on == matches!(arg.get_action(), ArgAction::SetTrue);
-            Ok(if set { vec![format!("--{long}")] } else { Vec::new() })
+            Ok(if set {
+                vec![format!("--{long}")]
+            } else {
+                Vec::new()
+            })
         }
-        ArgAction::Count => match value.as_u64() {
+        // clap counts in a u8.
+        ArgAction::Count => match value.as_u64().filter(|n| *n <= u64::from(u8::MAX)) {
             Some(n) => Ok((0..n).map(|_| format!("--{long}")).collect()),
-            None => Err(shape("a count")),
+            None => Err(shape("a count from 0 to 255")),
         },
         ArgAction::Append => {
             let items: Vec<String> = match value {
@@ -381,9 +397,7 @@ fn describe(value: &Value) -> String {
         Value::Sequence(_) => "a list".to_string(),
         Value::Mapping(_) => "a mapping".to_string(),
         Value::Tagged(t) => format!("a value tagged {}", t.tag),
-        other => scalar(other)
-            .map(|s| format!("{s:?}"))
-            .unwrap_or_default(),
+        other => scalar(other).map(|s| format!("{s:?}")).unwrap_or_default(),
     }
 }
 
@@ -404,7 +418,11 @@ pub fn camel_case(long: &str) -> String {
     out
 }
 
-fn unknown<'a>(path: impl Into<String>, field: &str, known: impl Iterator<Item = &'a str>) -> Error {
+fn unknown<'a>(
+    path: impl Into<String>,
+    field: &str,
+    known: impl Iterator<Item = &'a str>,
+) -> Error {
     let suggestion = known
         .map(|k| (edit_distance(&field.to_lowercase(), &k.to_lowercase()), k))
         .filter(|(d, k)| *d <= 2.max(k.len() / 4))

@@ -120,7 +120,15 @@ fn the_file_may_supply_what_a_flag_requires_and_a_flag_drops_what_it_conflicts_w
     // Declared the other way round, and one of a group.
     let f = file("run:\n  snapshot: /s\n  root: /r\n");
     let path = f.path().to_str().unwrap();
-    let args = run(&["run", "--config", path, "--kubeconfig", "/k", "--fixture", "x"]);
+    let args = run(&[
+        "run",
+        "--config",
+        path,
+        "--kubeconfig",
+        "/k",
+        "--fixture",
+        "x",
+    ]);
     assert_eq!((args.snapshot, args.root), (None, None));
     assert_eq!(args.fixture.as_deref(), Some("x"));
 }
@@ -169,7 +177,10 @@ fn check_prints_each_sections_command_line_or_what_does_not_go_together() {
     let f = file("run:\n  kubeconfig: /k\n  snapshot: /s\n");
     let e = SPEC.check::<Cli>(f.path()).unwrap_err().to_string();
     assert!(
-        e.starts_with(&format!("{}: run: the argument '--kubeconfig <KUBECONFIG>' cannot be used with", f.path().display())),
+        e.starts_with(&format!(
+            "{}: run: the argument '--kubeconfig <KUBECONFIG>' cannot be used with",
+            f.path().display()
+        )),
         "{e}"
     );
     let f = file("run:\n  standalone: true\n");

@@ -57,7 +57,10 @@ fn a_good_file_stands_for_flags_in_file_order() {
 fn booleans_and_lists_in_every_form() {
     // A switch set to false adds nothing (its default); a scalar is a list of one; an empty
     // list replaces a default with "none" and leaves a flag without one unset.
-    assert_eq!(arguments("run:\n  compatLabels: false\n"), Vec::<String>::new());
+    assert_eq!(
+        arguments("run:\n  compatLabels: false\n"),
+        Vec::<String>::new()
+    );
     assert_eq!(
         arguments("run:\n  awaitDeviceChoiceFrom: volcano\n"),
         ["--await-device-choice-from=volcano"]
@@ -66,8 +69,14 @@ fn booleans_and_lists_in_every_form() {
         arguments("run:\n  awaitDeviceChoiceFrom: []\n"),
         ["--await-device-choice-from="]
     );
-    assert_eq!(arguments("run:\n  reservedMemory: []\n"), Vec::<String>::new());
-    assert_eq!(arguments("run:\n  leaderElect: true\n"), ["--leader-elect=true"]);
+    assert_eq!(
+        arguments("run:\n  reservedMemory: []\n"),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        arguments("run:\n  leaderElect: true\n"),
+        ["--leader-elect=true"]
+    );
     assert_eq!(arguments("run:\n"), Vec::<String>::new());
     assert_eq!(arguments(""), Vec::<String>::new());
 }
@@ -91,17 +100,20 @@ fn each_error_names_the_field() {
         error("run:\n  recheckIntervall: 10s\n"),
         "run.recheckIntervall: unknown field (did you mean recheckInterval?)"
     );
-    assert_eq!(error("run:\n  frobnicate: 1\n"), "run.frobnicate: unknown field");
     assert_eq!(
-        error("serve:\n  weight: 1\n"),
-        "serve: unknown field"
+        error("run:\n  frobnicate: 1\n"),
+        "run.frobnicate: unknown field"
     );
+    assert_eq!(error("serve:\n  weight: 1\n"), "serve: unknown field");
     assert_eq!(
         error("rn:\n  weight: 1\n"),
         "rn: unknown field (did you mean run?)"
     );
     // Flags about the command line are not settings.
-    assert_eq!(error("run:\n  config: x.yaml\n"), "run.config: unknown field");
+    assert_eq!(
+        error("run:\n  config: x.yaml\n"),
+        "run.config: unknown field"
+    );
     assert_eq!(error("run:\n  help: true\n"), "run.help: unknown field");
     assert_eq!(
         error("run:\n  compatLabels: yes please\n"),
@@ -129,7 +141,11 @@ fn each_error_names_the_field() {
 fn version_and_kind_are_checked_first() {
     let cmd = SPEC.command::<Cli>();
     let run = cmd.find_subcommand("run").unwrap();
-    let error = |text: &str| Configuration::parse(text, SPEC.kind, &[run]).unwrap_err().to_string();
+    let error = |text: &str| {
+        Configuration::parse(text, SPEC.kind, &[run])
+            .unwrap_err()
+            .to_string()
+    };
     assert_eq!(
         error("apiVersion: fumarole.dev/v1\nkind: TestConfiguration\n"),
         "apiVersion: expected fumarole.dev/v1alpha1, got \"fumarole.dev/v1\""
@@ -163,7 +179,10 @@ fn the_command_line_leaves_out_what_it_sets_and_what_conflicts_with_it() {
         args(run, &[]),
         ["--weight=2", "--kubeconfig=/k", "--compat-labels"]
     );
-    assert_eq!(args(run, &["weight"]), ["--kubeconfig=/k", "--compat-labels"]);
+    assert_eq!(
+        args(run, &["weight"]),
+        ["--kubeconfig=/k", "--compat-labels"]
+    );
     assert_eq!(args(run, &["snapshot"]), ["--weight=2", "--compat-labels"]);
     // Another command reading the section takes only the flags it has.
     assert_eq!(args(show, &[]), ["--weight=2"]);
