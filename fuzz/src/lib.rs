@@ -745,7 +745,9 @@ pub fn configuration_file(data: &[u8]) {
     };
     let arguments = configuration.arguments("run", run, &BTreeSet::new());
     let argv = ["fuzz".into(), "run".into()].into_iter().chain(arguments);
-    if let Err(e) = command.clone().try_get_matches_from(argv) {
-        panic!("a configuration accepted as {configuration:?} is refused: {e}");
-    }
+    let parsed = command.clone().try_get_matches_from(argv);
+    assert!(
+        parsed.is_ok(),
+        "a configuration accepted as {configuration:?} is refused: {parsed:?}"
+    );
 }
