@@ -3,7 +3,9 @@
 //! Subcommands: `discover` (print this node's topology, or a dump's, or a bundled fixture's, as
 //! text, JSON, YAML, a link matrix or a diagram),
 //! `fixture` (list the bundled fixture nodes or write one out), `run` (publish the node's
-//! objects and keep them current), `crd` (print our CustomResourceDefinition).
+//! objects and keep them current), `crd` (print our CustomResourceDefinition), `config check`
+//! (a configuration file and the flags it stands for). `run` reads its flags from
+//! `--config FILE` too ([`CONFIGURATION`], `fumarole_settings`): flags and env vars win.
 
 mod diagram;
 mod discover;
@@ -17,6 +19,15 @@ mod run;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use fumarole_settings::Spec;
+use fumarole_settings::cli::ConfigArgs;
+
+/// The agent's configuration file: `kind: AgentConfiguration`, a `run` section with `run`'s
+/// flags in camelCase.
+const CONFIGURATION: Spec = Spec {
+    kind: "AgentConfiguration",
+    reads: &[("run", "run")],
+};
 
 #[derive(Parser)]
 #[command(
@@ -48,16 +59,22 @@ enum Command {
     Run(Box<run::RunArgs>),
     /// Print the CustomResourceDefinition of DeviceTopology (as kept in deploy/crds/).
     Crd,
+    /// Configuration files (`run --config FILE`).
+    Config(ConfigArgs),
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli: Cli = CONFIGURATION.parse();
     init_logging(cli.log_format);
     let result = match cli.command {
         Command::Discover(args) => discover::run(args),
         Command::Fixture(args) => discover::fixture(args),
         Command::Run(args) => run::run(*args),
         Command::Crd => crd(),
+        Command::Config(args) => CONFIGURATION
+            .config::<Cli>(&args)
+            .map(|out| print!("{out}"))
+            .map_err(Into::into),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,5 +1,6 @@
 //! `fumarole-agent discover` as a user meets it: this host, hwloc XML input, and bad input
-//! (each error names the path and the problem, exits 1, never panics).
+//! (each error names the path and the problem, exits 1, never panics); `run --config FILE`
+//! and `config check FILE`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -190,5 +191,62 @@ fn deployed_crd_matches_the_rust_types() {
         String::from_utf8_lossy(&out.stdout),
         deployed,
         "deploy/crds is stale: run `fumarole-agent crd > deploy/crds/devicetopologies.topology.fumarole.dev.yaml`"
+    );
+}
+
+#[test]
+fn run_reads_a_configuration_file_and_flags_win() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("agent.yaml");
+    let head = "apiVersion: fumarole.dev/v1alpha1\nkind: AgentConfiguration\n";
+    std::fs::write(
+        &file,
+        format!("{head}run:\n  root: /nonexistent/from-file\n  recheckInterval: 30s\n  compatLabels: true\n"),
+    )
+    .unwrap();
+    let f = file.to_str().unwrap();
+    fails_with(
+        &agent(&["run", "--config", f]),
+        &["--root /nonexistent/from-file: no such directory"],
+    );
+    fails_with(
+        &agent(&["run", "--config", f, "--root", "/nonexistent/from-flag"]),
+        &["--root /nonexistent/from-flag: no such directory"],
+    );
+    // One of a group: a --fixture on the command line drops the file's --root.
+    let out = agent(&["run", "--config", f, "--fixture", "cpu-only"]);
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).contains("from-file"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = agent(&["config", "check", f]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "run\n--root=/nonexistent/from-file\n--recheck-interval=30s\n--compat-labels\n"
+    );
+
+    // A bad file: exit 2 before anything starts, naming the file and the field.
+    std::fs::write(&file, format!("{head}run:\n  recheckInterval: ten\n")).unwrap();
+    let out = agent(&["run", "--config", f]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "{f}: run.recheckInterval: invalid duration \"ten\""
+        )),
+        "{stderr}"
+    );
+    std::fs::write(&file, format!("{head}run:\n  recheckEvery: 1s\n")).unwrap();
+    let out = agent(&["config", "check", f]);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("run.recheckEvery: unknown field"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
     );
 }

@@ -6,7 +6,10 @@
 //! an agent's writes to its own node.
 //!
 //! The chart is rendered by `helm-render` (built by `e2e/build-upstream.sh` from Helm's Go
-//! module: Helm's own template engine, no `helm` install).
+//! module: Helm's own template engine, no `helm` install). The chart passes its components'
+//! flags in a configuration file (`--config`, a ConfigMap) where the manifests pass them on
+//! the command line: they are compared as the binaries read them ([`effective_args`], each
+//! rendered file checked by the binary's own `config check`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -15,7 +18,7 @@ use std::time::Duration;
 use fumarole_e2e::cluster::{Identity, eventually, free_port, http_post_json};
 use fumarole_e2e::colocation::{AgentRun, log};
 use fumarole_e2e::deploy::{apply, deploy_dir, documents, kustomization};
-use fumarole_e2e::fumarole::scheduler_ext_bin;
+use fumarole_e2e::fumarole::{agent_bin, scheduler_ext_bin};
 use fumarole_e2e::process::Proc;
 use fumarole_e2e::upstream::Upstream;
 use fumarole_e2e::{NodeSpec, TestCluster};
@@ -61,6 +64,75 @@ fn render_chart(values: &[&str], include_crds: bool) -> Vec<(String, Value)> {
             Some((name, v))
         })
         .collect()
+}
+
+/// The object of `kind` named `name`.
+fn find<'a>(objects: &'a [(String, Value)], kind: &str, name: &str) -> &'a Value {
+    objects
+        .iter()
+        .find(|(_, v)| v["kind"] == kind && v["metadata"]["name"] == name)
+        .map(|(_, v)| v)
+        .unwrap_or_else(|| panic!("no {kind} {name}"))
+}
+
+/// The chart's configuration files, ConfigMaps the manifests do not have (they pass flags).
+const CONFIG_FILES: [&str; 2] = [
+    "ConfigMap/fumarole-system/fumarole-agent-config",
+    "ConfigMap/fumarole-system/fumarole-scheduler-ext-config",
+];
+
+/// The arguments of workload `kind`/`name`'s container as its binary reads them: a
+/// `--config=FILE` replaced by the flags the file stands for, as the binary's
+/// `config check` prints them (which fails on a file the binary would refuse). The file is
+/// the ConfigMap the container mounts at the file's directory.
+fn effective_args(objects: &[(String, Value)], kind: &str, name: &str) -> Vec<String> {
+    let pod = &find(objects, kind, name)["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    let mut out = Vec::new();
+    for arg in container["args"].as_array().unwrap() {
+        let arg = arg.as_str().unwrap();
+        let Some(path) = arg.strip_prefix("--config=") else {
+            out.push(arg.to_string());
+            continue;
+        };
+        let (dir, key) = path.rsplit_once('/').unwrap();
+        let mount = container["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["mountPath"] == dir)
+            .unwrap_or_else(|| panic!("{name}: nothing mounted at {dir}"));
+        let volume = pod["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == mount["name"])
+            .unwrap();
+        let config_map = volume["configMap"]["name"].as_str().unwrap();
+        let text = find(objects, "ConfigMap", config_map)["data"][key]
+            .as_str()
+            .unwrap();
+        let file = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(file.path(), text).unwrap();
+        let bin = match name {
+            "fumarole-agent" => agent_bin(),
+            _ => scheduler_ext_bin(),
+        };
+        let checked = std::process::Command::new(bin.unwrap())
+            .args(["config", "check"])
+            .arg(file.path())
+            .output()
+            .unwrap();
+        assert!(
+            checked.status.success(),
+            "{name}'s rendered configuration file is refused: {}\n{text}",
+            String::from_utf8_lossy(&checked.stderr)
+        );
+        // The first line is the section (the subcommand, already in the arguments).
+        let stdout = String::from_utf8(checked.stdout).unwrap();
+        out.extend(stdout.lines().skip(1).map(str::to_string));
+    }
+    out
 }
 
 /// `Kind/namespace/name` of each object.
@@ -162,6 +234,7 @@ async fn every_manifest_passes_a_server_side_dry_run() {
     // The chart: the same objects (Helm creates the namespace itself), and they apply too.
     let chart = render_chart(&[], true);
     let mut expected = identities(&objects);
+    expected.extend(CONFIG_FILES.map(String::from));
     expected.remove(&format!("Namespace//{NAMESPACE}"));
     // The kube-system Role for Huawei's device-info ConfigMap: in the manifests, in the chart
     // only with agent.ascendDeviceInfo.
@@ -195,13 +268,37 @@ async fn every_manifest_passes_a_server_side_dry_run() {
             .map(|(_, v)| v.clone())
             .unwrap()
     };
+    // The agent's arguments as it reads them (the chart's file renders its fields sorted).
+    let sorted_args = |objects: &[(String, Value)]| {
+        let mut args = effective_args(objects, "DaemonSet", "fumarole-agent");
+        args.sort();
+        args
+    };
+    assert_eq!(
+        sorted_args(&chart),
+        sorted_args(&objects),
+        "DaemonSet fumarole-agent /spec/template/spec/containers/0/args"
+    );
+    // The volumes, but for the chart's configuration file.
+    let mut chart_ds = pick(&chart, "DaemonSet", "fumarole-agent");
+    let volumes = chart_ds
+        .pointer_mut("/spec/template/spec/volumes")
+        .unwrap()
+        .as_array_mut()
+        .unwrap();
+    let before = volumes.len();
+    volumes.retain(|v| v["name"] != "config");
+    assert_eq!(
+        volumes.len() + 1,
+        before,
+        "the chart's agent mounts no configuration file"
+    );
+    assert_eq!(
+        chart_ds.pointer("/spec/template/spec/volumes"),
+        pick(&objects, "DaemonSet", "fumarole-agent").pointer("/spec/template/spec/volumes"),
+        "DaemonSet fumarole-agent /spec/template/spec/volumes"
+    );
     for (kind, name, path) in [
-        (
-            "DaemonSet",
-            "fumarole-agent",
-            "/spec/template/spec/containers/0/args",
-        ),
-        ("DaemonSet", "fumarole-agent", "/spec/template/spec/volumes"),
         ("ClusterRole", "fumarole-agent", "/rules"),
         ("ClusterRole", "fumarole-scheduler-ext", "/rules"),
         (
@@ -265,10 +362,7 @@ async fn every_manifest_passes_a_server_side_dry_run() {
         fumarole_device_plugin::config::ServedBy::Dra
     );
     let ds = pick(&with_dra, "DaemonSet", "fumarole-agent");
-    let args = ds
-        .pointer("/spec/template/spec/containers/0/args")
-        .unwrap()
-        .to_string();
+    let args = effective_args(&with_dra, "DaemonSet", "fumarole-agent").join(" ");
     let mounts = ds
         .pointer("/spec/template/spec/containers/0/volumeMounts")
         .unwrap()
@@ -317,7 +411,10 @@ async fn every_manifest_passes_a_server_side_dry_run() {
         assert!(!names.contains(gone), "{gone} still rendered");
     }
     let ds = pick(&lean, "DaemonSet", "fumarole-agent");
-    let text = ds.to_string();
+    let text = format!(
+        "{ds} {}",
+        effective_args(&lean, "DaemonSet", "fumarole-agent").join(" ")
+    );
     for gone in [
         "--colocation",
         "--device-plugin-dir",
@@ -365,9 +462,7 @@ async fn every_manifest_passes_a_server_side_dry_run() {
     assert!(!volumes.contains("/var/lib/kubelet"), "{volumes}");
     // The compatible labels only when asked.
     let agent_args = |objects: &[(String, Value)]| {
-        pick(objects, "DaemonSet", "fumarole-agent")["spec"]["template"]["spec"]["containers"][0]
-            ["args"]
-            .to_string()
+        effective_args(objects, "DaemonSet", "fumarole-agent").join(" ")
     };
     assert!(!agent_args(&chart).contains("--compat-labels"));
     assert!(
@@ -379,6 +474,42 @@ async fn every_manifest_passes_a_server_side_dry_run() {
         agent_args(&render_chart(&["agent.ascendDeviceInfo=true"], false))
             .contains("--ascend-device-info")
     );
+    // Any flag is a value (agent.run, schedulerExt.serve: the file's fields), winning over
+    // the chart's own; extraArgs stay flags, after the file, and win over it.
+    let tuned = render_chart(
+        &[
+            "agent.run.recheckInterval=30s",
+            "agent.run.awaitDeviceChoiceFrom={volcano,my-scheduler}",
+            "agent.run.compatLabels=true",
+            "agent.compatLabels=false",
+            "agent.extraArgs={--metrics-addr=0.0.0.0:9500}",
+            "schedulerExt.serve.commitTtl=5m",
+            "schedulerExt.serve.listen=0.0.0.0:9999",
+        ],
+        false,
+    );
+    let args = effective_args(&tuned, "DaemonSet", "fumarole-agent");
+    for want in [
+        "--recheck-interval=30s",
+        "--await-device-choice-from=volcano",
+        "--await-device-choice-from=my-scheduler",
+        "--compat-labels",
+        "--metrics-addr=0.0.0.0:9400",
+    ] {
+        assert!(args.iter().any(|a| a == want), "{want} not in {args:?}");
+    }
+    assert_eq!(
+        args.last().map(String::as_str),
+        Some("--metrics-addr=0.0.0.0:9500")
+    );
+    let args = effective_args(&tuned, "Deployment", "fumarole-scheduler-ext");
+    for want in ["--commit-ttl=5m", "--listen=0.0.0.0:9999"] {
+        assert!(args.iter().any(|a| a == want), "{want} not in {args:?}");
+    }
+    assert!(
+        !args.iter().any(|a| a == "--listen=0.0.0.0:8888"),
+        "{args:?}"
+    );
     // HyperNode rights and the flag come only with publishing; cert-manager issues the
     // certificates when asked, and its CA is then the client CA. (cert-manager's CRDs are not
     // in the test cluster: these are rendered, not applied.)
@@ -386,7 +517,11 @@ async fn every_manifest_passes_a_server_side_dry_run() {
         pick(objects, "ClusterRole", "fumarole-scheduler-ext")["rules"].to_string()
     };
     let ext_spec = |objects: &[(String, Value)]| {
-        pick(objects, "Deployment", "fumarole-scheduler-ext")["spec"].to_string()
+        format!(
+            "{} {}",
+            pick(objects, "Deployment", "fumarole-scheduler-ext")["spec"],
+            effective_args(objects, "Deployment", "fumarole-scheduler-ext").join(" ")
+        )
     };
     assert!(!rules(&chart).contains("hypernodes"));
     assert!(!ext_spec(&chart).contains("--publish-hypernodes"));

@@ -68,6 +68,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("simulate_trace", simulate_trace),
     ("ascend_device_info", ascend_device_info),
     ("dcmi_chip_info", dcmi_chip_info),
+    ("configuration_file", configuration_file),
 ];
 
 /// `cpuset`, `local_cpulist` and the kubelet's CPU lists; sysfs `cpumap` masks. A list that
@@ -682,4 +683,71 @@ pub fn dcmi_chip_info(data: &[u8]) {
             assert_eq!(label_value(&value), value, "{key}={value:?} from {info:?}");
         }
     }
+}
+
+/// A configuration file (`--config FILE`), against a command with a flag of each kind the
+/// binaries have. What the file accepts, the command line accepts: its arguments parse.
+pub fn configuration_file(data: &[u8]) {
+    use clap::{Arg, ArgAction, Command, value_parser};
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    static COMMAND: OnceLock<Command> = OnceLock::new();
+    let command = COMMAND.get_or_init(|| {
+        let mut root = Command::new("fuzz").subcommand(
+            Command::new("run")
+                .arg(
+                    Arg::new("compat_labels")
+                        .long("compat-labels")
+                        .action(ArgAction::SetTrue),
+                )
+                .arg(
+                    Arg::new("weight")
+                        .long("weight")
+                        .value_parser(value_parser!(f64)),
+                )
+                .arg(
+                    Arg::new("count")
+                        .long("count")
+                        .value_parser(value_parser!(u32)),
+                )
+                .arg(
+                    Arg::new("leader_elect")
+                        .long("leader-elect")
+                        .action(ArgAction::Set)
+                        .value_parser(value_parser!(bool)),
+                )
+                .arg(
+                    Arg::new("names")
+                        .long("names")
+                        .action(ArgAction::Append)
+                        .value_delimiter(',')
+                        .default_value("volcano"),
+                )
+                .arg(
+                    Arg::new("repeated")
+                        .long("repeated")
+                        .action(ArgAction::Append),
+                )
+                .arg(Arg::new("verbose").long("verbose").action(ArgAction::Count))
+                .arg(Arg::new("mode").long("mode").value_parser(["text", "json"])),
+        );
+        root.build();
+        root
+    });
+    let Some(run) = command.find_subcommand("run") else {
+        return;
+    };
+    let Ok(configuration) =
+        fumarole_settings::Configuration::parse(text, "FuzzConfiguration", &[run])
+    else {
+        return;
+    };
+    let arguments = configuration.arguments("run", run, &BTreeSet::new());
+    let argv = ["fuzz".into(), "run".into()].into_iter().chain(arguments);
+    let parsed = command.clone().try_get_matches_from(argv);
+    assert!(
+        parsed.is_ok(),
+        "a configuration accepted as {configuration:?} is refused: {parsed:?}"
+    );
 }

@@ -4,10 +4,27 @@
 //! live cluster, or over a snapshot directory) and `explain` (per node verdict, `q`, `loss`,
 //! score and devices for one pod, from a snapshot) and `defrag` (moves that make room for the
 //! largest waiting unit, from a snapshot or the live cluster). Each lives in [`cmd`].
+//! `serve` reads its flags from `--config FILE` too ([`CONFIGURATION`], `fumarole_settings`;
+//! flags and env vars win), and `explain` and `defrag` take from that file's `serve` section
+//! the flags they share with it (the deployed service's scoring); `config check FILE` prints
+//! the flags a file stands for.
 
 mod cmd;
 
 use clap::{Parser, Subcommand};
+use fumarole_settings::Spec;
+use fumarole_settings::cli::ConfigArgs;
+
+/// The service's configuration file: `kind: SchedulerExtConfiguration`, a `serve` section with
+/// `serve`'s flags in camelCase.
+const CONFIGURATION: Spec = Spec {
+    kind: "SchedulerExtConfiguration",
+    reads: &[
+        ("serve", "serve"),
+        ("explain", "serve"),
+        ("defrag", "serve"),
+    ],
+};
 
 #[derive(Parser)]
 #[command(name = "fumarole-scheduler-ext", version, about)]
@@ -25,12 +42,19 @@ enum Command {
     Explain(cmd::explain::ExplainArgs),
     /// The fewest running pods whose move would make room for the largest waiting unit.
     Defrag(cmd::defrag::DefragArgs),
+    /// Configuration files (`serve --config FILE`).
+    Config(ConfigArgs),
 }
 
 fn main() -> std::process::ExitCode {
-    scheduler_ext::cli::main_with(|| match Cli::parse().command {
+    let cli: Cli = CONFIGURATION.parse();
+    scheduler_ext::cli::main_with(|| match cli.command {
         Command::Serve(args) => cmd::serve::run(*args),
         Command::Explain(args) => cmd::explain::run(args),
         Command::Defrag(args) => cmd::defrag::run(args),
+        Command::Config(args) => CONFIGURATION
+            .config::<Cli>(&args)
+            .map(|out| print!("{out}"))
+            .map_err(Into::into),
     })
 }

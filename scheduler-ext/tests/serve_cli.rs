@@ -261,3 +261,88 @@ fn serve_flags_are_checked() {
         "{err}"
     );
 }
+
+/// `serve --config FILE`: the file's settings hold (the snapshot, `/ui` off) and a flag wins
+/// over the file (`--listen`); `explain` takes the settings it shares from the `serve` section;
+/// a bad value stops it before anything starts, naming the file and the field.
+#[test]
+fn serve_and_explain_read_a_configuration_file_and_flags_win() {
+    let dir = tempfile::tempdir().unwrap();
+    let snapshot = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/snapshots/two-dgx");
+    let file = dir.path().join("scheduler-ext.yaml");
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    std::fs::write(
+        &file,
+        format!(
+            "apiVersion: fumarole.dev/v1alpha1\nkind: SchedulerExtConfiguration\nserve:\n  \
+             clusterSnapshot: {}\n  listen: {}\n  uiListen: 'off'\n  schedulerNames: [default-scheduler]\n",
+            snapshot.display(),
+            busy.local_addr().unwrap()
+        ),
+    )
+    .unwrap();
+    let port = free_port();
+    let bin = env!("CARGO_BIN_EXE_fumarole-scheduler-ext");
+    let _server = Server(
+        Command::new(bin)
+            .arg("serve")
+            .arg("--config")
+            .arg(&file)
+            .arg(format!("--listen=127.0.0.1:{port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match http(port, "GET", "/healthz", "") {
+            Ok((status, _)) if status.contains(" 200 ") => break,
+            _ if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+            other => panic!("server never became healthy: {other:?}"),
+        }
+    }
+    let pod = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/pods/gpu4.yaml");
+    let explain = |extra: &[&str]| {
+        Command::new(bin)
+            .arg("explain")
+            .arg("--config")
+            .arg(&file)
+            .arg("--pod")
+            .arg(&pod)
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let out = explain(&[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("dgx-a"));
+    let out = explain(&["--cluster-snapshot", "/nonexistent/from-flag"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/from-flag"));
+
+    std::fs::write(
+        &file,
+        "apiVersion: fumarole.dev/v1alpha1\nkind: SchedulerExtConfiguration\nserve:\n  commitTtl: soon\n",
+    )
+    .unwrap();
+    let out = Command::new(bin)
+        .arg("serve")
+        .arg("--config")
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "{}: serve.commitTtl: invalid value \"soon\"",
+            file.display()
+        )),
+        "{stderr}"
+    );
+}
