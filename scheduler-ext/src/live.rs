@@ -2,15 +2,16 @@
 //! only: labels) and `Pod`, and a loop that rebuilds the [`ClusterView`] after changes.
 //!
 //! Changes are coalesced: after the first change the loop waits `debounce`, then builds one view
-//! from the stores and hands it to the [`Service`] (which prunes its ledger against it); it
-//! also rebuilds every [`TICK`] so commits time out without changes. A pod deletion releases
-//! the pod's commit at once. Each watch reports to a [`Freshness`] (`/readyz`).
+//! from the stores and hands it to the service's [`crate::decider::Decider`] (which prunes its
+//! ledger against it); it also rebuilds every [`TICK`] so commits time out without changes. A
+//! pod deletion releases the pod's commit at once. Each watch reports to a [`Freshness`]
+//! (`/readyz`).
 //!
-//! Only the leader ([`crate::controllers::leader`]) writes: the after-the-fact annotations, HyperNodes, and
-//! the withdrawal of promises whose commit timed out (a pod Volcano allocated but never bound
-//! keeps no devices). A term begins by reading every unfinished pod's promise from the API
-//! server ([`crate::controllers::terms`]), so what the last leader handed out counts before
-//! this one commits.
+//! Only the leader ([`crate::controllers::leader`]) writes: the after-the-fact annotations,
+//! HyperNodes, and the withdrawal of promises whose commit timed out (a pod Volcano allocated
+//! but never bound keeps no devices). A term begins by reading every unfinished pod's promise
+//! from the API server ([`crate::controllers::terms`]), so what the last leader handed out
+//! counts before this one commits.
 //!
 //! Pods bound by a scheduler that does not tell us its choice (Volcano before `allocateFunc`,
 //! named in `annotate_schedulers`) get their devices chosen and written after the fact, so the
@@ -83,8 +84,8 @@ pub struct LiveOptions {
     /// Client for the service's own writes (annotations, Bindings), with a short timeout under
     /// leader election; the reflectors' client when `None`.
     pub write_client: Option<Client>,
-    /// This replica's own Pod (namespace, name), labelled [`crate::effects::LEADER_LABEL`] while it leads so a
-    /// Service can select the leader.
+    /// This replica's own Pod (namespace, name), labelled [`crate::effects::LEADER_LABEL`]
+    /// while it leads so a Service can select the leader.
     pub own_pod: Option<(String, String)>,
 }
 
