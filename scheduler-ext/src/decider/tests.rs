@@ -322,3 +322,32 @@ fn pod_asking(resource: &str, n: u32) -> Pod {
     }))
     .unwrap()
 }
+
+/// The decider stays usable without an API client or an async runtime (the next step puts it
+/// behind a C ABI inside the schedulers): none of its files names `kube`, `tokio` or awaits.
+#[test]
+fn the_decider_does_no_io() {
+    let files = [
+        ("mod.rs", include_str!("mod.rs")),
+        ("asker.rs", include_str!("asker.rs")),
+        ("job_annotations.rs", include_str!("job_annotations.rs")),
+        ("settings.rs", include_str!("settings.rs")),
+    ];
+    for (name, text) in files {
+        for line in text.lines().filter(|l| !l.trim_start().starts_with("//")) {
+            for word in [
+                "kube::",
+                "tokio",
+                "async ",
+                ".await",
+                "crate::effects",
+                "crate::service",
+            ] {
+                assert!(
+                    !line.contains(word),
+                    "decider/{name}: {line:?} names {word:?}"
+                );
+            }
+        }
+    }
+}
