@@ -157,8 +157,10 @@ async fn group_job_lands_unit_by_unit_in_single_super_nodes() {
     );
 
     // HyperNodes: one per rack, members by exact node name.
-    let hypernodes: Api<DynamicObject> =
-        Api::all_with(cluster.client(), &scheduler_ext::hypernode::resource());
+    let hypernodes: Api<DynamicObject> = Api::all_with(
+        cluster.client(),
+        &scheduler_ext::controllers::hypernode::resource(),
+    );
     let members = |o: &DynamicObject| -> Vec<String> {
         o.data["spec"]["members"]
             .as_array()

@@ -1,13 +1,34 @@
 //! Command-line plumbing shared by the binaries that decide through the core
-//! (`fumarole-scheduler-ext`, `fumarole-sim`, `kubectl-fumarole`): the gpu-aware flags, Huawei's
-//! super-pod parameters, and the `main` frame (logging to stderr, `error: ...` and exit code 1 on failure).
+//! (`fumarole-scheduler-ext`, `fumarole-sim`, `kubectl-fumarole`): the decision flags, in
+//! groups ([`ScoringArgs`], [`SuperPodArgs`], [`ReservationArgs`], [`CommitArgs`]) that each
+//! fill their part of the decider's [`Settings`] through [`settings`], the one way every entry
+//! point builds them; and the `main` frame (logging to stderr, `error: ...` and exit code 1 on
+//! failure).
 
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::{Result, bail};
 
 use crate::core::placement::SuperPods;
 use crate::core::score::Scoring;
+use crate::decider::Settings;
+
+/// A group of flags that fills part of the decider's [`Settings`].
+pub trait SettingsFlags {
+    /// Sets what these flags say in `settings`, or says why they are out of range.
+    fn apply(&self, settings: &mut Settings) -> Result<()>;
+}
+
+/// The decider's settings: the defaults, then each group of flags a command has, in order.
+/// Every entry point (serve, explain, kubectl, the simulator) builds its settings here, once.
+pub fn settings(groups: &[&dyn SettingsFlags]) -> Result<Settings> {
+    let mut settings = Settings::default();
+    for group in groups {
+        group.apply(&mut settings)?;
+    }
+    Ok(settings)
+}
 
 /// Scoring arguments (Volcano's `weight` and `loss.weight`, the super-node weight).
 #[derive(clap::Args, Clone, Copy, Debug)]
@@ -47,6 +68,13 @@ impl ScoringArgs {
             loss_weight: self.loss_weight,
             super_node_weight: self.super_node_weight,
         })
+    }
+}
+
+impl SettingsFlags for ScoringArgs {
+    fn apply(&self, settings: &mut Settings) -> Result<()> {
+        settings.scorer = self.scoring()?;
+        Ok(())
     }
 }
 
@@ -92,6 +120,66 @@ impl SuperPodArgs {
             bail!("--whole-job-super-pod needs --super-pod-size (Huawei's super-pod mode)");
         }
         Ok(self.whole_job_super_pod)
+    }
+}
+
+impl SettingsFlags for SuperPodArgs {
+    fn apply(&self, settings: &mut Settings) -> Result<()> {
+        settings.super_pods = self.super_pods()?;
+        settings.whole_job_super_pod = self.whole_job()?;
+        Ok(())
+    }
+}
+
+/// How long a unit's super-node reservation lives, and whether it is renewed while its unit
+/// waits (the service and the simulator).
+#[derive(clap::Args, Clone, Copy, Debug)]
+pub struct ReservationArgs {
+    /// How long a gpu-group-size unit's super-node reservation waits for the unit's next pod
+    /// (simulated time in fumarole-sim).
+    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
+    pub reservation_ttl: Duration,
+    /// Keep a waiting unit's super-node reservation while its pods are retried, instead of
+    /// letting it lapse once that super-node lost the room or the unit cannot start (which
+    /// queues less, docs/placement.md; under Volcano without `allocateFunc` they never lapse).
+    #[arg(long)]
+    pub keep_waiting_reservations: bool,
+}
+
+impl SettingsFlags for ReservationArgs {
+    fn apply(&self, settings: &mut Settings) -> Result<()> {
+        settings.reservation_ttl = self.reservation_ttl;
+        settings.keep_waiting_reservations = self.keep_waiting_reservations;
+        Ok(())
+    }
+}
+
+/// Whose pods the verbs accept and how long a commit waits for its pod to show up bound (the
+/// service only).
+#[derive(clap::Args, Clone, Debug)]
+pub struct CommitArgs {
+    /// The schedulers (`spec.schedulerName`) whose pods the verbs accept; comma-separated.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "default-scheduler,volcano"
+    )]
+    pub scheduler_names: Vec<String>,
+    /// How long devices committed to a pod are held until the pod shows up bound with them.
+    #[arg(long, default_value = "2m", value_parser = humantime::parse_duration)]
+    pub commit_ttl: Duration,
+}
+
+impl SettingsFlags for CommitArgs {
+    fn apply(&self, settings: &mut Settings) -> Result<()> {
+        settings.scheduler_names = self
+            .scheduler_names
+            .iter()
+            .filter(|s| !s.is_empty())
+            .cloned()
+            .collect();
+        settings.commit_ttl = self.commit_ttl;
+        Ok(())
     }
 }
 

@@ -7,32 +7,39 @@
 //!    and which are free) and [`core::decide`] (plan a pod's gpu-group-size unit over
 //!    super-nodes, then judge each node: gpu-aware fit and score, NUMA fit, the devices
 //!    `topology::select` would give). Pure: no HTTP, no API client.
-//! 2. [`service::Service`]: the one view and ledger every request shares, with
-//!    `evaluate` / `commit` / `assign` / `release` / `explain`.
-//! 3. [`protocol`]: one module per scheduler protocol, its verbs functions over `&Service`;
-//!    [`protocol::scale`] turns the core's 0..1 scores into each scheduler's numbers (a leaf
-//!    that imports nothing: the service's `explain` rows show Volcano's number too).
-//! 4. [`http`]: the router (protocols, `/ui`, `/healthz`), `/metrics`, TLS.
+//! 2. [`decider`]: the one view and ledger every request shares, with `evaluate` / `commit` /
+//!    `release` / `explain` and the job annotations of a choice, and its [`decider::Settings`]
+//!    (built by every entry point through [`cli::settings`]). Synchronous, no I/O: no API
+//!    client, no runtime.
+//! 3. [`effects`]: every API write of a decision (the device choice, the Binding, job
+//!    annotations, withdrawals, the leader label). Nothing there decides.
+//! 4. [`service::Service`]: the decider, the effects, leader election, the view's freshness
+//!    and the `/ui` decision log ([`decision_log`]) put together; `assign` is commit, write,
+//!    and release on a refused write.
+//! 5. [`protocol`]: one module per scheduler protocol, its verbs functions over `&Service`
+//!    (decisions from its decider, writes through the service); [`protocol::scale`] turns the
+//!    core's 0..1 scores into each scheduler's numbers (a leaf that imports nothing: the
+//!    decider's `explain` rows show Volcano's number too).
+//! 6. [`http`]: the router (protocols, `/ui`, `/healthz`), `/metrics`, TLS.
 //!
-//! Beside them: [`live`] keeps the service's view current from API server reflectors,
-//! [`snapshot`] builds a view from YAML files instead, [`kube_ops`] writes the chosen devices
-//! and Bindings, [`hypernode`] publishes Volcano `HyperNode` objects for the super-nodes,
-//! [`dead_agents`] removes the co-location taint and batch resources of agents whose heartbeat
-//! expired.
+//! Beside them: [`live`] keeps the decider's view current from API server reflectors,
+//! [`snapshot`] builds a view from YAML files instead, and [`controllers`] holds the background
+//! loops that write (leader election and terms, after-the-fact annotations, HyperNodes, dead
+//! agents' leftovers).
 //! The binary's subcommands (`serve`, `explain`) only wire these together; [`kubectl`] is the
 //! kubectl plugin (`kubectl fumarole explain|node|top`, binary `kubectl-fumarole`), a reader of
-//! the same core over a view read once ([`live::read_once`]). The trace simulator
+//! the same decider over a view read once ([`live::read_once`]). The trace simulator
 //! that replays jobs through the same core lives in its own crate, `fumarole-sim`.
 
 pub mod cli;
+pub mod controllers;
 pub mod core;
-pub mod dead_agents;
+pub mod decider;
+pub mod decision_log;
+pub mod effects;
 pub mod freshness;
 pub mod http;
-pub mod hypernode;
-pub mod kube_ops;
 pub mod kubectl;
-pub mod leader;
 pub mod live;
 pub mod pod_store;
 pub mod protocol;

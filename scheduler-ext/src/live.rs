@@ -2,21 +2,23 @@
 //! only: labels) and `Pod`, and a loop that rebuilds the [`ClusterView`] after changes.
 //!
 //! Changes are coalesced: after the first change the loop waits `debounce`, then builds one view
-//! from the stores and hands it to the [`Service`] (which prunes its ledger against it); it
-//! also rebuilds every [`TICK`] so commits time out without changes. A pod deletion releases
-//! the pod's commit at once. Each watch reports to a [`Freshness`] (`/readyz`).
+//! from the stores and hands it to the service's [`crate::decider::Decider`] (which prunes its
+//! ledger against it); it also rebuilds every [`TICK`] so commits time out without changes. A
+//! pod deletion releases the pod's commit at once. Each watch reports to a [`Freshness`]
+//! (`/readyz`).
 //!
-//! Only the leader ([`crate::leader`]) writes: the after-the-fact annotations, HyperNodes, and
-//! the withdrawal of promises whose commit timed out (a pod Volcano allocated but never bound
-//! keeps no devices). A term begins by reading every unfinished pod's promise from the API
-//! server ([`begin_term`]), so what the last leader handed out counts before this one commits.
+//! Only the leader ([`crate::controllers::leader`]) writes: the after-the-fact annotations,
+//! HyperNodes, and the withdrawal of promises whose commit timed out (a pod Volcano allocated
+//! but never bound keeps no devices). A term begins by reading every unfinished pod's promise
+//! from the API server ([`crate::controllers::terms`]), so what the last leader handed out
+//! counts before this one commits.
 //!
 //! Pods bound by a scheduler that does not tell us its choice (Volcano before `allocateFunc`,
 //! named in `annotate_schedulers`) get their devices chosen and written after the fact, so the
-//! device plugin and the view still agree.
+//! device plugin and the view still agree ([`crate::controllers::bound_pods`]).
 //!
 //! With `publish_hypernodes`, Volcano `HyperNode` objects follow the super-nodes
-//! ([`crate::hypernode`]).
+//! ([`crate::controllers::hypernode`]).
 //!
 //! `ResourceClaim` (`resource.k8s.io/v1`) is watched where the API server serves it: the
 //! devices allocated claims hold count as used, and pods asking through claims of fumarole's
@@ -42,7 +44,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use fumarole_topology::annotation::{self, DEVICES_ANNOTATION, DEVICES_NODE_ANNOTATION};
 use fumarole_topology::crd::{DeviceTopology, Numatopology};
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -55,14 +56,14 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource};
 use tokio::sync::Notify;
 
+use crate::controllers::{bound_pods, hypernode, terms};
 use crate::core::claims::Claims;
 use crate::core::pod_facts::PodFacts;
 use crate::core::request::pod_key;
 use crate::core::unit::{JobSources, PodGroupSizes};
 use crate::core::view::{ClusterView, ContextCache};
+use crate::effects::Effects;
 use crate::freshness::{Freshness, WatchBackoff};
-use crate::hypernode;
-use crate::kube_ops::KubeOps;
 use crate::pod_store::PodStore;
 use crate::service::Service;
 
@@ -76,21 +77,17 @@ pub struct LiveOptions {
     pub debounce: Duration,
     /// `spec.schedulerName`s whose bound pods we annotate afterwards.
     pub annotate_schedulers: Vec<String>,
-    /// Publish Volcano `HyperNode` objects for the super-nodes ([`crate::hypernode`]).
+    /// Publish Volcano `HyperNode` objects for the super-nodes ([`crate::controllers::hypernode`]).
     pub publish_hypernodes: bool,
     /// How long a watch may fail before the view counts as stale (`/readyz` fails).
     pub max_staleness: Duration,
     /// Client for the service's own writes (annotations, Bindings), with a short timeout under
     /// leader election; the reflectors' client when `None`.
     pub write_client: Option<Client>,
-    /// This replica's own Pod (namespace, name), labelled [`LEADER_LABEL`] while it leads so a
-    /// Service can select the leader.
+    /// This replica's own Pod (namespace, name), labelled [`crate::effects::LEADER_LABEL`]
+    /// while it leads so a Service can select the leader.
     pub own_pod: Option<(String, String)>,
 }
-
-/// The label the leading replica puts on its own Pod (`"true"`); the chart's Service selects
-/// it, so the schedulers reach the leader only.
-pub const LEADER_LABEL: &str = "fumarole.dev/scheduler-ext-leader";
 
 impl Default for LiveOptions {
     fn default() -> Self {
@@ -565,7 +562,7 @@ pub async fn start(
         numatopologies,
         nodes: node_store,
         pods: reflect_pods(Api::all(client.clone()), &watches, move |p: &Pod| {
-            if released.release(&pod_key(p)).is_some() {
+            if released.decider().release(&pod_key(p)).is_some() {
                 tracing::debug!(pod = %pod_key(p), "pod deleted or finished; devices released");
             }
         }),
@@ -612,7 +609,7 @@ pub async fn start(
         }
     }
     let writes = opts.write_client.clone().unwrap_or_else(|| client.clone());
-    svc.set_kube(KubeOps::new(writes, stores.pods.clone()));
+    svc.set_effects(Effects::new(writes, stores.pods.clone()));
     let mut late = LoopState {
         client: client.clone(),
         tried: HashSet::new(),
@@ -620,9 +617,9 @@ pub async fn start(
         contexts: ContextCache::default(),
     };
     rebuild(&stores, &svc, &opts, &mut late).await;
-    tracing::info!(nodes = svc.view().len(), "cluster view ready");
+    tracing::info!(nodes = svc.decider().view().len(), "cluster view ready");
     if let Some(leadership) = svc.leadership().cloned() {
-        tokio::spawn(follow_terms(
+        tokio::spawn(terms::follow_terms(
             client,
             Arc::clone(&svc),
             leadership,
@@ -645,134 +642,6 @@ pub async fn start(
     }))
 }
 
-/// Begins every term this replica's leadership starts ([`begin_term`]), retrying until done
-/// or the term is over, then labels `own_pod` as the leader's; takes the label off when the
-/// term ends.
-async fn follow_terms(
-    client: Client,
-    svc: Arc<Service>,
-    leadership: Arc<crate::leader::Leadership>,
-    own_pod: Option<(String, String)>,
-) {
-    let mut changes = leadership.subscribe();
-    loop {
-        if leadership.holds() {
-            let term = leadership.begin();
-            loop {
-                match begin_term(&client, &svc).await {
-                    Ok(adopted) => {
-                        tracing::info!(
-                            adopted,
-                            term,
-                            "read the pods' promises: committing as leader"
-                        );
-                        leadership.ready(term);
-                        if let Some(pod) = &own_pod {
-                            label_leader(&client, pod, true).await;
-                        }
-                        break;
-                    }
-                    Err(e) if leadership.holds() && leadership.begin() == term => {
-                        tracing::warn!(error = %format!("{e:#}"), "reading the pods' promises failed; retrying before committing");
-                        tokio::time::sleep(Duration::from_secs(1)).await;
-                    }
-                    Err(_) => break,
-                }
-            }
-        } else if let Some(pod) = &own_pod {
-            label_leader(&client, pod, false).await;
-        }
-        if changes.changed().await.is_err() {
-            return;
-        }
-    }
-}
-
-/// Puts [`LEADER_LABEL`] on this replica's Pod (and takes it off the other pods of its
-/// namespace that still carry it: a dead or cut-off leader cannot), or takes it off.
-async fn label_leader(client: &Client, (ns, name): &(String, String), leading: bool) {
-    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let set =
-        |value: Option<&str>| serde_json::json!({"metadata": {"labels": {LEADER_LABEL: value}}});
-    let params = kube::api::PatchParams::default();
-    if leading {
-        let others = ListParams::default().labels(&format!("{LEADER_LABEL}=true"));
-        match api.list_metadata(&others).await {
-            Ok(list) => {
-                for p in list.items.iter().filter_map(|p| p.metadata.name.as_deref()) {
-                    if p != name
-                        && let Err(e) = api
-                            .patch(p, &params, &kube::api::Patch::Merge(set(None)))
-                            .await
-                    {
-                        tracing::warn!(pod = %format!("{ns}/{p}"), error = %e, "taking the leader label off a former leader failed");
-                    }
-                }
-            }
-            Err(e) => tracing::warn!(error = %e, "listing pods labelled leader failed"),
-        }
-    }
-    let value = leading.then_some("true");
-    match api
-        .patch(name, &params, &kube::api::Patch::Merge(set(value)))
-        .await
-    {
-        Ok(_) => tracing::info!(pod = %format!("{ns}/{name}"), leading, "leader label set"),
-        Err(e) => {
-            tracing::warn!(pod = %format!("{ns}/{name}"), error = %e, "setting the leader label failed")
-        }
-    }
-}
-
-/// Reads every unfinished pod's `fumarole.dev/devices` with its node from the API server (a
-/// fresh list, not the watch's store, which may lag) and adopts each as a commit: devices the
-/// last leader handed out, bound or not yet, count before this one hands out any. Returns how
-/// many were adopted.
-pub async fn begin_term(client: &Client, svc: &Service) -> Result<usize> {
-    let api: Api<PartialObjectMeta<Pod>> = Api::all(client.clone());
-    let mut params = ListParams::default()
-        .fields("status.phase!=Succeeded,status.phase!=Failed")
-        .limit(500);
-    let mut adopted = 0;
-    loop {
-        let page = api
-            .list_metadata(&params)
-            .await
-            .context("listing the pods' metadata")?;
-        for pod in &page.items {
-            let meta = &pod.metadata;
-            if meta.deletion_timestamp.is_some() {
-                continue;
-            }
-            let Some(a) = meta.annotations.as_ref() else {
-                continue;
-            };
-            let (Some(node), Some(value)) =
-                (a.get(DEVICES_NODE_ANNOTATION), a.get(DEVICES_ANNOTATION))
-            else {
-                continue;
-            };
-            let key = format!(
-                "{}/{}",
-                meta.namespace.as_deref().unwrap_or_default(),
-                meta.name.as_deref().unwrap_or_default()
-            );
-            match annotation::parse(value) {
-                Ok(choice) => {
-                    for (resource, devices) in choice {
-                        adopted += usize::from(svc.adopt(&key, node, &resource, devices));
-                    }
-                }
-                Err(e) => tracing::debug!(pod = %key, error = %e, "not a promise"),
-            }
-        }
-        match page.metadata.continue_.filter(|c| !c.is_empty()) {
-            Some(token) => params = params.continue_token(&token),
-            None => return Ok(adopted),
-        }
-    }
-}
-
 /// What the rebuild loop remembers between rounds.
 struct LoopState {
     client: Client,
@@ -791,7 +660,7 @@ async fn rebuild(stores: &Stores, svc: &Service, opts: &LiveOptions, late: &mut 
     let (built, contexts) = {
         let stores = stores.clone();
         let mut contexts = std::mem::take(&mut late.contexts);
-        let whole_job = svc.settings.whole_job_super_pod;
+        let whole_job = svc.decider().settings().whole_job_super_pod;
         match tokio::task::spawn_blocking(move || (stores.view(&mut contexts, whole_job), contexts))
             .await
         {
@@ -810,120 +679,30 @@ async fn rebuild(stores: &Stores, svc: &Service, opts: &LiveOptions, late: &mut 
         tracing::debug!("{w}");
     }
     let want = opts.publish_hypernodes.then(|| hypernode::desired(&view));
-    let dropped = svc.replace_view(view);
+    let dropped = svc.decider().replace_view(view);
     if !svc.leads() {
         return;
     }
-    let view = svc.view();
+    let view = svc.decider().view();
     for (pod, commit) in dropped {
         if view.promised_on(&pod) != Some(commit.node.as_str()) {
             tracing::debug!(pod = %pod, "commit settled");
             continue;
         }
         // Promised, never bound within the commit time-to-live: give the devices back.
-        withdraw(svc, &pod, commit).await;
+        svc.withdraw(&pod, commit).await;
     }
-    if let Some(want) = want
-        && late.hypernodes.as_ref() != Some(&want)
-    {
-        match hypernode::sync(&late.client, &want).await {
-            Ok(()) => {
-                tracing::info!(count = want.len(), "HyperNodes published");
-                late.hypernodes = Some(want);
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "publishing HyperNodes failed; retrying on the next change");
-                late.hypernodes = None;
-            }
-        }
+    if let Some(want) = want {
+        hypernode::publish(&late.client, want, &mut late.hypernodes).await;
     }
-    if opts.annotate_schedulers.is_empty() {
-        return;
-    }
-    let Some(ops) = svc.kube() else {
-        return;
-    };
-    if late.tried.len() > 100_000 {
-        late.tried.clear();
-    }
-    for pod in stores.pods.state() {
-        let (Some(node), Some(scheduler)) = (&pod.node, &pod.scheduler) else {
-            continue;
-        };
-        let key = &pod.key;
-        // A choice made for another node is no choice here.
-        if pod.finished
-            || pod.annotated()
-            || !opts.annotate_schedulers.contains(scheduler)
-            || view.reported(key)
-            || late.tried.contains(&**key)
-        {
-            continue;
-        }
-        late.tried.insert(Arc::clone(key));
-        let (ns, name) = key.split_once('/').unwrap_or(("default", key));
-        let whole = match ops.pod(ns, name).await {
-            Ok(p) => p,
-            Err(e) => {
-                tracing::warn!(pod = %key, error = %e, "reading a pod bound by {scheduler}");
-                continue;
-            }
-        };
-        match svc.assign_bound(&whole, node).await {
-            Ok(Some(c)) => {
-                tracing::info!(pod = %key, node = %node, devices = ?c.devices, "annotated a pod bound by {scheduler}")
-            }
-            Ok(None) => {}
-            Err(e) => {
-                tracing::warn!(pod = %key, node = %node, error = %e, "cannot give devices to a bound pod")
-            }
-        }
-    }
-}
-
-/// Removes a promise whose commit timed out from its pod, unless the pod moved on (bound, or
-/// promised elsewhere) meanwhile. When the write fails the commit is taken back, to try again
-/// when it times out.
-async fn withdraw(svc: &Service, pod: &str, commit: crate::core::ledger::Commit) {
-    let node = commit.node.as_str();
-    let Some(ops) = svc.kube() else {
-        return;
-    };
-    let (ns, name) = pod.split_once('/').unwrap_or(("default", pod));
-    match ops.pod(ns, name).await {
-        Ok(p) => {
-            let bound = p
-                .spec
-                .as_ref()
-                .and_then(|s| s.node_name.as_deref())
-                .is_some();
-            let still = p
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(DEVICES_NODE_ANNOTATION))
-                .is_some_and(|n| n == node);
-            if bound || !still {
-                return;
-            }
-        }
-        Err(kube::Error::Api(s)) if s.code == 404 => return,
-        Err(e) => {
-            tracing::warn!(pod, error = %e, "reading a pod whose promise timed out");
-            return;
-        }
-    }
-    match ops.annotate(ns, name, None).await {
-        Ok(()) => tracing::info!(
-            pod,
-            node,
-            "promise never bound within the commit time-to-live: withdrawn"
-        ),
-        Err(e) => {
-            tracing::warn!(pod, node, error = %e, "withdrawing a timed-out promise failed; trying again after the commit time-to-live");
-            svc.adopt(pod, node, &commit.resource, commit.devices);
-        }
-    }
+    bound_pods::annotate(
+        svc,
+        &stores.pods,
+        &view,
+        &opts.annotate_schedulers,
+        &mut late.tried,
+    )
+    .await;
 }
 
 #[cfg(test)]

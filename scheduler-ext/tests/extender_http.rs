@@ -254,7 +254,7 @@ async fn concurrent_allocations_never_share_a_device() {
         let mut pod: k8s_openapi::api::core::v1::Pod =
             serde_json::from_value(named_pod(&format!("p{i}"), "1")).unwrap();
         pod.spec.as_mut().unwrap().node_name = Some("dgx-b".into());
-        if let Ok(Some(c)) = svc.commit(&pod, "dgx-b") {
+        if let Ok(Some(c)) = svc.decider().commit(&pod, "dgx-b") {
             // Committing again answers the earlier choice.
             assert!(
                 given.insert(c.devices[0].clone()),

@@ -55,9 +55,9 @@ use scheduler_ext::core::decide;
 use scheduler_ext::core::ledger::{Commit, Ledger};
 use scheduler_ext::core::placement::PlanInputs;
 use scheduler_ext::core::request::PodRequest;
-use scheduler_ext::core::score::Scoring;
 use scheduler_ext::core::verdict::best_first;
 use scheduler_ext::core::view::{NodeView, indices};
+use scheduler_ext::decider::Settings;
 use shape::SimCluster;
 use trace::{Job, TraceError};
 
@@ -83,18 +83,16 @@ pub struct SimJob {
 }
 
 /// How a run decides, besides the policy.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Options {
     /// Seeds the `random` policy.
     pub seed: u64,
-    /// gpu-aware weights (`fumarole`).
-    pub scorer: Scoring,
-    /// How long a unit's super-node reservation lives without its pods (`fumarole`).
-    pub reservation_ttl: Duration,
-    /// Waiting reservations renewed while their unit waits ([`Ledger::keeping_waiting_plans`]),
-    /// as the scheduler extension with `--keep-waiting-reservations`; off (the default of
-    /// both), they lapse.
-    pub keep_waiting_reservations: bool,
+    /// How `fumarole` decides: the scheduler extension's own settings, built the same way
+    /// ([`scheduler_ext::cli::settings`]). Read here: the gpu-aware weights, how long a unit's
+    /// super-node reservation lives without its pods, and whether waiting reservations are
+    /// renewed while their unit waits ([`Ledger::keeping_waiting_plans`]; off by default in
+    /// both, they lapse).
+    pub settings: Settings,
     /// `fumarole-defrag` moves only pods whose job has run at most this long (a move restarts
     /// the job and throws its work away).
     pub defrag_max_run: Duration,
@@ -104,9 +102,7 @@ impl Default for Options {
     fn default() -> Self {
         Options {
             seed: 1,
-            scorer: Scoring::default(),
-            reservation_ttl: Duration::from_secs(300),
-            keep_waiting_reservations: false,
+            settings: Settings::default(),
             defrag_max_run: Duration::from_secs(2 * 3600),
         }
     }
@@ -248,7 +244,7 @@ pub fn run(sim: &Simulation, policy: Policy, opts: &Options) -> Outcome {
         sim,
         policy,
         opts,
-        ledger: if opts.keep_waiting_reservations {
+        ledger: if opts.settings.keep_waiting_reservations {
             Ledger::keeping_waiting_plans()
         } else {
             Ledger::default()
@@ -385,7 +381,7 @@ impl<'a> Engine<'a> {
     /// Renews the reservations of the waiting units (their pods are retried all along), then
     /// drops expired ones.
     fn keep_reservations(&mut self, queue: &[usize], now: Instant) {
-        let until = now + self.opts.reservation_ttl;
+        let until = now + self.opts.settings.reservation_ttl;
         for &j in queue {
             for req in &self.sim.jobs[j].pods {
                 if let Some(g) = &req.unit {
@@ -440,7 +436,7 @@ impl<'a> Engine<'a> {
             );
             if let Some(g) = &req.unit {
                 self.ledger
-                    .renew_plan(&g.key, now + self.opts.reservation_ttl);
+                    .renew_plan(&g.key, now + self.opts.settings.reservation_ttl);
             }
             self.free_total = self.free_total.saturating_sub(devices.len());
             placed.push(PodPlacement {
@@ -471,11 +467,11 @@ impl<'a> Engine<'a> {
         // Traces carry no sp-block jobs: Huawei's parameters stay off. Plans may lapse: the
         // simulator places a gang's pods one after the other and commits each, so the
         // scheduler tells the service where every pod went.
-        let inputs = PlanInputs::new(now, self.opts.reservation_ttl);
+        let inputs = PlanInputs::new(now, self.opts.settings.reservation_ttl);
         let planned = decide::plan(view, &mut self.ledger, req, inputs).ok()?;
         let mut verdicts = decide::judge(
             Cluster::new(view, &self.ledger, now),
-            &self.opts.scorer,
+            &self.opts.settings.scorer,
             req,
             planned.as_deref(),
             view.nodes().map(|n| n.name.as_str()),

@@ -12,7 +12,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use fumarole_sim::policy::Policy;
 use fumarole_sim::report::{self, Metrics};
 use fumarole_sim::shape::ClusterShape;
-use scheduler_ext::cli::ScoringArgs;
+use scheduler_ext::cli::{self, ReservationArgs, ScoringArgs};
 
 #[derive(Parser)]
 #[command(name = "fumarole-sim", version, about)]
@@ -52,13 +52,8 @@ pub struct RunArgs {
     /// Seed of the `random` policy.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// How long a gpu-group-size unit's super-node reservation waits for its pods (simulated).
-    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
-    reservation_ttl: Duration,
-    /// Renew a waiting unit's reservations while it waits, as the scheduler extension does with
-    /// `--keep-waiting-reservations`; without this flag they lapse (the default of both).
-    #[arg(long)]
-    keep_waiting_reservations: bool,
+    #[command(flatten)]
+    reservations: ReservationArgs,
     /// `fumarole-defrag` moves only pods whose job has run at most this long (simulated; a
     /// move restarts the job from scratch).
     #[arg(long, default_value = "2h", value_parser = humantime::parse_duration)]
@@ -130,13 +125,8 @@ pub struct SweepArgs {
     /// Seed of the `random` policy.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// How long a gpu-group-size unit's super-node reservation waits for its pods (simulated).
-    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
-    reservation_ttl: Duration,
-    /// Renew a waiting unit's reservations while it waits, as the scheduler extension does with
-    /// `--keep-waiting-reservations`; without this flag they lapse (the default of both).
-    #[arg(long)]
-    keep_waiting_reservations: bool,
+    #[command(flatten)]
+    reservations: ReservationArgs,
     /// `fumarole-defrag` moves only pods whose job has run at most this long (simulated; a
     /// move restarts the job from scratch).
     #[arg(long, default_value = "2h", value_parser = humantime::parse_duration)]
@@ -146,13 +136,13 @@ pub struct SweepArgs {
 }
 
 fn run_cmd(args: RunArgs) -> Result<()> {
-    let scorer = args.scoring.scoring()?;
+    let settings = cli::settings(&[&args.scoring, &args.reservations])?;
     let horizon = Duration::from_secs(fumarole_sim::trace::MAX_SECONDS);
-    if args.reservation_ttl > horizon {
+    if settings.reservation_ttl > horizon {
         bail!(
             "--reservation-ttl must be at most {}, got {}",
             humantime::format_duration(horizon),
-            humantime::format_duration(args.reservation_ttl)
+            humantime::format_duration(settings.reservation_ttl)
         );
     }
     let cluster = args.cluster.build()?;
@@ -173,9 +163,7 @@ fn run_cmd(args: RunArgs) -> Result<()> {
     };
     let opts = fumarole_sim::Options {
         seed: args.seed,
-        scorer,
-        reservation_ttl: args.reservation_ttl,
-        keep_waiting_reservations: args.keep_waiting_reservations,
+        settings,
         defrag_max_run: args.defrag_max_run,
     };
     let runs = fumarole_sim::compare(&sim, &policies, &opts);
@@ -235,9 +223,9 @@ fn generate_cmd(args: GenerateArgs) -> Result<()> {
 }
 
 fn sweep_cmd(args: SweepArgs) -> Result<()> {
-    let scorer = args.scoring.scoring()?;
+    let settings = cli::settings(&[&args.scoring, &args.reservations])?;
     let horizon = Duration::from_secs(fumarole_sim::trace::MAX_SECONDS);
-    if args.reservation_ttl > horizon {
+    if settings.reservation_ttl > horizon {
         bail!(
             "--reservation-ttl must be at most {}",
             humantime::format_duration(horizon)
@@ -280,9 +268,7 @@ fn sweep_cmd(args: SweepArgs) -> Result<()> {
     };
     let opts = fumarole_sim::Options {
         seed: args.seed,
-        scorer,
-        reservation_ttl: args.reservation_ttl,
-        keep_waiting_reservations: args.keep_waiting_reservations,
+        settings,
         defrag_max_run: args.defrag_max_run,
     };
     let runs = fumarole_sim::sweep::run(&spec, &policies, &opts, |i, n, r| {

@@ -3,7 +3,7 @@
 //! server-side apply. While it is current, the pressure taint and the batch resources on the
 //! Node are this agent's to keep; once it expires (the agent was killed, crashed, or was
 //! uninstalled) the scheduler extension's leader removes them (see
-//! `scheduler-ext/src/dead_agents.rs`). The Lease is owned by the Node, so it goes with it.
+//! `scheduler-ext/src/controllers/dead_agents.rs`). The Lease is owned by the Node, so it goes with it.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -25,9 +25,8 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 use scheduler_ext::core::explain;
-use scheduler_ext::core::score::Scoring;
+use scheduler_ext::decider::{Decider, Settings};
 use scheduler_ext::live;
-use scheduler_ext::service::Service;
 use scheduler_ext::text_table;
 use serde_json::json;
 
@@ -259,8 +258,7 @@ fn best_effort_pod(name: &str) -> Pod {
 /// `kubectl fumarole explain` reads).
 async fn why(client: &Client, pod: &Pod) -> Result<String> {
     let view = live::read_once(client).await?;
-    let svc = Service::new(view, Scoring::default());
-    let (req, rows) = svc.explain(pod)?;
+    let (req, rows) = Decider::new(view, Settings::default()).explain(pod)?;
     Ok(explain::table(&req, &rows))
 }
 

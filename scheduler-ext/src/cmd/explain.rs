@@ -6,9 +6,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result, bail};
 use clap::ValueEnum;
 use k8s_openapi::api::core::v1::Pod;
-use scheduler_ext::cli::{ScoringArgs, SuperPodArgs};
+use scheduler_ext::cli::{self, ScoringArgs, SuperPodArgs};
 use scheduler_ext::core::explain;
-use scheduler_ext::service::Service;
+use scheduler_ext::decider::Decider;
 use scheduler_ext::snapshot;
 
 #[derive(clap::Args)]
@@ -39,14 +39,13 @@ pub fn run(args: ExplainArgs) -> Result<()> {
         tracing::warn!("{w}");
     }
     let pod = read_pod(&args.pod)?;
-    let mut svc = Service::new(view, args.scoring.scoring()?);
-    svc.settings.super_pods = args.super_pods.super_pods()?;
-    if args.super_pods.whole_job()? {
+    let settings = cli::settings(&[&args.scoring, &args.super_pods])?;
+    if settings.whole_job_super_pod {
         bail!(
             "--whole-job-super-pod is applied to live views only (serve, kubectl fumarole explain)"
         );
     }
-    let (req, rows) = svc.explain(&pod)?;
+    let (req, rows) = Decider::new(view, settings).explain(&pod)?;
     match args.format {
         Format::Json => print!("{}", explain::json(&rows)),
         Format::Table => print!("{}", explain::table(&req, &rows)),

@@ -13,16 +13,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use scheduler_ext::cli::{ScoringArgs, SuperPodArgs};
+use scheduler_ext::cli::{self, CommitArgs, ReservationArgs, ScoringArgs, SuperPodArgs};
+use scheduler_ext::controllers::dead_agents;
+use scheduler_ext::controllers::leader::{self, LeaseConfig};
 use scheduler_ext::core::view::ClusterView;
-use scheduler_ext::dead_agents;
 use scheduler_ext::http::access::{Rule, Token};
 use scheduler_ext::http::metrics::{self, Metrics};
 use scheduler_ext::http::router::{self, Options};
 use scheduler_ext::http::server::{self, Limits, Tls, TlsFiles, TlsMetrics};
-use scheduler_ext::leader::{self, LeaseConfig};
 use scheduler_ext::live::{self, LiveOptions};
-use scheduler_ext::service::{Service, Settings};
+use scheduler_ext::service::Service;
 use scheduler_ext::snapshot;
 
 #[derive(clap::Args)]
@@ -75,24 +75,6 @@ pub struct ServeArgs {
     /// Longest a request may take.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     request_timeout: Duration,
-    /// The schedulers (`spec.schedulerName`) whose pods the verbs accept; comma-separated.
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "default-scheduler,volcano"
-    )]
-    scheduler_names: Vec<String>,
-    /// How long devices committed to a pod are held until the pod shows up bound with them.
-    #[arg(long, default_value = "2m", value_parser = humantime::parse_duration)]
-    commit_ttl: Duration,
-    /// How long a gpu-group-size unit's super-node reservation waits for the unit's next pod.
-    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
-    reservation_ttl: Duration,
-    /// Keep a waiting unit's super-node reservation while its pods are retried, instead of
-    /// letting it lapse once that super-node lost the room or the unit cannot start (which
-    /// queues less, docs/placement.md; under Volcano without `allocateFunc` they never lapse).
-    #[arg(long)]
-    keep_waiting_reservations: bool,
     /// Coalesce cluster changes for this long before rebuilding the view.
     #[arg(long, default_value = "50ms", value_parser = humantime::parse_duration)]
     view_debounce: Duration,
@@ -120,6 +102,10 @@ pub struct ServeArgs {
     scoring: ScoringArgs,
     #[command(flatten)]
     super_pods: SuperPodArgs,
+    #[command(flatten)]
+    commit: CommitArgs,
+    #[command(flatten)]
+    reservations: ReservationArgs,
 }
 
 /// Leader election among replicas (kube-scheduler's flag names and defaults).
@@ -183,20 +169,12 @@ impl ElectionArgs {
 }
 
 pub fn run(args: ServeArgs) -> Result<()> {
-    let settings = Settings {
-        scorer: args.scoring.scoring()?,
-        commit_ttl: args.commit_ttl,
-        reservation_ttl: args.reservation_ttl,
-        scheduler_names: args
-            .scheduler_names
-            .iter()
-            .filter(|s| !s.is_empty())
-            .cloned()
-            .collect(),
-        super_pods: args.super_pods.super_pods()?,
-        whole_job_super_pod: args.super_pods.whole_job()?,
-        keep_waiting_reservations: args.keep_waiting_reservations,
-    };
+    let settings = cli::settings(&[
+        &args.scoring,
+        &args.super_pods,
+        &args.commit,
+        &args.reservations,
+    ])?;
     let tls = match (&args.tls_cert_file, &args.tls_key_file) {
         (Some(cert), Some(key)) => Some(Tls::load(TlsFiles {
             cert: cert.clone(),

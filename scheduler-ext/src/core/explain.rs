@@ -1,6 +1,6 @@
 //! "Why did my pod go there": per node, the filter verdict and reason, `q`, `loss`, the score
 //! and the devices the pod would get, as a table or as JSON. The verdicts come from
-//! [`crate::service::Service::explain`]; this module only lays them out.
+//! [`crate::decider::Decider::explain`]; this module only lays them out.
 //!
 //! JSON is a list of objects with exactly the keys `node`, `feasible`, `reason`, `q`, `loss`,
 //! `score`, `devices` (other tools rely on them). `reason`, `q`, `loss` and `score` are `null`

@@ -11,7 +11,7 @@
 //!   of a member renews it; it expires when no member shows up for the reservation
 //!   time-to-live, and ends when the sub-unit is complete.
 //!
-//! All of it lives behind one lock in [`crate::service::Service`]: a commit checks and takes
+//! All of it lives behind one lock in [`crate::decider::Decider`]: a commit checks and takes
 //! devices under the write lock, so two pods never get one device.
 
 use std::collections::{BTreeMap, HashMap, HashSet};

@@ -33,7 +33,8 @@ use crate::core::defrag;
 use crate::core::explain::Row;
 use crate::core::request::{self, pod_key};
 use crate::core::view::NodeView;
-use crate::service::{Decision, Service};
+use crate::decision_log::Decision;
+use crate::service::Service;
 
 pub const REFRESH_SECONDS: u32 = 10;
 
@@ -148,9 +149,9 @@ th{background:#f3f5f7}td:first-child{white-space:nowrap}.dev{display:inline-bloc
 
 /// The page at `now`.
 pub fn render(svc: &Service, now: SystemTime) -> String {
-    let view = svc.view();
+    let view = svc.decider().view();
     let decisions = svc.decisions();
-    let rows: BTreeMap<String, NodeRow> = svc.with_cluster(|c| {
+    let rows: BTreeMap<String, NodeRow> = svc.decider().with_cluster(|c| {
         view.nodes()
             .filter(|nv| nv.has_topology)
             .map(|nv| (nv.name.clone(), node_row(&c, nv)))
@@ -320,15 +321,15 @@ pub fn render(svc: &Service, now: SystemTime) -> String {
 /// over a snapshot (no pod store) it says that it needs the live cluster.
 fn defrag_section(svc: &Service, o: &mut String) {
     o.push_str("<h2 id=\"defragmentation\">Defragmentation</h2>");
-    let Some(kube) = svc.kube() else {
+    let Some(kube) = svc.effects() else {
         o.push_str(
             "<p class=\"summary\" id=\"defrag-gain\">needs the live cluster's pods (not served from a snapshot)</p>",
         );
         return;
     };
     let facts = kube.pods().state();
-    let view = svc.view();
-    let ledger = svc.with_cluster(|c| c.ledger.clone());
+    let view = svc.decider().view();
+    let ledger = svc.decider().with_cluster(|c| c.ledger.clone());
     let c = Cluster::new(&view, &ledger, Instant::now());
     let (running, waiting) = defrag::from_facts(&c, facts.iter().map(AsRef::as_ref));
     let advice = defrag::advise(&c, &running, &waiting);
@@ -372,10 +373,10 @@ fn waiting_reason(
     let rows: Vec<Row> = match decisions.iter().find(|d| d.pod == key) {
         Some(d) => d.rows.clone(),
         None => {
-            if svc.view().jobs().in_unit(pod) {
+            if svc.decider().view().jobs().in_unit(pod) {
                 return "gpu-group-size unit: no scoring asked for yet".into();
             }
-            if svc.view().is_empty() {
+            if svc.decider().view().is_empty() {
                 return "no nodes".into();
             }
             if *evaluated >= EVALUATED_MAX {
@@ -384,7 +385,7 @@ fn waiting_reason(
                 );
             }
             *evaluated += 1;
-            match svc.explain(pod) {
+            match svc.decider().explain(pod) {
                 Ok((_, rows)) => rows,
                 Err(e) => return e.to_string(),
             }
@@ -464,7 +465,7 @@ mod tests {
         }
         let config = kube::Config::new("http://127.0.0.1:9".parse().unwrap());
         let client = kube::Client::try_from(config).unwrap();
-        svc.set_kube(crate::kube_ops::KubeOps::new(client, store));
+        svc.set_effects(crate::effects::Effects::new(client, store));
         let page = render(&svc, SystemTime::now());
         let section = page
             .split("<h2 id=\"defragmentation\">")

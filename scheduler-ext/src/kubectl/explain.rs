@@ -1,6 +1,6 @@
 //! `kubectl fumarole explain POD`: per node, why the pod waits or where it would go.
 //!
-//! The verdicts are [`Service::explain`]'s, the ones the extension's filter and prioritize
+//! The verdicts are [`crate::decider::Decider::explain`]'s, the ones the extension's filter and prioritize
 //! give, over the cluster as one list of each kind reads it now; the table is
 //! [`core::explain::table`]'s, with the pod's state (bound, promised, waiting, and what the
 //! scheduler last said) after it. `-o wide` adds each node's super-node and free devices.
@@ -13,12 +13,10 @@ use serde::Serialize;
 
 use super::config::Connection;
 use crate::core::explain::{self as core_explain, Row, num};
-use crate::core::placement::SuperPods;
 use crate::core::request::{DeviceRequest, RequestError};
-use crate::core::score::Scoring;
 use crate::core::view::ClusterView;
+use crate::decider::{Decider, Settings};
 use crate::live;
-use crate::service::Service;
 use crate::text_table as table;
 
 /// Everything `explain` says about one pod.
@@ -60,13 +58,7 @@ pub struct NodeRow {
 }
 
 /// Reads the pod and the cluster and explains the pod.
-pub async fn read(
-    conn: &Connection,
-    name: &str,
-    scorer: Scoring,
-    super_pods: SuperPods,
-    whole_job_super_pod: bool,
-) -> Result<Explanation> {
+pub async fn read(conn: &Connection, name: &str, settings: Settings) -> Result<Explanation> {
     let ns = &conn.namespace;
     let pods: Api<Pod> = Api::namespaced(conn.client.clone(), ns);
     let Some(pod) = pods
@@ -76,24 +68,22 @@ pub async fn read(
     else {
         bail!("pod {ns}/{name} not found (no pod {name:?} in namespace {ns:?})");
     };
-    let view = live::read_once_with(&conn.client, whole_job_super_pod).await?;
+    let view = live::read_once_with(&conn.client, settings.whole_job_super_pod).await?;
     for w in &view.warnings {
         tracing::warn!("{w}");
     }
-    Ok(explain(view, &pod, scorer, super_pods)?)
+    Ok(explain(view, &pod, settings)?)
 }
 
 /// The explanation of `pod` in `view`.
 pub fn explain(
     view: ClusterView,
     pod: &Pod,
-    scorer: Scoring,
-    super_pods: SuperPods,
+    settings: Settings,
 ) -> Result<Explanation, RequestError> {
-    let mut svc = Service::new(view, scorer);
-    svc.settings.super_pods = super_pods;
-    let (req, rows) = svc.explain(pod)?;
-    let view = svc.view();
+    let decider = Decider::new(view, settings);
+    let (req, rows) = decider.explain(pod)?;
+    let view = decider.view();
     let nodes = rows
         .into_iter()
         .map(|verdict| {
@@ -280,7 +270,7 @@ mod tests {
                 "type": "PodScheduled", "status": "False",
                 "message": "0/2 nodes are available"}]}}),
         );
-        let e = explain(view(&[]), &p, Scoring::default(), SuperPods::default()).unwrap();
+        let e = explain(view(&[]), &p, Settings::default()).unwrap();
         assert_eq!(e.pod, "ml/big");
         assert!(e.nodes.iter().all(|n| !n.verdict.feasible));
         assert_eq!(
@@ -308,8 +298,7 @@ Scheduler: 0/2 nodes are available
         let e = explain(
             view(&[]),
             &pod("two", 2, serde_json::json!({})),
-            Scoring::default(),
-            SuperPods::default(),
+            Settings::default(),
         )
         .unwrap();
         let text = table(&e, false);
@@ -348,13 +337,7 @@ Scheduler: 0/2 nodes are available
                 "spec": {"nodeName": "b0"},
                 "status": {"phase": "Running"}}),
         );
-        let e = explain(
-            view(std::slice::from_ref(&p)),
-            &p,
-            Scoring::default(),
-            SuperPods::default(),
-        )
-        .unwrap();
+        let e = explain(view(std::slice::from_ref(&p)), &p, Settings::default()).unwrap();
         assert_eq!(e.bound_to.as_deref(), Some("b0"));
         assert_eq!(e.devices_node.as_deref(), Some("b0"));
         assert_eq!(e.devices, ["b0-gpu0", "b0-gpu1"]);
@@ -374,7 +357,7 @@ Scheduler: 0/2 nodes are available
             "spec": {"containers": [{"name": "c"}]}
         }))
         .unwrap();
-        let e = explain(view(&[]), &p, Scoring::default(), SuperPods::default()).unwrap_err();
+        let e = explain(view(&[]), &p, Settings::default()).unwrap_err();
         assert!(e.to_string().contains("requests no accelerator"), "{e}");
     }
 }

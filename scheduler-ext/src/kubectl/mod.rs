@@ -2,7 +2,7 @@
 //! the agents see, read from the live cluster.
 //!
 //! - `explain POD`: per node, why the pod waits or where it would go, through the same
-//!   [`crate::service::Service::explain`] the extension's `explain` uses, over a view read once
+//!   [`crate::decider::Decider::explain`] the extension's `explain` uses, over a view read once
 //!   from the API server ([`crate::live::read_once`]);
 //! - `node NODE`: the node's link matrix and device health, from its `DeviceTopology`;
 //! - `top`: devices free, in use and unhealthy per super-node (per node with `-o wide`);
@@ -26,7 +26,7 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use serde::Serialize;
 
-use crate::cli::{ScoringArgs, SuperPodArgs};
+use crate::cli::{self, ScoringArgs, SuperPodArgs};
 
 /// `kubectl fumarole ...` (kubectl runs `kubectl-fumarole` with the arguments after
 /// `fumarole`).
@@ -127,14 +127,8 @@ pub fn run(cli: Cli) -> Result<()> {
                 scoring,
                 super_pods,
             } => {
-                let report = explain::read(
-                    &conn,
-                    &pod,
-                    scoring.scoring()?,
-                    super_pods.super_pods()?,
-                    super_pods.whole_job()?,
-                )
-                .await?;
+                let settings = cli::settings(&[&scoring, &super_pods])?;
+                let report = explain::read(&conn, &pod, settings).await?;
                 render(output, &report, explain::table)
             }
             Command::Node { node } => {

@@ -182,7 +182,7 @@ async fn agent_writes(State(svc): State<Arc<Service>>, body: Bytes) -> Response 
     let verdict = judge(&request, |namespace, name| {
         let svc = Arc::clone(&svc);
         async move {
-            let Some(ops) = svc.kube() else {
+            let Some(ops) = svc.effects() else {
                 return Err("the webhook needs the API server".to_string());
             };
             match ops.pod(&namespace, &name).await {

@@ -9,7 +9,7 @@
 //!
 //! `bind` re-reads the pod from the API server and refuses it unless it is scheduled by a
 //! scheduler this service serves, not bound yet, of the uid kube-scheduler named, and asking
-//! for an accelerator; then it chooses the pod's devices on the node ([`Service::commit`]:
+//! for an accelerator; then it chooses the pod's devices on the node ([`crate::decider::Decider::commit`]:
 //! judged and chosen under the ledger's lock, so a node that does not pass the filter is
 //! refused) and creates the pod's `Binding` carrying them as `fumarole.dev/devices` (the API
 //! server copies a Binding's annotations onto the pod: one write); when it fails the devices
@@ -29,8 +29,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::core::request::RequestError;
 use crate::core::verdict::Unfit;
+use crate::decider::{Asker, CommitError};
+use crate::effects::{self, PodCheckError};
 use crate::protocol::{bad_request, json_response, scale};
-use crate::service::{Asker, CommitError, PodCheckError, Service};
+use crate::service::Service;
 
 /// Route prefix of the kube-scheduler extender verbs (`urlPrefix` in the scheduler config is
 /// `http://HOST:PORT/kube-scheduler`).
@@ -340,7 +342,7 @@ pub async fn bind(svc: &Service, args: &ExtenderBindingArgs) -> Result<(), BindE
         ns.as_str()
     };
     let key = format!("{ns}/{name}");
-    let ops = svc.kube().ok_or(BindError::NoApiServer)?;
+    let ops = svc.effects().ok_or(BindError::NoApiServer)?;
     // Act on the pod as the API server has it, never on what the request says.
     let pod: Pod = svc
         .checked_pod(ns, name, Some(&args.pod_uid))
@@ -352,11 +354,15 @@ pub async fn bind(svc: &Service, args: &ExtenderBindingArgs) -> Result<(), BindE
             node: bound,
         });
     }
-    let (choice, job) = match svc.commit(&pod, node)? {
-        Some(commit) => (Some(commit.choice()), svc.job_annotations(&pod, &commit)),
+    let decider = svc.decider();
+    let (choice, job) = match decider.commit(&pod, node)? {
+        Some(commit) => (
+            Some(commit.choice()),
+            decider.job_annotations(&pod, &commit),
+        ),
         // A pod asking through ResourceClaims: the scheduler's DRA allocator picked its
         // devices; bind it without a choice of ours.
-        None if svc.asks_through_claims(&pod) => (None, Default::default()),
+        None if decider.asks_through_claims(&pod) => (None, Default::default()),
         None => return Err(BindError::NoAccelerator { pod: key }),
     };
     let uid = pod.metadata.uid.as_deref().unwrap_or_default();
@@ -365,8 +371,8 @@ pub async fn bind(svc: &Service, args: &ExtenderBindingArgs) -> Result<(), BindE
         // they stay committed until the view shows the pod bound with them, the pod goes, or
         // --commit-ttl passes; a retry on another node replaces the commit. Only a refusal
         // frees them now.
-        if crate::kube_ops::refused_by_server(&source) {
-            svc.release(&key);
+        if effects::refused_by_server(&source) {
+            decider.release(&key);
         }
         return Err(BindError::Binding {
             pod: key,

@@ -1,9 +1,10 @@
 //! The wire protocols, one module each: [`kube_scheduler`] (the extender API), [`volcano`]
 //! (Volcano's `extender` plugin) and [`admission`] (the API server's webhook that keeps
 //! agents to their own node). Each holds its wire types, its verbs as functions over
-//! [`crate::service::Service`], and the HTTP routes that parse a body, call a verb and
-//! answer; [`crate::http::router`] mounts them side by side. [`scale`] turns the core's 0..1
-//! scores into each scheduler's numbers.
+//! [`crate::service::Service`] (decisions from its [`crate::decider::Decider`], writes through
+//! [`crate::effects`]), and the HTTP routes that parse a body, call a verb and answer;
+//! [`crate::http::router`] mounts them side by side. [`scale`] turns the core's 0..1 scores
+//! into each scheduler's numbers.
 
 pub mod admission;
 pub mod kube_scheduler;

@@ -32,8 +32,10 @@ use k8s_openapi::api::core::v1::Pod;
 use serde::{Deserialize, Serialize};
 
 use crate::core::request::{RequestError, pod_key};
+use crate::decider::Asker;
+use crate::effects::PodCheckError;
 use crate::protocol::{bad_request, json_response, scale};
-use crate::service::{Asker, PodCheckError, Service};
+use crate::service::Service;
 
 /// Route prefix of the Volcano verbs (`extender.urlPrefix` is `http://HOST:PORT/volcano`).
 pub const VOLCANO_PREFIX: &str = "/volcano";
@@ -139,7 +141,7 @@ pub fn predicate(svc: &Service, req: &PredicateRequest) -> PredicateResponse {
     match reason {
         None => PredicateResponse::default(),
         Some(reason) => {
-            let view = svc.view();
+            let view = svc.decider().view();
             let unresolvable = view.node(&node.name).is_none_or(|n| !n.has_topology);
             PredicateResponse {
                 status: reason,
@@ -166,7 +168,7 @@ pub fn prioritize(svc: &Service, req: &PrioritizeRequest) -> PrioritizeResponse 
     let verdicts = svc
         .evaluate(pod, &names, Asker::Volcano)
         .unwrap_or_default();
-    let weight = svc.scorer().weight;
+    let weight = svc.decider().scorer().weight;
     let node_score: BTreeMap<String, f64> = names
         .into_iter()
         .enumerate()
@@ -209,7 +211,7 @@ pub async fn allocate(svc: &Service, req: &EventHandlerRequest) -> EventHandlerR
             error_message: "allocateFunc request has no task.NodeName".into(),
         };
     };
-    svc.allocate_func_called();
+    svc.decider().allocate_func_called();
     let (ns, name) = ns_name(claimed);
     let error_message = match svc
         .checked_pod(&ns, &name, claimed.metadata.uid.as_deref())
@@ -265,12 +267,12 @@ pub async fn deallocate(svc: &Service, req: &EventHandlerRequest) -> EventHandle
             };
         }
     };
-    if svc.release(&pod_key(claimed)).is_none() {
+    if svc.decider().release(&pod_key(claimed)).is_none() {
         return EventHandlerResponse::default();
     }
     let mut error_message = String::new();
     if exists
-        && let Some(ops) = svc.kube()
+        && let Some(ops) = svc.effects()
         && let Err(e) = ops.annotate(&ns, &name, None).await
     {
         error_message = format!("removing the annotation of pod {ns}/{name}: {e}");
@@ -416,8 +418,8 @@ mod tests {
     /// holds no reservation for it.
     #[tokio::test]
     async fn a_pod_allocated_outside_its_plan_holds_its_unit_where_it_went() {
-        use crate::service::testing::{pod, service};
-        let svc = service();
+        use crate::decider::testing::{decider, pod};
+        let svc = Service::over(decider());
         let ask = |p: &Pod, node: &str| {
             let r: PredicateRequest = serde_json::from_value(serde_json::json!({
                 "task": {"Pod": p}, "node": {"Name": node}
@@ -436,7 +438,10 @@ mod tests {
         }))
         .unwrap();
         assert_eq!(allocate(&svc, &req).await, EventHandlerResponse::default());
-        assert_eq!(svc.ledger().commit_of("ml/job-0").unwrap().node, "a0");
+        assert_eq!(
+            svc.decider().ledger().commit_of("ml/job-0").unwrap().node,
+            "a0"
+        );
         // The second pod follows it to rack-a.
         assert_eq!(ask(&second, "a0"), PredicateResponse::default());
         assert_eq!(ask(&second, "a1"), PredicateResponse::default());

@@ -29,6 +29,8 @@ use kube::api::{Api, ObjectMeta, PostParams};
 use kube::{Client, ResourceExt};
 use tokio::sync::watch;
 
+use crate::decider::Fence;
+
 /// The Lease and its timing (client-go's flag names, kube-scheduler's defaults).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LeaseConfig {
@@ -84,6 +86,17 @@ pub struct Leadership {
     /// The identity of the Lease's holder, as last read.
     holder: Mutex<String>,
     changed: watch::Sender<bool>,
+}
+
+/// The decider commits only while this replica leads.
+impl Fence for Leadership {
+    fn leads(&self) -> bool {
+        Leadership::leads(self)
+    }
+
+    fn holder(&self) -> String {
+        Leadership::holder(self)
+    }
 }
 
 impl Leadership {

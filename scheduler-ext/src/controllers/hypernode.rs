@@ -14,7 +14,7 @@ use kube::api::{Patch, PatchParams};
 use serde_json::json;
 
 use crate::core::view::ClusterView;
-use crate::kube_ops::FIELD_MANAGER;
+use crate::effects::FIELD_MANAGER;
 
 /// The label marking HyperNodes this service owns.
 pub const MANAGED_BY: (&str, &str) = ("app.kubernetes.io/managed-by", FIELD_MANAGER);
@@ -78,6 +78,29 @@ pub fn object(name: &str, super_node_nodes: &[String]) -> DynamicObject {
         }
     });
     o
+}
+
+/// Publishes `want` (from [`desired`]) unless it is what `last` says was published; `last`
+/// then holds what is out there (`None` after a failure, so the next call tries again). Run by
+/// the live view's leader after each rebuild.
+pub async fn publish(
+    client: &kube::Client,
+    want: BTreeMap<String, Vec<String>>,
+    last: &mut Option<BTreeMap<String, Vec<String>>>,
+) {
+    if last.as_ref() == Some(&want) {
+        return;
+    }
+    match sync(client, &want).await {
+        Ok(()) => {
+            tracing::info!(count = want.len(), "HyperNodes published");
+            *last = Some(want);
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "publishing HyperNodes failed; retrying on the next change");
+            *last = None;
+        }
+    }
 }
 
 /// Brings the cluster's HyperNodes in line with `want` (from [`desired`]).

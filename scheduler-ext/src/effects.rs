@@ -1,11 +1,18 @@
-//! The API server writes of the service: the `fumarole.dev/devices` annotation (with the node
-//! it is for), alone or carried by the pod's `Binding`. Beside an Ascend choice goes Huawei's
-//! `huawei.com/<Chip>` annotation naming the same NPUs ([`ascend::from_choice`]), so Huawei's
-//! device plugin, if it served the node instead of fumarole's, would hand out the same ones,
-//! and the annotations the training job reads (`hccl/rankIndex`, `super-pod-rank`,
-//! `super-pod-id`: [`crate::service::Service::job_annotations`]), in the same write. A pod not
-//! bound yet is read from the [`PodStore`] (which keeps those whole), any other from the API
-//! server.
+//! Every API write of the decisions, in one place: the `fumarole.dev/devices` annotation (with
+//! the node it is for), alone ([`Effects::annotate`]) or carried by the pod's `Binding`
+//! ([`Effects::bind`]); the withdrawal of a promise never bound ([`Effects::withdraw`]); and
+//! the leader's label on its own Pod when a term begins or ends ([`Effects::label_leader`]).
+//! Beside an Ascend choice goes Huawei's `huawei.com/<Chip>` annotation naming the same NPUs
+//! ([`ascend::from_choice`]), so Huawei's device plugin, if it served the node instead of
+//! fumarole's, would hand out the same ones, and the annotations the training job reads
+//! (`hccl/rankIndex`, `super-pod-rank`, `super-pod-id`: computed by
+//! [`crate::decider::job_annotations`]), in the same write. A pod not bound yet is read from
+//! the [`PodStore`] (which keeps those whole), any other from the API server
+//! ([`Effects::pod`], [`Effects::checked_pod`]).
+//!
+//! Nothing here decides: the decider ([`crate::decider`]) commits first, and a write the API
+//! server refused ([`refused_by_server`]) is released by the caller
+//! ([`crate::service::Service::assign`]).
 
 use std::collections::BTreeMap;
 
@@ -15,7 +22,7 @@ use fumarole_topology::annotation::{
 use k8s_openapi::api::core::v1::{Binding, ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Client;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 
 use crate::pod_store::PodStore;
 
@@ -30,22 +37,57 @@ pub fn refused_by_server(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if (400..500).contains(&s.code))
 }
 
-/// The client and the pod store.
+/// The label the leading replica puts on its own Pod (`"true"`); the chart's Service selects
+/// it, so the schedulers reach the leader only.
+pub const LEADER_LABEL: &str = "fumarole.dev/scheduler-ext-leader";
+
+/// Why a verb refuses the pod a request names.
+#[derive(Debug, thiserror::Error)]
+pub enum PodCheckError {
+    #[error("pod {pod} does not exist")]
+    Unknown { pod: String },
+    #[error("reading pod {pod}: {source}")]
+    Read {
+        pod: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("pod {pod} has uid {actual}, not {claimed} (deleted and created again?)")]
+    Uid {
+        pod: String,
+        actual: String,
+        claimed: String,
+    },
+    #[error("pod {pod} is scheduled by {scheduler:?}, which this service does not serve")]
+    NotOurs { pod: String, scheduler: String },
+}
+
+/// What [`Effects::withdraw`] did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Withdrawal {
+    /// The promise was taken off the pod.
+    Withdrawn,
+    /// Nothing to take off: the pod is gone, bound, promised elsewhere, or could not be read
+    /// (logged).
+    Moot,
+}
+
+/// The write client and the pod store.
 #[derive(Clone)]
-pub struct KubeOps {
+pub struct Effects {
     client: Client,
     pods: PodStore,
 }
 
-impl std::fmt::Debug for KubeOps {
+impl std::fmt::Debug for Effects {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("KubeOps").finish_non_exhaustive()
+        f.debug_struct("Effects").finish_non_exhaustive()
     }
 }
 
-impl KubeOps {
+impl Effects {
     pub fn new(client: Client, pods: PodStore) -> Self {
-        KubeOps { client, pods }
+        Effects { client, pods }
     }
 
     /// The pods the live view reads (for readers off the scheduling path, as `/ui`).
@@ -80,6 +122,80 @@ impl KubeOps {
             return Ok((*p).clone());
         }
         self.api(ns).get(name).await
+    }
+
+    /// The pod a request names, as the API server has it: a verb that writes acts on this, never
+    /// on the request body's copy. Refused when it does not exist, its uid is not the one
+    /// claimed (when one is), or `serves` says its scheduler is not one this service serves.
+    pub async fn checked_pod(
+        &self,
+        namespace: &str,
+        name: &str,
+        claimed_uid: Option<&str>,
+        serves: impl Fn(&Pod) -> bool,
+    ) -> Result<Pod, PodCheckError> {
+        let key = format!("{namespace}/{name}");
+        let pod = match self.pod(namespace, name).await {
+            Ok(p) => p,
+            Err(kube::Error::Api(s)) if s.code == 404 => {
+                return Err(PodCheckError::Unknown { pod: key });
+            }
+            Err(source) => return Err(PodCheckError::Read { pod: key, source }),
+        };
+        let actual = pod.metadata.uid.clone().unwrap_or_default();
+        if let Some(claimed) = claimed_uid.filter(|u| !u.is_empty())
+            && claimed != actual
+        {
+            return Err(PodCheckError::Uid {
+                pod: key,
+                actual,
+                claimed: claimed.to_string(),
+            });
+        }
+        if !serves(&pod) {
+            let scheduler = pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.scheduler_name.clone())
+                .unwrap_or_default();
+            return Err(PodCheckError::NotOurs {
+                pod: key,
+                scheduler,
+            });
+        }
+        Ok(pod)
+    }
+
+    /// Removes the promise on `pod` (`namespace/name`) for `node`, unless the pod moved on
+    /// (bound, or promised elsewhere) or is gone meanwhile. `Err` when the removal itself
+    /// failed (the caller takes the commit back, to try again when it times out).
+    pub async fn withdraw(&self, pod: &str, node: &str) -> Result<Withdrawal, kube::Error> {
+        let (ns, name) = pod.split_once('/').unwrap_or(("default", pod));
+        match self.pod(ns, name).await {
+            Ok(p) => {
+                let bound = p
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.node_name.as_deref())
+                    .is_some();
+                let still = p
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(DEVICES_NODE_ANNOTATION))
+                    .is_some_and(|n| n == node);
+                if bound || !still {
+                    return Ok(Withdrawal::Moot);
+                }
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(Withdrawal::Moot),
+            Err(e) => {
+                tracing::warn!(pod, error = %e, "reading a pod whose promise timed out");
+                return Ok(Withdrawal::Moot);
+            }
+        }
+        self.annotate(ns, name, None).await?;
+        Ok(Withdrawal::Withdrawn)
     }
 
     /// Sets the pod's `fumarole.dev/devices` annotation to the devices `choice` gives it on
@@ -197,6 +313,38 @@ impl KubeOps {
             )
             .await
             .map(drop)
+    }
+}
+
+/// Puts [`LEADER_LABEL`] on this replica's Pod (and takes it off the other pods of its
+/// namespace that still carry it: a dead or cut-off leader cannot), or takes it off. Failures
+/// are logged: the label only routes the schedulers, the next term change writes it again.
+pub async fn label_leader(client: &Client, (ns, name): &(String, String), leading: bool) {
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let set =
+        |value: Option<&str>| serde_json::json!({"metadata": {"labels": {LEADER_LABEL: value}}});
+    let params = PatchParams::default();
+    if leading {
+        let others = ListParams::default().labels(&format!("{LEADER_LABEL}=true"));
+        match api.list_metadata(&others).await {
+            Ok(list) => {
+                for p in list.items.iter().filter_map(|p| p.metadata.name.as_deref()) {
+                    if p != name
+                        && let Err(e) = api.patch(p, &params, &Patch::Merge(set(None))).await
+                    {
+                        tracing::warn!(pod = %format!("{ns}/{p}"), error = %e, "taking the leader label off a former leader failed");
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "listing pods labelled leader failed"),
+        }
+    }
+    let value = leading.then_some("true");
+    match api.patch(name, &params, &Patch::Merge(set(value))).await {
+        Ok(_) => tracing::info!(pod = %format!("{ns}/{name}"), leading, "leader label set"),
+        Err(e) => {
+            tracing::warn!(pod = %format!("{ns}/{name}"), error = %e, "setting the leader label failed")
+        }
     }
 }
 
