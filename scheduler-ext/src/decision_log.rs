@@ -11,10 +11,8 @@ use k8s_openapi::api::core::v1::Pod;
 
 use crate::core::explain::Row;
 use crate::core::request::pod_key;
-use crate::core::score::Scoring;
 use crate::core::verdict::{NodeVerdict, best_first};
 use crate::core::view::ClusterView;
-use crate::protocol::scale;
 
 /// How many scorings `/ui` shows.
 pub const DECISIONS_KEPT: usize = 10;
@@ -62,9 +60,9 @@ impl DecisionLog {
         self.generation.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// The recorded scorings, newest first, as `explain` rows (device ids from `view`).
-    pub fn decisions(&self, view: &ClusterView, scoring: &Scoring) -> Vec<Decision> {
-        let weight = scoring.weight;
+    /// The recorded scorings, newest first, as `explain` rows (device ids from `view`, scores
+    /// on `scale`).
+    pub fn decisions(&self, view: &ClusterView, scale: impl Fn(f64) -> f64) -> Vec<Decision> {
         let kept = self.kept();
         kept.iter()
             .rev()
@@ -76,7 +74,7 @@ impl DecisionLog {
                     at: r.at,
                     rows: verdicts
                         .into_iter()
-                        .map(|v| Row::new(v, |raw| scale::volcano(raw, weight), view))
+                        .map(|v| Row::new(v, &scale, view))
                         .collect(),
                 }
             })

@@ -18,8 +18,8 @@
 //!    and release on a refused write.
 //! 5. [`protocol`]: one module per scheduler protocol, its verbs functions over `&Service`
 //!    (decisions from its decider, writes through the service); [`protocol::scale`] turns the
-//!    core's 0..1 scores into each scheduler's numbers (a leaf that imports nothing: the
-//!    decider's `explain` rows show Volcano's number too).
+//!    core's 0..1 scores into each scheduler's numbers, and into the one `explain`, `/ui` and
+//!    the kubectl plugin show (the decider and the decision log take it from their callers).
 //! 6. [`http`]: the router (protocols, `/ui`, `/healthz`), `/metrics`, TLS.
 //!
 //! Beside them: [`live`] keeps the decider's view current from API server reflectors,

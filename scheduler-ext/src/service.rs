@@ -152,10 +152,10 @@ impl Service {
     }
 
     /// The recorded scorings, newest first, as `explain` rows (device ids from the current
-    /// view).
-    pub fn decisions(&self) -> Vec<Decision> {
+    /// view, scores on `scale`).
+    pub fn decisions(&self, scale: impl Fn(f64) -> f64) -> Vec<Decision> {
         let view = self.decider.view();
-        self.decisions.decisions(&view, self.decider.scorer())
+        self.decisions.decisions(&view, scale)
     }
 
     /// Moves whenever the view is replaced or a scoring is recorded: what `/ui` shows changed.

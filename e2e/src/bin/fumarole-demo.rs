@@ -27,6 +27,7 @@ use kube::{Client, ResourceExt};
 use scheduler_ext::core::explain;
 use scheduler_ext::decider::{Decider, Settings};
 use scheduler_ext::live;
+use scheduler_ext::protocol::scale;
 use scheduler_ext::text_table;
 use serde_json::json;
 
@@ -258,7 +259,8 @@ fn best_effort_pod(name: &str) -> Pod {
 /// `kubectl fumarole explain` reads).
 async fn why(client: &Client, pod: &Pod) -> Result<String> {
     let view = live::read_once(client).await?;
-    let (req, rows) = Decider::new(view, Settings::default()).explain(pod)?;
+    let decider = Decider::new(view, Settings::default());
+    let (req, rows) = decider.explain(pod, scale::shown(decider.scorer()))?;
     Ok(explain::table(&req, &rows))
 }
 

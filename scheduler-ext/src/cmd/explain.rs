@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::Pod;
 use scheduler_ext::cli::{self, ScoringArgs, SuperPodArgs};
 use scheduler_ext::core::explain;
 use scheduler_ext::decider::Decider;
+use scheduler_ext::protocol::scale;
 use scheduler_ext::snapshot;
 
 #[derive(clap::Args)]
@@ -45,7 +46,8 @@ pub fn run(args: ExplainArgs) -> Result<()> {
             "--whole-job-super-pod is applied to live views only (serve, kubectl fumarole explain)"
         );
     }
-    let (req, rows) = Decider::new(view, settings).explain(&pod)?;
+    let decider = Decider::new(view, settings);
+    let (req, rows) = decider.explain(&pod, scale::shown(decider.scorer()))?;
     match args.format {
         Format::Json => print!("{}", explain::json(&rows)),
         Format::Table => print!("{}", explain::table(&req, &rows)),

@@ -48,7 +48,6 @@ use crate::core::request::{DeviceRequest, PodRequest, RequestError, pod_request_
 use crate::core::score::Scoring;
 use crate::core::verdict::{NodeVerdict, Unfit, best_first};
 use crate::core::view::ClusterView;
-use crate::protocol::scale;
 
 /// Whether a commit still chooses the node, or only the devices on a node already bound.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -451,20 +450,24 @@ impl Decider {
     }
 
     /// The verdicts for `pod` on every node of the view, best first, through the same steps as
-    /// `filter` (group plans included, made in the decider's own ledger).
-    pub fn explain(&self, pod: &Pod) -> Result<(DeviceRequest, Vec<Row>), RequestError> {
+    /// `filter` (group plans included, made in the decider's own ledger), with scores on the
+    /// caller's `scale` (`protocol::scale::shown`).
+    pub fn explain(
+        &self,
+        pod: &Pod,
+        scale: impl Fn(f64) -> f64,
+    ) -> Result<(DeviceRequest, Vec<Row>), RequestError> {
         let view = self.view();
         let names: Vec<String> = view.nodes().map(|n| n.name.clone()).collect();
         let req = pod_request_in(pod, &view.resources(), view.jobs(), view.claims())?;
         // A diagnostic lets no plan lapse: the scheduler may not have told where it put pods.
         let mut verdicts = self.evaluate_request(&view, &req, &names, false, true, false);
         best_first(&mut verdicts);
-        let weight = self.scorer().weight;
         Ok((
             req.devices,
             verdicts
                 .into_iter()
-                .map(|v| Row::new(v, |raw| scale::volcano(raw, weight), &view))
+                .map(|v| Row::new(v, &scale, &view))
                 .collect(),
         ))
     }

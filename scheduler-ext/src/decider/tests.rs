@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 use super::testing::{decider, pod};
 use super::*;
+use crate::protocol::scale;
 use fumarole_topology::crd::device_topology::SuperNodeInfo;
 
 /// A unit's reservation keeps a newcomer off the reserved super-node when the service

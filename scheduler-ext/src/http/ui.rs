@@ -34,6 +34,7 @@ use crate::core::explain::Row;
 use crate::core::request::{self, pod_key};
 use crate::core::view::NodeView;
 use crate::decision_log::Decision;
+use crate::protocol::scale;
 use crate::service::Service;
 
 pub const REFRESH_SECONDS: u32 = 10;
@@ -150,7 +151,7 @@ th{background:#f3f5f7}td:first-child{white-space:nowrap}.dev{display:inline-bloc
 /// The page at `now`.
 pub fn render(svc: &Service, now: SystemTime) -> String {
     let view = svc.decider().view();
-    let decisions = svc.decisions();
+    let decisions = svc.decisions(scale::shown(svc.decider().scorer()));
     let rows: BTreeMap<String, NodeRow> = svc.decider().with_cluster(|c| {
         view.nodes()
             .filter(|nv| nv.has_topology)
@@ -385,7 +386,10 @@ fn waiting_reason(
                 );
             }
             *evaluated += 1;
-            match svc.decider().explain(pod) {
+            match svc
+                .decider()
+                .explain(pod, scale::shown(svc.decider().scorer()))
+            {
                 Ok((_, rows)) => rows,
                 Err(e) => return e.to_string(),
             }

@@ -17,6 +17,7 @@ use crate::core::request::{DeviceRequest, RequestError};
 use crate::core::view::ClusterView;
 use crate::decider::{Decider, Settings};
 use crate::live;
+use crate::protocol::scale;
 use crate::text_table as table;
 
 /// Everything `explain` says about one pod.
@@ -82,7 +83,7 @@ pub fn explain(
     settings: Settings,
 ) -> Result<Explanation, RequestError> {
     let decider = Decider::new(view, settings);
-    let (req, rows) = decider.explain(pod)?;
+    let (req, rows) = decider.explain(pod, scale::shown(decider.scorer()))?;
     let view = decider.view();
     let nodes = rows
         .into_iter()
