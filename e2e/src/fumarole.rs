@@ -1,5 +1,5 @@
-//! Running fumarole's own parts against the cluster: the agent binary, our CRDs and the
-//! objects the agent publishes.
+//! Running fumarole's own parts against the cluster: our binaries (the agent is started with
+//! [`crate::agent::AgentBuilder`]), our CRDs and the objects the agent publishes.
 
 use std::path::{Path, PathBuf};
 
@@ -11,6 +11,7 @@ use scheduler_ext::protocol::kube_scheduler::KUBE_PREFIX;
 use scheduler_ext::protocol::volcano::VOLCANO_PREFIX;
 
 use crate::TestCluster;
+use crate::agent::AgentBuilder;
 use crate::cluster::volcano_conf;
 
 /// The `fumarole-agent` binary in the running test's `target/<profile>/` ([`profile_dir`]);
@@ -43,18 +44,6 @@ pub fn replica_set_owner(
 /// like [`agent_bin`].
 pub fn kubectl_plugin_bin() -> Result<PathBuf> {
     our_bin("kubectl-fumarole", "fumarole-scheduler-ext")
-}
-
-/// The agent flags that point its kubelet inputs (configuration, CPU manager checkpoint,
-/// PodResources socket) at files that do not exist under `dir`: an agent on a fixture must not
-/// read the host's kubelet.
-pub fn without_host_kubelet(dir: &Path) -> Vec<String> {
-    let absent = |f: &str| dir.join(f).display().to_string();
-    vec![
-        format!("--kubelet-config={}", absent("absent.yaml")),
-        format!("--cpu-manager-state={}", absent("absent_state")),
-        format!("--pod-resources-socket={}", absent("absent.sock")),
-    ]
 }
 
 /// `target/<profile>/`: where a test binary (in its `deps/`) or one of this crate's own binaries
@@ -274,42 +263,20 @@ impl TestCluster {
             Some(k) => (k.registry.clone(), k.plugins.clone(), k.cdi.clone()),
             None => (own("plugins_registry"), own("plugins"), own("cdi")),
         };
-        let path = |p: &Path| p.display().to_string();
-        let args: Vec<String> = vec![
-            "run".into(),
-            "--root".into(),
-            path(&root),
-            "--node-name".into(),
-            node.into(),
-            "--device-plugin-config".into(),
-            path(&config),
-            "--device-plugin-dir".into(),
-            path(&own("device-plugins")),
-            "--dra-plugins-dir".into(),
-            path(&plugins),
-            "--dra-registry-dir".into(),
-            path(&registry),
-            "--cdi-dir".into(),
-            path(&cdi),
-            "--kubelet-config".into(),
-            path(&own("absent.yaml")),
-            "--cpu-manager-state".into(),
-            path(&own("absent_state")),
-            "--pod-resources-socket".into(),
-            path(&own("absent.sock")),
-            "--recheck-interval".into(),
-            "1s".into(),
-            "--health-poll-interval".into(),
-            "300ms".into(),
-            "--metrics-addr".into(),
-            format!("127.0.0.1:{}", crate::cluster::free_port()?),
-        ];
-        self.start_program(
-            &format!("{process}-{node}"),
-            &agent_bin()?,
-            &args,
-            &[("FUMAROLE_LOG", "info")],
-        )?;
+        AgentBuilder::root(&root)
+            .process(&format!("{process}-{node}"))
+            .node(node)
+            .path_flag("--device-plugin-config", &config)
+            .device_plugin_dir(&own("device-plugins"))
+            .path_flag("--dra-plugins-dir", &plugins)
+            .path_flag("--dra-registry-dir", &registry)
+            .path_flag("--cdi-dir", &cdi)
+            .without_host_kubelet(dir.path())
+            .flag("--recheck-interval", "1s")
+            .flag("--health-poll-interval", "300ms")
+            .metrics_on_port(crate::cluster::free_port()?)
+            .env("FUMAROLE_LOG", "info")
+            .start_in(self)?;
         Ok(DraAgent {
             node: node.into(),
             root,
