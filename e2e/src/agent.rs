@@ -15,7 +15,7 @@ use std::process::Command;
 
 use anyhow::Result;
 
-use crate::TestCluster;
+use crate::cluster::TestCluster;
 use crate::fumarole::agent_bin;
 use crate::process::Proc;
 

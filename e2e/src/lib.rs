@@ -18,6 +18,7 @@ pub mod chain;
 pub mod cluster;
 pub mod colocation;
 pub mod deploy;
+pub mod dra;
 pub mod fault_proxy;
 pub mod fleet;
 pub mod fumarole;
