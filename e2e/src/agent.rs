@@ -8,7 +8,7 @@
 //! `--node-name`, then every other flag in the order it was set; setting a flag again replaces
 //! its value in place, so a preset (like [`crate::colocation::agent`]) can be adjusted.
 //! Presets for whole kinds of agents live beside what they need: [`crate::colocation::agent`],
-//! [`crate::fleet::start`] and [`TestCluster::start_dra_agent`].
+//! [`crate::fleet::start`] and [`TestCluster::start_dra_agent`] (in [`crate::dra`]).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -38,7 +38,7 @@ enum Source {
 pub struct AgentBuilder {
     process: String,
     standalone: bool,
-    source: Option<Source>,
+    source: Source,
     node: Option<String>,
     /// Every other argument, in order: `--flag value` pairs set with [`AgentBuilder::flag`]
     /// and lone arguments added with [`AgentBuilder::arg`].
@@ -60,7 +60,7 @@ fn path(p: &Path) -> String {
 }
 
 impl AgentBuilder {
-    fn with_source(source: Option<Source>) -> Self {
+    fn with_source(source: Source) -> Self {
         AgentBuilder {
             process: DEFAULT_PROCESS.into(),
             standalone: false,
@@ -76,17 +76,17 @@ impl AgentBuilder {
 
     /// An agent on the bundled fixture `name` (`--fixture name`).
     pub fn fixture(name: &str) -> Self {
-        Self::with_source(Some(Source::Fixture(name.into())))
+        Self::with_source(Source::Fixture(name.into()))
     }
 
     /// An agent on the filesystem root `root` (`--root root`).
     pub fn root(root: &Path) -> Self {
-        Self::with_source(Some(Source::Root(root.to_path_buf())))
+        Self::with_source(Source::Root(root.to_path_buf()))
     }
 
     /// Discovers `root` instead of what it discovered so far (a preset's fixture).
     pub fn on_root(mut self, root: &Path) -> Self {
-        self.source = Some(Source::Root(root.to_path_buf()));
+        self.source = Source::Root(root.to_path_buf());
         self
     }
 
@@ -214,11 +214,6 @@ impl AgentBuilder {
         self
     }
 
-    /// Its process name.
-    pub fn process_name(&self) -> &str {
-        &self.process
-    }
-
     /// The arguments after the program name (`run ...`).
     pub fn argv(&self) -> Vec<String> {
         let mut out = vec!["run".to_string()];
@@ -226,9 +221,8 @@ impl AgentBuilder {
             out.push("--standalone".into());
         }
         match &self.source {
-            Some(Source::Fixture(name)) => out.extend(["--fixture".into(), name.clone()]),
-            Some(Source::Root(root)) => out.extend(["--root".into(), path(root)]),
-            None => {}
+            Source::Fixture(name) => out.extend(["--fixture".into(), name.clone()]),
+            Source::Root(root) => out.extend(["--root".into(), path(root)]),
         }
         if let Some(node) = &self.node {
             out.extend(["--node-name".into(), node.clone()]);
