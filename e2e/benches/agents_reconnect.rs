@@ -26,8 +26,8 @@ use std::time::{Duration, Instant};
 
 use fumarole_e2e::cluster::free_port;
 use fumarole_e2e::fault_proxy::{Fault, FaultProxy, Record, peak_per_second};
-use fumarole_e2e::fumarole::{agent_bin, numatopologies};
-use fumarole_e2e::{NodeSpec, TestCluster};
+use fumarole_e2e::fumarole::numatopologies;
+use fumarole_e2e::{AgentBuilder, NodeSpec, TestCluster};
 use kube::api::ListParams;
 
 const CPUS: u32 = 64;
@@ -99,34 +99,17 @@ fn main() {
             allocate(dir.path(), 2);
             let kubeconfig: PathBuf = dir.path().join("kubeconfig");
             std::fs::write(&kubeconfig, proxy.kubeconfig(&node(i), &["system:masters"])).unwrap();
-            let path = |f: &str| dir.path().join(f).display().to_string();
-            let args: Vec<String> = vec![
-                "run".into(),
-                "--fixture".into(),
-                "cpu-only".into(),
-                "--node-name".into(),
-                node(i),
-                "--kubelet-config".into(),
-                path("config.yaml"),
-                "--cpu-manager-state".into(),
-                path("cpu_manager_state"),
-                "--pod-resources-socket".into(),
-                path("absent.sock"),
-                "--recheck-interval".into(),
-                "30s".into(),
-                "--metrics-addr".into(),
-                format!("127.0.0.1:{}", free_port().unwrap()),
-            ];
-            cluster
-                .start_program(
-                    &format!("agent-{}", node(i)),
-                    &agent_bin().unwrap(),
-                    &args,
-                    &[
-                        ("KUBECONFIG", kubeconfig.to_str().unwrap()),
-                        ("FUMAROLE_LOG", "warn"),
-                    ],
-                )
+            AgentBuilder::fixture("cpu-only")
+                .process(&format!("agent-{}", node(i)))
+                .node(&node(i))
+                .kubelet_config(&dir.path().join("config.yaml"))
+                .cpu_manager_state(&dir.path().join("cpu_manager_state"))
+                .pod_resources_socket(&dir.path().join("absent.sock"))
+                .flag("--recheck-interval", "30s")
+                .metrics_on_port(free_port().unwrap())
+                .kubeconfig(&kubeconfig)
+                .env("FUMAROLE_LOG", "warn")
+                .start_in(&cluster)
                 .unwrap();
         }
         let before = "0-1,3-63";

@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use fumarole_e2e::cluster::free_port;
 use fumarole_e2e::fumarole::agent_bin;
-use fumarole_e2e::process::{Footprint, Proc};
-use fumarole_e2e::{KubeletDm, NodeSpec, TestCluster};
+use fumarole_e2e::process::Footprint;
+use fumarole_e2e::{AgentBuilder, KubeletDm, NodeSpec, TestCluster};
 
 const WARM_UP: Duration = Duration::from_secs(30);
 const EVERY: Duration = Duration::from_secs(5);
@@ -45,41 +45,18 @@ fn main() {
         std::fs::create_dir_all(&plugins).unwrap();
         let logs = cluster.root().join("logs");
         let _kdm = KubeletDm::start(&plugins, &logs).await.unwrap();
-        let path = |f: &str| dir.path().join(f).display().to_string();
-        let args: Vec<String> = [
-            "run",
-            "--fixture",
-            "dgx-h100",
-            "--node-name",
-            "dgx-1",
-            "--recheck-interval",
-            "10s",
-            "--device-plugin-dir",
-            plugins.to_str().unwrap(),
-            "--kubelet-config",
-            &path("config.yaml"),
-            "--cpu-manager-state",
-            &path("cpu_manager_state"),
-            "--pod-resources-socket",
-            &path("kubelet.sock"),
-            "--metrics-addr",
-            &format!("127.0.0.1:{}", free_port().unwrap()),
-            "--colocation",
-            "--colocation-config-namespace",
-            "default",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        let kubeconfig = cluster.admin_kubeconfig().display().to_string();
-        let agent = Proc::spawn_with_env(
-            "fumarole-agent",
-            &agent_bin().unwrap(),
-            &args,
-            &[("KUBECONFIG", kubeconfig.as_str())],
-            &logs,
-        )
-        .unwrap();
+        let agent = AgentBuilder::fixture("dgx-h100")
+            .node("dgx-1")
+            .flag("--recheck-interval", "10s")
+            .device_plugin_dir(&plugins)
+            .kubelet_config(&dir.path().join("config.yaml"))
+            .cpu_manager_state(&dir.path().join("cpu_manager_state"))
+            .pod_resources_socket(&dir.path().join("kubelet.sock"))
+            .metrics_on_port(free_port().unwrap())
+            .arg("--colocation")
+            .flag("--colocation-config-namespace", "default")
+            .spawn_in(&cluster)
+            .unwrap();
         eprintln!(
             "footprint: {} warming up {WARM_UP:?}, then sampling {window:?}",
             agent_bin().unwrap().display()

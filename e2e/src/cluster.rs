@@ -657,6 +657,13 @@ impl TestCluster {
         let mut all_env = vec![("KUBECONFIG", kubeconfig.as_str())];
         all_env.extend_from_slice(env);
         let p = Proc::spawn_with_env(name, program, args, &all_env, &self.root.join("logs"))?;
+        self.adopt(p)
+    }
+
+    /// Makes a started process part of the cluster, as [`TestCluster::start_program`] does:
+    /// stopped on drop or by [`TestCluster::stop`], watched by
+    /// [`TestCluster::check_processes`].
+    pub fn adopt(&self, p: Proc) -> Result<()> {
         self.procs
             .lock()
             .map_err(|_| anyhow!("process list poisoned"))?

@@ -1,7 +1,7 @@
 //! Shared by the co-location tests: a fake kubelet cgroup layout on the real kernel's cgroup
 //! v1 hierarchies (the kubelet's `cgroupRoot` is a test-owned cgroup, so nothing of the
 //! machine's is touched), pods given the status a kubelet would report, CPU burners placed in
-//! a pod's cgroups, and `fumarole-agent run --colocation` against the test cluster.
+//! a pod's cgroups, and `fumarole-agent run --colocation` against the test cluster ([`agent`]).
 
 use std::path::{Path, PathBuf};
 
@@ -11,8 +11,8 @@ use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 
 use crate::TestCluster;
+use crate::agent::AgentBuilder;
 use crate::cluster::free_port;
-use crate::fumarole::agent_bin;
 use crate::process::Proc;
 
 /// Where the v1 hierarchies are mounted.
@@ -182,125 +182,25 @@ pub async fn running_pod(
     }
 }
 
-/// `fumarole-agent run --colocation` for a node on the dgx-h100 fixture, with a kubelet
-/// configuration and a scratch directory for the kubelet files it should not find.
-pub struct AgentRun<'a> {
-    name: &'a str,
-    node: &'a str,
-    kubelet_config: &'a Path,
-    scratch: &'a Path,
-    kubeconfig: Option<&'a Path>,
-    root: Option<&'a Path>,
-    config_namespace: &'a str,
-    extra: &'a [&'a str],
-    without_capabilities: bool,
-}
-
-impl<'a> AgentRun<'a> {
-    /// Its log will be `<cluster>/logs/<name>.log`; by default it uses the admin kubeconfig and
-    /// looks for the ConfigMap in `default`.
-    pub fn new(name: &'a str, node: &'a str, kubelet_config: &'a Path, scratch: &'a Path) -> Self {
-        AgentRun {
-            name,
-            node,
-            kubelet_config,
-            scratch,
-            kubeconfig: None,
-            root: None,
-            config_namespace: "default",
-            extra: &[],
-            without_capabilities: false,
-        }
-    }
-
-    /// Acts as whoever `kubeconfig` says (e.g. a ServiceAccount, impersonated).
-    pub fn kubeconfig(mut self, kubeconfig: &'a Path) -> Self {
-        self.kubeconfig = Some(kubeconfig);
-        self
-    }
-
-    /// Discovers the node under `root` (a fixture written out, so the test can take device
-    /// nodes away) instead of the bundled dgx-h100 fixture.
-    pub fn root(mut self, root: &'a Path) -> Self {
-        self.root = Some(root);
-        self
-    }
-
-    /// Where the `volcano-agent-configuration` ConfigMap is.
-    pub fn config_namespace(mut self, namespace: &'a str) -> Self {
-        self.config_namespace = namespace;
-        self
-    }
-
-    pub fn args(mut self, extra: &'a [&'a str]) -> Self {
-        self.extra = extra;
-        self
-    }
-
-    /// Runs it as the chart runs it: root, but with no capability at all (an empty bounding
-    /// set, `no_new_privs`), through util-linux's `setpriv`.
-    pub fn without_capabilities(mut self) -> Self {
-        self.without_capabilities = true;
-        self
-    }
-
-    /// Starts it; returns it and its `/metrics` port.
-    pub fn start(&self, cluster: &TestCluster) -> Result<(Proc, u16)> {
-        let path = |p: &Path| p.display().to_string();
-        let metrics_port = free_port()?;
-        let mut args: Vec<String> = vec![
-            "run".into(),
-            self.root.map_or("--fixture".into(), |_| "--root".into()),
-            self.root.map_or("dgx-h100".into(), path),
-            "--node-name".into(),
-            self.node.into(),
-            "--kubelet-config".into(),
-            path(self.kubelet_config),
-            "--cpu-manager-state".into(),
-            path(&self.scratch.join("absent_state")),
-            "--pod-resources-socket".into(),
-            path(&self.scratch.join("absent.sock")),
-            "--metrics-addr".into(),
-            format!("127.0.0.1:{metrics_port}"),
-            "--colocation".into(),
-            "--colocation-config-namespace".into(),
-            self.config_namespace.into(),
-        ];
-        args.extend(self.extra.iter().map(|s| s.to_string()));
-        let kubeconfig = path(self.kubeconfig.unwrap_or(cluster.admin_kubeconfig()));
-        let (program, args) = if self.without_capabilities {
-            let mut wrapped: Vec<String> = [
-                "--reuid=0",
-                "--regid=0",
-                "--clear-groups",
-                "--inh-caps=-all",
-                "--bounding-set=-all",
-                "--no-new-privs",
-                "--",
-            ]
-            .map(String::from)
-            .into();
-            wrapped.push(path(&agent_bin()?));
-            wrapped.extend(args);
-            (PathBuf::from("setpriv"), wrapped)
-        } else {
-            (agent_bin()?, args)
-        };
-        let agent = Proc::spawn_with_env(
-            self.name,
-            &program,
-            &args,
-            &[
-                ("KUBECONFIG", kubeconfig.as_str()),
-                (
-                    "FUMAROLE_LOG",
-                    "info,fumarole_agent=debug,fumarole_colocation=debug",
-                ),
-            ],
-            &cluster.root().join("logs"),
-        )?;
-        Ok((agent, metrics_port))
-    }
+/// `fumarole-agent run --colocation` for `node` on the dgx-h100 fixture (change it with
+/// [`AgentBuilder::on_root`]), with the kubelet configuration `kubelet_config`, the other
+/// kubelet files absent under `scratch`, metrics on a free port, looking for the ConfigMap in
+/// `default` (set `--colocation-config-namespace` again to change it), debug logs of the agent
+/// and co-location. Start it with [`AgentBuilder::spawn_in`]: it acts as the cluster's admin
+/// unless [`AgentBuilder::kubeconfig`] says otherwise.
+pub fn agent(node: &str, kubelet_config: &Path, scratch: &Path) -> Result<AgentBuilder> {
+    Ok(AgentBuilder::fixture("dgx-h100")
+        .node(node)
+        .kubelet_config(kubelet_config)
+        .cpu_manager_state(&scratch.join("absent_state"))
+        .pod_resources_socket(&scratch.join("absent.sock"))
+        .metrics_on_port(free_port()?)
+        .arg("--colocation")
+        .flag("--colocation-config-namespace", "default")
+        .env(
+            "FUMAROLE_LOG",
+            "info,fumarole_agent=debug,fumarole_colocation=debug",
+        ))
 }
 
 /// The log a [`Proc`] has written so far.

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 
+use crate::agent::AgentBuilder;
 use crate::cluster::{NodeSpec, TestCluster, free_port};
-use crate::fumarole::{agent_bin, without_host_kubelet};
 use crate::harness_node::HarnessNode;
 
 /// One node of the fleet.
@@ -70,24 +70,16 @@ pub async fn start(
             )
             .await?;
         let h = cluster.start_harness_node(&n.name).await?;
-        let mut args = vec![
-            "run".to_string(),
-            format!("--fixture={}", n.fixture),
-            format!("--node-name={}", n.name),
-            format!("--device-plugin-dir={}", h.plugin_dir().display()),
-            format!("--metrics-addr=127.0.0.1:{}", free_port()?),
-        ];
-        args.extend(without_host_kubelet(cluster.root()));
+        let mut agent = AgentBuilder::fixture(&n.fixture)
+            .process(&format!("fumarole-agent-{}", n.name))
+            .node(&n.name)
+            .device_plugin_dir(h.plugin_dir())
+            .metrics_on_port(free_port()?)
+            .without_host_kubelet(cluster.root());
         if let Some(s) = &n.super_node {
-            args.push(format!("--super-node={s}"));
+            agent = agent.flag("--super-node", s);
         }
-        args.extend(agent_args.iter().map(|a| a.to_string()));
-        cluster.start_program(
-            &format!("fumarole-agent-{}", n.name),
-            &agent_bin()?,
-            &args,
-            &[],
-        )?;
+        agent.args(agent_args).start_in(cluster)?;
         harness.push(h);
     }
     for (h, n) in harness.iter().zip(nodes) {

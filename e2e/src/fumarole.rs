@@ -1,5 +1,6 @@
-//! Running fumarole's own parts against the cluster: the agent binary, our CRDs and the
-//! objects the agent publishes.
+//! Running fumarole's own parts against the cluster: our binaries (the agent is started with
+//! [`crate::agent::AgentBuilder`]), our CRDs and the objects the agent publishes. Agents
+//! serving devices through DRA are in [`crate::dra`].
 
 use std::path::{Path, PathBuf};
 
@@ -43,18 +44,6 @@ pub fn replica_set_owner(
 /// like [`agent_bin`].
 pub fn kubectl_plugin_bin() -> Result<PathBuf> {
     our_bin("kubectl-fumarole", "fumarole-scheduler-ext")
-}
-
-/// The agent flags that point its kubelet inputs (configuration, CPU manager checkpoint,
-/// PodResources socket) at files that do not exist under `dir`: an agent on a fixture must not
-/// read the host's kubelet.
-pub fn without_host_kubelet(dir: &Path) -> Vec<String> {
-    let absent = |f: &str| dir.join(f).display().to_string();
-    vec![
-        format!("--kubelet-config={}", absent("absent.yaml")),
-        format!("--cpu-manager-state={}", absent("absent_state")),
-        format!("--pod-resources-socket={}", absent("absent.sock")),
-    ]
 }
 
 /// `target/<profile>/`: where a test binary (in its `deps/`) or one of this crate's own binaries
@@ -218,113 +207,6 @@ pub fn fixture_root(name: &str, dir: &Path) -> Result<PathBuf> {
         );
     }
     Ok(root)
-}
-
-/// The kubelet-side directories a DRA agent's plugin uses when it runs under a kubelet (a
-/// harness node's registry and plugins directories), and its CDI directory.
-pub struct DraKubelet {
-    pub registry: PathBuf,
-    pub plugins: PathBuf,
-    pub cdi: PathBuf,
-}
-
-/// A `fumarole-agent run` on a fresh root of a bundled fixture, serving that node's devices
-/// of one vendor through DRA (`servedBy: dra`). Its directories go when it is dropped.
-pub struct DraAgent {
-    pub node: String,
-    /// The fixture root (`dev/` holds the device nodes).
-    pub root: PathBuf,
-    /// The DRA driver of its devices.
-    pub driver: &'static str,
-    _dir: tempfile::TempDir,
-}
-
-impl DraAgent {
-    /// The name of the node's ResourceSlice.
-    pub fn slice(&self) -> String {
-        format!("{}-{}", self.node, self.driver)
-    }
-}
-
-impl TestCluster {
-    /// Starts an agent for node `node` (the Node object is the caller's) on a fresh root of
-    /// fixture `fixture`, its `vendor` devices served through DRA, re-checking every second;
-    /// its DRA plugin in `kubelet`'s directories, else in directories of its own. `process`
-    /// names it (`<process>-<node>`) for [`TestCluster::stop`] and the logs.
-    pub fn start_dra_agent(
-        &self,
-        fixture: &str,
-        vendor: &str,
-        node: &str,
-        kubelet: Option<&DraKubelet>,
-        process: &str,
-    ) -> Result<DraAgent> {
-        let dir = tempfile::tempdir()?;
-        let root = fixture_root(fixture, dir.path())?;
-        let config = dir.path().join("device-plugin-config.yaml");
-        std::fs::write(
-            &config,
-            format!("resources:\n  - match: {{vendor: {vendor}}}\n    servedBy: dra\n"),
-        )?;
-        for d in ["device-plugins", "plugins", "plugins_registry", "cdi"] {
-            std::fs::create_dir_all(dir.path().join(d))?;
-        }
-        let own = |p: &str| dir.path().join(p);
-        let (registry, plugins, cdi) = match kubelet {
-            Some(k) => (k.registry.clone(), k.plugins.clone(), k.cdi.clone()),
-            None => (own("plugins_registry"), own("plugins"), own("cdi")),
-        };
-        let path = |p: &Path| p.display().to_string();
-        let args: Vec<String> = vec![
-            "run".into(),
-            "--root".into(),
-            path(&root),
-            "--node-name".into(),
-            node.into(),
-            "--device-plugin-config".into(),
-            path(&config),
-            "--device-plugin-dir".into(),
-            path(&own("device-plugins")),
-            "--dra-plugins-dir".into(),
-            path(&plugins),
-            "--dra-registry-dir".into(),
-            path(&registry),
-            "--cdi-dir".into(),
-            path(&cdi),
-            "--kubelet-config".into(),
-            path(&own("absent.yaml")),
-            "--cpu-manager-state".into(),
-            path(&own("absent_state")),
-            "--pod-resources-socket".into(),
-            path(&own("absent.sock")),
-            "--recheck-interval".into(),
-            "1s".into(),
-            "--health-poll-interval".into(),
-            "300ms".into(),
-            "--metrics-addr".into(),
-            format!("127.0.0.1:{}", crate::cluster::free_port()?),
-        ];
-        self.start_program(
-            &format!("{process}-{node}"),
-            &agent_bin()?,
-            &args,
-            &[("FUMAROLE_LOG", "info")],
-        )?;
-        Ok(DraAgent {
-            node: node.into(),
-            root,
-            driver: fumarole_topology::dra::driver_of(vendor),
-            _dir: dir,
-        })
-    }
-
-    /// Applies `deploy/dra` (the DeviceClasses of fumarole's drivers).
-    pub async fn install_dra_device_classes(&self) -> Result<()> {
-        for (_, object) in crate::deploy::kustomization(&crate::deploy::deploy_dir().join("dra"))? {
-            crate::deploy::apply(&self.client(), &object, false).await?;
-        }
-        Ok(())
-    }
 }
 
 /// kube-scheduler configuration with fumarole-scheduler-ext (on loopback `port`) as filtering,

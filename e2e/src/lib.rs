@@ -9,12 +9,16 @@
 //! admitting the pods bound to a Node ([`HarnessNode`]). Everything stops and the temp dir goes away when the
 //! cluster is dropped, also when the test panics.
 //!
+//! Every test that starts `fumarole-agent run` does it with an [`agent::AgentBuilder`].
+//!
 //! The binaries come from `e2e/build-upstream.sh` (see [`upstream`]).
 
+pub mod agent;
 pub mod chain;
 pub mod cluster;
 pub mod colocation;
 pub mod deploy;
+pub mod dra;
 pub mod fault_proxy;
 pub mod fleet;
 pub mod fumarole;
@@ -27,6 +31,7 @@ pub mod service_front;
 pub mod upstream;
 pub mod wait;
 
+pub use agent::AgentBuilder;
 pub use cluster::{NodeSpec, TestCluster};
 pub use harness_node::{HarnessNode, HarnessOptions};
 pub use kubelet_dm::KubeletDm;

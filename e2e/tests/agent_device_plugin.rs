@@ -9,9 +9,9 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use fumarole_e2e::KubeletDm;
-use fumarole_e2e::fumarole::{agent_bin, fixture_root};
+use fumarole_e2e::fumarole::fixture_root;
 use fumarole_e2e::process::Proc;
+use fumarole_e2e::{AgentBuilder, KubeletDm};
 use serde_json::{Value, json};
 /// A fixture node written out as a root, so the test can take device nodes away.
 struct Setup {
@@ -28,18 +28,11 @@ async fn setup(fixture: &str) -> Setup {
     std::fs::create_dir_all(&plugins).unwrap();
     let logs = dir.path().join("logs");
     let kdm = KubeletDm::start(&plugins, &logs).await.unwrap();
-    let args: Vec<String> = [
-        "run",
-        "--standalone",
-        "--root",
-        root.to_str().unwrap(),
-        "--device-plugin-dir",
-        plugins.to_str().unwrap(),
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let agent = Proc::spawn("fumarole-agent", &agent_bin().unwrap(), &args, &logs).unwrap();
+    let agent = AgentBuilder::root(&root)
+        .standalone()
+        .device_plugin_dir(&plugins)
+        .spawn(&logs)
+        .unwrap();
     Setup {
         _dir: dir,
         root,
@@ -363,30 +356,13 @@ async fn scheduler_device_choice_is_honoured_or_reported() {
     let kdm = KubeletDm::start(&plugins, &dir.path().join("logs"))
         .await
         .unwrap();
-    let args: Vec<String> = [
-        "run",
-        "--fixture",
-        "dgx-h100",
-        "--node-name",
-        "dgx-1",
-        "--device-plugin-dir",
-        plugins.to_str().unwrap(),
-        "--await-device-choice-timeout",
-        "1s",
-        "--kubelet-config",
-        dir.path().join("absent.yaml").to_str().unwrap(),
-        "--cpu-manager-state",
-        dir.path().join("absent_state").to_str().unwrap(),
-        "--pod-resources-socket",
-        dir.path().join("absent.sock").to_str().unwrap(),
-        "--metrics-addr",
-        &format!("127.0.0.1:{}", free_port().unwrap()),
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    cluster
-        .start_program("fumarole-agent", &agent_bin().unwrap(), &args, &[])
+    AgentBuilder::fixture("dgx-h100")
+        .node("dgx-1")
+        .device_plugin_dir(&plugins)
+        .flag("--await-device-choice-timeout", "1s")
+        .without_host_kubelet(dir.path())
+        .metrics_on_port(free_port().unwrap())
+        .start_in(&cluster)
         .unwrap();
     let all = ids(&kdm
         .wait_devices(GPU, Duration::from_secs(30), |d| d.len() == 8)

@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 
 use fumarole_e2e::cluster::{eventually, free_port, http_get, http_post_json};
 use fumarole_e2e::fault_proxy::{Fault, FaultProxy, Record, peak_per_second};
-use fumarole_e2e::fumarole::{agent_bin, numatopologies, scheduler_ext_bin};
-use fumarole_e2e::{NodeSpec, TestCluster};
+use fumarole_e2e::fumarole::{numatopologies, scheduler_ext_bin};
+use fumarole_e2e::{AgentBuilder, NodeSpec, TestCluster};
 
 const AGENTS: usize = 3;
 const CPUS: u32 = 64;
@@ -84,36 +84,17 @@ async fn start_agent(cluster: &TestCluster, proxy: &FaultProxy, i: usize) -> Age
         proxy.kubeconfig(&agent.user, &["system:masters"]),
     )
     .unwrap();
-    let args: Vec<String> = [
-        "run",
-        "--fixture",
-        "cpu-only",
-        "--node-name",
-        &agent.node,
-        "--kubelet-config",
-        config.to_str().unwrap(),
-        "--cpu-manager-state",
-        agent.state().to_str().unwrap(),
-        "--pod-resources-socket",
-        agent.dir.path().join("absent.sock").to_str().unwrap(),
-        "--recheck-interval",
-        "1s",
-        "--metrics-addr",
-        &format!("127.0.0.1:{}", free_port().unwrap()),
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    cluster
-        .start_program(
-            &format!("fumarole-agent-{}", agent.node),
-            &agent_bin().unwrap(),
-            &args,
-            &[
-                ("KUBECONFIG", kubeconfig.to_str().unwrap()),
-                ("FUMAROLE_LOG", "info"),
-            ],
-        )
+    AgentBuilder::fixture("cpu-only")
+        .process(&format!("fumarole-agent-{}", agent.node))
+        .node(&agent.node)
+        .kubelet_config(&config)
+        .cpu_manager_state(&agent.state())
+        .pod_resources_socket(&agent.dir.path().join("absent.sock"))
+        .flag("--recheck-interval", "1s")
+        .metrics_on_port(free_port().unwrap())
+        .kubeconfig(&kubeconfig)
+        .env("FUMAROLE_LOG", "info")
+        .start_in(cluster)
         .unwrap();
     agent
 }

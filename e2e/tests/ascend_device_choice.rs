@@ -22,10 +22,9 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use fumarole_e2e::cluster::{eventually, http_post_json};
-use fumarole_e2e::fumarole::{agent_bin, without_host_kubelet};
 use fumarole_e2e::harness_node::PodRecord;
 use fumarole_e2e::process::Proc;
-use fumarole_e2e::{HarnessNode, NodeSpec, TestCluster};
+use fumarole_e2e::{AgentBuilder, HarnessNode, NodeSpec, TestCluster};
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, PostParams};
@@ -70,22 +69,13 @@ mod huawei {
 /// The agent in cluster mode on the atlas-800-910 fixture, its device plugins registered with
 /// `node`'s kubelet.
 fn agent(cluster: &TestCluster, node: &HarnessNode) -> Proc {
-    let mut args = vec![
-        "run".to_string(),
-        "--fixture=atlas-800-910".into(),
-        format!("--node-name={NODE}"),
-        format!("--device-plugin-dir={}", node.plugin_dir().display()),
-    ];
-    args.extend(without_host_kubelet(cluster.root()));
-    let kubeconfig = cluster.admin_kubeconfig().display().to_string();
-    Proc::spawn_with_env(
-        "fumarole-agent",
-        &agent_bin().unwrap(),
-        &args,
-        &[("KUBECONFIG", &kubeconfig), ("RUST_LOG", "info")],
-        &cluster.root().join("logs"),
-    )
-    .unwrap()
+    AgentBuilder::fixture("atlas-800-910")
+        .node(NODE)
+        .device_plugin_dir(node.plugin_dir())
+        .without_host_kubelet(cluster.root())
+        .env("RUST_LOG", "info")
+        .spawn_in(cluster)
+        .unwrap()
 }
 
 /// A pod asking for `n` NPUs with `annotations`, bound to `NODE` by `spec.nodeName` (as

@@ -20,7 +20,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use fumarole_e2e::cluster::{eventually, http_get, metric_sum};
-use fumarole_e2e::colocation::{AgentRun, CgroupTree, config_map, log, read, running_pod};
+use fumarole_e2e::colocation::{self, CgroupTree, config_map, log, read, running_pod};
 use fumarole_e2e::{NodeSpec, TestCluster};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -124,11 +124,12 @@ async fn qos_levels_and_burst_on_the_real_kernel_and_no_rewrite_after_restart() 
     let dir = tempfile::tempdir().unwrap();
     let config = tree.kubelet_config(dir.path()).unwrap();
     let start = |name: &str| {
-        AgentRun::new(name, NODE, &config, dir.path())
-            .args(&["--qos-interval", "1s"])
-            .start(&cluster)
+        colocation::agent(NODE, &config, dir.path())
             .unwrap()
-            .0
+            .process(name)
+            .flag("--qos-interval", "1s")
+            .spawn_in(&cluster)
+            .unwrap()
     };
 
     let mut agent = start("fumarole-agent-colo");
@@ -328,10 +329,14 @@ async fn batch_resources_become_cgroup_limits_on_the_real_kernel() {
     let dir = tempfile::tempdir().unwrap();
     let config = tree.kubelet_config(dir.path()).unwrap();
     let start = |name: &str| {
-        AgentRun::new(name, NODE, &config, dir.path())
-            .args(&["--qos-interval", "1s"])
-            .start(&cluster)
+        let agent = colocation::agent(NODE, &config, dir.path())
             .unwrap()
+            .process(name)
+            .flag("--qos-interval", "1s");
+        (
+            agent.spawn_in(&cluster).unwrap(),
+            agent.metrics_port().unwrap(),
+        )
     };
 
     let (agent, metrics_port) = start("fumarole-agent-batch");

@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use fumarole_e2e::cluster::{Identity, http_get, metric_sum};
 use fumarole_e2e::colocation::{
-    AgentRun, CgroupTree, config_map, cpu_burner, event_seen, log, running_pod,
+    self, CgroupTree, config_map, cpu_burner, event_seen, log, running_pod,
 };
 use fumarole_e2e::{NodeSpec, TestCluster};
 use fumarole_topology::crd::DeviceTopology;
@@ -172,11 +172,15 @@ async fn batch_resources_follow_load_pressure_taints_and_evicts_offline_pods() {
     let dir = tempfile::tempdir().unwrap();
     let kubelet = tree.kubelet_config(dir.path()).unwrap();
     let run = |name| {
-        AgentRun::new(name, NODE, &kubelet, dir.path())
+        colocation::agent(NODE, &kubelet, dir.path())
+            .unwrap()
+            .process(name)
             .kubeconfig(&kubeconfig)
-            .config_namespace(NAMESPACE)
+            .flag("--colocation-config-namespace", NAMESPACE)
     };
-    let (mut agent, metrics_port) = run("fumarole-agent-node").start(&cluster).unwrap();
+    let first = run("fumarole-agent-node");
+    let metrics_port = first.metrics_port().unwrap();
+    let mut agent = first.spawn_in(&cluster).unwrap();
     let metric =
         async |prefix: &str| metric_sum(&http_get(metrics_port, "/metrics").await.unwrap(), prefix);
 
@@ -343,7 +347,7 @@ async fn batch_resources_follow_load_pressure_taints_and_evicts_offline_pods() {
 
     // 5. Restart: nothing evicted twice, no taint flapping, an unchanged value not rewritten.
     let taint_changes = |t: &str| t.matches("node taint changed").count();
-    let (restarted, _) = run("fumarole-agent-node-2").start(&cluster).unwrap();
+    let restarted = run("fumarole-agent-node-2").spawn_in(&cluster).unwrap();
     until("the restarted agent's config", 30, async || {
         log(&restarted).contains("co-location config in force")
     })

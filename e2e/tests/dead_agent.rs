@@ -15,7 +15,7 @@
 use std::time::{Duration, Instant};
 
 use fumarole_e2e::cluster::{Identity, free_port};
-use fumarole_e2e::colocation::{AgentRun, CgroupTree, config_map, event_seen};
+use fumarole_e2e::colocation::{self, CgroupTree, config_map, event_seen};
 use fumarole_e2e::fumarole::scheduler_ext_bin;
 use fumarole_e2e::{NodeSpec, TestCluster};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -149,15 +149,15 @@ async fn a_killed_agents_taint_and_batch_resources_go_when_its_heartbeat_expires
     let dir = tempfile::tempdir().unwrap();
     let kubelet = tree.kubelet_config(dir.path()).unwrap();
     tree.mkdir("cpu", "kubepods").unwrap();
-    let lease_flag = format!("--heartbeat-lease-duration={LEASE_S}s");
-    let extra = [lease_flag.as_str()];
     let run = |name| {
-        AgentRun::new(name, NODE, &kubelet, dir.path())
+        colocation::agent(NODE, &kubelet, dir.path())
+            .unwrap()
+            .process(name)
             .kubeconfig(&kubeconfig)
-            .config_namespace(NAMESPACE)
-            .args(&extra)
+            .flag("--colocation-config-namespace", NAMESPACE)
+            .flag("--heartbeat-lease-duration", format!("{LEASE_S}s"))
     };
-    let (mut agent, _) = run("fumarole-agent-1").start(&cluster).unwrap();
+    let mut agent = run("fumarole-agent-1").spawn_in(&cluster).unwrap();
 
     // Alive: batch resources published, the heartbeat owned by the Node.
     until("batch-cpu published", 60, async || {
@@ -231,7 +231,7 @@ async fn a_killed_agents_taint_and_batch_resources_go_when_its_heartbeat_expires
 
     // Back: it renews its heartbeat and publishes batch resources again, and nothing removes
     // them while it lives.
-    let (_agent, _) = run("fumarole-agent-2").start(&cluster).unwrap();
+    let _agent = run("fumarole-agent-2").spawn_in(&cluster).unwrap();
     let back = until("batch-cpu published again", 60, async || {
         leftovers(&nodes).await == (false, true, true)
     })

@@ -16,7 +16,7 @@
 use std::time::Duration;
 
 use fumarole_e2e::cluster::{Identity, eventually, free_port, http_post_json};
-use fumarole_e2e::colocation::{AgentRun, log};
+use fumarole_e2e::colocation::{self, log};
 use fumarole_e2e::deploy::{apply, deploy_dir, documents, kustomization};
 use fumarole_e2e::fumarole::{agent_bin, scheduler_ext_bin};
 use fumarole_e2e::process::Proc;
@@ -633,12 +633,12 @@ async fn each_component_does_its_job_with_only_its_rights_and_the_agent_writes_o
         .unwrap();
     let scratch = tempfile::tempdir().unwrap();
     let no_kubelet = scratch.path().join("config.yaml");
-    let (agent, agent_metrics) =
-        AgentRun::new("fumarole-agent", "node-a", &no_kubelet, scratch.path())
-            .kubeconfig(&kubeconfig)
-            .config_namespace(NAMESPACE)
-            .start(&cluster)
-            .unwrap();
+    let agent = colocation::agent("node-a", &no_kubelet, scratch.path())
+        .unwrap()
+        .kubeconfig(&kubeconfig)
+        .flag("--colocation-config-namespace", NAMESPACE);
+    let agent_metrics = agent.metrics_port().unwrap();
+    let agent = agent.spawn_in(&cluster).unwrap();
 
     // Its whole job: every object published, labels on its Node, the co-location report.
     let topologies: Api<DeviceTopology> = Api::all(admin.clone());

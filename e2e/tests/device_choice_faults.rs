@@ -11,10 +11,9 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use fumarole_e2e::cluster::{eventually, free_port, http_get};
-use fumarole_e2e::fumarole::{agent_bin, without_host_kubelet};
 use fumarole_e2e::harness_node::PodRecord;
 use fumarole_e2e::process::Proc;
-use fumarole_e2e::{HarnessNode, HarnessOptions, NodeSpec, TestCluster};
+use fumarole_e2e::{AgentBuilder, HarnessNode, HarnessOptions, NodeSpec, TestCluster};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::json;
@@ -45,25 +44,16 @@ async fn start(extra: &[&str]) -> (TestCluster, HarnessNode) {
 /// The agent in cluster mode on the dgx-h100 fixture, waiting up to a minute for a Volcano
 /// pod's choice (long enough that a wait would show), serving metrics on `metrics`.
 fn agent(cluster: &TestCluster, node: &HarnessNode, metrics: u16) -> Proc {
-    let mut args = vec![
-        "run".to_string(),
-        "--fixture=dgx-h100".into(),
-        format!("--node-name={NODE}"),
-        format!("--device-plugin-dir={}", node.plugin_dir().display()),
-        "--await-device-choice-from=volcano".into(),
-        "--await-device-choice-timeout=60s".into(),
-        format!("--metrics-addr=127.0.0.1:{metrics}"),
-    ];
-    args.extend(without_host_kubelet(cluster.root()));
-    let kubeconfig = cluster.admin_kubeconfig().display().to_string();
-    Proc::spawn_with_env(
-        "fumarole-agent",
-        &agent_bin().unwrap(),
-        &args,
-        &[("KUBECONFIG", &kubeconfig), ("RUST_LOG", "info")],
-        &cluster.root().join("logs"),
-    )
-    .unwrap()
+    AgentBuilder::fixture("dgx-h100")
+        .node(NODE)
+        .device_plugin_dir(node.plugin_dir())
+        .flag("--await-device-choice-from", "volcano")
+        .flag("--await-device-choice-timeout", "60s")
+        .metrics_on_port(metrics)
+        .without_host_kubelet(cluster.root())
+        .env("RUST_LOG", "info")
+        .spawn_in(cluster)
+        .unwrap()
 }
 
 /// The node's GPU ids, sorted.

@@ -24,11 +24,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use fumarole_e2e::cluster::{free_port, http_get, http_post_json, metric_sum};
-use fumarole_e2e::fumarole::{
-    agent_bin, device_topologies, fixture_root, standin_lib, without_host_kubelet,
-};
-use fumarole_e2e::process::Proc;
-use fumarole_e2e::{KubeletDm, NodeSpec, TestCluster};
+use fumarole_e2e::fumarole::{device_topologies, fixture_root, standin_lib};
+use fumarole_e2e::{AgentBuilder, KubeletDm, NodeSpec, TestCluster};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
@@ -257,42 +254,16 @@ async fn nvidia_faults_reach_kubelet_devicetopology_and_extension_and_recover() 
         .await
         .unwrap();
     let metrics_port = free_port().unwrap();
-    let args: Vec<String> = [
-        "run",
-        "--root",
-        root.to_str().unwrap(),
-        "--node-name",
-        NODE,
-        "--device-plugin-dir",
-        plugins.to_str().unwrap(),
-        "--nvml-library",
-        lib.to_str().unwrap(),
-        "--health-quiet-period",
-        "2s",
-        "--health-poll-interval",
-        "500ms",
-        "--await-device-choice-timeout",
-        "1s",
-        "--kubelet-config",
-        dir.path().join("absent.yaml").to_str().unwrap(),
-        "--cpu-manager-state",
-        dir.path().join("absent_state").to_str().unwrap(),
-        "--pod-resources-socket",
-        dir.path().join("absent.sock").to_str().unwrap(),
-        "--metrics-addr",
-        &format!("127.0.0.1:{metrics_port}"),
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let state = nvml.path.display().to_string();
-    cluster
-        .start_program(
-            "fumarole-agent",
-            &agent_bin().unwrap(),
-            &args,
-            &[("FUMAROLE_NVML_STANDIN", &state)],
-        )
+    AgentBuilder::root(&root)
+        .node(NODE)
+        .device_plugin_dir(&plugins)
+        .nvml_standin(&lib, &nvml.path)
+        .flag("--health-quiet-period", "2s")
+        .flag("--health-poll-interval", "500ms")
+        .flag("--await-device-choice-timeout", "1s")
+        .without_host_kubelet(dir.path())
+        .metrics_on_port(metrics_port)
+        .start_in(&cluster)
         .unwrap();
     let ext = cluster.start_scheduler_ext(&[]).await.unwrap();
 
@@ -568,27 +539,11 @@ async fn nvidia_faults_reach_kubelet_devicetopology_and_extension_and_recover() 
     );
 }
 
-/// Starts `fumarole-agent run --standalone` on `root` with `extra` arguments and `env`.
-fn standalone_agent(
-    root: &Path,
-    plugins: &Path,
-    logs: &Path,
-    extra: &[&str],
-    env: &[(&str, &str)],
-) -> Proc {
-    let mut args: Vec<String> = [
-        "run",
-        "--standalone",
-        "--root",
-        root.to_str().unwrap(),
-        "--device-plugin-dir",
-        plugins.to_str().unwrap(),
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    args.extend(extra.iter().map(|s| s.to_string()));
-    Proc::spawn_with_env("fumarole-agent", &agent_bin().unwrap(), &args, env, logs).unwrap()
+/// `fumarole-agent run --standalone` on `root`, serving its device plugins in `plugins`.
+fn standalone_agent(root: &Path, plugins: &Path) -> AgentBuilder {
+    AgentBuilder::root(root)
+        .standalone()
+        .device_plugin_dir(plugins)
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -599,21 +554,12 @@ async fn a_library_that_hangs_or_answers_garbage_never_delays_the_plugin() {
     let logs = dir.path().join("logs");
     std::fs::create_dir_all(&plugins).unwrap();
     let kdm = KubeletDm::start(&plugins, &logs).await.unwrap();
-    let state = nvml.path.display().to_string();
-    let _agent = standalone_agent(
-        &root,
-        &plugins,
-        &logs,
-        &[
-            "--nvml-library",
-            lib.to_str().unwrap(),
-            "--health-quiet-period",
-            "1s",
-            "--health-poll-interval",
-            "300ms",
-        ],
-        &[("FUMAROLE_NVML_STANDIN", &state)],
-    );
+    let _agent = standalone_agent(&root, &plugins)
+        .nvml_standin(&lib, &nvml.path)
+        .flag("--health-quiet-period", "1s")
+        .flag("--health-poll-interval", "300ms")
+        .spawn(&logs)
+        .unwrap();
     let all = ids(&kdm
         .wait_devices(GPU, Duration::from_secs(60), |d| d.len() == 8)
         .await
@@ -690,13 +636,10 @@ async fn without_the_library_device_nodes_decide() {
     let logs = dir.path().join("logs");
     std::fs::create_dir_all(&plugins).unwrap();
     let kdm = KubeletDm::start(&plugins, &logs).await.unwrap();
-    let _agent = standalone_agent(
-        &root,
-        &plugins,
-        &logs,
-        &["--nvml-library", "/nonexistent/libnvidia-ml.so.1"],
-        &[],
-    );
+    let _agent = standalone_agent(&root, &plugins)
+        .flag("--nvml-library", "/nonexistent/libnvidia-ml.so.1")
+        .spawn(&logs)
+        .unwrap();
     // Ids from the driver's /proc entries (the same uuids NVML would give), all healthy.
     let all = ids(&kdm
         .wait_devices(GPU, Duration::from_secs(60), |d| {
@@ -741,40 +684,15 @@ async fn ascend_chip_network_and_hccs_faults_through_dcmi() {
     let kdm = KubeletDm::start(&plugins, &dir.path().join("logs"))
         .await
         .unwrap();
-    let args: Vec<String> = [
-        "run",
-        "--root",
-        root.to_str().unwrap(),
-        "--node-name",
-        node,
-        "--device-plugin-dir",
-        plugins.to_str().unwrap(),
-        "--dcmi-library",
-        lib.to_str().unwrap(),
-        "--hccs-fault-codes",
-        "0x8C204E00",
-        "--health-poll-interval",
-        "300ms",
-        "--kubelet-config",
-        dir.path().join("absent.yaml").to_str().unwrap(),
-        "--cpu-manager-state",
-        dir.path().join("absent_state").to_str().unwrap(),
-        "--pod-resources-socket",
-        dir.path().join("absent.sock").to_str().unwrap(),
-        "--metrics-addr",
-        &format!("127.0.0.1:{}", free_port().unwrap()),
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    let state = dcmi.path.display().to_string();
-    cluster
-        .start_program(
-            "fumarole-agent",
-            &agent_bin().unwrap(),
-            &args,
-            &[("FUMAROLE_DCMI_STANDIN", &state)],
-        )
+    AgentBuilder::root(&root)
+        .node(node)
+        .device_plugin_dir(&plugins)
+        .dcmi_standin(&lib, &dcmi.path)
+        .flag("--hccs-fault-codes", "0x8C204E00")
+        .flag("--health-poll-interval", "300ms")
+        .without_host_kubelet(dir.path())
+        .metrics_on_port(free_port().unwrap())
+        .start_in(&cluster)
         .unwrap();
     let all = ids(&kdm
         .wait_devices(NPU, Duration::from_secs(60), |d| d.len() == 8)
@@ -895,33 +813,13 @@ async fn compat_labels_from_the_library() {
             g["migCapable"] = json!(false);
         }
     });
-    let absent = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
-    let args: Vec<String> = vec![
-        "run".into(),
-        "--root".into(),
-        root.to_str().unwrap().into(),
-        "--node-name".into(),
-        node.into(),
-        "--nvml-library".into(),
-        lib.to_str().unwrap().into(),
-        "--compat-labels".into(),
-        "--kubelet-config".into(),
-        absent("absent.yaml"),
-        "--cpu-manager-state".into(),
-        absent("absent_state"),
-        "--pod-resources-socket".into(),
-        absent("absent.sock"),
-        "--metrics-addr".into(),
-        format!("127.0.0.1:{}", free_port().unwrap()),
-    ];
-    let state = nvml.path.display().to_string();
-    cluster
-        .start_program(
-            "fumarole-agent",
-            &agent_bin().unwrap(),
-            &args,
-            &[("FUMAROLE_NVML_STANDIN", &state)],
-        )
+    AgentBuilder::root(&root)
+        .node(node)
+        .nvml_standin(&lib, &nvml.path)
+        .arg("--compat-labels")
+        .without_host_kubelet(dir.path())
+        .metrics_on_port(free_port().unwrap())
+        .start_in(&cluster)
         .unwrap();
     let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(cluster.client());
     let labels = fumarole_e2e::cluster::eventually(
@@ -1021,27 +919,17 @@ fn writes(cluster: &TestCluster, resource: &str, name: &str) -> usize {
         .count()
 }
 
-/// The agent's arguments for fixture root `root` as node `node`, its Ascend health from the
-/// DCMI stand-in `lib` (polled every 300 ms, the node re-checked every second), with `extra`.
-fn dcmi_agent_args(root: &Path, node: &str, lib: &Path, dir: &Path, extra: &[&str]) -> Vec<String> {
-    let mut args: Vec<String> = vec![
-        "run".into(),
-        "--root".into(),
-        root.to_str().unwrap().into(),
-        "--node-name".into(),
-        node.into(),
-        "--dcmi-library".into(),
-        lib.to_str().unwrap().into(),
-        "--health-poll-interval".into(),
-        "300ms".into(),
-        "--recheck-interval".into(),
-        "1s".into(),
-        "--metrics-addr".into(),
-        format!("127.0.0.1:{}", free_port().unwrap()),
-    ];
-    args.extend(without_host_kubelet(dir));
-    args.extend(extra.iter().map(|s| s.to_string()));
-    args
+/// The agent for fixture root `root` as node `node`, its Ascend health from the DCMI stand-in
+/// `lib` answering from `state` (polled every 300 ms, the node re-checked every second), its
+/// kubelet files absent under `dir`.
+fn dcmi_agent(root: &Path, node: &str, lib: &Path, state: &Path, dir: &Path) -> AgentBuilder {
+    AgentBuilder::root(root)
+        .node(node)
+        .dcmi_standin(lib, state)
+        .flag("--health-poll-interval", "300ms")
+        .flag("--recheck-interval", "1s")
+        .metrics_on_port(free_port().unwrap())
+        .without_host_kubelet(dir)
 }
 
 /// Starts a cluster with node `node` (`npus` NPUs) and writes fixture `fixture` for it: the
@@ -1084,16 +972,8 @@ async fn ascend_device_info_follows_dcmi_health_and_super_pod() {
     let node = "a3-1";
     // The fixture's recorded DCMI answers: 16 healthy chips, two per card, in super-pod 7.
     let (cluster, dir, root, lib, mut dcmi) = ascend_setup("atlas-a3-16", node, "16").await;
-    let args = dcmi_agent_args(&root, node, &lib, dir.path(), &["--ascend-device-info"]);
-    let state = dcmi.path.display().to_string();
-    cluster
-        .start_program(
-            "fumarole-agent",
-            &agent_bin().unwrap(),
-            &args,
-            &[("FUMAROLE_DCMI_STANDIN", &state)],
-        )
-        .unwrap();
+    let agent = dcmi_agent(&root, node, &lib, &dcmi.path, dir.path()).arg("--ascend-device-info");
+    agent.start_in(&cluster).unwrap();
     let healthy_key = "huawei.com/Ascend910";
     let all: Vec<String> = (0..16).map(|i| format!("Ascend910-{i}")).collect();
     let start = Instant::now();
@@ -1263,14 +1143,7 @@ async fn ascend_device_info_follows_dcmi_health_and_super_pod() {
     let dt_rv = dtopo(&cluster, node).await["metadata"]["resourceVersion"].clone();
     cluster.stop("fumarole-agent").unwrap();
     let restart = configmap_writes(&cluster, node);
-    cluster
-        .start_program(
-            "fumarole-agent",
-            &agent_bin().unwrap(),
-            &args,
-            &[("FUMAROLE_DCMI_STANDIN", &state)],
-        )
-        .unwrap();
+    agent.start_in(&cluster).unwrap();
     let t = Instant::now();
     until(
         "the restarted agent's apply",
@@ -1311,15 +1184,11 @@ async fn ascend_chip_labels_from_dcmi_follow_the_switch() {
         s["chips"][0]["chipInfo"]["chipName"] = json!("9".repeat(40));
         s["hang"] = json!(["dcmi_get_device_chip_info"]);
     });
-    let state = dcmi.path.display().to_string();
+    let state = dcmi.path.clone();
     let start_agent = |lib: &Path, extra: &'static [&'static str]| {
-        cluster
-            .start_program(
-                "fumarole-agent",
-                &agent_bin().unwrap(),
-                &dcmi_agent_args(&root, node, lib, dir.path(), extra),
-                &[("FUMAROLE_DCMI_STANDIN", &state)],
-            )
+        dcmi_agent(&root, node, lib, &state, dir.path())
+            .args(extra)
+            .start_in(&cluster)
             .unwrap();
     };
     start_agent(&lib, &["--ascend-device-info"]);

@@ -7,25 +7,19 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use fumarole_e2e::KubeletDm;
-use fumarole_e2e::fumarole::{agent_bin, fixture_root};
-use fumarole_e2e::process::Proc;
+use fumarole_e2e::fumarole::fixture_root;
+use fumarole_e2e::{AgentBuilder, KubeletDm};
 use serde_json::{Value, json};
-/// A fixture node written out as a root.
-fn run_args(root: &Path, plugins: &Path, config: &Path) -> Vec<String> {
-    vec![
-        "run".into(),
-        "--standalone".into(),
-        "--root".into(),
-        root.to_str().unwrap().into(),
-        "--device-plugin-dir".into(),
-        plugins.to_str().unwrap().into(),
-        "--device-plugin-config".into(),
-        config.to_str().unwrap().into(),
-    ]
+/// The agent, standalone, on a fixture node written out as a root, its device plugins
+/// configured by `config`.
+fn agent(root: &Path, plugins: &Path, config: &Path) -> AgentBuilder {
+    AgentBuilder::root(root)
+        .standalone()
+        .device_plugin_dir(plugins)
+        .path_flag("--device-plugin-config", config)
 }
 
 const CONFIG: &str = r#"
@@ -58,13 +52,7 @@ async fn configured_resource_reaches_the_kubelet() {
     std::fs::create_dir_all(&plugins).unwrap();
     let logs = dir.path().join("logs");
     let kdm = KubeletDm::start(&plugins, &logs).await.unwrap();
-    let _agent = Proc::spawn(
-        "fumarole-agent",
-        &agent_bin().unwrap(),
-        &run_args(&root, &plugins, &config),
-        &logs,
-    )
-    .unwrap();
+    let _agent = agent(&root, &plugins, &config).spawn(&logs).unwrap();
 
     let reg = kdm
         .wait_event(0, Duration::from_secs(30), |e| {
@@ -175,8 +163,9 @@ async fn a_bad_config_stops_the_agent_with_a_clear_error() {
     ] {
         let config = dir.path().join("bad.yaml");
         std::fs::write(&config, text).unwrap();
-        let mut child = Command::new(agent_bin().unwrap())
-            .args(run_args(&root, &plugins, &config))
+        let mut child = agent(&root, &plugins, &config)
+            .command()
+            .unwrap()
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())

@@ -20,7 +20,7 @@
 use std::time::Duration;
 
 use fumarole_e2e::cluster::eventually;
-use fumarole_e2e::fumarole::{DraAgent, DraKubelet};
+use fumarole_e2e::dra::{DraAgent, DraKubelet};
 use fumarole_e2e::{NodeSpec, TestCluster};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};

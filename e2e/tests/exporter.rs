@@ -9,10 +9,8 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use fumarole_e2e::cluster::{eventually, free_port, http_get, metric_sum, volcano_conf};
-use fumarole_e2e::fumarole::{
-    agent_bin, device_topologies, node_resource_topologies, numatopologies,
-};
-use fumarole_e2e::{NodeSpec, TestCluster};
+use fumarole_e2e::fumarole::{device_topologies, node_resource_topologies, numatopologies};
+use fumarole_e2e::{AgentBuilder, NodeSpec, TestCluster};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
@@ -82,34 +80,17 @@ async fn start_agent_with(
         r#"{"policyName":"static","defaultCpuSet":"","entries":{},"checksum":1}"#,
     )
     .unwrap();
-    let args: Vec<String> = [
-        "run",
-        "--fixture",
-        fixture,
-        "--node-name",
-        node,
-        "--kubelet-config",
-        agent.config().to_str().unwrap(),
-        "--cpu-manager-state",
-        agent.state().to_str().unwrap(),
-        "--pod-resources-socket",
-        agent.dir.path().join("absent.sock").to_str().unwrap(),
-        "--recheck-interval",
-        recheck,
-        "--metrics-addr",
-        &format!("127.0.0.1:{}", agent.metrics_port),
-    ]
-    .iter()
-    .chain(extra)
-    .map(|s| s.to_string())
-    .collect();
-    cluster
-        .start_program(
-            &agent.log_name(),
-            &agent_bin().unwrap(),
-            &args,
-            &[("FUMAROLE_LOG", "info")],
-        )
+    AgentBuilder::fixture(fixture)
+        .process(&agent.log_name())
+        .node(node)
+        .kubelet_config(&agent.config())
+        .cpu_manager_state(&agent.state())
+        .pod_resources_socket(&agent.dir.path().join("absent.sock"))
+        .flag("--recheck-interval", recheck)
+        .metrics_on_port(agent.metrics_port)
+        .args(extra)
+        .env("FUMAROLE_LOG", "info")
+        .start_in(cluster)
         .unwrap();
     agent
 }

@@ -13,9 +13,8 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use fumarole_e2e::cluster::{eventually, free_port};
-use fumarole_e2e::fumarole::{agent_bin, without_host_kubelet};
 use fumarole_e2e::harness_node::PodRecord;
-use fumarole_e2e::{HarnessNode, HarnessOptions, NodeSpec, TestCluster};
+use fumarole_e2e::{AgentBuilder, HarnessNode, HarnessOptions, NodeSpec, TestCluster};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::json;
@@ -28,23 +27,12 @@ const T: Duration = Duration::from_secs(90);
 /// `fumarole-agent run --standalone --fixture <fixture>` serving its device plugins in the
 /// harness node's directory, stopped with the cluster.
 fn start_agent(cluster: &TestCluster, node: &HarnessNode, fixture: &str, extra: &[&str]) {
-    let mut args = vec![
-        "run",
-        "--standalone",
-        "--fixture",
-        fixture,
-        "--device-plugin-dir",
-        node.plugin_dir().to_str().unwrap(),
-    ];
-    args.extend_from_slice(extra);
-    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-    cluster
-        .start_program(
-            &format!("fumarole-agent-{}", node.node_name()),
-            &agent_bin().unwrap(),
-            &args,
-            &[],
-        )
+    AgentBuilder::fixture(fixture)
+        .process(&format!("fumarole-agent-{}", node.node_name()))
+        .standalone()
+        .device_plugin_dir(node.plugin_dir())
+        .args(extra)
+        .start_in(cluster)
         .unwrap();
 }
 
@@ -460,16 +448,12 @@ async fn the_schedulers_device_choice_is_what_the_kubelet_allocates() {
         .await
         .unwrap();
     let node = cluster.start_harness_node("dgx-1").await.unwrap();
-    let mut args = vec![
-        "run".to_string(),
-        "--fixture=dgx-h100".into(),
-        "--node-name=dgx-1".into(),
-        format!("--device-plugin-dir={}", node.plugin_dir().display()),
-        format!("--metrics-addr=127.0.0.1:{}", free_port().unwrap()),
-    ];
-    args.extend(without_host_kubelet(cluster.root()));
-    cluster
-        .start_program("fumarole-agent", &agent_bin().unwrap(), &args, &[])
+    AgentBuilder::fixture("dgx-h100")
+        .node("dgx-1")
+        .device_plugin_dir(node.plugin_dir())
+        .metrics_on_port(free_port().unwrap())
+        .without_host_kubelet(cluster.root())
+        .start_in(&cluster)
         .unwrap();
     node.wait_allocatable(GPU, 8, T).await.unwrap();
     let mut healthy: Vec<String> = node.devices().await.unwrap()["healthy"][GPU]

@@ -15,8 +15,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use fumarole_e2e::cluster::{eventually, free_port};
-use fumarole_e2e::fumarole::{agent_bin, fixture_root, kubectl_plugin_bin};
-use fumarole_e2e::{NodeSpec, TestCluster};
+use fumarole_e2e::fumarole::{fixture_root, kubectl_plugin_bin};
+use fumarole_e2e::{AgentBuilder, NodeSpec, TestCluster};
 use fumarole_topology::annotation::DEVICES_ANNOTATION;
 use fumarole_topology::crd::DeviceTopology;
 use k8s_openapi::api::core::v1::Pod;
@@ -42,26 +42,16 @@ async fn start_agent(
     let dir = cluster.root().join(format!("agent-{node}"));
     std::fs::create_dir_all(dir.join("device-plugins")).unwrap();
     let root = fixture_root(fixture, &dir).unwrap();
-    let path = |p: &str| dir.join(p).display().to_string();
-    let args = vec![
-        "run".to_string(),
-        format!("--root={}", root.display()),
-        format!("--node-name={node}"),
-        format!("--super-node={super_node}"),
-        format!("--device-plugin-dir={}", path("device-plugins")),
-        format!("--kubelet-config={}", path("absent.yaml")),
-        format!("--cpu-manager-state={}", path("absent_state")),
-        format!("--pod-resources-socket={}", path("absent.sock")),
-        format!("--metrics-addr=127.0.0.1:{}", free_port().unwrap()),
-        "--health-poll-interval=300ms".into(),
-    ];
-    cluster
-        .start_program(
-            &format!("fumarole-agent-{node}"),
-            &agent_bin().unwrap(),
-            &args,
-            &[("FUMAROLE_LOG", "info")],
-        )
+    AgentBuilder::root(&root)
+        .process(&format!("fumarole-agent-{node}"))
+        .node(node)
+        .flag("--super-node", super_node)
+        .device_plugin_dir(&dir.join("device-plugins"))
+        .without_host_kubelet(&dir)
+        .metrics_on_port(free_port().unwrap())
+        .flag("--health-poll-interval", "300ms")
+        .env("FUMAROLE_LOG", "info")
+        .start_in(cluster)
         .unwrap();
     root
 }

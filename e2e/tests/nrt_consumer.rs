@@ -22,8 +22,8 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use fumarole_e2e::cluster::{eventually, free_port};
-use fumarole_e2e::fumarole::{agent_bin, fixture_root, node_resource_topologies};
-use fumarole_e2e::{KubeletDm, NodeSpec, TestCluster, Upstream};
+use fumarole_e2e::fumarole::{fixture_root, node_resource_topologies};
+use fumarole_e2e::{AgentBuilder, KubeletDm, NodeSpec, TestCluster, Upstream};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DynamicObject, PostParams};
 use serde_json::{Value, json};
@@ -102,34 +102,17 @@ async fn start_node(
     let config = dir.path().join("config.yaml");
     std::fs::write(&config, KUBELET_CONFIG).unwrap();
     let socket = kdm.pod_resources_socket().unwrap().to_path_buf();
-    let args: Vec<String> = [
-        "run",
-        "--root",
-        root.to_str().unwrap(),
-        "--node-name",
-        name,
-        "--kubelet-config",
-        config.to_str().unwrap(),
-        "--cpu-manager-state",
-        dir.path().join("cpu_manager_state").to_str().unwrap(),
-        "--pod-resources-socket",
-        socket.to_str().unwrap(),
-        "--recheck-interval",
-        "1s",
-        "--metrics-addr",
-        &format!("127.0.0.1:{}", free_port().unwrap()),
-    ]
-    .iter()
-    .chain(extra)
-    .map(|s| s.to_string())
-    .collect();
-    cluster
-        .start_program(
-            &format!("fumarole-agent-{name}"),
-            &agent_bin().unwrap(),
-            &args,
-            &[("FUMAROLE_LOG", "info")],
-        )
+    AgentBuilder::root(&root)
+        .process(&format!("fumarole-agent-{name}"))
+        .node(name)
+        .kubelet_config(&config)
+        .cpu_manager_state(&dir.path().join("cpu_manager_state"))
+        .pod_resources_socket(&socket)
+        .flag("--recheck-interval", "1s")
+        .metrics_on_port(free_port().unwrap())
+        .args(extra)
+        .env("FUMAROLE_LOG", "info")
+        .start_in(cluster)
         .unwrap();
     TopoNode {
         name,

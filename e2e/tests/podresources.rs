@@ -9,10 +9,8 @@
 use std::time::Duration;
 
 use fumarole_e2e::cluster::{eventually, free_port};
-use fumarole_e2e::fumarole::{
-    agent_bin, device_topologies, node_resource_topologies, numatopologies,
-};
-use fumarole_e2e::{NodeSpec, TestCluster};
+use fumarole_e2e::fumarole::{device_topologies, node_resource_topologies, numatopologies};
+use fumarole_e2e::{AgentBuilder, NodeSpec, TestCluster};
 use kube::api::{Api, DynamicObject};
 use serde_json::{Value, json};
 
@@ -123,33 +121,15 @@ async fn exporter_follows_the_kubelets_podresources_server() {
     let state = dir.path().join("cpu_manager_state");
     std::fs::write(&config, CONFIG).unwrap();
     std::fs::write(&state, CHECKPOINT).unwrap();
-    let args: Vec<String> = [
-        "run",
-        "--fixture",
-        "dgx-h100",
-        "--node-name",
-        NODE,
-        "--kubelet-config",
-        config.to_str().unwrap(),
-        "--cpu-manager-state",
-        state.to_str().unwrap(),
-        "--pod-resources-socket",
-        socket.to_str().unwrap(),
-        "--recheck-interval",
-        "1s",
-        "--metrics-addr",
-        &format!("127.0.0.1:{}", free_port().unwrap()),
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    cluster
-        .start_program(
-            "fumarole-agent",
-            &agent_bin().unwrap(),
-            &args,
-            &[("FUMAROLE_LOG", "info")],
-        )
+    AgentBuilder::fixture("dgx-h100")
+        .node(NODE)
+        .kubelet_config(&config)
+        .cpu_manager_state(&state)
+        .pod_resources_socket(&socket)
+        .flag("--recheck-interval", "1s")
+        .metrics_on_port(free_port().unwrap())
+        .env("FUMAROLE_LOG", "info")
+        .start_in(&cluster)
         .unwrap();
 
     // 1. train-0 holds CPUs 4-7 and GPUs 0 and 1 (NUMA node 0).

@@ -27,7 +27,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, ensure};
 use fumarole_e2e::cluster::{eventually, http_get, metric_sum};
-use fumarole_e2e::colocation::{AgentRun, CgroupTree, config_map, log, read, running_pod};
+use fumarole_e2e::colocation::{self, CgroupTree, config_map, log, read, running_pod};
 use fumarole_e2e::fumarole::{device_topologies, fixture_root, node_resource_topologies};
 use fumarole_e2e::process::Footprint;
 use fumarole_e2e::{NodeSpec, TestCluster};
@@ -247,22 +247,16 @@ async fn agent_survives_restarts_churn_flips_and_bad_input_with_flat_footprint()
     std::fs::create_dir_all(&plugins).unwrap();
     let kdm = cluster.start_kubelet_dm(&plugins).await.unwrap();
     let kubelet_config = tree.kubelet_config(dir.path()).unwrap();
-    let plugin_dir = plugins.display().to_string();
-    let extra = [
-        "--device-plugin-dir",
-        plugin_dir.as_str(),
-        "--recheck-interval",
-        "2s",
-        "--qos-interval",
-        "1s",
-    ];
-    let (mut agent, metrics) =
-        AgentRun::new("fumarole-agent-soak", NODE, &kubelet_config, dir.path())
-            .root(&root)
-            .args(&extra)
-            .without_capabilities()
-            .start(&cluster)
-            .unwrap();
+    let agent = colocation::agent(NODE, &kubelet_config, dir.path())
+        .unwrap()
+        .process("fumarole-agent-soak")
+        .on_root(&root)
+        .device_plugin_dir(&plugins)
+        .flag("--recheck-interval", "2s")
+        .flag("--qos-interval", "1s")
+        .without_capabilities();
+    let metrics = agent.metrics_port().unwrap();
+    let mut agent = agent.spawn_in(&cluster).unwrap();
 
     // Warm-up: registered, published, one round of pods handled.
     kdm.wait_devices(GPU, Duration::from_secs(60), |d| d.len() == 8)
