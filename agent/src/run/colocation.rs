@@ -5,8 +5,11 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
+use fumarole_colocation::cgroup;
 use fumarole_colocation::metrics::ColocationMetrics;
+use fumarole_colocation::rules::config::ConfigState;
 use fumarole_colocation::settings::{ColocationArgs, ColocationSettings, KubeletCgroups};
 use fumarole_colocation::watched::Watched;
 use fumarole_exporter::kubelet::KubeletConfig;
@@ -14,6 +17,7 @@ use fumarole_topology::crd::ColocationStatus;
 use k8s_openapi::api::core::v1::Node;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::watcher;
+use tokio::sync::watch;
 
 use crate::pods;
 
@@ -49,7 +53,6 @@ pub fn start(
     metrics: Arc<ColocationMetrics>,
 ) {
     use fumarole_colocation::tasks::node_loop::{NodeLoop, NodeLoopSettings};
-    use fumarole_colocation::tasks::pod_cgroups::{self, Summary};
     use fumarole_colocation::tasks::{config_watch, heartbeat, report};
     let ColocationSettings {
         config_namespace,
@@ -78,7 +81,7 @@ pub fn start(
         node.clone(),
         heartbeat_lease,
     ));
-    let (status, reports) = tokio::sync::watch::channel(ColocationStatus::default());
+    let (status, reports) = watch::channel(ColocationStatus::default());
     tokio::spawn(report::run(client.clone(), node_name.to_string(), reports));
     let config = config_watch::watch(
         client.clone(),
@@ -109,29 +112,40 @@ pub fn start(
         node_pods.ready().await;
         node_loop.run(|| node_pods.pods(), node_config).await;
     });
+    tokio::spawn(pod_cgroups(cgroups, interval, pods, config, status, metrics));
+}
 
-    tokio::spawn(async move {
-        pods.ready().await;
-        let changes = pods.changes();
-        let record = |s: &Summary| {
-            let gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
-            let levels = s.by_level_name().map(|(name, n)| (name, gauge(n)));
-            metrics.pods(
-                &levels,
-                gauge(s.burst_enabled),
-                gauge(s.batch_limited),
-                gauge(s.failed),
-            );
-        };
-        pod_cgroups::run(
-            cgroups,
-            interval,
-            || pods.pods(),
-            changes,
-            config,
-            status,
-            record,
-        )
-        .await;
-    });
+/// The pod cgroup loop ([`fumarole_colocation::tasks::pod_cgroups`]) on the node's pods, once
+/// they are listed, its summary counted in `metrics`.
+async fn pod_cgroups(
+    cgroups: cgroup::Settings,
+    interval: Duration,
+    pods: Arc<pods::NodePods>,
+    config: watch::Receiver<Option<ConfigState>>,
+    status: watch::Sender<ColocationStatus>,
+    metrics: Arc<ColocationMetrics>,
+) {
+    use fumarole_colocation::tasks::pod_cgroups::{self, Summary};
+    pods.ready().await;
+    let changes = pods.changes();
+    let record = |s: &Summary| {
+        let gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        let levels = s.by_level_name().map(|(name, n)| (name, gauge(n)));
+        metrics.pods(
+            &levels,
+            gauge(s.burst_enabled),
+            gauge(s.batch_limited),
+            gauge(s.failed),
+        );
+    };
+    pod_cgroups::run(
+        cgroups,
+        interval,
+        || pods.pods(),
+        changes,
+        config,
+        status,
+        record,
+    )
+    .await;
 }
