@@ -112,7 +112,9 @@ pub fn start(
         node_pods.ready().await;
         node_loop.run(|| node_pods.pods(), node_config).await;
     });
-    tokio::spawn(pod_cgroups(cgroups, interval, pods, config, status, metrics));
+    tokio::spawn(pod_cgroups(
+        cgroups, interval, pods, config, status, metrics,
+    ));
 }
 
 /// The pod cgroup loop ([`fumarole_colocation::tasks::pod_cgroups`]) on the node's pods, once

@@ -113,7 +113,13 @@ pub fn start(
             source: node_pods.clone() as Arc<dyn PodSource>,
             await_choice: settings.plugins.await_choice.clone(),
         };
-        plugins::start(&topology, device_plugin, dir, Some(pods), &health.subscribe())?;
+        plugins::start(
+            &topology,
+            device_plugin,
+            dir,
+            Some(pods),
+            &health.subscribe(),
+        )?;
     }
     Ok(Devices {
         dra: server,

@@ -65,12 +65,12 @@ impl KubeletArgs {
         } else {
             let mut all = Vec::new();
             for v in &self.reserved_memory {
-                all.extend(
-                    parse_reserved_memory_flag(v).map_err(|reason| ReservedMemoryError {
+                all.extend(parse_reserved_memory_flag(v).map_err(|reason| {
+                    ReservedMemoryError {
                         value: v.clone(),
                         reason,
-                    })?,
-                );
+                    }
+                })?);
             }
             Some(all)
         };

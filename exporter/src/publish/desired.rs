@@ -135,15 +135,14 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
     use super::*;
     use crate::discover::memory::ZoneMemory;
-    use crate::publish::settings::DraSlices;
-    use std::collections::BTreeSet;
     use crate::discover::nvml::NvmlGpu;
     use crate::kubelet::{ContainerAllocation, PodAllocation};
+    use crate::publish::settings::DraSlices;
     use fumarole_topology::model::{Device, DeviceKind, PciId};
     use fumarole_topology::{
-        CpuSet, Fault, FaultKind, Health, LinkClass, LinkMatrix, NumaNode, ProcessingUnit,
-        Vendor,
+        CpuSet, Fault, FaultKind, Health, LinkClass, LinkMatrix, NumaNode, ProcessingUnit, Vendor,
     };
+    use std::collections::BTreeSet;
 
     fn device(id: &str, index: u32, vendor: Vendor, model: &str) -> Device {
         Device {
@@ -203,7 +202,7 @@ mod tests {
                 distances: vec![10],
                 kind: None,
             }],
-            links: LinkMatrix::filled(devices.len(), LinkClass::Pcie),
+            links: LinkMatrix::filled(devices.len(), LinkClass::PcieHostBridge),
             devices,
             super_node: None,
         }
@@ -329,7 +328,9 @@ mod tests {
         let full = text(&desired(&snapshot(), &options()));
         type Clear = fn(&mut NodeSnapshot);
         let clears: [(&str, Clear); 9] = [
-            ("topology", |s| s.topology.devices[0].model = "NVIDIA A100".into()),
+            ("topology", |s| {
+                s.topology.devices[0].model = "NVIDIA A100".into()
+            }),
             ("nvml", |s| s.nvml = None),
             ("health", |s| s.health = NodeHealth::default()),
             ("super_pod", |s| s.super_pod = None),
@@ -348,7 +349,8 @@ mod tests {
                 "{field} made no difference"
             );
         }
-        let opts: [(&str, fn(&mut PublishOptions)); 3] = [
+        type Unset = fn(&mut PublishOptions);
+        let opts: [(&str, Unset); 3] = [
             ("compat_labels", |o| o.compat_labels = false),
             ("ascend_device_info", |o| o.ascend_device_info = false),
             ("dra", |o| o.dra = None),

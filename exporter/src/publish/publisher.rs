@@ -14,12 +14,12 @@ use serde_json::{Value, json};
 use tokio::sync::Notify;
 
 use super::ascend;
-use super::metrics::Metrics;
-use super::objects::LABEL_PREFIX;
-use super::slices;
 use super::collect::NodeCollector;
 use super::desired::Desired;
+use super::metrics::Metrics;
+use super::objects::LABEL_PREFIX;
 use super::settings::PublishOptions;
+use super::slices;
 use fumarole_topology::every::Every;
 
 /// How often one failing watch is logged at warning (403, 410 loops and outages retry often).
