@@ -8,12 +8,13 @@
 //! on the pods' cgroups, batch resources, pressure taint and eviction, configured by the
 //! `volcano-agent-configuration` ConfigMap.
 //!
-//! Each crate declares its own flags, flattened into [`RunArgs`]: publishing's and the
-//! kubelet's in `fumarole_exporter` ([`PublishArgs`], [`KubeletArgs`]), the device plugins'
-//! and DRA's in `fumarole_device_plugin` ([`DevicePluginArgs`], [`DraArgs`]), co-location's in
-//! `fumarole_colocation` ([`ColocationArgs`]). [`serve`] wires three tasks, each started by a
-//! module of its own with its own settings: publishing ([`publishing`]), devices ([`devices`])
-//! and co-location ([`colocation`]).
+//! Each crate declares its own flags, flattened into [`RunArgs`]: publishing's, the kubelet's
+//! and device health's in `fumarole_exporter` ([`PublishArgs`], [`KubeletArgs`],
+//! [`HealthArgs`]), the device plugins' and DRA's in `fumarole_device_plugin`
+//! ([`DevicePluginArgs`], [`DraArgs`]), co-location's in `fumarole_colocation`
+//! ([`ColocationArgs`]). [`serve`] wires three tasks, each started by a module of its own with
+//! its own settings: publishing ([`publishing`]), devices ([`devices`]) and co-location
+//! ([`colocation`]).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -24,16 +25,18 @@ use fumarole_colocation::metrics::ColocationMetrics;
 use fumarole_colocation::settings::ColocationArgs;
 use fumarole_device_plugin::resources::{Resource, split};
 use fumarole_device_plugin::settings::{DevicePluginArgs, DevicePluginSettings, DraArgs};
+use fumarole_exporter::device_health::HealthStream;
+use fumarole_exporter::device_health::dcmi::ServerAnswers;
+use fumarole_exporter::device_health::nvml::NvmlSession;
+use fumarole_exporter::device_health::settings::HealthArgs;
+use fumarole_exporter::device_health::sources::start_sources;
 use fumarole_exporter::discover;
-use fumarole_exporter::health::HealthStream;
-use fumarole_exporter::health::dcmi::ServerAnswers;
-use fumarole_exporter::health::nvml::NvmlSession;
 use fumarole_exporter::kubelet::KubeletArgs;
 use fumarole_exporter::publish::{PublishArgs, PublishSettings, metrics, metrics::Metrics};
 use fumarole_topology::NodeTopology;
 use kube::runtime::events::{Recorder, Reporter};
 
-use crate::health::{self, HealthArgs};
+use crate::fault_events;
 use crate::node::{NodeArgs, NvmlSource, Prepared};
 use crate::{plugins, pods};
 
@@ -120,9 +123,9 @@ async fn serve(args: RunArgs, node_name: String, mut prepared: Prepared) -> Resu
             instance: Some(node_name.clone()),
         },
     );
-    health::spawn_reports(
+    fault_events::spawn_reports(
         stream.subscribe(),
-        Some((recorder.clone(), health::node_reference(&node_name))),
+        Some((recorder.clone(), fault_events::node_reference(&node_name))),
         Some(counters.faults),
     );
     let node_pods = (devices.plugins.dir.is_some() || args.colocation.enabled()).then(|| {
@@ -170,7 +173,7 @@ async fn api_client() -> Result<kube::Client> {
 struct Counters {
     colocation: Arc<ColocationMetrics>,
     choices: Arc<plugins::ChoiceMetrics>,
-    faults: Arc<health::DeviceFaultMetrics>,
+    faults: Arc<fault_events::DeviceFaultMetrics>,
 }
 
 /// Serves `/metrics` and `/healthz` on `--metrics-addr`.
@@ -180,7 +183,7 @@ async fn serve_metrics(settings: &PublishSettings) -> Result<(Arc<Metrics>, Coun
         (
             ColocationMetrics::register(registry),
             plugins::ChoiceMetrics::register(registry),
-            health::DeviceFaultMetrics::register(registry),
+            fault_events::DeviceFaultMetrics::register(registry),
         )
     });
     let listener = tokio::net::TcpListener::bind(settings.metrics_addr)
@@ -255,7 +258,7 @@ async fn standalone(args: RunArgs, mut prepared: Prepared) -> Result<()> {
         &stream,
         ServerAnswers::default(),
     );
-    health::spawn_reports(stream.subscribe(), None, None);
+    fault_events::spawn_reports(stream.subscribe(), None, None);
     let (resources, dra) = split(resources);
     let dra_devices: usize = dra.iter().map(|r| r.devices.len()).sum();
     if dra_devices > 0 {
@@ -296,7 +299,7 @@ fn discover_node(
     Ok((topology, session))
 }
 
-/// Starts the node's health sources (see [`health::start_sources`]).
+/// Starts the node's health sources (see [`start_sources`]).
 fn start_health(
     health: &HealthArgs,
     prepared: &Prepared,
@@ -316,7 +319,7 @@ fn start_health(
             .collect(),
     };
     let host = matches!(prepared.options.source, discover::Source::Host);
-    health::start_sources(
+    start_sources(
         health,
         topology,
         root_of(prepared).to_path_buf(),

@@ -15,7 +15,7 @@ use fumarole_device_plugin::dra::serve::{DraDirs, DraServer};
 use fumarole_device_plugin::plugin::Pods;
 use fumarole_device_plugin::resources::{Resource, split};
 use fumarole_device_plugin::settings::DevicePluginSettings;
-use fumarole_exporter::health::HealthStream;
+use fumarole_exporter::device_health::HealthStream;
 use fumarole_exporter::publish::{DraSlices, LatestAllocations};
 use fumarole_topology::NodeTopology;
 

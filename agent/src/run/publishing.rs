@@ -7,11 +7,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use fumarole_exporter::device_health::HealthStream;
+use fumarole_exporter::device_health::dcmi::ServerAnswers;
+use fumarole_exporter::device_health::dcmi::answers::{ChipInfo, SuperPod};
 use fumarole_exporter::discover::DiscoverOptions;
 use fumarole_exporter::discover::nvml::NvmlProbe;
-use fumarole_exporter::health::HealthStream;
-use fumarole_exporter::health::dcmi::ServerAnswers;
-use fumarole_exporter::health::dcmi::answers::{ChipInfo, SuperPod};
 use fumarole_exporter::kubelet::KubeletSettings;
 use fumarole_exporter::publish::metrics::Metrics;
 use fumarole_exporter::publish::{

@@ -15,9 +15,9 @@ use std::sync::Arc;
 use fumarole_topology::NodeHealth;
 use tokio::sync::watch;
 
+use crate::device_health::dcmi::answers::{ChipInfo, SuperPod};
 use crate::discover::nvml::NvmlProbe;
 use crate::discover::{DiscoverOptions, discover_with_nvml};
-use crate::health::dcmi::answers::{ChipInfo, SuperPod};
 use crate::kubelet::config::{ConfigError, KubeletPolicies};
 use crate::kubelet::{AllocationSource, Allocations, KubeletConfig, KubeletSettings};
 

@@ -15,8 +15,8 @@ use fumarole_topology::crd::{
 use fumarole_topology::{NodeHealth, NodeTopology};
 use k8s_openapi::api::resource::v1::ResourceSliceSpec;
 
+use crate::device_health::dcmi::answers::{ChipInfo, SuperPod};
 use crate::discover::nvml::NvmlReport;
-use crate::health::dcmi::answers::{ChipInfo, SuperPod};
 use crate::kubelet::config::KubeletPolicies;
 use crate::kubelet::{AllocationSource, Allocations};
 
