@@ -9,7 +9,7 @@
 
 mod diagram;
 mod discover;
-mod health;
+mod fault_events;
 mod node;
 mod plugins;
 mod pods;

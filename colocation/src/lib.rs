@@ -9,8 +9,10 @@
 //!   read the kernel, ask the rules and apply the answers.
 //! - [`metrics`]: the `fumarole_colocation_*` metrics, registered into the agent's `/metrics`.
 //! - [`watched`]: watched objects (a kube-rs reflector), shared with the agent's pod watch.
+//! - [`settings`]: the `--colocation*` and cgroup flags and the typed settings of the tasks.
 //!
-//! Arrows point one way: `tasks` -> `cgroup` -> `rules`, and `tasks` -> `metrics`, `watched`.
+//! Arrows point one way: `tasks` -> `cgroup` -> `rules`, `settings` -> `cgroup`, and `tasks` ->
+//! `metrics`, `watched`.
 //! Start at [`tasks`] for what runs, at [`rules::evict::Evictor::round`] and
 //! [`rules::config::effective`] for what is decided. Semantics, and where fumarole differs from
 //! volcano-agent on purpose, in `../shared/reference/anchor-behaviour.md` and the module docs.
@@ -21,5 +23,6 @@
 pub mod cgroup;
 pub mod metrics;
 pub mod rules;
+pub mod settings;
 pub mod tasks;
 pub mod watched;

@@ -11,6 +11,9 @@
 //! Beside them, [`dra`] is the DRA (v1) kubelet plugin: devices whose config entry says
 //! `servedBy: dra` (or `both`) are handed out through ResourceClaims, with the same env vars
 //! and device nodes, as CDI specs ([`dra::serve::start`] is where to start).
+//!
+//! [`settings`] holds both plugins' flags (flattened into `fumarole-agent run`) and the typed
+//! settings they become.
 
 pub mod admission;
 pub mod annotation;
@@ -19,6 +22,7 @@ pub mod dra;
 pub mod plugin;
 pub mod register;
 pub mod resources;
+pub mod settings;
 
 /// Generated from `proto/deviceplugin_v1beta1.proto`.
 pub mod api {

@@ -9,10 +9,10 @@
 
 use std::collections::BTreeMap;
 
+use fumarole_exporter::device_health::dcmi::answers::{ChipInfo, SuperPod};
 use fumarole_exporter::fixtures::{
     ATLAS_800_910_CHIP, ATLAS_800T_A2_CHIP, ATLAS_A3_CHIP, ChipAnswer,
 };
-use fumarole_exporter::health::dcmi::answers::{ChipInfo, SuperPod};
 use fumarole_exporter::publish::ascend;
 use fumarole_topology::model::{Device, DeviceKind, PciId};
 use fumarole_topology::{

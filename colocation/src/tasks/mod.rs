@@ -16,7 +16,7 @@
 //! - [`report`]: what the other three know (`ColocationStatus`), written to this node's
 //!   `DeviceTopology` status (or, until that object exists, a Node annotation).
 //!
-//! Start at `agent/src/run.rs`, which wires them together.
+//! Start at `agent/src/run/colocation.rs`, which wires them together.
 
 pub mod config_watch;
 pub mod heartbeat;

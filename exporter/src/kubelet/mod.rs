@@ -3,10 +3,12 @@
 //! containers hold which CPUs and devices).
 //!
 //! [`AllocationReader`] is where to start: PodResources first, the checkpoint as fallback.
+//! [`settings`] holds the flags that say where these are ([`KubeletArgs`]).
 
 pub mod config;
 pub mod cpu_manager_state;
 pub mod podresources;
+pub mod settings;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -14,6 +16,7 @@ use std::path::{Path, PathBuf};
 use fumarole_topology::CpuSet;
 
 pub use config::KubeletConfig;
+pub use settings::{KubeletArgs, KubeletSettings};
 
 /// Exclusive resources held by one container.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

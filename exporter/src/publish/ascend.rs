@@ -13,7 +13,7 @@ use fumarole_topology::{FaultKind, NodeHealth, NodeTopology, SuperNodeSource, Ve
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::health::dcmi::answers::{ChipInfo, SuperPod};
+use crate::device_health::dcmi::answers::{ChipInfo, SuperPod};
 
 use super::objects::label_value;
 

@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 
 use fumarole_topology::{NodeTopology, Vendor};
 
+use crate::device_health::dcmi::answers::SuperPod;
 use crate::discover::nvml::NvmlReport;
-use crate::health::dcmi::answers::SuperPod;
 
 use super::ascend;
 use super::objects::label_value;

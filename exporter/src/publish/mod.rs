@@ -1,30 +1,37 @@
 //! Publishing a node's objects to the API server, and keeping them true.
 //!
-//! [`objects`] builds what the node should look like; [`Publisher`] writes it with
-//! server-side apply (field manager [`FIELD_MANAGER`]) only when it differs from what was last
-//! applied or from the live object, which it watches (so a deleted object is re-created and a
-//! field someone overwrote is restored, with no reads in steady state); [`run`] is the loop:
-//! re-check every interval or at once when poked, back off exponentially while the API server
-//! fails, recover by itself; [`watch_allocations`] pokes it when a pod gets or frees
-//! exclusive CPUs or devices, [`wake_on_health`] when a device's or link's health changes.
-//! [`metrics`] serves `/metrics` and `/healthz`. [`compat`] and [`ascend`] render other
-//! projects' formats (GFD's labels; Huawei's device-info ConfigMap and Ascend labels).
+//! Each round [`collect`] reads the node (discovery, health, DCMI's answers, the kubelet: all
+//! the I/O) into one snapshot, [`desired`] turns it into the objects (a pure function of the
+//! snapshot and the [`settings::PublishOptions`]; [`objects`] renders fumarole's own,
+//! [`compat`] and [`ascend`] other projects' formats: GFD's labels; Huawei's device-info
+//! ConfigMap and Ascend labels, [`slices`] the ResourceSlices), and [`Publisher`] writes them
+//! with server-side apply (field manager [`FIELD_MANAGER`]) only when they differ from what was
+//! last applied or from the live object, which it watches (so a deleted object is re-created
+//! and a field someone overwrote is restored, with no reads in steady state). [`run`] is the
+//! loop: re-check every interval or at once when poked, back off exponentially while the API
+//! server fails, recover by itself; [`watch_allocations`] pokes it when a pod gets or frees
+//! exclusive CPUs or devices, [`wake_on_change`] when another input (a device's or link's
+//! health, a DCMI answer) changes. [`settings`] holds the flags and options, [`metrics`]
+//! serves `/metrics` and `/healthz`.
 
 pub mod ascend;
+pub mod collect;
 pub mod compat;
+pub mod desired;
 pub mod metrics;
 pub mod objects;
 mod publisher;
+pub mod settings;
 pub mod slices;
-pub mod state;
 
+pub use collect::{NodeCollector, Sources};
+pub use desired::{Desired, NodeSnapshot, desired};
 pub use publisher::{FIELD_MANAGER, Publisher, run};
-pub use state::Desired;
+pub use settings::{DraSlices, PublishArgs, PublishOptions, PublishSettings};
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use fumarole_topology::NodeHealth;
 use tokio::sync::{Notify, watch};
 
 use crate::kubelet::{AllocationReader, Allocations, KubeletPaths};
@@ -67,11 +74,12 @@ pub fn watch_allocations(
     rx
 }
 
-/// Pokes `wake` whenever `health` changes, so a fault or a recovery is published at once
-/// rather than at the next re-check.
-pub fn wake_on_health(mut health: watch::Receiver<NodeHealth>, wake: Arc<Notify>) {
+/// Pokes `wake` whenever `input` changes, until its sender is gone: a fault or a recovery on
+/// the health stream, or a late DCMI answer, is published at once rather than at the next
+/// re-check.
+pub fn wake_on_change<T: Send + Sync + 'static>(mut input: watch::Receiver<T>, wake: Arc<Notify>) {
     tokio::spawn(async move {
-        while health.changed().await.is_ok() {
+        while input.changed().await.is_ok() {
             wake.notify_one();
         }
     });

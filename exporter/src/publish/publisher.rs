@@ -14,10 +14,12 @@ use serde_json::{Value, json};
 use tokio::sync::Notify;
 
 use super::ascend;
+use super::collect::NodeCollector;
+use super::desired::Desired;
 use super::metrics::Metrics;
 use super::objects::LABEL_PREFIX;
+use super::settings::PublishOptions;
 use super::slices;
-use super::state::{Desired, NodeState};
 use fumarole_topology::every::Every;
 
 /// How often one failing watch is logged at warning (403, 410 loops and outages retry often).
@@ -128,17 +130,17 @@ pub struct Publisher {
 }
 
 impl Publisher {
-    /// Starts watching this node's objects; every change to them pokes `wake`. With `dra`,
-    /// its ResourceSlices too (publish them with [`super::state::NodeState::with_dra`]); with
-    /// `ascend`, its Ascend device-info ConfigMap (in `kube-system`, by name).
+    /// Starts watching this node's objects; every change to them pokes `wake`. With
+    /// `options.dra`, its ResourceSlices too; with `options.ascend_device_info`, its Ascend
+    /// device-info ConfigMap (in `kube-system`, by name).
     pub fn new(
         client: Client,
         node: &str,
-        dra: bool,
-        ascend: bool,
+        options: &PublishOptions,
         metrics: Arc<Metrics>,
         wake: Arc<Notify>,
     ) -> Self {
+        let (dra, ascend) = (options.dra.is_some(), options.ascend_device_info);
         // Every object's counters exist from the start, so rate() and alerts see 0, not nothing.
         for kind in Kind::ALL {
             metrics.objects_known(kind.name());
@@ -555,12 +557,12 @@ fn retry_after(e: &kube::Error) -> Option<Duration> {
     }
 }
 
-/// The publish loop: build the desired state, publish it, then wait for the re-check interval,
-/// a poke on `wake` (a watched object changed, a device's health or allocation changed), or,
-/// after a failure, the backoff delay. Never returns.
+/// The publish loop: read the node and build its objects (`node`), publish them, then wait for
+/// the re-check interval, a poke on `wake` (a watched object changed, a device's health or
+/// allocation changed), or, after a failure, the backoff delay. Never returns.
 pub async fn run(
     mut publisher: Publisher,
-    mut node: NodeState,
+    mut node: NodeCollector,
     recheck: Duration,
     wake: Arc<Notify>,
 ) {

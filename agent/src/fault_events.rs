@@ -1,153 +1,18 @@
-//! Device health in the agent: which sources feed the node's health stream
-//! ([`fumarole_exporter::health`]) and with what settings ([`HealthArgs`], [`start_sources`]),
-//! and what becomes of each fault beyond the kubelet and `DeviceTopology`: a log line, a
+//! What becomes of each device fault beyond the kubelet and `DeviceTopology`: a log line, a
 //! Kubernetes Event on the Node naming the device and the fault, and
-//! `fumarole_device_faults_total{device,kind}` ([`spawn_reports`]).
+//! `fumarole_device_faults_total{device,kind}` ([`spawn_reports`], following the node's
+//! health stream, [`fumarole_exporter::device_health`]).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
 
-use clap::Args;
-use fumarole_exporter::health::dcmi::{self, DcmiSetup, ServerAnswers};
-use fumarole_exporter::health::nvml::{HealthSetup, NvmlSession, xid};
-use fumarole_exporter::health::{HealthStream, dev_nodes, watchdog};
-use fumarole_topology::{Fault, FaultKind, LinkClass, NodeHealth, NodeTopology, Vendor};
+use fumarole_topology::{Fault, FaultKind, NodeHealth};
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType, Recorder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 use tokio::sync::watch;
-
-/// Where device health comes from, and the rules that give a device back.
-#[derive(Args, Clone)]
-pub struct HealthArgs {
-    /// The DCMI library for Ascend health (default: `libdcmi.so` from the library path on this
-    /// host; on a `--root` or `--fixture` node only when given).
-    #[arg(long, value_name = "FILE", env = "FUMAROLE_DCMI_LIBRARY")]
-    dcmi_library: Option<PathBuf>,
-    /// How often NVML and DCMI are checked for what they do not report as events (retired
-    /// pages, row remapping, NVLink lanes, a GPU fallen off the bus, Ascend chip and network
-    /// health).
-    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = humantime::parse_duration)]
-    health_poll_interval: Duration,
-    /// How long a GPU stays out after its last critical XID or ECC event; it comes back when
-    /// this has passed and a check since the event found it healthy.
-    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = humantime::parse_duration)]
-    health_quiet_period: Duration,
-    /// XIDs that do not mark a GPU, on top of NVIDIA's defaults (13, 31, 43, 45, 68, 109: the
-    /// application's fault). Comma-separated.
-    #[arg(long, value_name = "XIDS", env = "FUMAROLE_IGNORED_XIDS", value_parser = parse_xids, default_value = "")]
-    ignored_xids: XidList,
-    /// Ascend error codes that mean an HCCS link fault (0x-prefixed hex or decimal,
-    /// comma-separated): a chip reporting one has its HCCS pairs lowered to PCIe.
-    #[arg(long, value_name = "CODES", value_parser = parse_codes, default_value = "")]
-    hccs_fault_codes: CodeList,
-    /// Longest wait at start for NVML to answer discovery; then NVIDIA devices are
-    /// discovered without it (and NVML health starts whenever the library answers).
-    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
-    nvml_init_timeout: Duration,
-}
-
-#[derive(Clone, Debug, Default)]
-struct XidList(Vec<u64>);
-
-#[derive(Clone, Debug, Default)]
-struct CodeList(Vec<u32>);
-
-fn parse_xids(s: &str) -> Result<XidList, String> {
-    xid::parse_list(s).map(XidList)
-}
-
-fn parse_codes(s: &str) -> Result<CodeList, String> {
-    dcmi::answers::parse_codes(s).map(CodeList)
-}
-
-impl HealthArgs {
-    /// An NVML session on `library` (discovery's answers and the health thread).
-    pub fn nvml_session(&self, library: Option<PathBuf>) -> NvmlSession {
-        NvmlSession::new(library, self.nvml_init_timeout)
-    }
-}
-
-/// Starts every health source of the node into `stream`: device nodes (`dev_nodes`: each
-/// device id and the nodes it needs under `root`), NVML through `nvml` when the node uses the
-/// library, DCMI when the node has Ascend NPUs and a DCMI library (`host` nodes look for
-/// `libdcmi.so` by default). The DCMI source's answers about the server (super-pod, chip
-/// info) go to `answers`.
-#[allow(clippy::too_many_arguments)]
-pub fn start_sources(
-    args: &HealthArgs,
-    topology: &NodeTopology,
-    root: PathBuf,
-    dev_node_list: Vec<(String, Vec<String>)>,
-    nvml: Option<&NvmlSession>,
-    host: bool,
-    stream: &HealthStream,
-    answers: ServerAnswers,
-) {
-    dev_nodes::spawn(root, dev_node_list, stream.source("dev-nodes"));
-    let limit = args.health_poll_interval + Duration::from_secs(5);
-
-    let nvidia: Vec<(String, String)> = topology
-        .devices
-        .iter()
-        .filter(|d| d.vendor == Vendor::Nvidia)
-        .map(|d| (d.pci_bus_id.clone(), d.id.clone()))
-        .collect();
-    if let Some(session) = nvml
-        && !nvidia.is_empty()
-    {
-        watchdog::spawn("NVML", session.calls(), limit);
-        session.start_health(HealthSetup {
-            devices: nvidia,
-            ignored_xids: xid::ignored_set(&args.ignored_xids.0),
-            quiet: args.health_quiet_period,
-            poll: args.health_poll_interval,
-            source: stream.source("nvml"),
-        });
-    }
-
-    let ascend: Vec<(u32, String)> = topology
-        .devices
-        .iter()
-        .filter(|d| d.vendor == Vendor::Huawei && d.id.starts_with("Ascend"))
-        .map(|d| (d.index, d.id.clone()))
-        .collect();
-    let library = args
-        .dcmi_library
-        .clone()
-        .or_else(|| host.then(|| PathBuf::from("libdcmi.so")));
-    if let Some(library) = library
-        && !ascend.is_empty()
-    {
-        let calls = dcmi::start(DcmiSetup {
-            library,
-            devices: ascend,
-            hccs_pairs: hccs_pairs(topology),
-            hccs_codes: args.hccs_fault_codes.0.iter().copied().collect(),
-            poll: args.health_poll_interval,
-            source: stream.source("dcmi"),
-            answers,
-        });
-        watchdog::spawn("DCMI", calls, limit);
-    }
-}
-
-/// The device pairs joined by HCCS.
-fn hccs_pairs(t: &NodeTopology) -> Vec<(String, String)> {
-    let mut out = Vec::new();
-    for (i, a) in t.devices.iter().enumerate() {
-        for (j, b) in t.devices.iter().enumerate().skip(i + 1) {
-            if t.links.class(i, j) == Some(LinkClass::Hccs) {
-                out.push((a.id.clone(), b.id.clone()));
-            }
-        }
-    }
-    out
-}
 
 /// `fumarole_device_faults_total{device, kind}`: faults seen per device and kind (`xid`,
 /// `ecc`, `row-remap`, `fell-off-bus`, `nvlink-down`, `dcmi-chip`, `dcmi-network`,

@@ -12,10 +12,10 @@
 //!   (`nvmlDeviceGetNvLinkState`, [`lanes`]), and whether the GPU answers at all
 //!   (`NVML_ERROR_GPU_IS_LOST`: fell off the bus).
 //!
-//! Faults and their end follow [`crate::health::recovery`]. A call that fails, answers
+//! Faults and their end follow [`crate::device_health::recovery`]. A call that fails, answers
 //! garbage or is missing from an old library is logged once and leaves that part of the last
 //! good state in force; a call that hangs freezes the thread and is reported by the
-//! [`watchdog`](crate::health::watchdog), never blocking anyone else.
+//! [`watchdog`](crate::device_health::watchdog), never blocking anyone else.
 
 pub mod lanes;
 pub mod xid;
@@ -31,13 +31,13 @@ use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enums::event::XidError;
 use nvml_wrapper::error::NvmlError as E;
 
+use crate::device_health::recovery::{Check, Recovery};
+use crate::device_health::watchdog::CallWatch;
+use crate::device_health::{LogOnce, SourceHandle};
 use crate::discover::nvml::{
     NVLINK_MAX_LANES, NvmlError, NvmlProbe, NvmlReport, normalize_bus_id, open_library,
     read_report, remote_kind,
 };
-use crate::health::recovery::{Check, Recovery};
-use crate::health::watchdog::CallWatch;
-use crate::health::{LogOnce, SourceHandle};
 use lanes::{GpuLanes, LaneState};
 use xid::XidClass;
 
@@ -92,7 +92,7 @@ impl NvmlSession {
         }
     }
 
-    /// What the health thread is calling now (for [`crate::health::watchdog::spawn`]).
+    /// What the health thread is calling now (for [`crate::device_health::watchdog::spawn`]).
     pub fn calls(&self) -> Arc<CallWatch> {
         self.inner.calls.clone()
     }

@@ -10,7 +10,7 @@
 //! pages, row remapping, NVLink lanes and the GPU answering at all) and [`dcmi`] (Ascend: chip
 //! health and error codes, RoCE network health, HCCS fault codes). [`recovery`] is the rule
 //! that gives a device back, [`watchdog`] what tells a library that hangs from one that is
-//! slow.
+//! slow. [`sources`] starts them all with the flags of [`settings`].
 //!
 //! Vendor libraries are blocking C code: their sources run on threads of their own and only
 //! ever publish through the stream, so a library that hangs or answers garbage freezes its own
@@ -20,6 +20,8 @@ pub mod dcmi;
 pub mod dev_nodes;
 pub mod nvml;
 pub mod recovery;
+pub mod settings;
+pub mod sources;
 pub mod watchdog;
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -9,7 +9,7 @@
 //! finds it healthy again. A missing library is one log line and no DCMI health (device nodes
 //! still count); a library without a call we need, a call that fails or an answer out of range
 //! is one log line and the last good state of that part; a call that hangs freezes only this
-//! thread (the [`watchdog`](crate::health::watchdog) says so).
+//! thread (the [`watchdog`](crate::device_health::watchdog) says so).
 //!
 //! The same thread asks the chips once for their super-pod info (Atlas A3, see [`ffi`]) and
 //! hands the answer to whoever publishes the node ([`ServerAnswers::super_pod`]); a library
@@ -31,8 +31,8 @@ use fumarole_topology::{Fault, FaultKind, LinkFault, NodeHealth};
 
 use tokio::sync::watch;
 
-use crate::health::watchdog::CallWatch;
-use crate::health::{LogOnce, SourceHandle};
+use crate::device_health::watchdog::CallWatch;
+use crate::device_health::{LogOnce, SourceHandle};
 use answers::{ChipInfo, SuperPod};
 use ffi::{CallError, Dcmi};
 

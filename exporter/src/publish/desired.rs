@@ -1,0 +1,381 @@
+//! What the node's objects should be, as a pure function: [`desired`] takes one
+//! [`NodeSnapshot`] (everything [`super::collect`] read this round) and the
+//! [`PublishOptions`] (what to publish beside the node's own objects, from
+//! [`super::settings`]) and returns the [`Desired`] objects. No I/O, no async, no clock: a
+//! hand-built snapshot gives the same objects as a live node in the same state.
+//!
+//! Start at [`desired`]; the objects themselves are rendered by [`super::objects`],
+//! [`super::compat`], [`super::ascend`] and [`super::slices`].
+
+use std::collections::BTreeMap;
+
+use fumarole_topology::crd::{
+    DeviceTopologySpec, DeviceTopologyStatus, NodeResourceTopology, NumatopologySpec,
+};
+use fumarole_topology::{NodeHealth, NodeTopology};
+use k8s_openapi::api::resource::v1::ResourceSliceSpec;
+
+use crate::device_health::dcmi::answers::{ChipInfo, SuperPod};
+use crate::discover::nvml::NvmlReport;
+use crate::kubelet::config::KubeletPolicies;
+use crate::kubelet::{AllocationSource, Allocations};
+
+use super::settings::PublishOptions;
+use super::{ascend, compat, objects, slices};
+
+/// What the node should look like. `None` keeps the last published object (its inputs could
+/// not be read this round).
+#[derive(Clone, Debug, Default)]
+pub struct Desired {
+    pub numatopology: Option<NumatopologySpec>,
+    pub node_resource_topology: Option<NodeResourceTopology>,
+    pub device_topology: Option<(DeviceTopologySpec, DeviceTopologyStatus)>,
+    pub labels: Option<BTreeMap<String, String>>,
+    /// The node's ResourceSlices by driver; `None` when no device is served through DRA
+    /// (then no slice is written or deleted).
+    pub resource_slices: Option<BTreeMap<&'static str, ResourceSliceSpec>>,
+    /// Huawei's device-info ConfigMap content; `None` when not asked for
+    /// (`--ascend-device-info`) or the node has no Ascend device (then nothing is written).
+    pub ascend_device_info: Option<ascend::DeviceInfo>,
+}
+
+/// One round's reading of the node: everything [`desired`] builds the objects from.
+#[derive(Clone, Debug)]
+pub struct NodeSnapshot {
+    /// The node as discovered (before health and the hardware's super-pod answer apply).
+    pub topology: NodeTopology,
+    /// NVML's answers from the same discovery, when NVML answered (GFD's labels).
+    pub nvml: Option<NvmlReport>,
+    /// The node's health stream, as it stood.
+    pub health: NodeHealth,
+    /// The DCMI source's super-pod answer (A3 hardware), when it has answered.
+    pub super_pod: Option<SuperPod>,
+    /// The DCMI source's chip info, when it has answered.
+    pub chip_info: Option<ChipInfo>,
+    /// The kubelet's policies; `None` when its configuration could not be read this round.
+    pub policies: Option<KubeletPolicies>,
+    /// The kubelet's allocations as read this round; `None` when they could not be read.
+    pub allocations: Option<Allocations>,
+    /// What device accounting counts as allocated: this round's allocations with the devices
+    /// of the last PodResources answer while only the CPU manager checkpoint can be read, or,
+    /// when this round's could not be read, the last good ones (`None`: none yet).
+    pub device_allocations: Option<Allocations>,
+    /// Memory and huge pages per NUMA node from sysfs (empty: zones carry hwloc's sizes).
+    pub numa_memory: objects::NumaMemory,
+}
+
+/// The node's objects from `snapshot` with `options` (see the module doc).
+pub fn desired(snapshot: &NodeSnapshot, options: &PublishOptions) -> Desired {
+    let NodeSnapshot {
+        topology,
+        nvml,
+        health,
+        super_pod,
+        chip_info,
+        policies,
+        allocations,
+        device_allocations,
+        numa_memory,
+    } = snapshot;
+    let mut topology = topology.with_health(health);
+    topology.super_node =
+        ascend::hardware_super_node(topology.super_node.as_ref(), super_pod.as_ref());
+    let (numatopology, node_resource_topology) = match (policies, allocations) {
+        (Some(p), Some(a)) => (
+            Some(objects::numatopology(&topology, p, a)),
+            Some(objects::node_resource_topology(
+                &topology,
+                p,
+                // The collector sets both whenever this round's allocations were read.
+                device_allocations.as_ref().unwrap_or(a),
+                numa_memory,
+                objects::pods_fingerprint(a).as_deref(),
+            )),
+        ),
+        _ => (None, None),
+    };
+    let none = Allocations {
+        source: AllocationSource::None,
+        pods: vec![],
+    };
+    let device_topology = Some(objects::device_topology(
+        &topology,
+        device_allocations.as_ref().unwrap_or(&none),
+        health,
+    ));
+    let mut labels = objects::labels(&topology);
+    if options.compat_labels {
+        labels.extend(compat::labels(&topology, nvml.as_ref(), super_pod.as_ref()));
+    }
+    if options.ascend_device_info {
+        labels.extend(ascend::labels(
+            &topology,
+            super_pod.as_ref(),
+            chip_info.as_ref(),
+        ));
+    }
+    Desired {
+        numatopology,
+        node_resource_topology,
+        device_topology,
+        labels: Some(labels),
+        ascend_device_info: options
+            .ascend_device_info
+            .then(|| ascend::device_info(&topology, health, super_pod.as_ref()))
+            .flatten(),
+        resource_slices: options
+            .dra
+            .as_ref()
+            .map(|d| slices::resource_slices(&d.node, &topology, health, &d.devices)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+    use super::*;
+    use crate::discover::memory::ZoneMemory;
+    use crate::discover::nvml::NvmlGpu;
+    use crate::kubelet::{ContainerAllocation, PodAllocation};
+    use crate::publish::settings::DraSlices;
+    use fumarole_topology::model::{Device, DeviceKind, PciId};
+    use fumarole_topology::{
+        CpuSet, Fault, FaultKind, Health, LinkClass, LinkMatrix, NumaNode, ProcessingUnit, Vendor,
+    };
+    use std::collections::BTreeSet;
+
+    fn device(id: &str, index: u32, vendor: Vendor, model: &str) -> Device {
+        Device {
+            id: id.into(),
+            index,
+            vendor,
+            kind: DeviceKind::Gpu,
+            model: model.into(),
+            pci_bus_id: format!("0000:{:02x}:00.0", index + 1),
+            pci_path: vec![],
+            pci_id: PciId {
+                vendor: if vendor == Vendor::Nvidia {
+                    0x10de
+                } else {
+                    0x19e5
+                },
+                device: 0x2330,
+                class: 0x0302,
+            },
+            numa_node: Some(0),
+            local_cpus: CpuSet::parse("0-3").unwrap(),
+            dev_nodes: vec![],
+            health: Health::Healthy,
+            uuid: None,
+            serial: None,
+            memory_bytes: Some(80 << 30),
+        }
+    }
+
+    /// A small node with one NVIDIA GPU and two Ascend NPUs, so that every input of
+    /// [`desired`] (NVML's answers, DCMI's super-pod and chip info) shows in some object.
+    fn topology() -> NodeTopology {
+        let processing_units = (0..4)
+            .map(|i| ProcessingUnit {
+                os_index: i,
+                core: Some(i),
+                core_id: Some(i),
+                package_id: Some(0),
+                die_id: None,
+                numa_node: Some(0),
+            })
+            .collect();
+        let devices = vec![
+            device("GPU-0", 0, Vendor::Nvidia, "NVIDIA H100"),
+            device("Ascend910-0", 1, Vendor::Huawei, "Ascend910"),
+            device("Ascend910-1", 2, Vendor::Huawei, "Ascend910"),
+        ];
+        NodeTopology {
+            hostname: "n1".into(),
+            packages: vec![],
+            processing_units,
+            allowed_cpus: CpuSet::parse("0-3").unwrap(),
+            numa_nodes: vec![NumaNode {
+                id: 0,
+                cpus: CpuSet::parse("0-3").unwrap(),
+                memory_bytes: 1 << 30,
+                distances: vec![10],
+                kind: None,
+            }],
+            links: LinkMatrix::filled(devices.len(), LinkClass::PcieHostBridge),
+            devices,
+            super_node: None,
+        }
+    }
+
+    fn allocations(source: AllocationSource, devices: &[&str]) -> Allocations {
+        Allocations {
+            source,
+            pods: vec![PodAllocation {
+                uid: Some("u1".into()),
+                name: "p".into(),
+                namespace: "default".into(),
+                containers: vec![ContainerAllocation {
+                    name: "c".into(),
+                    cpus: CpuSet::parse("2-3").unwrap(),
+                    devices: BTreeMap::from([(
+                        "huawei.com/Ascend910".to_string(),
+                        devices.iter().map(|d| d.to_string()).collect(),
+                    )]),
+                    memory: vec![],
+                }],
+            }],
+        }
+    }
+
+    /// A snapshot with every field set to something that changes the objects.
+    fn snapshot() -> NodeSnapshot {
+        let mut health = NodeHealth::default();
+        health.add("Ascend910-1", Fault::new(FaultKind::DcmiChip, "chip"));
+        NodeSnapshot {
+            topology: topology(),
+            nvml: Some(NvmlReport {
+                driver_version: Some("550.54.15".into()),
+                cuda_driver_version: Some(12040),
+                gpus: vec![NvmlGpu {
+                    pci_bus_id: "0000:01:00.0".into(),
+                    index: 0,
+                    ..NvmlGpu::default()
+                }],
+            }),
+            health,
+            super_pod: Some(SuperPod {
+                member: Some((7, 3)),
+            }),
+            chip_info: Some(ChipInfo {
+                chip_type: "Ascend".into(),
+                name: "910B3".into(),
+                version: "V1".into(),
+                ai_cores: 20,
+            }),
+            policies: Some(KubeletPolicies {
+                cpu_manager_policy: "static".into(),
+                topology_manager_policy: "single-numa-node".into(),
+                topology_manager_scope: "container".into(),
+                reserved_cpu_millis: 1000,
+                reserved_memory_bytes: 1 << 20,
+                reserved_system_cpus: CpuSet::parse("0").unwrap(),
+                reserved_memory: BTreeMap::new(),
+            }),
+            allocations: Some(allocations(AllocationSource::CpuManagerState, &[])),
+            device_allocations: Some(allocations(
+                AllocationSource::PodResources,
+                &["Ascend910-0"],
+            )),
+            numa_memory: objects::NumaMemory::from([(
+                0,
+                ZoneMemory {
+                    total_bytes: 3 << 30,
+                    hugepages: BTreeMap::from([(2 << 20, 16)]),
+                },
+            )]),
+        }
+    }
+
+    fn options() -> PublishOptions {
+        PublishOptions {
+            compat_labels: true,
+            ascend_device_info: true,
+            dra: Some(DraSlices {
+                node: "n1".into(),
+                devices: BTreeSet::from(["GPU-0".to_string()]),
+            }),
+        }
+    }
+
+    /// The objects as text, to tell two results apart.
+    fn text(d: &Desired) -> String {
+        format!("{d:?}")
+    }
+
+    #[test]
+    fn every_input_shows_in_the_objects() {
+        let d = desired(&snapshot(), &options());
+        let labels = d.labels.as_ref().unwrap();
+        // NVML's answers: GFD's driver label.
+        assert_eq!(labels["nvidia.com/cuda.driver-version.full"], "550.54.15");
+        // DCMI's chip info: Huawei's chip name label.
+        assert_eq!(labels["node.kubernetes.io/npu.chip.name"], "910B3");
+        // DCMI's super-pod answer: the node's super-node, and its server index.
+        let (spec, status) = d.device_topology.as_ref().unwrap();
+        assert_eq!(spec.super_node.as_ref().unwrap().id, "7");
+        let info = d.ascend_device_info.as_ref().unwrap();
+        assert_eq!((info.super_pod_id, info.server_index), (7, 3));
+        // Health: one NPU down.
+        assert_eq!(status.healthy_count, 2);
+        assert_eq!(
+            info.lists["huawei.com/Ascend910-Unhealthy"],
+            "Ascend910-1".to_string()
+        );
+        // Device accounting counts the device allocations, not this round's checkpoint.
+        assert!(status.devices["Ascend910-0"].allocation.is_some());
+        // Policies and allocations: both kubelet objects.
+        assert!(d.numatopology.is_some());
+        assert!(d.node_resource_topology.is_some());
+        // DRA: the served device's slice.
+        assert!(d.resource_slices.as_ref().is_some_and(|s| !s.is_empty()));
+    }
+
+    /// Clearing any one field of the snapshot changes the objects: no input is dropped on
+    /// the way.
+    #[test]
+    fn no_field_is_ignored() {
+        let full = text(&desired(&snapshot(), &options()));
+        type Clear = fn(&mut NodeSnapshot);
+        let clears: [(&str, Clear); 9] = [
+            ("topology", |s| {
+                s.topology.devices[0].model = "NVIDIA A100".into()
+            }),
+            ("nvml", |s| s.nvml = None),
+            ("health", |s| s.health = NodeHealth::default()),
+            ("super_pod", |s| s.super_pod = None),
+            ("chip_info", |s| s.chip_info = None),
+            ("policies", |s| s.policies = None),
+            ("allocations", |s| s.allocations = None),
+            ("device_allocations", |s| s.device_allocations = None),
+            ("numa_memory", |s| s.numa_memory.clear()),
+        ];
+        for (field, clear) in clears {
+            let mut s = snapshot();
+            clear(&mut s);
+            assert_ne!(
+                text(&desired(&s, &options())),
+                full,
+                "{field} made no difference"
+            );
+        }
+        type Unset = fn(&mut PublishOptions);
+        let opts: [(&str, Unset); 3] = [
+            ("compat_labels", |o| o.compat_labels = false),
+            ("ascend_device_info", |o| o.ascend_device_info = false),
+            ("dra", |o| o.dra = None),
+        ];
+        for (field, clear) in opts {
+            let mut o = options();
+            clear(&mut o);
+            assert_ne!(
+                text(&desired(&snapshot(), &o)),
+                full,
+                "{field} made no difference"
+            );
+        }
+    }
+
+    #[test]
+    fn unread_kubelet_state_keeps_its_objects() {
+        let mut s = snapshot();
+        s.policies = None;
+        let d = desired(&s, &options());
+        assert!(d.numatopology.is_none() && d.node_resource_topology.is_none());
+        // Device status stays, with no allocation at all before the first reading.
+        s.device_allocations = None;
+        let d = desired(&s, &options());
+        let (_, status) = d.device_topology.unwrap();
+        assert!(status.devices.values().all(|d| d.allocation.is_none()));
+    }
+}
