@@ -44,6 +44,18 @@ fn http(port: u16, method: &str, path: &str, body: &str) -> std::io::Result<(Str
 
 /// `serve --cluster-snapshot tests/snapshots/<snapshot>` on a free port, healthy; `/ui` on
 /// another free port.
+/// Waits up to 20 s for the server on `port` to answer `/healthz` with 200.
+fn wait_healthy(port: u16) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        match http(port, "GET", "/healthz", "") {
+            Ok((status, _)) if status.contains(" 200 ") => return,
+            _ if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+            other => panic!("server never became healthy: {other:?}"),
+        }
+    }
+}
+
 fn serve_snapshot(snapshot: &str) -> (Server, u16, u16) {
     let port = free_port();
     let ui = free_port();
@@ -64,14 +76,7 @@ fn serve_snapshot(snapshot: &str) -> (Server, u16, u16) {
             .spawn()
             .unwrap(),
     );
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        match http(port, "GET", "/healthz", "") {
-            Ok((status, _)) if status.contains(" 200 ") => break,
-            _ if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
-            other => panic!("server never became healthy: {other:?}"),
-        }
-    }
+    wait_healthy(port);
     (server, port, ui)
 }
 
@@ -294,14 +299,7 @@ fn serve_and_explain_read_a_configuration_file_and_flags_win() {
             .spawn()
             .unwrap(),
     );
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        match http(port, "GET", "/healthz", "") {
-            Ok((status, _)) if status.contains(" 200 ") => break,
-            _ if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
-            other => panic!("server never became healthy: {other:?}"),
-        }
-    }
+    wait_healthy(port);
     let pod = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/pods/gpu4.yaml");
     let explain = |extra: &[&str]| {
         Command::new(bin)
