@@ -218,9 +218,14 @@ async fn drive<K>(
     while let Some(ev) = stream.next().await {
         match ev {
             Ok(ev) => {
-                watches
-                    .freshness
-                    .ok(kind, matches!(ev, watcher::Event::InitDone));
+                // kube's watcher yields `Init` before it lists, with no request made (after
+                // every failure too), so it says nothing about the watch working: only a
+                // list's results and watch events do. Counting it kept a failing view ready.
+                if !matches!(ev, watcher::Event::Init) {
+                    watches
+                        .freshness
+                        .ok(kind, matches!(ev, watcher::Event::InitDone));
+                }
                 on_event(&ev);
             }
             Err(e) => watches.freshness.failed(kind, &e),
@@ -855,5 +860,52 @@ mod tests {
         let b = pod_request_in(&trimmed, &resources, &jobs, &claims).unwrap();
         assert_eq!(a, b);
         assert_eq!((b.devices.resource.as_str(), b.devices.count), (npu, 5));
+    }
+
+    #[tokio::test]
+    async fn a_watch_that_only_restarts_stays_failing() {
+        let watches = Watches {
+            changed: Arc::new(Notify::new()),
+            freshness: Arc::new(Freshness::new(Duration::ZERO)),
+        };
+        watches.freshness.track("Node");
+        let listed: Vec<Result<watcher::Event<Node>, watcher::Error>> =
+            vec![Ok(watcher::Event::Init), Ok(watcher::Event::InitDone)];
+        drive(
+            "Node",
+            futures::stream::iter(listed),
+            watches.clone(),
+            |_| (),
+        )
+        .await;
+        assert!(watches.freshness.check().is_ok());
+
+        // A failed list, then the watcher's own restart: no request has succeeded since.
+        let restarts: Vec<Result<watcher::Event<Node>, watcher::Error>> = vec![
+            Err(watcher::Error::InitialListFailed(api_error(503))),
+            Ok(watcher::Event::Init),
+        ];
+        drive(
+            "Node",
+            futures::stream::iter(restarts),
+            watches.clone(),
+            |_| (),
+        )
+        .await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let stale = watches.freshness.check().unwrap_err();
+        assert!(stale.contains("Node watch failing"), "{stale}");
+
+        // A list that answers is a sign of life.
+        let relisted: Vec<Result<watcher::Event<Node>, watcher::Error>> =
+            vec![Ok(watcher::Event::InitDone)];
+        drive(
+            "Node",
+            futures::stream::iter(relisted),
+            watches.clone(),
+            |_| (),
+        )
+        .await;
+        assert!(watches.freshness.check().is_ok());
     }
 }
