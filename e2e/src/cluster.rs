@@ -193,9 +193,47 @@ pub fn metric_sum(text: &str, prefix: &str) -> f64 {
         .sum()
 }
 
-/// A free TCP port on 127.0.0.1 (free when this returns).
+/// A TCP port on 127.0.0.1 that is free when this returns and that no earlier call in this
+/// process returned.
+///
+/// Asking the kernel for port 0 hands out a port from the ephemeral range, which every outgoing
+/// connection draws from too: between this call and the server's own bind, a client socket of
+/// the same test could take it (etcd once failed so with "address already in use"). So the port
+/// is drawn at random below that range, where the kernel never picks one by itself.
 pub fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    use std::hash::BuildHasher;
+    static GIVEN: Mutex<std::collections::BTreeSet<u16>> =
+        Mutex::new(std::collections::BTreeSet::new());
+    let mut given = GIVEN
+        .lock()
+        .map_err(|_| anyhow!("port registry poisoned"))?;
+    let (low, high) = match ephemeral_ports() {
+        (ephemeral_low, _) if ephemeral_low > 12_000 => (10_000, ephemeral_low - 1),
+        // No room below the range: draw from it, still never twice.
+        range => range,
+    };
+    let random = std::collections::hash_map::RandomState::new();
+    for attempt in 0..1_000u32 {
+        let span = u64::from(high - low) + 1;
+        let port = low + (random.hash_one(attempt) % span) as u16;
+        if given.contains(&port) || TcpListener::bind(("127.0.0.1", port)).is_err() {
+            continue;
+        }
+        given.insert(port);
+        return Ok(port);
+    }
+    bail!("no free port in {low}..={high} after 1000 tries")
+}
+
+/// The kernel's ephemeral port range (`ip_local_port_range`), or Linux's default.
+fn ephemeral_ports() -> (u16, u16) {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|text| {
+            let mut parts = text.split_whitespace().map(|p| p.parse::<u16>().ok());
+            Some((parts.next()??, parts.next()??))
+        })
+        .unwrap_or((32_768, 60_999))
 }
 
 fn random_hex(bytes: usize) -> Result<String> {
@@ -206,8 +244,23 @@ fn random_hex(bytes: usize) -> Result<String> {
 }
 
 impl TestCluster {
-    /// Starts etcd and kube-apiserver and waits until the apiserver is ready.
+    /// Starts etcd and kube-apiserver and waits until the apiserver is ready. A start that
+    /// fails because another program took one of its ports between [`free_port`] and the
+    /// server's bind is tried again with new ports, twice at most.
     pub async fn start() -> Result<TestCluster> {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match Self::start_once().await {
+                Err(e) if tries < 3 && format!("{e:#}").contains("address already in use") => {
+                    eprintln!("cluster start lost a port race, starting again: {e:#}");
+                }
+                result => return result,
+            }
+        }
+    }
+
+    async fn start_once() -> Result<TestCluster> {
         let up = Upstream::get()?;
         let dir = tempfile::Builder::new()
             .prefix("fumarole-e2e-")
@@ -933,6 +986,22 @@ impl Drop for TestCluster {
             && std::env::var_os(ENV_KEEP).is_some()
         {
             eprintln!("{ENV_KEEP}: keeping {}", dir.keep().display());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn free_ports_are_never_repeated_and_stay_out_of_the_ephemeral_range() {
+        let (ephemeral_low, _) = ephemeral_ports();
+        let ports: Vec<u16> = (0..200).map(|_| free_port().unwrap()).collect();
+        let distinct: std::collections::BTreeSet<u16> = ports.iter().copied().collect();
+        assert_eq!(distinct.len(), ports.len(), "a port was handed out twice");
+        if ephemeral_low > 12_000 {
+            assert!(ports.iter().all(|&p| p < ephemeral_low), "{ports:?}");
         }
     }
 }
