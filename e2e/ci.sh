@@ -36,4 +36,7 @@ echo "e2e/ci.sh: upstream ready in $(( $(date +%s) - start ))s at $FUMAROLE_UPST
 # fumarole-scheduler-ext package builds kubectl-fumarole too, for the kubectl_plugin test); the
 # device-health tests load the stand-in vendor libraries from there too.
 cargo build -p fumarole-agent -p fumarole-scheduler-ext -p fumarole-standin-nvml -p fumarole-standin-dcmi "$@"
+# Volcano's scheduler with fumarole's plugin compiled in (cgo over the scheduler-abi static
+# library); seconds when warm.
+volcano-plugin/build.sh "$@" >/dev/null
 cargo test -p fumarole-e2e "$@"

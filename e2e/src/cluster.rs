@@ -808,6 +808,14 @@ impl TestCluster {
     /// `actions:`/`tiers:` YAML of `--scheduler-conf`; empty for Volcano's
     /// built-in default). Waits for both `/healthz`.
     pub async fn start_volcano(&self, scheduler_conf: &str) -> Result<()> {
+        self.start_volcano_with(&Upstream::get()?.bin("vc-scheduler"), scheduler_conf)
+            .await
+    }
+
+    /// [`TestCluster::start_volcano`] with another vc-scheduler binary (fumarole's, with its
+    /// plugin compiled in: [`crate::fumarole::volcano_plugin_bin`]); its log is still
+    /// `log_tail("vc-scheduler", ..)`.
+    pub async fn start_volcano_with(&self, scheduler: &Path, scheduler_conf: &str) -> Result<()> {
         self.install_volcano_crds().await?;
         let kubeconfig = self.admin_kubeconfig.display().to_string();
         let cm_health = free_port()?;
@@ -836,7 +844,7 @@ impl TestCluster {
             std::fs::write(&path, scheduler_conf)?;
             args.push(format!("--scheduler-conf={}", path.display()));
         }
-        self.spawn("vc-scheduler", "vc-scheduler", &args)?;
+        self.start_program("vc-scheduler", scheduler, &args, &[])?;
         self.wait_healthz(
             "vc-controller-manager",
             &format!("http://127.0.0.1:{cm_health}"),

@@ -46,6 +46,61 @@ pub fn kubectl_plugin_bin() -> Result<PathBuf> {
     our_bin("kubectl-fumarole", "fumarole-scheduler-ext")
 }
 
+/// `vc-scheduler-fumarole`: Volcano's scheduler with fumarole's plugin compiled in, built by
+/// `volcano-plugin/build.sh` beside our other binaries (e2e/ci.sh builds it; when it is missing
+/// this runs the script).
+pub fn volcano_plugin_bin() -> Result<PathBuf> {
+    let dir = profile_dir()?;
+    let bin = dir.join("vc-scheduler-fumarole");
+    if !bin.exists() {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../volcano-plugin/build.sh");
+        let mut cmd = std::process::Command::new("bash");
+        cmd.arg(&script);
+        if dir.file_name().is_some_and(|n| n == "release") {
+            cmd.arg("--release");
+        }
+        if let Some(target) = dir.parent() {
+            cmd.env("CARGO_TARGET_DIR", target);
+        }
+        let out = cmd.output()?;
+        if !out.status.success() || !bin.exists() {
+            bail!(
+                "{} missing and {} failed: {}",
+                bin.display(),
+                script.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+    Ok(bin)
+}
+
+/// The seeds' `volcano-scheduler.conf`, byte for byte as MetaX's documents write it
+/// (../shared/reference/volcano-scheduler-configs.md): `gpu-podaffinity` in the first tier after
+/// `conformance`, `gpu-aware` with `weight: 1` and `loss.weight: 0.5` in the second after
+/// `binpack`.
+pub const SEED_VOLCANO_CONF: &str = r#"actions: "enqueue, allocate, backfill"
+tiers:
+- plugins:
+  - name: priority
+  - name: gang
+    enablePreemptable: false
+  - name: conformance
+  - name: gpu-podaffinity
+- plugins:
+  - name: overcommit
+  - name: drf
+    enablePreemptable: false
+  - name: predicates
+  - name: proportion
+  - name: nodeorder
+  - name: binpack
+  - name: gpu-aware
+    arguments:
+      weight: 1          # this plugin's weight among all plugins
+      loss.weight: 0.5   # weight of the loss score; higher leaves fewer GPU fragments
+"#;
+
 /// `target/<profile>/`: where a test binary (in its `deps/`) or one of this crate's own binaries
 /// (like `fumarole-demo`) runs from.
 fn profile_dir() -> Result<PathBuf> {

@@ -1,7 +1,10 @@
-//! Real Volcano (vc-scheduler with its `extender` plugin, vc-controller-manager running Volcano
-//! Jobs) and fumarole-scheduler-ext serving the live cluster. The nodes advertise all their
-//! GPUs, so only the extender knows which are free. Volcano v1.10 binds without calling
-//! `allocateFunc`, so the service writes the devices on the pods after they are bound.
+//! Real Volcano (vc-controller-manager running Volcano Jobs) deciding with fumarole two ways,
+//! each test once per way ([`Way`]): upstream's vc-scheduler with its `extender` plugin calling
+//! fumarole-scheduler-ext over HTTP (Volcano v1.10 binds without calling `allocateFunc`, so the
+//! service writes the devices on the pods after they are bound), and `vc-scheduler-fumarole`,
+//! Volcano's scheduler with fumarole's plugin compiled in, configured with the seeds'
+//! `volcano-scheduler.conf` as MetaX writes it. The nodes advertise all their GPUs, so only
+//! fumarole knows which are free.
 
 // Test code: helpers outside #[test] fns may unwrap and panic too.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -13,14 +16,65 @@ use std::time::Duration;
 
 use fumarole_e2e::chain;
 use fumarole_e2e::cluster::eventually;
+use fumarole_topology::crd::DeviceTopology;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, PostParams};
 use serde_json::json;
 
-/// Every extender call succeeded (Volcano logs failed ones and carries on).
+/// How Volcano reaches fumarole.
+#[derive(Clone, Copy, Debug)]
+enum Way {
+    /// Upstream's vc-scheduler, its `extender` plugin, fumarole-scheduler-ext.
+    Extender,
+    /// `vc-scheduler-fumarole` with the seeds' configuration.
+    Plugin,
+}
+
+/// A cluster with `topologies` published and Volcano deciding with fumarole the `way` given.
+async fn volcano_with(topologies: &[DeviceTopology], way: Way) -> fumarole_e2e::TestCluster {
+    match way {
+        Way::Extender => {
+            let (cluster, port) = common::cluster_with_extender(topologies, &[]).await;
+            cluster
+                .start_volcano(&fumarole_e2e::fumarole::volcano_conf_with_extender(port))
+                .await
+                .unwrap();
+            cluster
+        }
+        Way::Plugin => {
+            let cluster = common::cluster().await;
+            common::publish(&cluster, topologies).await;
+            let scheduler = fumarole_e2e::fumarole::volcano_plugin_bin().unwrap();
+            cluster
+                .start_volcano_with(&scheduler, fumarole_e2e::fumarole::SEED_VOLCANO_CONF)
+                .await
+                .unwrap();
+            cluster
+        }
+    }
+}
+
+/// The logs of whatever decided, for a failure message.
+fn decider_logs(cluster: &fumarole_e2e::TestCluster) -> String {
+    format!(
+        "scheduler-ext:\n{}\nvc-scheduler:\n{}",
+        cluster
+            .log_tail("fumarole-scheduler-ext", 60)
+            .unwrap_or_default(),
+        cluster.log_tail("vc-scheduler", 80).unwrap_or_default()
+    )
+}
+
+/// Every extender call succeeded (Volcano logs failed ones and carries on), and fumarole's
+/// plugin neither failed to start nor stopped a panic.
 fn assert_no_failed_calls(cluster: &fumarole_e2e::TestCluster) {
     let log = cluster.log_tail("vc-scheduler", 4000).unwrap();
-    for failure in ["Predicate failed", "Prioritize failed"] {
+    for failure in [
+        "Predicate failed",
+        "Prioritize failed",
+        "fumarole is not ready",
+        "fumarole panicked",
+    ] {
         assert!(
             !log.contains(failure),
             "{failure} in vc-scheduler log:\n{log}"
@@ -29,12 +83,17 @@ fn assert_no_failed_calls(cluster: &fumarole_e2e::TestCluster) {
 }
 
 #[tokio::test]
-async fn volcano_puts_four_gpu_pod_where_it_fits_exactly() {
-    let (cluster, port) = common::cluster_with_extender(&common::two_dgx(), &[]).await;
-    cluster
-        .start_volcano(&fumarole_e2e::fumarole::volcano_conf_with_extender(port))
-        .await
-        .unwrap();
+async fn extender_puts_four_gpu_pod_where_it_fits_exactly() {
+    four_gpu_pod_goes_where_it_fits_exactly(Way::Extender).await;
+}
+
+#[tokio::test]
+async fn plugin_puts_four_gpu_pod_where_it_fits_exactly() {
+    four_gpu_pod_goes_where_it_fits_exactly(Way::Plugin).await;
+}
+
+async fn four_gpu_pod_goes_where_it_fits_exactly(way: Way) {
+    let cluster = volcano_with(&common::two_dgx(), way).await;
 
     let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
     let pod: Pod = serde_json::from_value(json!({
@@ -106,12 +165,17 @@ fn vcjob(name: &str, replicas: u32, group_size: u32) -> DynamicObject {
 /// own devices; a Job whose atomic unit (32 GPUs) fits no super-node stays pending with our
 /// reason.
 #[tokio::test]
-async fn volcano_job_lands_unit_by_unit_in_single_super_nodes() {
-    let (cluster, port) = common::cluster_with_extender(&common::racks(), &[]).await;
-    cluster
-        .start_volcano(&fumarole_e2e::fumarole::volcano_conf_with_extender(port))
-        .await
-        .unwrap();
+async fn extender_job_lands_unit_by_unit_in_single_super_nodes() {
+    job_lands_unit_by_unit_in_single_super_nodes(Way::Extender).await;
+}
+
+#[tokio::test]
+async fn plugin_job_lands_unit_by_unit_in_single_super_nodes() {
+    job_lands_unit_by_unit_in_single_super_nodes(Way::Plugin).await;
+}
+
+async fn job_lands_unit_by_unit_in_single_super_nodes(way: Way) {
+    let cluster = volcano_with(&common::racks(), way).await;
 
     let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(
         "batch.volcano.sh",
@@ -141,10 +205,9 @@ async fn volcano_job_lands_unit_by_unit_in_single_super_nodes() {
     let placed = match placed {
         Ok(p) => p,
         Err(e) => panic!(
-            "{e}\npods: {:?}\nscheduler-ext:\n{}\nvc-scheduler:\n{}",
+            "{e}\npods: {:?}\n{}",
             common::pod_states(&pods).await,
-            cluster.log_tail("fumarole-scheduler-ext", 60).unwrap(),
-            cluster.log_tail("vc-scheduler", 60).unwrap()
+            decider_logs(&cluster)
         ),
     };
     let rank = |pod: &str| {
@@ -198,7 +261,7 @@ async fn volcano_job_lands_unit_by_unit_in_single_super_nodes() {
 
 /// Three super-nodes of whole free 8-GPU nodes: rack-a (a0..a3) and rack-b (b0..b3) hold 32
 /// GPUs each, rack-c (c0..c2) 24: a 32-GPU unit fits rack-a or rack-b, never rack-c.
-fn free_racks() -> Vec<fumarole_topology::crd::DeviceTopology> {
+fn free_racks() -> Vec<DeviceTopology> {
     let mut out = Vec::new();
     for (rack, prefix, n) in [("rack-a", "a", 4), ("rack-b", "b", 4), ("rack-c", "c", 3)] {
         for i in 0..n {
@@ -212,12 +275,8 @@ fn free_racks() -> Vec<fumarole_topology::crd::DeviceTopology> {
 /// pytorch plugin's RANK env; only the master carries the group annotation): ranks 0-3 (the
 /// master and workers 0-2) form unit 0, ranks 4-7 unit 1, and each lands whole in one
 /// super-node, with or without an atomic size of 16.
-async fn pytorch_demo_lands_unit_by_unit(atomic: Option<u32>) {
-    let (cluster, port) = common::cluster_with_extender(&free_racks(), &[]).await;
-    cluster
-        .start_volcano(&fumarole_e2e::fumarole::volcano_conf_with_extender(port))
-        .await
-        .unwrap();
+async fn pytorch_demo_lands_unit_by_unit(way: Way, atomic: Option<u32>) {
+    let cluster = volcano_with(&free_racks(), way).await;
     let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(
         "batch.volcano.sh",
         "v1alpha1",
@@ -247,10 +306,9 @@ async fn pytorch_demo_lands_unit_by_unit(atomic: Option<u32>) {
     let placed = match placed {
         Ok(p) => p,
         Err(e) => panic!(
-            "{e}\npods: {:?}\nscheduler-ext:\n{}\nvc-scheduler:\n{}",
+            "{e}\npods: {:?}\n{}",
             common::pod_states(&pods).await,
-            cluster.log_tail("fumarole-scheduler-ext", 60).unwrap(),
-            cluster.log_tail("vc-scheduler", 60).unwrap()
+            decider_logs(&cluster)
         ),
     };
     assert_no_failed_calls(&cluster);
@@ -279,11 +337,21 @@ async fn pytorch_demo_lands_unit_by_unit(atomic: Option<u32>) {
 }
 
 #[tokio::test]
-async fn pytorch_demo_master_annotation_places_the_whole_job() {
-    pytorch_demo_lands_unit_by_unit(None).await;
+async fn extender_pytorch_demo_master_annotation_places_the_whole_job() {
+    pytorch_demo_lands_unit_by_unit(Way::Extender, None).await;
 }
 
 #[tokio::test]
-async fn pytorch_demo_with_atomic_16_places_the_whole_job() {
-    pytorch_demo_lands_unit_by_unit(Some(16)).await;
+async fn extender_pytorch_demo_with_atomic_16_places_the_whole_job() {
+    pytorch_demo_lands_unit_by_unit(Way::Extender, Some(16)).await;
+}
+
+#[tokio::test]
+async fn plugin_pytorch_demo_master_annotation_places_the_whole_job() {
+    pytorch_demo_lands_unit_by_unit(Way::Plugin, None).await;
+}
+
+#[tokio::test]
+async fn plugin_pytorch_demo_with_atomic_16_places_the_whole_job() {
+    pytorch_demo_lands_unit_by_unit(Way::Plugin, Some(16)).await;
 }

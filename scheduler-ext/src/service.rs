@@ -218,7 +218,7 @@ impl Service {
 
     /// Writes a commit on its pod (live mode), releasing it when the API server refused the
     /// write.
-    async fn write_choice(
+    pub async fn write_choice(
         &self,
         pod: &Pod,
         commit: Option<Commit>,

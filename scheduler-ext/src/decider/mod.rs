@@ -265,6 +265,7 @@ impl Decider {
         let (plan_among_nodes, lapse) = match asker {
             Asker::KubeScheduler => (true, true),
             Asker::Volcano => (false, req.unit.is_some() && self.allocate_clock.fresh()),
+            Asker::VolcanoPlugin => (false, req.unit.is_some()),
         };
         Ok(self.evaluate_request(&view, &req, nodes, plan_among_nodes, reserve, lapse))
     }

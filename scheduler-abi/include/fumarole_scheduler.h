@@ -1,0 +1,31 @@
+/* fumarole's decision core, for schedulers that link it (libfumarole_scheduler_abi.a).
+ * Written by hand from scheduler-abi/src/lib.rs, which documents each function.
+ * Objects travel as JSON; strings returned in *out are freed with fumarole_string_free. */
+#ifndef FUMAROLE_SCHEDULER_H
+#define FUMAROLE_SCHEDULER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define FUMAROLE_OK 0        /* done; *out holds the result, or NULL */
+#define FUMAROLE_NOT_OURS 1  /* the task asks for no device fumarole serves */
+#define FUMAROLE_ERROR 2     /* refused: *out holds why */
+#define FUMAROLE_PANIC 3     /* a bug, stopped at the edge: *out holds the message */
+
+typedef struct fumarole_engine fumarole_engine;
+
+fumarole_engine *fumarole_engine_start(const uint8_t *config, size_t len, char **error);
+fumarole_engine *fumarole_engine_over_snapshot(const uint8_t *dir, size_t dir_len,
+                                               const uint8_t *conf, size_t conf_len,
+                                               char **error);
+int fumarole_engine_notes(const fumarole_engine *engine, char **out);
+int fumarole_task_evaluate(const fumarole_engine *engine, const uint8_t *pod, size_t len,
+                           char **out);
+int fumarole_task_allocate(const fumarole_engine *engine, const uint8_t *pod, size_t len,
+                           const uint8_t *node, size_t node_len, char **error);
+int fumarole_task_deallocate(const fumarole_engine *engine, const uint8_t *pod, size_t len,
+                             char **error);
+void fumarole_string_free(char *s);
+void fumarole_engine_free(fumarole_engine *engine);
+
+#endif

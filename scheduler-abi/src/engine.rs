@@ -1,0 +1,220 @@
+//! The engine inside a scheduler's process: the scheduler extension's decider, kept current by
+//! the same API server watches the extender uses ([`scheduler_ext::live`]), on a small tokio
+//! runtime of its own. The scheduler asks it synchronously: judge a task on every node at once,
+//! commit an allocation, release one. Device choices are written to the pods from the runtime,
+//! so an allocation never waits for the API server.
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{Context, Result, anyhow};
+use k8s_openapi::api::core::v1::Pod;
+use scheduler_ext::core::request::{RequestError, pod_key};
+use scheduler_ext::core::view::ClusterView;
+use scheduler_ext::decider::{Asker, PodSource};
+use scheduler_ext::live::{self, LiveOptions};
+use scheduler_ext::protocol::scale;
+use scheduler_ext::service::Service;
+use serde::Deserialize;
+
+use crate::volcano_conf::{Translated, VolcanoConf};
+
+/// How the engine starts: where the API server is, and the scheduler's configuration.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct EngineConfig {
+    /// The scheduler's `--kubeconfig`; empty: KUBECONFIG, ~/.kube/config or in-cluster.
+    #[serde(default)]
+    pub kubeconfig: Option<PathBuf>,
+    /// The scheduler's `--master`, which overrides the kubeconfig's server.
+    #[serde(default)]
+    pub master: Option<String>,
+    /// The fumarole plugins and configurations Volcano's configuration lists.
+    #[serde(default)]
+    pub volcano: VolcanoConf,
+}
+
+/// A task's verdict on one node, as the scheduler's predicate and node-order read it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Code {
+    Fits = 0,
+    /// Not now: another placement could free the room.
+    Unschedulable = 2,
+    /// Not on this node whatever happens (no devices of the kind).
+    Unresolvable = 3,
+}
+
+/// What judging a task gives.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Evaluation {
+    /// The task asks for no device fumarole serves: every node passes, none scores.
+    NotOurs,
+    /// One line per node of the view: `name TAB code TAB score TAB reason`, the score on
+    /// Volcano's scale (0..100 times `weight`), the reason empty where the node fits.
+    Verdicts(String),
+}
+
+/// The decider, its runtime and the notes on the configuration.
+pub struct Engine {
+    svc: Arc<Service>,
+    /// `None` without an API server (tests and benches): no watches, no writes.
+    runtime: Option<tokio::runtime::Runtime>,
+    notes: Vec<String>,
+}
+
+impl Engine {
+    /// Starts the watches and waits for the first view.
+    pub fn start(config: &EngineConfig) -> Result<Engine> {
+        let Translated { settings, notes } = config.volcano.translate()?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("fumarole")
+            .enable_all()
+            .build()
+            .context("starting fumarole's runtime")?;
+        let svc = Arc::new(Service::with_settings(ClusterView::default(), settings));
+        runtime.block_on(async {
+            let client = kube::Client::try_from(kube_config(config).await?)
+                .context("building the API client")?;
+            let opts = LiveOptions {
+                annotate_schedulers: svc
+                    .decider()
+                    .settings()
+                    .scheduler_names
+                    .iter()
+                    .cloned()
+                    .collect(),
+                ..LiveOptions::default()
+            };
+            // The loop lives as long as the runtime.
+            drop(live::start(client, Arc::clone(&svc), opts).await?);
+            anyhow::Ok(())
+        })?;
+        Ok(Engine {
+            svc,
+            runtime: Some(runtime),
+            notes,
+        })
+    }
+
+    /// An engine over a fixed view (no API server): what the tests and benches judge with.
+    pub fn over_view(view: ClusterView, conf: &VolcanoConf) -> Result<Engine> {
+        let Translated { settings, notes } = conf.translate()?;
+        Ok(Engine {
+            svc: Arc::new(Service::with_settings(view, settings)),
+            runtime: None,
+            notes,
+        })
+    }
+
+    /// The arguments of the configuration fumarole does not implement, one line each.
+    pub fn notes(&self) -> &[String] {
+        &self.notes
+    }
+
+    /// Judges `pod` on every node of the view at once (a unit's pod first gets its super-node
+    /// planned): the scheduler then answers its per-node questions from the result.
+    pub fn evaluate(&self, pod: &Pod) -> Result<Evaluation> {
+        let decider = self.svc.decider();
+        let view = decider.view();
+        let names: Vec<&str> = view.nodes().map(|n| n.name.as_str()).collect();
+        // The scheduler's own cache holds the pod: it is real, so its unit's plan reserves.
+        let verdicts =
+            match decider.evaluate_from(pod, &names, Asker::VolcanoPlugin, PodSource::Known) {
+                Ok(v) => v,
+                Err(RequestError::NoAccelerator { .. }) => return Ok(Evaluation::NotOurs),
+                Err(e) => return Err(anyhow!("pod {}: {e}", pod_key(pod))),
+            };
+        let weight = decider.scorer().weight;
+        let mut out = String::with_capacity(verdicts.len() * 24);
+        for v in &verdicts {
+            let code = match &v.unfit {
+                None => Code::Fits,
+                Some(_) if view.node(&v.node).is_none_or(|n| !n.has_topology) => Code::Unresolvable,
+                Some(_) => Code::Unschedulable,
+            };
+            let score = v.raw.map_or(0.0, |raw| scale::volcano(raw, weight));
+            let reason = v.reason().unwrap_or_default().replace(['\t', '\n'], " ");
+            // Writing to a String cannot fail.
+            let _ = writeln!(out, "{}\t{}\t{score}\t{reason}", v.node, code as u8);
+        }
+        Ok(Evaluation::Verdicts(out))
+    }
+
+    /// The scheduler allocated `pod` to `node`: records its devices in the ledger now, before
+    /// the next task is judged, and writes the choice on the pod in the background. Group
+    /// placement refuses nothing here: the scheduler places the pod there whatever its plugins
+    /// say, so it is recorded where it goes. `Ok(false)`: the pod asks for nothing of ours.
+    pub fn allocate(&self, pod: Pod, node: &str) -> Result<bool> {
+        let decider = self.svc.decider();
+        let commit = match decider.commit(&pod, node) {
+            Err(e) if e.is_placement() => {
+                tracing::warn!(pod = %pod_key(&pod), node, refusal = %e,
+                    "allocated against group placement: recorded where the scheduler put it");
+                decider.commit_bound(&pod, node)
+            }
+            other => other,
+        };
+        let commit = match commit {
+            Ok(Some(c)) => c,
+            Ok(None) => return Ok(false),
+            Err(e) => return Err(anyhow!("{e}")),
+        };
+        if let Some(runtime) = &self.runtime {
+            let svc = Arc::clone(&self.svc);
+            runtime.spawn(async move {
+                if let Err(e) = svc.write_choice(&pod, Some(commit)).await {
+                    tracing::warn!(error = %e, "writing a device choice failed");
+                }
+            });
+        }
+        Ok(true)
+    }
+
+    /// The scheduler undid `pod`'s allocation: its devices go back to the free pool now, and
+    /// the choice is taken off the pod in the background. `Ok(false)`: nothing was held.
+    pub fn deallocate(&self, pod: &Pod) -> bool {
+        let key = pod_key(pod);
+        if self.svc.decider().release(&key).is_none() {
+            return false;
+        }
+        if let Some(runtime) = &self.runtime
+            && let Some(effects) = self.svc.effects().cloned()
+        {
+            runtime.spawn(async move {
+                let (ns, name) = key.split_once('/').unwrap_or(("default", key.as_str()));
+                if let Err(e) = effects.annotate(ns, name, None).await {
+                    tracing::warn!(pod = %key, error = %e, "removing a device choice failed");
+                }
+            });
+        }
+        true
+    }
+}
+
+/// The client configuration: the kubeconfig (or the usual inference), `master` over its
+/// server, and no retries inside the client (as the extender: writes fail fast, watches back
+/// off on their own).
+async fn kube_config(config: &EngineConfig) -> Result<kube::Config> {
+    let mut kc = match &config.kubeconfig {
+        Some(path) if !path.as_os_str().is_empty() => {
+            let file = kube::config::Kubeconfig::read_from(path)
+                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(file, &Default::default())
+                .await
+                .with_context(|| format!("kubeconfig {}", path.display()))?
+        }
+        _ => kube::Config::infer()
+            .await
+            .context("finding the API server (KUBECONFIG, ~/.kube/config or in-cluster)")?,
+    };
+    if let Some(master) = config.master.as_deref().filter(|m| !m.is_empty()) {
+        kc.cluster_url = master
+            .parse()
+            .with_context(|| format!("--master {master:?} is not a URL"))?;
+    }
+    kc.default_retry = false;
+    Ok(kc)
+}

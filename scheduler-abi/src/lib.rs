@@ -1,0 +1,274 @@
+//! fumarole's decision core behind a C ABI, for the scheduler plugins compiled into upstream
+//! schedulers (`volcano-plugin/`): the Go side hands over objects as JSON and reads answers; it
+//! decides nothing. The declarations are in `include/fumarole_scheduler.h`.
+//!
+//! Every function catches panics at this edge (a panic unwinding into Go would stop the whole
+//! scheduler) and answers with a [status code](FUMAROLE_OK) and, where there is one, a message
+//! or result string the caller frees with [`fumarole_string_free`].
+//!
+//! One call judges a task on every node ([`fumarole_task_evaluate`]); the plugin answers
+//! Volcano's per-node predicate and node-order calls from that result, with no call here per
+//! node. [`fumarole_task_allocate`] / [`fumarole_task_deallocate`] move devices in and out of
+//! the ledger as Volcano allocates and undoes.
+
+pub mod engine;
+pub mod volcano_conf;
+
+use std::ffi::{CString, c_char, c_int};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use anyhow::{Context, Result, anyhow};
+use k8s_openapi::api::core::v1::Pod;
+
+use crate::engine::{Engine, EngineConfig, Evaluation};
+
+/// Done; `*out` (where given) holds the result, or NULL.
+pub const FUMAROLE_OK: c_int = 0;
+/// The task asks for no device fumarole serves: pass it through.
+pub const FUMAROLE_NOT_OURS: c_int = 1;
+/// Refused: bad input or a decision against it; `*out` holds why.
+pub const FUMAROLE_ERROR: c_int = 2;
+/// A bug: fumarole panicked, and the panic was stopped here; `*out` holds the message.
+pub const FUMAROLE_PANIC: c_int = 3;
+
+/// Starts the engine from a JSON [`EngineConfig`] and waits for its first view. NULL on
+/// failure, with why in `*error`. The engine lives until [`fumarole_engine_free`].
+///
+/// # Safety
+/// `config` points to `len` readable bytes; `error` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fumarole_engine_start(
+    config: *const u8,
+    len: usize,
+    error: *mut *mut c_char,
+) -> *mut Engine {
+    let mut engine = std::ptr::null_mut();
+    // SAFETY: the caller's contract, passed on.
+    let code = unsafe {
+        edge(error, || {
+            let config: EngineConfig = serde_json::from_slice(bytes(config, len)?)
+                .context("fumarole engine configuration")?;
+            start_logging();
+            engine = Box::into_raw(Box::new(Engine::start(&config)?));
+            Ok((FUMAROLE_OK, None))
+        })
+    };
+    if code == FUMAROLE_OK {
+        engine
+    } else {
+        std::ptr::null_mut()
+    }
+}
+
+/// An engine over the view a directory of YAML objects gives (what `serve
+/// --cluster-snapshot` reads), with no API server: for tests and benches of the ABI.
+///
+/// # Safety
+/// `dir` and `conf` point to `dir_len` and `conf_len` readable bytes; `error` is NULL or
+/// writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fumarole_engine_over_snapshot(
+    dir: *const u8,
+    dir_len: usize,
+    conf: *const u8,
+    conf_len: usize,
+    error: *mut *mut c_char,
+) -> *mut Engine {
+    let mut engine = std::ptr::null_mut();
+    // SAFETY: the caller's contract, passed on.
+    let code = unsafe {
+        edge(error, || {
+            let dir = std::str::from_utf8(bytes(dir, dir_len)?).context("snapshot path")?;
+            let conf = serde_json::from_slice(bytes(conf, conf_len)?)
+                .context("fumarole plugin configuration")?;
+            let view = scheduler_ext::snapshot::load(std::path::Path::new(dir))?;
+            engine = Box::into_raw(Box::new(Engine::over_view(view, &conf)?));
+            Ok((FUMAROLE_OK, None))
+        })
+    };
+    if code == FUMAROLE_OK {
+        engine
+    } else {
+        std::ptr::null_mut()
+    }
+}
+
+/// The configuration's arguments fumarole does not implement, one per line (for the
+/// scheduler's log, once), or NULL when there are none.
+///
+/// # Safety
+/// `engine` comes from a start function and was not freed; `out` is writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fumarole_engine_notes(
+    engine: *const Engine,
+    out: *mut *mut c_char,
+) -> c_int {
+    // SAFETY: the caller's contract, passed on.
+    unsafe {
+        edge(out, || {
+            let notes = engine_ref(engine)?.notes();
+            Ok((FUMAROLE_OK, (!notes.is_empty()).then(|| notes.join("\n"))))
+        })
+    }
+}
+
+/// Judges the pod (JSON) on every node: [`FUMAROLE_OK`] with one line per node in `*out`
+/// (`name TAB code TAB score TAB reason`; code 0 fits, 2 unschedulable, 3 unresolvable), or
+/// [`FUMAROLE_NOT_OURS`], or [`FUMAROLE_ERROR`] with why the pod's request is unusable.
+///
+/// # Safety
+/// `engine` is live; `pod` points to `len` readable bytes; `out` is writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fumarole_task_evaluate(
+    engine: *const Engine,
+    pod: *const u8,
+    len: usize,
+    out: *mut *mut c_char,
+) -> c_int {
+    // SAFETY: the caller's contract, passed on.
+    unsafe {
+        edge(out, || {
+            let engine = engine_ref(engine)?;
+            match engine.evaluate(&parse_pod(pod, len)?)? {
+                Evaluation::NotOurs => Ok((FUMAROLE_NOT_OURS, None)),
+                Evaluation::Verdicts(lines) => Ok((FUMAROLE_OK, Some(lines))),
+            }
+        })
+    }
+}
+
+/// The scheduler allocated the pod (JSON) to `node`: [`FUMAROLE_OK`] (devices recorded),
+/// [`FUMAROLE_NOT_OURS`], or [`FUMAROLE_ERROR`] with why the node cannot hold it.
+///
+/// # Safety
+/// `engine` is live; `pod` and `node` point to `len` and `node_len` readable bytes; `error`
+/// is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fumarole_task_allocate(
+    engine: *const Engine,
+    pod: *const u8,
+    len: usize,
+    node: *const u8,
+    node_len: usize,
+    error: *mut *mut c_char,
+) -> c_int {
+    // SAFETY: the caller's contract, passed on.
+    unsafe {
+        edge(error, || {
+            let engine = engine_ref(engine)?;
+            let node = std::str::from_utf8(bytes(node, node_len)?).context("node name")?;
+            let held = engine.allocate(parse_pod(pod, len)?, node)?;
+            Ok((if held { FUMAROLE_OK } else { FUMAROLE_NOT_OURS }, None))
+        })
+    }
+}
+
+/// The scheduler undid the pod's (JSON) allocation: [`FUMAROLE_OK`] (devices released) or
+/// [`FUMAROLE_NOT_OURS`] (none were held).
+///
+/// # Safety
+/// As [`fumarole_task_evaluate`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fumarole_task_deallocate(
+    engine: *const Engine,
+    pod: *const u8,
+    len: usize,
+    error: *mut *mut c_char,
+) -> c_int {
+    // SAFETY: the caller's contract, passed on.
+    unsafe {
+        edge(error, || {
+            let held = engine_ref(engine)?.deallocate(&parse_pod(pod, len)?);
+            Ok((if held { FUMAROLE_OK } else { FUMAROLE_NOT_OURS }, None))
+        })
+    }
+}
+
+/// Frees a string this library returned; NULL is ignored.
+///
+/// # Safety
+/// `s` is NULL or a string from this library, not freed before.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fumarole_string_free(s: *mut c_char) {
+    if !s.is_null() {
+        // SAFETY: made by CString::into_raw in `edge`.
+        drop(unsafe { CString::from_raw(s) });
+    }
+}
+
+/// Stops an engine (its runtime and watches) and frees it; NULL is ignored.
+///
+/// # Safety
+/// `engine` is NULL or from a start function, not freed before and not in use.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fumarole_engine_free(engine: *mut Engine) {
+    if !engine.is_null() {
+        // SAFETY: made by Box::into_raw in a start function.
+        let engine = unsafe { Box::from_raw(engine) };
+        let _ = catch_unwind(AssertUnwindSafe(move || drop(engine)));
+    }
+}
+
+/// Runs `f` with panics stopped; writes its string (or the error, or the panic's message) to
+/// `*out` where `out` is not NULL, and returns its code.
+unsafe fn edge(
+    out: *mut *mut c_char,
+    f: impl FnOnce() -> Result<(c_int, Option<String>)>,
+) -> c_int {
+    let (code, text) = match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(answer)) => answer,
+        Ok(Err(e)) => (FUMAROLE_ERROR, Some(format!("{e:#}"))),
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            (
+                FUMAROLE_PANIC,
+                Some(format!(
+                    "fumarole panicked (a bug; the scheduler goes on): {what}"
+                )),
+            )
+        }
+    };
+    if !out.is_null() {
+        let text = text.map(|t| CString::new(t.replace('\0', " ")).unwrap_or_default());
+        // SAFETY: `out` is writable (the caller's contract).
+        unsafe { *out = text.map_or(std::ptr::null_mut(), CString::into_raw) };
+    }
+    code
+}
+
+/// The `len` bytes at `ptr` (none when `len` is 0).
+unsafe fn bytes<'a>(ptr: *const u8, len: usize) -> Result<&'a [u8]> {
+    if len == 0 {
+        return Ok(&[]);
+    }
+    if ptr.is_null() {
+        return Err(anyhow!("NULL buffer of {len} bytes"));
+    }
+    // SAFETY: the caller's contract: `len` readable bytes at `ptr`.
+    Ok(unsafe { std::slice::from_raw_parts(ptr, len) })
+}
+
+unsafe fn parse_pod(ptr: *const u8, len: usize) -> Result<Pod> {
+    // SAFETY: the caller's contract, passed on.
+    serde_json::from_slice(unsafe { bytes(ptr, len)? }).context("the task's pod (JSON)")
+}
+
+unsafe fn engine_ref<'a>(engine: *const Engine) -> Result<&'a Engine> {
+    // SAFETY: NULL or a live engine (the caller's contract).
+    unsafe { engine.as_ref() }.context("no fumarole engine (NULL)")
+}
+
+/// fumarole's logs go to the scheduler's stderr (`RUST_LOG`, default `info`); a subscriber
+/// already set is kept.
+fn start_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Builds vc-scheduler-fumarole: Volcano's scheduler (the version go.mod pins) with fumarole's
+# plugin compiled in, linked against the decision core (crate fumarole-scheduler-abi, a static
+# library). Extra arguments go to cargo (`--release`, `--locked`).
+#
+# Output: $CARGO_TARGET_DIR/<debug|release>/vc-scheduler-fumarole, beside fumarole's other
+# binaries (the e2e tests find it there). The last line on stdout is its path.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/fumarole/target}
+profile=debug
+for a in "$@"; do [[ $a == --release ]] && profile=release; done
+out="$CARGO_TARGET_DIR/$profile"
+
+cargo build -p fumarole-scheduler-abi "$@" >&2
+lib="$out/libfumarole_scheduler_abi.a"
+# The debug archive is mostly debug info (hundreds of MB); the linker needs none of it.
+libdir="$out/fumarole-abi-lib"
+mkdir -p "$libdir"
+if [[ ! -f "$libdir/libfumarole_scheduler_abi.a" || "$lib" -nt "$libdir/libfumarole_scheduler_abi.a" ]]; then
+  objcopy --strip-debug "$lib" "$libdir/libfumarole_scheduler_abi.a.tmp"
+  mv "$libdir/libfumarole_scheduler_abi.a.tmp" "$libdir/libfumarole_scheduler_abi.a"
+fi
+
+bin="$out/vc-scheduler-fumarole"
+cd volcano-plugin
+vc_version="$(awk '$1 == "require" && $2 == "volcano.sh/volcano" { print $3 }' go.mod)"
+vpkg=volcano.sh/volcano/pkg/version
+CGO_ENABLED=1 CGO_LDFLAGS="-L$libdir" go build -buildvcs=false -trimpath \
+  -ldflags "-X $vpkg.GitSHA=$vc_version -X $vpkg.Version=$vc_version-fumarole" \
+  -o "$bin.tmp" ./cmd/vc-scheduler
+mv "$bin.tmp" "$bin"
+echo "$bin"
