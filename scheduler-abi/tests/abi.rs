@@ -1,0 +1,210 @@
+//! The C ABI as a C caller sees it: status codes, strings handed out and freed, bad input
+//! answered with a message, never a crash. Over the `two-dgx` snapshot (no API server).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::ffi::{CStr, c_char};
+use std::path::Path;
+
+use fumarole_scheduler_abi::engine::Engine;
+use fumarole_scheduler_abi::*;
+use serde_json::json;
+
+fn engine() -> *mut Engine {
+    let dir =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../scheduler-ext/tests/snapshots/two-dgx");
+    let dir = dir.to_str().unwrap().as_bytes();
+    let conf = br#"{"plugins":[{"name":"gpu-aware","arguments":{"weight":2,"loss.weight":0.5,"colour":"blue"}}]}"#;
+    let mut error = std::ptr::null_mut();
+    let e = unsafe {
+        fumarole_engine_over_snapshot(
+            dir.as_ptr(),
+            dir.len(),
+            conf.as_ptr(),
+            conf.len(),
+            &mut error,
+        )
+    };
+    assert!(!e.is_null(), "{}", take(error));
+    e
+}
+
+/// Copies a returned string and frees it.
+fn take(s: *mut c_char) -> String {
+    if s.is_null() {
+        return String::new();
+    }
+    let text = unsafe { CStr::from_ptr(s) }.to_string_lossy().into_owned();
+    unsafe { fumarole_string_free(s) };
+    text
+}
+
+fn pod(name: &str, gpus: u32) -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}")},
+        "spec": {"schedulerName": "volcano", "containers": [{"name": "c",
+            "resources": {"limits": {"nvidia.com/gpu": gpus.to_string()}}}]}
+    }))
+    .unwrap()
+}
+
+fn evaluate(e: *mut Engine, pod: &[u8]) -> (i32, String) {
+    let mut out = std::ptr::null_mut();
+    let code = unsafe { fumarole_task_evaluate(e, pod.as_ptr(), pod.len(), &mut out) };
+    (code, take(out))
+}
+
+/// `name -> (code, score, reason)` from an evaluation's lines.
+fn lines(text: &str) -> std::collections::BTreeMap<String, (u8, f64, String)> {
+    text.lines()
+        .map(|l| {
+            let f: Vec<&str> = l.splitn(4, '\t').collect();
+            assert_eq!(f.len(), 4, "{l:?}");
+            (
+                f[0].to_string(),
+                (
+                    f[1].parse().unwrap(),
+                    f[2].parse().unwrap(),
+                    f[3].to_string(),
+                ),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_task_is_judged_on_every_node_in_one_call() {
+    let e = engine();
+    let (code, text) = evaluate(e, &pod("four", 4));
+    assert_eq!(code, FUMAROLE_OK, "{text}");
+    let v = lines(&text);
+    // two-dgx: dgx-a has exactly 4 free GPUs (the best fit), dgx-b 6, pcie-a 3.
+    assert_eq!(v["pcie-a"].0, 2, "{v:?}");
+    assert!(v["pcie-a"].2.contains("needs 4"), "{v:?}");
+    assert_eq!(v["dgx-a"].0, 0, "{v:?}");
+    assert!(
+        v["dgx-a"].1 > v["dgx-b"].1,
+        "dgx-a fits exactly, so it scores highest: {v:?}"
+    );
+    // Volcano's scale: 0..100 times the weight (2).
+    assert!(v["dgx-a"].1 > 100.0 && v["dgx-a"].1 <= 200.0, "{v:?}");
+    unsafe { fumarole_engine_free(e) };
+}
+
+#[test]
+fn allocations_go_into_the_ledger_and_come_back_out() {
+    let e = engine();
+    let node = b"dgx-a";
+    let first = pod("first", 4);
+    let mut error = std::ptr::null_mut();
+    let code = unsafe {
+        fumarole_task_allocate(
+            e,
+            first.as_ptr(),
+            first.len(),
+            node.as_ptr(),
+            node.len(),
+            &mut error,
+        )
+    };
+    assert_eq!(code, FUMAROLE_OK, "{}", take(error));
+    // dgx-a's last 4 GPUs are held now: another 4-GPU task no longer fits there.
+    let (_, text) = evaluate(e, &pod("second", 4));
+    assert_eq!(lines(&text)["dgx-a"].0, 2, "{text}");
+    let code = unsafe { fumarole_task_deallocate(e, first.as_ptr(), first.len(), &mut error) };
+    assert_eq!(code, FUMAROLE_OK, "{}", take(error));
+    let (_, text) = evaluate(e, &pod("second", 4));
+    assert_eq!(lines(&text)["dgx-a"].0, 0, "{text}");
+    // Nothing held any more: undoing again says so.
+    let code = unsafe { fumarole_task_deallocate(e, first.as_ptr(), first.len(), &mut error) };
+    assert_eq!(code, FUMAROLE_NOT_OURS);
+    unsafe { fumarole_engine_free(e) };
+}
+
+#[test]
+fn a_pod_without_accelerators_is_not_ours() {
+    let e = engine();
+    let cpu_only = serde_json::to_vec(&json!({"metadata": {"name": "cpu", "namespace": "default"},
+        "spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": "1"}}}]}}))
+    .unwrap();
+    assert_eq!(evaluate(e, &cpu_only), (FUMAROLE_NOT_OURS, String::new()));
+    let node = b"dgx-a";
+    let code = unsafe {
+        fumarole_task_allocate(
+            e,
+            cpu_only.as_ptr(),
+            cpu_only.len(),
+            node.as_ptr(),
+            node.len(),
+            std::ptr::null_mut(),
+        )
+    };
+    assert_eq!(code, FUMAROLE_NOT_OURS);
+    unsafe { fumarole_engine_free(e) };
+}
+
+#[test]
+fn bad_input_is_an_error_with_a_message_never_a_crash() {
+    let e = engine();
+    let (code, text) = evaluate(e, b"{not json");
+    assert_eq!(code, FUMAROLE_ERROR);
+    assert!(text.contains("pod"), "{text}");
+    let mut bad = serde_json::from_slice::<serde_json::Value>(&pod("bad", 2)).unwrap();
+    bad["metadata"]["annotations"] = json!({"metax-tech.com/gpu-group-size": "lots"});
+    let (code, text) = evaluate(e, &serde_json::to_vec(&bad).unwrap());
+    assert_eq!(code, FUMAROLE_ERROR);
+    assert!(text.contains("gpu-group-size"), "{text}");
+    // A node the view lacks.
+    let p = pod("nowhere", 2);
+    let node = b"no-such-node";
+    let mut error = std::ptr::null_mut();
+    let code = unsafe {
+        fumarole_task_allocate(
+            e,
+            p.as_ptr(),
+            p.len(),
+            node.as_ptr(),
+            node.len(),
+            &mut error,
+        )
+    };
+    assert_eq!(code, FUMAROLE_ERROR);
+    assert!(take(error).contains("no-such-node"));
+    // NULL engine and NULL buffers.
+    let (code, text) = evaluate(std::ptr::null_mut(), &pod("x", 1));
+    assert_eq!(code, FUMAROLE_ERROR);
+    assert!(text.contains("NULL"), "{text}");
+    let mut out = std::ptr::null_mut();
+    let code = unsafe { fumarole_task_evaluate(e, std::ptr::null(), 10, &mut out) };
+    assert_eq!(code, FUMAROLE_ERROR);
+    assert!(take(out).contains("NULL"));
+    unsafe { fumarole_engine_free(e) };
+}
+
+#[test]
+fn unimplemented_arguments_are_named_and_a_bad_configuration_refused() {
+    let e = engine();
+    let mut out = std::ptr::null_mut();
+    assert_eq!(unsafe { fumarole_engine_notes(e, &mut out) }, FUMAROLE_OK);
+    let notes = take(out);
+    assert!(notes.contains("gpu-aware argument \"colour\""), "{notes}");
+    unsafe { fumarole_engine_free(e) };
+
+    let conf = br#"{"plugins":[{"name":"gpu-aware","arguments":{"weight":"heavy"}}]}"#;
+    let dir =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../scheduler-ext/tests/snapshots/two-dgx");
+    let dir = dir.to_str().unwrap().as_bytes();
+    let mut error = std::ptr::null_mut();
+    let e = unsafe {
+        fumarole_engine_over_snapshot(
+            dir.as_ptr(),
+            dir.len(),
+            conf.as_ptr(),
+            conf.len(),
+            &mut error,
+        )
+    };
+    assert!(e.is_null());
+    let error = take(error);
+    assert!(error.contains("\"weight\" must be a number"), "{error}");
+}
