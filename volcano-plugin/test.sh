@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Builds vc-scheduler-fumarole (build.sh, extra arguments go to cargo) and checks the Go side:
+# gofmt, go vet and the package's unit tests (linked against the same static library). The
+# plugin's behaviour inside Volcano is tested by the e2e suite (e2e/tests/scheduler_ext_volcano.rs).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")"
+bin="$(./build.sh "$@" | tail -n1)"
+export CGO_ENABLED=1 CGO_LDFLAGS="-L$(dirname "$bin")/fumarole-abi-lib"
+unformatted="$(gofmt -l .)"
+[[ -z $unformatted ]] || { echo "volcano-plugin: gofmt would change: $unformatted" >&2; exit 1; }
+go vet ./...
+go test ./...
