@@ -11,6 +11,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result, anyhow};
 use k8s_openapi::api::core::v1::Pod;
 use scheduler_ext::core::request::{RequestError, pod_key};
+use scheduler_ext::core::verdict::Unfit;
 use scheduler_ext::core::view::ClusterView;
 use scheduler_ext::decider::{Asker, PodSource};
 use scheduler_ext::live::{self, LiveOptions};
@@ -51,8 +52,9 @@ pub enum Code {
 pub enum Evaluation {
     /// The task asks for no device fumarole serves: every node passes, none scores.
     NotOurs,
-    /// One line per node of the view: `name TAB code TAB score TAB reason`, the score on
-    /// Volcano's scale (0..100 times `weight`), the reason empty where the node fits.
+    /// First the distinct reasons, one line each (`R TAB text`), then one line per node of
+    /// the view: `name TAB code TAB score TAB reason`, the score on Volcano's scale (0..100
+    /// times `weight`), the reason the 0-based index of an `R` line, empty where the node fits.
     Verdicts(String),
 }
 
@@ -128,18 +130,45 @@ impl Engine {
                 Err(e) => return Err(anyhow!("pod {}: {e}", pod_key(pod))),
             };
         let weight = decider.scorer().weight;
-        let mut out = String::with_capacity(verdicts.len() * 24);
-        for v in &verdicts {
-            let code = match &v.unfit {
-                None => Code::Fits,
-                Some(_) if view.node(&v.node).is_none_or(|n| !n.has_topology) => Code::Unresolvable,
-                Some(_) => Code::Unschedulable,
+        // Reasons are formatted once per run of nodes with the same one (a unit's plan gives
+        // every node of a super-node the same reason): formatting dominated the call.
+        let mut reasons = String::new();
+        let mut reason_count = 0usize;
+        let mut last: Option<&Unfit> = None;
+        let mut lines = String::with_capacity(verdicts.len() * 32);
+        for (v, nv) in verdicts.iter().zip(view.nodes()) {
+            let (code, reason) = match &v.unfit {
+                None => (Code::Fits, None),
+                Some(unfit) => {
+                    if last != Some(unfit) {
+                        let text = unfit.to_string().replace(['\t', '\n'], " ");
+                        let _ = writeln!(reasons, "R\t{text}");
+                        reason_count += 1;
+                        last = Some(unfit);
+                    }
+                    // `names` came from this view's nodes, in order, and so did `verdicts`.
+                    let has_topology = if nv.name == v.node {
+                        nv.has_topology
+                    } else {
+                        view.node(&v.node).is_some_and(|n| n.has_topology)
+                    };
+                    let code = if has_topology {
+                        Code::Unschedulable
+                    } else {
+                        Code::Unresolvable
+                    };
+                    (code, Some(reason_count - 1))
+                }
             };
             let score = v.raw.map_or(0.0, |raw| scale::volcano(raw, weight));
-            let reason = v.reason().unwrap_or_default().replace(['\t', '\n'], " ");
             // Writing to a String cannot fail.
-            let _ = writeln!(out, "{}\t{}\t{score}\t{reason}", v.node, code as u8);
+            let _ = match reason {
+                Some(r) => writeln!(lines, "{}\t{}\t{score}\t{r}", v.node, code as u8),
+                None => writeln!(lines, "{}\t{}\t{score}\t", v.node, code as u8),
+            };
         }
+        reasons.push_str(&lines);
+        let out = reasons;
         Ok(Evaluation::Verdicts(out))
     }
 

@@ -112,9 +112,11 @@ pub unsafe extern "C" fn fumarole_engine_notes(
     }
 }
 
-/// Judges the pod (JSON) on every node: [`FUMAROLE_OK`] with one line per node in `*out`
-/// (`name TAB code TAB score TAB reason`; code 0 fits, 2 unschedulable, 3 unresolvable), or
-/// [`FUMAROLE_NOT_OURS`], or [`FUMAROLE_ERROR`] with why the pod's request is unusable.
+/// Judges the pod (JSON) on every node: [`FUMAROLE_OK`] with, in `*out`, the distinct
+/// reasons (`R TAB text` lines) and then one line per node (`name TAB code TAB score TAB
+/// reason`; code 0 fits, 2 unschedulable, 3 unresolvable; reason the index of an `R` line, empty
+/// where the node fits), or [`FUMAROLE_NOT_OURS`], or [`FUMAROLE_ERROR`] with why the pod's
+/// request is unusable.
 ///
 /// # Safety
 /// `engine` is live; `pod` points to `len` readable bytes; `out` is writable.

@@ -56,20 +56,25 @@ fn evaluate(e: *mut Engine, pod: &[u8]) -> (i32, String) {
 
 /// `name -> (code, score, reason)` from an evaluation's lines.
 fn lines(text: &str) -> std::collections::BTreeMap<String, (u8, f64, String)> {
-    text.lines()
-        .map(|l| {
-            let f: Vec<&str> = l.splitn(4, '\t').collect();
-            assert_eq!(f.len(), 4, "{l:?}");
-            (
-                f[0].to_string(),
-                (
-                    f[1].parse().unwrap(),
-                    f[2].parse().unwrap(),
-                    f[3].to_string(),
-                ),
-            )
-        })
-        .collect()
+    let mut reasons = Vec::new();
+    let mut nodes = std::collections::BTreeMap::new();
+    for l in text.lines() {
+        if let Some(reason) = l.strip_prefix("R\t") {
+            reasons.push(reason.to_string());
+            continue;
+        }
+        let f: Vec<&str> = l.splitn(4, '\t').collect();
+        assert_eq!(f.len(), 4, "{l:?}");
+        let reason = match f[3] {
+            "" => String::new(),
+            i => reasons[i.parse::<usize>().unwrap()].clone(),
+        };
+        nodes.insert(
+            f[0].to_string(),
+            (f[1].parse().unwrap(), f[2].parse().unwrap(), reason),
+        );
+    }
+    nodes
 }
 
 #[test]

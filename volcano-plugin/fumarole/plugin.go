@@ -319,17 +319,38 @@ func (p *plugin) evaluate(task *api.TaskInfo) *judged {
 	if err != nil {
 		return &judged{err: err}
 	}
-	nodes := make(map[string]verdict, strings.Count(lines, "\n"))
-	for _, line := range strings.Split(lines, "\n") {
+	return &judged{nodes: parseVerdicts(lines)}
+}
+
+// parseVerdicts reads the core's answer (fumarole_task_evaluate): the distinct reasons
+// ("R<TAB>text"), then "name<TAB>code<TAB>score<TAB>reason index" per node.
+func parseVerdicts(text string) map[string]verdict {
+	nodes := make(map[string]verdict, strings.Count(text, "\n"))
+	var reasons []string
+	for len(text) > 0 {
+		line := text
+		if i := strings.IndexByte(text, '\n'); i >= 0 {
+			line, text = text[:i], text[i+1:]
+		} else {
+			text = ""
+		}
+		if strings.HasPrefix(line, "R\t") {
+			reasons = append(reasons, line[2:])
+			continue
+		}
 		f := strings.SplitN(line, "\t", 4)
 		if len(f) != 4 {
 			continue
 		}
 		code, _ := strconv.Atoi(f[1])
 		score, _ := strconv.ParseFloat(f[2], 64)
-		nodes[f[0]] = verdict{code: code, score: score, reason: f[3]}
+		v := verdict{code: code, score: score}
+		if i, err := strconv.Atoi(f[3]); err == nil && i >= 0 && i < len(reasons) {
+			v.reason = reasons[i]
+		}
+		nodes[f[0]] = v
 	}
-	return &judged{nodes: nodes}
+	return nodes
 }
 
 func (p *plugin) predicate(task *api.TaskInfo, node *api.NodeInfo) error {

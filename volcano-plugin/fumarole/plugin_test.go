@@ -82,3 +82,17 @@ func TestArgumentsAsYAMLGivesThemReachTheCoreAsJSON(t *testing.T) {
 		t.Fatalf("got %s, want %s", out, want)
 	}
 }
+
+// The core's answer: distinct reasons first, then a line per node naming one by index.
+func TestVerdictsAreReadWithTheirReasons(t *testing.T) {
+	got := parseVerdicts("R\tneeds 4 nvidia.com/gpu, 3 free\nR\tnode publishes no DeviceTopology\n" +
+		"dgx-a\t0\t150.5\t\npcie-a\t2\t0\t0\ncpu-0\t3\t0\t1\nbroken line\n")
+	want := map[string]verdict{
+		"dgx-a":  {code: 0, score: 150.5},
+		"pcie-a": {code: 2, reason: "needs 4 nvidia.com/gpu, 3 free"},
+		"cpu-0":  {code: 3, reason: "node publishes no DeviceTopology"},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("parseVerdicts = %v, want %v", got, want)
+	}
+}
