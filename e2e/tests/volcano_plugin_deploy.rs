@@ -118,7 +118,7 @@ async fn plugin_manifests_and_chart_option_grant_the_same_rights_and_match_volca
             );
         }
     }
-    assert_eq!(objects.len(), 3, "{:?}", objects.iter().map(|(n, _)| n));
+    assert_eq!(objects.len(), 5, "{:?}", objects.iter().map(|(n, _)| n));
     for (name, object) in &objects {
         if let Err(e) = apply(&client, object, true).await {
             panic!("{name}: server-side dry-run apply failed: {e}");
@@ -196,11 +196,55 @@ async fn plugin_manifests_and_chart_option_grant_the_same_rights_and_match_volca
         "{plugin_grants:?}"
     );
 
+    // The device-choice policy replacing deploy/daemonset's is the same policy admitting one
+    // more writer, Volcano's scheduler ServiceAccount.
+    const CHOICE_POLICY: &str = "fumarole-device-choice-writers";
+    let replacement = &must(&objects, "ValidatingAdmissionPolicy", CHOICE_POLICY)["spec"];
+    let original = &must(&daemonset, "ValidatingAdmissionPolicy", CHOICE_POLICY)["spec"];
+    let condition_names = |spec: &Value| -> Vec<String> {
+        spec["matchConditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["name"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let mut admitted = replacement["matchConditions"].as_array().unwrap().clone();
+    let added = admitted.remove(1);
+    assert_eq!(
+        added,
+        json!({"name": "not-the-volcano-plugin",
+               "expression": "request.userInfo.username != 'system:serviceaccount:volcano-system:volcano-scheduler'"})
+    );
+    assert_eq!(json!(admitted), original["matchConditions"]);
+    let without_message = |spec: &Value| {
+        let mut spec = spec.clone();
+        spec.as_object_mut().unwrap().remove("matchConditions");
+        spec["validations"][0]
+            .as_object_mut()
+            .unwrap()
+            .remove("message");
+        spec
+    };
+    assert_eq!(without_message(replacement), without_message(original));
+    assert_eq!(
+        must(&objects, "ValidatingAdmissionPolicyBinding", CHOICE_POLICY)["spec"],
+        must(
+            &daemonset,
+            "ValidatingAdmissionPolicyBinding",
+            CHOICE_POLICY
+        )["spec"]
+    );
+
     // The chart: nothing by default; with volcanoPlugin.enabled the same ClusterRole and
-    // binding, also with the extender off, and they apply.
+    // binding and device-choice policy, also with the extender off, and they apply.
     let chart = render_chart(&[]);
     assert!(pick(&chart, "ClusterRole", "fumarole-volcano-plugin").is_none());
     assert!(pick(&chart, "ClusterRoleBinding", "fumarole-volcano-plugin").is_none());
+    assert!(
+        !condition_names(&must(&chart, "ValidatingAdmissionPolicy", CHOICE_POLICY)["spec"])
+            .contains(&"not-the-volcano-plugin".to_string())
+    );
     for values in [
         &["volcanoPlugin.enabled=true"][..],
         &["volcanoPlugin.enabled=true", "schedulerExt.enabled=false"][..],
@@ -222,6 +266,17 @@ async fn plugin_manifests_and_chart_option_grant_the_same_rights_and_match_volca
         }
         let extender = pick(&rendered, "Deployment", "fumarole-scheduler-ext").is_some();
         assert_eq!(extender, !values.contains(&"schedulerExt.enabled=false"));
+        let policy = &must(&rendered, "ValidatingAdmissionPolicy", CHOICE_POLICY)["spec"];
+        if extender {
+            assert_eq!(policy, replacement, "{values:?}");
+        } else {
+            assert_eq!(
+                condition_names(policy),
+                ["not-the-volcano-plugin", "not-a-cluster-admin"],
+                "{values:?}"
+            );
+        }
+        assert!(pick(&rendered, "ValidatingAdmissionPolicyBinding", CHOICE_POLICY).is_some());
     }
     // The ServiceAccount and namespace are values.
     let elsewhere = render_chart(&[
@@ -232,6 +287,11 @@ async fn plugin_manifests_and_chart_option_grant_the_same_rights_and_match_volca
     assert_eq!(
         must(&elsewhere, "ClusterRoleBinding", "fumarole-volcano-plugin")["subjects"],
         json!([{"kind": "ServiceAccount", "name": "vc-sched", "namespace": "batch-system"}])
+    );
+    assert_eq!(
+        must(&elsewhere, "ValidatingAdmissionPolicy", CHOICE_POLICY)["spec"]["matchConditions"][1]
+            ["expression"],
+        "request.userInfo.username != 'system:serviceaccount:batch-system:vc-sched'"
     );
 
     // The image patch, applied as `kubectl patch` does (strategic merge) to Volcano's own
@@ -272,6 +332,9 @@ async fn plugin_places_a_pod_as_volcanos_scheduler_service_account_with_our_clus
     common::publish(&cluster, &common::two_dgx()).await;
     let admin = cluster.client();
     cluster.create_namespace(VOLCANO_NAMESPACE).await.unwrap();
+    // fumarole as installed before switching: deploy/daemonset, with its device-choice policy
+    // (nothing runs its pods: there is no controller manager for them).
+    cluster.install_deploy_daemonset().await.unwrap();
 
     // Volcano's own scheduler ServiceAccount and rights, as its installer creates them.
     let install = volcano_install();
@@ -293,7 +356,8 @@ async fn plugin_places_a_pod_as_volcanos_scheduler_service_account_with_our_clus
         other => panic!("listing DeviceTopologies with Volcano's rights: {other:?}"),
     }
 
-    // Ours, then fumarole's scheduler with the ConfigMap's configuration, as that account.
+    // Ours (after deploy/daemonset: its device-choice policy replaced), then fumarole's
+    // scheduler with the ConfigMap's configuration, as that account.
     let objects = kustomization(&plugin_dir()).unwrap();
     for (name, object) in &objects {
         apply(&admin, object, false)
@@ -365,5 +429,41 @@ async fn plugin_places_a_pod_as_volcanos_scheduler_service_account_with_our_clus
             !log.to_lowercase().contains(refusal),
             "{refusal} in vc-scheduler log:\n{log}"
         );
+    }
+
+    // The policy still holds for everyone else: a user who may patch pods may not change the
+    // device choice the plugin wrote.
+    let alice = Identity::user("alice", &["system:authenticated"]);
+    for object in [
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": "pod-editor", "namespace": "default"},
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"]}]}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": "pod-editor", "namespace": "default"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pod-editor"},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "alice"}]}),
+    ] {
+        apply(&admin, &object, false).await.unwrap();
+    }
+    let alice_pods: Api<Pod> =
+        Api::namespaced(cluster.client_for(&alice).await.unwrap(), "default");
+    eventually("alice may patch pods", Duration::from_secs(10), || async {
+        let label = json!({"metadata": {"labels": {"team": "ml"}}});
+        Ok(alice_pods
+            .patch("four", &PatchParams::default(), &Patch::Merge(&label))
+            .await
+            .ok()
+            .map(drop))
+    })
+    .await
+    .unwrap();
+    let choice = json!({"metadata": {"annotations": {"fumarole.dev/devices": "dgx-a-gpu0"}}});
+    match alice_pods
+        .patch("four", &PatchParams::default(), &Patch::Merge(&choice))
+        .await
+    {
+        Err(kube::Error::Api(s))
+            if s.code == 403 && s.message.contains("only fumarole's schedulers") => {}
+        other => panic!("a user changing the plugin's device choice: {other:?}"),
     }
 }
