@@ -816,6 +816,19 @@ impl TestCluster {
     /// plugin compiled in: [`crate::fumarole::volcano_plugin_bin`]); its log is still
     /// `log_tail("vc-scheduler", ..)`.
     pub async fn start_volcano_with(&self, scheduler: &Path, scheduler_conf: &str) -> Result<()> {
+        self.start_volcano_as(scheduler, scheduler_conf, &self.admin_kubeconfig)
+            .await
+    }
+
+    /// [`TestCluster::start_volcano_with`], the scheduler acting as `scheduler_kubeconfig`
+    /// says (one [`TestCluster::kubeconfig_for`] wrote: a ServiceAccount's rights); the
+    /// controller manager stays admin.
+    pub async fn start_volcano_as(
+        &self,
+        scheduler: &Path,
+        scheduler_conf: &str,
+        scheduler_kubeconfig: &Path,
+    ) -> Result<()> {
         self.install_volcano_crds().await?;
         let kubeconfig = self.admin_kubeconfig.display().to_string();
         let cm_health = free_port()?;
@@ -831,7 +844,7 @@ impl TestCluster {
             ],
         )?;
         let mut args = vec![
-            format!("--kubeconfig={kubeconfig}"),
+            format!("--kubeconfig={}", scheduler_kubeconfig.display()),
             "--leader-elect=false".to_string(),
             format!("--listen-address=127.0.0.1:{}", free_port()?),
             "--enable-healthz=true".to_string(),

@@ -17,6 +17,28 @@ pub fn deploy_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy")
 }
 
+/// A file of Volcano's own installer (`installer/<rel>` of the `volcano.sh/volcano` module that
+/// `e2e/upstream/volcano` pins, in Go's module cache): what a real Volcano install creates.
+pub fn volcano_installer_file(rel: &str) -> Result<PathBuf> {
+    let out = std::process::Command::new("go")
+        .args(["list", "-m", "-f", "{{.Dir}}", "volcano.sh/volcano"])
+        .current_dir(crate::upstream::e2e_dir().join("upstream/volcano"))
+        .output()
+        .context("running go list")?;
+    if !out.status.success() {
+        return Err(anyhow!(
+            "go list -m volcano.sh/volcano: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let dir = String::from_utf8(out.stdout)?;
+    let path = Path::new(dir.trim()).join("installer").join(rel);
+    if !path.is_file() {
+        return Err(anyhow!("{} is not a file", path.display()));
+    }
+    Ok(path)
+}
+
 /// The objects of a kustomization directory, in its `resources` order (directories recurse),
 /// each named `file: Kind/name`.
 pub fn kustomization(dir: &Path) -> Result<Vec<(String, Value)>> {
