@@ -14,73 +14,13 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use common::{Way, assert_no_failed_calls, decider_logs, volcano_with};
 use fumarole_e2e::chain;
 use fumarole_e2e::cluster::eventually;
 use fumarole_topology::crd::DeviceTopology;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, PostParams};
 use serde_json::json;
-
-/// How Volcano reaches fumarole.
-#[derive(Clone, Copy, Debug)]
-enum Way {
-    /// Upstream's vc-scheduler, its `extender` plugin, fumarole-scheduler-ext.
-    Extender,
-    /// `vc-scheduler-fumarole` with the seeds' configuration.
-    Plugin,
-}
-
-/// A cluster with `topologies` published and Volcano deciding with fumarole the `way` given.
-async fn volcano_with(topologies: &[DeviceTopology], way: Way) -> fumarole_e2e::TestCluster {
-    match way {
-        Way::Extender => {
-            let (cluster, port) = common::cluster_with_extender(topologies, &[]).await;
-            cluster
-                .start_volcano(&fumarole_e2e::fumarole::volcano_conf_with_extender(port))
-                .await
-                .unwrap();
-            cluster
-        }
-        Way::Plugin => {
-            let cluster = common::cluster().await;
-            common::publish(&cluster, topologies).await;
-            let scheduler = fumarole_e2e::fumarole::volcano_plugin_bin().unwrap();
-            cluster
-                .start_volcano_with(&scheduler, fumarole_e2e::fumarole::SEED_VOLCANO_CONF)
-                .await
-                .unwrap();
-            cluster
-        }
-    }
-}
-
-/// The logs of whatever decided, for a failure message.
-fn decider_logs(cluster: &fumarole_e2e::TestCluster) -> String {
-    format!(
-        "scheduler-ext:\n{}\nvc-scheduler:\n{}",
-        cluster
-            .log_tail("fumarole-scheduler-ext", 60)
-            .unwrap_or_default(),
-        cluster.log_tail("vc-scheduler", 80).unwrap_or_default()
-    )
-}
-
-/// Every extender call succeeded (Volcano logs failed ones and carries on), and fumarole's
-/// plugin neither failed to start nor stopped a panic.
-fn assert_no_failed_calls(cluster: &fumarole_e2e::TestCluster) {
-    let log = cluster.log_tail("vc-scheduler", 4000).unwrap();
-    for failure in [
-        "Predicate failed",
-        "Prioritize failed",
-        "fumarole is not ready",
-        "fumarole panicked",
-    ] {
-        assert!(
-            !log.contains(failure),
-            "{failure} in vc-scheduler log:\n{log}"
-        );
-    }
-}
 
 #[tokio::test]
 async fn extender_puts_four_gpu_pod_where_it_fits_exactly() {
