@@ -295,3 +295,165 @@ async fn plugin_pytorch_demo_master_annotation_places_the_whole_job() {
 async fn plugin_pytorch_demo_with_atomic_16_places_the_whole_job() {
     pytorch_demo_lands_unit_by_unit(Way::Plugin, Some(16)).await;
 }
+
+/// rack-a: a0 and a1, 8 free GPUs each (16); rack-b: b0 and b1, 2 free of 8 each (4). The
+/// nodes advertise 32 GPUs, so Volcano admits a 32-GPU job; fumarole knows that only rack-a
+/// can take 16 in one super-node, and only a0 and a1 an 8-GPU pod.
+fn one_roomy_rack() -> Vec<DeviceTopology> {
+    vec![
+        common::dgx("a0", 8, &[], Some("rack-a")),
+        common::dgx("a1", 8, &[], Some("rack-a")),
+        common::dgx("b0", 8, &[0, 1, 2, 3, 4, 5], Some("rack-b")),
+        common::dgx("b1", 8, &[0, 1, 2, 3, 4, 5], Some("rack-b")),
+    ]
+}
+
+/// `pytorch-demo` of 4 pods of 8 GPUs in one unit of 32, atomic parts of 16, over
+/// [`one_roomy_rack`]: one part plans rack-a, the other fits nowhere, so the job waits with our
+/// reason. Then a lone 8-GPU pod asks for rack-a's room.
+///
+/// Under fumarole's plugin every allocation and its undoing reach the decider in process, so
+/// the waiting unit's plan lapses as soon as its other part finds no room (it would only keep
+/// others out), and the newcomer runs on a0 or a1 while the job waits. Under the extender,
+/// Volcano v1.10 calls no `allocateFunc`, so the decider cannot tell a waiting plan from one
+/// whose pods Volcano already allocated in the session: it keeps the plan, and the newcomer is
+/// refused with the reservation as its reason.
+async fn waiting_units_plan(way: Way) {
+    let cluster = volcano_with(&one_roomy_rack(), way).await;
+    let jobs: Api<DynamicObject> =
+        Api::namespaced_with(cluster.client(), "default", &chain::vcjob_resource());
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    jobs.create(
+        &PostParams::default(),
+        &chain::pytorch_demo(3, 32, Some(16)),
+    )
+    .await
+    .unwrap();
+    let waits = "needs 16 nvidia.com/gpu (2 pods of 8) in one super-node";
+    let reason = reported(&cluster, &pods, "pytorch-demo", waits).await;
+    assert!(reason.contains("job default/pytorch-demo"), "{reason}");
+
+    let newcomer: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "newcomer"},
+        "spec": {
+            "schedulerName": "volcano",
+            "containers": [{
+                "name": "c", "image": "example.invalid/none",
+                "resources": {"requests": {"cpu": "1", "memory": "1Gi"},
+                              "limits": {"nvidia.com/gpu": "8"}}
+            }]
+        }
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &newcomer)
+        .await
+        .unwrap();
+    match way {
+        Way::Plugin => {
+            let placed = eventually(
+                "newcomer bound and annotated",
+                Duration::from_secs(90),
+                || {
+                    let pods = pods.clone();
+                    async move {
+                        Ok(common::placements(&pods, &["newcomer".to_string()])
+                            .await
+                            .pop_first())
+                    }
+                },
+            )
+            .await;
+            let (_, (node, devices)) = match placed {
+                Ok(p) => p,
+                Err(e) => panic!(
+                    "{e}\npods: {:?}\n{}",
+                    common::pod_states(&pods).await,
+                    decider_logs(&cluster)
+                ),
+            };
+            assert!(node == "a0" || node == "a1", "{node}");
+            assert_eq!(devices.len(), 8, "{devices:?}");
+            assert!(
+                devices
+                    .iter()
+                    .all(|d| d.starts_with(&format!("{node}-gpu")))
+            );
+            // The job still waits: none of its pods is bound.
+            for p in pods.list(&ListParams::default()).await.unwrap().items {
+                let name = p.metadata.name.clone().unwrap_or_default();
+                if name.starts_with("pytorch-demo") {
+                    assert_eq!(p.spec.and_then(|s| s.node_name), None, "{name}");
+                }
+            }
+        }
+        Way::Extender => {
+            let reason = reported(&cluster, &pods, "newcomer", "are reserved for").await;
+            assert!(reason.contains("job default/pytorch-demo"), "{reason}");
+        }
+    }
+    assert_no_failed_calls(&cluster);
+}
+
+#[tokio::test]
+async fn plugin_lets_a_waiting_units_plan_lapse() {
+    waiting_units_plan(Way::Plugin).await;
+}
+
+#[tokio::test]
+async fn extender_keeps_a_waiting_units_plan_under_volcano_v1_10() {
+    waiting_units_plan(Way::Extender).await;
+}
+
+/// The first message containing `ours` in a condition of a pod, or an Event about an object,
+/// whose name starts with `prefix`.
+async fn reported(
+    cluster: &fumarole_e2e::TestCluster,
+    pods: &Api<Pod>,
+    prefix: &str,
+    ours: &str,
+) -> String {
+    let found = eventually("our reason to be reported", Duration::from_secs(60), || {
+        let pods = pods.clone();
+        async move {
+            for p in pods.list(&ListParams::default()).await?.items {
+                if !p.metadata.name.as_deref().unwrap_or("").starts_with(prefix) {
+                    continue;
+                }
+                let condition = p
+                    .status
+                    .and_then(|s| s.conditions)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter_map(|c| c.message)
+                    .find(|m| m.contains(ours));
+                if condition.is_some() {
+                    return Ok(condition);
+                }
+            }
+            let events: Api<k8s_openapi::api::core::v1::Event> =
+                Api::namespaced(cluster.client(), "default");
+            Ok(events
+                .list(&ListParams::default())
+                .await?
+                .items
+                .into_iter()
+                .filter(|e| {
+                    e.involved_object
+                        .name
+                        .as_deref()
+                        .is_some_and(|n| n.starts_with(prefix))
+                })
+                .filter_map(|e| e.message)
+                .find(|m| m.contains(ours)))
+        }
+    })
+    .await;
+    match found {
+        Ok(m) => m,
+        Err(e) => panic!(
+            "{e}\npods: {:?}\n{}",
+            common::pod_states(pods).await,
+            decider_logs(cluster)
+        ),
+    }
+}
