@@ -457,3 +457,74 @@ async fn reported(
         ),
     }
 }
+
+/// Bad input under fumarole's plugin: a pod whose `metax-tech.com/gpu-group-size` is `"lots"`
+/// is not placed, Volcano reports the plugin's error naming the annotation on the pod, and the
+/// scheduler goes on: a good pod created afterwards is placed. The scheduler's log names the
+/// error once (Volcano logs a PrePredicate error only at -v=3; the plugin logs each task's
+/// error when it first appears).
+#[tokio::test]
+async fn plugin_reports_a_malformed_annotation_and_goes_on() {
+    let cluster = volcano_with(&common::two_dgx(), Way::Plugin).await;
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let gpu_pod = |name: &str, gpus: u32, annotations: serde_json::Value| -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "annotations": annotations},
+            "spec": {
+                "schedulerName": "volcano",
+                "containers": [{
+                    "name": "c", "image": "example.invalid/none",
+                    "resources": {"requests": {"cpu": "1", "memory": "1Gi"},
+                                  "limits": {"nvidia.com/gpu": gpus.to_string()}}
+                }]
+            }
+        }))
+        .unwrap()
+    };
+    let pp = PostParams::default();
+    pods.create(
+        &pp,
+        &gpu_pod(
+            "malformed",
+            2,
+            json!({"metax-tech.com/gpu-group-size": "lots"}),
+        ),
+    )
+    .await
+    .unwrap();
+    let complaint = r#"metax-tech.com/gpu-group-size: "lots" is not a positive integer"#;
+    let reason = reported(&cluster, &pods, "malformed", complaint).await;
+    assert!(reason.contains("default/malformed"), "{reason}");
+    eprintln!("reported on the pod: {reason}");
+
+    pods.create(&pp, &gpu_pod("after", 4, json!({})))
+        .await
+        .unwrap();
+    let placed = eventually("after bound and annotated", Duration::from_secs(90), || {
+        let pods = pods.clone();
+        async move {
+            Ok(common::placements(&pods, &["after".to_string()])
+                .await
+                .pop_first())
+        }
+    })
+    .await;
+    if let Err(e) = placed {
+        panic!(
+            "{e}\npods: {:?}\n{}",
+            common::pod_states(&pods).await,
+            decider_logs(&cluster)
+        );
+    }
+    let malformed = pods.get("malformed").await.unwrap();
+    assert_eq!(malformed.spec.and_then(|s| s.node_name), None);
+    assert_no_failed_calls(&cluster);
+    // Logged once, though Volcano tried the pod again every session meanwhile.
+    let log = cluster.log_tail("vc-scheduler", 4000).unwrap();
+    let logged: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("default/malformed") && l.contains(complaint))
+        .collect();
+    assert_eq!(logged.len(), 1, "vc-scheduler log:\n{log}");
+    eprintln!("logged: {}", logged[0]);
+}

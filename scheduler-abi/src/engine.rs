@@ -125,7 +125,8 @@ impl Engine {
             match decider.evaluate_from(pod, &names, Asker::VolcanoPlugin, PodSource::Known) {
                 Ok(v) => v,
                 Err(RequestError::NoAccelerator { .. }) => return Ok(Evaluation::NotOurs),
-                Err(e) => return Err(anyhow!("pod {}: {e}", pod_key(pod))),
+                // Every request error names the pod already.
+                Err(e) => return Err(anyhow!("{e}")),
             };
         let weight = decider.scorer().weight;
         let mut out = String::with_capacity(verdicts.len() * 24);
