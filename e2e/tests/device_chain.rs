@@ -1,7 +1,9 @@
 //! The scheduler's choice is the device the container gets, followed per pod from the scheduler
 //! to the container: the real kube-scheduler (with the extension as filter, prioritize and
-//! bind) or the real Volcano (with the extension as its `extender` plugin, binding without
-//! telling it, so the extension writes the choice right after the bind), the fumarole agent in
+//! bind), the real Volcano (with the extension as its `extender` plugin, binding without
+//! telling it, so the extension writes the choice right after the bind), or vc-scheduler-fumarole
+//! (Volcano v1.10 with fumarole's plugin compiled in and the seeds' configuration: the plugin
+//! writes the choice when Volcano allocates, while Volcano binds), the fumarole agent in
 //! cluster mode on every node, and harness nodes running the kubelet's own device manager and
 //! topology manager (`kubelet-node`) that admit every bound pod through the agent's device
 //! plugins.
@@ -23,9 +25,10 @@ mod common;
 
 use std::time::Duration;
 
-use fumarole_e2e::TestCluster;
+use common::Way;
 use fumarole_e2e::chain::{self, Scheduler};
 use fumarole_e2e::cluster::eventually;
+use fumarole_e2e::{TestCluster, fumarole};
 use kube::api::Api;
 
 /// How many pods the run pushes through one scheduler.
@@ -36,23 +39,31 @@ fn pod_count() -> usize {
         .unwrap_or(96)
 }
 
-async fn run_chain(scheduler: Scheduler) {
+/// Which scheduler decides, and how it reaches fumarole.
+#[derive(Clone, Copy, Debug)]
+enum Decider {
+    KubeScheduler,
+    Volcano(Way),
+}
+
+async fn run_chain(decider: Decider) {
     let cluster = TestCluster::start().await.unwrap();
     cluster.install_fumarole_crds().await.unwrap();
     let harness = chain::start_nodes(&cluster, &[]).await.unwrap();
-    let port = cluster.start_scheduler_ext(&[]).await.unwrap();
-    match scheduler {
-        Scheduler::Kube => {
+    let scheduler = match decider {
+        Decider::KubeScheduler => {
+            let port = cluster.start_scheduler_ext(&[]).await.unwrap();
             cluster
                 .start_kube_scheduler(&common::kube_scheduler_config(port))
                 .await
                 .unwrap();
+            Scheduler::Kube
         }
-        Scheduler::Volcano => cluster
-            .start_volcano(&fumarole_e2e::fumarole::volcano_conf_with_extender(port))
-            .await
-            .unwrap(),
-    }
+        Decider::Volcano(way) => {
+            common::start_volcano(&cluster, way, &[], fumarole::SEED_VOLCANO_CONF).await;
+            Scheduler::Volcano
+        }
+    };
     let target = pod_count();
     let findings = chain::run(
         &cluster,
@@ -60,16 +71,19 @@ async fn run_chain(scheduler: Scheduler) {
         scheduler,
         target,
         Duration::from_secs(60 + 6 * target as u64),
-        || {
-            cluster
+        || match decider {
+            Decider::Volcano(Way::Plugin) => {
+                cluster.log_tail("vc-scheduler", 60).unwrap_or_default()
+            }
+            _ => cluster
                 .log_tail("fumarole-scheduler-ext", 40)
-                .unwrap_or_default()
+                .unwrap_or_default(),
         },
     )
     .await
     .unwrap();
     eprintln!(
-        "device chain through {}: {}",
+        "device chain through {} ({decider:?}): {}",
         scheduler.name(),
         findings.summary()
     );
@@ -102,14 +116,23 @@ async fn run_chain(scheduler: Scheduler) {
     .await
     .unwrap();
     assert!(warnings.is_empty(), "{warnings:?}");
+    // The plugin neither failed to start nor stopped a panic.
+    if let Decider::Volcano(Way::Plugin) = decider {
+        common::assert_no_failed_calls(&cluster);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn kube_scheduler_choice_is_what_every_container_gets() {
-    run_chain(Scheduler::Kube).await;
+    run_chain(Decider::KubeScheduler).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn volcano_choice_is_what_every_container_gets() {
-    run_chain(Scheduler::Volcano).await;
+    run_chain(Decider::Volcano(Way::Extender)).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn volcano_plugin_choice_is_what_every_container_gets() {
+    run_chain(Decider::Volcano(Way::Plugin)).await;
 }

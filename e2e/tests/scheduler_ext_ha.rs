@@ -21,6 +21,15 @@
 //! device plugin waits 5 s, then chooses) are counted, not failed. The kill moments come from
 //! a seed (`FUMAROLE_HA_SEED`, printed); `FUMAROLE_HA_PODS` sets the pods (default 96) and
 //! `FUMAROLE_HA_KILLS` the kills (default 3); the runs are in docs/testing.md.
+//!
+//! No run here uses fumarole's Volcano plugin (vc-scheduler-fumarole), on purpose: what these
+//! tests kill and elect does not exist there. The plugin's decision core lives inside the
+//! scheduler's process, so there is no extension to kill while the scheduler goes on, no
+//! replica behind a Service and no Lease of fumarole's: it dies and starts with the scheduler,
+//! and several scheduler replicas are Volcano's own leader election (`--leader-elect`), under
+//! which only the leader schedules, so only its core decides. A vc-scheduler-fumarole killed in
+//! the middle of a workload (its core starting again from the cluster) is a different test,
+//! not written yet.
 
 // Test code: helpers outside #[test] fns may unwrap and panic too.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]

@@ -1,5 +1,7 @@
-//! Huawei's super-pod jobs through real Volcano (v1.10, with fumarole-scheduler-ext as its
-//! extender): Ascend nodes (`huawei.com/Ascend910`, Atlas 800 topology) in two physical
+//! Huawei's super-pod jobs through real Volcano (v1.10), each test two ways ([`Way`]):
+//! fumarole-scheduler-ext as its extender, and vc-scheduler-fumarole (fumarole's plugin
+//! compiled in) configured as Huawei's users write it ([`HUAWEI_VOLCANO_CONF`], the `init-params`
+//! arguments fumarole does not implement each named once in its log). Ascend nodes (`huawei.com/Ascend910`, Atlas 800 topology) in two physical
 //! super-pods, an `sp-block` job placed block by block, `--reserve-nodes` kept while another
 //! super-pod can take a block, and a bad `sp-block` refused with our reason; `sp-block` given
 //! on the Volcano Job only (Volcano copies it to the PodGroup), and the annotations the
@@ -18,6 +20,7 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use common::Way;
 use fumarole_e2e::cluster::eventually;
 use fumarole_e2e::{NodeSpec, TestCluster};
 use fumarole_topology::crd::DeviceTopology;
@@ -280,19 +283,50 @@ async fn reported(cluster: &TestCluster, pods: &Api<Pod>, pod: &str, ours: &str)
     .unwrap()
 }
 
-/// A cluster of `topologies` with the extension (`args`) as Volcano's extender; the Volcano Job
-/// and Pod APIs of namespace `default`.
+/// Volcano's configuration as Huawei's users write it: the NPU plugin under its versioned name
+/// in the first tier after `conformance`, and the top-level `init-params` with its values as
+/// strings, exactly as Huawei's documents show them (../shared/reference/
+/// volcano-scheduler-configs.md): `super-pod-size` 48 (it only refuses jobs needing more nodes,
+/// so the 4-node super-pods here need no other value) and `reserve-nodes` 2.
+const HUAWEI_VOLCANO_CONF: &str = r#"actions: "enqueue, allocate, backfill"
+tiers:
+- plugins:
+  - name: priority
+  - name: gang
+  - name: conformance
+  - name: volcano-npu_v7.3.0_linux-x86_64
+- plugins:
+  - name: drf
+  - name: predicates
+  - name: proportion
+  - name: nodeorder
+  - name: binpack
+configurations:
+  - name: init-params
+    arguments: {"grace-over-time":"900","presetVirtualDevice":"true","nslb-version":"1.0","shared-tor-num":"2","useClusterInfoManager":"false","super-pod-size":"48","reserve-nodes":"2"}
+"#;
+
+/// The `init-params` arguments of [`HUAWEI_VOLCANO_CONF`] fumarole does not implement.
+const NOT_IMPLEMENTED: [&str; 5] = [
+    "grace-over-time",
+    "presetVirtualDevice",
+    "nslb-version",
+    "shared-tor-num",
+    "useClusterInfoManager",
+];
+
+/// A cluster of `topologies` with Volcano deciding with fumarole the `way` given: the extension
+/// with `args` as its extender, or fumarole's plugin with [`HUAWEI_VOLCANO_CONF`] (its
+/// `init-params` hold what `args` says, and `reserve-nodes` 2); the Volcano Job and Pod APIs of
+/// namespace `default`.
 async fn volcano_with_extension(
     topologies: &[DeviceTopology],
+    way: Way,
     args: &[&str],
 ) -> (TestCluster, Api<DynamicObject>, Api<Pod>) {
     let cluster = common::cluster().await;
     publish(&cluster, topologies).await;
-    let port = cluster.start_scheduler_ext(args).await.unwrap();
-    cluster
-        .start_volcano(&fumarole_e2e::fumarole::volcano_conf_with_extender(port))
-        .await
-        .unwrap();
+    common::start_volcano(&cluster, way, args, HUAWEI_VOLCANO_CONF).await;
     let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(
         "batch.volcano.sh",
         "v1alpha1",
@@ -303,6 +337,27 @@ async fn volcano_with_extension(
     (cluster, jobs, pods)
 }
 
+/// No failed extender call, no plugin failure; under the plugin, each `init-params` argument
+/// fumarole does not implement named once in the scheduler's log.
+fn check_scheduler_log(cluster: &TestCluster, way: Way) {
+    common::assert_no_failed_calls(cluster);
+    if let Way::Plugin = way {
+        let log = cluster.log_tail("vc-scheduler", 100_000).unwrap();
+        for key in NOT_IMPLEMENTED {
+            let named = log
+                .lines()
+                .filter(|l| {
+                    l.contains(&format!("{key:?}")) && l.contains("is not implemented by fumarole")
+                })
+                .count();
+            assert_eq!(
+                named, 1,
+                "{key} named {named} times in vc-scheduler log:\n{log}"
+            );
+        }
+    }
+}
+
 /// With `--reserve-nodes 2`: a job of 4 pods x 8 NPUs in `sp-block: 16` lands block by block,
 /// each block whole in one super-pod. The first block takes sp-1 (equal room, first by name)
 /// outside its reserve (n2, n3); sp-1 then has room for one more block only in its reserve, so
@@ -311,9 +366,22 @@ async fn volcano_with_extension(
 /// nodes, whole. A job with `sp-block: 12` (not a multiple of its pods' 8 NPUs) stays pending
 /// with our reason.
 #[tokio::test]
-async fn sp_block_job_lands_block_by_block_and_keeps_the_reserve() {
-    let (cluster, jobs, pods) =
-        volcano_with_extension(&super_pods(), &["--reserve-nodes=2", "--super-pod-size=4"]).await;
+async fn extender_sp_block_job_lands_block_by_block_and_keeps_the_reserve() {
+    sp_block_job_lands_block_by_block_and_keeps_the_reserve(Way::Extender).await;
+}
+
+#[tokio::test]
+async fn plugin_sp_block_job_lands_block_by_block_and_keeps_the_reserve() {
+    sp_block_job_lands_block_by_block_and_keeps_the_reserve(Way::Plugin).await;
+}
+
+async fn sp_block_job_lands_block_by_block_and_keeps_the_reserve(way: Way) {
+    let (cluster, jobs, pods) = volcano_with_extension(
+        &super_pods(),
+        way,
+        &["--reserve-nodes=2", "--super-pod-size=4"],
+    )
+    .await;
     let pp = PostParams::default();
 
     jobs.create(&pp, &sp_job("odd", 0, "12")).await.unwrap();
@@ -355,13 +423,7 @@ async fn sp_block_job_lands_block_by_block_and_keeps_the_reserve() {
         late_nodes == BTreeSet::from(["n2", "n3"]) || late_nodes == BTreeSet::from(["m2", "m3"]),
         "{late:?}"
     );
-    let log = cluster.log_tail("vc-scheduler", 4000).unwrap();
-    for failure in ["Predicate failed", "Prioritize failed"] {
-        assert!(
-            !log.contains(failure),
-            "{failure} in vc-scheduler log:\n{log}"
-        );
-    }
+    check_scheduler_log(&cluster, way);
 }
 
 /// `sp-block: "16"` and `sp-fit: idlest` given on the Volcano Job only (Volcano copies them to
@@ -371,9 +433,22 @@ async fn sp_block_job_lands_block_by_block_and_keeps_the_reserve() {
 /// `super-pod-rank` (its block) and `super-pod-id` (its node's super-node id); the master's
 /// template presets a garbled `hccl/rankIndex`, which stays.
 #[tokio::test]
-async fn sp_block_on_the_volcano_job_and_the_job_annotations() {
-    let (cluster, jobs, pods) =
-        volcano_with_extension(&super_pods_with_ids(["1", "2"]), &["--super-pod-size=4"]).await;
+async fn extender_sp_block_on_the_volcano_job_and_the_job_annotations() {
+    sp_block_on_the_volcano_job_and_the_job_annotations(Way::Extender).await;
+}
+
+#[tokio::test]
+async fn plugin_sp_block_on_the_volcano_job_and_the_job_annotations() {
+    sp_block_on_the_volcano_job_and_the_job_annotations(Way::Plugin).await;
+}
+
+async fn sp_block_on_the_volcano_job_and_the_job_annotations(way: Way) {
+    let (cluster, jobs, pods) = volcano_with_extension(
+        &super_pods_with_ids(["1", "2"]),
+        way,
+        &["--super-pod-size=4"],
+    )
+    .await;
     let mut job = plain_job("train", 3);
     job.metadata.annotations = Some(BTreeMap::from([
         ("sp-block".to_string(), "16".to_string()),
@@ -409,6 +484,7 @@ async fn sp_block_on_the_volcano_job_and_the_job_annotations() {
         BTreeMap::from([(0, BTreeSet::from(["1"])), (1, BTreeSet::from(["2"]))]),
         "each block whole in one super-pod, the second in the idlest: {placed:?}"
     );
+    check_scheduler_log(&cluster, way);
 }
 
 /// With `--whole-job-super-pod`, a Volcano Job of 4 pods x 8 NPUs without `sp-block` anywhere
@@ -416,9 +492,19 @@ async fn sp_block_on_the_volcano_job_and_the_job_annotations() {
 /// `super-pod-rank: "0"` and that super-pod's id (without the flag they would carry neither:
 /// no group, no super-pod keys).
 #[tokio::test]
-async fn whole_job_super_pod_places_an_unannotated_job_in_one_super_pod() {
+async fn extender_whole_job_super_pod_places_an_unannotated_job_in_one_super_pod() {
+    whole_job_super_pod_places_an_unannotated_job_in_one_super_pod(Way::Extender).await;
+}
+
+#[tokio::test]
+async fn plugin_whole_job_super_pod_places_an_unannotated_job_in_one_super_pod() {
+    whole_job_super_pod_places_an_unannotated_job_in_one_super_pod(Way::Plugin).await;
+}
+
+async fn whole_job_super_pod_places_an_unannotated_job_in_one_super_pod(way: Way) {
     let (cluster, jobs, pods) = volcano_with_extension(
         &super_pods_with_ids(["1", "2"]),
+        way,
         &["--super-pod-size=4", "--whole-job-super-pod"],
     )
     .await;
@@ -435,6 +521,7 @@ async fn whole_job_super_pod_places_an_unannotated_job_in_one_super_pod() {
         ids.insert(numeric_super_pod_of(node));
     }
     assert_eq!(ids.len(), 1, "the whole job in one super-pod: {placed:?}");
+    check_scheduler_log(&cluster, way);
 }
 
 /// An Ascend pod of 8 NPUs for kube-scheduler (no Volcano), with `annotations` and its rank

@@ -14,73 +14,13 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use common::{Way, assert_no_failed_calls, decider_logs, volcano_with};
 use fumarole_e2e::chain;
 use fumarole_e2e::cluster::eventually;
 use fumarole_topology::crd::DeviceTopology;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, PostParams};
 use serde_json::json;
-
-/// How Volcano reaches fumarole.
-#[derive(Clone, Copy, Debug)]
-enum Way {
-    /// Upstream's vc-scheduler, its `extender` plugin, fumarole-scheduler-ext.
-    Extender,
-    /// `vc-scheduler-fumarole` with the seeds' configuration.
-    Plugin,
-}
-
-/// A cluster with `topologies` published and Volcano deciding with fumarole the `way` given.
-async fn volcano_with(topologies: &[DeviceTopology], way: Way) -> fumarole_e2e::TestCluster {
-    match way {
-        Way::Extender => {
-            let (cluster, port) = common::cluster_with_extender(topologies, &[]).await;
-            cluster
-                .start_volcano(&fumarole_e2e::fumarole::volcano_conf_with_extender(port))
-                .await
-                .unwrap();
-            cluster
-        }
-        Way::Plugin => {
-            let cluster = common::cluster().await;
-            common::publish(&cluster, topologies).await;
-            let scheduler = fumarole_e2e::fumarole::volcano_plugin_bin().unwrap();
-            cluster
-                .start_volcano_with(&scheduler, fumarole_e2e::fumarole::SEED_VOLCANO_CONF)
-                .await
-                .unwrap();
-            cluster
-        }
-    }
-}
-
-/// The logs of whatever decided, for a failure message.
-fn decider_logs(cluster: &fumarole_e2e::TestCluster) -> String {
-    format!(
-        "scheduler-ext:\n{}\nvc-scheduler:\n{}",
-        cluster
-            .log_tail("fumarole-scheduler-ext", 60)
-            .unwrap_or_default(),
-        cluster.log_tail("vc-scheduler", 80).unwrap_or_default()
-    )
-}
-
-/// Every extender call succeeded (Volcano logs failed ones and carries on), and fumarole's
-/// plugin neither failed to start nor stopped a panic.
-fn assert_no_failed_calls(cluster: &fumarole_e2e::TestCluster) {
-    let log = cluster.log_tail("vc-scheduler", 4000).unwrap();
-    for failure in [
-        "Predicate failed",
-        "Prioritize failed",
-        "fumarole is not ready",
-        "fumarole panicked",
-    ] {
-        assert!(
-            !log.contains(failure),
-            "{failure} in vc-scheduler log:\n{log}"
-        );
-    }
-}
 
 #[tokio::test]
 async fn extender_puts_four_gpu_pod_where_it_fits_exactly() {
@@ -354,4 +294,237 @@ async fn plugin_pytorch_demo_master_annotation_places_the_whole_job() {
 #[tokio::test]
 async fn plugin_pytorch_demo_with_atomic_16_places_the_whole_job() {
     pytorch_demo_lands_unit_by_unit(Way::Plugin, Some(16)).await;
+}
+
+/// rack-a: a0 and a1, 8 free GPUs each (16); rack-b: b0 and b1, 2 free of 8 each (4). The
+/// nodes advertise 32 GPUs, so Volcano admits a 32-GPU job; fumarole knows that only rack-a
+/// can take 16 in one super-node, and only a0 and a1 an 8-GPU pod.
+fn one_roomy_rack() -> Vec<DeviceTopology> {
+    vec![
+        common::dgx("a0", 8, &[], Some("rack-a")),
+        common::dgx("a1", 8, &[], Some("rack-a")),
+        common::dgx("b0", 8, &[0, 1, 2, 3, 4, 5], Some("rack-b")),
+        common::dgx("b1", 8, &[0, 1, 2, 3, 4, 5], Some("rack-b")),
+    ]
+}
+
+/// `pytorch-demo` of 4 pods of 8 GPUs in one unit of 32, atomic parts of 16, over
+/// [`one_roomy_rack`]: one part plans rack-a, the other fits nowhere, so the job waits with our
+/// reason. Then a lone 8-GPU pod asks for rack-a's room.
+///
+/// Under fumarole's plugin every allocation and its undoing reach the decider in process, so
+/// the waiting unit's plan lapses as soon as its other part finds no room (it would only keep
+/// others out), and the newcomer runs on a0 or a1 while the job waits. Under the extender,
+/// Volcano v1.10 calls no `allocateFunc`, so the decider cannot tell a waiting plan from one
+/// whose pods Volcano already allocated in the session: it keeps the plan, and the newcomer is
+/// refused with the reservation as its reason.
+async fn waiting_units_plan(way: Way) {
+    let cluster = volcano_with(&one_roomy_rack(), way).await;
+    let jobs: Api<DynamicObject> =
+        Api::namespaced_with(cluster.client(), "default", &chain::vcjob_resource());
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    jobs.create(
+        &PostParams::default(),
+        &chain::pytorch_demo(3, 32, Some(16)),
+    )
+    .await
+    .unwrap();
+    let waits = "needs 16 nvidia.com/gpu (2 pods of 8) in one super-node";
+    let reason = reported(&cluster, &pods, "pytorch-demo", waits).await;
+    assert!(reason.contains("job default/pytorch-demo"), "{reason}");
+
+    let newcomer: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "newcomer"},
+        "spec": {
+            "schedulerName": "volcano",
+            "containers": [{
+                "name": "c", "image": "example.invalid/none",
+                "resources": {"requests": {"cpu": "1", "memory": "1Gi"},
+                              "limits": {"nvidia.com/gpu": "8"}}
+            }]
+        }
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &newcomer)
+        .await
+        .unwrap();
+    match way {
+        Way::Plugin => {
+            let placed = eventually(
+                "newcomer bound and annotated",
+                Duration::from_secs(90),
+                || {
+                    let pods = pods.clone();
+                    async move {
+                        Ok(common::placements(&pods, &["newcomer".to_string()])
+                            .await
+                            .pop_first())
+                    }
+                },
+            )
+            .await;
+            let (_, (node, devices)) = match placed {
+                Ok(p) => p,
+                Err(e) => panic!(
+                    "{e}\npods: {:?}\n{}",
+                    common::pod_states(&pods).await,
+                    decider_logs(&cluster)
+                ),
+            };
+            assert!(node == "a0" || node == "a1", "{node}");
+            assert_eq!(devices.len(), 8, "{devices:?}");
+            assert!(
+                devices
+                    .iter()
+                    .all(|d| d.starts_with(&format!("{node}-gpu")))
+            );
+            // The job still waits: none of its pods is bound.
+            for p in pods.list(&ListParams::default()).await.unwrap().items {
+                let name = p.metadata.name.clone().unwrap_or_default();
+                if name.starts_with("pytorch-demo") {
+                    assert_eq!(p.spec.and_then(|s| s.node_name), None, "{name}");
+                }
+            }
+        }
+        Way::Extender => {
+            let reason = reported(&cluster, &pods, "newcomer", "are reserved for").await;
+            assert!(reason.contains("job default/pytorch-demo"), "{reason}");
+        }
+    }
+    assert_no_failed_calls(&cluster);
+}
+
+#[tokio::test]
+async fn plugin_lets_a_waiting_units_plan_lapse() {
+    waiting_units_plan(Way::Plugin).await;
+}
+
+#[tokio::test]
+async fn extender_keeps_a_waiting_units_plan_under_volcano_v1_10() {
+    waiting_units_plan(Way::Extender).await;
+}
+
+/// The first message containing `ours` in a condition of a pod, or an Event about an object,
+/// whose name starts with `prefix`.
+async fn reported(
+    cluster: &fumarole_e2e::TestCluster,
+    pods: &Api<Pod>,
+    prefix: &str,
+    ours: &str,
+) -> String {
+    let found = eventually("our reason to be reported", Duration::from_secs(60), || {
+        let pods = pods.clone();
+        async move {
+            for p in pods.list(&ListParams::default()).await?.items {
+                if !p.metadata.name.as_deref().unwrap_or("").starts_with(prefix) {
+                    continue;
+                }
+                let condition = p
+                    .status
+                    .and_then(|s| s.conditions)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter_map(|c| c.message)
+                    .find(|m| m.contains(ours));
+                if condition.is_some() {
+                    return Ok(condition);
+                }
+            }
+            let events: Api<k8s_openapi::api::core::v1::Event> =
+                Api::namespaced(cluster.client(), "default");
+            Ok(events
+                .list(&ListParams::default())
+                .await?
+                .items
+                .into_iter()
+                .filter(|e| {
+                    e.involved_object
+                        .name
+                        .as_deref()
+                        .is_some_and(|n| n.starts_with(prefix))
+                })
+                .filter_map(|e| e.message)
+                .find(|m| m.contains(ours)))
+        }
+    })
+    .await;
+    match found {
+        Ok(m) => m,
+        Err(e) => panic!(
+            "{e}\npods: {:?}\n{}",
+            common::pod_states(pods).await,
+            decider_logs(cluster)
+        ),
+    }
+}
+
+/// Bad input under fumarole's plugin: a pod whose `metax-tech.com/gpu-group-size` is `"lots"`
+/// is not placed, Volcano reports the plugin's error naming the annotation on the pod, and the
+/// scheduler goes on: a good pod created afterwards is placed. The scheduler's log names the
+/// error once (Volcano logs a PrePredicate error only at -v=3; the plugin logs each task's
+/// error when it first appears).
+#[tokio::test]
+async fn plugin_reports_a_malformed_annotation_and_goes_on() {
+    let cluster = volcano_with(&common::two_dgx(), Way::Plugin).await;
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let gpu_pod = |name: &str, gpus: u32, annotations: serde_json::Value| -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "annotations": annotations},
+            "spec": {
+                "schedulerName": "volcano",
+                "containers": [{
+                    "name": "c", "image": "example.invalid/none",
+                    "resources": {"requests": {"cpu": "1", "memory": "1Gi"},
+                                  "limits": {"nvidia.com/gpu": gpus.to_string()}}
+                }]
+            }
+        }))
+        .unwrap()
+    };
+    let pp = PostParams::default();
+    pods.create(
+        &pp,
+        &gpu_pod(
+            "malformed",
+            2,
+            json!({"metax-tech.com/gpu-group-size": "lots"}),
+        ),
+    )
+    .await
+    .unwrap();
+    let complaint = r#"metax-tech.com/gpu-group-size: "lots" is not a positive integer"#;
+    let reason = reported(&cluster, &pods, "malformed", complaint).await;
+    assert!(reason.contains("default/malformed"), "{reason}");
+    eprintln!("reported on the pod: {reason}");
+
+    pods.create(&pp, &gpu_pod("after", 4, json!({})))
+        .await
+        .unwrap();
+    let placed = eventually("after bound and annotated", Duration::from_secs(90), || {
+        let pods = pods.clone();
+        async move {
+            Ok(common::placements(&pods, &["after".to_string()])
+                .await
+                .pop_first())
+        }
+    })
+    .await;
+    if let Err(e) = placed {
+        panic!(
+            "{e}\npods: {:?}\n{}",
+            common::pod_states(&pods).await,
+            decider_logs(&cluster)
+        );
+    }
+    let malformed = pods.get("malformed").await.unwrap();
+    assert_eq!(malformed.spec.and_then(|s| s.node_name), None);
+    assert_no_failed_calls(&cluster);
+    // Logged once, though Volcano tried the pod again every session meanwhile.
+    let log = cluster.log_tail("vc-scheduler", 4000).unwrap();
+    let logged: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("default/malformed") && l.contains(complaint))
+        .collect();
+    assert_eq!(logged.len(), 1, "vc-scheduler log:\n{log}");
+    eprintln!("logged: {}", logged[0]);
 }

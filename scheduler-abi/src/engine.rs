@@ -127,7 +127,8 @@ impl Engine {
             match decider.evaluate_from(pod, &names, Asker::VolcanoPlugin, PodSource::Known) {
                 Ok(v) => v,
                 Err(RequestError::NoAccelerator { .. }) => return Ok(Evaluation::NotOurs),
-                Err(e) => return Err(anyhow!("pod {}: {e}", pod_key(pod))),
+                // Every request error names the pod already.
+                Err(e) => return Err(anyhow!("{e}")),
             };
         let weight = decider.scorer().weight;
         // Reasons are formatted once per run of nodes with the same one (a unit's plan gives

@@ -317,6 +317,7 @@ func (p *plugin) evaluate(task *api.TaskInfo) *judged {
 		return &judged{notOurs: true}
 	}
 	if err != nil {
+		logRefusal(task, err)
 		return &judged{err: err}
 	}
 	return &judged{nodes: parseVerdicts(lines)}
@@ -354,6 +355,32 @@ func parseVerdicts(text string) map[string]verdict {
 		nodes[name] = v
 	}
 	return nodes
+}
+
+// refusals holds the last error logged per task: Volcano reports a PrePredicate error on the
+// pod but logs it only at -v=3, and a task that cannot be judged fails again every session, so
+// each task's error is logged when it first appears or changes, not every second.
+var refusals struct {
+	sync.Mutex
+	last map[api.TaskID]string
+}
+
+// maxRefusals bounds refusals: past it the record starts afresh (a task may then be logged
+// once more).
+const maxRefusals = 10000
+
+func logRefusal(task *api.TaskInfo, err error) {
+	message := err.Error()
+	refusals.Lock()
+	defer refusals.Unlock()
+	if refusals.last[task.UID] == message {
+		return
+	}
+	if refusals.last == nil || len(refusals.last) >= maxRefusals {
+		refusals.last = make(map[api.TaskID]string)
+	}
+	refusals.last[task.UID] = message
+	klog.Errorf("fumarole: cannot judge task %s/%s: %v", task.Namespace, task.Name, err)
 }
 
 func (p *plugin) predicate(task *api.TaskInfo, node *api.NodeInfo) error {

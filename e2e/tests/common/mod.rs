@@ -102,6 +102,80 @@ pub fn rack_of(node: &str) -> &'static str {
     }
 }
 
+/// How Volcano reaches fumarole.
+#[derive(Clone, Copy, Debug)]
+pub enum Way {
+    /// Upstream's vc-scheduler, its `extender` plugin, fumarole-scheduler-ext.
+    Extender,
+    /// `vc-scheduler-fumarole`: Volcano's scheduler with fumarole's plugin compiled in.
+    Plugin,
+}
+
+/// Starts Volcano on `cluster` (its nodes published) deciding with fumarole the `way` given:
+/// fumarole-scheduler-ext with `extender_args` behind upstream vc-scheduler's `extender`
+/// plugin, or vc-scheduler-fumarole with the configuration `plugin_conf`, where the plugin
+/// reads its arguments.
+pub async fn start_volcano(
+    cluster: &TestCluster,
+    way: Way,
+    extender_args: &[&str],
+    plugin_conf: &str,
+) {
+    match way {
+        Way::Extender => {
+            let port = cluster.start_scheduler_ext(extender_args).await.unwrap();
+            cluster
+                .start_volcano(&fumarole::volcano_conf_with_extender(port))
+                .await
+                .unwrap();
+        }
+        Way::Plugin => {
+            let scheduler = fumarole::volcano_plugin_bin().unwrap();
+            cluster
+                .start_volcano_with(&scheduler, plugin_conf)
+                .await
+                .unwrap();
+        }
+    }
+}
+
+/// A cluster with `topologies` published and Volcano deciding with fumarole the `way` given,
+/// the plugin with the seeds' configuration unchanged ([`fumarole::SEED_VOLCANO_CONF`]).
+pub async fn volcano_with(topologies: &[DeviceTopology], way: Way) -> TestCluster {
+    let cluster = cluster().await;
+    publish(&cluster, topologies).await;
+    start_volcano(&cluster, way, &[], fumarole::SEED_VOLCANO_CONF).await;
+    cluster
+}
+
+/// The logs of whatever decided, for a failure message.
+pub fn decider_logs(cluster: &TestCluster) -> String {
+    format!(
+        "scheduler-ext:\n{}\nvc-scheduler:\n{}",
+        cluster
+            .log_tail("fumarole-scheduler-ext", 60)
+            .unwrap_or_default(),
+        cluster.log_tail("vc-scheduler", 80).unwrap_or_default()
+    )
+}
+
+/// Every extender call succeeded (Volcano logs failed ones and carries on), and fumarole's
+/// plugin neither failed to start nor stopped a panic.
+pub fn assert_no_failed_calls(cluster: &TestCluster) {
+    let log = cluster.log_tail("vc-scheduler", 4000).unwrap();
+    for failure in [
+        "Predicate failed",
+        "Prioritize failed",
+        "fumarole is not ready",
+        "fumarole panicked",
+    ] {
+        assert!(
+            !log.contains(failure),
+            "{failure} in vc-scheduler log:\n{log}"
+        );
+    }
+}
+
 /// kube-scheduler configuration with fumarole-scheduler-ext as filtering, scoring and binding
 /// extender for `nvidia.com/gpu` pods.
 pub fn kube_scheduler_config(port: u16) -> String {
