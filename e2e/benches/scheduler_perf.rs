@@ -490,6 +490,9 @@ async fn run(
         Some(config) => Some(cluster.start_kube_scheduler(&config).await.unwrap()),
         None => {
             let config = arrangement.volcano_config(ext_port).unwrap();
+            if arrangement == Arrangement::VolcanoPluginOff {
+                eprintln!("{}: --scheduler-conf\n{config}", arrangement.name());
+            }
             if matches!(
                 arrangement,
                 Arrangement::VolcanoPlugin | Arrangement::VolcanoPluginOff
