@@ -38,8 +38,10 @@
 //!
 //! A measurement, not a test: it checks only that every GPU was given once and that the
 //! arrangements placed the pods they claim; with `--check` also that every pod was bound and
-//! that no unit was split where fumarole decides (the extension or the plugin; CI runs that at
-//! 72 nodes for `volcano-plugin`; no figure is judged). Figures go in docs/performance.md.
+//! that no unit was split where fumarole decides (the extension or the plugin) and, in the
+//! plugin arms, that vc-scheduler logged no error from the plugin or about its configuration
+//! (CI runs that at 72 nodes for `volcano-plugin`; no figure is judged). Figures go in
+//! docs/performance.md.
 //!
 //! ```sh
 //! cargo build --release -p fumarole-scheduler-ext
@@ -411,7 +413,7 @@ struct Run {
     units_split: usize,
     atomic: usize,
     atomic_split: usize,
-    /// Error lines of fumarole's plugin in vc-scheduler's log.
+    /// Error lines of fumarole's plugin, or about its configuration, in vc-scheduler's log.
     plugin_errors: usize,
 }
 
@@ -679,15 +681,22 @@ async fn run(
         }
     }
     // fumarole's plugin logs its failures (not ready, a decision refused, a panic stopped at
-    // the C ABI) in vc-scheduler's log and Volcano carries on: show them.
+    // the C ABI) in vc-scheduler's log and Volcano carries on, as it does with a configuration
+    // it cannot use (it falls back to its default): show them.
     let mut plugin_errors = 0;
-    if arrangement == Arrangement::VolcanoPlugin {
+    if matches!(
+        arrangement,
+        Arrangement::VolcanoPlugin | Arrangement::VolcanoPluginOff
+    ) {
         let log = cluster
             .log_tail("vc-scheduler", 1_000_000)
             .unwrap_or_default();
         let errors: Vec<&str> = log
             .lines()
-            .filter(|l| (l.starts_with('E') || l.starts_with('W')) && l.contains("fumarole"))
+            .filter(|l| {
+                ((l.starts_with('E') || l.starts_with('W')) && l.contains("fumarole"))
+                    || (l.starts_with('E') && l.contains("onfig"))
+            })
             .collect();
         plugin_errors = errors.iter().filter(|l| l.starts_with('E')).count();
         for line in errors.iter().take(10) {
@@ -937,11 +946,8 @@ fn main() {
                 if r.arrangement.extension() {
                     assert_eq!(r.units_split, 0, "{name}: a unit split over super-nodes");
                     assert_eq!(r.atomic_split, 0, "{name}: an atomic part split");
-                    assert_eq!(
-                        r.plugin_errors, 0,
-                        "{name}: fumarole's plugin logged errors"
-                    );
                 }
+                assert_eq!(r.plugin_errors, 0, "{name}: vc-scheduler logged errors");
             }
         }
     });
