@@ -40,3 +40,8 @@ cargo build -p fumarole-agent -p fumarole-scheduler-ext -p fumarole-standin-nvml
 # library), and the Go side's vet and unit tests; under a minute when warm.
 volcano-plugin/test.sh "$@"
 cargo test -p fumarole-e2e "$@"
+# The side-by-side scheduler bench at a smoke size, for correctness only, on fumarole's Volcano
+# plugin: every pod bound, no unit or atomic part split, no GPU given twice, no error from the
+# plugin in vc-scheduler's log (about 30 s; figures: docs/performance.md). The other arrangements
+# stay out: Volcano with the extender can leave a gang waiting (docs/performance.md).
+cargo test -p fumarole-e2e --bench scheduler_perf "$@" -- --nodes 72 --jobs 40 --check --only volcano-plugin

@@ -15,7 +15,13 @@
 //!   cluster, which may hold no node of the super-node a unit is planned in);
 //! - `volcano`: Volcano v1.10 (vc-scheduler and vc-controller-manager) alone, one PodGroup per
 //!   job (`minMember` = its pods);
-//! - `volcano-ext`: Volcano with fumarole-scheduler-ext in its `extender` plugin.
+//! - `volcano-ext`: Volcano with fumarole-scheduler-ext in its `extender` plugin;
+//! - `volcano-plugin`: `vc-scheduler-fumarole` (Volcano's scheduler with fumarole's plugin
+//!   compiled in, `volcano-plugin/build.sh`) with the seeds' configuration unchanged
+//!   (`SEED_VOLCANO_CONF`: `gpu-podaffinity` and `gpu-aware` in its tiers), no extender;
+//! - `volcano-plugin-off`: the same binary with the same actions and tiers less fumarole's
+//!   plugin names: Volcano alone as the seeds would run it, what `volcano-plugin` is compared
+//!   with (`volcano`, upstream's binary with the usual tiers, stays as a check on it).
 //!
 //! Per arrangement: pods bound per second (from the first create to the last bind), p50 / p99
 //! time from a pod's creation to its bind (as seen by a watch), CPU seconds and peak RSS of each
@@ -32,17 +38,21 @@
 //!
 //! A measurement, not a test: it checks only that every GPU was given once and that the
 //! arrangements placed the pods they claim; with `--check` also that every pod was bound and
-//! that no unit was split with the extension (CI runs that at 72 nodes; no figure is judged).
-//! Figures go in docs/performance.md.
+//! that no unit was split where fumarole decides (the extension or the plugin) and, in the
+//! plugin arms, that vc-scheduler logged no error from the plugin or about its configuration
+//! (CI runs that at 72 nodes for `volcano-plugin`; no figure is judged). Figures go in
+//! docs/performance.md.
 //!
 //! ```sh
 //! cargo build --release -p fumarole-scheduler-ext
+//! volcano-plugin/build.sh --release
 //! cargo bench -p fumarole-e2e --bench scheduler_perf                       # 1,000 nodes
 //! cargo bench -p fumarole-e2e --bench scheduler_perf -- --nodes 5000
 //! # flags: --nodes 1000 --jobs 400 --seed 7 --timeout 300
-//! #        --only kube,kube-ext,kube-ext-all-nodes,volcano,volcano-ext
+//! #        --only kube,kube-ext,kube-ext-all-nodes,volcano,volcano-ext,volcano-plugin-off,volcano-plugin
+//! # FUMAROLE_VC_SCHEDULER_PLUGIN=/path/to/vc-scheduler-fumarole: that binary for the plugin arms
 //! # CI's smoke run (debug build; fails unless every pod is bound and no unit split):
-//! cargo test -p fumarole-e2e --bench scheduler_perf -- --nodes 72 --jobs 40 --check
+//! cargo test -p fumarole-e2e --bench scheduler_perf -- --nodes 72 --jobs 40 --check --only volcano-plugin
 //! ```
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -55,7 +65,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fumarole_e2e::cluster::{free_port, volcano_conf};
-use fumarole_e2e::fumarole::scheduler_ext_bin;
+use fumarole_e2e::fumarole::{SEED_VOLCANO_CONF, scheduler_ext_bin, volcano_plugin_bin};
 use fumarole_e2e::process::{Footprint, Proc, percentile};
 use fumarole_e2e::{NodeSpec, TestCluster};
 use fumarole_sim::trace::{self, GenSpec, Job};
@@ -88,15 +98,21 @@ enum Arrangement {
     KubeExtAllNodes,
     Volcano,
     VolcanoExt,
+    /// vc-scheduler-fumarole with the seeds' configuration: fumarole's plugin decides.
+    VolcanoPlugin,
+    /// vc-scheduler-fumarole with the seeds' tiers less fumarole's plugins.
+    VolcanoPluginOff,
 }
 
 impl Arrangement {
-    const ALL: [Arrangement; 5] = [
+    const ALL: [Arrangement; 7] = [
         Arrangement::Kube,
         Arrangement::KubeExt,
         Arrangement::KubeExtAllNodes,
         Arrangement::Volcano,
         Arrangement::VolcanoExt,
+        Arrangement::VolcanoPluginOff,
+        Arrangement::VolcanoPlugin,
     ];
 
     fn name(self) -> &'static str {
@@ -106,18 +122,46 @@ impl Arrangement {
             Arrangement::KubeExtAllNodes => "kube-ext-all-nodes",
             Arrangement::Volcano => "volcano",
             Arrangement::VolcanoExt => "volcano-ext",
+            Arrangement::VolcanoPlugin => "volcano-plugin",
+            Arrangement::VolcanoPluginOff => "volcano-plugin-off",
         }
     }
 
     fn volcano(self) -> bool {
-        matches!(self, Arrangement::Volcano | Arrangement::VolcanoExt)
+        matches!(
+            self,
+            Arrangement::Volcano
+                | Arrangement::VolcanoExt
+                | Arrangement::VolcanoPlugin
+                | Arrangement::VolcanoPluginOff
+        )
     }
 
+    /// fumarole decides (extension or plugin): the GPUs are its choice (the pods'
+    /// `fumarole.dev/devices`) and `--check` holds it to no unit split.
     fn extension(self) -> bool {
+        self.extender() || self == Arrangement::VolcanoPlugin
+    }
+
+    /// fumarole-scheduler-ext runs beside the scheduler.
+    fn extender(self) -> bool {
         matches!(
             self,
             Arrangement::KubeExt | Arrangement::KubeExtAllNodes | Arrangement::VolcanoExt
         )
+    }
+
+    /// Volcano's scheduler configuration in this arrangement (`None` for kube-scheduler's).
+    fn volcano_config(self, ext_port: u16) -> Option<String> {
+        match self {
+            Arrangement::Volcano => Some(volcano_conf("")),
+            Arrangement::VolcanoExt => {
+                Some(fumarole_e2e::fumarole::volcano_conf_with_extender(ext_port))
+            }
+            Arrangement::VolcanoPlugin => Some(SEED_VOLCANO_CONF.to_string()),
+            Arrangement::VolcanoPluginOff => Some(seed_conf_without_fumarole()),
+            Arrangement::Kube | Arrangement::KubeExt | Arrangement::KubeExtAllNodes => None,
+        }
     }
 
     /// kube-scheduler's configuration in this arrangement (`None` for Volcano's), with the API
@@ -131,7 +175,10 @@ impl Arrangement {
                 "{}{KUBE_CLIENT_LIMITS}percentageOfNodesToScore: 100\n",
                 with_extension()
             )),
-            Arrangement::Volcano | Arrangement::VolcanoExt => None,
+            Arrangement::Volcano
+            | Arrangement::VolcanoExt
+            | Arrangement::VolcanoPlugin
+            | Arrangement::VolcanoPluginOff => None,
         }
     }
 
@@ -143,6 +190,22 @@ impl Arrangement {
             &["kube-scheduler"]
         }
     }
+}
+
+/// [`SEED_VOLCANO_CONF`] with fumarole's plugin names (and their arguments) taken out of its
+/// tiers; actions, the other plugins and their order stay as the seeds wrote them.
+fn seed_conf_without_fumarole() -> String {
+    let mut conf: serde_json::Value = serde_norway::from_str(SEED_VOLCANO_CONF).unwrap();
+    let fumarole = |name: &str| {
+        name == "gpu-aware" || name == "gpu-podaffinity" || name.starts_with("volcano-npu")
+    };
+    for tier in conf["tiers"].as_array_mut().unwrap() {
+        let plugins = tier["plugins"].as_array_mut().unwrap();
+        let before = plugins.len();
+        plugins.retain(|p| !fumarole(p["name"].as_str().unwrap_or_default()));
+        assert!(plugins.len() < before, "a tier without fumarole's plugin");
+    }
+    serde_norway::to_string(&conf).unwrap()
 }
 
 struct Args {
@@ -350,6 +413,8 @@ struct Run {
     units_split: usize,
     atomic: usize,
     atomic_split: usize,
+    /// Error lines of fumarole's plugin, or about its configuration, in vc-scheduler's log.
+    plugin_errors: usize,
 }
 
 /// Samples the CPU ticks and RSS of `pids` every 500 ms until `stop` is set; returns
@@ -397,7 +462,7 @@ async fn run(
     // The extension first: the schedulers call it from their first pod on.
     let mut ext = None;
     let ext_port = free_port().unwrap();
-    if arrangement.extension() {
+    if arrangement.extender() {
         let p = Proc::spawn_with_env(
             &format!("fumarole-scheduler-ext-{}", arrangement.name()),
             &scheduler_ext_bin().unwrap(),
@@ -426,12 +491,27 @@ async fn run(
     let kube_scheduler_port = match arrangement.kube_scheduler_config(ext_port) {
         Some(config) => Some(cluster.start_kube_scheduler(&config).await.unwrap()),
         None => {
-            let extra = if arrangement.extension() {
-                fumarole_e2e::fumarole::volcano_conf_with_extender(ext_port)
+            let config = arrangement.volcano_config(ext_port).unwrap();
+            if arrangement == Arrangement::VolcanoPluginOff {
+                eprintln!("{}: --scheduler-conf\n{config}", arrangement.name());
+            }
+            if matches!(
+                arrangement,
+                Arrangement::VolcanoPlugin | Arrangement::VolcanoPluginOff
+            ) {
+                // A copy of the binary can be named (the target directory is shared, so one
+                // built there may change under a run).
+                let scheduler = match std::env::var_os("FUMAROLE_VC_SCHEDULER_PLUGIN") {
+                    Some(path) => std::path::PathBuf::from(path),
+                    None => volcano_plugin_bin().unwrap(),
+                };
+                cluster
+                    .start_volcano_with(&scheduler, &config)
+                    .await
+                    .unwrap();
             } else {
-                volcano_conf("")
-            };
-            cluster.start_volcano(&extra).await.unwrap();
+                cluster.start_volcano(&config).await.unwrap();
+            }
             None
         }
     };
@@ -538,8 +618,9 @@ async fn run(
         .map(|(n, (ticks, rss))| (n, (ticks as f64 / tick, rss)))
         .collect();
 
-    // Volcano v1.10 binds without telling the extension first (no allocateFunc): it writes
-    // the devices on the pod just after the bind. Wait for those before judging them.
+    // Volcano v1.10 binds without telling the extension first (no allocateFunc), and the plugin
+    // writes its device choice after Volcano's bind: the devices land on the pod just after the
+    // bind. Wait for those before judging them.
     let settled = Instant::now();
     let listed = loop {
         let listed = pod_api.list(&ListParams::default()).await.unwrap().items;
@@ -599,6 +680,32 @@ async fn run(
             );
         }
     }
+    // fumarole's plugin logs its failures (not ready, a decision refused, a panic stopped at
+    // the C ABI) in vc-scheduler's log and Volcano carries on, as it does with a configuration
+    // it cannot use (it falls back to its default): show them.
+    let mut plugin_errors = 0;
+    if matches!(
+        arrangement,
+        Arrangement::VolcanoPlugin | Arrangement::VolcanoPluginOff
+    ) {
+        let log = cluster
+            .log_tail("vc-scheduler", 1_000_000)
+            .unwrap_or_default();
+        let errors: Vec<&str> = log
+            .lines()
+            .filter(|l| {
+                ((l.starts_with('E') || l.starts_with('W')) && l.contains("fumarole"))
+                    || (l.starts_with('E') && l.contains("onfig"))
+            })
+            .collect();
+        plugin_errors = errors.iter().filter(|l| l.starts_with('E')).count();
+        for line in errors.iter().take(10) {
+            eprintln!("  vc-scheduler: {line}");
+        }
+        if errors.len() > 10 {
+            eprintln!("  vc-scheduler: ... {} more", errors.len() - 10);
+        }
+    }
     let quality = quality(view, taken, jobs, &listed, &bound_at, arrangement);
 
     // Tear down for the next arrangement.
@@ -632,6 +739,7 @@ async fn run(
         p99: percentile(&latencies, 0.99),
         processes,
         attempts,
+        plugin_errors,
         ..quality
     }
 }
@@ -704,6 +812,7 @@ fn quality(
         units_split: 0,
         atomic: 0,
         atomic_split: 0,
+        plugin_errors: 0,
     };
     // Pods in the order the watch saw them bound.
     let mut bound: Vec<(Instant, &Pod)> = pods
@@ -838,6 +947,7 @@ fn main() {
                     assert_eq!(r.units_split, 0, "{name}: a unit split over super-nodes");
                     assert_eq!(r.atomic_split, 0, "{name}: an atomic part split");
                 }
+                assert_eq!(r.plugin_errors, 0, "{name}: vc-scheduler logged errors");
             }
         }
     });
@@ -869,8 +979,8 @@ fn report(r: &Run) {
     }
 }
 
-/// The markdown table of every run, with the ratios of each "-ext" arrangement to its
-/// scheduler alone.
+/// The markdown table of every run, with the ratios of each arrangement where fumarole decides
+/// to its scheduler alone.
 fn table(runs: &[Run]) -> String {
     let mut out = String::from(
         "| arrangement | bound | pods/s | create->bind p50 / p99 | scheduler CPU s | extension CPU s / peak RSS | API server + etcd CPU s | ideal interconnect | units split | atomic parts split |\n|---|---|---|---|---|---|---|---|---|---|\n",
@@ -909,6 +1019,7 @@ fn table(runs: &[Run]) -> String {
         (Arrangement::KubeExt, Arrangement::Kube),
         (Arrangement::KubeExtAllNodes, Arrangement::Kube),
         (Arrangement::VolcanoExt, Arrangement::Volcano),
+        (Arrangement::VolcanoPlugin, Arrangement::VolcanoPluginOff),
     ] {
         let find = |a| runs.iter().find(|r| r.arrangement == a);
         if let (Some(w), Some(o)) = (find(with), find(alone)) {
