@@ -3,8 +3,9 @@
 //! fumarole-scheduler-ext over HTTP (Volcano v1.10 binds without calling `allocateFunc`, so the
 //! service writes the devices on the pods after they are bound), and `vc-scheduler-fumarole`,
 //! Volcano's scheduler with fumarole's plugin compiled in, configured with the seeds'
-//! `volcano-scheduler.conf` as MetaX writes it. The nodes advertise all their GPUs, so only
-//! fumarole knows which are free.
+//! `volcano-scheduler.conf` as MetaX writes it. The plugin way also runs on Volcano v1.14.1
+//! (`vc-scheduler-fumarole-v1.14.1` with v1.14.1's CRDs and vc-controller-manager). The nodes
+//! advertise all their GPUs, so only fumarole knows which are free.
 
 // Test code: helpers outside #[test] fns may unwrap and panic too.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -28,7 +29,13 @@ enum Way {
     Extender,
     /// `vc-scheduler-fumarole` with the seeds' configuration.
     Plugin,
+    /// `vc-scheduler-fumarole-v1.14.1` (the same plugin built against Volcano v1.14.1) with the
+    /// seeds' configuration, beside Volcano v1.14.1's CRDs and vc-controller-manager.
+    PluginOnV1_14,
 }
+
+/// The Volcano release [`Way::PluginOnV1_14`] runs.
+const VOLCANO_V1_14: &str = "v1.14.1";
 
 /// A cluster with `topologies` published and Volcano deciding with fumarole the `way` given.
 async fn volcano_with(topologies: &[DeviceTopology], way: Way) -> fumarole_e2e::TestCluster {
@@ -49,6 +56,30 @@ async fn volcano_with(topologies: &[DeviceTopology], way: Way) -> fumarole_e2e::
                 .start_volcano_with(&scheduler, fumarole_e2e::fumarole::SEED_VOLCANO_CONF)
                 .await
                 .unwrap();
+            cluster
+        }
+        Way::PluginOnV1_14 => {
+            let release = fumarole_e2e::upstream::Upstream::get()
+                .unwrap()
+                .volcano_release(VOLCANO_V1_14)
+                .unwrap();
+            let cluster = common::cluster().await;
+            common::publish(&cluster, topologies).await;
+            let scheduler = fumarole_e2e::fumarole::volcano_plugin_bin_for(VOLCANO_V1_14).unwrap();
+            cluster
+                .start_volcano_release(
+                    &release,
+                    &scheduler,
+                    fumarole_e2e::fumarole::SEED_VOLCANO_CONF,
+                )
+                .await
+                .unwrap();
+            // The binary says which Volcano it was built against (build.sh stamps it).
+            let log = cluster.log_tail("vc-scheduler", 4000).unwrap();
+            assert!(
+                log.contains(&format!("(Volcano {VOLCANO_V1_14}-fumarole)")),
+                "vc-scheduler is not Volcano {VOLCANO_V1_14}:\n{log}"
+            );
             cluster
         }
     }
@@ -90,6 +121,11 @@ async fn extender_puts_four_gpu_pod_where_it_fits_exactly() {
 #[tokio::test]
 async fn plugin_puts_four_gpu_pod_where_it_fits_exactly() {
     four_gpu_pod_goes_where_it_fits_exactly(Way::Plugin).await;
+}
+
+#[tokio::test]
+async fn plugin_on_volcano_1_14_puts_four_gpu_pod_where_it_fits_exactly() {
+    four_gpu_pod_goes_where_it_fits_exactly(Way::PluginOnV1_14).await;
 }
 
 async fn four_gpu_pod_goes_where_it_fits_exactly(way: Way) {
@@ -172,6 +208,11 @@ async fn extender_job_lands_unit_by_unit_in_single_super_nodes() {
 #[tokio::test]
 async fn plugin_job_lands_unit_by_unit_in_single_super_nodes() {
     job_lands_unit_by_unit_in_single_super_nodes(Way::Plugin).await;
+}
+
+#[tokio::test]
+async fn plugin_on_volcano_1_14_job_lands_unit_by_unit_in_single_super_nodes() {
+    job_lands_unit_by_unit_in_single_super_nodes(Way::PluginOnV1_14).await;
 }
 
 async fn job_lands_unit_by_unit_in_single_super_nodes(way: Way) {
@@ -354,4 +395,14 @@ async fn plugin_pytorch_demo_master_annotation_places_the_whole_job() {
 #[tokio::test]
 async fn plugin_pytorch_demo_with_atomic_16_places_the_whole_job() {
     pytorch_demo_lands_unit_by_unit(Way::Plugin, Some(16)).await;
+}
+
+#[tokio::test]
+async fn plugin_on_volcano_1_14_pytorch_demo_master_annotation_places_the_whole_job() {
+    pytorch_demo_lands_unit_by_unit(Way::PluginOnV1_14, None).await;
+}
+
+#[tokio::test]
+async fn plugin_on_volcano_1_14_pytorch_demo_with_atomic_16_places_the_whole_job() {
+    pytorch_demo_lands_unit_by_unit(Way::PluginOnV1_14, Some(16)).await;
 }

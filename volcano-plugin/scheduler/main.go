@@ -63,7 +63,7 @@ func Main() {
 		Master:         opts.KubeClientOptions.Master,
 		SchedulerNames: opts.SchedulerNames,
 	})
-	klog.Infof("fumarole plugin registered as %v", fumarole.Register(opts.SchedulerConf))
+	klog.Infof("fumarole plugin registered as %v (Volcano %s)", fumarole.Register(opts.SchedulerConf), version.Version)
 
 	klog.StartFlushDaemon(*logFlushFreq)
 	defer klog.Flush()
