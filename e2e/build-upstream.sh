@@ -14,6 +14,10 @@
 # nrt-scheduler (kube-scheduler with scheduler-plugins' NodeResourceTopologyMatch, on the k8s
 # release that scheduler-plugins pins) and pod-fingerprint (podfingerprint's signature of a pod
 # list) are built the same way, stamped with nrt-scheduler.stamp.
+# Volcano releases other than the pinned one, one module each in e2e/upstream/volcano-v<m.n>/
+# (vc-scheduler-fumarole is built against them by VOLCANO=<version> volcano-plugin/build.sh):
+# their vc-controller-manager and CRDs go to volcano-<version>/{bin,crds} of the same cache,
+# stamped with volcano-<version>.stamp (a hash of that module).
 # A warm run (binaries and stamps present) builds nothing and takes well under a second.
 #
 # The last line on stdout is always `FUMAROLE_UPSTREAM_DIR=<dir>`, so callers can
@@ -159,6 +163,40 @@ else
   echo "$NRT_HASH" >"$NRT_STAMP"
   echo "build-upstream: nrt-scheduler built in $(( $(date +%s) - start ))s" >&2
 fi
+
+# Other Volcano releases: their own stamps, like helm-render.
+for rel_mod in "$E2E_DIR"/upstream/volcano-v*/; do
+  [[ -f "$rel_mod/go.mod" ]] || continue
+  rel_ver="$(modver "$rel_mod/go.mod" volcano.sh/volcano)"
+  [[ -n $rel_ver ]] || { echo "build-upstream: no volcano.sh/volcano version in $rel_mod/go.mod" >&2; exit 1; }
+  rel_out="$OUT/volcano-$rel_ver"
+  rel_hash="$(cd "$rel_mod" && find . -maxdepth 1 -type f \( -name '*.go' -o -name go.mod -o -name go.sum \) -print0 \
+    | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -c1-12)"
+  rel_stamp="$OUT/volcano-$rel_ver.stamp"
+  if [[ -x "$rel_out/bin/vc-controller-manager" && -d "$rel_out/crds" && "$(cat "$rel_stamp" 2>/dev/null)" == "$rel_hash" ]]; then
+    echo "build-upstream: volcano $rel_ver warm ($rel_hash)" >&2
+    continue
+  fi
+  start=$(date +%s)
+  echo "build-upstream: vc-controller-manager $rel_ver and its CRDs ($rel_hash)" >&2
+  rm -rf "$rel_out.tmp"
+  mkdir -p "$rel_out.tmp/bin" "$rel_out.tmp/crds"
+  (
+    cd "$rel_mod"
+    go mod download
+    rel_dir="$(go list -m -f '{{.Dir}}' volcano.sh/volcano)"
+    vpkg=volcano.sh/volcano/pkg/version
+    CGO_ENABLED=0 go build -buildvcs=false -trimpath \
+      -ldflags "-s -w -X $vpkg.GitSHA=$rel_ver -X $vpkg.Built=1970-01-01T00:00:00Z -X $vpkg.Version=$rel_ver" \
+      -o "$rel_out.tmp/bin/vc-controller-manager" volcano.sh/volcano/cmd/controller-manager
+    cp "$rel_dir"/installer/helm/chart/volcano/crd/bases/*.yaml "$rel_out.tmp/crds/"
+    chmod -R u+w "$rel_out.tmp/crds"
+  )
+  rm -rf "$rel_out"
+  mv "$rel_out.tmp" "$rel_out"
+  echo "$rel_hash" >"$rel_stamp"
+  echo "build-upstream: volcano $rel_ver built in $(( $(date +%s) - start ))s" >&2
+done
 
 for b in "${BINS[@]}" helm-render nrt-scheduler pod-fingerprint; do echo "  $OUT/bin/$b" >&2; done
 echo "FUMAROLE_UPSTREAM_DIR=$OUT"

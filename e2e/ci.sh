@@ -39,6 +39,9 @@ cargo build -p fumarole-agent -p fumarole-scheduler-ext -p fumarole-standin-nvml
 # Volcano's scheduler with fumarole's plugin compiled in (cgo over the scheduler-abi static
 # library), and the Go side's vet and unit tests; under a minute when warm.
 volcano-plugin/test.sh "$@"
+# The same plugin built against Volcano v1.14.1 (the plugin_on_volcano_1_14_* tests run it;
+# they would build it only when missing, so a stale one would go unnoticed).
+VOLCANO=v1.14.1 volcano-plugin/build.sh "$@" >/dev/null
 cargo test -p fumarole-e2e "$@"
 # The side-by-side scheduler bench at a smoke size, for correctness only, on fumarole's Volcano
 # plugin: every pod bound, no unit or atomic part split, no GPU given twice, no error from the

@@ -5,6 +5,11 @@
 #
 # Output: $CARGO_TARGET_DIR/<debug|release>/vc-scheduler-fumarole, beside fumarole's other
 # binaries (the e2e tests find it there). The last line on stdout is its path.
+#
+# VOLCANO=<version> (e.g. v1.14.1) builds the same sources against another Volcano instead, with
+# the module in v<major>.<minor>/ (its go.mod must pin exactly that version), into
+# vc-scheduler-fumarole-<version> beside the default. VOLCANO set to go.mod's own version
+# builds the default.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/fumarole/target}
@@ -25,9 +30,25 @@ fi
 bin="$out/vc-scheduler-fumarole"
 cd volcano-plugin
 vc_version="$(awk '$1 == "require" && $2 == "volcano.sh/volcano" { print $3 }' go.mod)"
+main=./cmd/vc-scheduler
+if [[ -n ${VOLCANO:-} && $VOLCANO != "$vc_version" ]]; then
+  moddir="${VOLCANO%.*}"
+  if [[ ! $VOLCANO =~ ^v[0-9]+\.[0-9]+\.[0-9]+$ || ! -f $moddir/go.mod ]]; then
+    echo "build.sh: VOLCANO=$VOLCANO: no module for it (volcano-plugin/$moddir/go.mod); have: $vc_version $(ls -d v*/ 2>/dev/null | tr -d /)" >&2
+    exit 1
+  fi
+  cd "$moddir"
+  vc_version="$(go list -m -f '{{.Version}}' volcano.sh/volcano)"
+  if [[ $vc_version != "$VOLCANO" ]]; then
+    echo "build.sh: VOLCANO=$VOLCANO but volcano-plugin/$moddir/go.mod pins $vc_version" >&2
+    exit 1
+  fi
+  main=.
+  bin="$bin-$VOLCANO"
+fi
 vpkg=volcano.sh/volcano/pkg/version
 CGO_ENABLED=1 CGO_LDFLAGS="-L$libdir" go build -buildvcs=false -trimpath \
   -ldflags "-X $vpkg.GitSHA=$vc_version -X $vpkg.Version=$vc_version-fumarole" \
-  -o "$bin.tmp" ./cmd/vc-scheduler
+  -o "$bin.tmp" "$main"
 mv "$bin.tmp" "$bin"
 echo "$bin"

@@ -830,11 +830,46 @@ impl TestCluster {
         scheduler_kubeconfig: &Path,
     ) -> Result<()> {
         self.install_volcano_crds().await?;
+        let controller_manager = Upstream::get()?.bin("vc-controller-manager");
+        self.start_volcano_parts(
+            &controller_manager,
+            scheduler,
+            scheduler_conf,
+            scheduler_kubeconfig,
+        )
+        .await
+    }
+
+    /// [`TestCluster::start_volcano_with`] on another Volcano release: its CRDs (only its own,
+    /// no overrides) and its vc-controller-manager, with `scheduler` (built against it).
+    pub async fn start_volcano_release(
+        &self,
+        release: &crate::upstream::VolcanoRelease,
+        scheduler: &Path,
+        scheduler_conf: &str,
+    ) -> Result<()> {
+        self.install_crd_dir(&release.crds).await?;
+        self.start_volcano_parts(
+            &release.controller_manager,
+            scheduler,
+            scheduler_conf,
+            &self.admin_kubeconfig,
+        )
+        .await
+    }
+
+    async fn start_volcano_parts(
+        &self,
+        controller_manager: &Path,
+        scheduler: &Path,
+        scheduler_conf: &str,
+        scheduler_kubeconfig: &Path,
+    ) -> Result<()> {
         let kubeconfig = self.admin_kubeconfig.display().to_string();
         let cm_health = free_port()?;
-        self.spawn(
+        self.start_program(
             "vc-controller-manager",
-            "vc-controller-manager",
+            controller_manager,
             &[
                 format!("--kubeconfig={kubeconfig}"),
                 "--leader-elect=false".to_string(),
@@ -842,6 +877,7 @@ impl TestCluster {
                 "--enable-healthz=true".to_string(),
                 format!("--healthz-address=127.0.0.1:{cm_health}"),
             ],
+            &[],
         )?;
         let mut args = vec![
             format!("--kubeconfig={}", scheduler_kubeconfig.display()),

@@ -50,8 +50,21 @@ pub fn kubectl_plugin_bin() -> Result<PathBuf> {
 /// `volcano-plugin/build.sh` beside our other binaries (e2e/ci.sh builds it; when it is missing
 /// this runs the script).
 pub fn volcano_plugin_bin() -> Result<PathBuf> {
+    plugin_bin_built(None)
+}
+
+/// [`volcano_plugin_bin`] built against Volcano `version` (e.g. `v1.14.1`):
+/// `vc-scheduler-fumarole-<version>`, from `VOLCANO=<version> volcano-plugin/build.sh`.
+pub fn volcano_plugin_bin_for(version: &str) -> Result<PathBuf> {
+    plugin_bin_built(Some(version))
+}
+
+fn plugin_bin_built(volcano: Option<&str>) -> Result<PathBuf> {
     let dir = profile_dir()?;
-    let bin = dir.join("vc-scheduler-fumarole");
+    let bin = match volcano {
+        None => dir.join("vc-scheduler-fumarole"),
+        Some(v) => dir.join(format!("vc-scheduler-fumarole-{v}")),
+    };
     if !bin.exists() {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../volcano-plugin/build.sh");
         let mut cmd = std::process::Command::new("bash");
@@ -61,6 +74,9 @@ pub fn volcano_plugin_bin() -> Result<PathBuf> {
         }
         if let Some(target) = dir.parent() {
             cmd.env("CARGO_TARGET_DIR", target);
+        }
+        if let Some(v) = volcano {
+            cmd.env("VOLCANO", v);
         }
         let out = cmd.output()?;
         if !out.status.success() || !bin.exists() {

@@ -71,6 +71,36 @@ impl Upstream {
     pub fn volcano_crds(&self) -> PathBuf {
         self.dir.join("crds").join("volcano")
     }
+
+    /// Another Volcano release's controller manager and CRDs (`version` like `v1.14.1`), which
+    /// the build script builds from `e2e/upstream/volcano-v<major>.<minor>/`.
+    pub fn volcano_release(&self, version: &str) -> Result<VolcanoRelease> {
+        let dir = self.dir.join(format!("volcano-{version}"));
+        let release = VolcanoRelease {
+            version: version.to_string(),
+            controller_manager: dir.join("bin").join("vc-controller-manager"),
+            crds: dir.join("crds"),
+        };
+        if !release.controller_manager.is_file() || !release.crds.is_dir() {
+            bail!(
+                "Volcano {version} is not in {}: it needs a module in e2e/upstream/volcano-v<major>.<minor>/ \
+                 and a run of e2e/build-upstream.sh",
+                dir.display()
+            );
+        }
+        Ok(release)
+    }
+}
+
+/// A Volcano release other than the pinned one ([`Upstream::volcano_release`]).
+#[derive(Debug, Clone)]
+pub struct VolcanoRelease {
+    /// Its tag, e.g. `v1.14.1`.
+    pub version: String,
+    /// Its `vc-controller-manager`.
+    pub controller_manager: PathBuf,
+    /// The directory of its CRDs (`*.yaml`), as its module ships them.
+    pub crds: PathBuf,
 }
 
 /// The `e2e/` directory of this repository.

@@ -3,8 +3,9 @@
 //! fumarole-scheduler-ext over HTTP (Volcano v1.10 binds without calling `allocateFunc`, so the
 //! service writes the devices on the pods after they are bound), and `vc-scheduler-fumarole`,
 //! Volcano's scheduler with fumarole's plugin compiled in, configured with the seeds'
-//! `volcano-scheduler.conf` as MetaX writes it. The nodes advertise all their GPUs, so only
-//! fumarole knows which are free.
+//! `volcano-scheduler.conf` as MetaX writes it. The plugin way also runs on Volcano v1.14.1
+//! (`vc-scheduler-fumarole-v1.14.1` with v1.14.1's CRDs and vc-controller-manager). The nodes
+//! advertise all their GPUs, so only fumarole knows which are free.
 
 // Test code: helpers outside #[test] fns may unwrap and panic too.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -30,6 +31,11 @@ async fn extender_puts_four_gpu_pod_where_it_fits_exactly() {
 #[tokio::test]
 async fn plugin_puts_four_gpu_pod_where_it_fits_exactly() {
     four_gpu_pod_goes_where_it_fits_exactly(Way::Plugin).await;
+}
+
+#[tokio::test]
+async fn plugin_on_volcano_1_14_puts_four_gpu_pod_where_it_fits_exactly() {
+    four_gpu_pod_goes_where_it_fits_exactly(Way::PluginOnV1_14).await;
 }
 
 async fn four_gpu_pod_goes_where_it_fits_exactly(way: Way) {
@@ -112,6 +118,11 @@ async fn extender_job_lands_unit_by_unit_in_single_super_nodes() {
 #[tokio::test]
 async fn plugin_job_lands_unit_by_unit_in_single_super_nodes() {
     job_lands_unit_by_unit_in_single_super_nodes(Way::Plugin).await;
+}
+
+#[tokio::test]
+async fn plugin_on_volcano_1_14_job_lands_unit_by_unit_in_single_super_nodes() {
+    job_lands_unit_by_unit_in_single_super_nodes(Way::PluginOnV1_14).await;
 }
 
 async fn job_lands_unit_by_unit_in_single_super_nodes(way: Way) {
@@ -294,6 +305,16 @@ async fn plugin_pytorch_demo_master_annotation_places_the_whole_job() {
 #[tokio::test]
 async fn plugin_pytorch_demo_with_atomic_16_places_the_whole_job() {
     pytorch_demo_lands_unit_by_unit(Way::Plugin, Some(16)).await;
+}
+
+#[tokio::test]
+async fn plugin_on_volcano_1_14_pytorch_demo_master_annotation_places_the_whole_job() {
+    pytorch_demo_lands_unit_by_unit(Way::PluginOnV1_14, None).await;
+}
+
+#[tokio::test]
+async fn plugin_on_volcano_1_14_pytorch_demo_with_atomic_16_places_the_whole_job() {
+    pytorch_demo_lands_unit_by_unit(Way::PluginOnV1_14, Some(16)).await;
 }
 
 /// rack-a: a0 and a1, 8 free GPUs each (16); rack-b: b0 and b1, 2 free of 8 each (4). The

@@ -109,7 +109,13 @@ pub enum Way {
     Extender,
     /// `vc-scheduler-fumarole`: Volcano's scheduler with fumarole's plugin compiled in.
     Plugin,
+    /// `vc-scheduler-fumarole-v1.14.1` (the same plugin built against Volcano v1.14.1), beside
+    /// Volcano v1.14.1's CRDs and vc-controller-manager.
+    PluginOnV1_14,
 }
+
+/// The Volcano release [`Way::PluginOnV1_14`] runs.
+pub const VOLCANO_V1_14: &str = "v1.14.1";
 
 /// Starts Volcano on `cluster` (its nodes published) deciding with fumarole the `way` given:
 /// fumarole-scheduler-ext with `extender_args` behind upstream vc-scheduler's `extender`
@@ -135,6 +141,23 @@ pub async fn start_volcano(
                 .start_volcano_with(&scheduler, plugin_conf)
                 .await
                 .unwrap();
+        }
+        Way::PluginOnV1_14 => {
+            let release = fumarole_e2e::upstream::Upstream::get()
+                .unwrap()
+                .volcano_release(VOLCANO_V1_14)
+                .unwrap();
+            let scheduler = fumarole::volcano_plugin_bin_for(VOLCANO_V1_14).unwrap();
+            cluster
+                .start_volcano_release(&release, &scheduler, plugin_conf)
+                .await
+                .unwrap();
+            // The binary says which Volcano it was built against (build.sh stamps it).
+            let log = cluster.log_tail("vc-scheduler", 4000).unwrap();
+            assert!(
+                log.contains(&format!("(Volcano {VOLCANO_V1_14}-fumarole)")),
+                "vc-scheduler is not Volcano {VOLCANO_V1_14}:\n{log}"
+            );
         }
     }
 }
