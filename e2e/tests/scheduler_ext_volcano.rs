@@ -370,7 +370,7 @@ async fn waiting_units_plan(way: Way) {
         .await
         .unwrap();
     match way {
-        Way::Plugin => {
+        Way::Plugin | Way::PluginOnV1_14 => {
             let placed = eventually(
                 "newcomer bound and annotated",
                 Duration::from_secs(90),
