@@ -680,7 +680,7 @@ async fn rebuild(stores: &Stores, svc: &Service, opts: &LiveOptions, late: &mut 
     let Some(view) = built else {
         return;
     };
-    for w in &view.warnings {
+    for w in view.warnings() {
         tracing::debug!("{w}");
     }
     let want = opts.publish_hypernodes.then(|| hypernode::desired(&view));

@@ -208,7 +208,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
         let svc = match &args.cluster_snapshot {
             Some(dir) => {
                 let view = snapshot::load(dir)?;
-                for w in &view.warnings {
+                for w in view.warnings() {
                     tracing::warn!("{w}");
                 }
                 tracing::info!(nodes = view.len(), snapshot = %dir.display(), "cluster view loaded");
