@@ -13,7 +13,7 @@
 //!   fits): the view's staleness, from the API server's answer to the extension seeing it;
 //! - the extension's resident memory is sampled every second;
 //! - the views the extension made over the window are counted from its
-//!   `fumarole_scheduler_ext_view_builds_total{how}`: in full, or from the pods that changed.
+//!   `fumarole_scheduler_ext_view_builds_total{how}`: in full, or from what changed.
 //!
 //! A measurement, not a test: it asserts only that the extension answered. Figures go in
 //! docs/performance.md.
@@ -177,7 +177,7 @@ async fn filter(port: u16, names: &Value) -> (Duration, Vec<String>) {
     (took, passed)
 }
 
-/// The extension's views made so far: (in full, from the pods that changed).
+/// The extension's views made so far: (in full, from what changed).
 fn view_builds(metrics: &str) -> (u64, u64) {
     let count = |how: &str| {
         let line = format!("fumarole_scheduler_ext_view_builds_total{{how=\"{how}\"}} ");
@@ -187,7 +187,7 @@ fn view_builds(metrics: &str) -> (u64, u64) {
             .and_then(|n| n.trim().parse().ok())
             .unwrap_or(0)
     };
-    (count("full"), count("pods"))
+    (count("full"), count("changes"))
 }
 
 /// The upper bound of the histogram bucket holding quantile `q` of the extension's filter
@@ -410,7 +410,7 @@ fn main() {
         );
         let builds_end = view_builds(&metrics);
         println!(
-            "views made over the window: {} in full, {} from the pods that changed",
+            "views made over the window: {} in full, {} from what changed",
             builds_end.0 - builds_ready.0,
             builds_end.1 - builds_ready.1
         );

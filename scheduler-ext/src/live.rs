@@ -4,10 +4,12 @@
 //! Changes are coalesced: after the first change the loop waits `debounce`, then makes one view
 //! and hands it to the service's [`crate::decider::Decider`] (which prunes its ledger against
 //! it); it also hands the view over every [`TICK`] so commits time out without changes. Pod
-//! events make the next view from the last one and the pods they name
-//! ([`IncrementalView`]: the cost of what they touch); the view is built in full from the
-//! stores at start, after the pods are listed again, and after any change to another kind
-//! (counted in [`ViewBuilds`]). A pod deletion releases the pod's commit at once. Each watch
+//! events, and those of a node's own objects (`DeviceTopology`, `Node`, `Numatopology`),
+//! make the next view from the last one and what they name ([`IncrementalView`]: the cost of
+//! what they touch); the view is built in full from the stores at start, after a relist,
+//! after a ResourceClaim or PodGroup change, and after a node change that reaches beyond the
+//! node (it joins or leaves, changes super-node, resources or devices), counted in
+//! [`ViewBuilds`]. A pod deletion releases the pod's commit at once. Each watch
 //! reports to a [`Freshness`] (`/readyz`).
 //!
 //! Only the leader ([`crate::controllers::leader`]) writes: the after-the-fact annotations,
@@ -66,7 +68,7 @@ use crate::core::claims::Claims;
 use crate::core::pod_facts::PodFacts;
 use crate::core::request::pod_key;
 use crate::core::unit::{JobSources, PodGroupSizes};
-use crate::core::view::{ClusterView, ContextCache, IncrementalView};
+use crate::core::view::{ClusterView, ContextCache, IncrementalView, NodeObjects};
 use crate::effects::Effects;
 use crate::freshness::{Freshness, WatchBackoff};
 use crate::pod_store::PodStore;
@@ -97,8 +99,8 @@ pub struct LiveOptions {
 }
 
 /// Views made by the live loop, by how: `full` (from every object of the stores: at start,
-/// after a relist, after a change to a node, topology, claim or PodGroup) and `pods` (the
-/// last view and the pods that changed). Served as
+/// after a relist, after a change to a claim or PodGroup, or to a node that reaches beyond
+/// it) and `changes` (the last view and the nodes and pods that changed). Served as
 /// `fumarole_scheduler_ext_view_builds_total{how}` where [`ViewBuilds::register`]ed.
 #[derive(Clone, Debug, Default)]
 pub struct ViewBuilds {
@@ -109,7 +111,7 @@ impl ViewBuilds {
     pub fn register(&self, registry: &mut prometheus_client::registry::Registry) {
         registry.register(
             "view_builds",
-            "Cluster views made by the live loop, by how: in full, or from the pods that changed",
+            "Cluster views made by the live loop, by how: in full, or from the nodes and pods that changed",
             self.builds.clone(),
         );
     }
@@ -120,7 +122,7 @@ impl ViewBuilds {
             .inc();
     }
 
-    /// Views made so far `how` (`full`, `pods`).
+    /// Views made so far `how` (`full`, `changes`).
     pub fn get(&self, how: &str) -> u64 {
         self.builds
             .get_or_create(&vec![("how".to_string(), how.to_string())])
@@ -260,8 +262,10 @@ struct Watches {
 struct Changes {
     /// Pods applied or deleted since, by `namespace/name`.
     pods: HashSet<Arc<str>>,
-    /// Why the next view must be built in full, if it must: a pod relist (pods deleted while
-    /// the watch was down leave the store at once), or a change to another kind.
+    /// Nodes whose `DeviceTopology`, `Node` or `Numatopology` was applied or deleted since.
+    nodes: HashSet<String>,
+    /// Why the next view must be built in full, if it must: a relist (objects deleted while
+    /// the watch was down leave the store at once), or a change to a claim or PodGroup.
     full: Option<&'static str>,
 }
 
@@ -285,6 +289,23 @@ impl ChangeLog {
         });
     }
 
+    /// Records one event of a kind other than pods: the node it names for a node's own
+    /// objects, else everything.
+    fn note<K: Resource>(&self, kind: &'static str, ev: &watcher::Event<K>) {
+        match ev {
+            watcher::Event::Init => {}
+            watcher::Event::Apply(o) | watcher::Event::Delete(o) if PER_NODE.contains(&kind) => {
+                match o.meta().name.clone() {
+                    Some(name) => self.with(|c| {
+                        c.nodes.insert(name);
+                    }),
+                    None => self.everything(kind),
+                }
+            }
+            _ => self.everything(kind),
+        }
+    }
+
     fn everything(&self, why: &'static str) {
         self.with(|c| {
             c.full.get_or_insert(why);
@@ -298,14 +319,18 @@ impl ChangeLog {
     }
 }
 
-/// The kind whose watch reports its changes one object at a time ([`reflect_pods`]); every
-/// other kind's change has the view built in full.
+/// The kind whose watch reports its changes itself, one pod at a time ([`reflect_pods`]).
 const POD: &str = "Pod";
+
+/// The kinds whose objects belong to one node (named as it): a change to one makes that
+/// node's view again ([`IncrementalView::update_nodes`]). A change to any other kind (claims,
+/// PodGroups) has the view built in full.
+const PER_NODE: [&str; 3] = ["DeviceTopology", "Node", "Numatopology"];
 
 /// Drives one watch stream, waking the rebuild loop on every event, handing each event to
 /// `on_event` (after a reflector's store took it in) and telling `freshness` how the watch
 /// fares.
-async fn drive<K>(
+async fn drive<K: Resource>(
     kind: &'static str,
     stream: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
     watches: Watches,
@@ -324,8 +349,8 @@ async fn drive<K>(
                         .ok(kind, matches!(ev, watcher::Event::InitDone));
                 }
                 on_event(&ev);
-                if kind != POD && !matches!(ev, watcher::Event::Init) {
-                    watches.changes.everything(kind);
+                if kind != POD {
+                    watches.changes.note(kind, &ev);
                 }
             }
             Err(e) => watches.freshness.failed(kind, &e),
@@ -791,11 +816,49 @@ struct LoopState {
 enum Made {
     /// From every object of the stores, for this reason.
     Full(&'static str),
-    /// From the last view and the pods that changed.
-    Pods(crate::core::view::Update),
+    /// From the last view, the nodes (this many) and the pods that changed.
+    Changes(usize, crate::core::view::Update),
 }
 
-/// Makes and installs a new view (in full, or from the pods that changed: [`Changes`]),
+impl Stores {
+    /// The objects of each of `nodes`, held while the view takes them in.
+    fn node_objects(&self, nodes: &HashSet<String>) -> Vec<HeldNode> {
+        nodes
+            .iter()
+            .map(|name| HeldNode {
+                name: name.clone(),
+                topology: self.topologies.get(&reflector::ObjectRef::new(name)),
+                node: self.nodes.get(&reflector::ObjectRef::new(name)),
+                numa: self
+                    .numatopologies
+                    .as_ref()
+                    .and_then(|s| s.get(&reflector::ObjectRef::new(name))),
+            })
+            .collect()
+    }
+}
+
+/// One node's objects as the stores hold them.
+struct HeldNode {
+    name: String,
+    topology: Option<Arc<DeviceTopology>>,
+    node: Option<Arc<PartialObjectMeta<Node>>>,
+    numa: Option<Arc<Numatopology>>,
+}
+
+impl HeldNode {
+    fn objects(&self) -> NodeObjects<'_> {
+        NodeObjects {
+            name: &self.name,
+            topology: self.topology.as_deref(),
+            node: self.node.as_deref().map(|n| &n.metadata),
+            numa: self.numa.as_deref(),
+        }
+    }
+}
+
+/// Makes and installs a new view (in full, or from the nodes and pods that changed:
+/// [`Changes`]),
 /// publishes HyperNodes if asked, then annotates bound pods that lack our choice.
 async fn rebuild(stores: &Stores, svc: &Service, opts: &LiveOptions, late: &mut LoopState) {
     let changes = late.changes.take();
@@ -804,6 +867,7 @@ async fn rebuild(stores: &Stores, svc: &Service, opts: &LiveOptions, late: &mut 
         Some(_) => changes.full,
     };
     let changed: Vec<Arc<str>> = changes.pods.into_iter().collect();
+    let nodes = changes.nodes;
     // Off the runtime's workers, which answer the schedulers meanwhile.
     let made = {
         let stores = stores.clone();
@@ -813,19 +877,23 @@ async fn rebuild(stores: &Stores, svc: &Service, opts: &LiveOptions, late: &mut 
         let changed = changed.clone();
         tokio::task::spawn_blocking(move || {
             let started = std::time::Instant::now();
-            let made = match (full, incremental.as_mut()) {
-                (None, Some(last)) => Some(Made::Pods(
-                    last.update_pods(
-                        changed
+            let held = stores.node_objects(&nodes);
+            let full = match (full, incremental.as_mut()) {
+                (None, Some(last)) => last
+                    .update_nodes(&mut contexts, held.iter().map(HeldNode::objects))
+                    .map(|made| {
+                        let pods = changed
                             .iter()
-                            .map(|key| (Arc::clone(key), stores.pods.get(key))),
-                    ),
-                )),
-                (why, _) => {
+                            .map(|key| (Arc::clone(key), stores.pods.get(key)));
+                        Made::Changes(made, last.update_pods(pods))
+                    }),
+                (why, _) => Err(why.unwrap_or("start")),
+            };
+            let made = match full {
+                Ok(made) => Some(made),
+                Err(why) => {
                     incremental = stores.view(&mut contexts, whole_job);
-                    incremental
-                        .is_some()
-                        .then(|| Made::Full(why.unwrap_or("start")))
+                    incremental.is_some().then_some(Made::Full(why))
                 }
             };
             (incremental, contexts, made, started.elapsed())
@@ -846,9 +914,9 @@ async fn rebuild(stores: &Stores, svc: &Service, opts: &LiveOptions, late: &mut 
                         "cluster view built in full"
                     );
                 }
-                Some(Made::Pods(u)) => {
-                    opts.builds.count("pods");
-                    tracing::debug!(pods = u.pods, nodes = u.nodes, jobs = u.jobs,
+                Some(Made::Changes(nodes, u)) => {
+                    opts.builds.count("changes");
+                    tracing::debug!(nodes, pods = u.pods, counted_on = u.nodes, jobs = u.jobs,
                         job_pods = u.job_pods, took = ?took, "cluster view updated");
                 }
                 None => {}
@@ -1069,14 +1137,14 @@ mod tests {
             prometheus_client::registry::Registry::with_prefix("fumarole_scheduler_ext");
         builds.register(&mut registry);
         builds.count("full");
-        builds.count("pods");
-        builds.count("pods");
-        assert_eq!((builds.get("full"), builds.get("pods")), (1, 2));
+        builds.count("changes");
+        builds.count("changes");
+        assert_eq!((builds.get("full"), builds.get("changes")), (1, 2));
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
         assert!(
             text.contains(r#"fumarole_scheduler_ext_view_builds_total{how="full"} 1"#)
-                && text.contains(r#"fumarole_scheduler_ext_view_builds_total{how="pods"} 2"#),
+                && text.contains(r#"fumarole_scheduler_ext_view_builds_total{how="changes"} 2"#),
             "{text}"
         );
     }
@@ -1129,7 +1197,7 @@ mod tests {
         })
         .await;
         assert_eq!(watches.changes.take().full, Some("pods listed again"));
-        // Another kind: the next view is built in full.
+        // A node's objects listed again: everything.
         let nodes: Vec<Result<watcher::Event<Node>, watcher::Error>> =
             vec![Ok(watcher::Event::Init), Ok(watcher::Event::InitDone)];
         drive(
@@ -1140,6 +1208,36 @@ mod tests {
         )
         .await;
         assert_eq!(watches.changes.take().full, Some("Node"));
+        // A node's own object: that node.
+        let node: Node =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": "gpu-1"}})).unwrap();
+        let applied: Vec<Result<watcher::Event<Node>, watcher::Error>> =
+            vec![Ok(watcher::Event::Apply(node))];
+        drive(
+            "Node",
+            futures::stream::iter(applied),
+            watches.clone(),
+            |_| (),
+        )
+        .await;
+        let taken = watches.changes.take();
+        assert_eq!(
+            (taken.nodes.into_iter().collect::<Vec<_>>(), taken.full),
+            (vec!["gpu-1".to_string()], None)
+        );
+        // Another kind: everything.
+        let group: Node =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": "pg"}})).unwrap();
+        let applied: Vec<Result<watcher::Event<Node>, watcher::Error>> =
+            vec![Ok(watcher::Event::Apply(group))];
+        drive(
+            "PodGroup",
+            futures::stream::iter(applied),
+            watches.clone(),
+            |_| (),
+        )
+        .await;
+        assert_eq!(watches.changes.take().full, Some("PodGroup"));
     }
 
     #[tokio::test]

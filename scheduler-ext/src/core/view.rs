@@ -26,7 +26,7 @@
 //! The view is built by [`ClusterView::build`] from plain objects, so the snapshot loader and
 //! the API server reflectors ([`crate::live`]) go through the same code.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::BuildHasher;
 use std::sync::{Arc, RwLock};
 
@@ -44,7 +44,7 @@ use crate::core::pod_facts::PodFacts;
 use crate::core::unit::{self, JobSources, Jobs, UnitKey};
 
 mod incremental;
-pub use incremental::{IncrementalView, Update};
+pub use incremental::{IncrementalView, NodeObjects, Update};
 
 /// Most devices one node may have (free sets are 64-bit masks, so the hot path allocates
 /// nothing).
@@ -144,6 +144,8 @@ pub struct NodeView {
     pub labels: BTreeMap<String, String>,
     /// True when a `DeviceTopology` was published for the node; a bare `Node` has no devices.
     pub has_topology: bool,
+    /// Pods (`namespace/name`) the node's status reports devices allocated to.
+    pub reported: Vec<String>,
 }
 
 impl NodeView {
@@ -256,7 +258,22 @@ impl NodeView {
             super_node: dt.spec.super_node.as_ref().map(|s| s.id.clone()),
             labels: BTreeMap::new(),
             has_topology: true,
+            reported: status
+                .iter()
+                .flat_map(|s| s.devices.values())
+                .filter_map(|s| s.allocation.as_ref())
+                .map(|a| format!("{}/{}", a.namespace, a.pod))
+                .collect(),
         })
+    }
+
+    /// Takes in the node's `Node` object: its labels, and its super-node where the topology
+    /// names none.
+    fn label(&mut self, meta: &ObjectMeta) {
+        self.labels = meta.labels.clone().unwrap_or_default();
+        if self.super_node.is_none() {
+            self.super_node = self.labels.get(SUPER_NODE_LABEL).cloned();
+        }
     }
 
     /// A node with a `Node` object but no DeviceTopology: no devices.
@@ -277,6 +294,7 @@ impl NodeView {
             super_node: None,
             labels: BTreeMap::new(),
             has_topology: false,
+            reported: Vec::new(),
         }
     }
 
@@ -587,8 +605,9 @@ pub struct ClusterView {
     annotated: CowMap<Arc<str>, Arc<str>>,
     /// Pods not bound yet whose devices are promised on a node (`namespace/name` -> node).
     promised: CowMap<Arc<str>, Arc<str>>,
-    /// Pods (`namespace/name`) some node reports devices allocated to.
-    reported: Arc<HashSet<String>>,
+    /// Pods (`namespace/name`) some node reports devices allocated to, with how many nodes
+    /// do.
+    reported: CowMap<String, u32>,
     /// Pods not bound yet, not finished, asking for an accelerator some node offers.
     pending: CowMap<Arc<str>, Arc<Pod>>,
     /// The ResourceClaims the view was built with.
@@ -662,7 +681,7 @@ impl ClusterView {
             ..ClusterView::default()
         };
         let mut found: HashMap<String, NodeView> = HashMap::new();
-        let mut reported = HashSet::new();
+        let mut reported: CowMap<String, u32> = CowMap::default();
         for dt in topologies {
             let nv = match NodeView::with_contexts(dt, contexts) {
                 Ok(nv) => nv,
@@ -677,14 +696,12 @@ impl ClusterView {
                 view.skipped.push(ViewError::DuplicateNode(nv.name));
                 continue;
             }
-            for s in dt.status.iter().flat_map(|s| s.devices.values()) {
-                if let Some(a) = &s.allocation {
-                    reported.insert(format!("{}/{}", a.namespace, a.pod));
-                }
+            for pod in &nv.reported {
+                *reported.get_or_default(pod.clone()) += 1;
             }
             found.insert(nv.name.clone(), nv);
         }
-        view.reported = Arc::new(reported);
+        view.reported = reported;
         for meta in nodes {
             let name = meta
                 .name
@@ -693,10 +710,7 @@ impl ClusterView {
             let nv = found
                 .entry(name.clone())
                 .or_insert_with(|| NodeView::bare(name));
-            nv.labels = meta.labels.clone().unwrap_or_default();
-            if nv.super_node.is_none() {
-                nv.super_node = nv.labels.get(SUPER_NODE_LABEL).cloned();
-            }
+            nv.label(meta);
         }
         for nt in numatopologies {
             let Some(name) = nt.metadata.name.as_deref() else {
@@ -966,7 +980,7 @@ impl ClusterView {
 
     /// True when some node reports devices allocated to the pod (`namespace/name`).
     pub fn reported(&self, pod: &str) -> bool {
-        self.reported.contains(pod)
+        self.reported.contains_key(pod)
     }
 
     /// The node a pod is bound to with a `fumarole.dev/devices` annotation, if it is.

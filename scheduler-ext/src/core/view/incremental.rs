@@ -14,14 +14,32 @@
 //!
 //! The result is the full build of the same objects with pods given in key order (the order
 //! fixes which of two disagreeing pods a job's error names first); the tests below hold the
-//! two equal over generated event sequences. Nodes, topologies, claims and PodGroups are not
-//! taken in here: the live view builds anew when they change.
+//! two equal over generated event sequences.
+//!
+//! A node's own objects (`DeviceTopology`, `Node`, `Numatopology`) changing is taken in too
+//! ([`IncrementalView::update_nodes`]): its view is made again and its pods' devices counted
+//! on it, as long as the change stays within the node; one that reaches further (a node
+//! joins or leaves, changes super-node, resources or devices, or has an object the view
+//! cannot use) asks for a full build. ResourceClaims and PodGroups are not taken in here:
+//! the live view builds anew when they change.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
-use super::{ClusterView, assumes, placed_on};
+use fumarole_topology::crd::{DeviceTopology, Numatopology};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use super::{ClusterView, ContextCache, NodeView, assumes, free_cpus_by_numa, placed_on};
 use crate::core::pod_facts::PodFacts;
+
+/// A node's objects as they are now (`None`: there is none).
+#[derive(Clone, Copy, Debug)]
+pub struct NodeObjects<'a> {
+    pub name: &'a str,
+    pub topology: Option<&'a DeviceTopology>,
+    pub node: Option<&'a ObjectMeta>,
+    pub numa: Option<&'a Numatopology>,
+}
 
 /// A view and the indexes that let it follow pod changes.
 #[derive(Clone, Debug, Default)]
@@ -163,6 +181,87 @@ impl IncrementalView {
         update
     }
 
+    /// Takes in nodes whose objects changed. Returns how many node views were made again, or
+    /// why the view must be built in full instead (the view is then partly updated: build
+    /// it in full).
+    pub fn update_nodes<'a>(
+        &mut self,
+        contexts: &mut ContextCache,
+        changed: impl IntoIterator<Item = NodeObjects<'a>>,
+    ) -> Result<usize, &'static str> {
+        let mut made = 0;
+        for objects in changed {
+            let name = objects.name;
+            let Some(i) = self.view.index.get(name) else {
+                if objects.topology.is_some() || objects.node.is_some() {
+                    return Err("a node joined");
+                }
+                // Neither before nor now (a Numatopology alone makes no node).
+                continue;
+            };
+            let mut nv = match (objects.topology, objects.node) {
+                (Some(dt), _) => {
+                    NodeView::with_contexts(dt, contexts).map_err(|_| "a topology is unusable")?
+                }
+                (None, Some(_)) => NodeView::bare(name.to_string()),
+                (None, None) => return Err("a node left"),
+            };
+            if let Some(meta) = objects.node {
+                nv.label(meta);
+            }
+            if let Some(nt) = objects.numa {
+                nv.free_cpus =
+                    Some(free_cpus_by_numa(nt).map_err(|_| "a Numatopology is unusable")?);
+            }
+            let Some(old) = self.view.nodes.get(i) else {
+                return Err("the node table is short");
+            };
+            let prefix = format!("Numatopology {name}:");
+            if old.group() != nv.group() {
+                return Err("a node changed super-node");
+            }
+            let names = |n: &NodeView| {
+                n.resource_masks
+                    .iter()
+                    .map(|(r, _)| r.clone())
+                    .collect::<Vec<_>>()
+            };
+            if names(old) != names(&nv) {
+                return Err("a node changed resources");
+            }
+            if old.dra_names != nv.dra_names {
+                return Err("a node changed devices");
+            }
+            if self
+                .view
+                .node_warnings
+                .iter()
+                .any(|w| w.starts_with(&prefix))
+            {
+                return Err("a Numatopology was unusable");
+            }
+            // Claims name devices by their DRA name, which did not change.
+            nv.claimed_mask = old.claimed_mask;
+            for pod in &old.reported {
+                if let Some(n) = self.view.reported.get_mut(pod.as_str()) {
+                    *n -= 1;
+                    if *n == 0 {
+                        self.view.reported.remove(pod.as_str());
+                    }
+                }
+            }
+            for pod in &nv.reported {
+                *self.view.reported.get_or_default(pod.clone()) += 1;
+            }
+            if let Some(slot) = self.view.nodes.get_mut(i) {
+                *slot = nv;
+            }
+            self.count_assumed(name);
+            made += 1;
+        }
+        Ok(made)
+    }
+
     /// Forgets what the view knows of `job` and has its pods tell it again, in key order, as
     /// the full build does for every job: facts, device totals, then unit members. Returns
     /// the job's pods.
@@ -208,6 +307,7 @@ impl IncrementalView {
             .filter_map(|key| self.pods.get(key))
             .filter_map(|pod| assumes(pod))
             .fold(0, |m, (_, ids)| m | nv.mask_of_ids(ids));
+        // Read before the node view is copied: most updates leave the mask as it was.
         if mask != nv.assumed_mask
             && let Some(nv) = self.view.nodes.get_mut(i)
         {
@@ -227,7 +327,6 @@ mod tests {
     use crate::core::claims::Claims;
     use crate::core::unit::{JobSources, PodGroupSizes};
     use crate::core::view::{ContextCache, Member};
-    use fumarole_topology::crd::DeviceTopology;
 
     fn nodes() -> Vec<DeviceTopology> {
         let mut nodes: Vec<DeviceTopology> = ["a", "b", "c"]
@@ -475,6 +574,137 @@ mod tests {
             seen.0 > 100 && seen.1 > 100 && seen.2 > 100 && seen.3 > 100,
             "{seen:?}"
         );
+    }
+
+    /// A node's objects changing (device health, allocations reported in status, labels, the
+    /// Node object coming and going) among pod events: where the update takes them in, the
+    /// view is the full build of the same objects; where it asks for a full build (a node's
+    /// super-node changed), it says why.
+    #[test]
+    fn node_events_give_the_full_build_of_the_same_objects() {
+        let names = ["w-0", "w-1", "x-1", "solo"];
+        let (mut taken, mut refused) = (0, 0);
+        for seed in 0..40u64 {
+            let mut rng = fastrand::Rng::with_seed(seed);
+            let mut topologies: BTreeMap<String, DeviceTopology> = nodes()
+                .into_iter()
+                .map(|t| (t.metadata.name.clone().unwrap(), t))
+                .collect();
+            let mut metas: BTreeMap<String, ObjectMeta> = BTreeMap::new();
+            let mut pods: BTreeMap<Arc<str>, Arc<PodFacts>> = BTreeMap::new();
+            let build = |t: &BTreeMap<String, DeviceTopology>,
+                         m: &BTreeMap<String, ObjectMeta>,
+                         p: &BTreeMap<Arc<str>, Arc<PodFacts>>| {
+                ClusterView::build_with_jobs(
+                    &mut ContextCache::default(),
+                    t.values(),
+                    &[],
+                    m.values(),
+                    p.values().map(AsRef::as_ref),
+                    Claims::default(),
+                    sources(false),
+                )
+                .unwrap()
+            };
+            let mut live = IncrementalView::new(build(&topologies, &metas, &pods), []);
+            let mut contexts = ContextCache::default();
+            for step in 0..40 {
+                let name = pick(&mut rng, &["a", "b", "c", "npu"]).to_string();
+                let t = topologies.get_mut(&name).unwrap();
+                let status = t.status.as_mut().unwrap();
+                let ids: Vec<String> = status.devices.keys().cloned().collect();
+                let device = status
+                    .devices
+                    .get_mut(&ids[rng.usize(..ids.len())])
+                    .unwrap();
+                match rng.u8(..4) {
+                    0 => {
+                        device.health = pick(&mut rng, &["Healthy", "Unhealthy"]).into();
+                    }
+                    1 => {
+                        device.allocation = rng.bool().then(|| {
+                            serde_json::from_value(serde_json::json!({
+                                "namespace": "ml", "pod": pick(&mut rng, &names), "container": "c"}))
+                            .unwrap()
+                        });
+                    }
+                    2 => {
+                        let labels: BTreeMap<String, String> = match rng.u8(..5) {
+                            0 => [("fumarole.dev/super-node".into(), "s1".into())].into(),
+                            _ => [("x".into(), rng.u8(..3).to_string())].into(),
+                        };
+                        metas.insert(
+                            name.clone(),
+                            ObjectMeta {
+                                name: Some(name.clone()),
+                                labels: Some(labels),
+                                ..ObjectMeta::default()
+                            },
+                        );
+                    }
+                    _ => {
+                        metas.remove(&name);
+                    }
+                }
+                // A pod event in the same round.
+                let key: Arc<str> = format!("ml/{}", pick(&mut rng, &names)).into();
+                let facts = Arc::new(PodFacts::of(&random_pod(
+                    &mut rng,
+                    "ml",
+                    key.split_once('/').unwrap().1,
+                )));
+                pods.insert(Arc::clone(&key), Arc::clone(&facts));
+                let objects = NodeObjects {
+                    name: &name,
+                    topology: topologies.get(&name),
+                    node: metas.get(&name),
+                    numa: None,
+                };
+                match live.update_nodes(&mut contexts, [objects]) {
+                    Ok(n) => {
+                        assert_eq!(n, 1);
+                        taken += 1;
+                        live.update_pods([(key, Some(facts))]);
+                    }
+                    Err(why) => {
+                        assert_eq!(why, "a node changed super-node", "seed {seed}, step {step}");
+                        refused += 1;
+                        live = IncrementalView::new(
+                            build(&topologies, &metas, &pods),
+                            pods.values().cloned(),
+                        );
+                    }
+                }
+                let want = build(&topologies, &metas, &pods);
+                let nodes = |v: &ClusterView| -> Vec<String> {
+                    v.nodes()
+                        .map(|n| {
+                            format!(
+                                "{} {} {} {} {:?} {} {:?}",
+                                n.name,
+                                n.available_mask,
+                                n.unhealthy_mask,
+                                n.assumed_mask,
+                                n.labels,
+                                n.group(),
+                                n.reported
+                            )
+                        })
+                        .collect()
+                };
+                assert_eq!(nodes(live.view()), nodes(&want), "seed {seed}, step {step}");
+                assert_eq!(
+                    answers(live.view()),
+                    answers(&want),
+                    "seed {seed}, step {step}"
+                );
+                for pod in names {
+                    let key = format!("ml/{pod}");
+                    assert_eq!(live.view().reported(&key), want.reported(&key));
+                }
+            }
+        }
+        assert!(taken > 1000 && refused > 10, "{taken} {refused}");
     }
 
     /// A pod event copies the node chunk and map shards it touches; the last view keeps its
