@@ -467,10 +467,8 @@ mod tests {
 
     type Members = BTreeMap<(String, u32, u32), Vec<Member>>;
 
-    /// Everything a view answers, written out to compare.
-    fn answers(
-        view: &ClusterView,
-    ) -> (
+    /// Node masks, pending pods, annotations, promises, unit members, jobs, warnings.
+    type Answers = (
         Vec<(String, u64, u64)>,
         Vec<String>,
         Vec<(String, String)>,
@@ -478,7 +476,10 @@ mod tests {
         Members,
         BTreeMap<String, String>,
         Vec<String>,
-    ) {
+    );
+
+    /// Everything a view answers, written out to compare.
+    fn answers(view: &ClusterView) -> Answers {
         let masks = view
             .nodes()
             .map(|n| (n.name.clone(), n.assumed_mask, n.available_mask))
