@@ -914,6 +914,8 @@ async fn rebuild(stores: &Stores, svc: &Service, opts: &LiveOptions, late: &mut 
                         "cluster view built in full"
                     );
                 }
+                // A round with nothing new (a tick) hands the same view over again.
+                Some(Made::Changes(0, u)) if u.pods == 0 => {}
                 Some(Made::Changes(nodes, u)) => {
                     opts.builds.count("changes");
                     tracing::debug!(nodes, pods = u.pods, counted_on = u.nodes, jobs = u.jobs,
@@ -935,8 +937,11 @@ async fn rebuild(stores: &Stores, svc: &Service, opts: &LiveOptions, late: &mut 
     };
     let view = incremental.view().clone();
     let full = matches!(made, Made::Full(_));
-    for w in view.warnings() {
-        tracing::debug!("{w}");
+    // Every warning after a full build (gathering them reads every pod's), when shown.
+    if full && tracing::enabled!(tracing::Level::DEBUG) {
+        for w in view.warnings() {
+            tracing::debug!("{w}");
+        }
     }
     // Super-nodes change only with a full build; a failed publication is tried again.
     let want = (opts.publish_hypernodes && (full || late.hypernodes.is_none()))
