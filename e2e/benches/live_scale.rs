@@ -11,7 +11,9 @@
 //! - every 5 s a probe pod takes all 8 GPUs of a node kept empty, and `filter` on that node is
 //!   polled until it says the node is full (then again after the probe is deleted until it
 //!   fits): the view's staleness, from the API server's answer to the extension seeing it;
-//! - the extension's resident memory is sampled every second.
+//! - the extension's resident memory is sampled every second;
+//! - the views the extension made over the window are counted from its
+//!   `fumarole_scheduler_ext_view_builds_total{how}`: in full, or from what changed.
 //!
 //! A measurement, not a test: it asserts only that the extension answered. Figures go in
 //! docs/performance.md.
@@ -175,6 +177,19 @@ async fn filter(port: u16, names: &Value) -> (Duration, Vec<String>) {
     (took, passed)
 }
 
+/// The extension's views made so far: (in full, from what changed).
+fn view_builds(metrics: &str) -> (u64, u64) {
+    let count = |how: &str| {
+        let line = format!("fumarole_scheduler_ext_view_builds_total{{how=\"{how}\"}} ");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&line))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    (count("full"), count("changes"))
+}
+
 /// The upper bound of the histogram bucket holding quantile `q` of the extension's filter
 /// durations (the buckets double, so this bounds the quantile within a factor of two).
 fn server_side(metrics: &str, q: f64) -> String {
@@ -256,6 +271,9 @@ fn main() {
         let pid = ext.pid();
         let rss_ready = Footprint::of(pid).unwrap().rss_mib();
         eprintln!("extension ready in {ready_in:.1?}, RSS {rss_ready:.0} MiB");
+        let builds_ready = view_builds(
+            &fumarole_e2e::cluster::http_get(port, "/metrics").await.unwrap(),
+        );
 
         let stop = Arc::new(AtomicBool::new(false));
         let events = Arc::new(AtomicU64::new(0));
@@ -389,6 +407,12 @@ fn main() {
             "filter inside the extension (its request-duration histogram): p50 <= {}, p99 <= {}",
             server_side(&metrics, 0.5),
             server_side(&metrics, 0.99)
+        );
+        let builds_end = view_builds(&metrics);
+        println!(
+            "views made over the window: {} in full, {} from what changed",
+            builds_end.0 - builds_ready.0,
+            builds_end.1 - builds_ready.1
         );
         println!(
             "staleness, pod created -> seen: median {:.0?}, max {:.0?}; deleted -> seen: median {:.0?}, max {:.0?} ({} probes)",

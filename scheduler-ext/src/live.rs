@@ -1,11 +1,16 @@
 //! The live cluster view: reflectors over `DeviceTopology`, `Numatopology`, `Node` (metadata
 //! only: labels) and `Pod`, and a loop that rebuilds the [`ClusterView`] after changes.
 //!
-//! Changes are coalesced: after the first change the loop waits `debounce`, then builds one view
-//! from the stores and hands it to the service's [`crate::decider::Decider`] (which prunes its
-//! ledger against it); it also rebuilds every [`TICK`] so commits time out without changes. A
-//! pod deletion releases the pod's commit at once. Each watch reports to a [`Freshness`]
-//! (`/readyz`).
+//! Changes are coalesced: after the first change the loop waits `debounce`, then makes one view
+//! and hands it to the service's [`crate::decider::Decider`] (which prunes its ledger against
+//! it); it also hands the view over every [`TICK`] so commits time out without changes. Pod
+//! events, and those of a node's own objects (`DeviceTopology`, `Node`, `Numatopology`),
+//! make the next view from the last one and what they name ([`IncrementalView`]: the cost of
+//! what they touch); the view is built in full from the stores at start, after a relist,
+//! after a ResourceClaim or PodGroup change, and after a node change that reaches beyond the
+//! node (it joins or leaves, changes super-node, resources or devices), counted in
+//! [`ViewBuilds`]. A pod deletion releases the pod's commit at once. Each watch
+//! reports to a [`Freshness`] (`/readyz`).
 //!
 //! Only the leader ([`crate::controllers::leader`]) writes: the after-the-fact annotations,
 //! HyperNodes, and the withdrawal of promises whose commit timed out (a pod Volcano allocated
@@ -54,6 +59,8 @@ use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use tokio::sync::Notify;
 
 use crate::controllers::{bound_pods, hypernode, terms};
@@ -61,7 +68,7 @@ use crate::core::claims::Claims;
 use crate::core::pod_facts::PodFacts;
 use crate::core::request::pod_key;
 use crate::core::unit::{JobSources, PodGroupSizes};
-use crate::core::view::{ClusterView, ContextCache};
+use crate::core::view::{ClusterView, ContextCache, IncrementalView, NodeObjects};
 use crate::effects::Effects;
 use crate::freshness::{Freshness, WatchBackoff};
 use crate::pod_store::PodStore;
@@ -87,6 +94,40 @@ pub struct LiveOptions {
     /// This replica's own Pod (namespace, name), labelled [`crate::effects::LEADER_LABEL`]
     /// while it leads so a Service can select the leader.
     pub own_pod: Option<(String, String)>,
+    /// Counts the views made, in full and from pod changes.
+    pub builds: ViewBuilds,
+}
+
+/// Views made by the live loop, by how: `full` (from every object of the stores: at start,
+/// after a relist, after a change to a claim or PodGroup, or to a node that reaches beyond
+/// it) and `changes` (the last view and the nodes and pods that changed). Served as
+/// `fumarole_scheduler_ext_view_builds_total{how}` where [`ViewBuilds::register`]ed.
+#[derive(Clone, Debug, Default)]
+pub struct ViewBuilds {
+    builds: Family<Vec<(String, String)>, Counter>,
+}
+
+impl ViewBuilds {
+    pub fn register(&self, registry: &mut prometheus_client::registry::Registry) {
+        registry.register(
+            "view_builds",
+            "Cluster views made by the live loop, by how: in full, or from the nodes and pods that changed",
+            self.builds.clone(),
+        );
+    }
+
+    fn count(&self, how: &str) {
+        self.builds
+            .get_or_create(&vec![("how".to_string(), how.to_string())])
+            .inc();
+    }
+
+    /// Views made so far `how` (`full`, `changes`).
+    pub fn get(&self, how: &str) -> u64 {
+        self.builds
+            .get_or_create(&vec![("how".to_string(), how.to_string())])
+            .get()
+    }
 }
 
 impl Default for LiveOptions {
@@ -98,6 +139,7 @@ impl Default for LiveOptions {
             max_staleness: Duration::from_secs(30),
             write_client: None,
             own_pod: None,
+            builds: ViewBuilds::default(),
         }
     }
 }
@@ -117,8 +159,14 @@ struct Stores {
 }
 
 impl Stores {
-    /// The view of the stores; `None` (keep the previous view) if it cannot be built.
-    fn view(&self, contexts: &mut ContextCache, whole_job_super_pod: bool) -> Option<ClusterView> {
+    /// The view of the stores, built in full, with the pods it was built from (in key order,
+    /// as [`IncrementalView`] takes them in); `None` (keep the previous view) if it cannot be
+    /// built.
+    fn view(
+        &self,
+        contexts: &mut ContextCache,
+        whole_job_super_pod: bool,
+    ) -> Option<IncrementalView> {
         let dts = self.topologies.state();
         let nts = self
             .numatopologies
@@ -126,7 +174,8 @@ impl Stores {
             .map(Store::state)
             .unwrap_or_default();
         let nodes = self.nodes.state();
-        let pods = self.pods.state();
+        let mut pods = self.pods.state();
+        pods.sort_unstable_by(|a, b| a.key.cmp(&b.key));
         let claims = self.claims.as_ref().map_or_else(Claims::default, |s| {
             Claims::new(s.state().iter().map(AsRef::as_ref))
         });
@@ -148,6 +197,7 @@ impl Stores {
         built
             .inspect_err(|e| tracing::warn!(error = %e, "keeping the previous cluster view"))
             .ok()
+            .map(|view| IncrementalView::new(view, pods))
     }
 }
 
@@ -198,17 +248,89 @@ where
         .items)
 }
 
-/// What every watch shares: the rebuild loop's wake-up and the freshness record.
+/// What every watch shares: the rebuild loop's wake-up, what changed, and the freshness
+/// record.
 #[derive(Clone)]
 struct Watches {
     changed: Arc<Notify>,
+    changes: ChangeLog,
     freshness: Arc<Freshness>,
 }
+
+/// What changed since the view was last made.
+#[derive(Debug, Default)]
+struct Changes {
+    /// Pods applied or deleted since, by `namespace/name`.
+    pods: HashSet<Arc<str>>,
+    /// Nodes whose `DeviceTopology`, `Node` or `Numatopology` was applied or deleted since.
+    nodes: HashSet<String>,
+    /// Why the next view must be built in full, if it must: a relist (objects deleted while
+    /// the watch was down leave the store at once), or a change to a claim or PodGroup.
+    full: Option<&'static str>,
+}
+
+/// The changes the watches report and the loop takes ([`ChangeLog::take`]). A watch records
+/// a change after its store took it in, so a change the loop takes is in the store it reads
+/// (a change stored but not yet recorded is read early and taken again next time: the same).
+#[derive(Clone, Debug, Default)]
+struct ChangeLog(Arc<std::sync::Mutex<Changes>>);
+
+impl ChangeLog {
+    fn with(&self, f: impl FnOnce(&mut Changes)) {
+        match self.0.lock() {
+            Ok(mut c) => f(&mut c),
+            Err(poisoned) => f(&mut poisoned.into_inner()),
+        }
+    }
+
+    fn pod(&self, key: Arc<str>) {
+        self.with(|c| {
+            c.pods.insert(key);
+        });
+    }
+
+    /// Records one event of a kind other than pods: the node it names for a node's own
+    /// objects, else everything.
+    fn note<K: Resource>(&self, kind: &'static str, ev: &watcher::Event<K>) {
+        match ev {
+            watcher::Event::Init => {}
+            watcher::Event::Apply(o) | watcher::Event::Delete(o) if PER_NODE.contains(&kind) => {
+                match o.meta().name.clone() {
+                    Some(name) => self.with(|c| {
+                        c.nodes.insert(name);
+                    }),
+                    None => self.everything(kind),
+                }
+            }
+            _ => self.everything(kind),
+        }
+    }
+
+    fn everything(&self, why: &'static str) {
+        self.with(|c| {
+            c.full.get_or_insert(why);
+        });
+    }
+
+    fn take(&self) -> Changes {
+        let mut taken = Changes::default();
+        self.with(|c| taken = std::mem::take(c));
+        taken
+    }
+}
+
+/// The kind whose watch reports its changes itself, one pod at a time ([`reflect_pods`]).
+const POD: &str = "Pod";
+
+/// The kinds whose objects belong to one node (named as it): a change to one makes that
+/// node's view again ([`IncrementalView::update_nodes`]). A change to any other kind (claims,
+/// PodGroups) has the view built in full.
+const PER_NODE: [&str; 3] = ["DeviceTopology", "Node", "Numatopology"];
 
 /// Drives one watch stream, waking the rebuild loop on every event, handing each event to
 /// `on_event` (after a reflector's store took it in) and telling `freshness` how the watch
 /// fares.
-async fn drive<K>(
+async fn drive<K: Resource>(
     kind: &'static str,
     stream: impl Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
     watches: Watches,
@@ -227,6 +349,9 @@ async fn drive<K>(
                         .ok(kind, matches!(ev, watcher::Event::InitDone));
                 }
                 on_event(&ev);
+                if kind != POD {
+                    watches.changes.note(kind, &ev);
+                }
             }
             Err(e) => watches.freshness.failed(kind, &e),
         }
@@ -393,15 +518,33 @@ fn reflect_pods(
     let stream = watcher(api, config)
         .backoff(WatchBackoff::default())
         .modify(trim_pod);
-    watches.freshness.track("Pod");
+    watches.freshness.track(POD);
     let writer = store.clone();
-    tokio::spawn(drive("Pod", stream, watches.clone(), move |ev| {
-        writer.apply(ev);
-        if let watcher::Event::Delete(pod) = ev {
-            on_delete(pod);
-        }
+    let changes = watches.changes.clone();
+    tokio::spawn(drive(POD, stream, watches.clone(), move |ev| {
+        take_pod_event(&writer, &changes, ev, &on_delete);
     }));
     store
+}
+
+/// Takes one pod event into `store`, then records what changed: the pod, or after a relist
+/// everything (pods deleted while the watch was down left the store at once).
+fn take_pod_event(
+    store: &PodStore,
+    changes: &ChangeLog,
+    ev: &watcher::Event<Pod>,
+    on_delete: &impl Fn(&Pod),
+) {
+    store.apply(ev);
+    match ev {
+        watcher::Event::Apply(pod) => changes.pod(pod_key(pod).into()),
+        watcher::Event::Delete(pod) => {
+            changes.pod(pod_key(pod).into());
+            on_delete(pod);
+        }
+        watcher::Event::InitDone => changes.everything("pods listed again"),
+        watcher::Event::Init | watcher::Event::InitApply(_) => {}
+    }
 }
 
 /// Keeps of a pod what the view and the verbs read: identity, labels, annotations, owners,
@@ -523,6 +666,7 @@ pub async fn start(
 ) -> Result<tokio::task::JoinHandle<()>> {
     let watches = Watches {
         changed: Arc::new(Notify::new()),
+        changes: ChangeLog::default(),
         freshness: Arc::new(Freshness::new(opts.max_staleness)),
     };
     svc.set_freshness(Arc::clone(&watches.freshness));
@@ -620,6 +764,9 @@ pub async fn start(
         tried: HashSet::new(),
         hypernodes: None,
         contexts: ContextCache::default(),
+        incremental: None,
+        changes: watches.changes.clone(),
+        led: false,
     };
     rebuild(&stores, &svc, &opts, &mut late).await;
     tracing::info!(nodes = svc.decider().view().len(), "cluster view ready");
@@ -656,36 +803,154 @@ struct LoopState {
     hypernodes: Option<BTreeMap<String, Vec<String>>>,
     /// Select contexts (and their memos) shared from one view to the next.
     contexts: ContextCache,
+    /// The last view and what it needs to follow pod changes (`None` before the first view,
+    /// or after a build failed).
+    incremental: Option<IncrementalView>,
+    /// What the watches saw change since the last round.
+    changes: ChangeLog,
+    /// This replica led in the last round.
+    led: bool,
 }
 
-/// Builds and installs a new view, publishes HyperNodes if asked, then annotates bound pods
-/// that lack our choice.
+/// How a round made its view.
+enum Made {
+    /// From every object of the stores, for this reason.
+    Full(&'static str),
+    /// From the last view, the nodes (this many) and the pods that changed.
+    Changes(usize, crate::core::view::Update),
+}
+
+impl Stores {
+    /// The objects of each of `nodes`, held while the view takes them in.
+    fn node_objects(&self, nodes: &HashSet<String>) -> Vec<HeldNode> {
+        nodes
+            .iter()
+            .map(|name| HeldNode {
+                name: name.clone(),
+                topology: self.topologies.get(&reflector::ObjectRef::new(name)),
+                node: self.nodes.get(&reflector::ObjectRef::new(name)),
+                numa: self
+                    .numatopologies
+                    .as_ref()
+                    .and_then(|s| s.get(&reflector::ObjectRef::new(name))),
+            })
+            .collect()
+    }
+}
+
+/// One node's objects as the stores hold them.
+struct HeldNode {
+    name: String,
+    topology: Option<Arc<DeviceTopology>>,
+    node: Option<Arc<PartialObjectMeta<Node>>>,
+    numa: Option<Arc<Numatopology>>,
+}
+
+impl HeldNode {
+    fn objects(&self) -> NodeObjects<'_> {
+        NodeObjects {
+            name: &self.name,
+            topology: self.topology.as_deref(),
+            node: self.node.as_deref().map(|n| &n.metadata),
+            numa: self.numa.as_deref(),
+        }
+    }
+}
+
+/// Makes and installs a new view (in full, or from the nodes and pods that changed:
+/// [`Changes`]),
+/// publishes HyperNodes if asked, then annotates bound pods that lack our choice.
 async fn rebuild(stores: &Stores, svc: &Service, opts: &LiveOptions, late: &mut LoopState) {
+    let changes = late.changes.take();
+    let full = match &late.incremental {
+        None => Some("start"),
+        Some(_) => changes.full,
+    };
+    let changed: Vec<Arc<str>> = changes.pods.into_iter().collect();
+    let nodes = changes.nodes;
     // Off the runtime's workers, which answer the schedulers meanwhile.
-    let (built, contexts) = {
+    let made = {
         let stores = stores.clone();
         let mut contexts = std::mem::take(&mut late.contexts);
+        let mut incremental = late.incremental.take();
         let whole_job = svc.decider().settings().whole_job_super_pod;
-        match tokio::task::spawn_blocking(move || (stores.view(&mut contexts, whole_job), contexts))
-            .await
-        {
-            Ok(done) => done,
-            Err(e) => {
-                tracing::warn!(error = %e, "building the cluster view failed; keeping the previous one");
-                return;
+        let changed = changed.clone();
+        tokio::task::spawn_blocking(move || {
+            let started = std::time::Instant::now();
+            let held = stores.node_objects(&nodes);
+            let full = match (full, incremental.as_mut()) {
+                (None, Some(last)) => last
+                    .update_nodes(&mut contexts, held.iter().map(HeldNode::objects))
+                    .map(|made| {
+                        let pods = changed
+                            .iter()
+                            .map(|key| (Arc::clone(key), stores.pods.get(key)));
+                        Made::Changes(made, last.update_pods(pods))
+                    }),
+                (why, _) => Err(why.unwrap_or("start")),
+            };
+            let made = match full {
+                Ok(made) => Some(made),
+                Err(why) => {
+                    incremental = stores.view(&mut contexts, whole_job);
+                    incremental.is_some().then_some(Made::Full(why))
+                }
+            };
+            (incremental, contexts, made, started.elapsed())
+        })
+        .await
+    };
+    let made = match made {
+        Ok((incremental, contexts, made, took)) => {
+            late.contexts = contexts;
+            late.incremental = incremental;
+            match &made {
+                Some(Made::Full(why)) => {
+                    opts.builds.count("full");
+                    tracing::info!(
+                        why,
+                        took = ?took,
+                        pods = late.incremental.as_ref().map_or(0, IncrementalView::pods),
+                        "cluster view built in full"
+                    );
+                }
+                // A round with nothing new (a tick) hands the same view over again.
+                Some(Made::Changes(0, u)) if u.pods == 0 => {}
+                Some(Made::Changes(nodes, u)) => {
+                    opts.builds.count("changes");
+                    tracing::debug!(nodes, pods = u.pods, counted_on = u.nodes, jobs = u.jobs,
+                        job_pods = u.job_pods, took = ?took, "cluster view updated");
+                }
+                None => {}
             }
+            made
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "building the cluster view failed; keeping the previous one");
+            None
         }
     };
-    late.contexts = contexts;
-    let Some(view) = built else {
+    let (Some(made), Some(incremental)) = (made, late.incremental.as_ref()) else {
+        // Try again in full next round.
+        late.changes.everything("the last build failed");
         return;
     };
-    for w in &view.warnings {
-        tracing::debug!("{w}");
+    let view = incremental.view().clone();
+    let full = matches!(made, Made::Full(_));
+    // Every warning after a full build (gathering them reads every pod's), when shown.
+    if full && tracing::enabled!(tracing::Level::DEBUG) {
+        for w in view.warnings() {
+            tracing::debug!("{w}");
+        }
     }
-    let want = opts.publish_hypernodes.then(|| hypernode::desired(&view));
+    // Super-nodes change only with a full build; a failed publication is tried again.
+    let want = (opts.publish_hypernodes && (full || late.hypernodes.is_none()))
+        .then(|| hypernode::desired(&view));
     let dropped = svc.decider().replace_view(view);
-    if !svc.leads() {
+    let leads = svc.leads();
+    let newly_led = leads && !late.led;
+    late.led = leads;
+    if !leads {
         return;
     }
     let view = svc.decider().view();
@@ -700,9 +965,16 @@ async fn rebuild(stores: &Stores, svc: &Service, opts: &LiveOptions, late: &mut 
     if let Some(want) = want {
         hypernode::publish(&late.client, want, &mut late.hypernodes).await;
     }
+    // Every pod after a full build or when this replica begins to lead, else the pods
+    // that changed.
+    let candidates = if full || newly_led {
+        stores.pods.state()
+    } else {
+        changed.iter().filter_map(|k| stores.pods.get(k)).collect()
+    };
     bound_pods::annotate(
         svc,
-        &stores.pods,
+        candidates,
         &view,
         &opts.annotate_schedulers,
         &mut late.tried,
@@ -862,10 +1134,122 @@ mod tests {
         assert_eq!((b.devices.resource.as_str(), b.devices.count), (npu, 5));
     }
 
+    /// Views are counted by how they were made, under the name the live_scale bench reads.
+    #[test]
+    fn view_builds_are_served_by_how() {
+        let builds = ViewBuilds::default();
+        let mut registry =
+            prometheus_client::registry::Registry::with_prefix("fumarole_scheduler_ext");
+        builds.register(&mut registry);
+        builds.count("full");
+        builds.count("changes");
+        builds.count("changes");
+        assert_eq!((builds.get("full"), builds.get("changes")), (1, 2));
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(
+            text.contains(r#"fumarole_scheduler_ext_view_builds_total{how="full"} 1"#)
+                && text.contains(r#"fumarole_scheduler_ext_view_builds_total{how="changes"} 2"#),
+            "{text}"
+        );
+    }
+
+    /// Pod events are recorded by pod, a relist or another kind's event as a full build,
+    /// and taking the log empties it.
+    #[tokio::test]
+    async fn watches_record_what_changed() {
+        let watches = Watches {
+            changed: Arc::new(Notify::new()),
+            changes: ChangeLog::default(),
+            freshness: Arc::new(Freshness::new(Duration::from_secs(30))),
+        };
+        let pod = |name: &str| -> Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": name, "namespace": "ml"},
+                "spec": {"containers": []}
+            }))
+            .unwrap()
+        };
+        let store = PodStore::default();
+        let changes = watches.changes.clone();
+        let events: Vec<Result<watcher::Event<Pod>, watcher::Error>> = vec![
+            Ok(watcher::Event::Apply(pod("a"))),
+            Ok(watcher::Event::Delete(pod("b"))),
+            Ok(watcher::Event::Apply(pod("a"))),
+        ];
+        let deleted = std::sync::Mutex::new(Vec::new());
+        let on_delete = |p: &Pod| deleted.lock().unwrap().push(pod_key(p));
+        drive(POD, futures::stream::iter(events), watches.clone(), |ev| {
+            take_pod_event(&store, &changes, ev, &on_delete);
+        })
+        .await;
+        let taken = watches.changes.take();
+        let mut pods: Vec<&str> = taken.pods.iter().map(AsRef::as_ref).collect();
+        pods.sort();
+        assert_eq!((pods, taken.full), (vec!["ml/a", "ml/b"], None));
+        assert_eq!(*deleted.lock().unwrap(), ["ml/b"]);
+        // The change is in the store when it is recorded.
+        assert!(store.get("ml/a").is_some());
+        assert!(watches.changes.take().pods.is_empty());
+        // A relist: everything.
+        let relist: Vec<Result<watcher::Event<Pod>, watcher::Error>> = vec![
+            Ok(watcher::Event::Init),
+            Ok(watcher::Event::InitApply(pod("c"))),
+            Ok(watcher::Event::InitDone),
+        ];
+        drive(POD, futures::stream::iter(relist), watches.clone(), |ev| {
+            take_pod_event(&store, &changes, ev, &on_delete);
+        })
+        .await;
+        assert_eq!(watches.changes.take().full, Some("pods listed again"));
+        // A node's objects listed again: everything.
+        let nodes: Vec<Result<watcher::Event<Node>, watcher::Error>> =
+            vec![Ok(watcher::Event::Init), Ok(watcher::Event::InitDone)];
+        drive(
+            "Node",
+            futures::stream::iter(nodes),
+            watches.clone(),
+            |_| (),
+        )
+        .await;
+        assert_eq!(watches.changes.take().full, Some("Node"));
+        // A node's own object: that node.
+        let node: Node =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": "gpu-1"}})).unwrap();
+        let applied: Vec<Result<watcher::Event<Node>, watcher::Error>> =
+            vec![Ok(watcher::Event::Apply(node))];
+        drive(
+            "Node",
+            futures::stream::iter(applied),
+            watches.clone(),
+            |_| (),
+        )
+        .await;
+        let taken = watches.changes.take();
+        assert_eq!(
+            (taken.nodes.into_iter().collect::<Vec<_>>(), taken.full),
+            (vec!["gpu-1".to_string()], None)
+        );
+        // Another kind: everything.
+        let group: Node =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": "pg"}})).unwrap();
+        let applied: Vec<Result<watcher::Event<Node>, watcher::Error>> =
+            vec![Ok(watcher::Event::Apply(group))];
+        drive(
+            "PodGroup",
+            futures::stream::iter(applied),
+            watches.clone(),
+            |_| (),
+        )
+        .await;
+        assert_eq!(watches.changes.take().full, Some("PodGroup"));
+    }
+
     #[tokio::test]
     async fn a_watch_that_only_restarts_stays_failing() {
         let watches = Watches {
             changed: Arc::new(Notify::new()),
+            changes: ChangeLog::default(),
             freshness: Arc::new(Freshness::new(Duration::ZERO)),
         };
         watches.freshness.track("Node");

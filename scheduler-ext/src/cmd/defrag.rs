@@ -75,7 +75,7 @@ fn from_snapshot(path: &Path) -> Result<Advice> {
         o
     };
     let view = objects.view()?;
-    for w in &view.warnings {
+    for w in view.warnings() {
         tracing::warn!("{w}");
     }
     let facts: Vec<PodFacts> = objects.pods.iter().map(PodFacts::of).collect();

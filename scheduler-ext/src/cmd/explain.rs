@@ -36,7 +36,7 @@ enum Format {
 
 pub fn run(args: ExplainArgs) -> Result<()> {
     let view = snapshot::load(&args.cluster_snapshot)?;
-    for w in &view.warnings {
+    for w in view.warnings() {
         tracing::warn!("{w}");
     }
     let pod = read_pod(&args.pod)?;

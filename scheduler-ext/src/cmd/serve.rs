@@ -205,10 +205,11 @@ pub fn run(args: ServeArgs) -> Result<()> {
         .context("starting the tokio runtime")?;
     rt.block_on(async move {
         let mut elected = None;
+        let builds = live::ViewBuilds::default();
         let svc = match &args.cluster_snapshot {
             Some(dir) => {
                 let view = snapshot::load(dir)?;
-                for w in &view.warnings {
+                for w in view.warnings() {
                     tracing::warn!("{w}");
                 }
                 tracing::info!(nodes = view.len(), snapshot = %dir.display(), "cluster view loaded");
@@ -244,6 +245,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
                     max_staleness: args.max_view_staleness,
                     write_client,
                     own_pod: own_pod(),
+                    builds: builds.clone(),
                 };
                 if args.clean_up_dead_agents {
                     let namespace = args
@@ -263,6 +265,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
             .await
             .with_context(|| format!("listening on {}", args.listen))?;
         let mut metrics = Metrics::new();
+        builds.register(metrics.registry_mut());
         if let Some(tls) = &tls {
             let m = TlsMetrics::register(metrics.registry_mut());
             tokio::spawn(Arc::clone(tls).watch(args.tls_reload_interval, m));

@@ -6,16 +6,16 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
+use crate::core::pod_facts::PodFacts;
 use crate::core::view::ClusterView;
-use crate::pod_store::PodStore;
 use crate::service::Service;
 
-/// Gives each bound pod of `schedulers` in `pods` that lacks a choice its devices on its node
+/// Gives each bound pod of `schedulers` among `pods` that lacks a choice its devices on its node
 /// (chosen by the decider, written by the effects). `tried` remembers the pods already tried,
 /// so a failure is logged once.
 pub async fn annotate(
     svc: &Service,
-    pods: &PodStore,
+    pods: Vec<Arc<PodFacts>>,
     view: &ClusterView,
     schedulers: &[String],
     tried: &mut HashSet<Arc<str>>,
@@ -29,7 +29,7 @@ pub async fn annotate(
     if tried.len() > 100_000 {
         tried.clear();
     }
-    for pod in pods.state() {
+    for pod in pods {
         let (Some(node), Some(scheduler)) = (&pod.node, &pod.scheduler) else {
             continue;
         };

@@ -17,6 +17,7 @@
 
 pub mod claims;
 pub mod cluster;
+pub mod cow;
 pub mod decide;
 pub mod defrag;
 pub mod explain;

@@ -62,6 +62,8 @@ use std::collections::{BTreeMap, HashMap};
 
 use k8s_openapi::api::core::v1::Pod;
 
+use crate::core::cow::CowMap;
+
 /// The group-size annotation and its alias.
 pub const GROUP_SIZE: [&str; 2] = [
     "metax-tech.com/gpu-group-size",
@@ -386,7 +388,8 @@ fn merge_sizes(facts: &mut JobFacts, job: &str, own: Result<Sizes, UnitError>) {
 /// Job's annotations), by `namespace/name`, for the pods that name them.
 #[derive(Clone, Debug, Default)]
 pub struct PodGroupSizes {
-    groups: HashMap<String, Result<Sizes, UnitError>>,
+    /// Shared by the views derived from one another (read-only once made).
+    groups: std::sync::Arc<HashMap<String, Result<Sizes, UnitError>>>,
 }
 
 impl PodGroupSizes {
@@ -407,7 +410,9 @@ impl PodGroupSizes {
                 Some((format!("{ns}/{name}"), sizes))
             })
             .collect();
-        PodGroupSizes { groups }
+        PodGroupSizes {
+            groups: std::sync::Arc::new(groups),
+        }
     }
 
     /// The group annotations of the PodGroup the pod names, if that PodGroup has any.
@@ -431,7 +436,8 @@ pub struct JobSources {
 /// job's and ranks run across a job's tasks.
 #[derive(Clone, Debug, Default)]
 pub struct Jobs {
-    jobs: HashMap<String, JobFacts>,
+    /// Shared with the view this one was derived from, but for the jobs that changed.
+    jobs: CowMap<String, JobFacts>,
     /// [`JobSources::whole_job_super_pod`].
     whole_job_super_pod: bool,
     /// [`JobSources::pod_groups`], kept for pods whose job has no pod in the view yet (the
@@ -450,6 +456,30 @@ impl Jobs {
             pod_groups: sources.pod_groups,
             ..Jobs::default()
         }
+    }
+
+    /// True when some pod of `job` (or its PodGroup) said something about it.
+    pub(crate) fn knows(&self, job: &str) -> bool {
+        self.jobs.contains_key(job)
+    }
+
+    /// Every job's facts, written out, by job (for comparing two views in tests).
+    #[cfg(test)]
+    pub(crate) fn written_out(&self) -> BTreeMap<String, String> {
+        self.jobs
+            .iter()
+            .map(|(job, facts)| (job.clone(), format!("{facts:?}")))
+            .collect()
+    }
+
+    /// Forgets what the pods of `job` said (before they are told again).
+    pub(crate) fn forget(&mut self, job: &str) {
+        self.jobs.remove(job);
+    }
+
+    /// The PodGroup of `pod` has group annotations.
+    pub(crate) fn pod_group_speaks(&self, pod: &UnitFacts) -> bool {
+        self.pod_groups.of(pod).is_some()
     }
 
     /// True when Huawei's whole-job default is on.
@@ -496,7 +526,7 @@ impl Jobs {
             // Says nothing about its job.
             return;
         }
-        let facts = self.jobs.entry(pod.job.clone()).or_default();
+        let facts = self.jobs.get_or_default(pod.job.clone());
         if let Some(task) = &pod.volcano_task {
             *facts.tasks.entry(task.clone()).or_default() += 1;
         }
@@ -512,7 +542,7 @@ impl Jobs {
     /// for its job, like those of one more pod of the job.
     pub fn add_pod_group(&mut self, pod: &UnitFacts) {
         if let Some(sizes) = self.pod_groups.of(pod) {
-            let facts = self.jobs.entry(pod.job.clone()).or_default();
+            let facts = self.jobs.get_or_default(pod.job.clone());
             merge_sizes(facts, &pod.job, sizes.clone());
         }
     }
@@ -520,7 +550,7 @@ impl Jobs {
     /// Counts `devices` requested by one pod of `job` towards the job's total (checked against
     /// `sp-block`). Jobs never told their devices are not checked.
     pub fn add_devices(&mut self, job: &str, devices: u32) {
-        let facts = self.jobs.entry(job.to_string()).or_default();
+        let facts = self.jobs.get_or_default(job.to_string());
         facts.devices = facts.devices.saturating_add(devices);
         facts.counted = true;
     }
@@ -642,6 +672,12 @@ impl UnitFacts {
                     format!("{ns}/{g}")
                 }),
         }
+    }
+
+    /// True when the pod itself says something about its job: it names a Volcano task or
+    /// carries group annotations (well-formed or not).
+    pub(crate) fn speaks(&self) -> bool {
+        self.volcano_task.is_some() || !matches!(self.sizes, Ok(None))
     }
 
     /// The pod's rank within its job (see the module doc), if it has one.

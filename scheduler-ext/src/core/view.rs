@@ -26,7 +26,7 @@
 //! The view is built by [`ClusterView::build`] from plain objects, so the snapshot loader and
 //! the API server reflectors ([`crate::live`]) go through the same code.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::hash::BuildHasher;
 use std::sync::{Arc, RwLock};
 
@@ -39,8 +39,12 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::core::claims::Claims;
+use crate::core::cow::CowMap;
 use crate::core::pod_facts::PodFacts;
 use crate::core::unit::{self, JobSources, Jobs, UnitKey};
+
+mod incremental;
+pub use incremental::{IncrementalView, NodeObjects, Update};
 
 /// Most devices one node may have (free sets are 64-bit masks, so the hot path allocates
 /// nothing).
@@ -140,6 +144,8 @@ pub struct NodeView {
     pub labels: BTreeMap<String, String>,
     /// True when a `DeviceTopology` was published for the node; a bare `Node` has no devices.
     pub has_topology: bool,
+    /// Pods (`namespace/name`) the node's status reports devices allocated to.
+    pub reported: Vec<String>,
 }
 
 impl NodeView {
@@ -252,7 +258,22 @@ impl NodeView {
             super_node: dt.spec.super_node.as_ref().map(|s| s.id.clone()),
             labels: BTreeMap::new(),
             has_topology: true,
+            reported: status
+                .iter()
+                .flat_map(|s| s.devices.values())
+                .filter_map(|s| s.allocation.as_ref())
+                .map(|a| format!("{}/{}", a.namespace, a.pod))
+                .collect(),
         })
+    }
+
+    /// Takes in the node's `Node` object: its labels, and its super-node where the topology
+    /// names none.
+    fn label(&mut self, meta: &ObjectMeta) {
+        self.labels = meta.labels.clone().unwrap_or_default();
+        if self.super_node.is_none() {
+            self.super_node = self.labels.get(SUPER_NODE_LABEL).cloned();
+        }
     }
 
     /// A node with a `Node` object but no DeviceTopology: no devices.
@@ -273,6 +294,7 @@ impl NodeView {
             super_node: None,
             labels: BTreeMap::new(),
             has_topology: false,
+            reported: Vec::new(),
         }
     }
 
@@ -521,35 +543,84 @@ pub struct Member {
     pub gpus: u32,
 }
 
+/// Nodes per shared chunk of a [`NodeTable`].
+const NODE_CHUNK: usize = 64;
+
+/// Every node view, by position, in chunks that views derived from one another share: a new
+/// view copies one pointer per chunk and, for a node that changed, its chunk.
+#[derive(Clone, Debug, Default)]
+struct NodeTable {
+    chunks: Vec<Arc<Vec<Arc<NodeView>>>>,
+    len: usize,
+}
+
+impl NodeTable {
+    fn new(nodes: Vec<NodeView>) -> Self {
+        let len = nodes.len();
+        let mut chunks = Vec::with_capacity(len.div_ceil(NODE_CHUNK));
+        let mut nodes = nodes.into_iter().map(Arc::new).peekable();
+        while nodes.peek().is_some() {
+            chunks.push(Arc::new(nodes.by_ref().take(NODE_CHUNK).collect()));
+        }
+        NodeTable { chunks, len }
+    }
+
+    fn get(&self, i: usize) -> Option<&NodeView> {
+        self.chunks
+            .get(i / NODE_CHUNK)
+            .and_then(|c| c.get(i % NODE_CHUNK))
+            .map(AsRef::as_ref)
+    }
+
+    /// The node at `i`, copied first (with its chunk) if another view shares it.
+    fn get_mut(&mut self, i: usize) -> Option<&mut NodeView> {
+        let chunk = Arc::make_mut(self.chunks.get_mut(i / NODE_CHUNK)?);
+        chunk.get_mut(i % NODE_CHUNK).map(Arc::make_mut)
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &NodeView> {
+        self.chunks.iter().flat_map(|c| c.iter().map(AsRef::as_ref))
+    }
+}
+
 /// Every node the service knows, and the devices it assumed for pods.
+///
+/// Views derived from one another ([`IncrementalView`]) share what did not change: the node
+/// table by chunks, the per-pod and per-job maps by shards ([`CowMap`]).
 #[derive(Clone, Debug, Default)]
 pub struct ClusterView {
     /// Every node, in name order.
-    nodes: Vec<NodeView>,
+    nodes: NodeTable,
     /// Node name -> its place in `nodes`.
-    index: NameIndex,
+    index: Arc<NameIndex>,
     /// Every resource name some node offers (computed once; requests check against it).
-    offered: BTreeSet<String>,
+    offered: Arc<BTreeSet<String>>,
     /// Super-node -> its nodes.
-    super_nodes: BTreeMap<String, Vec<String>>,
-    /// Unit -> its bound pods.
-    members: HashMap<UnitKey, Vec<Member>>,
+    super_nodes: Arc<BTreeMap<String, Vec<String>>>,
+    /// Job -> (unit, atomic part) -> its placed pods.
+    members: CowMap<String, BTreeMap<(u32, u32), Vec<Member>>>,
     /// Every job's group annotations and Volcano task sizes, from all pods.
     jobs: Jobs,
     /// Bound pods with a `fumarole.dev/devices` annotation (`namespace/name` -> node).
-    annotated: HashMap<Arc<str>, Arc<str>>,
+    annotated: CowMap<Arc<str>, Arc<str>>,
     /// Pods not bound yet whose devices are promised on a node (`namespace/name` -> node).
-    promised: HashMap<Arc<str>, Arc<str>>,
-    /// Pods (`namespace/name`) some node reports devices allocated to.
-    reported: HashSet<String>,
+    promised: CowMap<Arc<str>, Arc<str>>,
+    /// Pods (`namespace/name`) some node reports devices allocated to, with how many nodes
+    /// do.
+    reported: CowMap<String, u32>,
     /// Pods not bound yet, not finished, asking for an accelerator some node offers.
-    pending: Vec<Arc<Pod>>,
+    pending: CowMap<Arc<str>, Arc<Pod>>,
     /// The ResourceClaims the view was built with.
-    claims: Claims,
+    claims: Arc<Claims>,
     /// Nodes left out because their `DeviceTopology` is unusable.
     pub skipped: Vec<ViewError>,
-    /// Objects that could not be read, with the reason (logged by the caller, never fatal).
-    pub warnings: Vec<String>,
+    /// What could not be read of nodes and claims, with the reason (logged by the caller,
+    /// never fatal); [`Self::warnings`] adds the pods'.
+    node_warnings: Vec<String>,
+    /// A pod's own warning: its choice of devices unreadable, or made for another node.
+    pod_warnings: CowMap<Arc<str>, String>,
+    /// Why a pod's unit cannot be read.
+    unit_warnings: CowMap<Arc<str>, String>,
 }
 
 impl ClusterView {
@@ -606,16 +677,17 @@ impl ClusterView {
         job_sources: JobSources,
     ) -> Result<Self, ViewError> {
         let mut view = ClusterView {
-            claims,
+            claims: Arc::new(claims),
             ..ClusterView::default()
         };
         let mut found: HashMap<String, NodeView> = HashMap::new();
+        let mut reported: CowMap<String, u32> = CowMap::default();
         for dt in topologies {
             let nv = match NodeView::with_contexts(dt, contexts) {
                 Ok(nv) => nv,
                 Err(e @ ViewError::NoName { .. }) => return Err(e),
                 Err(e) => {
-                    view.warnings.push(format!("skipping node: {e}"));
+                    view.node_warnings.push(format!("skipping node: {e}"));
                     view.skipped.push(e);
                     continue;
                 }
@@ -624,13 +696,12 @@ impl ClusterView {
                 view.skipped.push(ViewError::DuplicateNode(nv.name));
                 continue;
             }
-            for s in dt.status.iter().flat_map(|s| s.devices.values()) {
-                if let Some(a) = &s.allocation {
-                    view.reported.insert(format!("{}/{}", a.namespace, a.pod));
-                }
+            for pod in &nv.reported {
+                *reported.get_or_default(pod.clone()) += 1;
             }
             found.insert(nv.name.clone(), nv);
         }
+        view.reported = reported;
         for meta in nodes {
             let name = meta
                 .name
@@ -639,10 +710,7 @@ impl ClusterView {
             let nv = found
                 .entry(name.clone())
                 .or_insert_with(|| NodeView::bare(name));
-            nv.labels = meta.labels.clone().unwrap_or_default();
-            if nv.super_node.is_none() {
-                nv.super_node = nv.labels.get(SUPER_NODE_LABEL).cloned();
-            }
+            nv.label(meta);
         }
         for nt in numatopologies {
             let Some(name) = nt.metadata.name.as_deref() else {
@@ -651,27 +719,25 @@ impl ClusterView {
             if let Some(nv) = found.get_mut(name) {
                 match free_cpus_by_numa(nt) {
                     Ok(m) => nv.free_cpus = Some(m),
-                    Err(e) => view.warnings.push(format!("Numatopology {name}: {e}")),
+                    Err(e) => view.node_warnings.push(format!("Numatopology {name}: {e}")),
                 }
             }
         }
-        view.nodes = found.into_values().collect();
-        view.nodes.sort_unstable_by(|a, b| a.name.cmp(&b.name));
-        view.index = NameIndex::new(view.nodes.iter().map(|nv| nv.name.as_str()));
-        for nv in &view.nodes {
-            view.super_nodes
+        let mut nodes: Vec<NodeView> = found.into_values().collect();
+        nodes.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+        let index = NameIndex::new(nodes.iter().map(|nv| nv.name.as_str()));
+        let mut super_nodes: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for nv in &nodes {
+            super_nodes
                 .entry(nv.group().to_string())
                 .or_default()
                 .push(nv.name.clone());
         }
+        view.super_nodes = Arc::new(super_nodes);
         for (key, claim) in view.claims.iter() {
             for held in &claim.held {
-                let Some(nv) = view
-                    .index
-                    .get(&held.node)
-                    .and_then(|i| view.nodes.get_mut(i))
-                else {
-                    view.warnings.push(format!(
+                let Some(nv) = index.get(&held.node).and_then(|i| nodes.get_mut(i)) else {
+                    view.node_warnings.push(format!(
                         "ResourceClaim {key}: holds {} on {}, a node the view does not have",
                         held.device, held.node
                     ));
@@ -679,54 +745,82 @@ impl ClusterView {
                 };
                 match nv.dra_names.iter().position(|d| *d == held.device) {
                     Some(i) => nv.claimed_mask |= 1 << i,
-                    None => view.warnings.push(format!(
+                    None => view.node_warnings.push(format!(
                         "ResourceClaim {key}: holds {} on {}, which has no such device",
                         held.device, held.node
                     )),
                 }
             }
         }
-        view.offered = view
-            .nodes
-            .iter()
-            .flat_map(|n| n.resource_masks.iter().map(|(r, _)| r.clone()))
-            .collect();
+        view.offered = Arc::new(
+            nodes
+                .iter()
+                .flat_map(|n| n.resource_masks.iter().map(|(r, _)| r.clone()))
+                .collect(),
+        );
+        view.index = Arc::new(index);
+        view.nodes = NodeTable::new(nodes);
         let pods: Vec<&PodFacts> = pods.into_iter().collect();
-        let offered = view.offered.clone();
+        let offered = Arc::clone(&view.offered);
         let offered: BTreeSet<&str> = offered.iter().map(String::as_str).collect();
         view.jobs = Jobs::with_sources(job_sources);
         for pod in &pods {
             view.jobs.add_facts(&pod.unit);
             view.jobs.add_pod_group(&pod.unit);
         }
-        // Job totals are checked against sp-block: counted for group jobs only (cheap in a big
-        // cluster); pods on their way out do not count.
-        // With Huawei's whole-job default, Ascend pods count towards their job too.
-        let whole_job = view.jobs.whole_job_super_pod();
         for pod in &pods {
-            let grouped = view.jobs.annotated_unit(&pod.unit);
-            if !pod.finished
-                && !pod.deleting
-                && (grouped || whole_job)
-                && let Ok(r) = pod.request.request(&offered, &view.claims)
-            {
-                let n = u32::try_from(r.count).unwrap_or(u32::MAX);
-                if grouped {
-                    view.jobs.add_devices(&pod.unit.job, n);
-                } else if ascend::chip_of(&r.resource).is_some() {
-                    view.jobs.add_ascend_pod(&pod.unit.job, n);
-                }
-            }
+            view.count_devices(pod, &offered);
         }
         for pod in pods {
             view.add_pod(pod, &offered);
+            if let Some((node, ids)) = assumes(pod)
+                && let Some(nv) = view.index.get(node).and_then(|i| view.nodes.get_mut(i))
+            {
+                nv.assumed_mask |= nv.mask_of_ids(ids);
+            }
+            if let Some(node) = placed_on(pod) {
+                view.add_member(pod, node, &offered);
+            }
         }
         Ok(view)
     }
 
-    /// Counts a bound, unfinished pod: its annotated devices as used, its unit membership; an
-    /// unbound one asking for an accelerator is pending, and counted like a bound one on the
-    /// node its devices are promised on.
+    /// Counts the devices of one pod towards its job's total. Job totals are checked against
+    /// sp-block: counted for group jobs only (cheap in a big cluster); pods on their way out
+    /// do not count. With Huawei's whole-job default, Ascend pods count towards their job too.
+    fn count_devices(&mut self, pod: &PodFacts, offered: &BTreeSet<&str>) {
+        let grouped = self.jobs.annotated_unit(&pod.unit);
+        if !pod.finished
+            && !pod.deleting
+            && (grouped || self.jobs.whole_job_super_pod())
+            && let Ok(r) = pod.request.request(offered, &self.claims)
+        {
+            let n = u32::try_from(r.count).unwrap_or(u32::MAX);
+            if grouped {
+                self.jobs.add_devices(&pod.unit.job, n);
+            } else if ascend::chip_of(&r.resource).is_some() {
+                self.jobs.add_ascend_pod(&pod.unit.job, n);
+            }
+        }
+    }
+
+    /// True when `pod` may change what the view knows of its job: it names a Volcano task,
+    /// carries group annotations, its PodGroup does, or (Huawei's whole-job default) it asks
+    /// for an Ascend resource. Jobs no pod speaks for hold nothing.
+    fn speaks_for_job(&self, pod: &PodFacts, offered: &BTreeSet<&str>) -> bool {
+        pod.unit.speaks()
+            || self.jobs.pod_group_speaks(&pod.unit)
+            || (self.jobs.whole_job_super_pod()
+                && pod
+                    .request
+                    .request(offered, &self.claims)
+                    .is_ok_and(|r| ascend::chip_of(&r.resource).is_some()))
+    }
+
+    /// Records what a pod itself says (its unit apart, [`Self::add_member`]; its devices
+    /// apart, [`assumes`]): a bound one annotated with its choice; an unbound one asking for
+    /// an accelerator is pending, and its promise recorded; a choice that cannot be used is
+    /// a warning.
     fn add_pod(&mut self, pod: &PodFacts, offered: &BTreeSet<&str>) {
         if pod.finished {
             return;
@@ -736,10 +830,13 @@ impl ClusterView {
             Some(node) => {
                 if pod.choice_node.as_ref().is_some_and(|n| n != node) {
                     // Bound elsewhere than the choice was made for: the choice is void here.
-                    self.warnings.push(format!(
-                        "pod {key}: bound to {node}, its {DEVICES_ANNOTATION} is for another node"
-                    ));
-                    return self.add_member(pod, node, offered);
+                    self.pod_warnings.insert(
+                        Arc::clone(key),
+                        format!(
+                            "pod {key}: bound to {node}, its {DEVICES_ANNOTATION} is for another node"
+                        ),
+                    );
+                    return;
                 }
                 node
             }
@@ -749,7 +846,7 @@ impl ClusterView {
                     && pod.request.request(offered, &self.claims).is_ok()
                     && let Some(whole) = &pod.unbound
                 {
-                    self.pending.push(Arc::clone(whole));
+                    self.pending.insert(Arc::clone(key), Arc::clone(whole));
                 }
                 match &pod.choice_node {
                     Some(node) if waiting => node,
@@ -758,10 +855,7 @@ impl ClusterView {
             }
         };
         match &pod.choice {
-            Some(Ok(ids)) => {
-                if let Some(nv) = self.index.get(node).and_then(|i| self.nodes.get_mut(i)) {
-                    nv.assumed_mask |= nv.mask_of_ids(ids);
-                }
+            Some(Ok(_)) => {
                 let record = if pod.node.is_some() {
                     &mut self.annotated
                 } else {
@@ -770,16 +864,19 @@ impl ClusterView {
                 record.insert(Arc::clone(key), Arc::clone(node));
             }
             Some(Err(e)) => {
-                self.warnings.push(e.clone());
-                // A promise without usable devices promises nothing.
-                if pod.node.is_none() {
-                    return;
-                }
+                self.pod_warnings.insert(Arc::clone(key), e.clone());
             }
-            None if pod.node.is_none() => return,
             None => {}
         }
-        self.add_member(pod, node, offered);
+    }
+
+    /// Forgets what [`Self::add_pod`] recorded of the pod `key`.
+    fn remove_pod(&mut self, key: &str) {
+        self.pending.remove(key);
+        self.annotated.remove(key);
+        self.promised.remove(key);
+        self.pod_warnings.remove(key);
+        self.unit_warnings.remove(key);
     }
 
     /// Indexes a pod placed on `node` (bound, or its devices promised there) by its unit.
@@ -794,11 +891,8 @@ impl ClusterView {
         match unit::unit_spec_of(&pod.unit, gpus, &self.jobs) {
             Ok(Some(spec)) => self
                 .members
-                .entry(UnitKey {
-                    job: pod.unit.job.clone(),
-                    unit: spec.unit,
-                    atomic: spec.atomic_unit,
-                })
+                .get_or_default(pod.unit.job.clone())
+                .entry((spec.unit, spec.atomic_unit))
                 .or_default()
                 .push(Member {
                     pod: pod.key.to_string(),
@@ -806,7 +900,10 @@ impl ClusterView {
                     gpus,
                 }),
             Ok(None) => {}
-            Err(e) => self.warnings.push(format!("pod {}: {e}", pod.key)),
+            Err(e) => {
+                self.unit_warnings
+                    .insert(Arc::clone(&pod.key), format!("pod {}: {e}", pod.key));
+            }
         }
     }
 
@@ -821,11 +918,28 @@ impl ClusterView {
     }
 
     pub fn len(&self) -> usize {
-        self.nodes.len()
+        self.nodes.len
     }
 
     pub fn is_empty(&self) -> bool {
-        self.nodes.is_empty()
+        self.nodes.len == 0
+    }
+
+    /// What could not be read (logged by the caller, never fatal): of nodes and claims in
+    /// the order found, then of pods by pod.
+    pub fn warnings(&self) -> Vec<&str> {
+        let mut pods: Vec<(&Arc<str>, u8, &String)> = self
+            .pod_warnings
+            .iter()
+            .map(|(k, w)| (k, 0, w))
+            .chain(self.unit_warnings.iter().map(|(k, w)| (k, 1, w)))
+            .collect();
+        pods.sort_unstable();
+        self.node_warnings
+            .iter()
+            .map(String::as_str)
+            .chain(pods.into_iter().map(|(_, _, w)| w.as_str()))
+            .collect()
     }
 
     /// The ResourceClaims the view was built with.
@@ -839,9 +953,11 @@ impl ClusterView {
     }
 
     /// Pods waiting for an accelerator: not bound, not finished, requesting a resource some
-    /// node offers.
-    pub fn pending(&self) -> &[Arc<Pod>] {
-        &self.pending
+    /// node offers; by `namespace/name`.
+    pub fn pending(&self) -> Vec<&Arc<Pod>> {
+        let mut pending: Vec<(&Arc<str>, &Arc<Pod>)> = self.pending.iter().collect();
+        pending.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        pending.into_iter().map(|(_, p)| p).collect()
     }
 
     /// Super-nodes and their nodes, by id.
@@ -856,12 +972,15 @@ impl ClusterView {
 
     /// The bound pods of a unit.
     pub fn members(&self, unit: &UnitKey) -> &[Member] {
-        self.members.get(unit).map_or(&[], Vec::as_slice)
+        self.members
+            .get(unit.job.as_str())
+            .and_then(|units| units.get(&(unit.unit, unit.atomic)))
+            .map_or(&[], Vec::as_slice)
     }
 
     /// True when some node reports devices allocated to the pod (`namespace/name`).
     pub fn reported(&self, pod: &str) -> bool {
-        self.reported.contains(pod)
+        self.reported.contains_key(pod)
     }
 
     /// The node a pod is bound to with a `fumarole.dev/devices` annotation, if it is.
@@ -890,6 +1009,38 @@ impl ClusterView {
     pub fn free(&self, node: &str, resource: &str) -> Vec<usize> {
         self.node(node)
             .map_or_else(Vec::new, |nv| indices(self.free_mask(nv, resource)))
+    }
+}
+
+/// The node where a pod's chosen devices count as taken, and their ids: a pod bound with a
+/// choice made for its node, or not bound yet (nor being deleted) with devices promised on
+/// one. Finished pods hold nothing.
+fn assumes(pod: &PodFacts) -> Option<(&Arc<str>, &[String])> {
+    if pod.finished {
+        return None;
+    }
+    let node = match &pod.node {
+        Some(node) if pod.choice_node.as_ref().is_some_and(|n| n != node) => return None,
+        Some(node) => node,
+        None if pod.deleting => return None,
+        None => pod.choice_node.as_ref()?,
+    };
+    match &pod.choice {
+        Some(Ok(ids)) => Some((node, ids)),
+        _ => None,
+    }
+}
+
+/// The node a pod is placed on for its unit: the one it is bound to, or the one its usable
+/// devices are promised on while it is not bound (nor being deleted).
+fn placed_on(pod: &PodFacts) -> Option<&Arc<str>> {
+    if pod.finished {
+        return None;
+    }
+    match (&pod.node, &pod.choice_node, &pod.choice) {
+        (Some(node), _, _) => Some(node),
+        (None, Some(node), Some(Ok(_))) if !pod.deleting => Some(node),
+        _ => None,
     }
 }
 
@@ -1122,9 +1273,9 @@ mod tests {
         assert_eq!(view.annotated_on("ml/bound"), Some("a"));
         assert_eq!(view.annotated_on("ml/moved"), None);
         assert!(
-            view.warnings.iter().any(|w| w.contains("ml/moved")),
+            view.warnings().iter().any(|w| w.contains("ml/moved")),
             "{:?}",
-            view.warnings
+            view.warnings()
         );
         // The promised pod is still waiting to be bound.
         assert_eq!(view.pending().len(), 1);
@@ -1242,14 +1393,14 @@ mod tests {
         assert_eq!(view.free("g", "gpu.fumarole.dev"), vec![0, 1]);
         let offered = view.resources();
         assert!(offered.contains(NPU) && offered.contains("gpu.fumarole.dev"));
-        assert_eq!(view.warnings.len(), 2, "{:?}", view.warnings);
+        assert_eq!(view.warnings().len(), 2, "{:?}", view.warnings());
         assert!(
-            view.warnings
+            view.warnings()
                 .iter()
                 .any(|w| w.contains("ml/elsewhere") && w.contains("ghost"))
         );
         assert!(
-            view.warnings
+            view.warnings()
                 .iter()
                 .any(|w| w.contains("ml/odd") && w.contains("huawei-9"))
         );

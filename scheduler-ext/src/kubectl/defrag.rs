@@ -18,7 +18,7 @@ use crate::live;
 /// Reads the cluster (the view, then the pods for their owners and devices) and advises.
 pub async fn read(conn: &Connection) -> Result<Advice> {
     let view = live::read_once(&conn.client).await?;
-    for w in &view.warnings {
+    for w in view.warnings() {
         tracing::warn!("{w}");
     }
     let pods = Api::<Pod>::all(conn.client.clone())

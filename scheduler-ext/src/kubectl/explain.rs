@@ -70,7 +70,7 @@ pub async fn read(conn: &Connection, name: &str, settings: Settings) -> Result<E
         bail!("pod {ns}/{name} not found (no pod {name:?} in namespace {ns:?})");
     };
     let view = live::read_once_with(&conn.client, settings.whole_job_super_pod).await?;
-    for w in &view.warnings {
+    for w in view.warnings() {
         tracing::warn!("{w}");
     }
     Ok(explain(view, &pod, settings)?)

@@ -62,7 +62,7 @@ pub struct Usage {
 /// Reads the cluster and counts.
 pub async fn read(conn: &Connection) -> Result<Usage> {
     let view = live::read_once(&conn.client).await?;
-    for w in &view.warnings {
+    for w in view.warnings() {
         tracing::warn!("{w}");
     }
     Ok(Usage::of(&view))
