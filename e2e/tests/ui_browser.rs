@@ -87,20 +87,19 @@ async fn ui_in_headless_chromium() {
             {"node": "pcie-a", "free": 3, "used": 1, "unhealthy": 0},
         ])
     );
-    let pending = first["pending"].as_array().unwrap();
+    // Pending pods are listed in pod-key order (ml/infer-2, ml/train-8).
+    let pending: Vec<&str> = first["pending"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["text"].as_str().unwrap())
+        .collect();
     assert_eq!(pending.len(), 2, "{first}");
     assert!(
-        pending[0]["text"]
-            .as_str()
-            .unwrap()
-            .contains("needs 8 nvidia.com/gpu")
+        pending[0].contains("waiting for the scheduler"),
+        "{pending:?}"
     );
-    assert!(
-        pending[1]["text"]
-            .as_str()
-            .unwrap()
-            .contains("waiting for the scheduler")
-    );
+    assert!(pending[1].contains("needs 8 nvidia.com/gpu"), "{pending:?}");
     assert_eq!(first["decisions"], json!([]));
     // The grid is drawn: 16 px squares in the free colour.
     assert_eq!(first["deviceBox"], json!([16, 16]));
