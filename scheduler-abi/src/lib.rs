@@ -42,21 +42,14 @@ pub unsafe extern "C" fn fumarole_engine_start(
     len: usize,
     error: *mut *mut c_char,
 ) -> *mut Engine {
-    let mut engine = std::ptr::null_mut();
     // SAFETY: the caller's contract, passed on.
-    let code = unsafe {
-        edge(error, || {
+    unsafe {
+        new_engine(error, || {
             let config: EngineConfig = serde_json::from_slice(bytes(config, len)?)
                 .context("fumarole engine configuration")?;
             start_logging();
-            engine = Box::into_raw(Box::new(Engine::start(&config)?));
-            Ok((FUMAROLE_OK, None))
+            Engine::start(&config)
         })
-    };
-    if code == FUMAROLE_OK {
-        engine
-    } else {
-        std::ptr::null_mut()
     }
 }
 
@@ -74,22 +67,15 @@ pub unsafe extern "C" fn fumarole_engine_over_snapshot(
     conf_len: usize,
     error: *mut *mut c_char,
 ) -> *mut Engine {
-    let mut engine = std::ptr::null_mut();
     // SAFETY: the caller's contract, passed on.
-    let code = unsafe {
-        edge(error, || {
+    unsafe {
+        new_engine(error, || {
             let dir = std::str::from_utf8(bytes(dir, dir_len)?).context("snapshot path")?;
             let conf = serde_json::from_slice(bytes(conf, conf_len)?)
                 .context("fumarole plugin configuration")?;
             let view = scheduler_ext::snapshot::load(std::path::Path::new(dir))?;
-            engine = Box::into_raw(Box::new(Engine::over_view(view, &conf)?));
-            Ok((FUMAROLE_OK, None))
+            Engine::over_view(view, &conf)
         })
-    };
-    if code == FUMAROLE_OK {
-        engine
-    } else {
-        std::ptr::null_mut()
     }
 }
 
@@ -208,6 +194,26 @@ pub unsafe extern "C" fn fumarole_engine_free(engine: *mut Engine) {
         // SAFETY: made by Box::into_raw in a start function.
         let engine = unsafe { Box::from_raw(engine) };
         let _ = catch_unwind(AssertUnwindSafe(move || drop(engine)));
+    }
+}
+
+/// The engine `make` gives, boxed for C, or NULL with why in `*error` ([`edge`]).
+unsafe fn new_engine(
+    error: *mut *mut c_char,
+    make: impl FnOnce() -> Result<Engine>,
+) -> *mut Engine {
+    let mut engine = std::ptr::null_mut();
+    // SAFETY: the caller's contract, passed on.
+    let code = unsafe {
+        edge(error, || {
+            engine = Box::into_raw(Box::new(make()?));
+            Ok((FUMAROLE_OK, None))
+        })
+    };
+    if code == FUMAROLE_OK {
+        engine
+    } else {
+        std::ptr::null_mut()
     }
 }
 
