@@ -276,3 +276,148 @@ async fn ui_shows_the_defrag_advice_for_a_waiting_unit() {
     );
     assert!(!section.contains("default/notebook"), "{section}");
 }
+
+/// A pod bound by a scheduler that does not tell its choice (Volcano before `allocateFunc`) gets
+/// its devices written after the fact; when the API server refuses that write for a while (here
+/// an admission policy, as when fumarole's own policy is not yet in force), the service tries
+/// again until it lands instead of giving up after the first refusal.
+#[tokio::test]
+async fn a_bound_pods_refused_choice_is_written_once_the_refusal_passes() {
+    let (cluster, _) = common::cluster_with_extender(&common::two_dgx(), &[]).await;
+    let admin = cluster.client();
+    let hold = json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": "hold-device-choices"},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
+                "operations": ["UPDATE"], "resources": ["pods"]}]},
+            "validations": [{
+                "expression": "!has(object.metadata.annotations) || !('fumarole.dev/devices' in object.metadata.annotations)",
+                "message": "device choices are held"}]
+        }
+    });
+    let binding = json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": "hold-device-choices"},
+        "spec": {"policyName": "hold-device-choices", "validationActions": ["Deny"]}
+    });
+    let policies: Api<DynamicObject> = Api::all_with(
+        admin.clone(),
+        &kube::discovery::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
+            "admissionregistration.k8s.io",
+            "v1",
+            "ValidatingAdmissionPolicy",
+        )),
+    );
+    let bindings: Api<DynamicObject> = Api::all_with(
+        admin.clone(),
+        &kube::discovery::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
+            "admissionregistration.k8s.io",
+            "v1",
+            "ValidatingAdmissionPolicyBinding",
+        )),
+    );
+    policies
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(hold).unwrap(),
+        )
+        .await
+        .unwrap();
+    bindings
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(binding).unwrap(),
+        )
+        .await
+        .unwrap();
+
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let mut pod = gpu_pod("late", 2, json!({}));
+    pod.spec.as_mut().unwrap().scheduler_name = Some("volcano".into());
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    // The hold is in force (policies reach the API server's admission a moment after they
+    // are created): a dry-run write of a choice is refused.
+    let dry_choice = json!({"metadata": {"annotations": {"fumarole.dev/devices": "probe"}}});
+    eventually("the hold in force", Duration::from_secs(30), || {
+        let pods = pods.clone();
+        let patch = kube::api::Patch::Merge(dry_choice.clone());
+        async move {
+            let params = kube::api::PatchParams {
+                dry_run: true,
+                ..Default::default()
+            };
+            Ok(pods
+                .patch("late", &params, &patch)
+                .await
+                .is_err()
+                .then_some(()))
+        }
+    })
+    .await
+    .unwrap();
+
+    // Bound by hand to dgx-a, as Volcano binds: the service's write is refused.
+    let bind = json!({
+        "apiVersion": "v1", "kind": "Binding", "metadata": {"name": "late"},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": "dgx-a"}
+    });
+    let _: serde_json::Value = pods
+        .create_subresource("binding", "late", &PostParams::default(), &bind)
+        .await
+        .unwrap();
+    eventually("a refused write", Duration::from_secs(30), || {
+        let log = cluster
+            .log_tail("fumarole-scheduler-ext", 400)
+            .unwrap_or_default();
+        async move {
+            Ok(log
+                .contains("cannot give devices to a bound pod yet")
+                .then_some(()))
+        }
+    })
+    .await
+    .unwrap_or_else(|e| {
+        panic!(
+            "{e}\nfumarole-scheduler-ext:\n{}",
+            cluster
+                .log_tail("fumarole-scheduler-ext", 60)
+                .unwrap_or_default()
+        )
+    });
+    // Several rounds of the view pass (a round every 5 s at the least) while held.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert_eq!(
+        common::devices_of(&pods.get("late").await.unwrap()),
+        None,
+        "the hold let a choice through"
+    );
+
+    // The refusal passes: the choice lands, on dgx-a's free GPUs.
+    bindings
+        .delete("hold-device-choices", &Default::default())
+        .await
+        .unwrap();
+    let devices = eventually("late annotated", Duration::from_secs(60), || {
+        let pods = pods.clone();
+        async move { Ok(common::devices_of(&pods.get("late").await.unwrap())) }
+    })
+    .await
+    .unwrap_or_else(|e| {
+        panic!(
+            "{e}\nfumarole-scheduler-ext:\n{}",
+            cluster
+                .log_tail("fumarole-scheduler-ext", 60)
+                .unwrap_or_default()
+        )
+    });
+    assert_eq!(devices.len(), 2, "{devices:?}");
+    for d in &devices {
+        assert!(
+            ["dgx-a-gpu4", "dgx-a-gpu5", "dgx-a-gpu6", "dgx-a-gpu7"].contains(&d.as_str()),
+            "{d} is not free on dgx-a"
+        );
+    }
+}

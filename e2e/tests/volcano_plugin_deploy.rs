@@ -374,6 +374,36 @@ async fn plugin_places_a_pod_as_volcanos_scheduler_service_account_with_our_clus
     )
     .await
     .unwrap();
+    // The replaced device-choice policy is in force for the account (policies reach the API
+    // server's admission a moment after they change): a dry-run choice on a pod passes.
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
+    let probe: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "probe"},
+        "spec": {"schedulerName": "nobody", "containers": [{"name": "c", "image": "example.invalid/none"}]}
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &probe).await.unwrap();
+    let pods_as_scheduler: Api<Pod> = Api::namespaced(as_scheduler.clone(), "default");
+    eventually(
+        "the account may write a device choice",
+        Duration::from_secs(30),
+        || {
+            let pods = pods_as_scheduler.clone();
+            async move {
+                let choice =
+                    json!({"metadata": {"annotations": {"fumarole.dev/devices": "probe"}}});
+                let params = PatchParams {
+                    dry_run: true,
+                    ..Default::default()
+                };
+                let patched = pods.patch("probe", &params, &Patch::Merge(choice)).await;
+                Ok(patched.ok().map(drop))
+            }
+        },
+    )
+    .await
+    .unwrap();
+    pods.delete("probe", &Default::default()).await.unwrap();
     let conf = must(&objects, "ConfigMap", "volcano-scheduler-configmap")["data"]
         ["volcano-scheduler.conf"]
         .as_str()
@@ -389,7 +419,6 @@ async fn plugin_places_a_pod_as_volcanos_scheduler_service_account_with_our_clus
 
     // Its whole job: a 4-GPU pod placed on the node where it fits exactly, with its devices
     // written on the pod.
-    let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
     let pod: Pod = serde_json::from_value(json!({
         "metadata": {"name": "four"},
         "spec": {

@@ -761,7 +761,7 @@ pub async fn start(
     svc.set_effects(Effects::new(writes, stores.pods.clone()));
     let mut late = LoopState {
         client: client.clone(),
-        tried: HashSet::new(),
+        retries: bound_pods::Retries::default(),
         hypernodes: None,
         contexts: ContextCache::default(),
         incremental: None,
@@ -797,8 +797,8 @@ pub async fn start(
 /// What the rebuild loop remembers between rounds.
 struct LoopState {
     client: Client,
-    /// Pods already tried by the after-the-fact annotation (so a failure is logged once).
-    tried: HashSet<Arc<str>>,
+    /// The after-the-fact annotation's settled pods and failed writes.
+    retries: bound_pods::Retries,
     /// The HyperNodes last published (`None`: not yet, or the last attempt failed).
     hypernodes: Option<BTreeMap<String, Vec<String>>>,
     /// Select contexts (and their memos) shared from one view to the next.
@@ -966,18 +966,26 @@ async fn rebuild(stores: &Stores, svc: &Service, opts: &LiveOptions, late: &mut 
         hypernode::publish(&late.client, want, &mut late.hypernodes).await;
     }
     // Every pod after a full build or when this replica begins to lead, else the pods
-    // that changed.
+    // that changed and those whose failed write is due again.
     let candidates = if full || newly_led {
         stores.pods.state()
     } else {
-        changed.iter().filter_map(|k| stores.pods.get(k)).collect()
+        let due = late.retries.due(std::time::Instant::now());
+        for gone in due.iter().filter(|k| stores.pods.get(k).is_none()) {
+            late.retries.forget(gone);
+        }
+        changed
+            .iter()
+            .chain(due.iter().filter(|k| !changed.contains(k)))
+            .filter_map(|k| stores.pods.get(k))
+            .collect()
     };
     bound_pods::annotate(
         svc,
         candidates,
         &view,
         &opts.annotate_schedulers,
-        &mut late.tried,
+        &mut late.retries,
     )
     .await;
 }

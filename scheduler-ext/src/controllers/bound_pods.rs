@@ -1,24 +1,95 @@
 //! Pods bound by a scheduler that does not tell the service its choice (Volcano before
 //! `allocateFunc`, named in `--annotate-bound-pods-of`) get their devices chosen and written
 //! after the fact ([`annotate`], run by the live view after each rebuild), so the device plugin
-//! and the view still agree.
+//! and the view still agree. A write that fails is tried again after a pause that doubles up
+//! to [`MAX_PAUSE`] ([`Retries`]), so a refusal that passes (an admission policy not yet in
+//! force, an API server restarting) never leaves a bound pod without its devices.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use crate::core::pod_facts::PodFacts;
 use crate::core::view::ClusterView;
 use crate::service::Service;
 
+/// The first pause after a failed write.
+const FIRST_PAUSE: Duration = Duration::from_secs(1);
+/// The longest pause between two tries of one pod.
+pub const MAX_PAUSE: Duration = Duration::from_secs(60);
+
+/// What the after-the-fact annotation remembers between rounds: the pods it has settled (given
+/// their devices, or found to need none) and those whose write failed, with when to try again.
+#[derive(Debug, Default)]
+pub struct Retries {
+    settled: HashSet<Arc<str>>,
+    failed: HashMap<Arc<str>, Failed>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Failed {
+    tries: u32,
+    next: Instant,
+}
+
+impl Retries {
+    /// The failed pods whose pause is over at `now`.
+    pub fn due(&self, now: Instant) -> Vec<Arc<str>> {
+        self.failed
+            .iter()
+            .filter(|(_, f)| f.next <= now)
+            .map(|(k, _)| Arc::clone(k))
+            .collect()
+    }
+
+    /// Whether `key` is to be tried at `now`: not settled, and not pausing after a failure.
+    fn wanted(&self, key: &str, now: Instant) -> bool {
+        !self.settled.contains(key) && self.failed.get(key).is_none_or(|f| f.next <= now)
+    }
+
+    /// `key` needs nothing more.
+    fn settle(&mut self, key: &Arc<str>) {
+        self.failed.remove(&**key);
+        // Bounded: a pod settled and forgotten is at worst read once more.
+        if self.settled.len() > 100_000 {
+            self.settled.clear();
+        }
+        self.settled.insert(Arc::clone(key));
+    }
+
+    /// `key`'s try failed at `now`: the next waits twice as long as the last (up to
+    /// [`MAX_PAUSE`]). Answers how many tries have failed.
+    fn fail(&mut self, key: &Arc<str>, now: Instant) -> u32 {
+        let tries = self.failed.get(&**key).map_or(0, |f| f.tries) + 1;
+        let pause = FIRST_PAUSE
+            .saturating_mul(1 << (tries - 1).min(16))
+            .min(MAX_PAUSE);
+        self.failed.insert(
+            Arc::clone(key),
+            Failed {
+                tries,
+                next: now + pause,
+            },
+        );
+        tries
+    }
+
+    /// Forgets `key` (it is gone, finished or annotated by someone).
+    pub fn forget(&mut self, key: &str) {
+        self.failed.remove(key);
+    }
+}
+
 /// Gives each bound pod of `schedulers` among `pods` that lacks a choice its devices on its node
-/// (chosen by the decider, written by the effects). `tried` remembers the pods already tried,
-/// so a failure is logged once.
+/// (chosen by the decider, written by the effects). `retries` remembers the pods settled and
+/// the failed ones: a failure is logged at its first try and every tenth, and tried again
+/// after its pause (the caller adds [`Retries::due`] to `pods`).
 pub async fn annotate(
     svc: &Service,
     pods: Vec<Arc<PodFacts>>,
     view: &ClusterView,
     schedulers: &[String],
-    tried: &mut HashSet<Arc<str>>,
+    retries: &mut Retries,
 ) {
     if schedulers.is_empty() {
         return;
@@ -26,40 +97,83 @@ pub async fn annotate(
     let Some(ops) = svc.effects() else {
         return;
     };
-    if tried.len() > 100_000 {
-        tried.clear();
-    }
     for pod in pods {
         let (Some(node), Some(scheduler)) = (&pod.node, &pod.scheduler) else {
             continue;
         };
         let key = &pod.key;
         // A choice made for another node is no choice here.
-        if pod.finished
-            || pod.annotated()
-            || !schedulers.contains(scheduler)
-            || view.reported(key)
-            || tried.contains(&**key)
-        {
+        if pod.finished || pod.annotated() || view.reported(key) {
+            retries.forget(key);
             continue;
         }
-        tried.insert(Arc::clone(key));
+        let now = Instant::now();
+        if !schedulers.contains(scheduler) || !retries.wanted(key, now) {
+            continue;
+        }
         let (ns, name) = key.split_once('/').unwrap_or(("default", key));
-        let whole = match ops.pod(ns, name).await {
-            Ok(p) => p,
-            Err(e) => {
-                tracing::warn!(pod = %key, error = %e, "reading a pod bound by {scheduler}");
-                continue;
-            }
+        let tried = match ops.pod(ns, name).await {
+            Ok(whole) => svc
+                .assign_bound(&whole, node)
+                .await
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(format!("reading the pod: {e}")),
         };
-        match svc.assign_bound(&whole, node).await {
+        match tried {
             Ok(Some(c)) => {
+                retries.settle(key);
                 tracing::info!(pod = %key, node = %node, devices = ?c.devices, "annotated a pod bound by {scheduler}")
             }
-            Ok(None) => {}
-            Err(e) => {
-                tracing::warn!(pod = %key, node = %node, error = %e, "cannot give devices to a bound pod")
+            Ok(None) => retries.settle(key),
+            Err(error) => {
+                let tries = retries.fail(key, now);
+                if tries % 10 == 1 {
+                    tracing::warn!(pod = %key, node = %node, tries, %error, "cannot give devices to a bound pod yet; trying again");
+                }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn a_failed_pod_pauses_twice_as_long_each_time_up_to_the_cap() {
+        let mut r = Retries::default();
+        let key: Arc<str> = Arc::from("default/p");
+        let t0 = Instant::now();
+        assert!(r.wanted(&key, t0));
+        let mut at = t0;
+        let mut pauses = vec![];
+        for _ in 0..9 {
+            r.fail(&key, at);
+            let next = r.failed[&key].next;
+            assert!(!r.wanted(&key, next - Duration::from_millis(1)));
+            assert!(r.wanted(&key, next));
+            assert_eq!(r.due(next), vec![Arc::clone(&key)]);
+            assert!(r.due(next - Duration::from_millis(1)).is_empty());
+            pauses.push((next - at).as_secs());
+            at = next;
+        }
+        assert_eq!(pauses, [1, 2, 4, 8, 16, 32, 60, 60, 60]);
+        // Settled: never wanted again, nothing due.
+        r.settle(&key);
+        assert!(!r.wanted(&key, at + MAX_PAUSE));
+        assert!(r.due(at + MAX_PAUSE).is_empty());
+    }
+
+    #[test]
+    fn a_forgotten_pod_is_wanted_at_once() {
+        let mut r = Retries::default();
+        let key: Arc<str> = Arc::from("default/p");
+        let t0 = Instant::now();
+        r.fail(&key, t0);
+        assert!(!r.wanted(&key, t0));
+        r.forget(&key);
+        assert!(r.wanted(&key, t0));
+        assert!(r.due(t0 + MAX_PAUSE).is_empty());
     }
 }
