@@ -317,11 +317,17 @@ async fn batch_resources_follow_load_pressure_taints_and_evicts_offline_pods() {
         metric("fumarole_colocation_evictions_total{reason=\"pressure\"}").await,
         2.0
     );
-    assert_eq!(metric("fumarole_colocation_evicting").await, 1.0);
-    assert_eq!(
-        metric("fumarole_colocation_pressure{resource=\"cpu\"}").await,
-        1.0
-    );
+    // Gauges of the present: the burners share the CPUs with whatever else runs on the
+    // machine, so a round may measure less than the watermark; pressure shows within a few.
+    until(
+        "the evicting and CPU pressure gauges at 1",
+        30,
+        async || {
+            metric("fumarole_colocation_evicting").await == 1.0
+                && metric("fumarole_colocation_pressure{resource=\"cpu\"}").await == 1.0
+        },
+    )
+    .await;
     assert!(metric("fumarole_colocation_batch_cpu_millicores").await > 0.0);
     // The two dashboard metrics that need a measured node (deployment.rs checks the rest).
     assert!(metric("fumarole_colocation_usage_percent{resource=\"cpu\"}").await > 0.0);

@@ -20,7 +20,7 @@ fumarole_engine *fumarole_engine_over_snapshot(const uint8_t *dir, size_t dir_le
                                                char **error);
 int fumarole_engine_notes(const fumarole_engine *engine, char **out);
 int fumarole_task_evaluate(const fumarole_engine *engine, const uint8_t *pod, size_t len,
-                           char **out);
+                           uint64_t known_generation, char **out);
 int fumarole_task_allocate(const fumarole_engine *engine, const uint8_t *pod, size_t len,
                            const uint8_t *node, size_t node_len, char **error);
 int fumarole_task_deallocate(const fumarole_engine *engine, const uint8_t *pod, size_t len,

@@ -117,43 +117,47 @@ impl Engine {
     }
 
     /// Judges `pod` on every node of the view at once (a unit's pod first gets its super-node
-    /// planned): the scheduler then answers its per-node questions from the result.
-    pub fn evaluate(&self, pod: &Pod) -> Result<Evaluation> {
+    /// planned): the scheduler then answers its per-node questions from the result. The
+    /// verdicts come in the view's node order, named by its generation
+    /// ([`ClusterView::names_generation`]); the node names come too when the caller's
+    /// `known_generation` is another, so a caller keeps one table of positions for as long as
+    /// the nodes stay the same instead of a map per task.
+    pub fn evaluate(&self, pod: &Pod, known_generation: u64) -> Result<Evaluation> {
         let decider = self.svc.decider();
-        let view = decider.view();
-        let names: Vec<&str> = view.nodes().map(|n| n.name.as_str()).collect();
         // The scheduler's own cache holds the pod: it is real, so its unit's plan reserves.
-        let verdicts =
-            match decider.evaluate_from(pod, &names, Asker::VolcanoPlugin, PodSource::Known) {
+        let (view, verdicts) =
+            match decider.evaluate_everywhere(pod, Asker::VolcanoPlugin, PodSource::Known) {
                 Ok(v) => v,
                 Err(RequestError::NoAccelerator { .. }) => return Ok(Evaluation::NotOurs),
                 // Every request error names the pod already.
                 Err(e) => return Err(anyhow!("{e}")),
             };
+        let generation = view.names_generation();
         let weight = decider.scorer().weight;
+        let mut out = String::with_capacity(verdicts.len() * 16);
+        let _ = writeln!(out, "G\t{generation}");
+        if generation != known_generation {
+            for nv in view.nodes() {
+                let _ = writeln!(out, "N\t{}", nv.name);
+            }
+        }
         // Reasons are formatted once per run of nodes with the same one (a unit's plan gives
         // every node of a super-node the same reason): formatting dominated the call.
-        let mut reasons = String::new();
         let mut reason_count = 0usize;
         let mut last: Option<&Unfit> = None;
-        let mut lines = String::with_capacity(verdicts.len() * 32);
+        let mut lines = String::with_capacity(verdicts.len() * 8);
+        // `verdicts` follow the view's nodes, one each.
         for (v, nv) in verdicts.iter().zip(view.nodes()) {
             let (code, reason) = match &v.unfit {
                 None => (Code::Fits, None),
                 Some(unfit) => {
                     if last != Some(unfit) {
                         let text = unfit.to_string().replace(['\t', '\n'], " ");
-                        let _ = writeln!(reasons, "R\t{text}");
+                        let _ = writeln!(out, "R\t{text}");
                         reason_count += 1;
                         last = Some(unfit);
                     }
-                    // `names` came from this view's nodes, in order, and so did `verdicts`.
-                    let has_topology = if nv.name == v.node {
-                        nv.has_topology
-                    } else {
-                        view.node(&v.node).is_some_and(|n| n.has_topology)
-                    };
-                    let code = if has_topology {
+                    let code = if nv.has_topology {
                         Code::Unschedulable
                     } else {
                         Code::Unresolvable
@@ -161,15 +165,16 @@ impl Engine {
                     (code, Some(reason_count - 1))
                 }
             };
-            let score = v.raw.map_or(0.0, |raw| scale::volcano(raw, weight));
             // Writing to a String cannot fail.
-            let _ = match reason {
-                Some(r) => writeln!(lines, "{}\t{}\t{score}\t{r}", v.node, code as u8),
-                None => writeln!(lines, "{}\t{}\t{score}\t", v.node, code as u8),
+            let _ = match (reason, v.raw) {
+                (Some(r), _) => writeln!(lines, "{}\t0\t{r}", code as u8),
+                (None, Some(raw)) => {
+                    writeln!(lines, "{}\t{}\t", code as u8, scale::volcano(raw, weight))
+                }
+                (None, None) => writeln!(lines, "{}\t0\t", code as u8),
             };
         }
-        reasons.push_str(&lines);
-        let out = reasons;
+        out.push_str(&lines);
         Ok(Evaluation::Verdicts(out))
     }
 

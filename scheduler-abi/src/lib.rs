@@ -98,11 +98,12 @@ pub unsafe extern "C" fn fumarole_engine_notes(
     }
 }
 
-/// Judges the pod (JSON) on every node: [`FUMAROLE_OK`] with, in `*out`, the distinct
-/// reasons (`R TAB text` lines) and then one line per node (`name TAB code TAB score TAB
-/// reason`; code 0 fits, 2 unschedulable, 3 unresolvable; reason the index of an `R` line, empty
-/// where the node fits), or [`FUMAROLE_NOT_OURS`], or [`FUMAROLE_ERROR`] with why the pod's
-/// request is unusable.
+/// Judges the pod (JSON) on every node: [`FUMAROLE_OK`] with, in `*out`, lines separated by
+/// TABs: `G generation` (names the view's node order); when `known_generation` is another,
+/// `N name` for every node in that order; the distinct reasons (`R text`); then one line per
+/// node in that order (`code score reason`: code 0 fits, 2 unschedulable, 3 unresolvable;
+/// reason the index of an `R` line, empty where the node fits). Or [`FUMAROLE_NOT_OURS`], or
+/// [`FUMAROLE_ERROR`] with why the pod's request is unusable. Pass 0 to always get the names.
 ///
 /// # Safety
 /// `engine` is live; `pod` points to `len` readable bytes; `out` is writable.
@@ -111,13 +112,14 @@ pub unsafe extern "C" fn fumarole_task_evaluate(
     engine: *const Engine,
     pod: *const u8,
     len: usize,
+    known_generation: u64,
     out: *mut *mut c_char,
 ) -> c_int {
     // SAFETY: the caller's contract, passed on.
     unsafe {
         edge(out, || {
             let engine = engine_ref(engine)?;
-            match engine.evaluate(&parse_pod(pod, len)?)? {
+            match engine.evaluate(&parse_pod(pod, len)?, known_generation)? {
                 Evaluation::NotOurs => Ok((FUMAROLE_NOT_OURS, None)),
                 Evaluation::Verdicts(lines) => Ok((FUMAROLE_OK, Some(lines))),
             }

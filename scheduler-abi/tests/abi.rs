@@ -49,32 +49,76 @@ fn pod(name: &str, gpus: u32) -> Vec<u8> {
 }
 
 fn evaluate(e: *mut Engine, pod: &[u8]) -> (i32, String) {
+    evaluate_knowing(e, pod, 0)
+}
+
+fn evaluate_knowing(e: *mut Engine, pod: &[u8], known_generation: u64) -> (i32, String) {
     let mut out = std::ptr::null_mut();
-    let code = unsafe { fumarole_task_evaluate(e, pod.as_ptr(), pod.len(), &mut out) };
+    let code =
+        unsafe { fumarole_task_evaluate(e, pod.as_ptr(), pod.len(), known_generation, &mut out) };
     (code, take(out))
 }
 
-/// `name -> (code, score, reason)` from an evaluation's lines.
-fn lines(text: &str) -> std::collections::BTreeMap<String, (u8, f64, String)> {
+/// An evaluation's parts: the generation, the node names (if sent), and per node in order
+/// `(code, score, reason)`.
+struct Answer {
+    generation: u64,
+    names: Vec<String>,
+    verdicts: Vec<(u8, f64, String)>,
+}
+
+fn parse(text: &str) -> Answer {
+    let mut a = Answer {
+        generation: 0,
+        names: vec![],
+        verdicts: vec![],
+    };
     let mut reasons = Vec::new();
-    let mut nodes = std::collections::BTreeMap::new();
     for l in text.lines() {
-        if let Some(reason) = l.strip_prefix("R\t") {
+        if let Some(g) = l.strip_prefix("G\t") {
+            a.generation = g.parse().unwrap();
+        } else if let Some(name) = l.strip_prefix("N\t") {
+            a.names.push(name.to_string());
+        } else if let Some(reason) = l.strip_prefix("R\t") {
             reasons.push(reason.to_string());
-            continue;
+        } else {
+            let f: Vec<&str> = l.splitn(3, '\t').collect();
+            assert_eq!(f.len(), 3, "{l:?}");
+            let reason = match f[2] {
+                "" => String::new(),
+                i => reasons[i.parse::<usize>().unwrap()].clone(),
+            };
+            a.verdicts
+                .push((f[0].parse().unwrap(), f[1].parse().unwrap(), reason));
         }
-        let f: Vec<&str> = l.splitn(4, '\t').collect();
-        assert_eq!(f.len(), 4, "{l:?}");
-        let reason = match f[3] {
-            "" => String::new(),
-            i => reasons[i.parse::<usize>().unwrap()].clone(),
-        };
-        nodes.insert(
-            f[0].to_string(),
-            (f[1].parse().unwrap(), f[2].parse().unwrap(), reason),
-        );
     }
-    nodes
+    a
+}
+
+/// `name -> (code, score, reason)` from an evaluation that sent the names.
+fn lines(text: &str) -> std::collections::BTreeMap<String, (u8, f64, String)> {
+    let a = parse(text);
+    assert!(a.generation > 0, "{text}");
+    assert_eq!(a.names.len(), a.verdicts.len(), "{text}");
+    a.names.into_iter().zip(a.verdicts).collect()
+}
+
+#[test]
+fn node_names_come_only_when_the_caller_does_not_know_the_order() {
+    let e = engine();
+    let (_, text) = evaluate(e, &pod("four", 4));
+    let first = parse(&text);
+    assert_eq!(first.names, ["cpu-0", "dgx-a", "dgx-b", "pcie-a"], "{text}");
+    // Knowing this generation: verdicts only, in the same order, the same ones.
+    let (_, text) = evaluate_knowing(e, &pod("four", 4), first.generation);
+    let again = parse(&text);
+    assert_eq!(again.generation, first.generation);
+    assert!(again.names.is_empty(), "{text}");
+    assert_eq!(again.verdicts, first.verdicts);
+    // Knowing another: the names again.
+    let (_, text) = evaluate_knowing(e, &pod("four", 4), first.generation + 1);
+    assert_eq!(parse(&text).names, first.names);
+    unsafe { fumarole_engine_free(e) };
 }
 
 #[test]
@@ -180,7 +224,7 @@ fn bad_input_is_an_error_with_a_message_never_a_crash() {
     assert_eq!(code, FUMAROLE_ERROR);
     assert!(text.contains("NULL"), "{text}");
     let mut out = std::ptr::null_mut();
-    let code = unsafe { fumarole_task_evaluate(e, std::ptr::null(), 10, &mut out) };
+    let code = unsafe { fumarole_task_evaluate(e, std::ptr::null(), 10, 0, &mut out) };
     assert_eq!(code, FUMAROLE_ERROR);
     assert!(take(out).contains("NULL"));
     unsafe { fumarole_engine_free(e) };

@@ -14,6 +14,7 @@ import "C"
 import (
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"unsafe"
 )
 
@@ -31,6 +32,9 @@ var ErrNotOurs = errors.New("the task asks for no device fumarole serves")
 // Engine is fumarole's decision core, started once per scheduler process.
 type Engine struct {
 	ptr *C.fumarole_engine
+	// The core's node order as last learnt: kept across tasks and sessions until the core's
+	// nodes change, so a task costs slices, not a map of every node.
+	nodes atomic.Pointer[nodeTable]
 }
 
 // StartEngine starts the core from its JSON configuration (watches and first view).
@@ -61,10 +65,11 @@ func (e *Engine) Notes() string {
 	return take(out)
 }
 
-// Evaluate judges the pod (JSON) on every node: one line per node.
-func (e *Engine) Evaluate(pod []byte) (string, error) {
+// Evaluate judges the pod (JSON) on every node, in the core's node order; the node names come
+// only when knownGeneration is not that order's generation (see fumarole_task_evaluate).
+func (e *Engine) Evaluate(pod []byte, knownGeneration uint64) (string, error) {
 	var out *C.char
-	code := C.fumarole_task_evaluate(e.ptr, bytesPtr(pod), C.size_t(len(pod)), &out)
+	code := C.fumarole_task_evaluate(e.ptr, bytesPtr(pod), C.size_t(len(pod)), C.uint64_t(knownGeneration), &out)
 	return answer(code, take(out))
 }
 

@@ -207,13 +207,39 @@ type plugin struct {
 type judged struct {
 	notOurs bool
 	err     error
-	nodes   map[string]verdict
+	// The node order the verdicts follow, and per node: code, score and reason (an index
+	// into reasons, -1 for none).
+	table   *nodeTable
+	codes   []uint8
+	scores  []float64
+	reason  []int32
+	reasons []string
 }
 
+// nodeTable is the core's node order (one generation of it): node name -> position.
+type nodeTable struct {
+	generation uint64
+	index      map[string]int32
+}
+
+// verdict is one node's answer, as Predicate and BatchNodeOrder read it.
 type verdict struct {
 	code   int
 	score  float64
 	reason string
+}
+
+// on is the verdict for node, false when the core's view lacks it.
+func (j *judged) on(node string) (verdict, bool) {
+	i, ok := j.table.index[node]
+	if !ok || int(i) >= len(j.codes) {
+		return verdict{}, false
+	}
+	v := verdict{code: int(j.codes[i]), score: j.scores[i]}
+	if r := j.reason[i]; r >= 0 && int(r) < len(j.reasons) {
+		v.reason = j.reasons[r]
+	}
+	return v, true
 }
 
 func (p *plugin) Name() string { return p.name }
@@ -312,7 +338,12 @@ func (p *plugin) evaluate(task *api.TaskInfo) *judged {
 	if err != nil {
 		return &judged{err: fmt.Errorf("fumarole: encoding pod %s/%s: %v", task.Namespace, task.Name, err)}
 	}
-	lines, err := p.engine.Evaluate(pod)
+	var known uint64
+	table := p.engine.nodes.Load()
+	if table != nil {
+		known = table.generation
+	}
+	text, err := p.engine.Evaluate(pod, known)
 	if err == ErrNotOurs {
 		return &judged{notOurs: true}
 	}
@@ -320,14 +351,24 @@ func (p *plugin) evaluate(task *api.TaskInfo) *judged {
 		logRefusal(task, err)
 		return &judged{err: err}
 	}
-	return &judged{nodes: parseVerdicts(lines)}
+	j, learnt := parseVerdicts(text, table)
+	if learnt != table {
+		p.engine.nodes.Store(learnt)
+	}
+	return j
 }
 
-// parseVerdicts reads the core's answer (fumarole_task_evaluate): the distinct reasons
-// ("R<TAB>text"), then "name<TAB>code<TAB>score<TAB>reason index" per node.
-func parseVerdicts(text string) map[string]verdict {
-	nodes := make(map[string]verdict, strings.Count(text, "\n"))
-	var reasons []string
+// parseVerdicts reads the core's answer (fumarole_task_evaluate): "G<TAB>generation"; the node
+// names ("N<TAB>name") when the generation is not known's; the distinct reasons
+// ("R<TAB>text"); then "code<TAB>score<TAB>reason index" per node in that order. It answers the
+// verdicts and the node table they follow (known, or the one the names make).
+func parseVerdicts(text string, known *nodeTable) (*judged, *nodeTable) {
+	j := &judged{table: known}
+	var names []string
+	n := strings.Count(text, "\n")
+	j.codes = make([]uint8, 0, n)
+	j.scores = make([]float64, 0, n)
+	j.reason = make([]int32, 0, n)
 	for len(text) > 0 {
 		line := text
 		if i := strings.IndexByte(text, '\n'); i >= 0 {
@@ -335,26 +376,46 @@ func parseVerdicts(text string) map[string]verdict {
 		} else {
 			text = ""
 		}
-		if strings.HasPrefix(line, "R\t") {
-			reasons = append(reasons, line[2:])
+		switch {
+		case strings.HasPrefix(line, "G\t"):
+			g, _ := strconv.ParseUint(line[2:], 10, 64)
+			if known == nil || known.generation != g {
+				j.table = &nodeTable{generation: g}
+			}
+			continue
+		case strings.HasPrefix(line, "N\t"):
+			names = append(names, line[2:])
+			continue
+		case strings.HasPrefix(line, "R\t"):
+			j.reasons = append(j.reasons, line[2:])
 			continue
 		}
 		// Cut by hand: SplitN's slice per line was most of reading 5,000 lines.
-		name, rest, ok1 := strings.Cut(line, "\t")
-		codeText, rest, ok2 := strings.Cut(rest, "\t")
-		scoreText, reasonText, ok3 := strings.Cut(rest, "\t")
-		if !ok1 || !ok2 || !ok3 {
+		codeText, rest, ok1 := strings.Cut(line, "\t")
+		scoreText, reasonText, ok2 := strings.Cut(rest, "\t")
+		if !ok1 || !ok2 {
 			continue
 		}
-		var v verdict
-		v.code, _ = strconv.Atoi(codeText)
-		v.score, _ = strconv.ParseFloat(scoreText, 64)
-		if i, err := strconv.Atoi(reasonText); err == nil && i >= 0 && i < len(reasons) {
-			v.reason = reasons[i]
+		code, _ := strconv.Atoi(codeText)
+		score, _ := strconv.ParseFloat(scoreText, 64)
+		reason := int32(-1)
+		if r, err := strconv.Atoi(reasonText); err == nil {
+			reason = int32(r)
 		}
-		nodes[name] = v
+		j.codes = append(j.codes, uint8(code))
+		j.scores = append(j.scores, score)
+		j.reason = append(j.reason, reason)
 	}
-	return nodes
+	if j.table == nil {
+		j.table = &nodeTable{}
+	}
+	if j.table != known && j.table.index == nil {
+		j.table.index = make(map[string]int32, len(names))
+		for i, name := range names {
+			j.table.index[name] = int32(i)
+		}
+	}
+	return j, j.table
 }
 
 // refusals holds the last error logged per task: Volcano reports a PrePredicate error on the
@@ -391,7 +452,7 @@ func (p *plugin) predicate(task *api.TaskInfo, node *api.NodeInfo) error {
 	case j.notOurs:
 		return nil
 	}
-	v, ok := j.nodes[node.Name]
+	v, ok := j.on(node.Name)
 	if !ok {
 		return api.NewFitErrWithStatus(task, node, &api.Status{
 			Code: api.Unschedulable, Reason: "node not in fumarole's view yet", Plugin: p.name,
@@ -418,7 +479,8 @@ func (p *plugin) nodeOrder(task *api.TaskInfo, nodes []*api.NodeInfo) (map[strin
 	}
 	scores := make(map[string]float64, len(nodes))
 	for _, n := range nodes {
-		scores[n.Name] = j.nodes[n.Name].score
+		v, _ := j.on(n.Name)
+		scores[n.Name] = v.score
 	}
 	return scores, nil
 }

@@ -83,16 +83,43 @@ func TestArgumentsAsYAMLGivesThemReachTheCoreAsJSON(t *testing.T) {
 	}
 }
 
-// The core's answer: distinct reasons first, then a line per node naming one by index.
-func TestVerdictsAreReadWithTheirReasons(t *testing.T) {
-	got := parseVerdicts("R\tneeds 4 nvidia.com/gpu, 3 free\nR\tnode publishes no DeviceTopology\n" +
-		"dgx-a\t0\t150.5\t\npcie-a\t2\t0\t0\ncpu-0\t3\t0\t1\nbroken line\n")
+// The core's answer: the generation, the names when the caller's table is another, the distinct
+// reasons, then a line per node in that order naming a reason by index.
+func TestVerdictsAreReadWithTheirReasonsAndTheNodeOrder(t *testing.T) {
+	first := "G\t7\nN\tcpu-0\nN\tdgx-a\nN\tpcie-a\n" +
+		"R\tnode publishes no DeviceTopology\nR\tneeds 4 nvidia.com/gpu, 3 free\n" +
+		"3\t0\t0\n0\t150.5\t\n2\t0\t1\nbroken line\n"
+	j, table := parseVerdicts(first, nil)
+	if table.generation != 7 || len(table.index) != 3 {
+		t.Fatalf("table = %+v", table)
+	}
 	want := map[string]verdict{
 		"dgx-a":  {code: 0, score: 150.5},
 		"pcie-a": {code: 2, reason: "needs 4 nvidia.com/gpu, 3 free"},
 		"cpu-0":  {code: 3, reason: "node publishes no DeviceTopology"},
 	}
-	if !reflect.DeepEqual(got, want) {
-		t.Fatalf("parseVerdicts = %v, want %v", got, want)
+	check := func(j *judged) {
+		t.Helper()
+		for name, w := range want {
+			if got, ok := j.on(name); !ok || !reflect.DeepEqual(got, w) {
+				t.Fatalf("%s: got %+v (%v), want %+v", name, got, ok, w)
+			}
+		}
+		if _, ok := j.on("elsewhere"); ok {
+			t.Fatal("a node the core does not know has no verdict")
+		}
+	}
+	check(j)
+	// The same generation again, without names: the known table is kept and used.
+	again, kept := parseVerdicts("G\t7\nR\tnode publishes no DeviceTopology\n"+
+		"R\tneeds 4 nvidia.com/gpu, 3 free\n3\t0\t0\n0\t150.5\t\n2\t0\t1\n", table)
+	if kept != table {
+		t.Fatal("a known generation must keep its table")
+	}
+	check(again)
+	// Another generation: a new table from the names sent.
+	_, next := parseVerdicts("G\t8\nN\tdgx-a\n0\t1\t\n", table)
+	if next == table || next.generation != 8 || next.index["dgx-a"] != 0 || len(next.index) != 1 {
+		t.Fatalf("next = %+v", next)
 	}
 }

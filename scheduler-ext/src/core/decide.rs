@@ -34,11 +34,31 @@ pub fn plan(
 /// emptier super-nodes stay whole for the units that need them (the Ascend rule "prefer the
 /// super-pod with fewer nodes left").
 pub fn judge<'a>(
-    c: Cluster<'_>,
+    c: Cluster<'a>,
     scoring: &Scoring,
     req: &PodRequest,
     planned: Option<&str>,
     nodes: impl IntoIterator<Item = &'a str>,
+) -> Vec<NodeVerdict> {
+    let view = c.view;
+    judge_nodes(
+        c,
+        scoring,
+        req,
+        planned,
+        // One lookup per node: every request names thousands.
+        nodes.into_iter().map(|name| (name, view.node(name))),
+    )
+}
+
+/// [`judge`] over nodes already looked up (`None`: not in the view), such as every node of the
+/// view in its own order, which needs no lookup at all.
+pub fn judge_nodes<'a>(
+    c: Cluster<'a>,
+    scoring: &Scoring,
+    req: &PodRequest,
+    planned: Option<&str>,
+    nodes: impl IntoIterator<Item = (&'a str, Option<&'a crate::core::view::NodeView>)>,
 ) -> Vec<NodeVerdict> {
     let member = req.unit.as_ref().zip(planned);
     let checker = Checker::new(c, member, &req.devices.resource);
@@ -48,9 +68,8 @@ pub fn judge<'a>(
     let mut scores = scoring.for_request();
     nodes
         .into_iter()
-        .map(|name| {
-            // One lookup per node: every request names thousands.
-            let Some(nv) = c.view.node(name) else {
+        .map(|(name, nv)| {
+            let Some(nv) = nv else {
                 return NodeVerdict::filtered(name, Unfit::UnknownNode);
             };
             let mut v = gpu_aware.node_view(&c, name, nv, req, &mut memo);

@@ -478,7 +478,12 @@ struct NameIndex {
     text: String,
     table: hashbrown::HashTable<NameEntry>,
     hasher: foldhash::fast::RandomState,
+    /// Different for each index made in this process (see [`ClusterView::names_generation`]).
+    generation: u64,
 }
+
+/// The last [`NameIndex::generation`] handed out.
+static NAME_GENERATIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Where a name sits in [`NameIndex::text`], and its position.
 #[derive(Clone, Copy, Debug)]
@@ -522,6 +527,7 @@ impl NameIndex {
             text,
             table,
             hasher,
+            generation: NAME_GENERATIONS.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1,
         }
     }
 
@@ -910,6 +916,13 @@ impl ClusterView {
     /// The node called `name`.
     pub fn node(&self, name: &str) -> Option<&NodeView> {
         self.index.get(name).and_then(|i| self.nodes.get(i))
+    }
+
+    /// Names the order of [`Self::nodes`]: views with the same generation list the same nodes
+    /// in the same order (an update that adds, removes or renames none keeps it), so a caller
+    /// may keep a table of positions across views and calls. Never 0.
+    pub fn names_generation(&self) -> u64 {
+        self.index.generation.max(1)
     }
 
     /// All nodes, by name.

@@ -261,13 +261,56 @@ impl Decider {
         let view = self.view();
         let req = pod_request_in(pod, &view.resources(), view.jobs(), view.claims())?;
         let reserve = source == PodSource::Known;
-        // Only a unit's pod plans, so only it asks whether plans may lapse (a lock).
-        let (plan_among_nodes, lapse) = match asker {
-            Asker::KubeScheduler => (true, true),
-            Asker::Volcano => (false, req.unit.is_some() && self.allocate_clock.fresh()),
-            Asker::VolcanoPlugin => (false, req.unit.is_some()),
-        };
+        let plan_among_nodes = asker == Asker::KubeScheduler;
+        let lapse = self.may_lapse(asker, &req);
         Ok(self.evaluate_request(&view, &req, nodes, plan_among_nodes, reserve, lapse))
+    }
+
+    /// Whether `asker`'s call may let `req`'s unit's plan lapse (see
+    /// [`crate::core::placement::ensure_plan`]). Only a unit's pod plans, so only it asks the
+    /// allocate clock (a lock).
+    fn may_lapse(&self, asker: Asker, req: &PodRequest) -> bool {
+        match asker {
+            Asker::KubeScheduler => true,
+            Asker::Volcano => req.unit.is_some() && self.allocate_clock.fresh(),
+            Asker::VolcanoPlugin => req.unit.is_some(),
+        }
+    }
+
+    /// [`Self::evaluate_from`] on every node of the current view, in the view's order (no
+    /// node looked up by name), with that view: its [`ClusterView::names_generation`] names the
+    /// order of the verdicts.
+    pub fn evaluate_everywhere(
+        &self,
+        pod: &Pod,
+        asker: Asker,
+        source: PodSource,
+    ) -> Result<(Arc<ClusterView>, Vec<NodeVerdict>), RequestError> {
+        let view = self.view();
+        let req = pod_request_in(pod, &view.resources(), view.jobs(), view.claims())?;
+        let reserve = source == PodSource::Known;
+        let lapse = self.may_lapse(asker, &req);
+        // Every node is a candidate, so the plan needs no candidate set.
+        let now = Instant::now();
+        let planned = match self.plan_for(&view, &req, None, reserve, lapse, now) {
+            Ok(p) => p,
+            Err(e) => {
+                let verdicts = view
+                    .nodes()
+                    .map(|n| NodeVerdict::filtered(&n.name, Unfit::Placement(e.clone())))
+                    .collect();
+                return Ok((view, verdicts));
+            }
+        };
+        let ledger = self.ledger();
+        let verdicts = decide::judge_nodes(
+            Cluster::new(&view, &ledger, now),
+            &self.settings.scorer,
+            &req,
+            planned.as_deref(),
+            view.nodes().map(|n| (n.name.as_str(), Some(n))),
+        );
+        Ok((view, verdicts))
     }
 
     /// Notes a call of Volcano's `allocateFunc` ([`Asker::Volcano`]).
@@ -298,36 +341,16 @@ impl Decider {
         lapse: bool,
     ) -> Vec<NodeVerdict> {
         let now = Instant::now();
-        let planned = if req.unit.is_some() {
-            let candidates: Option<HashSet<&str>> =
-                plan_among_nodes.then(|| nodes.iter().map(AsRef::as_ref).collect());
-            let mut shared = self.ledger_mut();
-            let mut scratch;
-            let ledger: &mut Ledger = if reserve {
-                &mut shared
-            } else {
-                scratch = shared.clone();
-                drop(shared);
-                &mut scratch
-            };
-            let inputs = PlanInputs {
-                candidates: candidates.as_ref(),
-                super_pods: self.settings.super_pods,
-                now,
-                ttl: self.settings.reservation_ttl,
-                lapse,
-            };
-            match decide::plan(view, ledger, req, inputs) {
-                Ok(p) => p,
-                Err(e) => {
-                    return nodes
-                        .iter()
-                        .map(|n| NodeVerdict::filtered(n.as_ref(), Unfit::Placement(e.clone())))
-                        .collect();
-                }
+        let candidates: Option<HashSet<&str>> = (plan_among_nodes && req.unit.is_some())
+            .then(|| nodes.iter().map(AsRef::as_ref).collect());
+        let planned = match self.plan_for(view, req, candidates.as_ref(), reserve, lapse, now) {
+            Ok(p) => p,
+            Err(e) => {
+                return nodes
+                    .iter()
+                    .map(|n| NodeVerdict::filtered(n.as_ref(), Unfit::Placement(e.clone())))
+                    .collect();
             }
-        } else {
-            None
         };
         let ledger = self.ledger();
         decide::judge(
@@ -337,6 +360,40 @@ impl Decider {
             planned.as_deref(),
             nodes.iter().map(AsRef::as_ref),
         )
+    }
+
+    /// The super-node of `req`'s unit (`None` outside any unit), planned among `candidates`
+    /// (`None`: every node) when it has none yet. With `reserve` false the plan is made on a
+    /// copy of the ledger, so it reserves nothing.
+    fn plan_for(
+        &self,
+        view: &ClusterView,
+        req: &PodRequest,
+        candidates: Option<&HashSet<&str>>,
+        reserve: bool,
+        lapse: bool,
+        now: Instant,
+    ) -> Result<Option<String>, PlacementError> {
+        if req.unit.is_none() {
+            return Ok(None);
+        }
+        let mut shared = self.ledger_mut();
+        let mut scratch;
+        let ledger: &mut Ledger = if reserve {
+            &mut shared
+        } else {
+            scratch = shared.clone();
+            drop(shared);
+            &mut scratch
+        };
+        let inputs = PlanInputs {
+            candidates,
+            super_pods: self.settings.super_pods,
+            now,
+            ttl: self.settings.reservation_ttl,
+            lapse,
+        };
+        decide::plan(view, ledger, req, inputs)
     }
 
     /// True when `pod` uses a ResourceClaim asking for devices of fumarole's classes, allocated
