@@ -132,13 +132,23 @@ pub fn submission(i: usize, scheduler: Scheduler) -> Result<Submission> {
 /// given) on the master's template only, as MetaX's examples write it. The seed's own is 7
 /// workers, group 32.
 pub fn pytorch_demo(workers: u32, group: u32, atomic: Option<u32>) -> DynamicObject {
+    pytorch_demo_asking(GPU, workers, group, atomic)
+}
+
+/// [`pytorch_demo`] asking for `resource` (the seed's own asks for `metax-tech.com/gpu`).
+pub fn pytorch_demo_asking(
+    resource: &str,
+    workers: u32,
+    group: u32,
+    atomic: Option<u32>,
+) -> DynamicObject {
     let mut annotations = json!({"metax-tech.com/gpu-group-size": group.to_string()});
     if let Some(a) = atomic {
         annotations["metax-tech.com/atomic-gpu-group-size"] = json!(a.to_string());
     }
     let container = json!({
         "name": "pytorch", "image": "example.invalid/pytorch",
-        "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {GPU: "8"}}
+        "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {resource: "8"}}
     });
     let mut job = DynamicObject::new("pytorch-demo", &vcjob_resource()).within("default");
     job.data = json!({"spec": {

@@ -213,10 +213,15 @@ async fn job_lands_unit_by_unit_in_single_super_nodes(way: Way) {
 /// Three super-nodes of whole free 8-GPU nodes: rack-a (a0..a3) and rack-b (b0..b3) hold 32
 /// GPUs each, rack-c (c0..c2) 24: a 32-GPU unit fits rack-a or rack-b, never rack-c.
 fn free_racks() -> Vec<DeviceTopology> {
+    free_racks_of(|name, rack| common::dgx(name, 8, &[], Some(rack)))
+}
+
+/// [`free_racks`] of nodes made by `node(name, rack)`.
+fn free_racks_of(node: impl Fn(&str, &str) -> DeviceTopology) -> Vec<DeviceTopology> {
     let mut out = Vec::new();
     for (rack, prefix, n) in [("rack-a", "a", 4), ("rack-b", "b", 4), ("rack-c", "c", 3)] {
         for i in 0..n {
-            out.push(common::dgx(&format!("{prefix}{i}"), 8, &[], Some(rack)));
+            out.push(node(&format!("{prefix}{i}"), rack));
         }
     }
     out
@@ -227,16 +232,25 @@ fn free_racks() -> Vec<DeviceTopology> {
 /// master and workers 0-2) form unit 0, ranks 4-7 unit 1, and each lands whole in one
 /// super-node, with or without an atomic size of 16.
 async fn pytorch_demo_lands_unit_by_unit(way: Way, atomic: Option<u32>) {
-    let cluster = volcano_with(&free_racks(), way).await;
+    pytorch_demo_on(way, &free_racks(), chain::GPU, atomic).await;
+}
+
+/// [`pytorch_demo_lands_unit_by_unit`] on `nodes` (super-nodes as [`free_racks`]), the job
+/// asking for `resource`.
+async fn pytorch_demo_on(way: Way, nodes: &[DeviceTopology], resource: &str, atomic: Option<u32>) {
+    let cluster = volcano_with(nodes, way).await;
     let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(
         "batch.volcano.sh",
         "v1alpha1",
         "Job",
     ));
     let jobs: Api<DynamicObject> = Api::namespaced_with(cluster.client(), "default", &ar);
-    jobs.create(&PostParams::default(), &chain::pytorch_demo(7, 32, atomic))
-        .await
-        .unwrap();
+    jobs.create(
+        &PostParams::default(),
+        &chain::pytorch_demo_asking(resource, 7, 32, atomic),
+    )
+    .await
+    .unwrap();
     let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
     let names: Vec<String> = std::iter::once("pytorch-demo-master-0".to_string())
         .chain((0..7).map(|i| format!("pytorch-demo-worker-{i}")))
@@ -305,6 +319,14 @@ async fn plugin_pytorch_demo_master_annotation_places_the_whole_job() {
 #[tokio::test]
 async fn plugin_pytorch_demo_with_atomic_16_places_the_whole_job() {
     pytorch_demo_lands_unit_by_unit(Way::Plugin, Some(16)).await;
+}
+
+/// The seed's `pytorch-demo` as written, asking for `metax-tech.com/gpu`, over MetaX C500 nodes
+/// (as the agent publishes the `metax-c500-8` fixture) in the same super-nodes.
+#[tokio::test]
+async fn plugin_pytorch_demo_on_metax_gpus_places_the_whole_job() {
+    let metax = free_racks_of(|name, rack| common::metax(name, &[], Some(rack)));
+    pytorch_demo_on(Way::Plugin, &metax, "metax-tech.com/gpu", None).await;
 }
 
 #[tokio::test]

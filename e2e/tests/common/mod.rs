@@ -25,6 +25,31 @@ pub fn dgx(name: &str, gpus: u32, allocated: &[u32], rack: Option<&str>) -> Devi
     t
 }
 
+/// A MetaX C500 node as the agent publishes the `metax-c500-8` fixture: 8 GPUs `<name>-gpu<i>`
+/// in two MetaXLink groups (0-3 and 4-7, one per NUMA node) joined across the NUMA nodes, the
+/// listed ones allocated, in super-node `rack` if given.
+pub fn metax(name: &str, allocated: &[u32], rack: Option<&str>) -> DeviceTopology {
+    let mut t = dgx(name, 8, allocated, rack);
+    t.spec.model = "MetaX C500".into();
+    for d in &mut t.spec.devices {
+        d.vendor = "metax".into();
+    }
+    for l in &mut t.spec.links {
+        let within = (l.a < 4) == (l.b < 4);
+        l.kind = if within { "metaxLink" } else { "crossNuma" }.into();
+        l.weight = if within { 200 } else { 10 };
+    }
+    t
+}
+
+/// The extended resource a topology's accelerators are advertised as.
+pub fn resource_of(t: &DeviceTopology) -> &'static str {
+    match t.spec.devices.first().map(|d| d.vendor.as_str()) {
+        Some("metax") => "metax-tech.com/gpu",
+        _ => "nvidia.com/gpu",
+    }
+}
+
 /// Creates a Node for each topology (advertising all its GPUs, so only the extender tells
 /// free from used) and publishes the topology with its status.
 pub async fn publish(cluster: &TestCluster, topologies: &[DeviceTopology]) {
@@ -36,7 +61,7 @@ pub async fn publish(cluster: &TestCluster, topologies: &[DeviceTopology]) {
                 &NodeSpec::new(&name)
                     .capacity("cpu", "64")
                     .capacity("memory", "512Gi")
-                    .capacity("nvidia.com/gpu", &t.spec.accelerator_count.to_string()),
+                    .capacity(resource_of(t), &t.spec.accelerator_count.to_string()),
             )
             .await
             .unwrap();
