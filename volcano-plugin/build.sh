@@ -31,6 +31,9 @@ bin="$out/vc-scheduler-fumarole"
 cd volcano-plugin
 vc_version="$(awk '$1 == "require" && $2 == "volcano.sh/volcano" { print $3 }' go.mod)"
 main=./cmd/vc-scheduler
+# Code only one Volcano version compiles (its PreBinder, say) sits behind the build tag
+# volcano_v<major>_<minor> of the module that builds it.
+tags=""
 if [[ -n ${VOLCANO:-} && $VOLCANO != "$vc_version" ]]; then
   moddir="${VOLCANO%.*}"
   if [[ ! $VOLCANO =~ ^v[0-9]+\.[0-9]+\.[0-9]+$ || ! -f $moddir/go.mod ]]; then
@@ -45,9 +48,10 @@ if [[ -n ${VOLCANO:-} && $VOLCANO != "$vc_version" ]]; then
   fi
   main=.
   bin="$bin-$VOLCANO"
+  tags="volcano_${moddir//./_}"
 fi
 vpkg=volcano.sh/volcano/pkg/version
-CGO_ENABLED=1 CGO_LDFLAGS="-L$libdir" go build -buildvcs=false -trimpath \
+CGO_ENABLED=1 CGO_LDFLAGS="-L$libdir" go build -buildvcs=false -trimpath -tags "$tags" \
   -ldflags "-X $vpkg.GitSHA=$vc_version -X $vpkg.Version=$vc_version-fumarole" \
   -o "$bin.tmp" "$main"
 mv "$bin.tmp" "$bin"

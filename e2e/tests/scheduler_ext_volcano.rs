@@ -75,6 +75,74 @@ async fn four_gpu_pod_goes_where_it_fits_exactly(way: Way) {
     );
 }
 
+/// On Volcano v1.14 the plugin is a PreBinder: the core writes the pod's devices before Volcano
+/// binds it, so no version of the pod is bound without its choice (on v1.10 the choice is
+/// written in the background at allocation and may follow the bind).
+#[tokio::test]
+async fn plugin_on_volcano_1_14_binds_the_pod_with_its_devices_already_written() {
+    use futures::{StreamExt, TryStreamExt};
+    use kube::api::{WatchEvent, WatchParams};
+
+    let cluster = volcano_with(&common::two_dgx(), Way::PluginOnV1_14).await;
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    // Every version of the pod from its creation on.
+    let start = pods.list(&ListParams::default()).await.unwrap();
+    let version = start.metadata.resource_version.unwrap();
+    let mut events = pods
+        .watch(&WatchParams::default().timeout(120), &version)
+        .await
+        .unwrap()
+        .boxed();
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "four"},
+        "spec": {
+            "schedulerName": "volcano",
+            "containers": [{
+                "name": "c", "image": "example.invalid/none",
+                "resources": {"requests": {"cpu": "1", "memory": "1Gi"},
+                              "limits": {"nvidia.com/gpu": "4"}}
+            }]
+        }
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    let first_bound = tokio::time::timeout(Duration::from_secs(90), async {
+        while let Some(event) = events.try_next().await.unwrap() {
+            if let WatchEvent::Added(p) | WatchEvent::Modified(p) = event
+                && p.metadata.name.as_deref() == Some("four")
+                && p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some()
+            {
+                return Some(p);
+            }
+        }
+        None
+    })
+    .await;
+    let Ok(Some(bound)) = first_bound else {
+        panic!(
+            "four never bound\nvc-scheduler:\n{}",
+            cluster.log_tail("vc-scheduler", 60).unwrap_or_default()
+        );
+    };
+    assert_eq!(
+        common::devices_of(&bound),
+        Some(vec![
+            "dgx-a-gpu4".to_string(),
+            "dgx-a-gpu5".into(),
+            "dgx-a-gpu6".into(),
+            "dgx-a-gpu7".into()
+        ]),
+        "the first bound version of the pod must carry its devices: {:?}",
+        bound.metadata.annotations
+    );
+    let log = cluster.log_tail("vc-scheduler", 4000).unwrap();
+    assert!(
+        log.contains("device choices are written at PreBind"),
+        "vc-scheduler log:\n{log}"
+    );
+    assert_no_failed_calls(&cluster);
+}
+
 fn vcjob(name: &str, replicas: u32, group_size: u32) -> DynamicObject {
     let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(
         "batch.volcano.sh",

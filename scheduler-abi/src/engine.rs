@@ -7,9 +7,12 @@
 use std::fmt::Write as _;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
 use k8s_openapi::api::core::v1::Pod;
+use scheduler_ext::core::ledger::Commit;
 use scheduler_ext::core::request::{RequestError, pod_key};
 use scheduler_ext::core::verdict::Unfit;
 use scheduler_ext::core::view::ClusterView;
@@ -52,11 +55,14 @@ pub enum Code {
 pub enum Evaluation {
     /// The task asks for no device fumarole serves: every node passes, none scores.
     NotOurs,
-    /// First the distinct reasons, one line each (`R TAB text`), then one line per node of
-    /// the view: `name TAB code TAB score TAB reason`, the score on Volcano's scale (0..100
-    /// times `weight`), the reason the 0-based index of an `R` line, empty where the node fits.
+    /// The lines of [`crate::fumarole_task_evaluate`]'s answer: the view's generation, the node
+    /// names when asked, the distinct reasons, then `code TAB score TAB reason` per node in the
+    /// view's order, the score on Volcano's scale (0..100 times `weight`).
     Verdicts(String),
 }
+
+/// The longest a PreBind waits for the API server to take a device choice.
+const PREBIND_WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The decider, its runtime and the notes on the configuration.
 pub struct Engine {
@@ -64,6 +70,9 @@ pub struct Engine {
     /// `None` without an API server (tests and benches): no watches, no writes.
     runtime: Option<tokio::runtime::Runtime>,
     notes: Vec<String>,
+    /// The scheduler calls [`Engine::prebind`] before each bind (Volcano v1.14's PreBinder):
+    /// choices are written then, synchronously, not in the background at allocation.
+    at_prebind: AtomicBool,
 }
 
 impl Engine {
@@ -98,6 +107,7 @@ impl Engine {
             svc,
             runtime: Some(runtime),
             notes,
+            at_prebind: AtomicBool::new(false),
         })
     }
 
@@ -108,6 +118,7 @@ impl Engine {
             svc: Arc::new(Service::with_settings(view, settings)),
             runtime: None,
             notes,
+            at_prebind: AtomicBool::new(false),
         })
     }
 
@@ -179,25 +190,15 @@ impl Engine {
     }
 
     /// The scheduler allocated `pod` to `node`: records its devices in the ledger now, before
-    /// the next task is judged, and writes the choice on the pod in the background. Group
-    /// placement refuses nothing here: the scheduler places the pod there whatever its plugins
-    /// say, so it is recorded where it goes. `Ok(false)`: the pod asks for nothing of ours.
+    /// the next task is judged, and writes the choice on the pod in the background (unless
+    /// choices are written at PreBind). `Ok(false)`: the pod asks for nothing of ours.
     pub fn allocate(&self, pod: Pod, node: &str) -> Result<bool> {
-        let decider = self.svc.decider();
-        let commit = match decider.commit(&pod, node) {
-            Err(e) if e.is_placement() => {
-                tracing::warn!(pod = %pod_key(&pod), node, refusal = %e,
-                    "allocated against group placement: recorded where the scheduler put it");
-                decider.commit_bound(&pod, node)
-            }
-            other => other,
+        let Some(commit) = self.commit_where_placed(&pod, node)? else {
+            return Ok(false);
         };
-        let commit = match commit {
-            Ok(Some(c)) => c,
-            Ok(None) => return Ok(false),
-            Err(e) => return Err(anyhow!("{e}")),
-        };
-        if let Some(runtime) = &self.runtime {
+        if let Some(runtime) = &self.runtime
+            && !self.at_prebind.load(Ordering::Relaxed)
+        {
             let svc = Arc::clone(&self.svc);
             runtime.spawn(async move {
                 if let Err(e) = svc.write_choice(&pod, Some(commit)).await {
@@ -206,6 +207,49 @@ impl Engine {
             });
         }
         Ok(true)
+    }
+
+    /// From now on the scheduler calls [`Self::prebind`] before each bind, and allocations
+    /// write nothing themselves.
+    pub fn write_choices_at_prebind(&self) {
+        self.at_prebind.store(true, Ordering::Relaxed);
+    }
+
+    /// The scheduler is about to bind `pod` to `node`: its device choice (the one allocated, or
+    /// chosen now if the allocation is gone) is written on the pod before this returns, so the
+    /// pod is bound with it. `Err` (the API server refused or did not answer in time): the
+    /// scheduler must not bind. `Ok(false)`: the pod asks for nothing of ours.
+    pub fn prebind(&self, pod: &Pod, node: &str) -> Result<bool> {
+        let Some(commit) = self.commit_where_placed(pod, node)? else {
+            return Ok(false);
+        };
+        let Some(runtime) = &self.runtime else {
+            return Ok(true);
+        };
+        let write = self.svc.write_choice(pod, Some(commit));
+        match runtime.block_on(async { tokio::time::timeout(PREBIND_WRITE_TIMEOUT, write).await }) {
+            Ok(Ok(_)) => Ok(true),
+            Ok(Err(e)) => Err(anyhow!("writing the device choice: {e}")),
+            Err(_) => Err(anyhow!(
+                "writing the device choice: no answer from the API server in {PREBIND_WRITE_TIMEOUT:?}"
+            )),
+        }
+    }
+
+    /// The commit of `pod` on `node`: the one made already (committing again returns it), or
+    /// a new one. Group placement refuses nothing here: the scheduler places the pod there
+    /// whatever its plugins say, so it is recorded where it goes. `Ok(None)`: nothing of ours.
+    fn commit_where_placed(&self, pod: &Pod, node: &str) -> Result<Option<Commit>> {
+        let decider = self.svc.decider();
+        let commit = match decider.commit(pod, node) {
+            Err(e) if e.is_placement() => {
+                tracing::warn!(pod = %pod_key(pod), node, refusal = %e,
+                    "allocated against group placement: recorded where the scheduler put it");
+                decider.commit_bound(pod, node)
+            }
+            other => other,
+        };
+        commit.map_err(|e| anyhow!("{e}"))
     }
 
     /// The scheduler undid `pod`'s allocation: its devices go back to the free pool now, and

@@ -174,6 +174,51 @@ pub unsafe extern "C" fn fumarole_task_deallocate(
     }
 }
 
+/// The scheduler will call [`fumarole_task_prebind`] before each bind: allocations no longer
+/// write device choices themselves. [`FUMAROLE_OK`].
+///
+/// # Safety
+/// `engine` is live; `error` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fumarole_engine_write_choices_at_prebind(
+    engine: *const Engine,
+    error: *mut *mut c_char,
+) -> c_int {
+    // SAFETY: the caller's contract, passed on.
+    unsafe {
+        edge(error, || {
+            engine_ref(engine)?.write_choices_at_prebind();
+            Ok((FUMAROLE_OK, None))
+        })
+    }
+}
+
+/// The scheduler is about to bind the pod (JSON) to `node`: writes its device choice on the
+/// pod and returns once the API server took it. [`FUMAROLE_OK`] (written: bind),
+/// [`FUMAROLE_NOT_OURS`], or [`FUMAROLE_ERROR`] with why (do not bind). Waits up to 10 s.
+///
+/// # Safety
+/// As [`fumarole_task_allocate`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fumarole_task_prebind(
+    engine: *const Engine,
+    pod: *const u8,
+    len: usize,
+    node: *const u8,
+    node_len: usize,
+    error: *mut *mut c_char,
+) -> c_int {
+    // SAFETY: the caller's contract, passed on.
+    unsafe {
+        edge(error, || {
+            let engine = engine_ref(engine)?;
+            let node = std::str::from_utf8(bytes(node, node_len)?).context("node name")?;
+            let ours = engine.prebind(&parse_pod(pod, len)?, node)?;
+            Ok((if ours { FUMAROLE_OK } else { FUMAROLE_NOT_OURS }, None))
+        })
+    }
+}
+
 /// Frees a string this library returned; NULL is ignored.
 ///
 /// # Safety

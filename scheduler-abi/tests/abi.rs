@@ -257,3 +257,44 @@ fn unimplemented_arguments_are_named_and_a_bad_configuration_refused() {
     let error = take(error);
     assert!(error.contains("\"weight\" must be a number"), "{error}");
 }
+
+#[test]
+fn prebind_keeps_the_allocated_choice_and_passes_other_pods_through() {
+    let e = engine();
+    let mut error = std::ptr::null_mut();
+    assert_eq!(
+        unsafe { fumarole_engine_write_choices_at_prebind(e, &mut error) },
+        FUMAROLE_OK
+    );
+    let node = b"dgx-a";
+    let four = pod("four", 4);
+    let mut allocate = |p: &[u8]| unsafe {
+        fumarole_task_allocate(
+            e,
+            p.as_ptr(),
+            p.len(),
+            node.as_ptr(),
+            node.len(),
+            &mut error,
+        )
+    };
+    let prebind = |p: &[u8], n: &[u8]| unsafe {
+        let mut error = std::ptr::null_mut();
+        let code = fumarole_task_prebind(e, p.as_ptr(), p.len(), n.as_ptr(), n.len(), &mut error);
+        (code, take(error))
+    };
+    assert_eq!(allocate(&four), FUMAROLE_OK);
+    // The same pod on the same node: its allocation stands (dgx-a's 4 free GPUs stay held).
+    assert_eq!(prebind(&four, node), (FUMAROLE_OK, String::new()));
+    let (_, text) = evaluate(e, &pod("other", 4));
+    assert_eq!(lines(&text)["dgx-a"].0, 2, "{text}");
+    // A pod without accelerators is not ours; a node the view lacks is refused, with why.
+    let cpu_only = serde_json::to_vec(&json!({"metadata": {"name": "cpu", "namespace": "default"},
+        "spec": {"containers": [{"name": "c", "resources": {"requests": {"cpu": "1"}}}]}}))
+    .unwrap();
+    assert_eq!(prebind(&cpu_only, node).0, FUMAROLE_NOT_OURS);
+    let (code, why) = prebind(&pod("lost", 1), b"nowhere");
+    assert_eq!(code, FUMAROLE_ERROR);
+    assert!(why.contains("nowhere"), "{why}");
+    unsafe { fumarole_engine_free(e) };
+}

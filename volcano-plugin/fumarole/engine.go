@@ -82,6 +82,25 @@ func (e *Engine) Allocate(pod []byte, node string) error {
 	return err
 }
 
+// WriteChoicesAtPreBind: the scheduler calls PreBind before each bind, so allocations no
+// longer write device choices themselves.
+func (e *Engine) WriteChoicesAtPreBind() error {
+	var out *C.char
+	code := C.fumarole_engine_write_choices_at_prebind(e.ptr, &out)
+	_, err := answer(code, take(out))
+	return err
+}
+
+// PreBind writes the pod's (JSON) device choice on it before it is bound to node; an error
+// means the pod must not be bound now.
+func (e *Engine) PreBind(pod []byte, node string) error {
+	var out *C.char
+	n := []byte(node)
+	code := C.fumarole_task_prebind(e.ptr, bytesPtr(pod), C.size_t(len(pod)), bytesPtr(n), C.size_t(len(n)), &out)
+	_, err := answer(code, take(out))
+	return err
+}
+
 // Deallocate releases the pod's (JSON) devices.
 func (e *Engine) Deallocate(pod []byte) error {
 	var out *C.char

@@ -269,11 +269,12 @@ func (p *plugin) OnSessionOpen(ssn *framework.Session) {
 		AllocateFunc:   p.allocated,
 		DeallocateFunc: p.deallocated,
 	})
+	registerPreBinder(ssn, p)
 }
 
 func (p *plugin) OnSessionClose(*framework.Session) {}
 
-var cacheNoteOnce sync.Once
+var cacheNoteOnce, preBindNoteOnce sync.Once
 
 // withoutPredicateErrorCache turns off the allocate action's predicate error cache for this
 // session (the action reads its arguments after the plugins open). The cache takes a node that
