@@ -2,7 +2,8 @@
 //! the same API server watches the extender uses ([`scheduler_ext::live`]), on a small tokio
 //! runtime of its own. The scheduler asks it synchronously: judge a task on every node at once,
 //! commit an allocation, release one. Device choices are written to the pods from the runtime,
-//! so an allocation never waits for the API server.
+//! so an allocation never waits for the API server; where the scheduler has a hook before its
+//! bind (Volcano v1.14's PreBinder), the choice is written there instead, and the bind waits.
 
 use std::fmt::Write as _;
 use std::path::PathBuf;

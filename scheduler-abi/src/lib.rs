@@ -103,7 +103,8 @@ pub unsafe extern "C" fn fumarole_engine_notes(
 /// `N name` for every node in that order; the distinct reasons (`R text`); then one line per
 /// node in that order (`code score reason`: code 0 fits, 2 unschedulable, 3 unresolvable;
 /// reason the index of an `R` line, empty where the node fits). Or [`FUMAROLE_NOT_OURS`], or
-/// [`FUMAROLE_ERROR`] with why the pod's request is unusable. Pass 0 to always get the names.
+/// [`FUMAROLE_ERROR`] with why the pod's request is unusable. Pass 0 to get the names (a view
+/// of no nodes has generation 0, and no names to send).
 ///
 /// # Safety
 /// `engine` is live; `pod` points to `len` readable bytes; `out` is writable.

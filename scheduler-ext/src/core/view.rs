@@ -920,9 +920,9 @@ impl ClusterView {
 
     /// Names the order of [`Self::nodes`]: views with the same generation list the same nodes
     /// in the same order (an update that adds, removes or renames none keeps it), so a caller
-    /// may keep a table of positions across views and calls. Never 0.
+    /// may keep a table of positions across views and calls. 0 only for the empty default view.
     pub fn names_generation(&self) -> u64 {
-        self.index.generation.max(1)
+        self.index.generation
     }
 
     /// All nodes, by name.
