@@ -303,22 +303,18 @@ async fn a_bound_pods_refused_choice_is_written_once_the_refusal_passes() {
         "metadata": {"name": "hold-device-choices"},
         "spec": {"policyName": "hold-device-choices", "validationActions": ["Deny"]}
     });
-    let policies: Api<DynamicObject> = Api::all_with(
-        admin.clone(),
-        &kube::discovery::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
-            "admissionregistration.k8s.io",
-            "v1",
-            "ValidatingAdmissionPolicy",
-        )),
-    );
-    let bindings: Api<DynamicObject> = Api::all_with(
-        admin.clone(),
-        &kube::discovery::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
-            "admissionregistration.k8s.io",
-            "v1",
-            "ValidatingAdmissionPolicyBinding",
-        )),
-    );
+    let admission = |kind: &str| -> Api<DynamicObject> {
+        Api::all_with(
+            admin.clone(),
+            &kube::discovery::ApiResource::from_gvk(&kube::api::GroupVersionKind::gvk(
+                "admissionregistration.k8s.io",
+                "v1",
+                kind,
+            )),
+        )
+    };
+    let policies = admission("ValidatingAdmissionPolicy");
+    let bindings = admission("ValidatingAdmissionPolicyBinding");
     policies
         .create(
             &PostParams::default(),

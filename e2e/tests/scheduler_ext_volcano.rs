@@ -42,18 +42,7 @@ async fn four_gpu_pod_goes_where_it_fits_exactly(way: Way) {
     let cluster = volcano_with(&common::two_dgx(), way).await;
 
     let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
-    let pod: Pod = serde_json::from_value(json!({
-        "metadata": {"name": "four"},
-        "spec": {
-            "schedulerName": "volcano",
-            "containers": [{
-                "name": "c", "image": "example.invalid/none",
-                "resources": {"requests": {"cpu": "1", "memory": "1Gi"},
-                              "limits": {"nvidia.com/gpu": "4"}}
-            }]
-        }
-    }))
-    .unwrap();
+    let pod = common::volcano_gpu_pod("four", 4);
     pods.create(&PostParams::default(), &pod).await.unwrap();
     let placed = eventually("four bound and annotated", Duration::from_secs(90), || {
         let pods = pods.clone();
@@ -93,18 +82,7 @@ async fn plugin_on_volcano_1_14_binds_the_pod_with_its_devices_already_written()
         .await
         .unwrap()
         .boxed();
-    let pod: Pod = serde_json::from_value(json!({
-        "metadata": {"name": "four"},
-        "spec": {
-            "schedulerName": "volcano",
-            "containers": [{
-                "name": "c", "image": "example.invalid/none",
-                "resources": {"requests": {"cpu": "1", "memory": "1Gi"},
-                              "limits": {"nvidia.com/gpu": "4"}}
-            }]
-        }
-    }))
-    .unwrap();
+    let pod = common::volcano_gpu_pod("four", 4);
     pods.create(&PostParams::default(), &pod).await.unwrap();
     let first_bound = tokio::time::timeout(Duration::from_secs(90), async {
         while let Some(event) = events.try_next().await.unwrap() {
@@ -444,18 +422,7 @@ async fn waiting_units_plan(way: Way) {
     let reason = reported(&cluster, &pods, "pytorch-demo", waits).await;
     assert!(reason.contains("job default/pytorch-demo"), "{reason}");
 
-    let newcomer: Pod = serde_json::from_value(json!({
-        "metadata": {"name": "newcomer"},
-        "spec": {
-            "schedulerName": "volcano",
-            "containers": [{
-                "name": "c", "image": "example.invalid/none",
-                "resources": {"requests": {"cpu": "1", "memory": "1Gi"},
-                              "limits": {"nvidia.com/gpu": "8"}}
-            }]
-        }
-    }))
-    .unwrap();
+    let newcomer = common::volcano_gpu_pod("newcomer", 8);
     pods.create(&PostParams::default(), &newcomer)
         .await
         .unwrap();
@@ -579,18 +546,9 @@ async fn plugin_reports_a_malformed_annotation_and_goes_on() {
     let cluster = volcano_with(&common::two_dgx(), Way::Plugin).await;
     let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
     let gpu_pod = |name: &str, gpus: u32, annotations: serde_json::Value| -> Pod {
-        serde_json::from_value(json!({
-            "metadata": {"name": name, "annotations": annotations},
-            "spec": {
-                "schedulerName": "volcano",
-                "containers": [{
-                    "name": "c", "image": "example.invalid/none",
-                    "resources": {"requests": {"cpu": "1", "memory": "1Gi"},
-                                  "limits": {"nvidia.com/gpu": gpus.to_string()}}
-                }]
-            }
-        }))
-        .unwrap()
+        let mut pod = common::volcano_gpu_pod(name, gpus);
+        pod.metadata.annotations = serde_json::from_value(annotations).unwrap();
+        pod
     };
     let pp = PostParams::default();
     pods.create(

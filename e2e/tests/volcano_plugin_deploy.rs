@@ -419,18 +419,7 @@ async fn plugin_places_a_pod_as_volcanos_scheduler_service_account_with_our_clus
 
     // Its whole job: a 4-GPU pod placed on the node where it fits exactly, with its devices
     // written on the pod.
-    let pod: Pod = serde_json::from_value(json!({
-        "metadata": {"name": "four"},
-        "spec": {
-            "schedulerName": "volcano",
-            "containers": [{
-                "name": "c", "image": "example.invalid/none",
-                "resources": {"requests": {"cpu": "1", "memory": "1Gi"},
-                              "limits": {"nvidia.com/gpu": "4"}}
-            }]
-        }
-    }))
-    .unwrap();
+    let pod = common::volcano_gpu_pod("four", 4);
     pods.create(&PostParams::default(), &pod).await.unwrap();
     let placed = eventually("four bound and annotated", Duration::from_secs(90), || {
         let pods = pods.clone();

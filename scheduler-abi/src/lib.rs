@@ -147,7 +147,7 @@ pub unsafe extern "C" fn fumarole_task_allocate(
     unsafe {
         edge(error, || {
             let engine = engine_ref(engine)?;
-            let node = std::str::from_utf8(bytes(node, node_len)?).context("node name")?;
+            let node = parse_node(node, node_len)?;
             let held = engine.allocate(parse_pod(pod, len)?, node)?;
             Ok((if held { FUMAROLE_OK } else { FUMAROLE_NOT_OURS }, None))
         })
@@ -213,7 +213,7 @@ pub unsafe extern "C" fn fumarole_task_prebind(
     unsafe {
         edge(error, || {
             let engine = engine_ref(engine)?;
-            let node = std::str::from_utf8(bytes(node, node_len)?).context("node name")?;
+            let node = parse_node(node, node_len)?;
             let ours = engine.prebind(&parse_pod(pod, len)?, node)?;
             Ok((if ours { FUMAROLE_OK } else { FUMAROLE_NOT_OURS }, None))
         })
@@ -311,6 +311,11 @@ unsafe fn bytes<'a>(ptr: *const u8, len: usize) -> Result<&'a [u8]> {
 unsafe fn parse_pod(ptr: *const u8, len: usize) -> Result<Pod> {
     // SAFETY: the caller's contract, passed on.
     serde_json::from_slice(unsafe { bytes(ptr, len)? }).context("the task's pod (JSON)")
+}
+
+unsafe fn parse_node<'a>(ptr: *const u8, len: usize) -> Result<&'a str> {
+    // SAFETY: the caller's contract, passed on.
+    std::str::from_utf8(unsafe { bytes(ptr, len)? }).context("node name")
 }
 
 unsafe fn engine_ref<'a>(engine: *const Engine) -> Result<&'a Engine> {

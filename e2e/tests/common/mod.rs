@@ -50,6 +50,22 @@ pub fn resource_of(t: &DeviceTopology) -> &'static str {
     }
 }
 
+/// A pod for Volcano asking for `gpus` NVIDIA GPUs (and 1 CPU, 1 GiB).
+pub fn volcano_gpu_pod(name: &str, gpus: u32) -> Pod {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name},
+        "spec": {
+            "schedulerName": "volcano",
+            "containers": [{
+                "name": "c", "image": "example.invalid/none",
+                "resources": {"requests": {"cpu": "1", "memory": "1Gi"},
+                              "limits": {"nvidia.com/gpu": gpus.to_string()}}
+            }]
+        }
+    }))
+    .unwrap()
+}
+
 /// Creates a Node for each topology (advertising all its GPUs, so only the extender tells
 /// free from used) and publishes the topology with its status.
 pub async fn publish(cluster: &TestCluster, topologies: &[DeviceTopology]) {
