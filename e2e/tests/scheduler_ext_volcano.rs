@@ -44,16 +44,7 @@ async fn four_gpu_pod_goes_where_it_fits_exactly(way: Way) {
     let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
     let pod = common::volcano_gpu_pod("four", 4);
     pods.create(&PostParams::default(), &pod).await.unwrap();
-    let placed = eventually("four bound and annotated", Duration::from_secs(90), || {
-        let pods = pods.clone();
-        async move {
-            Ok(common::placements(&pods, &["four".to_string()])
-                .await
-                .pop_first())
-        }
-    })
-    .await
-    .unwrap();
+    let placed = common::placed(&pods, "four").await.unwrap();
     // First: a failed call makes Volcano place without the extender, which would explain a
     // wrong node below.
     assert_no_failed_calls(&cluster);
@@ -428,19 +419,7 @@ async fn waiting_units_plan(way: Way) {
         .unwrap();
     match way {
         Way::Plugin | Way::PluginOnV1_14 => {
-            let placed = eventually(
-                "newcomer bound and annotated",
-                Duration::from_secs(90),
-                || {
-                    let pods = pods.clone();
-                    async move {
-                        Ok(common::placements(&pods, &["newcomer".to_string()])
-                            .await
-                            .pop_first())
-                    }
-                },
-            )
-            .await;
+            let placed = common::placed(&pods, "newcomer").await;
             let (_, (node, devices)) = match placed {
                 Ok(p) => p,
                 Err(e) => panic!(
@@ -569,15 +548,7 @@ async fn plugin_reports_a_malformed_annotation_and_goes_on() {
     pods.create(&pp, &gpu_pod("after", 4, json!({})))
         .await
         .unwrap();
-    let placed = eventually("after bound and annotated", Duration::from_secs(90), || {
-        let pods = pods.clone();
-        async move {
-            Ok(common::placements(&pods, &["after".to_string()])
-                .await
-                .pop_first())
-        }
-    })
-    .await;
+    let placed = common::placed(&pods, "after").await;
     if let Err(e) = placed {
         panic!(
             "{e}\npods: {:?}\n{}",

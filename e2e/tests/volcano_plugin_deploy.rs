@@ -421,16 +421,7 @@ async fn plugin_places_a_pod_as_volcanos_scheduler_service_account_with_our_clus
     // written on the pod.
     let pod = common::volcano_gpu_pod("four", 4);
     pods.create(&PostParams::default(), &pod).await.unwrap();
-    let placed = eventually("four bound and annotated", Duration::from_secs(90), || {
-        let pods = pods.clone();
-        async move {
-            Ok(common::placements(&pods, &["four".to_string()])
-                .await
-                .pop_first())
-        }
-    })
-    .await
-    .unwrap_or_else(|e| {
+    let placed = common::placed(&pods, "four").await.unwrap_or_else(|e| {
         panic!(
             "{e}\nvc-scheduler:\n{}",
             cluster.log_tail("vc-scheduler", 80).unwrap_or_default()

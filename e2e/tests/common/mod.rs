@@ -274,6 +274,19 @@ pub async fn placements(
     out
 }
 
+/// Waits up to 90 s for pod `name` bound with fumarole's device annotation: (name, (node,
+/// devices)).
+pub async fn placed(
+    pods: &Api<Pod>,
+    name: &str,
+) -> anyhow::Result<(String, (String, Vec<String>))> {
+    let what = format!("{name} bound and annotated");
+    fumarole_e2e::cluster::eventually(&what, std::time::Duration::from_secs(90), || async {
+        Ok(placements(pods, &[name.to_string()]).await.pop_first())
+    })
+    .await
+}
+
 /// Checks a job's placement: every pod's devices lie on its node and no device is given twice;
 /// the pods of each unit of `per_unit` consecutive ranks share one super-node, and the units
 /// use different super-nodes. Returns each unit's super-node.
