@@ -230,7 +230,7 @@ impl DevicePluginService {
             match decision {
                 Decision::Prefer { pod, devices } => {
                     tracing::info!(pod = %pod, resource = %r.name, devices = ?devices,
-                        "preferring the scheduler's devices");
+                        waited = ?start.elapsed(), "preferring the scheduler's devices");
                     if let Some(overruled) = self.inner.admissions.overruled(&pod) {
                         pods.source.report(&pod, &r.name, &overruled);
                     }

@@ -107,7 +107,10 @@ async fn run_chain(decider: Decider) {
                             .as_deref()
                             .is_some_and(|r| r.starts_with("DeviceChoice"))
                     })
-                    .map(|e| format!("{:?}: {:?}", e.reason, e.note))
+                    .map(|e| {
+                        let pod = e.regarding.and_then(|r| r.name).unwrap_or_default();
+                        format!("{pod}: {:?}: {:?}", e.reason, e.note)
+                    })
                     .collect();
                 Ok(Some(found))
             }
@@ -115,7 +118,26 @@ async fn run_chain(decider: Decider) {
     )
     .await
     .unwrap();
-    assert!(warnings.is_empty(), "{warnings:?}");
+    // What the deciders and agents logged of those pods says whose side was late.
+    let logs = std::fs::read_dir(cluster.root().join("logs"))
+        .map(|dir| dir.flatten().map(|e| e.path()).collect::<Vec<_>>())
+        .unwrap_or_default();
+    let said: Vec<String> = logs
+        .iter()
+        .filter(|p| {
+            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                n.ends_with(".log") && (n.starts_with("fumarole") || n.starts_with("vc-scheduler"))
+            })
+        })
+        .filter_map(|p| std::fs::read_to_string(p).ok())
+        .flat_map(|log| log.lines().map(str::to_string).collect::<Vec<_>>())
+        .filter(|line| {
+            warnings
+                .iter()
+                .any(|w| w.split(':').next().is_some_and(|pod| line.contains(pod)))
+        })
+        .collect();
+    assert!(warnings.is_empty(), "{warnings:#?}\n{}", said.join("\n"));
     // The plugin neither failed to start nor stopped a panic.
     if let Decider::Volcano(Way::Plugin) = decider {
         common::assert_no_failed_calls(&cluster);

@@ -782,14 +782,17 @@ pub async fn start(
     Ok(tokio::spawn(async move {
         let mut took = Duration::ZERO;
         loop {
-            // A quiet cluster still gets commits timed out.
-            let _ = tokio::time::timeout(TICK, changed.notified()).await;
+            // A quiet cluster still gets commits timed out, and failed writes tried again
+            // when their pause is over.
+            let wake = late.retries.next_due().map_or(TICK, |due| {
+                due.saturating_duration_since(std::time::Instant::now())
+                    .min(TICK)
+            });
+            let _ = tokio::time::timeout(wake, changed.notified()).await;
             // Waiting at least as long as the last build took keeps building to half a core
-            // however busy the cluster.
+            // however busy the cluster (the writes after it wait on the API server, not a core).
             tokio::time::sleep(opts.debounce.max(took)).await;
-            let started = std::time::Instant::now();
-            rebuild(&stores, &svc, &opts, &mut late).await;
-            took = started.elapsed();
+            took = rebuild(&stores, &svc, &opts, &mut late).await;
         }
     }))
 }
@@ -859,8 +862,14 @@ impl HeldNode {
 
 /// Makes and installs a new view (in full, or from the nodes and pods that changed:
 /// [`Changes`]),
-/// publishes HyperNodes if asked, then annotates bound pods that lack our choice.
-async fn rebuild(stores: &Stores, svc: &Service, opts: &LiveOptions, late: &mut LoopState) {
+/// publishes HyperNodes if asked, then annotates bound pods that lack our choice. Answers how
+/// long making the view took.
+async fn rebuild(
+    stores: &Stores,
+    svc: &Service,
+    opts: &LiveOptions,
+    late: &mut LoopState,
+) -> Duration {
     let changes = late.changes.take();
     let full = match &late.incremental {
         None => Some("start"),
@@ -900,8 +909,10 @@ async fn rebuild(stores: &Stores, svc: &Service, opts: &LiveOptions, late: &mut 
         })
         .await
     };
+    let mut took = Duration::ZERO;
     let made = match made {
-        Ok((incremental, contexts, made, took)) => {
+        Ok((incremental, contexts, made, build)) => {
+            took = build;
             late.contexts = contexts;
             late.incremental = incremental;
             match &made {
@@ -933,7 +944,7 @@ async fn rebuild(stores: &Stores, svc: &Service, opts: &LiveOptions, late: &mut 
     let (Some(made), Some(incremental)) = (made, late.incremental.as_ref()) else {
         // Try again in full next round.
         late.changes.everything("the last build failed");
-        return;
+        return took;
     };
     let view = incremental.view().clone();
     let full = matches!(made, Made::Full(_));
@@ -951,7 +962,7 @@ async fn rebuild(stores: &Stores, svc: &Service, opts: &LiveOptions, late: &mut 
     let newly_led = leads && !late.led;
     late.led = leads;
     if !leads {
-        return;
+        return took;
     }
     let view = svc.decider().view();
     for (pod, commit) in dropped {
@@ -988,6 +999,7 @@ async fn rebuild(stores: &Stores, svc: &Service, opts: &LiveOptions, late: &mut 
         &mut late.retries,
     )
     .await;
+    took
 }
 
 #[cfg(test)]

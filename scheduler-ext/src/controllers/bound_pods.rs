@@ -9,6 +9,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::stream::{self, StreamExt};
+
 use crate::core::pod_facts::PodFacts;
 use crate::core::view::ClusterView;
 use crate::service::Service;
@@ -40,6 +42,11 @@ impl Retries {
             .filter(|(_, f)| f.next <= now)
             .map(|(k, _)| Arc::clone(k))
             .collect()
+    }
+
+    /// When the first failed pod's pause is over (`None`: none failed).
+    pub fn next_due(&self) -> Option<Instant> {
+        self.failed.values().map(|f| f.next).min()
     }
 
     /// Whether `key` is to be tried at `now`: not settled, and not pausing after a failure.
@@ -80,10 +87,16 @@ impl Retries {
     }
 }
 
+/// How many pods' devices are read and written at once: Volcano binds a gang in one session,
+/// and the device plugins wait (`--await-device-choice-timeout`, 5 s) for each pod's choice, so
+/// a burst is written side by side rather than one round trip after another.
+const WRITES_IN_FLIGHT: usize = 16;
+
 /// Gives each bound pod of `schedulers` among `pods` that lacks a choice its devices on its node
-/// (chosen by the decider, written by the effects). `retries` remembers the pods settled and
-/// the failed ones: a failure is logged at its first try and every tenth, and tried again
-/// after its pause (the caller adds [`Retries::due`] to `pods`).
+/// (chosen by the decider, written by the effects; up to [`WRITES_IN_FLIGHT`] at once).
+/// `retries` remembers the pods settled and the failed ones: a failure is logged at its first
+/// try and every tenth, and tried again after its pause (the caller adds [`Retries::due`] to
+/// `pods`).
 pub async fn annotate(
     svc: &Service,
     pods: Vec<Arc<PodFacts>>,
@@ -97,36 +110,44 @@ pub async fn annotate(
     let Some(ops) = svc.effects() else {
         return;
     };
+    let now = Instant::now();
+    let mut wanted = Vec::new();
     for pod in pods {
         let (Some(node), Some(scheduler)) = (&pod.node, &pod.scheduler) else {
             continue;
         };
-        let key = &pod.key;
         // A choice made for another node is no choice here.
-        if pod.finished || pod.annotated() || view.reported(key) {
-            retries.forget(key);
+        if pod.finished || pod.annotated() || view.reported(&pod.key) {
+            retries.forget(&pod.key);
             continue;
         }
-        let now = Instant::now();
-        if !schedulers.contains(scheduler) || !retries.wanted(key, now) {
-            continue;
+        if schedulers.contains(scheduler) && retries.wanted(&pod.key, now) {
+            wanted.push((Arc::clone(&pod.key), node.clone(), scheduler.clone()));
         }
-        let (ns, name) = key.split_once('/').unwrap_or(("default", key));
-        let tried = match ops.pod(ns, name).await {
-            Ok(whole) => svc
-                .assign_bound(&whole, node)
-                .await
-                .map_err(|e| e.to_string()),
-            Err(e) => Err(format!("reading the pod: {e}")),
-        };
+    }
+    let ops = &ops;
+    let mut written = stream::iter(wanted)
+        .map(|(key, node, scheduler)| async move {
+            let (ns, name) = key.split_once('/').unwrap_or(("default", &key));
+            let tried = match ops.pod(ns, name).await {
+                Ok(whole) => svc
+                    .assign_bound(&whole, &node)
+                    .await
+                    .map_err(|e| e.to_string()),
+                Err(e) => Err(format!("reading the pod: {e}")),
+            };
+            (key, node, scheduler, tried)
+        })
+        .buffer_unordered(WRITES_IN_FLIGHT);
+    while let Some((key, node, scheduler, tried)) = written.next().await {
         match tried {
             Ok(Some(c)) => {
-                retries.settle(key);
+                retries.settle(&key);
                 tracing::info!(pod = %key, node = %node, devices = ?c.devices, "annotated a pod bound by {scheduler}")
             }
-            Ok(None) => retries.settle(key),
+            Ok(None) => retries.settle(&key),
             Err(error) => {
-                let tries = retries.fail(key, now);
+                let tries = retries.fail(&key, now);
                 if tries % 10 == 1 {
                     tracing::warn!(pod = %key, node = %node, tries, %error, "cannot give devices to a bound pod yet; trying again");
                 }
@@ -154,6 +175,7 @@ mod tests {
             assert!(!r.wanted(&key, next - Duration::from_millis(1)));
             assert!(r.wanted(&key, next));
             assert_eq!(r.due(next), vec![Arc::clone(&key)]);
+            assert_eq!(r.next_due(), Some(next));
             assert!(r.due(next - Duration::from_millis(1)).is_empty());
             pauses.push((next - at).as_secs());
             at = next;
@@ -163,6 +185,7 @@ mod tests {
         r.settle(&key);
         assert!(!r.wanted(&key, at + MAX_PAUSE));
         assert!(r.due(at + MAX_PAUSE).is_empty());
+        assert_eq!(r.next_due(), None);
     }
 
     #[test]
