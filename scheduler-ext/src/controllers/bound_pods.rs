@@ -15,8 +15,10 @@ use crate::core::pod_facts::PodFacts;
 use crate::core::view::ClusterView;
 use crate::service::Service;
 
-/// The first pause after a failed write.
-const FIRST_PAUSE: Duration = Duration::from_secs(1);
+/// The first pause after a failed write: short, for the device plugin waits only
+/// `--await-device-choice-timeout` (5 s) for the choice; most failures (a connection the API
+/// server closed, a policy a moment from force) pass within it.
+const FIRST_PAUSE: Duration = Duration::from_millis(250);
 /// The longest pause between two tries of one pod.
 pub const MAX_PAUSE: Duration = Duration::from_secs(60);
 
@@ -177,10 +179,13 @@ mod tests {
             assert_eq!(r.due(next), vec![Arc::clone(&key)]);
             assert_eq!(r.next_due(), Some(next));
             assert!(r.due(next - Duration::from_millis(1)).is_empty());
-            pauses.push((next - at).as_secs());
+            pauses.push((next - at).as_millis());
             at = next;
         }
-        assert_eq!(pauses, [1, 2, 4, 8, 16, 32, 60, 60, 60]);
+        assert_eq!(
+            pauses,
+            [250, 500, 1_000, 2_000, 4_000, 8_000, 16_000, 32_000, 60_000]
+        );
         // Settled: never wanted again, nothing due.
         r.settle(&key);
         assert!(!r.wanted(&key, at + MAX_PAUSE));
