@@ -7,9 +7,10 @@
 //! events, and those of a node's own objects (`DeviceTopology`, `Node`, `Numatopology`),
 //! make the next view from the last one and what they name ([`IncrementalView`]: the cost of
 //! what they touch); the view is built in full from the stores at start, after a relist,
-//! after a ResourceClaim or PodGroup change, and after a node change that reaches beyond the
-//! node (it joins or leaves, changes super-node, resources or devices), counted in
-//! [`ViewBuilds`]. A pod deletion releases the pod's commit at once. Each watch
+//! after a ResourceClaim change or one to a PodGroup's `sp-block` / `sp-fit`
+//! ([`PodGroupsRead`]: not its status, which Volcano updates many times per job), and after a
+//! node change that reaches beyond the node (it joins or leaves, changes super-node, resources
+//! or devices), counted in [`ViewBuilds`]. A pod deletion releases the pod's commit at once. Each watch
 //! reports to a [`Freshness`] (`/readyz`).
 //!
 //! Only the leader ([`crate::controllers::leader`]) writes: the after-the-fact annotations,
@@ -42,7 +43,7 @@
 //! the watch once PodGroups can be read, so a CRD installed later counts without a restart
 //! ([`start_pod_groups`]).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Debug;
 use std::hash::Hash;
 use std::sync::Arc;
@@ -99,8 +100,8 @@ pub struct LiveOptions {
 }
 
 /// Views made by the live loop, by how: `full` (from every object of the stores: at start,
-/// after a relist, after a change to a claim or PodGroup, or to a node that reaches beyond
-/// it) and `changes` (the last view and the nodes and pods that changed). Served as
+/// after a relist, after a change to a claim or to a PodGroup's `sp-block` / `sp-fit`, or to
+/// a node that reaches beyond it) and `changes` (the last view and the nodes and pods that changed). Served as
 /// `fumarole_scheduler_ext_view_builds_total{how}` where [`ViewBuilds::register`]ed.
 #[derive(Clone, Debug, Default)]
 pub struct ViewBuilds {
@@ -221,6 +222,58 @@ fn pod_group_sizes<'a>(groups: impl Iterator<Item = &'a ObjectMeta>) -> PodGroup
     }))
 }
 
+/// The `sp-block` / `sp-fit` of each PodGroup that has them, as its watch last reported. Only a
+/// change to those changes the view; Volcano updates a PodGroup's status many times per job,
+/// and each such event used to have the view built in full.
+#[derive(Debug, Default)]
+struct PodGroupsRead {
+    seen: HashMap<String, BTreeMap<String, String>>,
+    /// While the watch (re)lists: what the list has brought so far.
+    listing: Option<HashMap<String, BTreeMap<String, String>>>,
+}
+
+impl PodGroupsRead {
+    /// Takes in one event of the PodGroup watch; answers whether the view must be made again.
+    fn changes_view(&mut self, ev: &watcher::Event<PartialObjectMeta<DynamicObject>>) -> bool {
+        let read = |o: &PartialObjectMeta<DynamicObject>| {
+            let m = &o.metadata;
+            let key = format!(
+                "{}/{}",
+                m.namespace.as_deref().unwrap_or("default"),
+                m.name.as_deref().unwrap_or_default()
+            );
+            let ours = m
+                .annotations
+                .as_ref()
+                .and_then(PodGroupSizes::annotations_read);
+            (key, ours)
+        };
+        match ev {
+            watcher::Event::Init => {
+                self.listing = Some(HashMap::new());
+                false
+            }
+            watcher::Event::InitApply(o) => {
+                if let (Some(listing), (key, Some(ours))) = (self.listing.as_mut(), read(o)) {
+                    listing.insert(key, ours);
+                }
+                false
+            }
+            watcher::Event::InitDone => {
+                let listed = self.listing.take().unwrap_or_default();
+                let changed = listed != self.seen;
+                self.seen = listed;
+                changed
+            }
+            watcher::Event::Apply(o) => match read(o) {
+                (key, Some(ours)) => self.seen.insert(key, ours.clone()) != Some(ours),
+                (key, None) => self.seen.remove(&key).is_some(),
+            },
+            watcher::Event::Delete(o) => self.seen.remove(&read(o).0).is_some(),
+        }
+    }
+}
+
 /// True when the API server serves `K` (its CRD is installed).
 async fn served<K>(api: &Api<K>) -> Result<bool>
 where
@@ -265,7 +318,8 @@ struct Changes {
     /// Nodes whose `DeviceTopology`, `Node` or `Numatopology` was applied or deleted since.
     nodes: HashSet<String>,
     /// Why the next view must be built in full, if it must: a relist (objects deleted while
-    /// the watch was down leave the store at once), or a change to a claim or PodGroup.
+    /// the watch was down leave the store at once), a change to a claim, or to a PodGroup's
+    /// `sp-block` / `sp-fit`.
     full: Option<&'static str>,
 }
 
@@ -322,9 +376,15 @@ impl ChangeLog {
 /// The kind whose watch reports its changes itself, one pod at a time ([`reflect_pods`]).
 const POD: &str = "Pod";
 
+/// Volcano's PodGroups, whose watch reports only the changes that count ([`PodGroupsRead`]).
+const POD_GROUP: &str = "PodGroup";
+
+/// The kinds whose watches record their changes themselves.
+const NOTED_BY_THEIR_WATCH: [&str; 2] = [POD, POD_GROUP];
+
 /// The kinds whose objects belong to one node (named as it): a change to one makes that
-/// node's view again ([`IncrementalView::update_nodes`]). A change to any other kind (claims,
-/// PodGroups) has the view built in full.
+/// node's view again ([`IncrementalView::update_nodes`]). A change to any other kind (claims)
+/// has the view built in full.
 const PER_NODE: [&str; 3] = ["DeviceTopology", "Node", "Numatopology"];
 
 /// Drives one watch stream, waking the rebuild loop on every event, handing each event to
@@ -349,7 +409,7 @@ async fn drive<K: Resource>(
                         .ok(kind, matches!(ev, watcher::Event::InitDone));
                 }
                 on_event(&ev);
-                if kind != POD {
+                if !NOTED_BY_THEIR_WATCH.contains(&kind) {
                     watches.changes.note(kind, &ev);
                 }
             }
@@ -467,16 +527,25 @@ async fn start_pod_groups(
             .backoff(WatchBackoff::default())
             .reflect(writer);
         let listed = std::sync::atomic::AtomicBool::new(!late);
-        drive("PodGroup", stream, watches, move |ev| {
+        let read = std::sync::Mutex::new(PodGroupsRead::default());
+        let changes = watches.changes.clone();
+        drive(POD_GROUP, stream, watches, move |ev| {
             if matches!(ev, watcher::Event::InitDone)
                 && !listed.swap(true, std::sync::atomic::Ordering::Relaxed)
             {
                 tracing::info!("PodGroups listed: their sp-block / sp-fit count from now on");
             }
+            let changed = match read.lock() {
+                Ok(mut r) => r.changes_view(ev),
+                Err(poisoned) => poisoned.into_inner().changes_view(ev),
+            };
+            if changed {
+                changes.everything(POD_GROUP);
+            }
         })
     };
     if now == Readable::Yes {
-        watches.freshness.track("PodGroup");
+        watches.freshness.track(POD_GROUP);
         tokio::spawn(watch(watches.clone(), false));
         return (store, true);
     }
@@ -1251,18 +1320,82 @@ mod tests {
             (vec!["gpu-1".to_string()], None)
         );
         // Another kind: everything.
-        let group: Node =
-            serde_json::from_value(serde_json::json!({"metadata": {"name": "pg"}})).unwrap();
+        let claim: Node =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": "claim"}})).unwrap();
         let applied: Vec<Result<watcher::Event<Node>, watcher::Error>> =
-            vec![Ok(watcher::Event::Apply(group))];
+            vec![Ok(watcher::Event::Apply(claim))];
         drive(
-            "PodGroup",
+            "ResourceClaim",
             futures::stream::iter(applied),
             watches.clone(),
             |_| (),
         )
         .await;
-        assert_eq!(watches.changes.take().full, Some("PodGroup"));
+        assert_eq!(watches.changes.take().full, Some("ResourceClaim"));
+        // A PodGroup's watch records its changes itself ([`PodGroupsRead`]).
+        let group: Node =
+            serde_json::from_value(serde_json::json!({"metadata": {"name": "pg"}})).unwrap();
+        let applied: Vec<Result<watcher::Event<Node>, watcher::Error>> =
+            vec![Ok(watcher::Event::Apply(group))];
+        drive(
+            POD_GROUP,
+            futures::stream::iter(applied),
+            watches.clone(),
+            |_| (),
+        )
+        .await;
+        assert_eq!(watches.changes.take().full, None);
+    }
+
+    fn pod_group(name: &str, annotations: serde_json::Value) -> PartialObjectMeta<DynamicObject> {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "scheduling.volcano.sh/v1beta1",
+            "kind": "PodGroup",
+            "metadata": {"name": name, "namespace": "ml", "annotations": annotations},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn only_a_pod_groups_sp_block_or_sp_fit_changes_the_view() {
+        use watcher::Event::{Apply, Delete, Init, InitApply, InitDone};
+        let mut read = PodGroupsRead::default();
+        let plain = || pod_group("pg", serde_json::json!({"volcano.sh/status": "Running"}));
+        let block = |b: &str| pod_group("pg", serde_json::json!({"sp-block": b, "x": "1"}));
+        // The first list: a group with sp-block counts, one without does not.
+        assert!(!read.changes_view(&Init));
+        assert!(!read.changes_view(&InitApply(block("16"))));
+        assert!(!read.changes_view(&InitApply(pod_group("other", serde_json::json!({})))));
+        assert!(read.changes_view(&InitDone));
+        // Status updates and other annotations: nothing.
+        assert!(!read.changes_view(&Apply(block("16"))));
+        assert!(!read.changes_view(&Apply(pod_group(
+            "pg",
+            serde_json::json!({"sp-block": "16", "x": "2"})
+        ))));
+        assert!(!read.changes_view(&Apply(pod_group("other", serde_json::json!({"a": "b"})))));
+        // sp-block changed, sp-fit added, sp-block removed: each counts once.
+        assert!(read.changes_view(&Apply(block("8"))));
+        assert!(!read.changes_view(&Apply(block("8"))));
+        assert!(read.changes_view(&Apply(pod_group(
+            "pg",
+            serde_json::json!({"sp-block": "8", "sp-fit": "idlest"})
+        ))));
+        assert!(read.changes_view(&Apply(plain())));
+        assert!(!read.changes_view(&Apply(plain())));
+        // Deleting a group that counted counts; one that did not, not.
+        assert!(read.changes_view(&Apply(block("8"))));
+        assert!(read.changes_view(&Delete(block("8"))));
+        assert!(!read.changes_view(&Delete(plain())));
+        // A relist that finds what was seen changes nothing; one that finds a group gone does.
+        assert!(read.changes_view(&Apply(block("4"))));
+        for (listed, changed) in [(vec![block("4")], false), (vec![], true)] {
+            assert!(!read.changes_view(&Init));
+            for g in listed {
+                assert!(!read.changes_view(&InitApply(g)));
+            }
+            assert_eq!(read.changes_view(&InitDone), changed);
+        }
     }
 
     #[tokio::test]

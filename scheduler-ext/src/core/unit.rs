@@ -400,12 +400,8 @@ impl PodGroupSizes {
     ) -> Self {
         let groups = groups
             .into_iter()
-            .filter(|(_, _, annotations)| annotations.contains_key(SP_BLOCK))
             .filter_map(|(ns, name, annotations)| {
-                let ours: BTreeMap<String, String> = [SP_BLOCK, SP_FIT]
-                    .into_iter()
-                    .filter_map(|k| annotations.get(k).map(|v| (k.to_string(), v.clone())))
-                    .collect();
+                let ours = Self::annotations_read(annotations)?;
                 let sizes = Sizes::of_annotations(&ours).transpose()?;
                 Some((format!("{ns}/{name}"), sizes))
             })
@@ -413,6 +409,20 @@ impl PodGroupSizes {
         PodGroupSizes {
             groups: std::sync::Arc::new(groups),
         }
+    }
+
+    /// The annotations of a PodGroup that count (`sp-block` and `sp-fit`), or `None` when it
+    /// has no `sp-block`: any other change to a PodGroup (Volcano's status updates, most of
+    /// its events) changes nothing here.
+    pub fn annotations_read(
+        annotations: &BTreeMap<String, String>,
+    ) -> Option<BTreeMap<String, String>> {
+        annotations.contains_key(SP_BLOCK).then(|| {
+            [SP_BLOCK, SP_FIT]
+                .into_iter()
+                .filter_map(|k| annotations.get(k).map(|v| (k.to_string(), v.clone())))
+                .collect()
+        })
     }
 
     /// The group annotations of the PodGroup the pod names, if that PodGroup has any.
