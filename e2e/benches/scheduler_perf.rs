@@ -36,6 +36,10 @@
 //!   super-node (the unit should share one), and **atomic split**: the same for atomic parts
 //!   (they must).
 //!
+//! `--pods-per-node K` first adds K bound pods without accelerators on every node (the cluster's
+//! other work, which the schedulers and fumarole's view hold in memory too: 10 per node at 5,000
+//! nodes is the 50,000 pods the plugin's memory is measured at).
+//!
 //! A measurement, not a test: it checks only that every GPU was given once and that the
 //! arrangements placed the pods they claim; with `--check` also that every pod was bound and
 //! that no unit was split where fumarole decides (the extension or the plugin) and, in the
@@ -48,7 +52,7 @@
 //! volcano-plugin/build.sh --release
 //! cargo bench -p fumarole-e2e --bench scheduler_perf                       # 1,000 nodes
 //! cargo bench -p fumarole-e2e --bench scheduler_perf -- --nodes 5000
-//! # flags: --nodes 1000 --jobs 400 --seed 7 --timeout 300
+//! # flags: --nodes 1000 --jobs 400 --seed 7 --timeout 300 --pods-per-node 0
 //! #        --only kube,kube-ext,kube-ext-all-nodes,volcano,volcano-ext,volcano-plugin-off,volcano-plugin
 //! # FUMAROLE_VC_SCHEDULER_PLUGIN=/path/to/vc-scheduler-fumarole: that binary for the plugin arms
 //! # CI's smoke run (debug build; fails unless every pod is bound and no unit split):
@@ -217,6 +221,9 @@ struct Args {
     /// Fail unless every pod was bound and, with the extension, no unit was split (CI's smoke
     /// run; the figures are not judged).
     check: bool,
+    /// Bound pods without accelerators added on every node before the runs (the cluster's
+    /// other work: what the schedulers and fumarole's view hold in memory besides the jobs).
+    pods_per_node: usize,
 }
 
 fn args() -> Args {
@@ -247,6 +254,7 @@ fn args() -> Args {
         timeout: Duration::from_secs(num("--timeout", 300)),
         only,
         check: argv.iter().any(|a| a == "--check"),
+        pods_per_node: num("--pods-per-node", 0) as usize,
     }
 }
 
@@ -360,6 +368,34 @@ async fn fill(cluster: &TestCluster, nodes: usize) -> (ClusterView, Vec<Vec<usiz
     let view = ClusterView::build(&topologies, &[], &[], &[]).unwrap();
     assert!(view.skipped.is_empty(), "{:?}", view.skipped);
     (view, taken)
+}
+
+/// `per_node` bound pods asking only for a little CPU on each of `nodes` nodes, in namespace
+/// `other-work`.
+async fn add_other_work(cluster: &TestCluster, nodes: usize, per_node: usize) {
+    if per_node == 0 {
+        return;
+    }
+    cluster.create_namespace("other-work").await.unwrap();
+    let api: Api<Pod> = Api::namespaced(cluster.client(), "other-work");
+    let pods: Vec<(usize, usize)> = (0..nodes)
+        .flat_map(|i| (0..per_node).map(move |k| (i, k)))
+        .collect();
+    for_all(pods, "pods of other work created", |(i, k)| {
+        let api = api.clone();
+        async move {
+            let pod: Pod = serde_json::from_value(json!({
+                "metadata": {"name": format!("work-{i:05}-{k}"),
+                    "labels": {"app": format!("service-{}", k % 50)}},
+                "spec": {"nodeName": node_name(i), "schedulerName": "none",
+                    "containers": [{"name": "main", "image": "example.invalid/none",
+                        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}}}]}
+            }))
+            .unwrap();
+            api.create(&PostParams::default(), &pod).await.unwrap();
+        }
+    })
+    .await;
 }
 
 fn podgroup_resource() -> ApiResource {
@@ -905,6 +941,7 @@ fn main() {
         let cluster = TestCluster::start().await.unwrap();
         cluster.install_fumarole_crds().await.unwrap();
         let (view, taken) = fill(&cluster, a.nodes).await;
+        add_other_work(&cluster, a.nodes, a.pods_per_node).await;
         let free: usize = (0..a.nodes)
             .map(|i| topology(i).spec.devices.len() - taken[i].len())
             .sum();

@@ -10,8 +10,8 @@
 //! after a ResourceClaim change or one to a PodGroup's `sp-block` / `sp-fit`
 //! ([`PodGroupsRead`]: not its status, which Volcano updates many times per job), and after a
 //! node change that reaches beyond the node (it joins or leaves, changes super-node, resources
-//! or devices), counted in [`ViewBuilds`]. A pod deletion releases the pod's commit at once. Each watch
-//! reports to a [`Freshness`] (`/readyz`).
+//! or devices), counted in [`ViewBuilds`]. A pod deletion releases the pod's commit at once.
+//! Each watch reports to a [`Freshness`] (`/readyz`).
 //!
 //! Only the leader ([`crate::controllers::leader`]) writes: the after-the-fact annotations,
 //! HyperNodes, and the withdrawal of promises whose commit timed out (a pod Volcano allocated
@@ -101,8 +101,9 @@ pub struct LiveOptions {
 
 /// Views made by the live loop, by how: `full` (from every object of the stores: at start,
 /// after a relist, after a change to a claim or to a PodGroup's `sp-block` / `sp-fit`, or to
-/// a node that reaches beyond it) and `changes` (the last view and the nodes and pods that changed). Served as
-/// `fumarole_scheduler_ext_view_builds_total{how}` where [`ViewBuilds::register`]ed.
+/// a node that reaches beyond it) and `changes` (the last view and the nodes and pods that
+/// changed). Served as `fumarole_scheduler_ext_view_builds_total{how}` where
+/// [`ViewBuilds::register`]ed.
 #[derive(Clone, Debug, Default)]
 pub struct ViewBuilds {
     builds: Family<Vec<(String, String)>, Counter>,
