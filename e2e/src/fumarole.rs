@@ -65,6 +65,11 @@ fn plugin_bin_built(volcano: Option<&str>) -> Result<PathBuf> {
         None => dir.join("vc-scheduler-fumarole"),
         Some(v) => dir.join(format!("vc-scheduler-fumarole-{v}")),
     };
+    // The tests of one file run as threads of one process: the first to find the binary
+    // missing builds it while the others wait (two builds at once trip over each other's
+    // files).
+    static BUILDING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = BUILDING.lock().unwrap_or_else(|e| e.into_inner());
     if !bin.exists() {
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../volcano-plugin/build.sh");
         let mut cmd = std::process::Command::new("bash");
