@@ -75,7 +75,10 @@ impl CgroupTree {
         for controller in controllers {
             let top = Path::new(V1_ROOT).join(controller).join(&tree.name);
             if let Err(e) = std::fs::create_dir(&top) {
-                skipped(&format!("cannot create {} ({e}); run as root", top.display()));
+                skipped(&format!(
+                    "cannot create {} ({e}); run as root",
+                    top.display()
+                ));
                 return None;
             }
             tree.controllers.push((*controller).to_string());

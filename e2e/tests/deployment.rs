@@ -816,6 +816,32 @@ async fn each_component_does_its_job_with_only_its_rights_and_the_agent_writes_o
                 .map(drop),
             own_node,
         ),
+        // Through nodes/status too: the API server keeps the metadata sent with a status update.
+        (
+            "a node-restriction label on its node, through nodes/status",
+            agent_nodes
+                .patch_status(
+                    "node-a",
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"metadata": {"labels": {
+                        "node-restriction.kubernetes.io/pool": "gpu"}}})),
+                )
+                .await
+                .map(drop),
+            own_node,
+        ),
+        (
+            "another annotation on its node, through nodes/status",
+            agent_nodes
+                .patch_status(
+                    "node-a",
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"metadata": {"annotations": {"team": "x"}}})),
+                )
+                .await
+                .map(drop),
+            own_node,
+        ),
         (
             "an nvidia.com/ label that is not a compatible label",
             agent_nodes
@@ -1416,7 +1442,23 @@ async fn each_component_does_its_job_with_only_its_rights_and_the_agent_writes_o
             .patch("node-a", &PatchParams::default(), &label("ext"))
             .await,
     );
-    assert!(message.contains("may only remove"), "{message}");
+    assert!(message.contains("may change no label"), "{message}");
+    // Nor through nodes/status, which keeps the labels and annotations sent with it.
+    for (what, patch) in [
+        ("label", json!({"metadata": {"labels": {"team": "ext"}}})),
+        (
+            "annotate",
+            json!({"metadata": {"annotations": {"team": "ext"}}}),
+        ),
+    ] {
+        let message = forbidden(
+            &format!("extension: {what} a node through nodes/status"),
+            ext_nodes
+                .patch_status("node-a", &PatchParams::default(), &Patch::Merge(patch))
+                .await,
+        );
+        assert!(message.contains("may change no label"), "{message}");
+    }
     forbidden(
         "extension: taint a node",
         ext_nodes
