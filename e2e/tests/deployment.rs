@@ -1496,6 +1496,45 @@ async fn each_component_does_its_job_with_only_its_rights_and_the_agent_writes_o
         );
         assert!(message.contains("may change on a pod only"), "{message}");
     }
+    // Its Bindings carry only its own annotations (the API server copies them onto the pod).
+    let admin_pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let pending: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "ext-bound"},
+        "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+    }))
+    .unwrap();
+    admin_pods
+        .create(&PostParams::default(), &pending)
+        .await
+        .unwrap();
+    let ext_binding = |annotations: Value| {
+        json!({"apiVersion": "v1", "kind": "Binding",
+            "metadata": {"name": "ext-bound", "annotations": annotations},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": "node-b"}})
+    };
+    let message = forbidden(
+        "extension: a Binding with another annotation",
+        ext_pods
+            .create_subresource::<Value, Value>(
+                "binding",
+                "ext-bound",
+                &PostParams::default(),
+                &ext_binding(json!({"fumarole.dev/devices-node": "node-b", "team": "x"})),
+            )
+            .await,
+    );
+    assert!(message.contains("may put on a Binding only"), "{message}");
+    ext_pods
+        .create_subresource::<Value, Value>(
+            "binding",
+            "ext-bound",
+            &PostParams::default(),
+            &ext_binding(json!({"fumarole.dev/devices-node": "node-b", "hccl/rankIndex": "0"})),
+        )
+        .await
+        .unwrap();
+    let bound = admin_pods.get("ext-bound").await.unwrap();
+    assert_eq!(bound.spec.unwrap().node_name.as_deref(), Some("node-b"));
     // Huawei's job annotations: added where the pod has none, never changed afterwards.
     let rank = |v: &str| Patch::Merge(json!({"metadata": {"annotations": {"hccl/rankIndex": v}}}));
     ext_pods
@@ -1516,7 +1555,8 @@ async fn each_component_does_its_job_with_only_its_rights_and_the_agent_writes_o
             "metadata": {"name": "pod-editor", "namespace": "default"},
             "rules": [{"apiGroups": [""], "resources": ["pods"],
                 "verbs": ["get", "list", "create", "patch", "update"]},
-                {"apiGroups": [""], "resources": ["pods/binding"], "verbs": ["create"]}]}),
+                {"apiGroups": [""], "resources": ["pods/binding"], "verbs": ["create"]},
+                {"apiGroups": [""], "resources": ["pods/status"], "verbs": ["patch", "update"]}]}),
         json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
             "metadata": {"name": "alice-pod-editor", "namespace": "default"},
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pod-editor"},
@@ -1553,6 +1593,20 @@ async fn each_component_does_its_job_with_only_its_rights_and_the_agent_writes_o
         "a user changes a pod's device choice",
         alice_pods
             .patch(
+                "trainer",
+                &PatchParams::default(),
+                &Patch::Merge(
+                    json!({"metadata": {"annotations": {"fumarole.dev/devices": "nvidia7"}}}),
+                ),
+            )
+            .await,
+    );
+    assert!(message.contains(choice_policy), "{message}");
+    // Nor through pods/status, which keeps the annotations sent with a status update.
+    let message = forbidden(
+        "a user changes a pod's device choice through pods/status",
+        alice_pods
+            .patch_status(
                 "trainer",
                 &PatchParams::default(),
                 &Patch::Merge(
