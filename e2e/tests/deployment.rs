@@ -990,8 +990,10 @@ async fn each_component_does_its_job_with_only_its_rights_and_the_agent_writes_o
             )
             .await,
     );
+    // Two policies deny it too.
     assert!(
-        message.contains("only the huawei.com/AscendReal annotation"),
+        message.contains("only the huawei.com/AscendReal annotation")
+            || message.contains("set huawei.com/<Ascend chip>"),
         "{message}"
     );
     for name in ["npu-on-a", "npu-on-b"] {
@@ -1616,6 +1618,33 @@ async fn each_component_does_its_job_with_only_its_rights_and_the_agent_writes_o
             .await,
     );
     assert!(message.contains(choice_policy), "{message}");
+    // Huawei's NPU choice (huawei.com/<Ascend chip>), which the device plugins honour too.
+    let ascend_policy = "set huawei.com/<Ascend chip>";
+    let forged_npus: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "forged-npus", "annotations": {"huawei.com/Ascend910": "Ascend910-0"}},
+        "spec": {"containers": [{"name": "c", "image": "busybox"}]},
+    }))
+    .unwrap();
+    let message = forbidden(
+        "a user creates a pod with an NPU choice",
+        alice_pods
+            .create(&PostParams::default(), &forged_npus)
+            .await,
+    );
+    assert!(message.contains(ascend_policy), "{message}");
+    let message = forbidden(
+        "a user sets an NPU choice on a pod",
+        alice_pods
+            .patch(
+                "trainer",
+                &PatchParams::default(),
+                &Patch::Merge(
+                    json!({"metadata": {"annotations": {"huawei.com/Ascend910": "Ascend910-3"}}}),
+                ),
+            )
+            .await,
+    );
+    assert!(message.contains(ascend_policy), "{message}");
     // Nor through a Binding (the API server copies its annotations onto the pod), while a
     // Binding without one goes through: she may bind, not choose devices.
     let binding = |annotations: Value| {

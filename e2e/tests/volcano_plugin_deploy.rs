@@ -374,8 +374,25 @@ async fn plugin_places_a_pod_as_volcanos_scheduler_service_account_with_our_clus
     )
     .await
     .unwrap();
-    // The replaced device-choice policy is in force for the account (policies reach the API
-    // server's admission a moment after they change): a dry-run choice on a pod passes.
+    // A user who may patch pods: the policy holds for her before and after the replacement.
+    let alice = Identity::user("alice", &["system:authenticated"]);
+    for object in [
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": "pod-editor", "namespace": "default"},
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"]}]}),
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": "pod-editor", "namespace": "default"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pod-editor"},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "alice"}]}),
+    ] {
+        apply(&admin, &object, false).await.unwrap();
+    }
+    let alice_pods: Api<Pod> =
+        Api::namespaced(cluster.client_for(&alice).await.unwrap(), "default");
+    // The replaced device-choice policy is in force (policies reach the API server's admission
+    // a moment after they change): a dry-run choice on a pod passes for the account and is
+    // refused to alice with the new policy's words (a pass alone could also be a moment with
+    // no policy in force).
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
     let probe: Pod = serde_json::from_value(json!({
         "metadata": {"name": "probe"},
@@ -385,10 +402,11 @@ async fn plugin_places_a_pod_as_volcanos_scheduler_service_account_with_our_clus
     pods.create(&PostParams::default(), &probe).await.unwrap();
     let pods_as_scheduler: Api<Pod> = Api::namespaced(as_scheduler.clone(), "default");
     eventually(
-        "the account may write a device choice",
+        "the replaced device-choice policy in force",
         Duration::from_secs(30),
         || {
             let pods = pods_as_scheduler.clone();
+            let alice_pods = alice_pods.clone();
             async move {
                 let choice =
                     json!({"metadata": {"annotations": {"fumarole.dev/devices": "probe"}}});
@@ -396,8 +414,13 @@ async fn plugin_places_a_pod_as_volcanos_scheduler_service_account_with_our_clus
                     dry_run: true,
                     ..Default::default()
                 };
-                let patched = pods.patch("probe", &params, &Patch::Merge(choice)).await;
-                Ok(patched.ok().map(drop))
+                let patched = pods.patch("probe", &params, &Patch::Merge(&choice)).await;
+                let hers = alice_pods
+                    .patch("probe", &params, &Patch::Merge(&choice))
+                    .await;
+                let refused = matches!(&hers, Err(kube::Error::Api(e))
+                    if e.code == 403 && e.message.contains("only fumarole's schedulers"));
+                Ok((patched.is_ok() && refused).then_some(()))
             }
         },
     )
@@ -440,22 +463,8 @@ async fn plugin_places_a_pod_as_volcanos_scheduler_service_account_with_our_clus
         );
     }
 
-    // The policy still holds for everyone else: a user who may patch pods may not change the
-    // device choice the plugin wrote.
-    let alice = Identity::user("alice", &["system:authenticated"]);
-    for object in [
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-            "metadata": {"name": "pod-editor", "namespace": "default"},
-            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "patch"]}]}),
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-            "metadata": {"name": "pod-editor", "namespace": "default"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pod-editor"},
-            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "alice"}]}),
-    ] {
-        apply(&admin, &object, false).await.unwrap();
-    }
-    let alice_pods: Api<Pod> =
-        Api::namespaced(cluster.client_for(&alice).await.unwrap(), "default");
+    // The policy still holds for everyone else: alice may not change the device choice the
+    // plugin wrote.
     eventually("alice may patch pods", Duration::from_secs(10), || async {
         let label = json!({"metadata": {"labels": {"team": "ml"}}});
         Ok(alice_pods
