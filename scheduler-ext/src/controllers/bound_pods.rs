@@ -149,7 +149,8 @@ pub async fn annotate(
             }
             Ok(None) => retries.settle(&key),
             Err(error) => {
-                let tries = retries.fail(&key, now);
+                // Paused from the failure, not from the round's start.
+                let tries = retries.fail(&key, Instant::now());
                 if tries % 10 == 1 {
                     tracing::warn!(pod = %key, node = %node, tries, %error, "cannot give devices to a bound pod yet; trying again");
                 }
