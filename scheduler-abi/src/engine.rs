@@ -5,10 +5,12 @@
 //! so an allocation never waits for the API server; where the scheduler has a hook before its
 //! bind (Volcano v1.14's PreBinder), the choice is written there instead, and the bind waits.
 
+use std::collections::HashMap;
 use std::fmt::Write as _;
+use std::future::Future;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow};
@@ -74,6 +76,61 @@ pub struct Engine {
     /// The scheduler calls [`Engine::prebind`] before each bind (Volcano v1.14's PreBinder):
     /// choices are written then, synchronously, not in the background at allocation.
     at_prebind: AtomicBool,
+    /// Each pod's writes, one at a time and the last asked for winning.
+    writes: Arc<PodWrites>,
+}
+
+/// One pod's writes: the number of the last one asked for, and the lock they take turns on.
+type Turns = (u64, Arc<tokio::sync::Mutex<()>>);
+
+/// The writes of device choices to pods, in the order the scheduler asked for them, pod by
+/// pod. An allocation's write and its undoing's removal (Volcano discards a gang's allocations
+/// in the session that made them) are asked for moments apart; run side by side they could
+/// land the wrong way round and leave a released choice on a pending pod, a promise that keeps
+/// its devices from every other pod. So a pod's writes run one at a time, and one that a later
+/// one for the same pod has superseded before it started is skipped.
+#[derive(Debug, Default)]
+pub struct PodWrites {
+    pods: std::sync::Mutex<HashMap<String, Turns>>,
+    asked: AtomicU64,
+}
+
+impl PodWrites {
+    fn pods(&self) -> std::sync::MutexGuard<'_, HashMap<String, Turns>> {
+        self.pods.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Asks for `write` on `pod` now; the returned future runs it after the pod's earlier
+    /// writes, or answers `None` when a later write for the pod was asked for before its turn.
+    pub fn ask<T, W: Future<Output = T>>(
+        self: &Arc<Self>,
+        pod: &str,
+        write: W,
+    ) -> impl Future<Output = Option<T>> + use<T, W> {
+        let number = self.asked.fetch_add(1, Ordering::Relaxed);
+        let turn = {
+            let mut pods = self.pods();
+            let entry = pods.entry(pod.to_string()).or_default();
+            entry.0 = number;
+            Arc::clone(&entry.1)
+        };
+        let this = Arc::clone(self);
+        let pod = pod.to_string();
+        async move {
+            let _turn = turn.lock().await;
+            let last =
+                |pods: &HashMap<String, Turns>| pods.get(&pod).is_some_and(|e| e.0 == number);
+            if !last(&this.pods()) {
+                return None;
+            }
+            let done = write.await;
+            let mut pods = this.pods();
+            if last(&pods) {
+                pods.remove(&pod);
+            }
+            Some(done)
+        }
+    }
 }
 
 impl Engine {
@@ -109,6 +166,7 @@ impl Engine {
             runtime: Some(runtime),
             notes,
             at_prebind: AtomicBool::new(false),
+            writes: Arc::default(),
         })
     }
 
@@ -120,6 +178,7 @@ impl Engine {
             runtime: None,
             notes,
             at_prebind: AtomicBool::new(false),
+            writes: Arc::default(),
         })
     }
 
@@ -201,11 +260,13 @@ impl Engine {
             && !self.at_prebind.load(Ordering::Relaxed)
         {
             let svc = Arc::clone(&self.svc);
-            runtime.spawn(async move {
+            let key = pod_key(&pod);
+            let write = async move {
                 if let Err(e) = svc.write_choice(&pod, Some(commit)).await {
                     tracing::warn!(error = %e, "writing a device choice failed");
                 }
-            });
+            };
+            runtime.spawn(self.writes.ask(&key, write));
         }
         Ok(true)
     }
@@ -227,10 +288,15 @@ impl Engine {
         let Some(runtime) = &self.runtime else {
             return Ok(true);
         };
-        let write = self.svc.write_choice(pod, Some(commit));
+        let write = self
+            .writes
+            .ask(&pod_key(pod), self.svc.write_choice(pod, Some(commit)));
         match runtime.block_on(async { tokio::time::timeout(PREBIND_WRITE_TIMEOUT, write).await }) {
-            Ok(Ok(_)) => Ok(true),
-            Ok(Err(e)) => Err(anyhow!("writing the device choice: {e}")),
+            Ok(Some(Ok(_))) => Ok(true),
+            Ok(Some(Err(e))) => Err(anyhow!("writing the device choice: {e}")),
+            Ok(None) => Err(anyhow!(
+                "the allocation was undone while its device choice waited to be written"
+            )),
             Err(_) => Err(anyhow!(
                 "writing the device choice: no answer from the API server in {PREBIND_WRITE_TIMEOUT:?}"
             )),
@@ -263,12 +329,14 @@ impl Engine {
         if let Some(runtime) = &self.runtime
             && let Some(effects) = self.svc.effects().cloned()
         {
-            runtime.spawn(async move {
+            let pod = key.clone();
+            let remove = async move {
                 let (ns, name) = key.split_once('/').unwrap_or(("default", key.as_str()));
                 if let Err(e) = effects.annotate(ns, name, None).await {
                     tracing::warn!(pod = %key, error = %e, "removing a device choice failed");
                 }
-            });
+            };
+            runtime.spawn(self.writes.ask(&pod, remove));
         }
         true
     }
@@ -297,4 +365,44 @@ async fn kube_config(config: &EngineConfig) -> Result<kube::Config> {
     }
     kc.default_retry = false;
     Ok(kc)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// A write that takes `ms` and then records `what`.
+    async fn write(log: Arc<std::sync::Mutex<Vec<&'static str>>>, what: &'static str, ms: u64) {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+        log.lock().unwrap().push(what);
+    }
+
+    #[tokio::test]
+    async fn a_pods_writes_land_in_the_order_asked_and_the_superseded_are_skipped() {
+        let writes = Arc::new(PodWrites::default());
+        let log = Arc::new(std::sync::Mutex::new(Vec::new()));
+        // A slow write, then its removal: the removal waits for it and lands last.
+        let set = tokio::spawn(writes.ask("ns/a", write(log.clone(), "set a", 50)));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let remove = tokio::spawn(writes.ask("ns/a", write(log.clone(), "remove a", 0)));
+        // Another pod does not wait for pod a.
+        let other = tokio::spawn(writes.ask("ns/b", write(log.clone(), "set b", 0)));
+        assert_eq!(other.await.unwrap(), Some(()));
+        assert_eq!(set.await.unwrap(), Some(()));
+        assert_eq!(remove.await.unwrap(), Some(()));
+        assert_eq!(*log.lock().unwrap(), ["set b", "set a", "remove a"]);
+        // Three asked while the first runs: the middle one is superseded before its turn.
+        log.lock().unwrap().clear();
+        let first = tokio::spawn(writes.ask("ns/a", write(log.clone(), "set a", 50)));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let second = tokio::spawn(writes.ask("ns/a", write(log.clone(), "remove a", 0)));
+        let third = tokio::spawn(writes.ask("ns/a", write(log.clone(), "set a again", 0)));
+        assert_eq!(first.await.unwrap(), Some(()));
+        assert_eq!(second.await.unwrap(), None);
+        assert_eq!(third.await.unwrap(), Some(()));
+        assert_eq!(*log.lock().unwrap(), ["set a", "set a again"]);
+        // Nothing is kept once a pod's last write is done.
+        assert!(writes.pods().is_empty());
+    }
 }
