@@ -118,26 +118,11 @@ async fn run_chain(decider: Decider) {
     )
     .await
     .unwrap();
-    // What the deciders and agents logged of those pods says whose side was late.
-    let logs = std::fs::read_dir(cluster.root().join("logs"))
-        .map(|dir| dir.flatten().map(|e| e.path()).collect::<Vec<_>>())
-        .unwrap_or_default();
-    let said: Vec<String> = logs
-        .iter()
-        .filter(|p| {
-            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
-                n.ends_with(".log") && (n.starts_with("fumarole") || n.starts_with("vc-scheduler"))
-            })
-        })
-        .filter_map(|p| std::fs::read_to_string(p).ok())
-        .flat_map(|log| log.lines().map(str::to_string).collect::<Vec<_>>())
-        .filter(|line| {
-            warnings
-                .iter()
-                .any(|w| w.split(':').next().is_some_and(|pod| line.contains(pod)))
-        })
-        .collect();
-    assert!(warnings.is_empty(), "{warnings:#?}\n{}", said.join("\n"));
+    assert!(
+        warnings.is_empty(),
+        "{warnings:#?}\n{}",
+        logged_of(&cluster, &warnings)
+    );
     // The plugin neither failed to start nor stopped a panic.
     if let Decider::Volcano(Way::Plugin) = decider {
         common::assert_no_failed_calls(&cluster);
@@ -157,4 +142,31 @@ async fn volcano_choice_is_what_every_container_gets() {
 #[tokio::test(flavor = "multi_thread")]
 async fn volcano_plugin_choice_is_what_every_container_gets() {
     run_chain(Decider::Volcano(Way::Plugin)).await;
+}
+
+/// Every line the deciders and agents logged of the pods the `warnings` name (each starts with
+/// its pod's name): whose side was late.
+fn logged_of(cluster: &TestCluster, warnings: &[String]) -> String {
+    let pods: Vec<&str> = warnings
+        .iter()
+        .filter_map(|w| w.split(':').next())
+        .collect();
+    let logs = std::fs::read_dir(cluster.root().join("logs"))
+        .map(|dir| dir.flatten().map(|e| e.path()).collect::<Vec<_>>())
+        .unwrap_or_default();
+    logs.iter()
+        .filter(|p| {
+            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
+                n.ends_with(".log") && (n.starts_with("fumarole") || n.starts_with("vc-scheduler"))
+            })
+        })
+        .filter_map(|p| std::fs::read_to_string(p).ok())
+        .flat_map(|log| {
+            log.lines()
+                .filter(|line| pods.iter().any(|pod| line.contains(pod)))
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }

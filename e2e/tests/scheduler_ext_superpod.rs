@@ -683,16 +683,7 @@ async fn pod_group_crd_installed_after_start_is_watched() {
         .volcano_crds()
         .join("scheduling.volcano.sh_podgroups.yaml");
     cluster.install_crd_file(&crd).await.unwrap();
-    let groups: Api<DynamicObject> = Api::namespaced_with(
-        cluster.client(),
-        "default",
-        &scheduler_ext::live::pod_group_resource(),
-    );
-    let mut group =
-        DynamicObject::new("train", &scheduler_ext::live::pod_group_resource()).within("default");
-    group.metadata.annotations = Some(BTreeMap::from([("sp-block".to_string(), "16".to_string())]));
-    group.data = json!({"spec": {"minMember": 4, "queue": "default"}});
-    groups.create(&PostParams::default(), &group).await.unwrap();
+    create_pod_group(&cluster, "train", &[("sp-block", "16")]).await;
     let installed = std::time::Instant::now();
     eventually(
         "the extension to watch PodGroups",
@@ -711,6 +702,29 @@ async fn pod_group_crd_installed_after_start_is_watched() {
 
     let group = json!({"scheduling.k8s.io/group-name": "train"});
     kube_scheduler_job(&cluster, port, "train", group).await;
+}
+
+/// Creates PodGroup `name` in `default` (4 members, queue `default`) with `annotations`;
+/// returns the PodGroups of `default`.
+async fn create_pod_group(
+    cluster: &TestCluster,
+    name: &str,
+    annotations: &[(&str, &str)],
+) -> Api<DynamicObject> {
+    let resource = scheduler_ext::live::pod_group_resource();
+    let groups: Api<DynamicObject> = Api::namespaced_with(cluster.client(), "default", &resource);
+    let mut group = DynamicObject::new(name, &resource).within("default");
+    if !annotations.is_empty() {
+        group.metadata.annotations = Some(
+            annotations
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        );
+    }
+    group.data = json!({"spec": {"minMember": 4, "queue": "default"}});
+    groups.create(&PostParams::default(), &group).await.unwrap();
+    groups
 }
 
 /// How many views the extension on `port` has built in full (its
@@ -737,18 +751,10 @@ async fn a_pod_groups_status_updates_build_no_view_in_full() {
         .start_scheduler_ext(&["--super-pod-size=4"])
         .await
         .unwrap();
-    let groups: Api<DynamicObject> = Api::namespaced_with(
-        cluster.client(),
-        "default",
-        &scheduler_ext::live::pod_group_resource(),
-    );
-    let mut group =
-        DynamicObject::new("steady", &scheduler_ext::live::pod_group_resource()).within("default");
-    group.data = json!({"spec": {"minMember": 4, "queue": "default"}});
-    groups.create(&PostParams::default(), &group).await.unwrap();
-    // The creation's own round is over once the count holds for a second.
+    let groups = create_pod_group(&cluster, "steady", &[]).await;
+    // The creation's own round is over once the count holds for a second (30 s at most).
     let mut before = full_builds(port).await;
-    loop {
+    for _ in 0..30 {
         tokio::time::sleep(Duration::from_secs(1)).await;
         let now = full_builds(port).await;
         if now == before {

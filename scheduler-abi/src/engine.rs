@@ -90,7 +90,7 @@ type Turns = (u64, Arc<tokio::sync::Mutex<()>>);
 /// its devices from every other pod. So a pod's writes run one at a time, and one that a later
 /// one for the same pod has superseded before it started is skipped.
 #[derive(Debug, Default)]
-pub struct PodWrites {
+struct PodWrites {
     pods: std::sync::Mutex<HashMap<String, Turns>>,
     asked: AtomicU64,
 }
@@ -102,7 +102,7 @@ impl PodWrites {
 
     /// Asks for `write` on `pod` now; the returned future runs it after the pod's earlier
     /// writes, or answers `None` when a later write for the pod was asked for before its turn.
-    pub fn ask<T, W: Future<Output = T>>(
+    fn ask<T, W: Future<Output = T>>(
         self: &Arc<Self>,
         pod: &str,
         write: W,
