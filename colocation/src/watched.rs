@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use fumarole_topology::every::Every;
 use futures::StreamExt;
 use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use kube::{Api, Resource};
 use serde::de::DeserializeOwned;
 use tokio::sync::{Notify, watch};
@@ -37,8 +37,9 @@ where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
 {
-    /// Starts watching what `config` selects through `api`, with kube-rs' default backoff: a
-    /// lost watch is re-listed, never given up.
+    /// Starts watching what `config` selects through `api`, with kube-rs' default backoff
+    /// (never reset by the watcher's own `Init`, see `fumarole_watch_retry`): a lost watch is
+    /// re-listed, never given up.
     pub fn spawn(api: Api<K>, config: watcher::Config) -> Self {
         Self::spawn_observed(api, config, |_| {})
     }
@@ -52,7 +53,8 @@ where
         observe: impl Fn(&watcher::Event<K>) + Send + 'static,
     ) -> Self {
         let (store, writer) = reflector::store();
-        let stream = reflector::reflector(writer, watcher(api, config)).default_backoff();
+        let stream =
+            reflector::reflector(writer, fumarole_watch_retry::retry(watcher(api, config)));
         let changed = Arc::new(Notify::new());
         let notify = changed.clone();
         let kind = K::kind(&K::DynamicType::default()).to_string();

@@ -46,6 +46,10 @@ pub enum Fault {
     Gone,
     /// Every connection is closed without an answer.
     Reset,
+    /// An API server coming back after etcd compacted its history: every watch ends at once
+    /// with `410 Gone`, so the watchers must list again, and every other request is answered
+    /// with this status (503) while it holds.
+    Outage(u16),
     /// A network cut that lets requests through but no answers: every write is forwarded (it
     /// takes effect) and its connection closed instead of the answer; every read is closed
     /// unanswered, so watches see nothing until the fault ends.
@@ -62,6 +66,8 @@ pub struct Record {
     pub method: String,
     pub path: String,
     pub watch: bool,
+    /// A GET of a collection with `limit`, as kube's watcher lists.
+    pub list: bool,
     /// The status answered; 0 when the connection was closed instead.
     pub status: u16,
 }
@@ -187,6 +193,7 @@ async fn handle(shared: &Shared, req: Request<Incoming>) -> Result<Answer, std::
     let watch = query
         .split('&')
         .any(|kv| kv == "watch=true" || kv == "watch=1");
+    let list = method == "GET" && !watch && query.split('&').any(|kv| kv.starts_with("limit="));
     let write = matches!(method.as_str(), "POST" | "PUT" | "PATCH" | "DELETE");
     let headers = req.headers();
     let client = headers
@@ -201,6 +208,7 @@ async fn handle(shared: &Shared, req: Request<Incoming>) -> Result<Answer, std::
         method,
         path,
         watch,
+        list,
         status: 0,
     };
     let answer = match fault {
@@ -225,22 +233,14 @@ async fn handle(shared: &Shared, req: Request<Incoming>) -> Result<Answer, std::
             Some(r)
         }
         Fault::ServerError(code) => Some(status(code, "InternalError", "injected server error")),
+        Fault::Outage(_) if watch => Some(gone()),
+        Fault::Outage(code) => Some(status(code, "InternalError", "injected server error")),
         Fault::Conflict if write => Some(status(
             409,
             "Conflict",
             "the object has been modified; please apply your changes to the latest version",
         )),
-        Fault::Gone if watch => {
-            let event = json!({"type": "ERROR", "object": {"apiVersion": "v1", "kind": "Status",
-                "status": "Failure", "message": "too old resource version", "reason": "Expired",
-                "code": 410}});
-            let mut r = Response::new(ProxyBody::full(format!("{event}\n")));
-            r.headers_mut().insert(
-                http::header::CONTENT_TYPE,
-                http::HeaderValue::from_static("application/json"),
-            );
-            Some(r)
-        }
+        Fault::Gone if watch => Some(gone()),
         Fault::Latency(wait) => {
             tokio::time::sleep(wait).await;
             Some(forward(shared, req, watch.then_some(cut)).await)
@@ -254,6 +254,19 @@ async fn handle(shared: &Shared, req: Request<Incoming>) -> Result<Answer, std::
         records.push(record);
     }
     answer.ok_or_else(|| std::io::Error::other("injected connection reset"))
+}
+
+/// A watch that ends at once with `410 Gone` (`Expired`), as after an etcd compaction.
+fn gone() -> Answer {
+    let event = json!({"type": "ERROR", "object": {"apiVersion": "v1", "kind": "Status",
+        "status": "Failure", "message": "too old resource version", "reason": "Expired",
+        "code": 410}});
+    let mut r = Response::new(ProxyBody::full(format!("{event}\n")));
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    r
 }
 
 /// A Status answer.

@@ -1,11 +1,14 @@
 //! API-server faults the agents survive: three agents (`fumarole-agent run`, publishing) talk
 //! to the real API server through a [`FaultProxy`] that answers, one fault at a time, 429 with
 //! Retry-After, 503, 409 on writes, 3 s of latency, 410 Gone on every watch (an etcd
-//! compaction) and connection resets. While a fault holds, each node's truth changes (the
-//! kubelet hands out other CPUs); after it, every agent's `Numatopology` must be the truth.
+//! compaction), connection resets, and for 20 s an API server back from a compaction (410 on
+//! every watch, 503 on the rest: the watchers list and fail). While a fault holds, each node's
+//! truth changes (the kubelet hands out other CPUs); after it, every agent's `Numatopology`
+//! must be the truth.
 //! Checked through the proxy's record of every request: retries after a 429 wait at least its
 //! Retry-After, failed writes are retried no sooner than 150 ms (no retry storm), and no agent
-//! sends more than a bounded number of requests in any second.
+//! sends more than a bounded number of requests in any second, and no watch (agents' or the
+//! extension's) lists again at its backoff's first step after every failed list.
 //! The scheduler extension watches through the same proxy: it reports itself unready while
 //! its watches fail (resets, 503) and ready again after every fault. And when the answer to
 //! its Binding is lost (the Binding applied, the connection closed), it keeps the devices the
@@ -126,6 +129,45 @@ async fn converged(cluster: &TestCluster, agents: &[Agent], free: &[String]) -> 
     started.elapsed()
 }
 
+/// Most failed lists of one watch (client and path) while one fault holds (20 s at most):
+/// each is retried after a backoff that grows (kube's default from 0.8 s, the extension's
+/// from 0.25 s, doubling), about 5 in 20 s. Retried at the first step again and again (the
+/// backoff reset by the watcher's own `Init` before every list), it is 15 to 50.
+const MAX_FAILED_LISTS: usize = 8;
+
+/// Every watch whose lists failed while `fault` held backed off between them.
+fn failed_lists_back_off(fault: &Fault, records: &[Record]) {
+    let mut per_watch: std::collections::BTreeMap<(&str, &str), Vec<Duration>> =
+        std::collections::BTreeMap::new();
+    for r in records.iter().filter(|r| r.list && r.status != 200) {
+        per_watch
+            .entry((r.client.as_str(), r.path.as_str()))
+            .or_default()
+            .push(r.at);
+    }
+    let most = per_watch.values().map(Vec::len).max().unwrap_or(0);
+    println!(
+        "{fault:?}: {} watches with failed lists, at most {most} failed lists per watch",
+        per_watch.len()
+    );
+    if matches!(fault, Fault::Outage(_)) {
+        // Else the check below proves nothing: the outage must make the watchers list.
+        assert!(
+            most >= 3,
+            "{fault:?}: no watch listed again and again: {}",
+            by_path(&records.iter().collect::<Vec<_>>())
+        );
+    }
+    for ((client, path), at) in &per_watch {
+        let gaps: Vec<Duration> = at.windows(2).map(|w| w[1] - w[0]).collect();
+        assert!(
+            at.len() <= MAX_FAILED_LISTS,
+            "{fault:?}: {client} listed {path} {} times, failing, gaps {gaps:.2?}",
+            at.len()
+        );
+    }
+}
+
 /// Requests per method, path and kind, most first: what a failed bound was spent on.
 fn by_path(records: &[&Record]) -> String {
     let mut counts: std::collections::BTreeMap<String, usize> = Default::default();
@@ -226,6 +268,8 @@ async fn agents_converge_through_api_server_faults_with_bounded_spread_retries()
         (Fault::Latency(Duration::from_secs(3)), 10),
         (Fault::Gone, 8),
         (Fault::Reset, 8),
+        // The long one: lists fail for 20 s, so a watcher's backoff must grow.
+        (Fault::Outage(503), 20),
     ];
     for (round, (fault, hold_s)) in faults.into_iter().enumerate() {
         let from = proxy.now();
@@ -249,7 +293,10 @@ async fn agents_converge_through_api_server_faults_with_bounded_spread_retries()
         let took = converged(&cluster, &agents, &free).await;
         ready_again(&cluster, ext).await;
         cluster.check_processes().unwrap();
-        if matches!(fault, Fault::Reset | Fault::ServerError(_)) {
+        if matches!(
+            fault,
+            Fault::Reset | Fault::ServerError(_) | Fault::Outage(_)
+        ) {
             assert!(
                 unready,
                 "{fault:?}: the extension stayed ready with its watches failing: {timeline:#?}"
@@ -281,6 +328,7 @@ async fn agents_converge_through_api_server_faults_with_bounded_spread_retries()
             );
         }
         println!("{line}");
+        failed_lists_back_off(&fault, &records);
 
         match fault {
             Fault::TooManyRequests { retry_after_s } => {

@@ -51,6 +51,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use fumarole_topology::crd::{DeviceTopology, Numatopology};
+use fumarole_watch_retry::retry_with;
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::ResourceClaim;
@@ -524,9 +525,11 @@ async fn start_pod_groups(
         Api::all_with(client.clone(), &pod_group_resource());
     let (now, error) = probe_pod_groups(&probe_api).await;
     let watch = |watches: Watches, late: bool| {
-        let stream = watcher(meta_api, watcher::Config::default())
-            .backoff(WatchBackoff::default())
-            .reflect(writer);
+        let stream = retry_with(
+            watcher(meta_api, watcher::Config::default()),
+            WatchBackoff::default(),
+        )
+        .reflect(writer);
         let listed = std::sync::atomic::AtomicBool::new(!late);
         let read = std::sync::Mutex::new(PodGroupsRead::default());
         let changes = watches.changes.clone();
@@ -568,9 +571,11 @@ where
     K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
 {
     let (store, writer) = reflector::store();
-    let stream = watcher(api, watcher::Config::default())
-        .backoff(WatchBackoff::default())
-        .reflect(writer);
+    let stream = retry_with(
+        watcher(api, watcher::Config::default()),
+        WatchBackoff::default(),
+    )
+    .reflect(writer);
     watches.freshness.track(kind);
     tokio::spawn(drive(kind, stream, watches.clone(), |_| {}));
     store
@@ -585,9 +590,7 @@ fn reflect_pods(
 ) -> PodStore {
     let store = PodStore::default();
     let config = watcher::Config::default().fields("status.phase!=Succeeded,status.phase!=Failed");
-    let stream = watcher(api, config)
-        .backoff(WatchBackoff::default())
-        .modify(trim_pod);
+    let stream = retry_with(watcher(api, config), WatchBackoff::default()).modify(trim_pod);
     watches.freshness.track(POD);
     let writer = store.clone();
     let changes = watches.changes.clone();
@@ -758,9 +761,11 @@ pub async fn start(
     let node_store = {
         let (store, writer) = reflector::store();
         let api: Api<PartialObjectMeta<Node>> = Api::all(client.clone());
-        let stream = watcher(api, watcher::Config::default())
-            .backoff(WatchBackoff::default())
-            .reflect(writer);
+        let stream = retry_with(
+            watcher(api, watcher::Config::default()),
+            WatchBackoff::default(),
+        )
+        .reflect(writer);
         watches.freshness.track("Node");
         tokio::spawn(drive("Node", stream, watches.clone(), |_| {}));
         store

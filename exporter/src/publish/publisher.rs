@@ -151,9 +151,11 @@ impl Publisher {
             let store = writer.as_reader();
             let stream = reflector::reflector(
                 writer,
-                watcher(api.clone(), watcher::Config::default().fields(fields)),
+                fumarole_watch_retry::retry(watcher(
+                    api.clone(),
+                    watcher::Config::default().fields(fields),
+                )),
             )
-            .default_backoff()
             .touched_objects();
             let wake = wake.clone();
             let kind = ar.kind.clone();

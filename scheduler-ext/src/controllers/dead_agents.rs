@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use fumarole_topology::colocation::{self, HEARTBEAT_LABEL, Leftovers, heartbeat_of};
 use fumarole_topology::every::Every;
+use fumarole_watch_retry::retry_with;
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
@@ -47,9 +48,11 @@ struct Seen {
 pub async fn run(client: Client, namespace: String, svc: Arc<Service>) {
     let leases: Api<Lease> = Api::namespaced(client.clone(), &namespace);
     let (store, writer) = reflector::store();
-    let stream = watcher(leases, watcher::Config::default().labels(HEARTBEAT_LABEL))
-        .backoff(crate::freshness::WatchBackoff::default())
-        .reflect(writer);
+    let stream = retry_with(
+        watcher(leases, watcher::Config::default().labels(HEARTBEAT_LABEL)),
+        crate::freshness::WatchBackoff::default(),
+    )
+    .reflect(writer);
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
         let mut warn = Every::new(Duration::from_secs(30));
