@@ -417,3 +417,50 @@ async fn a_bound_pods_refused_choice_is_written_once_the_refusal_passes() {
         );
     }
 }
+
+/// Volcano's `allocateFunc` and `deallocateFunc` come before a bind. Called for a bound pod
+/// (by anyone who holds Volcano's token) they would free the devices a running pod holds, so
+/// the next pod is given them, or move its choice to another node: both are refused, and the
+/// pod keeps its devices.
+#[tokio::test]
+async fn volcanos_allocate_and_deallocate_refuse_a_bound_pod() {
+    let (cluster, port) = common::cluster_with_extender(&common::two_dgx(), &[]).await;
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let mut pod = gpu_pod("running", 2, json!({}));
+    pod.spec.as_mut().unwrap().scheduler_name = Some("volcano".into());
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    let bind = json!({
+        "apiVersion": "v1", "kind": "Binding", "metadata": {"name": "running"},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": "dgx-a"}
+    });
+    let _: serde_json::Value = pods
+        .create_subresource("binding", "running", &PostParams::default(), &bind)
+        .await
+        .unwrap();
+    let devices = eventually("running annotated", Duration::from_secs(60), || {
+        let pods = pods.clone();
+        async move { Ok(common::devices_of(&pods.get("running").await?)) }
+    })
+    .await
+    .unwrap();
+
+    let live = serde_json::to_value(pods.get("running").await.unwrap()).unwrap();
+    for (verb, node) in [("deallocateFunc", ""), ("allocateFunc", "dgx-b")] {
+        let answer = fumarole_e2e::cluster::http_post_json(
+            port,
+            &format!("/volcano/{verb}"),
+            &json!({"task": {"Pod": live, "NodeName": node}}),
+        )
+        .await
+        .unwrap();
+        assert!(
+            answer.contains("is already bound to node dgx-a"),
+            "{verb}: {answer}"
+        );
+        assert_eq!(
+            common::devices_of(&pods.get("running").await.unwrap()),
+            Some(devices.clone()),
+            "{verb} changed the running pod's devices"
+        );
+    }
+}

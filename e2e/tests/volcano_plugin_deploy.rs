@@ -324,6 +324,39 @@ async fn plugin_manifests_and_chart_option_grant_the_same_rights_and_match_volca
         after["spec"]["template"]["spec"]["volumes"],
         before["spec"]["template"]["spec"]["volumes"]
     );
+
+    // The configuration (and the extender's token) from a Secret: the same volume, now a
+    // Secret's, mounted where the scheduler reads its file; nothing else changes.
+    let from_secret =
+        documents(&deploy_dir().join("daemonset/examples/volcano-scheduler-conf-from-secret.yaml"))
+            .unwrap();
+    let secret_sourced = deployments
+        .patch(
+            VOLCANO_SCHEDULER,
+            &PatchParams::default(),
+            &Patch::Strategic(&from_secret[0].1),
+        )
+        .await
+        .unwrap();
+    let secret_sourced = serde_json::to_value(secret_sourced).unwrap();
+    let volumes = secret_sourced["spec"]["template"]["spec"]["volumes"].clone();
+    let config = volumes
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "scheduler-config")
+        .unwrap();
+    assert_eq!(
+        config["secret"]["secretName"], "volcano-scheduler-conf",
+        "{volumes}"
+    );
+    assert!(config.get("configMap").is_none(), "{volumes}");
+    assert_eq!(containers(&secret_sourced), containers(&after));
+    let args = containers(&secret_sourced)[0]["args"].to_string();
+    assert!(
+        args.contains("--scheduler-conf=/volcano.scheduler/volcano-scheduler.conf"),
+        "{args}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

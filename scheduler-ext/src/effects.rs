@@ -60,6 +60,27 @@ pub enum PodCheckError {
     },
     #[error("pod {pod} is scheduled by {scheduler:?}, which this service does not serve")]
     NotOurs { pod: String, scheduler: String },
+    /// Volcano's `allocateFunc` and `deallocateFunc` come before a bind, never after: a call
+    /// for a bound pod would move or free devices that a running pod holds.
+    #[error("pod {pod} is already bound to node {node}; its devices change only when it ends")]
+    Bound { pod: String, node: String },
+}
+
+impl PodCheckError {
+    /// `pod`, unless it is bound to a node ([`PodCheckError::Bound`]).
+    pub fn unbound(pod: Pod) -> Result<Pod, PodCheckError> {
+        match pod.spec.as_ref().and_then(|s| s.node_name.clone()) {
+            Some(node) if !node.is_empty() => Err(PodCheckError::Bound {
+                pod: format!(
+                    "{}/{}",
+                    pod.metadata.namespace.as_deref().unwrap_or("default"),
+                    pod.metadata.name.as_deref().unwrap_or_default()
+                ),
+                node,
+            }),
+            _ => Ok(pod),
+        }
+    }
 }
 
 /// What [`Effects::withdraw`] did.

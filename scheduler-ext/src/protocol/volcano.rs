@@ -192,8 +192,8 @@ pub fn prioritize(svc: &Service, req: &PrioritizeRequest) -> PrioritizeResponse 
 
 /// `allocateFunc`: the task is allocated to `TaskInfo.NodeName`; commit its devices and, in
 /// live mode, write them on the pod. The pod is re-read from the API server (the body's copy
-/// is never trusted): a pod that does not exist, has another uid, or belongs to another
-/// scheduler is refused. Group placement refuses nothing here (the allocation stands either
+/// is never trusted): a pod that does not exist, has another uid, belongs to another
+/// scheduler or is already bound is refused. Group placement refuses nothing here (the allocation stands either
 /// way); while these calls come, Volcano's plans may lapse ([`Asker::Volcano`]).
 pub async fn allocate(svc: &Service, req: &EventHandlerRequest) -> EventHandlerResponse {
     let task = req.task.as_ref();
@@ -213,10 +213,11 @@ pub async fn allocate(svc: &Service, req: &EventHandlerRequest) -> EventHandlerR
     };
     svc.decider().allocate_func_called();
     let (ns, name) = ns_name(claimed);
-    let error_message = match svc
+    let live = svc
         .checked_pod(&ns, &name, claimed.metadata.uid.as_deref())
         .await
-    {
+        .and_then(|live| live.map(PodCheckError::unbound).transpose());
+    let error_message = match live {
         Err(e) => e.to_string(),
         Ok(live) => {
             let pod = live.as_ref().unwrap_or(claimed);
@@ -245,8 +246,9 @@ pub async fn allocate(svc: &Service, req: &EventHandlerRequest) -> EventHandlerR
 }
 
 /// `deallocateFunc`: the allocation was undone; release the devices and the annotation. A pod
-/// that still exists must be the one named (uid) and ours; a deleted one only loses its
-/// commit.
+/// that still exists must be the one named (uid), ours and not bound (Volcano also calls this
+/// for a running pod it evicts: its devices are freed when it ends, as the pod watch sees);
+/// a deleted one only loses its commit.
 pub async fn deallocate(svc: &Service, req: &EventHandlerRequest) -> EventHandlerResponse {
     let Some(claimed) = task_pod(req.task.as_ref()) else {
         return EventHandlerResponse {
@@ -254,10 +256,11 @@ pub async fn deallocate(svc: &Service, req: &EventHandlerRequest) -> EventHandle
         };
     };
     let (ns, name) = ns_name(claimed);
-    let exists = match svc
+    let live = svc
         .checked_pod(&ns, &name, claimed.metadata.uid.as_deref())
         .await
-    {
+        .and_then(|live| live.map(PodCheckError::unbound).transpose());
+    let exists = match live {
         Ok(_) => true,
         Err(PodCheckError::Unknown { .. }) => false,
         Err(e) => {
