@@ -6,9 +6,10 @@
 //!
 //! Both run as their ServiceAccounts from `deploy/daemonset` (the agent with a token bound to
 //! its node), so the test also proves the RBAC and the node-scoped admission policy allow the
-//! heartbeat and the clean-up, and that an agent may write no Lease but its own node's. Needs root and cgroup v1 `cpu`, `cpuacct` and `memory`
-//! hierarchies (the agent's batch resources come from the kernel's usage counters); skipped
-//! otherwise.
+//! heartbeat and the clean-up, and that an agent may write no Lease but its own node's; and
+//! that a Lease labelled with the node but named for another does not aim the clean-up at it.
+//! Needs root and cgroup v1 `cpu`, `cpuacct` and `memory` hierarchies (the agent's batch
+//! resources come from the kernel's usage counters); its skip is recorded otherwise.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -190,6 +191,16 @@ async fn a_killed_agents_taint_and_batch_resources_go_when_its_heartbeat_expires
             "the agent of {NODE} wrote the Lease {name}: {refused:?}"
         );
     }
+    // A Lease labelled with this node but named for another (written here as an admin; the
+    // policy refuses it to agents, see the deployment e2e) that nobody renews: no heartbeat of
+    // this node, so its expiry must not aim the clean-up at it.
+    let mut aimed = lease.clone();
+    aimed.metadata = kube::api::ObjectMeta {
+        name: Some("fumarole-agent-aimed".into()),
+        labels: lease.metadata.labels.clone(),
+        ..Default::default()
+    };
+    leases.create(&PostParams::default(), &aimed).await.unwrap();
     // A live agent keeps what it wrote: three lease durations, nothing removed.
     tokio::time::sleep(Duration::from_secs(3 * LEASE_S)).await;
     assert_eq!(leftovers(&nodes).await, (false, true, true));

@@ -733,8 +733,39 @@ async fn each_component_does_its_job_with_only_its_rights_and_the_agent_writes_o
         )
         .await
         .unwrap();
+    // Its own heartbeat Lease, labelled with its node (the node the extension cleans up after
+    // when the Lease expires).
+    let agent_leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(as_agent.clone(), "fumarole-system");
+    let heartbeat = |labelled: &str| {
+        json!({
+            "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": "fumarole-agent-node-a", "namespace": "fumarole-system",
+                "labels": {"fumarole.dev/agent-heartbeat": labelled}},
+            "spec": {"leaseDurationSeconds": 40},
+        })
+    };
+    agent_leases
+        .patch(
+            "fumarole-agent-node-a",
+            &ssa,
+            &Patch::Apply(heartbeat("node-a")),
+        )
+        .await
+        .unwrap();
     let policy = "may write only the objects of its own node";
     let denied = [
+        (
+            "its own heartbeat Lease labelled with node-b (aiming the clean-up at node-b)",
+            agent_leases
+                .patch(
+                    "fumarole-agent-node-a",
+                    &ssa,
+                    &Patch::Apply(heartbeat("node-b")),
+                )
+                .await
+                .map(drop),
+        ),
         (
             "node-b's Ascend device-info ConfigMap",
             agent_configmaps

@@ -64,9 +64,14 @@ pub fn heartbeat_lease(
 }
 
 /// The node a heartbeat Lease speaks for and how long it lasts without renewal; `None` for a
-/// Lease that is not a heartbeat or lacks either.
+/// Lease that is not a heartbeat or lacks either, and for one whose label names another node
+/// than its name does (an agent may write only its own node's Lease, checked by name: a label
+/// naming a victim must not aim the dead-agent clean-up at it).
 pub fn heartbeat_of(lease: &Lease) -> Option<(String, std::time::Duration)> {
     let node = lease.metadata.labels.as_ref()?.get(HEARTBEAT_LABEL)?;
+    if lease.metadata.name.as_deref() != Some(lease_name(node).as_str()) {
+        return None;
+    }
     let seconds = lease.spec.as_ref()?.lease_duration_seconds?;
     let seconds = u64::try_from(seconds).ok().filter(|s| *s > 0)?;
     Some((node.clone(), std::time::Duration::from_secs(seconds)))
@@ -233,6 +238,14 @@ mod tests {
         let mut zero = lease.clone();
         zero.spec.as_mut().unwrap().lease_duration_seconds = Some(0);
         assert_eq!(heartbeat_of(&zero), None);
+        let mut aimed = lease.clone();
+        aimed
+            .metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert(HEARTBEAT_LABEL.into(), "victim".into());
+        assert_eq!(heartbeat_of(&aimed), None);
         let mut unlabelled = lease;
         unlabelled.metadata.labels = None;
         assert_eq!(heartbeat_of(&unlabelled), None);

@@ -10,10 +10,14 @@
 //! The agent, when it comes back, renews its Lease and writes what its rules say again.
 //!
 //! A replica that starts (or takes over) counts every Lease as renewed at start, so a dead
-//! agent's leftovers go at most one lease duration after that.
+//! agent's leftovers go at most one lease duration after that. While the Lease watch fails
+//! (and for [`QUIET_AFTER_RETRY`] after its last error) renewals cannot be seen, so no Lease
+//! expires and every clock starts again: an API outage longer than a lease does not make
+//! every node look dead at once. A Lease whose label names another node than its name is no
+//! heartbeat ([`heartbeat_of`]): an agent can write only its own node's Lease, by name.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fumarole_topology::colocation::{self, HEARTBEAT_LABEL, Leftovers, heartbeat_of};
@@ -28,6 +32,7 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource};
 
+use crate::freshness::QUIET_AFTER_RETRY;
 use crate::service::Service;
 
 /// How often the Leases are looked at.
@@ -41,6 +46,19 @@ struct Seen {
     since: Instant,
     /// This expiry has been dealt with.
     cleaned: bool,
+    /// Not a heartbeat ([`heartbeat_of`]), and said so.
+    ignored: bool,
+}
+
+impl Seen {
+    fn new(version: Option<String>, now: Instant) -> Self {
+        Seen {
+            version,
+            since: now,
+            cleaned: false,
+            ignored: false,
+        }
+    }
 }
 
 /// Watches the heartbeat Leases in `namespace` and, while `svc` leads, cleans up after the
@@ -53,11 +71,14 @@ pub async fn run(client: Client, namespace: String, svc: Arc<Service>) {
         crate::freshness::WatchBackoff::default(),
     )
     .reflect(writer);
+    let last_error: Arc<Mutex<Option<Instant>>> = Arc::default();
+    let errors = last_error.clone();
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
         let mut warn = Every::new(Duration::from_secs(30));
         while let Some(event) = stream.next().await {
             if let Err(e) = event {
+                *errors.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
                 if warn.due(Instant::now()) {
                     tracing::warn!(%namespace, error = %e, "watching the agents' heartbeat Leases failed; retrying");
                 } else {
@@ -81,7 +102,12 @@ pub async fn run(client: Client, namespace: String, svc: Arc<Service>) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let due = expired(&store, &mut seen, Instant::now());
+        let now = Instant::now();
+        let failed = *last_error.lock().unwrap_or_else(|p| p.into_inner());
+        // The watch retries at most WATCH_BACKOFF_MAX apart while it fails, so no error for
+        // QUIET_AFTER_RETRY means it works again.
+        let watching = failed.is_none_or(|t| now.duration_since(t) > QUIET_AFTER_RETRY);
+        let due = expired(&store, &mut seen, now, watching);
         if !svc.leads() {
             continue;
         }
@@ -110,8 +136,14 @@ struct Expired {
 }
 
 /// The heartbeats that have not changed for their duration and were not cleaned up after for
-/// this expiry yet; updates `seen`.
-fn expired(store: &Store<Lease>, seen: &mut BTreeMap<String, Seen>, now: Instant) -> Vec<Expired> {
+/// this expiry yet; updates `seen`. While the watch is not `watching`, none: every clock is
+/// held at `now` (renewals may be happening unseen).
+fn expired(
+    store: &Store<Lease>,
+    seen: &mut BTreeMap<String, Seen>,
+    now: Instant,
+    watching: bool,
+) -> Vec<Expired> {
     let leases = store.state();
     seen.retain(|name, _| {
         leases
@@ -120,23 +152,29 @@ fn expired(store: &Store<Lease>, seen: &mut BTreeMap<String, Seen>, now: Instant
     });
     let mut out = Vec::new();
     for lease in leases {
-        let (Some(name), Some((node, duration))) =
-            (lease.metadata.name.clone(), heartbeat_of(&lease))
-        else {
+        let Some(name) = lease.metadata.name.clone() else {
+            continue;
+        };
+        let Some((node, duration)) = heartbeat_of(&lease) else {
+            // Labelled as a heartbeat (the watch selects by label), but not one: said once.
+            let s = seen
+                .entry(name.clone())
+                .or_insert_with(|| Seen::new(None, now));
+            if !s.ignored {
+                s.ignored = true;
+                tracing::warn!(
+                    lease = name,
+                    "a Lease labelled as a heartbeat whose name is not fumarole-agent-<the node its label names>, or without a duration: ignored"
+                );
+            }
             continue;
         };
         let version = lease.metadata.resource_version.clone();
-        let s = seen.entry(name.clone()).or_insert_with(|| Seen {
-            version: version.clone(),
-            since: now,
-            cleaned: false,
-        });
-        if s.version != version {
-            *s = Seen {
-                version,
-                since: now,
-                cleaned: false,
-            };
+        let s = seen
+            .entry(name.clone())
+            .or_insert_with(|| Seen::new(version.clone(), now));
+        if s.version != version || s.ignored || !watching {
+            *s = Seen::new(version, now);
         }
         let quiet = now.duration_since(s.since);
         if quiet > duration && !s.cleaned {
@@ -235,13 +273,13 @@ mod tests {
         writer.apply_watcher_event(&WatchEvent::Apply(lease("b", "1")));
         let mut seen = BTreeMap::new();
         let t0 = Instant::now();
-        assert!(expired(&store, &mut seen, t0).is_empty());
+        assert!(expired(&store, &mut seen, t0, true).is_empty());
         // b renews; a does not.
         writer.apply_watcher_event(&WatchEvent::Apply(lease("b", "2")));
         let t1 = t0 + Duration::from_secs(8);
-        assert!(expired(&store, &mut seen, t1).is_empty());
+        assert!(expired(&store, &mut seen, t1, true).is_empty());
         let t2 = t0 + Duration::from_secs(11);
-        let out = expired(&store, &mut seen, t2);
+        let out = expired(&store, &mut seen, t2, true);
         assert_eq!(
             out,
             vec![Expired {
@@ -252,12 +290,12 @@ mod tests {
         );
         // Until cleaned it is reported again; after, not for the same expiry.
         seen.get_mut("fumarole-agent-a").unwrap().cleaned = true;
-        assert!(expired(&store, &mut seen, t2).is_empty());
+        assert!(expired(&store, &mut seen, t2, true).is_empty());
         // a comes back and lapses again: a new expiry.
         writer.apply_watcher_event(&WatchEvent::Apply(lease("a", "3")));
-        assert!(expired(&store, &mut seen, t2).is_empty());
+        assert!(expired(&store, &mut seen, t2, true).is_empty());
         let t3 = t2 + Duration::from_secs(11);
-        let mut nodes: Vec<String> = expired(&store, &mut seen, t3)
+        let mut nodes: Vec<String> = expired(&store, &mut seen, t3, true)
             .into_iter()
             .map(|e| e.node)
             .collect();
@@ -265,7 +303,47 @@ mod tests {
         assert_eq!(nodes, vec!["a".to_string(), "b".to_string()]);
         // A deleted Lease is forgotten.
         writer.apply_watcher_event(&WatchEvent::Delete(lease("b", "2")));
-        expired(&store, &mut seen, t3);
+        expired(&store, &mut seen, t3, true);
         assert!(!seen.contains_key("fumarole-agent-b"));
+    }
+
+    #[test]
+    fn no_lease_expires_while_the_watch_fails_and_every_clock_starts_again_after() {
+        let (store, mut writer) = reflector::store();
+        writer.apply_watcher_event(&WatchEvent::Apply(lease("a", "1")));
+        let mut seen = BTreeMap::new();
+        let t0 = Instant::now();
+        assert!(expired(&store, &mut seen, t0, true).is_empty());
+        // An outage longer than the lease: renewals are not seen, nothing expires.
+        let during = t0 + Duration::from_secs(30);
+        assert!(expired(&store, &mut seen, during, false).is_empty());
+        // The watch works again: a whole lease from then, not from the last renewal seen.
+        let after = during + Duration::from_secs(9);
+        assert!(expired(&store, &mut seen, after, true).is_empty());
+        let later = during + Duration::from_secs(11);
+        assert_eq!(expired(&store, &mut seen, later, true).len(), 1);
+    }
+
+    #[test]
+    fn a_lease_whose_label_names_another_node_is_no_heartbeat() {
+        let (store, mut writer) = reflector::store();
+        let mut aimed = lease("a", "1");
+        aimed
+            .metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert(HEARTBEAT_LABEL.into(), "victim".into());
+        writer.apply_watcher_event(&WatchEvent::Apply(aimed));
+        let mut seen = BTreeMap::new();
+        let t0 = Instant::now();
+        assert!(expired(&store, &mut seen, t0, true).is_empty());
+        let t1 = t0 + Duration::from_secs(60);
+        assert!(expired(&store, &mut seen, t1, true).is_empty());
+        // Put right, it is a heartbeat from then on.
+        writer.apply_watcher_event(&WatchEvent::Apply(lease("a", "2")));
+        assert!(expired(&store, &mut seen, t1, true).is_empty());
+        let t2 = t1 + Duration::from_secs(11);
+        assert_eq!(expired(&store, &mut seen, t2, true)[0].node, "a");
     }
 }
