@@ -163,6 +163,30 @@ mod tests {
         assert_eq!(*resets.lock().unwrap_or_else(|e| e.into_inner()), 2);
     }
 
+    /// Why this crate exists: kube's own `StreamBackoff` over the same failing lists resets
+    /// on every `Init` and retries at the first step each time. If this fails, kube changed
+    /// and this crate may no longer be needed.
+    #[tokio::test(start_paused = true)]
+    async fn kubes_stream_backoff_retries_failing_lists_at_its_first_step() {
+        use kube::runtime::WatchStreamExt;
+        let items = vec![
+            Ok(watcher::Event::Init),
+            failed(),
+            Ok(watcher::Event::Init),
+            failed(),
+            Ok(watcher::Event::Init),
+            failed(),
+            Ok(watcher::Event::Init),
+        ];
+        let start = Instant::now();
+        let at: Vec<u64> = futures::stream::iter(items)
+            .backoff(Doubling::default())
+            .map(|_| start.elapsed().as_secs())
+            .collect()
+            .await;
+        assert_eq!(at, [0, 0, 1, 1, 2, 2, 3]);
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_backoff_that_gives_up_ends_the_stream_after_the_error() {
         let backoff = Doubling {
