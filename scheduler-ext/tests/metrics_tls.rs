@@ -586,6 +586,52 @@ async fn connections_are_capped_and_slow_heads_cut_off() {
     server.stop().await;
 }
 
+/// At most `max_connections_per_peer` from one address: a client that holds them gets its
+/// next connection closed at once, while another address is still served.
+#[tokio::test]
+async fn one_peer_cannot_take_every_connection() {
+    let limits = Limits {
+        max_connections: 16,
+        max_connections_per_peer: 2,
+        ..Limits::default()
+    };
+    let app = axum::Router::new().route("/healthz", axum::routing::get(|| async { "ok\n" }));
+    let server = Running::start_with(app, None, limits).await;
+    let held_a = TcpStream::connect(server.addr).await.unwrap();
+    let held_b = TcpStream::connect(server.addr).await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let mut third = TcpStream::connect(server.addr).await.unwrap();
+    let mut buf = Vec::new();
+    let n = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        third.read_to_end(&mut buf),
+    )
+    .await
+    .expect("the peer's third connection is closed at once");
+    assert!(
+        n.is_err() || buf.is_empty(),
+        "{:?}",
+        String::from_utf8_lossy(&buf)
+    );
+    // Another address (127.0.0.2, on the loopback too) is served meanwhile.
+    let other = tokio::net::TcpSocket::new_v4().unwrap();
+    other.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+    let mut other = other.connect(server.addr).await.unwrap();
+    other
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    other.read_to_end(&mut answer).await.unwrap();
+    assert!(
+        answer.starts_with(b"HTTP/1.1 200"),
+        "{:?}",
+        String::from_utf8_lossy(&answer)
+    );
+    drop((held_a, held_b));
+    server.stop().await;
+}
+
 /// Every verb has a body limit sized to its requests: a `bind` body of 100 KiB is refused.
 #[tokio::test]
 async fn oversized_bodies_are_refused() {

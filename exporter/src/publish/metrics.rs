@@ -181,7 +181,7 @@ async fn healthz(State(m): State<Arc<Metrics>>) -> impl IntoResponse {
 }
 
 /// Serves `/metrics` and `/healthz` on `listener` until the process ends.
-pub async fn serve(listener: tokio::net::TcpListener, m: Arc<Metrics>) -> std::io::Result<()> {
+pub async fn serve(listener: tokio::net::TcpListener, m: Arc<Metrics>) -> anyhow::Result<()> {
     let app = Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
@@ -189,12 +189,55 @@ pub async fn serve(listener: tokio::net::TcpListener, m: Arc<Metrics>) -> std::i
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "serving /metrics and /healthz");
     }
-    axum::serve(listener, app).await
+    // The extension's limits (connections in all and per peer, header timeout): the port is
+    // open to the pod network, and a stuck or greedy client must not starve the scrapes.
+    fumarole_http_serve::serve(
+        listener,
+        app,
+        None,
+        fumarole_http_serve::Limits::default(),
+        std::future::pending(),
+    )
+    .await
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The agent's `/metrics` port has the extension's connection limits: one address that
+    /// holds its 128 connections gets its next one closed at once, and another is served.
+    #[tokio::test]
+    async fn one_peer_cannot_take_every_metrics_connection() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (m, ()) = Metrics::new(Duration::from_secs(10), |_| ());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(serve(listener, m));
+        let per_peer = fumarole_http_serve::Limits::default().max_connections_per_peer;
+        let mut held = Vec::new();
+        for _ in 0..per_peer {
+            held.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut next = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let mut buf = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(5), next.read_to_end(&mut buf))
+            .await
+            .expect("the next connection is closed at once");
+        assert!(read.is_err() || buf.is_empty(), "{buf:?}");
+        let other = tokio::net::TcpSocket::new_v4().unwrap();
+        other.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+        let mut other = other.connect(addr).await.unwrap();
+        other
+            .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut answer = Vec::new();
+        other.read_to_end(&mut answer).await.unwrap();
+        assert!(answer.starts_with(b"HTTP/1.1 200"), "{answer:?}");
+        drop(held);
+    }
 
     #[test]
     fn encodes_prefixed_metrics() {

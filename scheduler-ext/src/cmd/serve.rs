@@ -72,6 +72,10 @@ pub struct ServeArgs {
     /// Most connections open at once on each listener.
     #[arg(long, default_value_t = 512)]
     max_connections: usize,
+    /// Most connections open at once from one IP address on each listener, so that one
+    /// client cannot take every slot from the schedulers.
+    #[arg(long, default_value_t = 128)]
+    max_connections_per_peer: usize,
     /// Longest a request may take.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     request_timeout: Duration,
@@ -193,6 +197,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
     };
     let limits = Limits {
         max_connections: args.max_connections,
+        max_connections_per_peer: args.max_connections_per_peer,
         ..Limits::default()
     };
     let election = match args.cluster_snapshot {

@@ -6,5 +6,5 @@
 pub mod access;
 pub mod metrics;
 pub mod router;
-pub mod server;
+pub use fumarole_http_serve as server;
 pub mod ui;

@@ -5,21 +5,23 @@
 //!   ([`Tls::watch`]; certificates rotated by cert-manager or by hand need no restart), with the
 //!   certificate's expiry as a metric. With a client CA, clients may present a certificate: a
 //!   certificate that does not verify fails the handshake, and a verified one is known to the
-//!   routes as [`Peer::client`] (kube-scheduler's `tlsConfig.certFile`; see
-//!   [`crate::http::access`]). Without a certificate the connection is allowed and the routes
-//!   decide (Volcano's extender client cannot present one).
-//! - **Limits** ([`Limits`]): at most `max_connections` open connections (further ones are
-//!   closed at once), the TLS handshake and the request head each bounded in time, so slow or
+//!   routes as [`Peer::client`] (kube-scheduler's `tlsConfig.certFile`; see the extension's
+//!   `http::access`). Without a certificate the connection is allowed and the routes decide
+//!   (Volcano's extender client cannot present one).
+//! - **Limits** ([`Limits`]): at most `max_connections` open connections, and at most
+//!   `max_connections_per_peer` from one address, so one client cannot take every slot from the
+//!   schedulers (further ones are closed at once); the TLS handshake and the request head each bounded in time, so slow or
 //!   stuck clients hold up no one; per-route body limits and request timeouts are the router's
-//!   ([`crate::http::router`]).
+//!   (the extension's `http::router`).
 //! - **Shutdown**: when `shutdown` completes the listener stops accepting and open connections
 //!   finish their current request (at most [`DRAIN_TIMEOUT`]).
 //!
 //! Each connection runs hyper's HTTP/1.1 server with the [`Peer`] of the connection inserted
 //! into every request's extensions.
 
+use std::collections::HashMap;
 use std::future::Future;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicI64;
 use std::sync::{Arc, Mutex, RwLock};
@@ -63,6 +65,8 @@ pub struct TlsFiles {
 pub struct Limits {
     /// Most connections open at once; further ones are closed at once.
     pub max_connections: usize,
+    /// Most connections open at once from one IP address.
+    pub max_connections_per_peer: usize,
     /// Longest a client may take to complete the TLS handshake.
     pub handshake_timeout: Duration,
     /// Longest a client may take to send a request head (slow-loris).
@@ -73,6 +77,7 @@ impl Default for Limits {
     fn default() -> Self {
         Limits {
             max_connections: 512,
+            max_connections_per_peer: 128,
             handshake_timeout: Duration::from_secs(10),
             header_timeout: Duration::from_secs(10),
         }
@@ -300,6 +305,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let per_peer = PeerSlots::new(limits.max_connections_per_peer);
     let graceful = GracefulShutdown::new();
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
@@ -315,6 +321,10 @@ pub async fn serve(
             },
             () = &mut shutdown => break,
         };
+        let Some(peer_slot) = per_peer.take(addr.ip()) else {
+            tracing::warn!(%addr, max = limits.max_connections_per_peer, "too many connections from this address; closing this one");
+            continue;
+        };
         let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else {
             tracing::warn!(%addr, max = limits.max_connections, "too many connections; closing this one");
             continue;
@@ -324,7 +334,7 @@ pub async fn serve(
         let tls = tls.clone();
         let watcher = graceful.watcher();
         tokio::spawn(async move {
-            let _permit = permit;
+            let _permits = (permit, peer_slot);
             match tls {
                 None => {
                     let peer = Peer { addr, client: None };
@@ -358,6 +368,54 @@ pub async fn serve(
         tracing::warn!("connections still open after {DRAIN_TIMEOUT:?}; closing them");
     }
     Ok(())
+}
+
+/// The connections open per peer address.
+#[derive(Clone)]
+struct PeerSlots {
+    max: usize,
+    open: Arc<Mutex<HashMap<IpAddr, usize>>>,
+}
+
+/// One connection's place in [`PeerSlots`], given back when dropped.
+struct PeerSlot {
+    ip: IpAddr,
+    open: Arc<Mutex<HashMap<IpAddr, usize>>>,
+}
+
+impl PeerSlots {
+    fn new(max: usize) -> Self {
+        PeerSlots {
+            max: max.max(1),
+            open: Arc::default(),
+        }
+    }
+
+    /// A slot for one more connection from `ip`, unless it has `max` open.
+    fn take(&self, ip: IpAddr) -> Option<PeerSlot> {
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        let n = open.entry(ip).or_default();
+        if *n >= self.max {
+            return None;
+        }
+        *n += 1;
+        Some(PeerSlot {
+            ip,
+            open: Arc::clone(&self.open),
+        })
+    }
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = open.get_mut(&self.ip) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                open.remove(&self.ip);
+            }
+        }
+    }
 }
 
 /// Accept errors that concern one connection (or a passing shortage), not the listener.
