@@ -632,6 +632,39 @@ async fn one_peer_cannot_take_every_connection() {
     server.stop().await;
 }
 
+/// The admission webhook answers within its time limit, body included: a review whose body
+/// never finishes gets a 503 in time (the API server then applies the failure policy),
+/// instead of holding the connection until the API server gives up.
+#[tokio::test]
+async fn a_webhook_review_sent_slowly_is_answered_within_the_limit() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/snapshots/two-dgx");
+    let svc = Arc::new(Service::new(
+        snapshot::load(&dir).unwrap(),
+        Scoring::default(),
+    ));
+    let limit = std::time::Duration::from_millis(300);
+    let app = scheduler_ext::http::router::webhook_router_within(svc, limit);
+    let server = Running::start_with(app, None, Limits::default()).await;
+    let mut slow = TcpStream::connect(server.addr).await.unwrap();
+    slow.write_all(
+        b"POST /admission/agent-writes HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\nConnection: close\r\n\r\n{\"apiVersion\"",
+    )
+    .await
+    .unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        slow.read_to_end(&mut answer),
+    )
+    .await
+    .expect("answered within the limit, not held open")
+    .unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(answer.contains("request took longer than"), "{answer}");
+    server.stop().await;
+}
+
 /// Every verb has a body limit sized to its requests: a `bind` body of 100 KiB is refused.
 #[tokio::test]
 async fn oversized_bodies_are_refused() {

@@ -82,9 +82,15 @@ pub fn router_with(svc: Arc<Service>, options: &Options) -> Router {
 
 /// The admission webhook and `/healthz` over `svc`.
 pub fn webhook_router(svc: Arc<Service>) -> Router {
+    webhook_router_within(svc, admission::WEBHOOK_TIME_LIMIT)
+}
+
+/// [`webhook_router`] answering every request, body included, within `limit`.
+pub fn webhook_router_within(svc: Arc<Service>, limit: Duration) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
         .merge(admission::routes())
+        .layer(middleware::from_fn_with_state(limit, time_limit))
         .with_state(svc)
 }
 

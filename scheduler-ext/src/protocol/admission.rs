@@ -14,7 +14,12 @@
 //!
 //! Everything else it is sent is allowed (not its to judge). The caller's node is the token's
 //! `authentication.kubernetes.io/node-name` extra, as with node-bound ServiceAccount tokens; a
-//! token without one is refused. A pod that cannot be read is refused with the reason.
+//! token without one is refused. A pod that cannot be read is refused.
+//!
+//! Denials are terse: the agent is told which pod is not its node's, never where that pod runs
+//! or why it could not be read (an agent must not learn other nodes' pods through its
+//! denials); the details go to this service's log. The route answers within
+//! [`WEBHOOK_TIME_LIMIT`], body included, below the 5 s its configuration gives the API server.
 
 use std::sync::Arc;
 
@@ -39,6 +44,10 @@ pub const PROTECTED_NAMESPACE: &str = "kube-system";
 pub const COLOCATION_CONFIGMAP: &str = "volcano-agent-configuration";
 /// Largest review: an Event or an Eviction with its request metadata.
 pub const REVIEW_LIMIT: usize = 1 << 20;
+/// Longest a review may take, its body read included: less than the webhook configuration's
+/// `timeoutSeconds: 5`, so the API server gets our answer (503 when over) rather than its own
+/// timeout, and a client that sends its body slowly holds a connection no longer.
+pub const WEBHOOK_TIME_LIMIT: std::time::Duration = std::time::Duration::from_secs(4);
 
 /// The verdict for one request: `Ok` allows, `Err` is the reason it is denied.
 pub type Verdict = Result<(), String>;
@@ -123,13 +132,16 @@ where
         let (namespace, pod) = (namespace.to_string(), pod.to_string());
         let fut = pod_node(namespace.clone(), pod.clone());
         async move {
-            match fut.await? {
-                Some(n) if n == node => Ok(()),
-                Some(n) => Err(format!(
-                    "pod {namespace}/{pod} runs on {n}, not on {node}, the agent's node"
-                )),
-                None => Err(format!("pod {namespace}/{pod} is not bound to {node}")),
-            }
+            let detail = match fut.await {
+                Ok(Some(n)) if n == node => return Ok(()),
+                Ok(Some(n)) => format!("it runs on {n}"),
+                Ok(None) => "it is not bound".to_string(),
+                Err(e) => e,
+            };
+            tracing::info!(pod = %format!("{namespace}/{pod}"), node, detail, "an agent's write about a pod not on its node");
+            Err(format!(
+                "pod {namespace}/{pod} is not a pod of {node}, the agent's node"
+            ))
         }
     };
     match ask {
@@ -257,7 +269,9 @@ mod tests {
         let e = verdict(&request("pods", "eviction", "ml", "there", json!({})))
             .await
             .unwrap_err();
-        assert!(e.contains("runs on node-b, not on node-a"), "{e}");
+        assert!(e.contains("not a pod of node-a"), "{e}");
+        // Where the pod runs is not the agent's to learn.
+        assert!(!e.contains("node-b"), "{e}");
         let e = verdict(&request(
             "pods",
             "eviction",
