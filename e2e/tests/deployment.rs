@@ -40,6 +40,9 @@ const MEASURED_ON_A_COLOCATION_NODE: &[&str] = &[
 fn render_chart(values: &[&str], include_crds: bool) -> Vec<(String, Value)> {
     let mut cmd = std::process::Command::new(Upstream::get().unwrap().bin("helm-render"));
     cmd.arg("--chart").arg(deploy_dir().join("helm/fumarole"));
+    // The agent-writes webhook is on by default and needs a CA to render; a test's own
+    // `--set` of it comes later and wins.
+    cmd.args(["--set", WEBHOOK_CA]);
     for v in values {
         cmd.args(["--set", v]);
     }
@@ -74,6 +77,10 @@ fn find<'a>(objects: &'a [(String, Value)], kind: &str, name: &str) -> &'a Value
         .map(|(_, v)| v)
         .unwrap_or_else(|| panic!("no {kind} {name}"))
 }
+
+/// A caBundle for the chart's agent-writes webhook (on by default; the chart refuses to render
+/// it without one): base64 of "ca".
+const WEBHOOK_CA: &str = "schedulerExt.agentWritesWebhook.caBundle=Y2E=";
 
 /// The chart's configuration files, ConfigMaps the manifests do not have (they pass flags).
 const CONFIG_FILES: [&str; 2] = [
@@ -311,6 +318,22 @@ async fn every_manifest_passes_a_server_side_dry_run() {
             "fumarole-scheduler-ext-node-writes",
             "/spec/validations",
         ),
+        // The agent-writes webhook, on by default on both install paths.
+        (
+            "ValidatingWebhookConfiguration",
+            "fumarole-agent-writes",
+            "/webhooks/0/rules",
+        ),
+        (
+            "ValidatingWebhookConfiguration",
+            "fumarole-agent-writes",
+            "/webhooks/0/matchConditions",
+        ),
+        (
+            "ValidatingWebhookConfiguration",
+            "fumarole-agent-writes",
+            "/webhooks/0/failurePolicy",
+        ),
     ] {
         let want = pick(&objects, kind, name);
         assert!(want.pointer(path).is_some(), "{kind} {name} has no {path}");
@@ -320,6 +343,25 @@ async fn every_manifest_passes_a_server_side_dry_run() {
             "{kind} {name} {path}"
         );
     }
+    // The extension serves it on both (its port and flag).
+    for objects in [&chart, &objects] {
+        let args = effective_args(objects, "Deployment", "fumarole-scheduler-ext");
+        assert!(
+            args.iter().any(|a| a.contains("webhook-listen")),
+            "{args:?}"
+        );
+    }
+    // Without a CA for it the chart refuses to render, and says how to go on.
+    let refused = std::process::Command::new(Upstream::get().unwrap().bin("helm-render"))
+        .arg("--chart")
+        .arg(deploy_dir().join("helm/fumarole"))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && stderr.contains("agentWritesWebhook.caBundle"),
+        "{stderr}"
+    );
     let colocation = |objects: &[(String, Value)]| {
         let cm = pick(objects, "ConfigMap", "volcano-agent-configuration");
         serde_json::from_str::<Value>(cm["data"]["colocation-config"].as_str().unwrap()).unwrap()
@@ -1163,14 +1205,20 @@ async fn each_component_does_its_job_with_only_its_rights_and_the_agent_writes_o
         if arg.starts_with("--listen=") {
             arg = format!("--listen=0.0.0.0:{tls_port}");
         }
+        // The agent-writes admission webhook, on by default in the manifest too.
+        if arg.starts_with("--webhook-listen=") {
+            arg = format!("--webhook-listen=127.0.0.1:{webhook_port}");
+        }
         args.push(arg);
     }
+    assert!(
+        args.iter().any(|a| a.starts_with("--webhook-listen=")),
+        "the manifest's extension serves no webhook: {args:?}"
+    );
     args.push(format!("--kubeconfig={}", ext_kubeconfig.display()));
     args.push("--ui-listen=off".into());
     // A Lease of its own: the first extension still leads over the default one.
     args.push("--leader-elect-resource-name=fumarole-scheduler-ext-as-deployed".into());
-    // And the agent-writes admission webhook, as the chart adds it (--webhook-listen).
-    args.push(format!("--webhook-listen=127.0.0.1:{webhook_port}"));
     let manifest_ext = Proc::spawn_with_env(
         "fumarole-scheduler-ext-as-deployed",
         &scheduler_ext_bin().unwrap(),

@@ -34,9 +34,16 @@ fn plugin_dir() -> std::path::PathBuf {
 
 /// The chart rendered with Helm's engine (release `fumarole` in `fumarole-system`) with `--set`
 /// `values`.
+/// A caBundle for the chart's agent-writes webhook (on by default; the chart refuses to render
+/// it without one): base64 of "ca".
+const WEBHOOK_CA: &str = "schedulerExt.agentWritesWebhook.caBundle=Y2E=";
+
 fn render_chart(values: &[&str]) -> Vec<(String, Value)> {
     let mut cmd = std::process::Command::new(Upstream::get().unwrap().bin("helm-render"));
     cmd.arg("--chart").arg(deploy_dir().join("helm/fumarole"));
+    // The agent-writes webhook is on by default and needs a CA to render; a test's own
+    // `--set` of it comes later and wins.
+    cmd.args(["--set", WEBHOOK_CA]);
     for v in values {
         cmd.args(["--set", v]);
     }
