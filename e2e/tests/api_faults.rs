@@ -189,6 +189,20 @@ fn by_path(records: &[&Record]) -> String {
 /// Starts the scheduler extension through the proxy (one replica, a 3 s staleness bound);
 /// returns its port once it is ready.
 async fn start_extension(cluster: &TestCluster, proxy: &FaultProxy) -> u16 {
+    let port = spawn_extension(cluster, proxy);
+    cluster
+        .wait_ok(
+            "fumarole-scheduler-ext",
+            &format!("http://127.0.0.1:{port}"),
+            "/readyz",
+        )
+        .await
+        .unwrap();
+    port
+}
+
+/// Starts the scheduler extension through the proxy; returns its port at once.
+fn spawn_extension(cluster: &TestCluster, proxy: &FaultProxy) -> u16 {
     let port = free_port().unwrap();
     let kubeconfig = cluster.root().join("extension-via-proxy.kubeconfig");
     std::fs::write(
@@ -212,15 +226,26 @@ async fn start_extension(cluster: &TestCluster, proxy: &FaultProxy) -> u16 {
             &[],
         )
         .unwrap();
-    cluster
-        .wait_ok(
-            "fumarole-scheduler-ext",
-            &format!("http://127.0.0.1:{port}"),
-            "/readyz",
-        )
-        .await
-        .unwrap();
     port
+}
+
+/// An extension started while the API server answers 503 (as on a control plane that is
+/// coming up) waits and tries again instead of exiting, and is ready once it answers.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_extension_starts_through_an_api_server_that_fails_at_first() {
+    let cluster = TestCluster::start().await.unwrap();
+    cluster.install_fumarole_crds().await.unwrap();
+    let proxy = FaultProxy::start(cluster.client()).await.unwrap();
+    proxy.set(Fault::ServerError(503));
+    let port = spawn_extension(&cluster, &proxy);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    cluster
+        .check_processes()
+        .expect("the extension exited on the API server's 503");
+    assert!(readiness(port).await.is_err(), "ready without a view");
+    proxy.set(Fault::None);
+    ready_again(&cluster, port).await;
+    cluster.check_processes().unwrap();
 }
 
 /// `Ok` when the extension's `/readyz` answers 200, else what it answered.

@@ -288,6 +288,42 @@ where
     }
 }
 
+/// [`served`] for a service starting up: a failure that may pass (the API server unreachable
+/// or overloaded: no answer, 429, 5xx) is retried with the watches' backoff, logged at most
+/// every 30 s, instead of ending the process; a refusal (another 4xx) is returned.
+async fn served_at_start<K>(api: &Api<K>) -> Result<bool>
+where
+    K: Resource + Clone + Debug + serde::de::DeserializeOwned,
+{
+    let mut backoff = WatchBackoff::default();
+    let mut warn = fumarole_topology::every::Every::new(Duration::from_secs(30));
+    loop {
+        match api.list_metadata(&ListParams::default().limit(1)).await {
+            Ok(_) => return Ok(true),
+            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(false),
+            Err(e) if may_pass(&e) => {
+                if warn.due(std::time::Instant::now()) {
+                    tracing::warn!(error = %e, "the API server failed while starting; retrying");
+                }
+                let pause = backoff
+                    .next()
+                    .unwrap_or(crate::freshness::WATCH_BACKOFF_MAX);
+                tokio::time::sleep(pause).await;
+            }
+            Err(e) => return Err(e).context("listing from the API server"),
+        }
+    }
+}
+
+/// Whether a failed request may succeed if tried again: no answer, or 429 / 5xx.
+fn may_pass(e: &kube::Error) -> bool {
+    match e {
+        kube::Error::Api(s) => s.code == 429 || s.code >= 500,
+        kube::Error::SerdeError(_) | kube::Error::BuildRequest(_) => false,
+        _ => true,
+    }
+}
+
 /// Every object of `api`'s kind, or none where the API server does not serve it.
 async fn list_if_served<K>(api: &Api<K>, kind: &str) -> Result<Vec<K>>
 where
@@ -744,13 +780,13 @@ pub async fn start(
     };
     svc.set_freshness(Arc::clone(&watches.freshness));
     let dt_api: Api<DeviceTopology> = Api::all(client.clone());
-    if !served(&dt_api).await? {
+    if !served_at_start(&dt_api).await? {
         bail!(
             "the API server does not serve devicetopologies.topology.fumarole.dev: install deploy/crds/devicetopologies.topology.fumarole.dev.yaml"
         );
     }
     let nt_api: Api<Numatopology> = Api::all(client.clone());
-    let numatopologies = if served(&nt_api).await? {
+    let numatopologies = if served_at_start(&nt_api).await? {
         Some(reflect("Numatopology", nt_api, &watches))
     } else {
         tracing::warn!(
@@ -771,7 +807,7 @@ pub async fn start(
         store
     };
     let claim_api: Api<ResourceClaim> = Api::all(client.clone());
-    let claims = if served(&claim_api).await? {
+    let claims = if served_at_start(&claim_api).await? {
         Some(reflect("ResourceClaim", claim_api, &watches))
     } else {
         tracing::warn!(
@@ -825,7 +861,7 @@ pub async fn start(
     if opts.publish_hypernodes {
         let api: Api<kube::api::DynamicObject> =
             Api::all_with(client.clone(), &hypernode::resource());
-        if !served(&api).await? {
+        if !served_at_start(&api).await? {
             tracing::warn!(
                 "hypernodes.topology.volcano.sh is not served (Volcano < 1.12?): not publishing HyperNodes"
             );
