@@ -21,7 +21,9 @@
 //! ([`Outcome::Overruled`]). Either is honoured when it is valid for the pod (every resource it
 //! names is one the pod asks for, no more devices than asked, every device one of this
 //! resource on this node) and its next devices are available and cover the kubelet's
-//! must-include ones. Huawei's `predicate-time` is not needed: arrival numbers are unique, so
+//! must-include ones; Huawei's, in addition, names no device that `fumarole.dev/devices`
+//! promised another pod waiting on this node (fumarole keeps no ledger of Huawei's plugin's
+//! choices, so its own promises win). Huawei's `predicate-time` is not needed: arrival numbers are unique, so
 //! there is no tie among pending pods for it to break.
 //! Otherwise the plugin chooses with `topology::select`, and says why ([`Outcome`]): the
 //! [`PodSource`] turns outcomes into Events on the pod, metrics and log lines, so a difference
@@ -475,6 +477,7 @@ impl Admissions {
             }
             return self.select(&mut state, pod, Outcome::NoChoice);
         };
+        let by_huawei = chosen.annotation != annotation::DEVICES_ANNOTATION;
         let chosen = match chosen.devices {
             Ok(ids) if ids.is_empty() => return self.select(&mut state, pod, Outcome::NoChoice),
             Ok(ids) => ids,
@@ -492,6 +495,18 @@ impl Admissions {
             ))
         } else if let Some(taken) = next.iter().find(|id| !req.available.contains(id)) {
             Some(format!("{taken} is not available (in use or unhealthy)"))
+        } else if let Some((id, other)) = by_huawei
+            .then(|| self.promised_by_fumarole(&state, pods, &pod.uid))
+            .and_then(|promised| {
+                next.iter()
+                    .find_map(|id| promised.get(id).map(|other| (id.clone(), other.clone())))
+            })
+        {
+            // Huawei's annotation is written by a scheduler fumarole does not keep a ledger
+            // for: it never takes what fumarole's choice promised another waiting pod.
+            Some(format!(
+                "{id} is promised to pod {other} by its fumarole.dev/devices choice"
+            ))
         } else {
             req.must_include
                 .iter()
@@ -611,6 +626,35 @@ impl Admissions {
             })
             .flatten()
             .collect()
+    }
+
+    /// The devices fumarole's own choice (`fumarole.dev/devices`) promised the other pods
+    /// waiting on this node (bound, not started, not `except`) and not given them yet, each
+    /// with its pod (`namespace/name`).
+    fn promised_by_fumarole(
+        &self,
+        state: &State,
+        pods: &[BoundPod],
+        except: &str,
+    ) -> BTreeMap<String, String> {
+        let mut out = BTreeMap::new();
+        for p in pods.iter().filter(|p| !p.started && p.uid != except) {
+            let Some(chosen) = self.chosen(p) else {
+                continue;
+            };
+            let (true, Ok(ids)) = (
+                chosen.annotation == annotation::DEVICES_ANNOTATION,
+                chosen.devices,
+            ) else {
+                continue;
+            };
+            let wants = p.requests.get(&self.resource).copied().unwrap_or(0) as usize;
+            let held = self.held(state, p);
+            for id in self.next_of(state, p, &ids, wants.saturating_sub(held)) {
+                out.insert(id, format!("{}/{}", p.namespace, p.name));
+            }
+        }
+        out
     }
 
     /// Forgets pods that are gone from `pods` (deleted, or finished and removed).

@@ -648,3 +648,43 @@ fn huawei_annotations_mean_nothing_to_other_resources() {
     ));
     assert_eq!(a.ascend_real(&p), None);
 }
+
+#[test]
+fn huaweis_choice_never_takes_what_fumaroles_choice_promised_another_waiting_pod() {
+    let a = npu_admissions();
+    let available = npus();
+    // The older pod carries Huawei's annotation naming npu-2; a younger one waits with
+    // fumarole's choice of npu-2 (the extension's ledger promised it).
+    let theirs = BoundPod {
+        uid: "u-theirs".into(),
+        name: "theirs".into(),
+        arrival: 1,
+        ..npu_pod(1, Some("Ascend910-2"), None)
+    };
+    let ours = BoundPod {
+        uid: "u-ours".into(),
+        name: "ours".into(),
+        arrival: 2,
+        ..npu_pod(1, None, Some(&format!(r#"{{"{NPU}":["npu-2"]}}"#)))
+    };
+    let pods = [theirs.clone(), ours.clone()];
+    match a.decide(&pods, request(&available, 1), &AwaitChoice::default(), NOW) {
+        Decision::Select {
+            pod: Some(p),
+            outcome: Outcome::NotHonoured { reason, .. },
+        } => {
+            assert_eq!(p, theirs);
+            assert!(
+                reason.contains("npu-2 is promised to pod ml/ours"),
+                "{reason}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    // Not promised to anyone else: Huawei's choice stands.
+    let alone = [theirs.clone()];
+    assert!(matches!(
+        a.decide(&alone, request(&available, 1), &AwaitChoice::default(), NOW),
+        Decision::Prefer { devices, .. } if devices == ids(&["npu-2"])
+    ));
+}
