@@ -277,7 +277,9 @@ struct Chosen {
 struct State {
     /// Pod uid -> devices `Allocate` gave it.
     allocated: HashMap<String, Vec<String>>,
-    preferred: Option<Preferred>,
+    /// Pod uid -> the last preference for it. Keyed, so a preference whose `Allocate` never
+    /// came (the kubelet gave up on that pod) cannot be taken for the next pod's.
+    preferred: HashMap<String, Preferred>,
 }
 
 impl Admissions {
@@ -516,11 +518,14 @@ impl Admissions {
         if let Some(reason) = reason {
             return self.select(&mut state, pod, Outcome::NotHonoured { chosen, reason });
         }
-        state.preferred = Some(Preferred {
-            pod: pod.clone(),
-            devices: next.clone(),
-            from_choice: true,
-        });
+        state.preferred.insert(
+            pod.uid.clone(),
+            Preferred {
+                pod: pod.clone(),
+                devices: next.clone(),
+                from_choice: true,
+            },
+        );
         Decision::Prefer { pod, devices: next }
     }
 
@@ -549,32 +554,36 @@ impl Admissions {
     }
 
     fn select(&self, state: &mut State, pod: BoundPod, outcome: Outcome) -> Decision {
-        state.preferred = Some(Preferred {
-            pod: pod.clone(),
-            devices: Vec::new(),
-            from_choice: false,
-        });
+        state.preferred.insert(
+            pod.uid.clone(),
+            Preferred {
+                pod: pod.clone(),
+                devices: Vec::new(),
+                from_choice: false,
+            },
+        );
         Decision::Select {
             pod: Some(pod),
             outcome,
         }
     }
 
-    /// Records `Allocate`'s devices for the pod being admitted. Returns the pod and, when the
-    /// pod had a choice, how it ended: [`Outcome::Honoured`], or [`Outcome::Differs`] when
-    /// the kubelet took other devices than the plugin preferred. Without a preference before
-    /// (the kubelet skips `GetPreferredAllocation` when it has no choice to make) the pod is
-    /// found in `pods` and its choice, if valid, is what the devices are checked against.
+    /// Records `Allocate`'s devices for the pod being admitted (found in `pods` by the same
+    /// rule as [`Self::decide`]). Returns the pod and, when the pod had a choice, how it ended:
+    /// [`Outcome::Honoured`], or [`Outcome::Differs`] when the kubelet took other devices than
+    /// the plugin preferred for that pod. Without a preference for it (the kubelet skips
+    /// `GetPreferredAllocation` when it has no choice to make) its choice, if valid, is what the
+    /// devices are checked against.
     pub fn allocated(
         &self,
         pods: &[BoundPod],
         devices: &[String],
     ) -> Option<(BoundPod, Option<Outcome>)> {
         let mut state = self.state();
-        let preferred = match state.preferred.take() {
+        let pod = self.admitting(&state, pods, devices.len())?;
+        let preferred = match state.preferred.remove(&pod.uid) {
             Some(p) => p,
             None => {
-                let pod = self.admitting(&state, pods, devices.len())?;
                 let chosen = self
                     .chosen(&pod)
                     .and_then(|c| c.devices.ok())
@@ -660,9 +669,9 @@ impl Admissions {
     /// Forgets pods that are gone from `pods` (deleted, or finished and removed).
     pub fn retain(&self, pods: &[BoundPod]) {
         let live: BTreeSet<&str> = pods.iter().map(|p| p.uid.as_str()).collect();
-        self.state()
-            .allocated
-            .retain(|uid, _| live.contains(uid.as_str()));
+        let mut state = self.state();
+        state.allocated.retain(|uid, _| live.contains(uid.as_str()));
+        state.preferred.retain(|uid, _| live.contains(uid.as_str()));
     }
 }
 

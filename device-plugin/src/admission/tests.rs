@@ -688,3 +688,37 @@ fn huaweis_choice_never_takes_what_fumaroles_choice_promised_another_waiting_pod
         Decision::Prefer { devices, .. } if devices == ids(&["npu-2"])
     ));
 }
+
+/// A preference whose `Allocate` never came (the kubelet gave up on that pod, which was then
+/// deleted) is not taken for the next pod's `Allocate`: preferences are kept per pod.
+#[test]
+fn a_preference_left_without_its_allocate_is_not_the_next_pods() {
+    let a = admissions();
+    let available = all();
+    let gone = BoundPod {
+        arrival: 1,
+        ..pod("gone", "t", 2, Some(&choice(&["GPU-4", "GPU-5"])))
+    };
+    let next = BoundPod {
+        arrival: 2,
+        ..pod("next", "t", 1, Some(&choice(&["GPU-0"])))
+    };
+    let d = a.decide(
+        &[gone.clone(), next.clone()],
+        request(&available, 2),
+        &AwaitChoice::default(),
+        NOW,
+    );
+    assert!(matches!(d, Decision::Prefer { pod, .. } if pod == gone));
+    // No Allocate for it; it is deleted, and the kubelet allocates the next pod's device
+    // without asking for a preference.
+    let pods = [next.clone()];
+    let (who, outcome) = a.allocated(&pods, &ids(&["GPU-0"])).unwrap();
+    assert_eq!(who, next);
+    assert_eq!(
+        outcome,
+        Some(Outcome::Honoured {
+            devices: ids(&["GPU-0"])
+        })
+    );
+}
