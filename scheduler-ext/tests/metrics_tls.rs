@@ -531,6 +531,23 @@ async fn certificates_are_reloaded_when_their_files_change() {
     server.stop().await;
 }
 
+/// A new connection to `addr` is closed without an answer (`what` names it in the failure).
+async fn closed_at_once(addr: SocketAddr, what: &str) {
+    let mut conn = TcpStream::connect(addr).await.unwrap();
+    let mut buf = Vec::new();
+    let n = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        conn.read_to_end(&mut buf),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("{what} is not closed at once"));
+    assert!(
+        n.is_err() || buf.is_empty(),
+        "{what}: {:?}",
+        String::from_utf8_lossy(&buf)
+    );
+}
+
 /// At most `max_connections` at once (the next is closed at once and served again when one
 /// goes); a client that never finishes its request head is disconnected.
 #[tokio::test]
@@ -546,19 +563,7 @@ async fn connections_are_capped_and_slow_heads_cut_off() {
     let slow_b = TcpStream::connect(server.addr).await.unwrap();
     // Give the server time to accept both.
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    let mut third = TcpStream::connect(server.addr).await.unwrap();
-    let mut buf = Vec::new();
-    let n = tokio::time::timeout(
-        std::time::Duration::from_secs(5),
-        third.read_to_end(&mut buf),
-    )
-    .await
-    .expect("the third connection is closed at once");
-    assert!(
-        n.is_err() || buf.is_empty(),
-        "{:?}",
-        String::from_utf8_lossy(&buf)
-    );
+    closed_at_once(server.addr, "the third connection").await;
 
     // A partial head: the server gives up after the header timeout and frees the slot.
     let mut partial = slow_a;
@@ -600,19 +605,7 @@ async fn one_peer_cannot_take_every_connection() {
     let held_a = TcpStream::connect(server.addr).await.unwrap();
     let held_b = TcpStream::connect(server.addr).await.unwrap();
     tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    let mut third = TcpStream::connect(server.addr).await.unwrap();
-    let mut buf = Vec::new();
-    let n = tokio::time::timeout(
-        std::time::Duration::from_secs(5),
-        third.read_to_end(&mut buf),
-    )
-    .await
-    .expect("the peer's third connection is closed at once");
-    assert!(
-        n.is_err() || buf.is_empty(),
-        "{:?}",
-        String::from_utf8_lossy(&buf)
-    );
+    closed_at_once(server.addr, "the peer's third connection").await;
     // Another address (127.0.0.2, on the loopback too) is served meanwhile.
     let other = tokio::net::TcpSocket::new_v4().unwrap();
     other.bind("127.0.0.2:0".parse().unwrap()).unwrap();
