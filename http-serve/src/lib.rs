@@ -10,9 +10,9 @@
 //!   (Volcano's extender client cannot present one).
 //! - **Limits** ([`Limits`]): at most `max_connections` open connections, and at most
 //!   `max_connections_per_peer` from one address, so one client cannot take every slot from the
-//!   schedulers (further ones are closed at once); the TLS handshake and the request head each bounded in time, so slow or
-//!   stuck clients hold up no one; per-route body limits and request timeouts are the router's
-//!   (the extension's `http::router`).
+//!   schedulers (further ones are closed at once); the TLS handshake and the request head each
+//!   bounded in time, so slow or stuck clients hold up no one; per-route body limits and
+//!   request timeouts are the router's (the extension's `http::router`).
 //! - **Shutdown**: when `shutdown` completes the listener stops accepting and open connections
 //!   finish their current request (at most [`DRAIN_TIMEOUT`]).
 //!

@@ -193,8 +193,9 @@ pub fn prioritize(svc: &Service, req: &PrioritizeRequest) -> PrioritizeResponse 
 /// `allocateFunc`: the task is allocated to `TaskInfo.NodeName`; commit its devices and, in
 /// live mode, write them on the pod. The pod is re-read from the API server (the body's copy
 /// is never trusted): a pod that does not exist, has another uid, belongs to another
-/// scheduler or is already bound is refused. Group placement refuses nothing here (the allocation stands either
-/// way); while these calls come, Volcano's plans may lapse ([`Asker::Volcano`]).
+/// scheduler or is already bound is refused. Group placement refuses nothing here (the
+/// allocation stands either way); while these calls come, Volcano's plans may lapse
+/// ([`Asker::Volcano`]).
 pub async fn allocate(svc: &Service, req: &EventHandlerRequest) -> EventHandlerResponse {
     let task = req.task.as_ref();
     let Some(claimed) = task_pod(task) else {
