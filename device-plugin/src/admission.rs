@@ -23,8 +23,8 @@
 //! resource on this node) and its next devices are available and cover the kubelet's
 //! must-include ones; Huawei's, in addition, names no device that `fumarole.dev/devices`
 //! promised another pod waiting on this node (fumarole keeps no ledger of Huawei's plugin's
-//! choices, so its own promises win). Huawei's `predicate-time` is not needed: arrival numbers are unique, so
-//! there is no tie among pending pods for it to break.
+//! choices, so its own promises win). Huawei's `predicate-time` is not needed: arrival
+//! numbers are unique, so there is no tie among pending pods for it to break.
 //! Otherwise the plugin chooses with `topology::select`, and says why ([`Outcome`]): the
 //! [`PodSource`] turns outcomes into Events on the pod, metrics and log lines, so a difference
 //! between the scheduler's choice and the container's devices is never silent. `Allocate`
@@ -625,45 +625,46 @@ impl Admissions {
     /// next pod's choice and cascade.
     pub fn spoken_for(&self, pods: &[BoundPod], except: Option<&str>) -> BTreeSet<String> {
         let state = self.state();
-        pods.iter()
-            .filter(|p| !p.started && Some(p.uid.as_str()) != except)
-            .filter_map(|p| {
-                let chosen = self.chosen(p)?.devices.ok()?;
-                let wants = p.requests.get(&self.resource).copied().unwrap_or(0) as usize;
-                let held = self.held(&state, p);
-                Some(self.next_of(&state, p, &chosen, wants.saturating_sub(held)))
-            })
-            .flatten()
+        self.promises(&state, pods, except)
+            .flat_map(|(_, _, devices)| devices)
             .collect()
     }
 
     /// The devices fumarole's own choice (`fumarole.dev/devices`) promised the other pods
-    /// waiting on this node (bound, not started, not `except`) and not given them yet, each
-    /// with its pod (`namespace/name`).
+    /// waiting on this node, each with its pod (`namespace/name`).
     fn promised_by_fumarole(
         &self,
         state: &State,
         pods: &[BoundPod],
         except: &str,
     ) -> BTreeMap<String, String> {
-        let mut out = BTreeMap::new();
-        for p in pods.iter().filter(|p| !p.started && p.uid != except) {
-            let Some(chosen) = self.chosen(p) else {
-                continue;
-            };
-            let (true, Ok(ids)) = (
-                chosen.annotation == annotation::DEVICES_ANNOTATION,
-                chosen.devices,
-            ) else {
-                continue;
-            };
-            let wants = p.requests.get(&self.resource).copied().unwrap_or(0) as usize;
-            let held = self.held(state, p);
-            for id in self.next_of(state, p, &ids, wants.saturating_sub(held)) {
-                out.insert(id, format!("{}/{}", p.namespace, p.name));
-            }
-        }
-        out
+        self.promises(state, pods, Some(except))
+            .filter(|(_, annotation, _)| annotation == annotation::DEVICES_ANNOTATION)
+            .flat_map(|(p, _, devices)| {
+                let pod = format!("{}/{}", p.namespace, p.name);
+                devices.into_iter().map(move |id| (id, pod.clone()))
+            })
+            .collect()
+    }
+
+    /// For each pod waiting on this node (bound, not started, not `except`) with a valid
+    /// choice: the pod, the annotation that chose, and the chosen devices not given it yet.
+    fn promises<'a>(
+        &'a self,
+        state: &'a State,
+        pods: &'a [BoundPod],
+        except: Option<&'a str>,
+    ) -> impl Iterator<Item = (&'a BoundPod, String, Vec<String>)> + 'a {
+        pods.iter()
+            .filter(move |p| !p.started && Some(p.uid.as_str()) != except)
+            .filter_map(move |p| {
+                let chosen = self.chosen(p)?;
+                let ids = chosen.devices.ok()?;
+                let wants = p.requests.get(&self.resource).copied().unwrap_or(0) as usize;
+                let held = self.held(state, p);
+                let next = self.next_of(state, p, &ids, wants.saturating_sub(held));
+                Some((p, chosen.annotation, next))
+            })
     }
 
     /// Forgets pods that are gone from `pods` (deleted, or finished and removed).

@@ -281,10 +281,20 @@ async fn served<K>(api: &Api<K>) -> Result<bool>
 where
     K: Resource + Clone + Debug + serde::de::DeserializeOwned,
 {
+    probe_served(api)
+        .await
+        .context("listing from the API server")
+}
+
+/// One probe for [`served`]: a one-item list, 404 meaning not served.
+async fn probe_served<K>(api: &Api<K>) -> kube::Result<bool>
+where
+    K: Resource + Clone + Debug + serde::de::DeserializeOwned,
+{
     match api.list_metadata(&ListParams::default().limit(1)).await {
         Ok(_) => Ok(true),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
-        Err(e) => Err(e).context("listing from the API server"),
+        Err(e) => Err(e),
     }
 }
 
@@ -298,9 +308,7 @@ where
     let mut backoff = WatchBackoff::default();
     let mut warn = fumarole_topology::every::Every::new(Duration::from_secs(30));
     loop {
-        match api.list_metadata(&ListParams::default().limit(1)).await {
-            Ok(_) => return Ok(true),
-            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(false),
+        match probe_served(api).await {
             Err(e) if may_pass(&e) => {
                 if warn.due(std::time::Instant::now()) {
                     tracing::warn!(error = %e, "the API server failed while starting; retrying");
@@ -310,7 +318,7 @@ where
                     .unwrap_or(crate::freshness::WATCH_BACKOFF_MAX);
                 tokio::time::sleep(pause).await;
             }
-            Err(e) => return Err(e).context("listing from the API server"),
+            answer => return answer.context("listing from the API server"),
         }
     }
 }

@@ -10,18 +10,18 @@
 //! The agent, when it comes back, renews its Lease and writes what its rules say again.
 //!
 //! A replica that starts (or takes over) counts every Lease as renewed at start, so a dead
-//! agent's leftovers go at most one lease duration after that. While the Lease watch fails
-//! (and for [`QUIET_AFTER_RETRY`] after its last error) renewals cannot be seen, so no Lease
-//! expires and every clock starts again: an API outage longer than a lease does not make
-//! every node look dead at once. A Lease whose label names another node than its name is no
-//! heartbeat ([`heartbeat_of`]): an agent can write only its own node's Lease, by name.
+//! agent's leftovers go at most one lease duration after that. While the Lease watch has not
+//! listed or fails ([`Freshness`]'s rule: until it lists or sends an event again, or no error
+//! came for longer than a retry takes) renewals cannot be seen, so no Lease expires and every
+//! clock starts again: an API outage longer than a lease does not make every node look dead at
+//! once. A Lease whose label names another node than its name is no heartbeat
+//! ([`heartbeat_of`]): an agent can write only its own node's Lease, by name.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fumarole_topology::colocation::{self, HEARTBEAT_LABEL, Leftovers, heartbeat_of};
-use fumarole_topology::every::Every;
 use fumarole_watch_retry::retry_with;
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -32,8 +32,11 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, Resource};
 
-use crate::freshness::QUIET_AFTER_RETRY;
+use crate::freshness::Freshness;
 use crate::service::Service;
+
+/// The heartbeat Lease watch, as [`Freshness`] names it.
+const LEASE_WATCH: &str = "heartbeat Lease";
 
 /// How often the Leases are looked at.
 const TICK: Duration = Duration::from_secs(1);
@@ -71,19 +74,20 @@ pub async fn run(client: Client, namespace: String, svc: Arc<Service>) {
         crate::freshness::WatchBackoff::default(),
     )
     .reflect(writer);
-    let last_error: Arc<Mutex<Option<Instant>>> = Arc::default();
-    let errors = last_error.clone();
+    // How the watch fares, by the view's own rule (and its warnings, at most every 30 s):
+    // working once it lists or sends an event, failing from an error until then or until no
+    // error came for longer than a retry takes.
+    let lease_watch = Arc::new(Freshness::new(Duration::ZERO));
+    lease_watch.track(LEASE_WATCH);
+    let fares = Arc::clone(&lease_watch);
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
-        let mut warn = Every::new(Duration::from_secs(30));
         while let Some(event) = stream.next().await {
-            if let Err(e) = event {
-                *errors.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
-                if warn.due(Instant::now()) {
-                    tracing::warn!(%namespace, error = %e, "watching the agents' heartbeat Leases failed; retrying");
-                } else {
-                    tracing::debug!(error = %e, "heartbeat Lease watch failing");
-                }
+            match event {
+                // Made up by kube's watcher before it lists: says nothing of the watch.
+                Ok(watcher::Event::Init) => {}
+                Ok(event) => fares.ok(LEASE_WATCH, matches!(event, watcher::Event::InitDone)),
+                Err(e) => fares.failed(LEASE_WATCH, &e),
             }
         }
     });
@@ -102,12 +106,8 @@ pub async fn run(client: Client, namespace: String, svc: Arc<Service>) {
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let now = Instant::now();
-        let failed = *last_error.lock().unwrap_or_else(|p| p.into_inner());
-        // The watch retries at most WATCH_BACKOFF_MAX apart while it fails, so no error for
-        // QUIET_AFTER_RETRY means it works again.
-        let watching = failed.is_none_or(|t| now.duration_since(t) > QUIET_AFTER_RETRY);
-        let due = expired(&store, &mut seen, now, watching);
+        let watching = lease_watch.check().is_ok();
+        let due = expired(&store, &mut seen, Instant::now(), watching);
         if !svc.leads() {
             continue;
         }

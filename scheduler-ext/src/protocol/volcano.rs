@@ -214,10 +214,7 @@ pub async fn allocate(svc: &Service, req: &EventHandlerRequest) -> EventHandlerR
     };
     svc.decider().allocate_func_called();
     let (ns, name) = ns_name(claimed);
-    let live = svc
-        .checked_pod(&ns, &name, claimed.metadata.uid.as_deref())
-        .await
-        .and_then(|live| live.map(PodCheckError::unbound).transpose());
+    let live = unbound_pod(svc, &ns, &name, claimed).await;
     let error_message = match live {
         Err(e) => e.to_string(),
         Ok(live) => {
@@ -257,10 +254,7 @@ pub async fn deallocate(svc: &Service, req: &EventHandlerRequest) -> EventHandle
         };
     };
     let (ns, name) = ns_name(claimed);
-    let live = svc
-        .checked_pod(&ns, &name, claimed.metadata.uid.as_deref())
-        .await
-        .and_then(|live| live.map(PodCheckError::unbound).transpose());
+    let live = unbound_pod(svc, &ns, &name, claimed).await;
     let exists = match live {
         Ok(_) => true,
         Err(PodCheckError::Unknown { .. }) => false,
@@ -283,6 +277,19 @@ pub async fn deallocate(svc: &Service, req: &EventHandlerRequest) -> EventHandle
         tracing::warn!(error = %error_message, "deallocateFunc");
     }
     EventHandlerResponse { error_message }
+}
+
+/// The pod `claimed` names, re-read and checked ([`Service::checked_pod`]), unless it is
+/// already bound: `allocateFunc` and `deallocateFunc` come before a bind.
+async fn unbound_pod(
+    svc: &Service,
+    ns: &str,
+    name: &str,
+    claimed: &Pod,
+) -> Result<Option<Pod>, PodCheckError> {
+    svc.checked_pod(ns, name, claimed.metadata.uid.as_deref())
+        .await
+        .and_then(|live| live.map(PodCheckError::unbound).transpose())
 }
 
 fn ns_name(pod: &Pod) -> (String, String) {
