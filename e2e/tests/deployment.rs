@@ -1606,17 +1606,83 @@ async fn each_component_does_its_job_with_only_its_rights_and_the_agent_writes_o
             .await,
     );
     assert!(message.contains("may put on a Binding only"), "{message}");
+    // Nor Huawei's job annotations: the API server would copy them over the pod's own.
+    let message = forbidden(
+        "extension: a Binding with a job annotation",
+        ext_pods
+            .create_subresource::<Value, Value>(
+                "binding",
+                "ext-bound",
+                &PostParams::default(),
+                &ext_binding(json!({"fumarole.dev/devices-node": "node-b", "hccl/rankIndex": "0"})),
+            )
+            .await,
+    );
+    assert!(message.contains("may put on a Binding only"), "{message}");
+    // On a pod not bound yet, the job annotations it added (and recorded) are its own to
+    // replace or remove; one it did not add, and one it claims to have added but did not,
+    // stand.
+    let annotate = |a: Value| Patch::Merge(json!({"metadata": {"annotations": a}}));
+    let on_ext_bound = |a: Value| {
+        let (ext_pods, patch) = (ext_pods.clone(), annotate(a));
+        async move {
+            ext_pods
+                .patch("ext-bound", &PatchParams::default(), &patch)
+                .await
+        }
+    };
+    on_ext_bound(json!({"hccl/rankIndex": "3"})).await.unwrap();
+    on_ext_bound(json!({"super-pod-id": "7", "super-pod-rank": "1",
+        "fumarole.dev/job-annotations": "super-pod-id,super-pod-rank"}))
+    .await
+    .unwrap();
+    on_ext_bound(json!({"super-pod-id": "8", "super-pod-rank": null,
+        "fumarole.dev/job-annotations": "super-pod-id"}))
+    .await
+    .unwrap();
+    for (what, change) in [
+        (
+            "change a job annotation it did not add",
+            json!({"hccl/rankIndex": "4"}),
+        ),
+        (
+            "record a job annotation it did not add",
+            json!({"fumarole.dev/job-annotations": "hccl/rankIndex,super-pod-id"}),
+        ),
+        (
+            "record another annotation",
+            json!({"team": "x", "fumarole.dev/job-annotations": "super-pod-id,team"}),
+        ),
+    ] {
+        let message = forbidden(&format!("extension: {what}"), on_ext_bound(change).await);
+        assert!(message.contains("may change on a pod only"), "{message}");
+    }
     ext_pods
         .create_subresource::<Value, Value>(
             "binding",
             "ext-bound",
             &PostParams::default(),
-            &ext_binding(json!({"fumarole.dev/devices-node": "node-b", "hccl/rankIndex": "0"})),
+            &ext_binding(json!({"fumarole.dev/devices-node": "node-b"})),
         )
         .await
         .unwrap();
     let bound = admin_pods.get("ext-bound").await.unwrap();
     assert_eq!(bound.spec.unwrap().node_name.as_deref(), Some("node-b"));
+    let kept = bound.metadata.annotations.unwrap();
+    assert_eq!(
+        (
+            kept["hccl/rankIndex"].as_str(),
+            kept["super-pod-id"].as_str()
+        ),
+        ("3", "8")
+    );
+    assert!(!kept.contains_key("super-pod-rank"), "{kept:?}");
+    // Once bound, not even those.
+    let message = forbidden(
+        "extension: change a job annotation it added, on a bound pod",
+        on_ext_bound(json!({"super-pod-id": "9"})).await,
+    );
+    assert!(message.contains("may change on a pod only"), "{message}");
     // Huawei's job annotations: added where the pod has none, never changed afterwards.
     let rank = |v: &str| Patch::Merge(json!({"metadata": {"annotations": {"hccl/rankIndex": v}}}));
     ext_pods
@@ -1684,6 +1750,23 @@ async fn each_component_does_its_job_with_only_its_rights_and_the_agent_writes_o
             .await,
     );
     assert!(message.contains(choice_policy), "{message}");
+    // Nor the extension's record of the job annotations it added (which it may replace).
+    let message = forbidden(
+        "a user records job annotations as the extension's",
+        alice_pods
+            .patch(
+                "trainer",
+                &PatchParams::default(),
+                &Patch::Merge(
+                    json!({"metadata": {"annotations": {"fumarole.dev/job-annotations": "hccl/rankIndex"}}}),
+                ),
+            )
+            .await,
+    );
+    assert!(
+        message.contains("only fumarole-scheduler-ext sets fumarole.dev/job-annotations"),
+        "{message}"
+    );
     // Nor through pods/status, which keeps the annotations sent with a status update.
     let message = forbidden(
         "a user changes a pod's device choice through pods/status",

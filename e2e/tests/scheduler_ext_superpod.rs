@@ -606,10 +606,12 @@ async fn kube_scheduler_job(
 /// 8 NPUs (`hccl-0`..`hccl-3`, `RANK` 0..3) with `sp-block: 16` land block by
 /// block, each block in one super-pod, and each pod carries `huawei.com/Ascend910`,
 /// `hccl/rankIndex`, `super-pod-rank` and `super-pod-id`. The API server's audit log holds,
-/// per pod, its creation and the extension's `Binding` (201, not from kube-scheduler's own
-/// binder) and no other write: the annotations came with the Binding, in one write.
+/// per pod, its creation, the extension's patch of the job annotations and then its `Binding`
+/// (201, not from kube-scheduler's own binder) and no other write: the job annotations are on
+/// the pod before it is bound (a Binding may carry only the device choice: the API server
+/// copies its annotations over the pod's), the device choice comes with the Binding.
 #[tokio::test]
-async fn kube_scheduler_binding_carries_the_job_annotations() {
+async fn kube_scheduler_binds_after_writing_the_job_annotations() {
     let cluster = common::cluster().await;
     publish(&cluster, &super_pods_with_ids(["1", "2"])).await;
     let port = cluster
@@ -639,10 +641,10 @@ async fn kube_scheduler_binding_carries_the_job_annotations() {
             .collect();
         assert_eq!(
             kinds,
-            [("create", ""), ("create", "binding")],
+            [("create", ""), ("patch", ""), ("create", "binding")],
             "{n}: {writes:#?}"
         );
-        let binding = writes[1];
+        let binding = writes[2];
         assert_eq!(binding["responseStatus"]["code"], 201, "{binding:#}");
         let agent = binding["userAgent"].as_str().unwrap_or("");
         assert!(

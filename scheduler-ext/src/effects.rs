@@ -6,7 +6,9 @@
 //! ([`ascend::from_choice`]), so Huawei's device plugin, if it served the node instead of
 //! fumarole's, would hand out the same ones, and the annotations the training job reads
 //! (`hccl/rankIndex`, `super-pod-rank`, `super-pod-id`: computed by
-//! [`crate::decider::job_annotations`]), in the same write. A pod not bound yet is read from
+//! [`crate::decider::job_annotations`]), in the same write, or for a Binding in a patch just
+//! before it (the admission policy allows a Binding only the choice's keys: the API server
+//! copies them over whatever the pod has). A pod not bound yet is read from
 //! the [`PodStore`] (which keeps those whole), any other from the API server
 //! ([`Effects::pod`], [`Effects::checked_pod`]).
 //!
@@ -25,6 +27,10 @@ use kube::Client;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 
 use crate::pod_store::PodStore;
+
+/// Annotations to write (`None`: remove), keyed by name: the job annotations of
+/// [`crate::decider::job_annotations`].
+pub type JobAnnotations = BTreeMap<String, Option<String>>;
 
 /// Field manager of the service's writes.
 pub const FIELD_MANAGER: &str = "fumarole-scheduler-ext";
@@ -222,19 +228,18 @@ impl Effects {
     /// Sets the pod's `fumarole.dev/devices` annotation to the devices `choice` gives it on
     /// `node` (with `fumarole.dev/devices-node`, the Ascend names and the job's annotations
     /// given), or with `None` removes them (Huawei's only where they still say what the
-    /// removed choice said: another scheduler's are left alone; the job's annotations stay).
+    /// removed choice said: another scheduler's are left alone; the job's annotations only
+    /// where the extension added them and the pod is not bound).
     pub async fn annotate(
         &self,
         ns: &str,
         name: &str,
-        choice: Option<(&str, &DeviceChoice, &BTreeMap<String, String>)>,
+        choice: Option<(&str, &DeviceChoice, &JobAnnotations)>,
     ) -> Result<(), kube::Error> {
-        let mut annotations: BTreeMap<String, Option<String>> = BTreeMap::new();
+        let mut annotations: JobAnnotations = BTreeMap::new();
         match choice {
             Some((node, c, job)) => {
-                for (key, value) in job {
-                    annotations.insert(key.clone(), Some(value.clone()));
-                }
+                annotations.extend(job.clone());
                 annotations.insert(DEVICES_ANNOTATION.into(), Some(annotation::format(c)));
                 annotations.insert(DEVICES_NODE_ANNOTATION.into(), Some(node.into()));
                 for (key, value) in ascend::from_choice(c) {
@@ -244,11 +249,21 @@ impl Effects {
             None => {
                 annotations.insert(DEVICES_ANNOTATION.into(), None);
                 annotations.insert(DEVICES_NODE_ANNOTATION.into(), None);
-                for key in self.ascend_names_of_choice(ns, name).await? {
+                for key in self.written_with_choice(ns, name).await? {
                     annotations.insert(key, None);
                 }
             }
         }
+        self.patch_annotations(ns, name, &annotations).await
+    }
+
+    /// A merge patch of the pod's annotations (`None` removes one).
+    async fn patch_annotations(
+        &self,
+        ns: &str,
+        name: &str,
+        annotations: &JobAnnotations,
+    ) -> Result<(), kube::Error> {
         let patch = serde_json::json!({"metadata": {"annotations": annotations}});
         self.api(ns)
             .patch(
@@ -263,34 +278,45 @@ impl Effects {
             .map(drop)
     }
 
-    /// The `huawei.com/<Chip>` annotations of the pod that say what its `fumarole.dev/devices`
-    /// says (written with it).
-    async fn ascend_names_of_choice(
-        &self,
-        ns: &str,
-        name: &str,
-    ) -> Result<Vec<String>, kube::Error> {
+    /// What goes with the pod's choice when it is removed: the `huawei.com/<Chip>`
+    /// annotations that say what its `fumarole.dev/devices` says (written with it) and, on a
+    /// pod not bound, the job annotations the extension added (with their record).
+    async fn written_with_choice(&self, ns: &str, name: &str) -> Result<Vec<String>, kube::Error> {
         let pod = match self.pod(ns, name).await {
             Ok(p) => p,
             Err(kube::Error::Api(e)) if e.code == 404 => return Ok(Vec::new()),
             Err(e) => return Err(e),
         };
         let have = pod.metadata.annotations.unwrap_or_default();
-        let Some(Ok(choice)) = have.get(DEVICES_ANNOTATION).map(|v| annotation::parse(v)) else {
-            return Ok(Vec::new());
-        };
-        Ok(ascend::from_choice(&choice)
-            .into_iter()
-            .filter(|(k, v)| have.get(k) == Some(v))
-            .map(|(k, _)| k)
-            .collect())
+        let mut keys = Vec::new();
+        if pod.spec.and_then(|s| s.node_name).is_none() {
+            keys.extend(
+                ascend::written_job_keys(&have)
+                    .into_iter()
+                    .map(String::from),
+            );
+            if have.contains_key(ascend::WRITTEN_JOB_ANNOTATIONS) {
+                keys.push(ascend::WRITTEN_JOB_ANNOTATIONS.to_string());
+            }
+        }
+        if let Some(Ok(choice)) = have.get(DEVICES_ANNOTATION).map(|v| annotation::parse(v)) {
+            keys.extend(
+                ascend::from_choice(&choice)
+                    .into_iter()
+                    .filter(|(k, v)| have.get(k) == Some(v))
+                    .map(|(k, _)| k),
+            );
+        }
+        Ok(keys)
     }
 
     /// Binds the pod to `node` (the `pods/binding` subresource), as a binding extender must,
     /// with the devices `choice` gives it there (no annotation for `None`: a pod whose devices
-    /// come from ResourceClaims) and the job's annotations `job`: the API server copies a
-    /// Binding's annotations onto the pod, so node and devices arrive in one write (one watch
-    /// event for every watcher, and never a device choice on a pod whose Binding failed).
+    /// come from ResourceClaims): the API server copies a Binding's annotations onto the pod,
+    /// so node and devices arrive in one write (one watch event for every watcher, and never
+    /// a device choice on a pod whose Binding failed). The job's annotations `job` are
+    /// patched onto the pod first, so the pod never runs without them; a Binding that then
+    /// fails leaves them recorded as the extension's, replaced by the next placement.
     pub async fn bind(
         &self,
         ns: &str,
@@ -298,11 +324,13 @@ impl Effects {
         uid: &str,
         node: &str,
         choice: Option<&DeviceChoice>,
-        job: BTreeMap<String, String>,
+        job: &JobAnnotations,
     ) -> Result<(), kube::Error> {
+        if !job.is_empty() {
+            self.patch_annotations(ns, name, job).await?;
+        }
         let annotations = choice.map(|choice| {
-            let mut a = job;
-            a.extend(ascend::from_choice(choice));
+            let mut a = ascend::from_choice(choice);
             a.insert(DEVICES_ANNOTATION.to_string(), annotation::format(choice));
             a.insert(DEVICES_NODE_ANNOTATION.to_string(), node.to_string());
             a

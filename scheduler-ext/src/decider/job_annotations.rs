@@ -1,6 +1,6 @@
 //! The annotations a training job reads that go on a pod with its devices, Huawei's way
-//! ([`ascend::job_annotations`]): computed here, written by [`crate::effects`] in the same
-//! write as the device choice.
+//! ([`ascend::job_annotations`]): computed here, written by [`crate::effects`] with the device
+//! choice.
 
 use std::collections::BTreeMap;
 
@@ -12,13 +12,21 @@ use crate::core::request::pod_key;
 use crate::core::unit::{self, UnitFacts};
 use crate::core::view::ClusterView;
 
-/// The job annotations of `pod` given `commit` in `view`, for a pod given an Ascend resource
-/// only: `hccl/rankIndex` when its rank is stated by its framework or it is in a group (the
-/// rank group placement uses); for a pod of an `sp-block` job on a node in a super-node
-/// `super-pod-rank` (its block, `rank x NPUs / sp-block`) and `super-pod-id` (the super-node's
-/// id, when that is a `SuperPodID`: a non-negative integer). A key the pod already carries
-/// with another value is left out (logged): the user's or another scheduler's value stands.
-pub fn job_annotations(view: &ClusterView, pod: &Pod, commit: &Commit) -> BTreeMap<String, String> {
+/// The job annotations to write on `pod` given `commit` in `view` (`None`: remove), for a pod
+/// given an Ascend resource only: `hccl/rankIndex` when its rank is stated by its framework
+/// or it is in a group (the rank group placement uses); for a pod of an `sp-block` job on a
+/// node in a super-node `super-pod-rank` (its block, `rank x NPUs / sp-block`) and
+/// `super-pod-id` (the super-node's id, when that is a `SuperPodID`: a non-negative integer).
+///
+/// A key the pod already carries is left alone (a different value logged): the user's or
+/// another scheduler's value stands. Only on a pod not bound yet, the keys the extension
+/// added itself ([`ascend::WRITTEN_JOB_ANNOTATIONS`], for a placement that did not bind) are
+/// replaced, or removed when this placement has none; that record lists what this write adds.
+pub fn job_annotations(
+    view: &ClusterView,
+    pod: &Pod,
+    commit: &Commit,
+) -> BTreeMap<String, Option<String>> {
     if ascend::chip_of(&commit.resource).is_none() {
         return BTreeMap::new();
     }
@@ -37,15 +45,45 @@ pub fn job_annotations(view: &ClusterView, pod: &Pod, commit: &Commit) -> BTreeM
         })
     });
     let want = ascend::job_annotations(rank, super_pod);
-    let have = pod.metadata.annotations.as_ref();
-    want.into_iter()
-        .filter(|(k, v)| match have.and_then(|a| a.get(k)) {
-            Some(set) if set != v => {
-                tracing::info!(pod = %pod_key(pod), key = %k, kept = %set, ours = %v,
-                    "the pod already carries this annotation; keeping its value");
-                false
+    let empty = BTreeMap::new();
+    let have = pod.metadata.annotations.as_ref().unwrap_or(&empty);
+    let unbound = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.as_ref())
+        .is_none();
+    let ours = if unbound {
+        ascend::written_job_keys(have)
+    } else {
+        Default::default()
+    };
+    let mut out: BTreeMap<String, Option<String>> = BTreeMap::new();
+    for (k, v) in want {
+        match have.get(&k) {
+            Some(set) if !ours.contains(k.as_str()) => {
+                if *set != v {
+                    tracing::info!(pod = %pod_key(pod), key = %k, kept = %set, ours = %v,
+                        "the pod already carries this annotation; keeping its value");
+                }
             }
-            _ => true,
-        })
-        .collect()
+            _ => {
+                out.insert(k, Some(v));
+            }
+        }
+    }
+    for k in ours {
+        out.entry(k.to_string()).or_insert(None);
+    }
+    if unbound {
+        let written: Vec<&str> = out
+            .iter()
+            .filter(|(_, v)| v.is_some())
+            .map(|(k, _)| k.as_str())
+            .collect();
+        let record = (!written.is_empty()).then(|| written.join(","));
+        if record.is_some() || have.contains_key(ascend::WRITTEN_JOB_ANNOTATIONS) {
+            out.insert(ascend::WRITTEN_JOB_ANNOTATIONS.to_string(), record);
+        }
+    }
+    out
 }

@@ -502,8 +502,8 @@ impl Decider {
         Ok(Some(commit))
     }
 
-    /// The job annotations that go on `pod` with `commit` ([`job_annotations`]).
-    pub fn job_annotations(&self, pod: &Pod, commit: &Commit) -> BTreeMap<String, String> {
+    /// The job annotations to write on `pod` with `commit` ([`job_annotations`]).
+    pub fn job_annotations(&self, pod: &Pod, commit: &Commit) -> BTreeMap<String, Option<String>> {
         job_annotations(&self.view(), pod, commit)
     }
 

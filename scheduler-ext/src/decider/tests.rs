@@ -215,8 +215,9 @@ fn claim_pods_are_scored_like_extended_resource_pods_and_get_no_device_choice() 
 }
 
 /// Huawei's job annotations for an Ascend pod: the rank group placement uses, the block and
-/// the super-node's id where it is a number; a value the pod already has stands; GPUs and
-/// pods whose rank is only guessed from their name get none.
+/// the super-node's id where it is a number, with the record of what the extension added; a
+/// value the pod already has stands unless the extension added it and the pod is not bound;
+/// GPUs and pods whose rank is only guessed from their name get none.
 #[test]
 fn job_annotations_follow_the_rank_and_the_super_node() {
     let node = |name: &str, super_node: Option<&str>| {
@@ -265,37 +266,76 @@ fn job_annotations_follow_the_rank_and_the_super_node() {
         at: Instant::now(),
     };
     let npu = "huawei.com/Ascend910";
-    let map = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+    const RECORD: &str = "fumarole.dev/job-annotations";
+    let map = |pairs: &[(&str, Option<&str>)]| -> BTreeMap<String, Option<String>> {
         pairs
             .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .map(|(k, v)| (k.to_string(), v.map(str::to_string)))
             .collect()
     };
     assert_eq!(
         svc.job_annotations(&pods[2], &commit("n0", npu)),
         map(&[
-            ("hccl/rankIndex", "2"),
-            ("super-pod-id", "7"),
-            ("super-pod-rank", "1")
+            ("hccl/rankIndex", Some("2")),
+            ("super-pod-id", Some("7")),
+            ("super-pod-rank", Some("1")),
+            (RECORD, Some("hccl/rankIndex,super-pod-id,super-pod-rank")),
         ])
     );
     assert_eq!(
         svc.job_annotations(&pods[1], &commit("r0", npu)),
-        map(&[("hccl/rankIndex", "1"), ("super-pod-rank", "0")])
+        map(&[
+            ("hccl/rankIndex", Some("1")),
+            ("super-pod-rank", Some("0")),
+            (RECORD, Some("hccl/rankIndex,super-pod-rank")),
+        ])
     );
     assert_eq!(
         svc.job_annotations(&pods[3], &commit("solo", npu)),
-        map(&[("hccl/rankIndex", "3")])
+        map(&[
+            ("hccl/rankIndex", Some("3")),
+            (RECORD, Some("hccl/rankIndex"))
+        ])
     );
-    // A value already on the pod stands (ours is left out); the same value is written.
+    // A value already on the pod stands (ours is left out, the same value too: not ours).
     let preset = worker(
         3,
         serde_json::json!({"hccl/rankIndex": "garbled", "super-pod-id": "7"}),
     );
     assert_eq!(
         svc.job_annotations(&preset, &commit("n0", npu)),
-        map(&[("super-pod-id", "7"), ("super-pod-rank", "1")])
+        map(&[
+            ("super-pod-rank", Some("1")),
+            (RECORD, Some("super-pod-rank"))
+        ])
     );
+    // What the extension added for a placement that did not bind is replaced, or removed
+    // where this placement has none; what it did not add stands.
+    let earlier = worker(
+        3,
+        serde_json::json!({"hccl/rankIndex": "9", "super-pod-id": "4", "super-pod-rank": "5",
+            RECORD: "super-pod-id,super-pod-rank"}),
+    );
+    assert_eq!(
+        svc.job_annotations(&earlier, &commit("r0", npu)),
+        map(&[
+            ("super-pod-id", None),
+            ("super-pod-rank", Some("1")),
+            (RECORD, Some("super-pod-rank"))
+        ])
+    );
+    assert_eq!(
+        svc.job_annotations(&earlier, &commit("solo", npu)),
+        map(&[
+            ("super-pod-id", None),
+            ("super-pod-rank", None),
+            (RECORD, None)
+        ])
+    );
+    // Once bound, nothing of the pod's is replaced, whoever added it.
+    let mut bound = earlier.clone();
+    bound.spec.as_mut().unwrap().node_name = Some("n0".into());
+    assert!(svc.job_annotations(&bound, &commit("n0", npu)).is_empty());
     // Not an Ascend resource: nothing.
     assert!(
         svc.job_annotations(&pods[2], &commit("n0", "nvidia.com/gpu"))
@@ -312,7 +352,10 @@ fn job_annotations_follow_the_rank_and_the_super_node() {
     )]));
     assert_eq!(
         svc.job_annotations(&sts, &commit("solo", npu)),
-        map(&[("hccl/rankIndex", "4")])
+        map(&[
+            ("hccl/rankIndex", Some("4")),
+            (RECORD, Some("hccl/rankIndex"))
+        ])
     );
 }
 

@@ -366,7 +366,7 @@ pub async fn bind(svc: &Service, args: &ExtenderBindingArgs) -> Result<(), BindE
         None => return Err(BindError::NoAccelerator { pod: key }),
     };
     let uid = pod.metadata.uid.as_deref().unwrap_or_default();
-    if let Err(source) = ops.bind(ns, name, uid, node, choice.as_ref(), job).await {
+    if let Err(source) = ops.bind(ns, name, uid, node, choice.as_ref(), &job).await {
         // A Binding whose answer was lost may have been written, and it carries the devices:
         // they stay committed until the view shows the pod bound with them, the pod goes, or
         // --commit-ttl passes; a retry on another node replaces the commit. Only a refusal

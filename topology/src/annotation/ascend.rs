@@ -16,6 +16,10 @@
 //!   logical super-pod in the job) and `super-pod-id` (the physical super-pod's `SuperPodID`).
 //!   All three are decimal integers, as Huawei writes them (`strconv.Itoa`); Huawei's
 //!   ascend-operator reads `super-pod-rank` into the job's environment.
+//! - `fumarole.dev/job-annotations` ([`WRITTEN_JOB_ANNOTATIONS`]): which of those three keys
+//!   fumarole's extension added to the pod (comma-separated). While the pod is not bound they
+//!   are the extension's to replace or remove (a placement that did not bind); a value it did
+//!   not add is someone else's and stands. The extension's admission policy holds it to that.
 //!
 //! Start at [`parse`] and [`format`].
 
@@ -49,6 +53,29 @@ pub const SUPER_POD_RANK_ANNOTATION: &str = "super-pod-rank";
 
 /// The id of the physical super-pod the pod's node is in (`SuperPodID`).
 pub const SUPER_POD_ID_ANNOTATION: &str = "super-pod-id";
+
+/// The job annotations fumarole's extension added to a pod (their keys, comma-separated).
+pub const WRITTEN_JOB_ANNOTATIONS: &str = "fumarole.dev/job-annotations";
+
+/// The keys [`WRITTEN_JOB_ANNOTATIONS`] lists in `annotations`: job annotation keys only
+/// (anything else in it is ignored).
+pub fn written_job_keys(annotations: &BTreeMap<String, String>) -> BTreeSet<&'static str> {
+    let listed = annotations
+        .get(WRITTEN_JOB_ANNOTATIONS)
+        .map(String::as_str)
+        .unwrap_or_default();
+    JOB_ANNOTATION_KEYS
+        .into_iter()
+        .filter(|k| listed.split(',').any(|l| l.trim() == *k))
+        .collect()
+}
+
+/// The keys of the job annotations ([`job_annotations`]).
+pub const JOB_ANNOTATION_KEYS: [&str; 3] = [
+    RANK_INDEX_ANNOTATION,
+    SUPER_POD_RANK_ANNOTATION,
+    SUPER_POD_ID_ANNOTATION,
+];
 
 /// Where a pod of a super-pod job landed: its logical super-pod and the physical one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -295,6 +322,17 @@ mod tests {
             )])
         );
         assert!(from_choice(&BTreeMap::new()).is_empty());
+    }
+
+    #[test]
+    fn written_job_keys_are_job_annotation_keys_only() {
+        let with = |v: &str| BTreeMap::from([(WRITTEN_JOB_ANNOTATIONS.to_string(), v.to_string())]);
+        assert_eq!(
+            written_job_keys(&with("super-pod-id, hccl/rankIndex")),
+            BTreeSet::from([RANK_INDEX_ANNOTATION, SUPER_POD_ID_ANNOTATION])
+        );
+        assert!(written_job_keys(&with("team,fumarole.dev/devices,,")).is_empty());
+        assert!(written_job_keys(&BTreeMap::new()).is_empty());
     }
 
     #[test]
