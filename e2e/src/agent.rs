@@ -47,6 +47,8 @@ pub struct AgentBuilder {
     kubeconfig: Option<PathBuf>,
     metrics_port: Option<u16>,
     without_capabilities: bool,
+    /// Shell commands run as root in a private mount namespace before the agent starts.
+    mount_setup: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -71,6 +73,7 @@ impl AgentBuilder {
             kubeconfig: None,
             metrics_port: None,
             without_capabilities: false,
+            mount_setup: None,
         }
     }
 
@@ -214,6 +217,14 @@ impl AgentBuilder {
         self
     }
 
+    /// Starts it in a private mount namespace (util-linux's `unshare --mount`) where `setup`,
+    /// `sh` commands run as root, first arranges the mounts it sees (as a DaemonSet's
+    /// volumes do); the process keeps its pid (each step `exec`s the next).
+    pub fn in_mount_namespace(mut self, setup: &str) -> Self {
+        self.mount_setup = Some(setup.to_string());
+        self
+    }
+
     /// The arguments after the program name (`run ...`).
     pub fn argv(&self) -> Vec<String> {
         let mut out = vec!["run".to_string()];
@@ -236,8 +247,26 @@ impl AgentBuilder {
         out
     }
 
-    /// The program to execute and its arguments: the agent binary, or `setpriv` around it.
+    /// The program to execute and its arguments: the agent binary, or `setpriv` around it,
+    /// and `unshare` around that.
     fn program(&self) -> Result<(PathBuf, Vec<String>)> {
+        let (program, args) = self.dropping_capabilities()?;
+        let Some(setup) = &self.mount_setup else {
+            return Ok((program, args));
+        };
+        let mut wrapped: Vec<String> =
+            ["--mount", "--propagation", "private", "--", "/bin/sh", "-c"]
+                .map(String::from)
+                .into();
+        wrapped.push(format!("set -e\n{setup}\nexec \"$@\""));
+        wrapped.push("sh".into());
+        wrapped.push(path(&program));
+        wrapped.extend(args);
+        Ok((PathBuf::from("unshare"), wrapped))
+    }
+
+    /// The agent binary and its arguments, or `setpriv` around them.
+    fn dropping_capabilities(&self) -> Result<(PathBuf, Vec<String>)> {
         let agent = agent_bin()?;
         if !self.without_capabilities {
             return Ok((agent, self.argv()));

@@ -121,6 +121,51 @@ impl CgroupTree {
         Ok(path)
     }
 
+    /// What the agent's DaemonSet mounts of the host for co-location on a cgroup v1 node
+    /// (the chart's `qos.cgroupMounts` for v1 with the cgroupfs driver, e2e `deployment.rs`),
+    /// set up under `host` for an agent started in its own mount namespace
+    /// ([`AgentBuilder::in_mount_namespace`]): each hierarchy's `kubepods` cgroup of this tree
+    /// bound at `<host>/sys/fs/cgroup/<controller>/<cgroupRoot>/kubepods`, `/proc/pressure`
+    /// read-only at `<host>/proc/pressure`, and the host's `/sys/fs/cgroup` unmounted and
+    /// replaced by an empty read-only tmpfs (so nothing else of the tree, the devices
+    /// controller included, is reachable). `host` must be an existing directory. Returns the mount script and the
+    /// agent's flags.
+    pub fn daemonset_mounts(&self, host: &Path) -> Result<(String, Vec<(String, String)>)> {
+        let quote = |p: &Path| {
+            let p = p.display().to_string();
+            anyhow::ensure!(
+                p.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"/._-".contains(&b)),
+                "{p}: not a plain path"
+            );
+            Ok(p)
+        };
+        let h = quote(host)?;
+        let mut script = vec![format!("mount -t tmpfs fumarole-host {h}")];
+        for c in &self.controllers {
+            let source = quote(&self.dir(c, "kubepods"))?;
+            let target = format!("{h}/sys/fs/cgroup/{c}/{}/kubepods", self.name);
+            script.push(format!("mkdir -p {target}"));
+            script.push(format!("mount --bind {source} {target}"));
+        }
+        script.push(format!("mkdir -p {h}/proc/pressure"));
+        script.push(format!("mount --bind /proc/pressure {h}/proc/pressure"));
+        script.push(format!("mount -o remount,bind,ro {h}/proc/pressure"));
+        // Unmounted, not only covered: the agent's mount table lists no other cgroup.
+        script.push(format!("umount -R {V1_ROOT}"));
+        script.push(format!(
+            "mount -t tmpfs -o ro fumarole-no-host-cgroups {V1_ROOT}"
+        ));
+        let flags = vec![
+            ("--cgroup-root".to_string(), format!("{h}/sys/fs/cgroup")),
+            (
+                "--memory-pressure-file".to_string(),
+                format!("{h}/proc/pressure/memory"),
+            ),
+        ];
+        Ok((script.join("\n"), flags))
+    }
+
     /// Moves process `pid` into `rel` in every hierarchy of the tree.
     pub fn enter(&self, rel: &str, pid: u32) -> Result<()> {
         for c in &self.controllers {

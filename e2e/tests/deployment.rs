@@ -305,6 +305,50 @@ async fn every_manifest_passes_a_server_side_dry_run() {
         pick(&objects, "DaemonSet", "fumarole-agent").pointer("/spec/template/spec/volumes"),
         "DaemonSet fumarole-agent /spec/template/spec/volumes"
     );
+    // Of the host's cgroup tree and /proc the agent mounts only the kubelet's pod cgroups and
+    // the pressure files, whatever the layout (issue 37 item 4); the host's /sys/fs/cgroup
+    // under its /sys is covered. The v1 layout is the one e2e soak.rs runs the agent with.
+    let v1 = render_chart(
+        &["qos.cgroupMounts={cpu/kubepods,cpuacct/kubepods,memory/kubepods}"],
+        false,
+    );
+    for (objects, cgroups) in [
+        (&objects, &["/sys/fs/cgroup/kubepods.slice"][..]),
+        (&chart, &["/sys/fs/cgroup/kubepods.slice"][..]),
+        (
+            &v1,
+            &[
+                "/sys/fs/cgroup/cpu/kubepods",
+                "/sys/fs/cgroup/cpuacct/kubepods",
+                "/sys/fs/cgroup/memory/kubepods",
+            ][..],
+        ),
+    ] {
+        let ds = pick(objects, "DaemonSet", "fumarole-agent");
+        let volumes = ds["spec"]["template"]["spec"]["volumes"]
+            .as_array()
+            .unwrap();
+        let host_path = |v: &&Value| v["hostPath"]["path"].as_str().map(String::from);
+        let host: std::collections::BTreeSet<String> =
+            volumes.iter().filter_map(|v| host_path(&v)).collect();
+        let mounted: Vec<&String> = host
+            .iter()
+            .filter(|p| p.starts_with("/sys/fs/cgroup") || p.starts_with("/proc"))
+            .collect();
+        let mut want: Vec<&str> = cgroups.to_vec();
+        want.push("/proc/pressure");
+        want.sort_unstable();
+        assert_eq!(mounted, want, "the agent's cgroup and /proc mounts");
+        let mounts = ds["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
+            .as_array()
+            .unwrap();
+        let covered = mounts.iter().find(|m| m["mountPath"] == "/sys/fs/cgroup");
+        let cover = covered.and_then(|m| volumes.iter().find(|v| v["name"] == m["name"]));
+        assert!(
+            cover.is_some_and(|v| v.get("emptyDir").is_some()),
+            "the host's /sys/fs/cgroup is not covered: {mounts:#?}"
+        );
+    }
     for (kind, name, path) in [
         ("ClusterRole", "fumarole-agent", "/rules"),
         ("ClusterRole", "fumarole-scheduler-ext", "/rules"),

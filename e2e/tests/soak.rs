@@ -17,6 +17,11 @@
 //! (and the badly annotated pod's hold the kubelet's values), the agent never panicked, and its
 //! RSS and open descriptors at the end are where they were after warm-up (both printed).
 //!
+//! The agent runs as the DaemonSet runs it: root without any capability, and in its own mount
+//! namespace with only the DaemonSet's mounts of the host's cgroups (the kubelet's pod cgroups
+//! of the cpu, cpuacct and memory hierarchies, as the chart's `qos.cgroupMounts` for cgroup v1)
+//! and of `/proc` (the pressure files); the host's `/sys/fs/cgroup` is empty to it (checked).
+//!
 //! Needs root and cgroup v1 `cpu` (with `cpu.idle`, `cpu.cfs_burst_us`), `cpuacct` and
 //! `memory` hierarchies; skipped otherwise.
 
@@ -202,6 +207,41 @@ fn healths(devices: &[Value]) -> Vec<bool> {
     devices.iter().map(|d| d["health"] == "Healthy").collect()
 }
 
+/// The agent `pid` sees, of the host's cgroup filesystems, only the `kubepods` cgroup of the
+/// cpu, cpuacct and memory hierarchies (under `cgroup_root`), and an empty `/sys/fs/cgroup`.
+fn assert_sees_only_the_daemonsets_mounts(pid: u32, cgroup_root: &str) {
+    let proc = Path::new("/proc").join(pid.to_string());
+    // The mount namespace is set up before the agent starts; wait for its exec.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !std::fs::read_link(proc.join("exe"))
+        .is_ok_and(|e| e.to_string_lossy().contains("fumarole-agent"))
+    {
+        assert!(Instant::now() < deadline, "the agent did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mountinfo = std::fs::read_to_string(proc.join("mountinfo")).unwrap();
+    let mut cgroup_mounts: Vec<String> = mountinfo
+        .lines()
+        .filter_map(|l| {
+            let (left, right) = l.split_once(" - ")?;
+            let fstype = right.split(' ').next()?;
+            let root = left.split(' ').nth(3)?;
+            (fstype == "cgroup" || fstype == "cgroup2").then(|| format!("{root} {fstype}"))
+        })
+        .collect();
+    cgroup_mounts.sort();
+    let kubepods = format!("{cgroup_root}/kubepods");
+    assert_eq!(
+        cgroup_mounts,
+        [0, 1, 2].map(|_| format!("{kubepods} cgroup")),
+        "the agent's cgroup mounts (root within the hierarchy, type):\n{mountinfo}"
+    );
+    let cgroups: Vec<_> = std::fs::read_dir(proc.join("root/sys/fs/cgroup"))
+        .unwrap()
+        .collect();
+    assert!(cgroups.is_empty(), "the agent sees {cgroups:?}");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn agent_survives_restarts_churn_flips_and_bad_input_with_flat_footprint() {
     let Some(tree) = CgroupTree::create(
@@ -247,16 +287,27 @@ async fn agent_survives_restarts_churn_flips_and_bad_input_with_flat_footprint()
     std::fs::create_dir_all(&plugins).unwrap();
     let kdm = cluster.start_kubelet_dm(&plugins).await.unwrap();
     let kubelet_config = tree.kubelet_config(dir.path()).unwrap();
-    let agent = colocation::agent(NODE, &kubelet_config, dir.path())
+    // The host as the DaemonSet shows it to the agent: of the cgroup tree only the kubelet's
+    // pod cgroups, of /proc only the pressure files.
+    tree.mkdir("cpu", "kubepods").unwrap();
+    let host = dir.path().join("host");
+    std::fs::create_dir(&host).unwrap();
+    let (mounts, flags) = tree.daemonset_mounts(&host).unwrap();
+    let mut agent = colocation::agent(NODE, &kubelet_config, dir.path())
         .unwrap()
         .process("fumarole-agent-soak")
         .on_root(&root)
         .device_plugin_dir(&plugins)
         .flag("--recheck-interval", "2s")
         .flag("--qos-interval", "1s")
-        .without_capabilities();
+        .without_capabilities()
+        .in_mount_namespace(&mounts);
+    for (flag, value) in &flags {
+        agent = agent.flag(flag, value);
+    }
     let metrics = agent.metrics_port().unwrap();
     let mut agent = agent.spawn_in(&cluster).unwrap();
+    assert_sees_only_the_daemonsets_mounts(agent.pid(), &tree.cgroup_root());
 
     // Warm-up: registered, published, one round of pods handled.
     kdm.wait_devices(GPU, Duration::from_secs(60), |d| d.len() == 8)

@@ -16,10 +16,11 @@ pub const DEFAULT_MOUNTINFO: &str = "/proc/self/mountinfo";
 
 /// The cgroup version mounted at `root`, from the text of a mountinfo file: v2 when a
 /// `cgroup2` filesystem is mounted at `root` itself, v1 when `cgroup` (v1) filesystems are
-/// mounted below it (a hybrid node's `unified/` v2 mount has no controllers and is ignored).
-/// `None` when neither.
+/// mounted below it (a hybrid node's `unified/` v2 mount has no controllers and is ignored),
+/// else v2 when `cgroup2` filesystems are mounted below it (the agent's DaemonSet mounts only
+/// the kubepods subtree, `kubepods.slice` at `<root>/kubepods.slice`). `None` when none.
 pub fn detect_version(mountinfo: &str, root: &Path) -> Option<Version> {
-    let mut v1 = false;
+    let (mut v1, mut v2_below) = (false, false);
     for line in mountinfo.lines() {
         // id parent major:minor root mount-point options [optional...] - fstype source super
         let Some((left, right)) = line.split_once(" - ") else {
@@ -32,11 +33,16 @@ pub fn detect_version(mountinfo: &str, root: &Path) -> Option<Version> {
         let mount_point = PathBuf::from(unescape_mountinfo(mount_point));
         match fstype {
             "cgroup2" if mount_point == root => return Some(Version::V2),
+            "cgroup2" if mount_point.starts_with(root) => v2_below = true,
             "cgroup" if mount_point.starts_with(root) => v1 = true,
             _ => {}
         }
     }
-    v1.then_some(Version::V1)
+    match (v1, v2_below) {
+        (true, _) => Some(Version::V1),
+        (false, true) => Some(Version::V2),
+        (false, false) => None,
+    }
 }
 
 /// Mountinfo escapes space, tab, newline and backslash as `\ooo` octal.
@@ -163,6 +169,18 @@ mod tests {
             Some(Version::V2)
         );
         assert_eq!(detect_version(v2, Path::new("/host/sys/fs/cgroup")), None);
+        // Only the kubepods subtrees mounted, as the DaemonSet does: v2's one, v1's per
+        // controller (a hybrid node's unified/ beside them does not make it v2).
+        let v2_subtree = "50 40 0:22 /kubepods.slice /host/sys/fs/cgroup/kubepods.slice rw - cgroup2 cgroup2 rw\n";
+        let v1_subtrees = "\
+51 40 0:29 /kubepods.slice /host/sys/fs/cgroup/cpu/kubepods.slice rw - cgroup cgroup rw,cpu,cpuacct
+52 40 0:29 /kubepods.slice /host/sys/fs/cgroup/cpuacct/kubepods.slice rw - cgroup cgroup rw,cpu,cpuacct
+53 40 0:38 / /host/sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw
+";
+        let host = Path::new("/host/sys/fs/cgroup");
+        assert_eq!(detect_version(v2_subtree, host), Some(Version::V2));
+        assert_eq!(detect_version(v1_subtrees, host), Some(Version::V1));
+        assert_eq!(detect_version(v2_subtree, root), None);
         assert_eq!(detect_version("garbage\n\n - \n", root), None);
         let escaped = "24 30 0:22 / /host\\040root/cg rw - cgroup2 cgroup2 rw\n";
         assert_eq!(
