@@ -21,7 +21,8 @@
 //!
 //! Pods bound by a scheduler that does not tell us its choice (Volcano before `allocateFunc`,
 //! named in `annotate_schedulers`) get their devices chosen and written after the fact, so the
-//! device plugin and the view still agree ([`crate::controllers::bound_pods`]).
+//! device plugin and the view still agree ([`crate::controllers::bound_pods`], a task of its
+//! own beside the rebuild loop).
 //!
 //! With `publish_hypernodes`, Volcano `HyperNode` objects follow the super-nodes
 //! ([`crate::controllers::hypernode`]).
@@ -878,9 +879,16 @@ pub async fn start(
     }
     let writes = opts.write_client.clone().unwrap_or_else(|| client.clone());
     svc.set_effects(Effects::new(writes, stores.pods.clone()));
+    let (choices, to_write) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(bound_pods::write_choices(
+        Arc::clone(&svc),
+        stores.pods.clone(),
+        opts.annotate_schedulers.clone(),
+        to_write,
+    ));
     let mut late = LoopState {
         client: client.clone(),
-        retries: bound_pods::Retries::default(),
+        choices,
         hypernodes: None,
         contexts: ContextCache::default(),
         incremental: None,
@@ -901,13 +909,8 @@ pub async fn start(
     Ok(tokio::spawn(async move {
         let mut took = Duration::ZERO;
         loop {
-            // A quiet cluster still gets commits timed out, and failed writes tried again
-            // when their pause is over.
-            let wake = late.retries.next_due().map_or(TICK, |due| {
-                due.saturating_duration_since(std::time::Instant::now())
-                    .min(TICK)
-            });
-            let _ = tokio::time::timeout(wake, changed.notified()).await;
+            // A quiet cluster still gets commits timed out.
+            let _ = tokio::time::timeout(TICK, changed.notified()).await;
             // Waiting at least as long as the last build took keeps building to half a core
             // however busy the cluster (the writes after it wait on the API server, not a core).
             tokio::time::sleep(opts.debounce.max(took)).await;
@@ -919,8 +922,8 @@ pub async fn start(
 /// What the rebuild loop remembers between rounds.
 struct LoopState {
     client: Client,
-    /// The after-the-fact annotation's settled pods and failed writes.
-    retries: bound_pods::Retries,
+    /// The pods the after-the-fact annotation ([`bound_pods::write_choices`]) is to look at.
+    choices: tokio::sync::mpsc::UnboundedSender<bound_pods::Candidates>,
     /// The HyperNodes last published (`None`: not yet, or the last attempt failed).
     hypernodes: Option<BTreeMap<String, Vec<String>>>,
     /// Select contexts (and their memos) shared from one view to the next.
@@ -981,8 +984,8 @@ impl HeldNode {
 
 /// Makes and installs a new view (in full, or from the nodes and pods that changed:
 /// [`Changes`]),
-/// publishes HyperNodes if asked, then annotates bound pods that lack our choice. Answers how
-/// long making the view took.
+/// publishes HyperNodes if asked, then tells the choice writer which pods to look at (bound
+/// pods that lack our choice). Answers how long making the view took.
 async fn rebuild(
     stores: &Stores,
     svc: &Service,
@@ -1096,28 +1099,15 @@ async fn rebuild(
         hypernode::publish(&late.client, want, &mut late.hypernodes).await;
     }
     // Every pod after a full build or when this replica begins to lead, else the pods
-    // that changed and those whose failed write is due again.
+    // that changed (the writer adds those whose failed write is due again).
     let candidates = if full || newly_led {
-        stores.pods.state()
+        bound_pods::Candidates::All
     } else {
-        let due = late.retries.due(std::time::Instant::now());
-        for gone in due.iter().filter(|k| stores.pods.get(k).is_none()) {
-            late.retries.forget(gone);
-        }
-        changed
-            .iter()
-            .chain(due.iter().filter(|k| !changed.contains(k)))
-            .filter_map(|k| stores.pods.get(k))
-            .collect()
+        bound_pods::Candidates::Changed(changed)
     };
-    bound_pods::annotate(
-        svc,
-        candidates,
-        &view,
-        &opts.annotate_schedulers,
-        &mut late.retries,
-    )
-    .await;
+    if !opts.annotate_schedulers.is_empty() && late.choices.send(candidates).is_err() {
+        tracing::error!("the bound pods' choice writer has stopped");
+    }
     took
 }
 

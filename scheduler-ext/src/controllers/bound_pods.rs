@@ -1,22 +1,84 @@
 //! Pods bound by a scheduler that does not tell the service its choice (Volcano before
 //! `allocateFunc`, named in `--annotate-bound-pods-of`) get their devices chosen and written
-//! after the fact ([`annotate`], run by the live view after each rebuild), so the device plugin
-//! and the view still agree. A write that fails is tried again after a pause that doubles up
-//! to [`MAX_PAUSE`] ([`Retries`]), so a refusal that passes (an admission policy not yet in
-//! force, an API server restarting) never leaves a bound pod without its devices.
+//! after the fact ([`annotate`]), so the device plugin and the view still agree. The writes run
+//! in their own task ([`write_choices`]), fed by the live view after each rebuild: a slow API
+//! server delays the writes, never the next view, and a pod bound meanwhile is written as soon
+//! as the round before it is done. A write that fails is tried again after a pause that
+//! doubles up to [`MAX_PAUSE`] ([`Retries`]), so a refusal that passes (an admission policy not
+//! yet in force, an API server restarting) never leaves a bound pod without its devices.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::stream::{self, StreamExt};
+use tokio::sync::mpsc;
 
 use crate::core::pod_facts::PodFacts;
 use crate::core::view::ClusterView;
+use crate::pod_store::PodStore;
 use crate::service::Service;
 
+/// Which pods a round of [`write_choices`] looks at, sent by the live view after a rebuild.
+#[derive(Debug)]
+pub enum Candidates {
+    /// Every pod (after a full build, or when this replica begins to lead).
+    All,
+    /// The pods (`namespace/name`) that changed.
+    Changed(Vec<Arc<str>>),
+}
+
+/// The longest a quiet writer sleeps (it also wakes when a failed write is due again).
+const IDLE: Duration = Duration::from_secs(5);
+
+/// The writer task: for each batch of [`Candidates`] (those sent while the last round wrote
+/// are taken together), and whenever a failed write is due again, gives the bound pods of
+/// `schedulers` among them their devices ([`annotate`]) against the service's current view,
+/// while this replica leads. Ends when the live view drops its sender.
+pub async fn write_choices(
+    svc: Arc<Service>,
+    pods: PodStore,
+    schedulers: Vec<String>,
+    mut rx: mpsc::UnboundedReceiver<Candidates>,
+) {
+    let mut retries = Retries::default();
+    loop {
+        let wake = retries.next_due().map_or(IDLE, |due| {
+            due.saturating_duration_since(Instant::now()).min(IDLE)
+        });
+        let (mut all, mut changed) = (false, HashSet::new());
+        let mut take = |c: Candidates| match c {
+            Candidates::All => all = true,
+            Candidates::Changed(keys) => changed.extend(keys),
+        };
+        match tokio::time::timeout(wake, rx.recv()).await {
+            Ok(Some(c)) => take(c),
+            Ok(None) => return,
+            Err(_) => {}
+        }
+        while let Ok(c) = rx.try_recv() {
+            take(c);
+        }
+        if !svc.leads() {
+            continue;
+        }
+        let candidates = if all {
+            pods.state()
+        } else {
+            let due = retries.due(Instant::now());
+            for gone in due.iter().filter(|k| pods.get(k).is_none()) {
+                retries.forget(gone);
+            }
+            changed.extend(due);
+            changed.iter().filter_map(|k| pods.get(k)).collect()
+        };
+        let view = svc.decider().view();
+        annotate(&svc, candidates, &view, &schedulers, &mut retries).await;
+    }
+}
+
 /// The first pause after a failed write: short, for the device plugin waits only
-/// `--await-device-choice-timeout` (5 s) for the choice; most failures (a connection the API
+/// `--await-device-choice-timeout` (30 s) for the choice; most failures (a connection the API
 /// server closed, a policy a moment from force) pass within it.
 const FIRST_PAUSE: Duration = Duration::from_millis(250);
 /// The longest pause between two tries of one pod.
@@ -90,7 +152,7 @@ impl Retries {
 }
 
 /// How many pods' devices are read and written at once: Volcano binds a gang in one session,
-/// and the device plugins wait (`--await-device-choice-timeout`, 5 s) for each pod's choice, so
+/// and the device plugins wait (`--await-device-choice-timeout`, 30 s) for each pod's choice, so
 /// a burst is written side by side rather than one round trip after another.
 const WRITES_IN_FLIGHT: usize = 16;
 
