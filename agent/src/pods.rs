@@ -37,6 +37,7 @@ const REASON_IGNORED: &str = "DeviceChoiceIgnored";
 const REASON_NOT_HONOURED: &str = "DeviceChoiceNotHonoured";
 const REASON_DIFFERS: &str = "DeviceChoiceDiffers";
 const REASON_CONFLICT: &str = "DeviceChoiceConflict";
+const REASON_MISATTRIBUTED: &str = "DeviceAccountCorrected";
 
 /// How long a pod deleted before it started stays a candidate for admission: the kubelet
 /// admits every pod it was told of, deleted or not, and may be behind this watch by the
@@ -269,6 +270,7 @@ fn bound_pod(
             .and_then(|s| s.scheduler_name.clone())
             .unwrap_or_else(|| "default-scheduler".into()),
         started: matches!(phase, Some("Running" | "Succeeded" | "Failed")),
+        finished: matches!(phase, Some("Succeeded" | "Failed")),
         deleting: meta.deletion_timestamp.is_some(),
         requests,
         choice: meta
@@ -318,6 +320,7 @@ impl PodSource for NodePods {
             Outcome::Invalid { .. } => REASON_IGNORED,
             Outcome::Differs { .. } => REASON_DIFFERS,
             Outcome::Overruled { .. } => REASON_CONFLICT,
+            Outcome::Misattributed { .. } => REASON_MISATTRIBUTED,
             _ => REASON_NOT_HONOURED,
         };
         let event = Event {

@@ -60,6 +60,8 @@ pub struct BoundPod {
     pub scheduler: String,
     /// Phase `Running`, `Succeeded` or `Failed`: admitted (or refused) already.
     pub started: bool,
+    /// Phase `Succeeded` or `Failed`: the kubelet frees its devices.
+    pub finished: bool,
     /// Being deleted, or gone from the API server before it started: the kubelet still admits
     /// a pod it was told of before the deletion, but no scheduler will write its choice now.
     pub deleting: bool,
@@ -103,6 +105,12 @@ pub enum Outcome {
         preferred: Vec<String>,
         allocated: Vec<String>,
     },
+    /// The kubelet's PodResources gives the pod devices this plugin had counted for another
+    /// pod (`Allocate` does not name its pod: the plugin matched it to the wrong one).
+    Misattributed {
+        devices: Vec<String>,
+        counted_for: String,
+    },
     /// The pod's scheduler writes choices after binding, and none came in time.
     NoChoiceInTime { waited: Duration },
     /// The pod is being deleted and has no choice: no point waiting for one.
@@ -119,6 +127,7 @@ impl Outcome {
             Outcome::Overruled { .. } => "overruled",
             Outcome::NotHonoured { .. } => "not-honoured",
             Outcome::Differs { .. } => "differs",
+            Outcome::Misattributed { .. } => "misattributed",
             Outcome::NoChoiceInTime { .. } => "no-choice-in-time",
             Outcome::Deleting => "pod-deleting",
         }
@@ -168,6 +177,15 @@ impl fmt::Display for Outcome {
                 "the kubelet allocated {} instead of the scheduler's {}",
                 allocated.join(","),
                 preferred.join(",")
+            ),
+            Outcome::Misattributed {
+                devices,
+                counted_for,
+            } => write!(
+                f,
+                "the kubelet gave this pod {}, which the device plugin had counted for pod \
+                 {counted_for}; its account now follows the kubelet's (PodResources)",
+                devices.join(",")
             ),
             Outcome::NoChoiceInTime { waited } => write!(
                 f,
@@ -665,6 +683,54 @@ impl Admissions {
                 let next = self.next_of(state, p, &ids, wants.saturating_sub(held));
                 Some((p, chosen.annotation, next))
             })
+    }
+
+    /// Checks this plugin's account of which pod holds which devices against the kubelet's
+    /// own, PodResources ([`BoundPod::reported`]): `Allocate` does not name its pod, so the
+    /// plugin matches it by watch order ([`Self::allocated`]), and a wrong match would make
+    /// it count devices for a pod that does not have them (and wait for, or prefer, the wrong
+    /// ones). A device the kubelet reports for a pod not finished or being deleted (a
+    /// finished one's report may be stale: the kubelet frees its devices) but this plugin
+    /// counted for another pod is moved to the kubelet's pod. Answers each such pod with
+    /// [`Outcome::Misattributed`].
+    pub fn reconcile(&self, pods: &[BoundPod]) -> Vec<(BoundPod, Outcome)> {
+        let mut state = self.state();
+        let mut out = Vec::new();
+        for pod in pods.iter().filter(|p| !p.finished && !p.deleting) {
+            let Some(reported) = pod.reported.get(&self.resource) else {
+                continue;
+            };
+            for other in pods.iter().filter(|o| o.uid != pod.uid) {
+                let Some(counted) = state.allocated.get_mut(&other.uid) else {
+                    continue;
+                };
+                let moved: Vec<String> = counted
+                    .iter()
+                    .filter(|d| reported.contains(d))
+                    .cloned()
+                    .collect();
+                if moved.is_empty() {
+                    continue;
+                }
+                counted.retain(|d| !moved.contains(d));
+                let held = state.allocated.entry(pod.uid.clone()).or_default();
+                held.extend(
+                    moved
+                        .iter()
+                        .filter(|d| !held.contains(d))
+                        .cloned()
+                        .collect::<Vec<_>>(),
+                );
+                out.push((
+                    pod.clone(),
+                    Outcome::Misattributed {
+                        devices: moved,
+                        counted_for: other.to_string(),
+                    },
+                ));
+            }
+        }
+        out
     }
 
     /// Forgets pods that are gone from `pods` (deleted, or finished and removed).

@@ -21,7 +21,7 @@ use tokio_stream::wrappers::WatchStream;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status};
 
-use crate::admission::{Admissions, AwaitChoice, ContainerRequest, Decision, PodSource};
+use crate::admission::{Admissions, AwaitChoice, BoundPod, ContainerRequest, Decision, PodSource};
 use crate::api;
 use crate::api::device_plugin_server::DevicePlugin;
 use crate::resources::Resource;
@@ -221,6 +221,7 @@ impl DevicePluginService {
             size: k,
         };
         let start = Instant::now();
+        self.reconcile(&pods.source.bound());
         loop {
             let bound = pods.source.bound();
             let decision =
@@ -255,6 +256,18 @@ impl DevicePluginService {
         }
     }
 
+    /// Takes the kubelet's account (PodResources) of which pod holds which devices where this
+    /// plugin's differs ([`Admissions::reconcile`]), and reports each pod it corrected.
+    fn reconcile(&self, bound: &[BoundPod]) {
+        let Some(pods) = &self.inner.pods else {
+            return;
+        };
+        for (pod, outcome) in self.inner.admissions.reconcile(bound) {
+            pods.source
+                .report(&pod, &self.inner.resource.name, &outcome);
+        }
+    }
+
     /// Records the devices `Allocate` gave, reports whether they are the scheduler's and, for
     /// an Ascend resource, writes the pod's `huawei.com/AscendReal` (what training jobs read).
     fn allocated(&self, devices: &[String]) {
@@ -264,6 +277,7 @@ impl DevicePluginService {
         let bound = pods.source.bound();
         let admissions = &self.inner.admissions;
         admissions.retain(&bound);
+        self.reconcile(&bound);
         let Some((pod, outcome)) = admissions.allocated(&bound, devices) else {
             return;
         };

@@ -24,6 +24,7 @@ fn pod(name: &str, created: &str, gpus: u64, choice: Option<&str>) -> BoundPod {
         created: created.into(),
         scheduler: "default-scheduler".into(),
         started: false,
+        finished: false,
         deleting: false,
         requests: BTreeMap::from([(GPU.to_string(), gpus)]),
         choice: choice.map(str::to_string),
@@ -720,5 +721,55 @@ fn a_preference_left_without_its_allocate_is_not_the_next_pods() {
         Some(Outcome::Honoured {
             devices: ids(&["GPU-0"])
         })
+    );
+}
+
+/// `Allocate` matched to the wrong pod (the plugin's watch showed `late` first, the kubelet
+/// admitted `early`): once PodResources reports `early`'s devices, the account follows the
+/// kubelet's, `early` hears of it, and `late` is the pod being admitted again, with its own
+/// choice. A finished pod's report (the kubelet frees its devices; the report may be stale)
+/// moves nothing.
+#[test]
+fn podresources_corrects_an_allocate_matched_to_the_wrong_pod() {
+    let a = admissions();
+    let available = all();
+    let mut late = pod("late", "t", 2, Some(&choice(&["GPU-6", "GPU-7"])));
+    late.arrival = 1;
+    let mut early = pod("early", "t", 2, None);
+    early.arrival = 2;
+    let pods = vec![late.clone(), early.clone()];
+    let (matched, _) = a.allocated(&pods, &ids(&["GPU-0", "GPU-1"])).unwrap();
+    assert_eq!(
+        matched, late,
+        "the plugin's guess: the earliest-arrived pod"
+    );
+    assert!(a.reconcile(&pods).is_empty(), "nothing reported yet");
+
+    let mut finished = pod("finished", "t", 2, None);
+    finished.started = true;
+    finished.finished = true;
+    finished.reported = BTreeMap::from([(GPU.to_string(), ids(&["GPU-0"]))]);
+    assert!(a.reconcile(&[late.clone(), finished]).is_empty());
+
+    early.started = true;
+    early.reported = BTreeMap::from([(GPU.to_string(), ids(&["GPU-0", "GPU-1"]))]);
+    let pods = vec![late.clone(), early.clone()];
+    assert_eq!(
+        a.reconcile(&pods),
+        vec![(
+            early.clone(),
+            Outcome::Misattributed {
+                devices: ids(&["GPU-0", "GPU-1"]),
+                counted_for: "ml/late".into(),
+            }
+        )]
+    );
+    assert!(a.reconcile(&pods).is_empty(), "corrected once");
+    assert_eq!(
+        a.decide(&pods, request(&available, 2), &AwaitChoice::default(), NOW),
+        Decision::Prefer {
+            pod: late,
+            devices: ids(&["GPU-6", "GPU-7"])
+        }
     );
 }
