@@ -36,8 +36,11 @@ pub struct DevicePluginArgs {
     )]
     await_device_choice_from: Vec<String>,
     /// Longest wait, at admission, for a pod the agent has not seen yet or a choice not
-    /// written yet; then the plugin chooses and says why (an Event on the pod).
-    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = humantime::parse_duration)]
+    /// written yet; then the plugin chooses and says why (an Event on the pod). The default
+    /// outlasts a failover of the scheduler extension with its default lease (15 s, a retry
+    /// every 2 s, then the new leader's first view), so a pod bound just before its leader
+    /// died still gets the scheduler's devices.
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = humantime::parse_duration)]
     await_device_choice_timeout: Duration,
 }
 
