@@ -458,6 +458,12 @@ impl Decider {
         {
             return Ok(Some(c.clone()));
         }
+        // A bound pod whose choice for this node the view already shows (written since the
+        // caller read the pod, its commit then settled): nothing to choose. Read under the
+        // ledger's lock, so a commit pruned against this view is never chosen again.
+        if placing == Placing::Bound && view.annotated_on(&key) == Some(node) {
+            return Ok(None);
+        }
         ledger.release(&key);
         let verdict = match placing {
             Placing::Choose => {

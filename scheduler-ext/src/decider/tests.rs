@@ -214,6 +214,47 @@ fn claim_pods_are_scored_like_extended_resource_pods_and_get_no_device_choice() 
     assert!(e.to_string().contains("ml/gone"), "{e}");
 }
 
+/// The after-the-fact choice for a bound pod (Volcano's scheduler binding without telling the
+/// service) never replaces the choice the view already shows for that node: a choice written
+/// beside the bind (fumarole's Volcano plugin writes it in the background) can settle the
+/// pod's commit between the writer's read of the pod and its commit, and choosing again then
+/// gave the pod other devices than the node had already handed out (e2e `device_chain`,
+/// `volcano_plugin_choice_is_what_every_container_gets`, 2 mismatches in one CI run).
+#[test]
+fn a_bound_pods_choice_the_view_shows_is_not_chosen_again() {
+    use fumarole_topology::annotation::{DEVICES_ANNOTATION, DEVICES_NODE_ANNOTATION, format};
+    let dts: Vec<_> = ["a0", "a1"]
+        .into_iter()
+        .map(|name| {
+            fumarole_topology::crd::testing::nvlink_node(name, 8, 10, &[], |i| {
+                format!("{name}-g{i}")
+            })
+        })
+        .collect();
+    let svc = Decider::new(
+        ClusterView::build(&dts, &[], &[], &[]).unwrap(),
+        Settings::default(),
+    );
+    let unbound = pod("p", 2, None);
+    let allocated = svc.commit(&unbound, "a0").unwrap().unwrap();
+    // Bound with its choice; the view showing it settles the commit.
+    let mut bound = unbound.clone();
+    bound.spec.as_mut().unwrap().node_name = Some("a0".into());
+    bound.metadata.annotations = Some(BTreeMap::from([
+        (DEVICES_ANNOTATION.to_string(), format(&allocated.choice())),
+        (DEVICES_NODE_ANNOTATION.to_string(), "a0".to_string()),
+    ]));
+    let settled = svc.replace_view(ClusterView::build(&dts, &[], &[], &[bound]).unwrap());
+    assert_eq!(settled.len(), 1, "{settled:?}");
+    // The writer's copy of the pod, read before the choice landed: bound, no choice.
+    let mut read_before = unbound.clone();
+    read_before.spec.as_mut().unwrap().node_name = Some("a0".into());
+    assert_eq!(svc.commit_bound(&read_before, "a0").unwrap(), None);
+    // Bound to another node than its choice names: a choice there is still made.
+    let c = svc.commit_bound(&read_before, "a1").unwrap().unwrap();
+    assert_eq!((c.node.as_str(), c.devices.len()), ("a1", 2));
+}
+
 /// Huawei's job annotations for an Ascend pod: the rank group placement uses, the block and
 /// the super-node's id where it is a number, with the record of what the extension added; a
 /// value the pod already has stands unless the extension added it and the pod is not bound;
