@@ -714,13 +714,11 @@ impl Admissions {
                 }
                 counted.retain(|d| !moved.contains(d));
                 let held = state.allocated.entry(pod.uid.clone()).or_default();
-                held.extend(
-                    moved
-                        .iter()
-                        .filter(|d| !held.contains(d))
-                        .cloned()
-                        .collect::<Vec<_>>(),
-                );
+                for d in &moved {
+                    if !held.contains(d) {
+                        held.push(d.clone());
+                    }
+                }
                 out.push((
                     pod.clone(),
                     Outcome::Misattributed {

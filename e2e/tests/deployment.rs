@@ -1638,31 +1638,24 @@ async fn each_component_does_its_job_with_only_its_rights_and_the_agent_writes_o
             "metadata": {"name": "ext-bound", "annotations": annotations},
             "target": {"apiVersion": "v1", "kind": "Node", "name": "node-b"}})
     };
-    let message = forbidden(
-        "extension: a Binding with another annotation",
-        ext_pods
-            .create_subresource::<Value, Value>(
-                "binding",
-                "ext-bound",
-                &PostParams::default(),
-                &ext_binding(json!({"fumarole.dev/devices-node": "node-b", "team": "x"})),
-            )
-            .await,
-    );
-    assert!(message.contains("may put on a Binding only"), "{message}");
     // Nor Huawei's job annotations: the API server would copy them over the pod's own.
-    let message = forbidden(
-        "extension: a Binding with a job annotation",
-        ext_pods
-            .create_subresource::<Value, Value>(
-                "binding",
-                "ext-bound",
-                &PostParams::default(),
-                &ext_binding(json!({"fumarole.dev/devices-node": "node-b", "hccl/rankIndex": "0"})),
-            )
-            .await,
-    );
-    assert!(message.contains("may put on a Binding only"), "{message}");
+    for (what, other) in [
+        ("another annotation", "team"),
+        ("a job annotation", "hccl/rankIndex"),
+    ] {
+        let message = forbidden(
+            &format!("extension: a Binding with {what}"),
+            ext_pods
+                .create_subresource::<Value, Value>(
+                    "binding",
+                    "ext-bound",
+                    &PostParams::default(),
+                    &ext_binding(json!({"fumarole.dev/devices-node": "node-b", other: "0"})),
+                )
+                .await,
+        );
+        assert!(message.contains("may put on a Binding only"), "{message}");
+    }
     // On a pod not bound yet, the job annotations it added (and recorded) are its own to
     // replace or remove; one it did not add, and one it claims to have added but did not,
     // stand.
@@ -1721,12 +1714,15 @@ async fn each_component_does_its_job_with_only_its_rights_and_the_agent_writes_o
         ("3", "8")
     );
     assert!(!kept.contains_key("super-pod-rank"), "{kept:?}");
-    // Once bound, not even those.
+    // Once bound, not even those; its other writes go on beside the record it left.
     let message = forbidden(
         "extension: change a job annotation it added, on a bound pod",
         on_ext_bound(json!({"super-pod-id": "9"})).await,
     );
     assert!(message.contains("may change on a pod only"), "{message}");
+    on_ext_bound(json!({"fumarole.dev/devices": "{\"nvidia.com/gpu\":[\"GPU-0\"]}"}))
+        .await
+        .unwrap();
     // Huawei's job annotations: added where the pod has none, never changed afterwards.
     let rank = |v: &str| Patch::Merge(json!({"metadata": {"annotations": {"hccl/rankIndex": v}}}));
     ext_pods

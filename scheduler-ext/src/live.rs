@@ -912,7 +912,7 @@ pub async fn start(
             // A quiet cluster still gets commits timed out.
             let _ = tokio::time::timeout(TICK, changed.notified()).await;
             // Waiting at least as long as the last build took keeps building to half a core
-            // however busy the cluster (the writes after it wait on the API server, not a core).
+            // however busy the cluster.
             tokio::time::sleep(opts.debounce.max(took)).await;
             took = rebuild(&stores, &svc, &opts, &mut late).await;
         }
