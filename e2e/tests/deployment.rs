@@ -1638,7 +1638,8 @@ async fn each_component_does_its_job_with_only_its_rights_and_the_agent_writes_o
             "metadata": {"name": "ext-bound", "annotations": annotations},
             "target": {"apiVersion": "v1", "kind": "Node", "name": "node-b"}})
     };
-    // Nor Huawei's job annotations: the API server would copy them over the pod's own.
+    // Neither another annotation nor Huawei's job annotations: the API server would copy
+    // them over the pod's own.
     for (what, other) in [
         ("another annotation", "team"),
         ("a job annotation", "hccl/rankIndex"),
