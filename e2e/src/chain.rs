@@ -167,6 +167,15 @@ pub fn pytorch_demo_asking(
     job
 }
 
+/// Volcano's PodGroup (`scheduling.volcano.sh/v1beta1`).
+pub fn podgroup_resource() -> ApiResource {
+    ApiResource::from_gvk(&GroupVersionKind::gvk(
+        "scheduling.volcano.sh",
+        "v1beta1",
+        "PodGroup",
+    ))
+}
+
 pub fn vcjob_resource() -> ApiResource {
     ApiResource::from_gvk(&GroupVersionKind::gvk(
         "batch.volcano.sh",
@@ -225,6 +234,57 @@ impl Findings {
     }
 }
 
+/// For a stall's message: each Volcano Job of `jobs` with its phase and its PodGroup's phase
+/// and conditions (the job controller makes a Job's pods only once the scheduler has moved its
+/// PodGroup out of Pending), whether a cluster process has exited, then the ends of both
+/// Volcano processes' logs.
+async fn volcano_states(cluster: &TestCluster, jobs: &BTreeSet<String>) -> String {
+    let job_api: Api<DynamicObject> =
+        Api::namespaced_with(cluster.client(), "default", &vcjob_resource());
+    let groups: Api<DynamicObject> =
+        Api::namespaced_with(cluster.client(), "default", &podgroup_resource());
+    let groups = groups.list(&Default::default()).await.map(|l| l.items);
+    let mut lines = Vec::new();
+    for job in jobs {
+        let phase = match job_api.get_opt(job).await {
+            Ok(Some(j)) => j.data["status"]["state"]["phase"].to_string(),
+            Ok(None) => "gone".into(),
+            Err(e) => format!("unreadable: {e}"),
+        };
+        let group = match &groups {
+            Ok(groups) => groups
+                .iter()
+                .find(|g| {
+                    g.owner_references()
+                        .iter()
+                        .any(|o| o.kind == "Job" && &o.name == job)
+                })
+                .map(|g| {
+                    format!(
+                        "{} {}",
+                        g.data["status"]["phase"], g.data["status"]["conditions"]
+                    )
+                })
+                .unwrap_or_else(|| "none".into()),
+            Err(e) => format!("unreadable: {e}"),
+        };
+        lines.push(format!("job {job}: {phase}, podgroup {group}"));
+    }
+    if let Ok(groups) = &groups {
+        lines.push(format!("{} PodGroups in the namespace", groups.len()));
+    }
+    lines.push(match cluster.check_processes() {
+        Ok(()) => "every cluster process is running".into(),
+        Err(e) => format!("{e:#}"),
+    });
+    for process in ["vc-controller-manager", "vc-scheduler"] {
+        if let Ok(tail) = cluster.log_tail(process, 30) {
+            lines.push(format!("---- {process} ----\n{tail}"));
+        }
+    }
+    lines.join("\n")
+}
+
 /// Every pod of the namespace as `name phase node (deleting)`, for a stall's message.
 pub async fn pod_states(pods: &Api<Pod>) -> Vec<String> {
     pods.list(&Default::default())
@@ -248,6 +308,14 @@ pub async fn pod_states(pods: &Api<Pod>) -> Vec<String> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+async fn delete_if_present(api: &Api<DynamicObject>, name: &str) -> Result<()> {
+    match api.delete(name, &DeleteParams::default()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(e.into()),
+    }
 }
 
 fn sorted(v: &[String]) -> Vec<String> {
@@ -298,8 +366,11 @@ pub async fn run(
     let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
     let jobs: Api<DynamicObject> =
         Api::namespaced_with(cluster.client(), "default", &vcjob_resource());
-    // Pod -> the Volcano Job that made it.
+    let groups: Api<DynamicObject> =
+        Api::namespaced_with(cluster.client(), "default", &podgroup_resource());
+    // Pod -> the Volcano Job that made it; Job -> its PodGroup.
     let mut owner: BTreeMap<String, String> = BTreeMap::new();
+    let mut job_groups: BTreeMap<String, String> = BTreeMap::new();
     let started = Instant::now();
     let mut findings = Findings::default();
     // Pod name -> unit super-nodes, and which devices each running pod of a node holds.
@@ -312,16 +383,27 @@ pub async fn run(
     while findings.checked + findings.rejected.len() < target {
         if Instant::now() >= deadline {
             bail!(
-                "chain stalled: {} of {target} pods checked, in flight {in_flight:?}\npods: {:#?}\n{}",
+                "chain stalled: {} of {target} pods checked, in flight {in_flight:?}\npods: {:#?}\n{}\n{}",
                 findings.checked,
                 pod_states(&pods).await,
+                volcano_states(
+                    cluster,
+                    &in_flight
+                        .iter()
+                        .filter_map(|p| owner.get(p).cloned())
+                        .collect()
+                )
+                .await,
                 diagnostics()
             );
         }
         while in_flight.len() < IN_FLIGHT && submitted < target {
             let s = submission(next, scheduler)?;
             if let Some(job) = &s.job {
-                jobs.create(&PostParams::default(), job).await?;
+                let created = jobs.create(&PostParams::default(), job).await?;
+                // The job controller names the Job's PodGroup `<job>-<uid>`.
+                let group = format!("{}-{}", job.name_any(), created.uid().unwrap_or_default());
+                job_groups.insert(job.name_any(), group);
                 for p in &s.pods {
                     owner.insert(p.name_any(), job.name_any());
                 }
@@ -391,6 +473,14 @@ pub async fn run(
                     .collect();
                 if siblings.iter().all(|p| !in_flight.contains(p)) {
                     jobs.delete(job, &DeleteParams::default()).await?;
+                    // A real cluster's garbage collector deletes the PodGroup with its Job
+                    // (owner reference); this one runs none. Left behind, each would count in
+                    // Volcano's queue as in-queue demand for good (proportion's `inqueue`: the
+                    // scheduler moves an emptied PodGroup back to Pending, then enqueues it),
+                    // until no new Job fits the queue and no Job gets pods.
+                    if let Some(group) = job_groups.remove(job) {
+                        delete_if_present(&groups, &group).await?;
+                    }
                     for p in siblings {
                         pods.delete(&p, &DeleteParams::default()).await?;
                     }
