@@ -27,6 +27,11 @@ pub use crate::wait::{Fatal, eventually};
 /// Set to keep the temp dir (certs, logs, etcd data) after the test.
 pub const ENV_KEEP: &str = "FUMAROLE_E2E_KEEP";
 
+/// `k/n`: this process is lane k (1-based) of n test processes running at once (e2e/ci.sh), and
+/// [`free_port`] draws only from the k-th of n equal parts of its range, so two processes never
+/// hand out the same port (each one's registry knows only its own).
+pub const ENV_PORT_LANE: &str = "FUMAROLE_E2E_PORT_LANE";
+
 /// The server-side-apply field manager the helper uses.
 pub const FIELD_MANAGER: &str = "fumarole-e2e";
 
@@ -199,7 +204,8 @@ pub fn metric_sum(text: &str, prefix: &str) -> f64 {
 /// Asking the kernel for port 0 hands out a port from the ephemeral range, which every outgoing
 /// connection draws from too: between this call and the server's own bind, a client socket of
 /// the same test could take it (etcd once failed so with "address already in use"). So the port
-/// is drawn at random below that range, where the kernel never picks one by itself.
+/// is drawn at random below that range, where the kernel never picks one by itself; and, when
+/// [`ENV_PORT_LANE`] says so, from this process's lane of it.
 pub fn free_port() -> Result<u16> {
     use std::hash::BuildHasher;
     static GIVEN: Mutex<std::collections::BTreeSet<u16>> =
@@ -212,6 +218,7 @@ pub fn free_port() -> Result<u16> {
         // No room below the range: draw from it, still never twice.
         range => range,
     };
+    let (low, high) = lane_of(low, high, std::env::var(ENV_PORT_LANE).ok().as_deref())?;
     let random = std::collections::hash_map::RandomState::new();
     for attempt in 0..1_000u32 {
         let span = u64::from(high - low) + 1;
@@ -223,6 +230,27 @@ pub fn free_port() -> Result<u16> {
         return Ok(port);
     }
     bail!("no free port in {low}..={high} after 1000 tries")
+}
+
+/// The `k/n` lane of `low..=high` (all of it without a lane).
+fn lane_of(low: u16, high: u16, lane: Option<&str>) -> Result<(u16, u16)> {
+    let Some(lane) = lane else {
+        return Ok((low, high));
+    };
+    let parsed = lane
+        .split_once('/')
+        .and_then(|(k, n)| Some((k.parse::<u32>().ok()?, n.parse::<u32>().ok()?)));
+    let (k, n) = match parsed {
+        Some((k, n)) if (1..=n).contains(&k) => (k, n),
+        _ => bail!("{ENV_PORT_LANE}={lane:?}: expected k/n with 1 <= k <= n"),
+    };
+    let width = (u32::from(high) - u32::from(low) + 1) / n;
+    if width == 0 {
+        bail!("{ENV_PORT_LANE}={lane}: {low}..={high} has too few ports for {n} lanes");
+    }
+    let start = u32::from(low) + (k - 1) * width;
+    // Both ends lie within low..=high, so they fit in u16.
+    Ok((start as u16, (start + width - 1) as u16))
 }
 
 /// The kernel's ephemeral port range (`ip_local_port_range`), or Linux's default.
@@ -874,6 +902,9 @@ impl TestCluster {
                 format!("--kubeconfig={kubeconfig}"),
                 "--leader-elect=false".to_string(),
                 format!("--controllers={VOLCANO_CONTROLLERS}"),
+                // Level 2 logs a Job whose sync failed and is tried again (a few lines a
+                // run): the reason a Job got no pods, when one does not.
+                "-v=2".to_string(),
                 "--enable-healthz=true".to_string(),
                 format!("--healthz-address=127.0.0.1:{cm_health}"),
             ],
@@ -1060,5 +1091,19 @@ mod tests {
         if ephemeral_low > 12_000 {
             assert!(ports.iter().all(|&p| p < ephemeral_low), "{ports:?}");
         }
+    }
+
+    #[test]
+    fn lanes_split_the_range_without_overlap() {
+        assert_eq!(lane_of(10_000, 32_767, None).unwrap(), (10_000, 32_767));
+        let first = lane_of(10_000, 32_767, Some("1/2")).unwrap();
+        let second = lane_of(10_000, 32_767, Some("2/2")).unwrap();
+        assert_eq!(first, (10_000, 21_383));
+        assert_eq!(second, (21_384, 32_767));
+        for bad in ["0/2", "3/2", "2", "a/b", "1/0"] {
+            let err = lane_of(10_000, 32_767, Some(bad)).unwrap_err().to_string();
+            assert!(err.contains(ENV_PORT_LANE), "{bad}: {err}");
+        }
+        assert!(lane_of(10, 12, Some("1/4")).is_err());
     }
 }
