@@ -62,7 +62,8 @@ lanes="$(mktemp -d)"
 lane() { # lane K TARGET-ARGS...: one cargo test over the given targets, its output in $lanes/K
   local k="$1"
   shift
-  FUMAROLE_E2E_PORT_LANE="$k/2" cargo test -p fumarole-e2e "${cargo_args[@]}" "$@" >"$lanes/$k" 2>&1
+  FUMAROLE_E2E_PORT_LANE="$k/2" cargo test --no-fail-fast -p fumarole-e2e "${cargo_args[@]}" "$@" \
+    >"$lanes/$k" 2>&1
 }
 cargo_args=("$@")
 lane 1 --lib --bins $(printf -- '--test %s ' "${busy[@]}") &

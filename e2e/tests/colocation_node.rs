@@ -302,23 +302,35 @@ async fn batch_resources_follow_load_pressure_taints_and_evicts_offline_pods() {
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert!(!evicted(&pods, "web").await);
     assert!(!evicted(&system, "critical-offline").await);
-    let report = topologies
-        .get(NODE)
-        .await
-        .unwrap()
-        .status
-        .unwrap()
-        .colocation
-        .unwrap();
-    assert!(report.evicting, "{report:?}");
-    assert!(report.pressure.contains_key("cpu"), "{report:?}");
+    // The status, like the gauges below, says what the last round measured: the burners share
+    // the CPUs with whatever else runs on the machine, so one round may fall under the
+    // watermark (read once, `pressure` was empty in 2 of 3 runs under two busy loops).
+    let report = async || {
+        topologies
+            .get(NODE)
+            .await
+            .unwrap()
+            .status
+            .unwrap()
+            .colocation
+            .unwrap()
+    };
+    until(
+        "the status reporting CPU pressure while evicting",
+        30,
+        async || {
+            let report = report().await;
+            report.evicting && report.pressure.contains_key("cpu")
+        },
+    )
+    .await;
+    let report = report().await;
     assert!(report.last_eviction.is_some(), "{report:?}");
     assert_eq!(
         metric("fumarole_colocation_evictions_total{reason=\"pressure\"}").await,
         2.0
     );
-    // Gauges of the present: the burners share the CPUs with whatever else runs on the
-    // machine, so a round may measure less than the watermark; pressure shows within a few.
+    // The gauges are of the last round too.
     until(
         "the evicting and CPU pressure gauges at 1",
         30,
