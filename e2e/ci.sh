@@ -50,7 +50,7 @@ export FUMAROLE_E2E_SKIPPED="$skipped"
 # their time is spent waiting (leases expiring, API server outages held, steady states watched),
 # not computing. The second lane holds those waits and the node-side (cgroup) tests; the first
 # the schedulers' tests, which keep the CPUs busy. Each lane draws its ports from its own half
-# of the range (FUMAROLE_E2E_PORT_LANE). A file in neither list below runs in the first lane.
+# of the range (FUMAROLE_E2E_PORT_LANE). A file not listed in `waiting` runs in the first lane.
 cargo test -p fumarole-e2e --no-run "$@"
 waiting=(api_faults exporter dead_agent device_health soak colocation colocation_node device_chain)
 busy=()

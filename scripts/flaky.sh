@@ -17,7 +17,7 @@ if [[ $# -gt 0 ]]; then
   files=("$@")
 else
   # The historically flaky ones (issue 37: each with a cause; docs/testing.md, "Flaky tests").
-  files=(api_faults scheduler_ext_ha colocation_node device_chain deployment)
+  files=(api_faults scheduler_ext_ha colocation_node device_chain deployment scheduler_ext_volcano)
 fi
 logs="${FLAKY_LOGS:-/tmp/fumarole-flaky}"
 mkdir -p "$logs"

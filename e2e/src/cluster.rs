@@ -902,8 +902,8 @@ impl TestCluster {
                 format!("--kubeconfig={kubeconfig}"),
                 "--leader-elect=false".to_string(),
                 format!("--controllers={VOLCANO_CONTROLLERS}"),
-                // Level 2 logs a Job whose sync failed and is tried again (a few lines a
-                // run): the reason a Job got no pods, when one does not.
+                // Level 2 adds the line for a Job whose sync failed and is tried again: the
+                // reason a Job got no pods, when one does not.
                 "-v=2".to_string(),
                 "--enable-healthz=true".to_string(),
                 format!("--healthz-address=127.0.0.1:{cm_health}"),
@@ -913,6 +913,9 @@ impl TestCluster {
         let mut args = vec![
             format!("--kubeconfig={}", scheduler_kubeconfig.display()),
             "--leader-elect=false".to_string(),
+            // Level 2: a task resynced after a failed bind, and fumarole's plugin naming a task
+            // Volcano put elsewhere than fumarole's best node (a few lines a run).
+            "-v=2".to_string(),
             format!("--listen-address=127.0.0.1:{}", free_port()?),
             "--enable-healthz=true".to_string(),
             "--cache-dumper=false".to_string(),

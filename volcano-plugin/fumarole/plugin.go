@@ -490,6 +490,9 @@ func (p *plugin) nodeOrder(task *api.TaskInfo, nodes []*api.NodeInfo) (map[strin
 // devices now and writes the choice on the pod in the background.
 func (p *plugin) allocated(event *framework.Event) {
 	task := event.Task
+	if klog.V(2).Enabled() {
+		p.noteDisagreement(task)
+	}
 	p.forgetVerdicts()
 	pod, err := json.Marshal(task.Pod)
 	if err == nil {
@@ -511,6 +514,41 @@ func (p *plugin) deallocated(event *framework.Event) {
 	if err != nil && err != ErrNotOurs {
 		klog.Warningf("fumarole: undoing %s/%s: %v", task.Namespace, task.Name, err)
 	}
+}
+
+// noteDisagreement logs a task Volcano put on another node than the one fumarole scored
+// highest (the other plugins' scores outweighed fumarole's), or with no verdict of this session:
+// what to read when a placement surprises.
+func (p *plugin) noteDisagreement(task *api.TaskInfo) {
+	v, ok := p.judged.Load(task.UID)
+	if !ok {
+		klog.Infof("fumarole: Volcano put %s/%s on %s with no verdict of fumarole's in this session", task.Namespace, task.Name, task.NodeName)
+		return
+	}
+	j := v.(*judged)
+	if j.err != nil || j.notOurs {
+		return
+	}
+	best, top, found := j.best()
+	chosen, _ := j.on(task.NodeName)
+	if found && best != task.NodeName && top > chosen.score {
+		klog.Infof("fumarole: Volcano put %s/%s on %s (fumarole: code %d, score %.2f); fumarole scored %s highest (%.2f)",
+			task.Namespace, task.Name, task.NodeName, chosen.code, chosen.score, best, top)
+	}
+}
+
+// best is the feasible node with the highest score, false when none is feasible.
+func (j *judged) best() (string, float64, bool) {
+	node, top, found := "", 0.0, false
+	for name, i := range j.table.index {
+		if int(i) >= len(j.codes) || j.codes[i] != 0 {
+			continue
+		}
+		if s := j.scores[i]; !found || s > top || (s == top && name < node) {
+			node, top, found = name, s, true
+		}
+	}
+	return node, top, found
 }
 
 // forgetVerdicts: the ledger changed, so every task is judged again when next asked about.

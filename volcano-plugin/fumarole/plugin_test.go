@@ -110,6 +110,9 @@ func TestVerdictsAreReadWithTheirReasonsAndTheNodeOrder(t *testing.T) {
 		}
 	}
 	check(j)
+	if node, score, ok := j.best(); !ok || node != "dgx-a" || score != 150.5 {
+		t.Fatalf("best = %s %v %v, want dgx-a 150.5 (the only feasible node)", node, score, ok)
+	}
 	// The same generation again, without names: the known table is kept and used.
 	again, kept := parseVerdicts("G\t7\nR\tnode publishes no DeviceTopology\n"+
 		"R\tneeds 4 nvidia.com/gpu, 3 free\n3\t0\t0\n0\t150.5\t\n2\t0\t1\n", table)
@@ -121,5 +124,9 @@ func TestVerdictsAreReadWithTheirReasonsAndTheNodeOrder(t *testing.T) {
 	_, next := parseVerdicts("G\t8\nN\tdgx-a\n0\t1\t\n", table)
 	if next == table || next.generation != 8 || next.index["dgx-a"] != 0 || len(next.index) != 1 {
 		t.Fatalf("next = %+v", next)
+	}
+	none, _ := parseVerdicts("G\t9\nN\tpcie-a\n2\t5\t\n", next)
+	if _, _, ok := none.best(); ok {
+		t.Fatal("no feasible node, no best")
 	}
 }
