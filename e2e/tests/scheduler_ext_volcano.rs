@@ -48,7 +48,8 @@ async fn four_gpu_pod_goes_where_it_fits_exactly(way: Way) {
     // First: a failed call makes Volcano place without the extender, which would explain a
     // wrong node below.
     assert_no_failed_calls(&cluster);
-    // On dgx-b twice in CI under load, cause not found yet: the deciders' logs come with it.
+    // Now and then on dgx-b under load, cause not found yet (docs/testing.md, "Flaky
+    // tests"): the deciders' logs come with the failure.
     assert_eq!(placed.1.0, "dgx-a", "{}", decider_logs(&cluster));
     assert_eq!(
         placed.1.1,
