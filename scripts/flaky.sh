@@ -16,7 +16,8 @@ shift || true
 if [[ $# -gt 0 ]]; then
   files=("$@")
 else
-  # The historically flaky ones (issue 37: each with a cause; docs/testing.md, "Flaky tests").
+  # The historically flaky ones (issue 37; each with its cause where known in docs/testing.md,
+  # "Flaky tests").
   files=(api_faults scheduler_ext_ha colocation_node device_chain deployment scheduler_ext_volcano)
 fi
 logs="${FLAKY_LOGS:-/tmp/fumarole-flaky}"

@@ -529,9 +529,19 @@ func (p *plugin) noteDisagreement(task *api.TaskInfo) {
 	if j.err != nil || j.notOurs {
 		return
 	}
-	best, top, found := j.best()
 	chosen, _ := j.on(task.NodeName)
-	if found && best != task.NodeName && top > chosen.score {
+	// The scores first (an array), the names (a map) only when some node scored higher.
+	higher := false
+	for i, s := range j.scores {
+		if j.codes[i] == 0 && s > chosen.score {
+			higher = true
+			break
+		}
+	}
+	if !higher {
+		return
+	}
+	if best, top, found := j.best(); found && best != task.NodeName {
 		klog.Infof("fumarole: Volcano put %s/%s on %s (fumarole: code %d, score %.2f); fumarole scored %s highest (%.2f)",
 			task.Namespace, task.Name, task.NodeName, chosen.code, chosen.score, best, top)
 	}
