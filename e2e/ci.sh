@@ -39,7 +39,10 @@ cargo build -p fumarole-agent -p fumarole-scheduler-ext -p fumarole-standin-nvml
 # Volcano's scheduler with fumarole's plugin compiled in (cgo over the scheduler-abi static
 # library), and the Go side's vet and unit tests; under a minute when warm.
 volcano-plugin/test.sh "$@"
-# The same plugin built against Volcano v1.14.1 (the plugin_on_volcano_1_14_* tests run it;
+# kube-scheduler with fumarole's framework plugin compiled in, and its Go checks (also those of
+# the cgo binding both plugins share).
+kube-plugin/test.sh "$@"
+# The same Volcano plugin built against Volcano v1.14.1 (the plugin_on_volcano_1_14_* tests run it;
 # they would build it only when missing, so a stale one would go unnoticed).
 VOLCANO=v1.14.1 volcano-plugin/build.sh "$@" >/dev/null
 # A test that cannot run here (no cgroup v1 hierarchy, not root) returns early and libtest

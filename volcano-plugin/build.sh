@@ -17,15 +17,7 @@ profile=debug
 for a in "$@"; do [[ $a == --release ]] && profile=release; done
 out="$CARGO_TARGET_DIR/$profile"
 
-cargo build -p fumarole-scheduler-abi "$@" >&2
-lib="$out/libfumarole_scheduler_abi.a"
-# The debug archive is mostly debug info (hundreds of MB); the linker needs none of it.
-libdir="$out/fumarole-abi-lib"
-mkdir -p "$libdir"
-if [[ ! -f "$libdir/libfumarole_scheduler_abi.a" || "$lib" -nt "$libdir/libfumarole_scheduler_abi.a" ]]; then
-  objcopy --strip-debug "$lib" "$libdir/libfumarole_scheduler_abi.a.tmp"
-  mv "$libdir/libfumarole_scheduler_abi.a.tmp" "$libdir/libfumarole_scheduler_abi.a"
-fi
+libdir="$(scheduler-abi/go/build-lib.sh "$@")"
 
 bin="$out/vc-scheduler-fumarole"
 cd volcano-plugin

@@ -5,6 +5,7 @@ go 1.22.0
 require volcano.sh/volcano v1.10.0
 
 require (
+	fumarole.dev/scheduler-abi/go v0.0.0
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/blang/semver/v4 v4.0.0 // indirect
 	github.com/cespare/xxhash/v2 v2.2.0 // indirect
@@ -123,3 +124,5 @@ replace (
 	k8s.io/sample-cli-plugin => k8s.io/sample-cli-plugin v0.30.2
 	k8s.io/sample-controller => k8s.io/sample-controller v0.30.2
 )
+
+replace fumarole.dev/scheduler-abi/go => ../scheduler-abi/go

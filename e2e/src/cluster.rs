@@ -719,12 +719,6 @@ impl TestCluster {
         Ok(node)
     }
 
-    /// Starts an upstream binary with `KUBECONFIG` set to the admin kubeconfig
-    /// (some Volcano plugins read it instead of `--kubeconfig`).
-    fn spawn(&self, name: &str, bin: &str, args: &[String]) -> Result<()> {
-        self.start_program(name, &Upstream::get()?.bin(bin), args, &[])
-    }
-
     /// Starts any program as part of the cluster (stopped on drop), with `KUBECONFIG` set
     /// to the admin kubeconfig plus `env`. Its stderr is `log_tail(name, ..)`.
     pub fn start_program(
@@ -793,6 +787,20 @@ impl TestCluster {
         config_yaml: &str,
         extra: &[&str],
     ) -> Result<u16> {
+        self.start_scheduler_program(bin, &Upstream::get()?.bin(bin), config_yaml, extra)
+            .await
+    }
+
+    /// [`TestCluster::start_scheduler_binary`] with a kube-scheduler build from anywhere
+    /// (fumarole's, with its plugin compiled in: [`crate::fumarole::kube_plugin_bin`]), known
+    /// to the cluster as `name`.
+    pub async fn start_scheduler_program(
+        &self,
+        name: &str,
+        program: &Path,
+        config_yaml: &str,
+        extra: &[&str],
+    ) -> Result<u16> {
         let mut cfg: Value = if config_yaml.trim().is_empty() {
             json!({})
         } else {
@@ -808,12 +816,12 @@ impl TestCluster {
         let kubeconfig = self.admin_kubeconfig.display().to_string();
         merge(obj, "clientConnection", json!({ "kubeconfig": kubeconfig }));
         merge(obj, "leaderElection", json!({ "leaderElect": false }));
-        let path = self.root.join(format!("{bin}.yaml"));
+        let path = self.root.join(format!("{name}.yaml"));
         std::fs::write(&path, serde_norway::to_string(&cfg)?)?;
         let port = free_port()?;
-        self.spawn(
-            bin,
-            bin,
+        self.start_program(
+            name,
+            program,
             &[
                 format!("--config={}", path.display()),
                 "--bind-address=127.0.0.1".to_string(),
@@ -825,8 +833,9 @@ impl TestCluster {
             .into_iter()
             .chain(extra.iter().map(|a| a.to_string()))
             .collect::<Vec<_>>(),
+            &[],
         )?;
-        self.wait_healthz(bin, &format!("https://127.0.0.1:{port}"))
+        self.wait_healthz(name, &format!("https://127.0.0.1:{port}"))
             .await?;
         Ok(port)
     }

@@ -50,28 +50,40 @@ pub fn kubectl_plugin_bin() -> Result<PathBuf> {
 /// `volcano-plugin/build.sh` beside our other binaries (e2e/ci.sh builds it; when it is missing
 /// this runs the script).
 pub fn volcano_plugin_bin() -> Result<PathBuf> {
-    plugin_bin_built(None)
+    plugin_bin_built("vc-scheduler-fumarole", "volcano-plugin/build.sh", None)
 }
 
 /// [`volcano_plugin_bin`] built against Volcano `version` (e.g. `v1.14.1`):
 /// `vc-scheduler-fumarole-<version>`, from `VOLCANO=<version> volcano-plugin/build.sh`.
 pub fn volcano_plugin_bin_for(version: &str) -> Result<PathBuf> {
-    plugin_bin_built(Some(version))
+    plugin_bin_built(
+        &format!("vc-scheduler-fumarole-{version}"),
+        "volcano-plugin/build.sh",
+        Some(("VOLCANO", version)),
+    )
 }
 
-fn plugin_bin_built(volcano: Option<&str>) -> Result<PathBuf> {
+/// `kube-scheduler-fumarole`: kube-scheduler with fumarole's framework plugin compiled in, built
+/// by `kube-plugin/build.sh` beside our other binaries (e2e/ci.sh builds it; when it is missing
+/// this runs the script).
+pub fn kube_plugin_bin() -> Result<PathBuf> {
+    plugin_bin_built("kube-scheduler-fumarole", "kube-plugin/build.sh", None)
+}
+
+/// The binary `name` in our profile's target folder, built by `script` (relative to the
+/// repository, with `env`) when it is missing.
+fn plugin_bin_built(name: &str, script: &str, env: Option<(&str, &str)>) -> Result<PathBuf> {
     let dir = profile_dir()?;
-    let bin = match volcano {
-        None => dir.join("vc-scheduler-fumarole"),
-        Some(v) => dir.join(format!("vc-scheduler-fumarole-{v}")),
-    };
+    let bin = dir.join(name);
     // The tests of one file run as threads of one process: the first to find the binary
     // missing builds it while the others wait (two builds at once trip over each other's
     // files).
     static BUILDING: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _one_at_a_time = BUILDING.lock().unwrap_or_else(|e| e.into_inner());
     if !bin.exists() {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../volcano-plugin/build.sh");
+        let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("..")
+            .join(script);
         let mut cmd = std::process::Command::new("bash");
         cmd.arg(&script);
         if dir.file_name().is_some_and(|n| n == "release") {
@@ -80,8 +92,8 @@ fn plugin_bin_built(volcano: Option<&str>) -> Result<PathBuf> {
         if let Some(target) = dir.parent() {
             cmd.env("CARGO_TARGET_DIR", target);
         }
-        if let Some(v) = volcano {
-            cmd.env("VOLCANO", v);
+        if let Some((key, value)) = env {
+            cmd.env(key, value);
         }
         let out = cmd.output()?;
         if !out.status.success() || !bin.exists() {
@@ -303,6 +315,34 @@ pub fn kube_scheduler_config(port: u16, resources: &[&str]) -> String {
          \x20 nodeCacheCapable: true\n\
          \x20 weight: 5\n\
          \x20 managedResources:\n{managed}"
+    )
+}
+
+/// kube-scheduler configuration for `kube-scheduler-fumarole` ([`kube_plugin_bin`]): the default
+/// profile enables fumarole's framework plugin at every extension point it has (its score at
+/// weight 5, as the extender's), binds through it before `DefaultBinder` (which binds the pods
+/// it skips), and gives it `args` (a YAML flow mapping, `{}` for none) as pluginConfig args.
+pub fn kube_plugin_config(args: &str) -> String {
+    format!(
+        "apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+profiles:
+- schedulerName: default-scheduler
+  plugins:
+    multiPoint:
+      enabled:
+      - name: Fumarole
+        weight: 5
+    bind:
+      disabled:
+      - name: '*'
+      enabled:
+      - name: Fumarole
+      - name: DefaultBinder
+  pluginConfig:
+  - name: Fumarole
+    args: {args}
+"
     )
 }
 

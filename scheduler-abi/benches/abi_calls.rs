@@ -14,8 +14,7 @@
 use std::ffi::c_char;
 
 use criterion::{BatchSize, BenchmarkId, Criterion, criterion_group, criterion_main};
-use fumarole_scheduler_abi::engine::Engine;
-use fumarole_scheduler_abi::volcano_conf::VolcanoConf;
+use fumarole_scheduler_abi::engine::{Engine, EngineConfig};
 use fumarole_scheduler_abi::*;
 use fumarole_sim::shape::ClusterShape;
 use scheduler_ext::core::view::ClusterView;
@@ -85,7 +84,7 @@ fn bench(c: &mut Criterion) {
     g.sample_size(20);
     for n in SIZES {
         let view = view(n);
-        let engine = Engine::over_view(view.clone(), &VolcanoConf::default()).unwrap();
+        let engine = Engine::over_view(view.clone(), &EngineConfig::default()).unwrap();
         let e: *const Engine = &engine;
 
         let plain = pod("plain", 2, None);
@@ -111,7 +110,7 @@ fn bench(c: &mut Criterion) {
 
         g.bench_function(BenchmarkId::new("plan-unit", n), |b| {
             b.iter_batched(
-                || Engine::over_view(view.clone(), &VolcanoConf::default()).unwrap(),
+                || Engine::over_view(view.clone(), &EngineConfig::default()).unwrap(),
                 |fresh| {
                     assert_eq!(
                         evaluate(&fresh, &pod("fresh-worker-0", 8, Some(("fresh", 16, 0)))),

@@ -25,6 +25,7 @@ use scheduler_ext::protocol::scale;
 use scheduler_ext::service::Service;
 use serde::Deserialize;
 
+use crate::kube_conf::KubeSchedulerConf;
 use crate::volcano_conf::{Translated, VolcanoConf};
 
 /// How the engine starts: where the API server is, and the scheduler's configuration.
@@ -37,9 +38,32 @@ pub struct EngineConfig {
     /// The scheduler's `--master`, which overrides the kubeconfig's server.
     #[serde(default)]
     pub master: Option<String>,
-    /// The fumarole plugins and configurations Volcano's configuration lists.
+    /// A kubeconfig's text, in place of `kubeconfig` (kube-scheduler hands its plugins a
+    /// client configuration, not the file it came from).
     #[serde(default)]
-    pub volcano: VolcanoConf,
+    pub kubeconfig_yaml: Option<String>,
+    /// The fumarole plugins and configurations Volcano's configuration lists (the Volcano
+    /// plugin).
+    #[serde(default)]
+    pub volcano: Option<VolcanoConf>,
+    /// The profiles and arguments of kube-scheduler's configuration (the kube-scheduler
+    /// plugin). At most one of the two.
+    #[serde(default)]
+    pub kube_scheduler: Option<KubeSchedulerConf>,
+}
+
+impl EngineConfig {
+    /// The decider's settings for the scheduler this engine is inside.
+    pub fn translate(&self) -> Result<Translated> {
+        match (&self.volcano, &self.kube_scheduler) {
+            (Some(_), Some(_)) => Err(anyhow!(
+                "the engine configuration names both Volcano and kube-scheduler; one engine serves one scheduler"
+            )),
+            (None, Some(kube)) => kube.translate(),
+            (Some(volcano), None) => volcano.translate(),
+            (None, None) => VolcanoConf::default().translate(),
+        }
+    }
 }
 
 /// A task's verdict on one node, as the scheduler's predicate and node-order read it.
@@ -136,7 +160,7 @@ impl PodWrites {
 impl Engine {
     /// Starts the watches and waits for the first view.
     pub fn start(config: &EngineConfig) -> Result<Engine> {
-        let Translated { settings, notes } = config.volcano.translate()?;
+        let Translated { settings, notes } = config.translate()?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("fumarole")
@@ -171,7 +195,7 @@ impl Engine {
     }
 
     /// An engine over a fixed view (no API server): what the tests and benches judge with.
-    pub fn over_view(view: ClusterView, conf: &VolcanoConf) -> Result<Engine> {
+    pub fn over_view(view: ClusterView, conf: &EngineConfig) -> Result<Engine> {
         let Translated { settings, notes } = conf.translate()?;
         Ok(Engine {
             svc: Arc::new(Service::with_settings(view, settings)),
@@ -197,7 +221,7 @@ impl Engine {
         let decider = self.svc.decider();
         // The scheduler's own cache holds the pod: it is real, so its unit's plan reserves.
         let (view, verdicts) =
-            match decider.evaluate_everywhere(pod, Asker::VolcanoPlugin, PodSource::Known) {
+            match decider.evaluate_everywhere(pod, Asker::Plugin, PodSource::Known) {
                 Ok(v) => v,
                 Err(RequestError::NoAccelerator { .. }) => return Ok(Evaluation::NotOurs),
                 // Every request error names the pod already.
@@ -303,6 +327,49 @@ impl Engine {
         }
     }
 
+    /// kube-scheduler binds `pod` to `node` through the plugin: its devices (committed at
+    /// Reserve, or now if that is gone) travel in the Binding's annotations, so node and
+    /// devices reach the pod in one write, as the extender's `bind` does. Returns once the API
+    /// server answered (at most 10 s). `Ok(false)`: nothing of ours, for the scheduler's
+    /// default binder. A Binding the server refused frees the devices; one whose answer was
+    /// lost keeps them until the view shows the pod (it may have been written).
+    pub fn bind(&self, pod: &Pod, node: &str) -> Result<bool> {
+        let Some(commit) = self.commit_where_placed(pod, node)? else {
+            return Ok(false);
+        };
+        let (Some(runtime), Some(effects)) = (&self.runtime, self.svc.effects().cloned()) else {
+            return Err(anyhow!("no API server to bind through"));
+        };
+        let key = pod_key(pod);
+        let (ns, name) = key.split_once('/').unwrap_or(("default", key.as_str()));
+        let (ns, name) = (ns.to_string(), name.to_string());
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let job = self.svc.decider().job_annotations(pod, &commit);
+        let choice = commit.choice();
+        let target = node.to_string();
+        let bind = async move {
+            effects
+                .bind(&ns, &name, &uid, &target, Some(&choice), &job)
+                .await
+        };
+        let bound = self.writes.ask(&key, bind);
+        match runtime.block_on(async { tokio::time::timeout(PREBIND_WRITE_TIMEOUT, bound).await }) {
+            Ok(Some(Ok(()))) => Ok(true),
+            Ok(Some(Err(e))) => {
+                if scheduler_ext::effects::refused_by_server(&e) {
+                    self.svc.decider().release(&key);
+                }
+                Err(anyhow!("binding {key} to {node}: {e}"))
+            }
+            Ok(None) => Err(anyhow!(
+                "the reservation was undone while the bind waited for its turn"
+            )),
+            Err(_) => Err(anyhow!(
+                "binding {key} to {node}: no answer from the API server in {PREBIND_WRITE_TIMEOUT:?}"
+            )),
+        }
+    }
+
     /// The commit of `pod` on `node`: the one made already (committing again returns it), or
     /// a new one. Group placement refuses nothing here: the scheduler places the pod there
     /// whatever its plugins say, so it is recorded where it goes. `Ok(None)`: nothing of ours.
@@ -347,6 +414,14 @@ impl Engine {
 /// off on their own).
 async fn kube_config(config: &EngineConfig) -> Result<kube::Config> {
     let mut kc = match &config.kubeconfig {
+        _ if config.kubeconfig_yaml.is_some() => {
+            let text = config.kubeconfig_yaml.as_deref().unwrap_or_default();
+            let file = kube::config::Kubeconfig::from_yaml(text)
+                .context("reading the scheduler's client configuration")?;
+            kube::Config::from_custom_kubeconfig(file, &Default::default())
+                .await
+                .context("the scheduler's client configuration")?
+        }
         Some(path) if !path.as_os_str().is_empty() => {
             let file = kube::config::Kubeconfig::read_from(path)
                 .with_context(|| format!("reading kubeconfig {}", path.display()))?;

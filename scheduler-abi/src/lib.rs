@@ -12,6 +12,7 @@
 //! the ledger as Volcano allocates and undoes.
 
 pub mod engine;
+pub mod kube_conf;
 pub mod volcano_conf;
 
 use std::ffi::{CString, c_char, c_int};
@@ -54,7 +55,8 @@ pub unsafe extern "C" fn fumarole_engine_start(
 }
 
 /// An engine over the view a directory of YAML objects gives (what `serve
-/// --cluster-snapshot` reads), with no API server: for tests and benches of the ABI.
+/// --cluster-snapshot` reads), with no API server: for tests and benches of the ABI. `conf` is
+/// the JSON configuration [`fumarole_engine_start`] takes (its API server fields unused).
 ///
 /// # Safety
 /// `dir` and `conf` point to `dir_len` and `conf_len` readable bytes; `error` is NULL or
@@ -72,7 +74,7 @@ pub unsafe extern "C" fn fumarole_engine_over_snapshot(
         new_engine(error, || {
             let dir = std::str::from_utf8(bytes(dir, dir_len)?).context("snapshot path")?;
             let conf = serde_json::from_slice(bytes(conf, conf_len)?)
-                .context("fumarole plugin configuration")?;
+                .context("fumarole engine configuration")?;
             let view = scheduler_ext::snapshot::load(std::path::Path::new(dir))?;
             Engine::over_view(view, &conf)
         })
@@ -215,6 +217,33 @@ pub unsafe extern "C" fn fumarole_task_prebind(
             let engine = engine_ref(engine)?;
             let node = parse_node(node, node_len)?;
             let ours = engine.prebind(&parse_pod(pod, len)?, node)?;
+            Ok((if ours { FUMAROLE_OK } else { FUMAROLE_NOT_OURS }, None))
+        })
+    }
+}
+
+/// kube-scheduler binds the pod (JSON) to `node` through the plugin: creates its Binding with
+/// the device choice in its annotations. [`FUMAROLE_OK`] (bound), [`FUMAROLE_NOT_OURS`] (let
+/// the default binder bind it), or [`FUMAROLE_ERROR`] with why (not bound). Waits up to 10 s.
+/// Call [`fumarole_engine_write_choices_at_prebind`] first, so allocations write nothing.
+///
+/// # Safety
+/// As [`fumarole_task_allocate`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fumarole_task_bind(
+    engine: *const Engine,
+    pod: *const u8,
+    len: usize,
+    node: *const u8,
+    node_len: usize,
+    error: *mut *mut c_char,
+) -> c_int {
+    // SAFETY: the caller's contract, passed on.
+    unsafe {
+        edge(error, || {
+            let engine = engine_ref(engine)?;
+            let node = parse_node(node, node_len)?;
+            let ours = engine.bind(&parse_pod(pod, len)?, node)?;
             Ok((if ours { FUMAROLE_OK } else { FUMAROLE_NOT_OURS }, None))
         })
     }

@@ -14,7 +14,7 @@ fn engine() -> *mut Engine {
     let dir =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../scheduler-ext/tests/snapshots/two-dgx");
     let dir = dir.to_str().unwrap().as_bytes();
-    let conf = br#"{"plugins":[{"name":"gpu-aware","arguments":{"weight":2,"loss.weight":0.5,"colour":"blue"}}]}"#;
+    let conf = br#"{"volcano":{"plugins":[{"name":"gpu-aware","arguments":{"weight":2,"loss.weight":0.5,"colour":"blue"}}]}}"#;
     let mut error = std::ptr::null_mut();
     let e = unsafe {
         fumarole_engine_over_snapshot(
@@ -239,7 +239,7 @@ fn unimplemented_arguments_are_named_and_a_bad_configuration_refused() {
     assert!(notes.contains("gpu-aware argument \"colour\""), "{notes}");
     unsafe { fumarole_engine_free(e) };
 
-    let conf = br#"{"plugins":[{"name":"gpu-aware","arguments":{"weight":"heavy"}}]}"#;
+    let conf = br#"{"volcano":{"plugins":[{"name":"gpu-aware","arguments":{"weight":"heavy"}}]}}"#;
     let dir =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../scheduler-ext/tests/snapshots/two-dgx");
     let dir = dir.to_str().unwrap().as_bytes();

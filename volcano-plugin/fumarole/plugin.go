@@ -14,7 +14,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -22,6 +21,7 @@ import (
 	"gopkg.in/yaml.v2"
 	"k8s.io/klog/v2"
 
+	abi "fumarole.dev/scheduler-abi/go"
 	"volcano.sh/volcano/pkg/scheduler/api"
 	"volcano.sh/volcano/pkg/scheduler/conf"
 	"volcano.sh/volcano/pkg/scheduler/framework"
@@ -94,7 +94,7 @@ func npuNames(path string) []string {
 // The engine is one per process: Volcano builds a new plugin object every session.
 var shared struct {
 	sync.Mutex
-	engine  *Engine
+	engine  *abi.Engine
 	config  []byte
 	changed bool
 	tried   time.Time
@@ -104,7 +104,7 @@ var shared struct {
 // retryAfter spaces the tries to start an engine that failed.
 const retryAfter = 10 * time.Second
 
-func engineFor(config []byte) (*Engine, error) {
+func engineFor(config []byte) (*abi.Engine, error) {
 	shared.Lock()
 	defer shared.Unlock()
 	if shared.engine != nil {
@@ -119,7 +119,7 @@ func engineFor(config []byte) (*Engine, error) {
 	}
 	shared.tried = time.Now()
 	klog.Infof("fumarole: starting the decision core")
-	engine, err := StartEngine(config)
+	engine, err := abi.StartEngine(config)
 	if err != nil {
 		shared.err = err
 		klog.Errorf("fumarole: %v (trying again in %v; until then tasks are not placed)", err, retryAfter)
@@ -198,48 +198,16 @@ func jsonValue(v interface{}) interface{} {
 // plugin is one session's instance under one of fumarole's names.
 type plugin struct {
 	name   string
-	engine *Engine
+	engine *abi.Engine
 	// task UID -> *judged, from PrePredicate; emptied whenever an allocation changes the ledger.
 	judged sync.Map
 }
 
-// judged is a task's verdict on every node.
+// judged is a task's verdict on every node (nil verdicts when notOurs or err).
 type judged struct {
-	notOurs bool
-	err     error
-	// The node order the verdicts follow, and per node: code, score and reason (an index
-	// into reasons, -1 for none).
-	table   *nodeTable
-	codes   []uint8
-	scores  []float64
-	reason  []int32
-	reasons []string
-}
-
-// nodeTable is the core's node order (one generation of it): node name -> position.
-type nodeTable struct {
-	generation uint64
-	index      map[string]int32
-}
-
-// verdict is one node's answer, as Predicate and BatchNodeOrder read it.
-type verdict struct {
-	code   int
-	score  float64
-	reason string
-}
-
-// on is the verdict for node, false when the core's view lacks it.
-func (j *judged) on(node string) (verdict, bool) {
-	i, ok := j.table.index[node]
-	if !ok || int(i) >= len(j.codes) {
-		return verdict{}, false
-	}
-	v := verdict{code: int(j.codes[i]), score: j.scores[i]}
-	if r := j.reason[i]; r >= 0 && int(r) < len(j.reasons) {
-		v.reason = j.reasons[r]
-	}
-	return v, true
+	notOurs  bool
+	err      error
+	verdicts *abi.Verdicts
 }
 
 func (p *plugin) Name() string { return p.name }
@@ -339,84 +307,15 @@ func (p *plugin) evaluate(task *api.TaskInfo) *judged {
 	if err != nil {
 		return &judged{err: fmt.Errorf("fumarole: encoding pod %s/%s: %v", task.Namespace, task.Name, err)}
 	}
-	var known uint64
-	table := p.engine.nodes.Load()
-	if table != nil {
-		known = table.generation
-	}
-	text, err := p.engine.Evaluate(pod, known)
-	if err == ErrNotOurs {
+	verdicts, err := p.engine.Judge(pod)
+	if err == abi.ErrNotOurs {
 		return &judged{notOurs: true}
 	}
 	if err != nil {
 		logRefusal(task, err)
 		return &judged{err: err}
 	}
-	j, learnt := parseVerdicts(text, table)
-	if learnt != table {
-		p.engine.nodes.Store(learnt)
-	}
-	return j
-}
-
-// parseVerdicts reads the core's answer (fumarole_task_evaluate): "G<TAB>generation"; the node
-// names ("N<TAB>name") when the generation is not known's; the distinct reasons
-// ("R<TAB>text"); then "code<TAB>score<TAB>reason index" per node in that order. It answers the
-// verdicts and the node table they follow (known, or the one the names make).
-func parseVerdicts(text string, known *nodeTable) (*judged, *nodeTable) {
-	j := &judged{table: known}
-	var names []string
-	n := strings.Count(text, "\n")
-	j.codes = make([]uint8, 0, n)
-	j.scores = make([]float64, 0, n)
-	j.reason = make([]int32, 0, n)
-	for len(text) > 0 {
-		line := text
-		if i := strings.IndexByte(text, '\n'); i >= 0 {
-			line, text = text[:i], text[i+1:]
-		} else {
-			text = ""
-		}
-		switch {
-		case strings.HasPrefix(line, "G\t"):
-			g, _ := strconv.ParseUint(line[2:], 10, 64)
-			if known == nil || known.generation != g {
-				j.table = &nodeTable{generation: g}
-			}
-			continue
-		case strings.HasPrefix(line, "N\t"):
-			names = append(names, line[2:])
-			continue
-		case strings.HasPrefix(line, "R\t"):
-			j.reasons = append(j.reasons, line[2:])
-			continue
-		}
-		// Cut by hand: SplitN's slice per line was most of reading 5,000 lines.
-		codeText, rest, ok1 := strings.Cut(line, "\t")
-		scoreText, reasonText, ok2 := strings.Cut(rest, "\t")
-		if !ok1 || !ok2 {
-			continue
-		}
-		code, _ := strconv.Atoi(codeText)
-		score, _ := strconv.ParseFloat(scoreText, 64)
-		reason := int32(-1)
-		if r, err := strconv.Atoi(reasonText); err == nil {
-			reason = int32(r)
-		}
-		j.codes = append(j.codes, uint8(code))
-		j.scores = append(j.scores, score)
-		j.reason = append(j.reason, reason)
-	}
-	if j.table == nil {
-		j.table = &nodeTable{}
-	}
-	if j.table != known && j.table.index == nil {
-		j.table.index = make(map[string]int32, len(names))
-		for i, name := range names {
-			j.table.index[name] = int32(i)
-		}
-	}
-	return j, j.table
+	return &judged{verdicts: verdicts}
 }
 
 // refusals holds the last error logged per task: Volcano reports a PrePredicate error on the
@@ -453,22 +352,22 @@ func (p *plugin) predicate(task *api.TaskInfo, node *api.NodeInfo) error {
 	case j.notOurs:
 		return nil
 	}
-	v, ok := j.on(node.Name)
+	v, ok := j.verdicts.On(node.Name)
 	if !ok {
 		return api.NewFitErrWithStatus(task, node, &api.Status{
 			Code: api.Unschedulable, Reason: "node not in fumarole's view yet", Plugin: p.name,
 		})
 	}
-	switch v.code {
-	case 0:
+	switch v.Code {
+	case abi.Fits:
 		return nil
-	case 3:
+	case abi.Unresolvable:
 		return api.NewFitErrWithStatus(task, node, &api.Status{
-			Code: api.UnschedulableAndUnresolvable, Reason: v.reason, Plugin: p.name,
+			Code: api.UnschedulableAndUnresolvable, Reason: v.Reason, Plugin: p.name,
 		})
 	default:
 		return api.NewFitErrWithStatus(task, node, &api.Status{
-			Code: api.Unschedulable, Reason: v.reason, Plugin: p.name,
+			Code: api.Unschedulable, Reason: v.Reason, Plugin: p.name,
 		})
 	}
 }
@@ -480,8 +379,8 @@ func (p *plugin) nodeOrder(task *api.TaskInfo, nodes []*api.NodeInfo) (map[strin
 	}
 	scores := make(map[string]float64, len(nodes))
 	for _, n := range nodes {
-		v, _ := j.on(n.Name)
-		scores[n.Name] = v.score
+		v, _ := j.verdicts.On(n.Name)
+		scores[n.Name] = v.Score
 	}
 	return scores, nil
 }
@@ -498,7 +397,7 @@ func (p *plugin) allocated(event *framework.Event) {
 	if err == nil {
 		err = p.engine.Allocate(pod, task.NodeName)
 	}
-	if err != nil && err != ErrNotOurs {
+	if err != nil && err != abi.ErrNotOurs {
 		klog.Warningf("fumarole: allocating %s/%s to %s: %v", task.Namespace, task.Name, task.NodeName, err)
 	}
 }
@@ -511,7 +410,7 @@ func (p *plugin) deallocated(event *framework.Event) {
 	if err == nil {
 		err = p.engine.Deallocate(pod)
 	}
-	if err != nil && err != ErrNotOurs {
+	if err != nil && err != abi.ErrNotOurs {
 		klog.Warningf("fumarole: undoing %s/%s: %v", task.Namespace, task.Name, err)
 	}
 }
@@ -529,36 +428,15 @@ func (p *plugin) noteDisagreement(task *api.TaskInfo) {
 	if j.err != nil || j.notOurs {
 		return
 	}
-	chosen, _ := j.on(task.NodeName)
+	chosen, _ := j.verdicts.On(task.NodeName)
 	// The scores first (an array), the names (a map) only when some node scored higher.
-	higher := false
-	for i, s := range j.scores {
-		if j.codes[i] == 0 && s > chosen.score {
-			higher = true
-			break
-		}
-	}
-	if !higher {
+	if !j.verdicts.AnyFitsAbove(chosen.Score) {
 		return
 	}
-	if best, top, found := j.best(); found && best != task.NodeName {
+	if best, top, found := j.verdicts.Best(); found && best != task.NodeName {
 		klog.Infof("fumarole: Volcano put %s/%s on %s (fumarole: code %d, score %.2f); fumarole scored %s highest (%.2f)",
-			task.Namespace, task.Name, task.NodeName, chosen.code, chosen.score, best, top)
+			task.Namespace, task.Name, task.NodeName, chosen.Code, chosen.Score, best, top)
 	}
-}
-
-// best is the feasible node with the highest score, false when none is feasible.
-func (j *judged) best() (string, float64, bool) {
-	node, top, found := "", 0.0, false
-	for name, i := range j.table.index {
-		if int(i) >= len(j.codes) || j.codes[i] != 0 {
-			continue
-		}
-		if s := j.scores[i]; !found || s > top || (s == top && name < node) {
-			node, top, found = name, s, true
-		}
-	}
-	return node, top, found
 }
 
 // forgetVerdicts: the ledger changed, so every task is judged again when next asked about.

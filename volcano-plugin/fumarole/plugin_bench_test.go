@@ -11,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	abi "fumarole.dev/scheduler-abi/go"
 	"volcano.sh/volcano/pkg/scheduler/api"
 )
 
@@ -44,7 +45,7 @@ func snapshotOf(b *testing.B, n int) string {
 // and one BatchNodeOrder. Link the release library for figures (test.sh --release).
 func BenchmarkTaskAt5000Nodes(b *testing.B) {
 	const n = 5000
-	engine, err := EngineOverSnapshot(snapshotOf(b, n), []byte(`{"plugins":[{"name":"gpu-aware"}]}`))
+	engine, err := abi.EngineOverSnapshot(snapshotOf(b, n), []byte(`{"volcano":{"plugins":[{"name":"gpu-aware"}]}}`))
 	if err != nil {
 		b.Fatal(err)
 	}

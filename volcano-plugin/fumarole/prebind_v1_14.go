@@ -9,6 +9,7 @@ import (
 
 	"k8s.io/klog/v2"
 
+	abi "fumarole.dev/scheduler-abi/go"
 	"volcano.sh/volcano/pkg/scheduler/cache"
 	"volcano.sh/volcano/pkg/scheduler/framework"
 )
@@ -34,7 +35,7 @@ func (p *plugin) PreBind(_ context.Context, bindCtx *cache.BindContext) error {
 	if err == nil {
 		err = p.engine.PreBind(pod, task.NodeName)
 	}
-	if err == nil || err == ErrNotOurs {
+	if err == nil || err == abi.ErrNotOurs {
 		return nil
 	}
 	return fmt.Errorf("fumarole: %s/%s on %s: %v", task.Namespace, task.Name, task.NodeName, err)
@@ -48,7 +49,7 @@ func (p *plugin) PreBindRollBack(_ context.Context, bindCtx *cache.BindContext) 
 	if err == nil {
 		err = p.engine.Deallocate(pod)
 	}
-	if err != nil && err != ErrNotOurs {
+	if err != nil && err != abi.ErrNotOurs {
 		klog.Warningf("fumarole: undoing %s/%s after a failed bind: %v", task.Namespace, task.Name, err)
 	}
 }

@@ -9,6 +9,7 @@ require fumarole.dev/volcano-plugin v0.0.0
 
 require (
 	cel.dev/expr v0.24.0 // indirect
+	fumarole.dev/scheduler-abi/go v0.0.0
 	github.com/antlr4-go/antlr/v4 v4.13.0 // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/blang/semver/v4 v4.0.0 // indirect
@@ -141,3 +142,5 @@ replace (
 
 // The plugin's sources, shared with the default (v1.10) build.
 replace fumarole.dev/volcano-plugin => ../
+
+replace fumarole.dev/scheduler-abi/go => ../../scheduler-abi/go

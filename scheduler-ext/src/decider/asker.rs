@@ -19,10 +19,10 @@ pub enum Asker {
     /// in e2e `scheduler_ext_ha`). Waiting plans lapse only while `allocateFunc` calls come
     /// ([`ALLOCATE_FUNC_FRESH`]).
     Volcano,
-    /// fumarole's own Volcano plugin, compiled into the scheduler (`fumarole-scheduler-abi`):
-    /// every allocation and its undoing reach the decider in process before the next task is
-    /// judged, so waiting plans may always lapse.
-    VolcanoPlugin,
+    /// fumarole's own plugins compiled into the scheduler (`fumarole-scheduler-abi`: Volcano's
+    /// and kube-scheduler's): every allocation (reservation) and its undoing reach the decider
+    /// in process before the next task is judged, so waiting plans may always lapse.
+    Plugin,
 }
 
 /// How long after Volcano's last `allocateFunc` call its plans may still lapse: a Volcano

@@ -273,7 +273,7 @@ impl Decider {
         match asker {
             Asker::KubeScheduler => true,
             Asker::Volcano => req.unit.is_some() && self.allocate_clock.fresh(),
-            Asker::VolcanoPlugin => req.unit.is_some(),
+            Asker::Plugin => req.unit.is_some(),
         }
     }
 

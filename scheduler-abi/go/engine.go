@@ -1,10 +1,11 @@
-package fumarole
-
-// The cgo binding of fumarole's decision core (scheduler-abi, a Rust static library). The
-// library is found through CGO_LDFLAGS (volcano-plugin/build.sh sets -L).
+// Package abi is the cgo binding of fumarole's decision core (scheduler-abi, a Rust static
+// library), for the scheduler plugins compiled into Volcano and kube-scheduler. The library is
+// found through CGO_LDFLAGS (the plugins' build.sh set -L). Objects go in as JSON; a task's
+// verdicts on every node come back in one call and are read into arrays ([Verdicts]).
+package abi
 
 /*
-#cgo CFLAGS: -I${SRCDIR}/../../scheduler-abi/include
+#cgo CFLAGS: -I${SRCDIR}/../include
 #cgo LDFLAGS: -lfumarole_scheduler_abi -ldl -lm -lpthread
 #include <stdlib.h>
 #include "fumarole_scheduler.h"
@@ -32,7 +33,7 @@ var ErrNotOurs = errors.New("the task asks for no device fumarole serves")
 // Engine is fumarole's decision core, started once per scheduler process.
 type Engine struct {
 	ptr *C.fumarole_engine
-	// The core's node order as last learnt: kept across tasks and sessions until the core's
+	// The core's node order as last learnt: kept across tasks and cycles until the core's
 	// nodes change, so a task costs slices, not a map of every node.
 	nodes atomic.Pointer[nodeTable]
 }
@@ -65,9 +66,28 @@ func (e *Engine) Notes() string {
 	return take(out)
 }
 
-// Evaluate judges the pod (JSON) on every node, in the core's node order; the node names come
-// only when knownGeneration is not that order's generation (see fumarole_task_evaluate).
-func (e *Engine) Evaluate(pod []byte, knownGeneration uint64) (string, error) {
+// Judge judges the pod (JSON) on every node in one call and reads the answer: ErrNotOurs when
+// the pod asks for no device fumarole serves, an error when its request is unusable.
+func (e *Engine) Judge(pod []byte) (*Verdicts, error) {
+	var known uint64
+	table := e.nodes.Load()
+	if table != nil {
+		known = table.generation
+	}
+	text, err := e.evaluate(pod, known)
+	if err != nil {
+		return nil, err
+	}
+	v, learnt := parseVerdicts(text, table)
+	if learnt != table {
+		e.nodes.Store(learnt)
+	}
+	return v, nil
+}
+
+// evaluate is fumarole_task_evaluate: the verdicts in the core's node order; the node names
+// come only when knownGeneration is not that order's generation.
+func (e *Engine) evaluate(pod []byte, knownGeneration uint64) (string, error) {
 	var out *C.char
 	code := C.fumarole_task_evaluate(e.ptr, bytesPtr(pod), C.size_t(len(pod)), C.uint64_t(knownGeneration), &out)
 	return answer(code, take(out))
@@ -82,8 +102,8 @@ func (e *Engine) Allocate(pod []byte, node string) error {
 	return err
 }
 
-// WriteChoicesAtPreBind: the scheduler calls PreBind before each bind, so allocations no
-// longer write device choices themselves.
+// WriteChoicesAtPreBind: the scheduler calls PreBind (or Bind) before each bind, so
+// allocations no longer write device choices themselves.
 func (e *Engine) WriteChoicesAtPreBind() error {
 	var out *C.char
 	code := C.fumarole_engine_write_choices_at_prebind(e.ptr, &out)
@@ -97,6 +117,16 @@ func (e *Engine) PreBind(pod []byte, node string) error {
 	var out *C.char
 	n := []byte(node)
 	code := C.fumarole_task_prebind(e.ptr, bytesPtr(pod), C.size_t(len(pod)), bytesPtr(n), C.size_t(len(n)), &out)
+	_, err := answer(code, take(out))
+	return err
+}
+
+// Bind binds the pod (JSON) to node with its device choice in the Binding (kube-scheduler's
+// Bind); ErrNotOurs: the scheduler's default binder binds it.
+func (e *Engine) Bind(pod []byte, node string) error {
+	var out *C.char
+	n := []byte(node)
+	code := C.fumarole_task_bind(e.ptr, bytesPtr(pod), C.size_t(len(pod)), bytesPtr(n), C.size_t(len(n)), &out)
 	_, err := answer(code, take(out))
 	return err
 }

@@ -1,0 +1,253 @@
+//! Real kube-scheduler with fumarole's framework plugin compiled in (`kube-scheduler-fumarole`,
+//! built by kube-plugin/build.sh against the k8s.io/kubernetes the control plane runs), no
+//! extender: the plugin's engine watches the API server itself. The nodes advertise all their
+//! GPUs, so only fumarole knows which are free.
+
+// Test code: helpers outside #[test] fns may unwrap and panic too.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use fumarole_e2e::cluster::{TestCluster, eventually};
+use fumarole_e2e::fumarole::{kube_plugin_bin, kube_plugin_config};
+use fumarole_topology::crd::DeviceTopology;
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{Event, Pod};
+use kube::api::{Api, ListParams, PostParams, WatchEvent, WatchParams};
+use serde_json::json;
+
+const SCHEDULER: &str = "kube-scheduler-fumarole";
+
+fn pod(name: &str, gpus: u32, annotations: serde_json::Value) -> Pod {
+    let limits = if gpus == 0 {
+        json!({})
+    } else {
+        json!({"nvidia.com/gpu": gpus.to_string()})
+    };
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "annotations": annotations},
+        "spec": {"containers": [{
+            "name": "c", "image": "example.invalid/none",
+            "resources": {"requests": {"cpu": "1"}, "limits": limits}
+        }]}
+    }))
+    .unwrap()
+}
+
+/// A cluster with `topologies` published and kube-scheduler-fumarole running with `args`.
+async fn cluster_with_plugin(topologies: &[DeviceTopology], args: &str) -> TestCluster {
+    let cluster = common::cluster().await;
+    common::publish(&cluster, topologies).await;
+    cluster
+        .start_scheduler_program(
+            SCHEDULER,
+            &kube_plugin_bin().unwrap(),
+            &kube_plugin_config(args),
+            &[],
+        )
+        .await
+        .unwrap();
+    cluster
+}
+
+async fn bound_node(pods: &Api<Pod>, name: &str) -> String {
+    eventually(
+        &format!("{name} to be bound"),
+        Duration::from_secs(60),
+        || {
+            let pods = pods.clone();
+            let name = name.to_string();
+            async move { Ok(pods.get(&name).await?.spec.and_then(|s| s.node_name)) }
+        },
+    )
+    .await
+    .unwrap()
+}
+
+/// The messages of the pod's FailedScheduling Events, once there is one containing `part`.
+async fn failed_scheduling(cluster: &TestCluster, name: &str, part: &str) -> Vec<String> {
+    let events: Api<Event> = Api::namespaced(cluster.client(), "default");
+    let fields = format!("involvedObject.name={name}");
+    eventually(
+        &format!("a FailedScheduling Event on {name} saying {part:?}"),
+        Duration::from_secs(60),
+        || {
+            let events = events.clone();
+            let fields = fields.clone();
+            async move {
+                let messages: Vec<String> = events
+                    .list(&ListParams::default().fields(&fields))
+                    .await?
+                    .items
+                    .into_iter()
+                    .filter(|e| e.reason.as_deref() == Some("FailedScheduling"))
+                    .filter_map(|e| e.message)
+                    .collect();
+                Ok(messages
+                    .iter()
+                    .any(|m| m.contains(part))
+                    .then_some(messages))
+            }
+        },
+    )
+    .await
+    .unwrap()
+}
+
+/// dgx-a has 4 free GPUs, dgx-b 6, pcie-a 3: a 4-GPU pod goes to dgx-a, where it fits exactly,
+/// and the first version of it that names its node already carries dgx-a's 4 free GPUs (the
+/// Binding brought both); a 7-GPU pod stays pending with fumarole's reason in its Event; a pod
+/// asking for no GPU is left to kube-scheduler's own plugins and default binder.
+#[tokio::test]
+async fn plugin_binds_a_four_gpu_pod_where_it_fits_exactly_with_its_devices() {
+    let cluster = cluster_with_plugin(&common::two_dgx(), "{}").await;
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let watch = pods
+        .watch(&WatchParams::default().fields("metadata.name=four"), "0")
+        .await
+        .unwrap()
+        .boxed();
+    let pp = PostParams::default();
+    for p in [
+        pod("four", 4, json!({})),
+        pod("seven", 7, json!({})),
+        pod("cpu-only", 0, json!({})),
+    ] {
+        pods.create(&pp, &p).await.unwrap();
+    }
+
+    // The first event in which "four" has a node.
+    let first_bound = tokio::time::timeout(
+        Duration::from_secs(60),
+        watch
+            .try_filter_map(|e| async move {
+                Ok(match e {
+                    WatchEvent::Added(p) | WatchEvent::Modified(p)
+                        if p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some() =>
+                    {
+                        Some(p)
+                    }
+                    _ => None,
+                })
+            })
+            .boxed()
+            .try_next(),
+    )
+    .await
+    .expect("four bound within 60 s")
+    .unwrap()
+    .unwrap();
+    assert_eq!(
+        first_bound.spec.as_ref().unwrap().node_name.as_deref(),
+        Some("dgx-a")
+    );
+    assert_eq!(
+        common::devices_of(&first_bound),
+        Some(
+            ["dgx-a-gpu4", "dgx-a-gpu5", "dgx-a-gpu6", "dgx-a-gpu7"]
+                .map(String::from)
+                .to_vec()
+        ),
+        "the pod's first bound version must carry its devices"
+    );
+
+    failed_scheduling(&cluster, "seven", "needs 7 nvidia.com/gpu, 6 free").await;
+
+    bound_node(&pods, "cpu-only").await;
+    let cpu_only = pods.get("cpu-only").await.unwrap();
+    assert_eq!(common::devices_of(&cpu_only), None);
+}
+
+/// 16 pods of 2 GPUs in units of 16 GPUs (8 pods) over three super-nodes with 16, 16 and 12
+/// free GPUs: each unit lands whole in one super-node (rack-c, too small, gets none), over 8
+/// nodes, no device given twice. PreFilter narrows each pod to its unit's super-node, so
+/// kube-scheduler's sampling cannot miss it. A pod whose atomic unit (32 GPUs) fits no
+/// super-node stays pending with fumarole's reason.
+#[tokio::test]
+async fn plugin_lands_a_group_job_unit_by_unit_in_single_super_nodes() {
+    let cluster = cluster_with_plugin(&common::racks(), "{}").await;
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let pp = PostParams::default();
+    pods.create(
+        &pp,
+        &pod("huge-0", 2, json!({"metax-tech.com/gpu-group-size": "32"})),
+    )
+    .await
+    .unwrap();
+    let names: Vec<String> = (0..16).map(|i| format!("train-{i}")).collect();
+    for n in &names {
+        pods.create(
+            &pp,
+            &pod(n, 2, json!({"metax-tech.com/gpu-group-size": "16"})),
+        )
+        .await
+        .unwrap();
+    }
+    let placed = eventually("all 16 pods bound", Duration::from_secs(120), || {
+        let pods = pods.clone();
+        let names = names.clone();
+        async move {
+            let placed = common::placements(&pods, &names).await;
+            Ok((placed.len() == names.len()).then_some(placed))
+        }
+    })
+    .await
+    .unwrap();
+    let rank = |pod: &str| pod.trim_start_matches("train-").parse::<u32>().unwrap();
+    let units = common::check_units(&placed, rank, 8);
+    let racks: BTreeSet<&str> = units.values().map(String::as_str).collect();
+    assert_eq!(racks, BTreeSet::from(["rack-a", "rack-b"]), "{placed:?}");
+    let nodes: BTreeSet<&str> = placed.values().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(nodes.len(), 8, "{placed:?}");
+
+    failed_scheduling(
+        &cluster,
+        "huge-0",
+        "needs 32 nvidia.com/gpu (16 pods of 2) in one super-node",
+    )
+    .await;
+}
+
+/// Bad input: a pod whose annotation cannot be read gets a FailedScheduling Event saying why,
+/// and the scheduler goes on placing the next pod; pluginConfig args with an argument fumarole
+/// does not know stop kube-scheduler at start with an error naming it.
+#[tokio::test]
+async fn a_malformed_annotation_is_an_event_and_unknown_args_stop_the_start() {
+    let cluster = cluster_with_plugin(&common::two_dgx(), "{lossWeight: 0.5}").await;
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let pp = PostParams::default();
+    pods.create(
+        &pp,
+        &pod(
+            "bad-0",
+            2,
+            json!({"metax-tech.com/gpu-group-size": "sixteen"}),
+        ),
+    )
+    .await
+    .unwrap();
+    let messages = failed_scheduling(&cluster, "bad-0", "gpu-group-size").await;
+    assert!(
+        messages.iter().any(|m| m.contains("sixteen")),
+        "{messages:?}"
+    );
+    pods.create(&pp, &pod("after", 2, json!({}))).await.unwrap();
+    bound_node(&pods, "after").await;
+    cluster.check_processes().unwrap();
+
+    let other = common::cluster().await;
+    let started = other
+        .start_scheduler_program(
+            SCHEDULER,
+            &kube_plugin_bin().unwrap(),
+            &kube_plugin_config("{lossWieght: 0.5}"),
+            &[],
+        )
+        .await;
+    assert!(started.is_err(), "kube-scheduler must not start");
+    let log = other.log_tail(SCHEDULER, 200).unwrap();
+    assert!(log.contains("lossWieght"), "{log}");
+}

@@ -1,0 +1,303 @@
+// Package fumarole is fumarole's kube-scheduler framework plugin, compiled into kube-scheduler
+// (cmd/kube-scheduler) under the name Fumarole. Every decision is the decision core's, linked in
+// through its C ABI (fumarole.dev/scheduler-abi/go): this package turns kube-scheduler's
+// objects into the core's input and its answers into framework statuses; it decides nothing.
+//
+// Per scheduling cycle: PreFilter judges the pod on every node in one call and narrows the
+// candidates to the nodes that fit (a gpu-group-size unit's pod: its planned super-node), so
+// kube-scheduler's sampling of 10 % of the nodes never misses them; Filter and Score read that
+// result; Reserve / Unreserve move the pod's devices in and out of the core's ledger; Bind
+// writes the Binding with the device choice in its annotations, one write. A pod asking for no
+// device fumarole serves is skipped at PreFilter and bound by the default binder.
+package fumarole
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"strings"
+	"sync"
+
+	v1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/klog/v2"
+	fwk "k8s.io/kube-scheduler/framework"
+	frameworkruntime "k8s.io/kubernetes/pkg/scheduler/framework/runtime"
+
+	abi "fumarole.dev/scheduler-abi/go"
+)
+
+// Name is the plugin's name in KubeSchedulerConfiguration profiles.
+const Name = "Fumarole"
+
+// stateKey holds the cycle's verdicts in the CycleState.
+const stateKey fwk.StateKey = "fumarole.dev/verdicts"
+
+// Plugin is one profile's instance; the engine behind it is one per process.
+type Plugin struct {
+	engine  *abi.Engine
+	profile string
+}
+
+var (
+	_ fwk.PreFilterPlugin   = &Plugin{}
+	_ fwk.FilterPlugin      = &Plugin{}
+	_ fwk.PreScorePlugin    = &Plugin{}
+	_ fwk.ScorePlugin       = &Plugin{}
+	_ fwk.ReservePlugin     = &Plugin{}
+	_ fwk.BindPlugin        = &Plugin{}
+	_ fwk.SignPlugin        = &Plugin{}
+	_ fwk.EnqueueExtensions = &Plugin{}
+)
+
+// The engine is started by the first profile that enables the plugin.
+var shared struct {
+	sync.Mutex
+	engine  *abi.Engine
+	profile string
+}
+
+// New is the plugin's factory (app.WithPlugin(Name, New)). The arguments are the profile's
+// pluginConfig args (FumaroleArgs), checked by the core: an unknown or malformed one stops
+// kube-scheduler at start with an error naming it.
+func New(_ context.Context, args runtime.Object, handle fwk.Handle) (fwk.Plugin, error) {
+	var raw json.RawMessage
+	if err := frameworkruntime.DecodeInto(args, &raw); err != nil {
+		return nil, fmt.Errorf("%s: reading pluginConfig args: %w", Name, err)
+	}
+	profile := handle.ProfileName()
+	shared.Lock()
+	defer shared.Unlock()
+	if shared.engine != nil {
+		if shared.profile != profile {
+			return nil, fmt.Errorf("%s: profile %q enables it, but profile %q started it already: one profile per scheduler may enable %s",
+				Name, profile, shared.profile, Name)
+		}
+		return &Plugin{engine: shared.engine, profile: profile}, nil
+	}
+	kubeconfig, err := kubeconfigYAML(handle.KubeConfig())
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", Name, err)
+	}
+	config, err := engineConfig(kubeconfig, profile, raw)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", Name, err)
+	}
+	klog.InfoS("fumarole: starting the decision core", "profile", profile)
+	engine, err := abi.StartEngine(config)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", Name, err)
+	}
+	if err := engine.WriteChoicesAtPreBind(); err != nil {
+		return nil, fmt.Errorf("%s: %w", Name, err)
+	}
+	klog.InfoS("fumarole: decision core ready", "profile", profile)
+	shared.engine, shared.profile = engine, profile
+	return &Plugin{engine: engine, profile: profile}, nil
+}
+
+// engineConfig is the core's configuration (EngineConfig in scheduler-abi/src/engine.rs).
+func engineConfig(kubeconfig []byte, profile string, args json.RawMessage) ([]byte, error) {
+	if len(args) == 0 {
+		args = json.RawMessage("null")
+	}
+	return json.Marshal(map[string]interface{}{
+		"kubeconfigYaml": string(kubeconfig),
+		"kubeScheduler": map[string]interface{}{
+			"schedulerNames": []string{profile},
+			"args":           args,
+		},
+	})
+}
+
+func (p *Plugin) Name() string { return Name }
+
+// verdicts are a cycle's answer; read-only once written, so a clone shares them.
+type verdicts struct{ *abi.Verdicts }
+
+func (v *verdicts) Clone() fwk.StateData { return v }
+
+func read(state fwk.CycleState) (*abi.Verdicts, bool) {
+	d, err := state.Read(stateKey)
+	if err != nil {
+		return nil, false
+	}
+	v, ok := d.(*verdicts)
+	return v.Verdicts, ok
+}
+
+// PreFilter judges the pod on every node and narrows the candidates to those that fit.
+func (p *Plugin) PreFilter(_ context.Context, state fwk.CycleState, pod *v1.Pod, _ []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
+	body, err := json.Marshal(pod)
+	if err != nil {
+		return nil, fwk.AsStatus(fmt.Errorf("fumarole: encoding pod %s/%s: %w", pod.Namespace, pod.Name, err))
+	}
+	v, err := p.engine.Judge(body)
+	if err == abi.ErrNotOurs {
+		return nil, fwk.NewStatus(fwk.Skip)
+	}
+	if err != nil {
+		// The pod's request is unusable (a malformed annotation, say): no node changes that.
+		// kube-scheduler reports it on the pod as a FailedScheduling Event.
+		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, err.Error())
+	}
+	state.Write(stateKey, &verdicts{v})
+	fit, all := v.Fitting()
+	if len(fit) == 0 {
+		// No node fits now. Preemption cannot help: it simulates evictions through PreFilter
+		// extensions, which would not change fumarole's ledger.
+		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, refusal(v))
+	}
+	if len(fit) == all {
+		return nil, nil
+	}
+	return &fwk.PreFilterResult{NodeNames: sets.New(fit...)}, nil
+}
+
+// refusal is why no node fits: the distinct reasons, the first few.
+func refusal(v *abi.Verdicts) string {
+	reasons := v.Reasons()
+	const most = 3
+	if len(reasons) > most {
+		reasons = append(reasons[:most:most], fmt.Sprintf("and %d more", len(v.Reasons())-most))
+	}
+	if len(reasons) == 0 {
+		return "fumarole: no node fits"
+	}
+	return "fumarole: " + strings.Join(reasons, "; ")
+}
+
+func (p *Plugin) PreFilterExtensions() fwk.PreFilterExtensions { return nil }
+
+// Filter answers from the cycle's verdicts.
+func (p *Plugin) Filter(_ context.Context, state fwk.CycleState, _ *v1.Pod, nodeInfo fwk.NodeInfo) *fwk.Status {
+	v, ok := read(state)
+	if !ok {
+		return nil
+	}
+	node := nodeInfo.Node().Name
+	verdict, ok := v.On(node)
+	switch {
+	case !ok:
+		return fwk.NewStatus(fwk.Unschedulable, "fumarole: node not in fumarole's view yet")
+	case verdict.Code == abi.Fits:
+		return nil
+	case verdict.Code == abi.Unresolvable:
+		return fwk.NewStatus(fwk.UnschedulableAndUnresolvable, verdict.Reason)
+	default:
+		return fwk.NewStatus(fwk.Unschedulable, verdict.Reason)
+	}
+}
+
+// PreScore skips scoring for a pod PreFilter skipped.
+func (p *Plugin) PreScore(_ context.Context, state fwk.CycleState, _ *v1.Pod, _ []fwk.NodeInfo) *fwk.Status {
+	if _, ok := read(state); !ok {
+		return fwk.NewStatus(fwk.Skip)
+	}
+	return nil
+}
+
+// Score is the core's score on kube-scheduler's scale (0..100; the profile's weight applies).
+func (p *Plugin) Score(_ context.Context, state fwk.CycleState, _ *v1.Pod, nodeInfo fwk.NodeInfo) (int64, *fwk.Status) {
+	v, ok := read(state)
+	if !ok {
+		return 0, nil
+	}
+	verdict, _ := v.On(nodeInfo.Node().Name)
+	return int64(math.Max(0, math.Min(float64(fwk.MaxNodeScore), math.Round(verdict.Score)))), nil
+}
+
+func (p *Plugin) ScoreExtensions() fwk.ScoreExtensions { return nil }
+
+// Reserve records the pod's devices on node in the core's ledger, before the next pod is
+// judged.
+func (p *Plugin) Reserve(_ context.Context, state fwk.CycleState, pod *v1.Pod, node string) *fwk.Status {
+	if _, ok := read(state); !ok {
+		return nil
+	}
+	body, err := json.Marshal(pod)
+	if err == nil {
+		err = p.engine.Allocate(body, node)
+	}
+	if err == nil || err == abi.ErrNotOurs {
+		return nil
+	}
+	return fwk.NewStatus(fwk.Unschedulable, fmt.Sprintf("fumarole: reserving devices on %s: %v", node, err))
+}
+
+// Unreserve gives the pod's devices back (a later plugin refused, or the bind failed).
+func (p *Plugin) Unreserve(_ context.Context, _ fwk.CycleState, pod *v1.Pod, node string) {
+	body, err := json.Marshal(pod)
+	if err == nil {
+		err = p.engine.Deallocate(body)
+	}
+	if err != nil && err != abi.ErrNotOurs {
+		klog.InfoS("fumarole: undoing a reservation", "pod", klog.KObj(pod), "node", node, "err", err)
+	}
+}
+
+// Bind creates the pod's Binding with its device choice; a pod of no device of ours is left to
+// the default binder (Skip).
+func (p *Plugin) Bind(_ context.Context, _ fwk.CycleState, pod *v1.Pod, node string) *fwk.Status {
+	body, err := json.Marshal(pod)
+	if err == nil {
+		err = p.engine.Bind(body, node)
+	}
+	switch {
+	case err == nil:
+		return nil
+	case err == abi.ErrNotOurs:
+		return fwk.NewStatus(fwk.Skip)
+	default:
+		return fwk.AsStatus(fmt.Errorf("fumarole: %w", err))
+	}
+}
+
+// SignPod keeps a pod that may ask for devices out of kube-scheduler's opportunistic batching
+// (a result reused from another pod): fumarole's verdicts depend on the ledger and on the pod's
+// unit, not on the pod's spec alone. Other pods sign with nothing of fumarole's.
+func (p *Plugin) SignPod(_ context.Context, pod *v1.Pod) ([]fwk.SignFragment, *fwk.Status) {
+	if mayAskForDevices(pod) {
+		return nil, fwk.NewStatus(fwk.Unschedulable, "fumarole judges each device pod on its own")
+	}
+	return nil, nil
+}
+
+// mayAskForDevices: the pod requests an extended resource or a ResourceClaim (what the core may
+// serve; it decides, this only keeps such pods out of batching).
+func mayAskForDevices(pod *v1.Pod) bool {
+	if len(pod.Spec.ResourceClaims) > 0 {
+		return true
+	}
+	extended := func(list v1.ResourceList) bool {
+		for name := range list {
+			if strings.Contains(string(name), "/") {
+				return true
+			}
+		}
+		return false
+	}
+	for _, cs := range [][]v1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
+		for i := range cs {
+			if extended(cs[i].Resources.Limits) || extended(cs[i].Resources.Requests) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// DeviceTopologies is the DeviceTopology resource as kube-scheduler's events name it.
+const DeviceTopologies fwk.EventResource = "devicetopologies.v1alpha1.topology.fumarole.dev"
+
+// EventsToRegister: what can make a pod fumarole refused fit. Pods leaving or changing free
+// devices, nodes and their DeviceTopology bring devices.
+func (p *Plugin) EventsToRegister(context.Context) ([]fwk.ClusterEventWithHint, error) {
+	return []fwk.ClusterEventWithHint{
+		{Event: fwk.ClusterEvent{Resource: fwk.Pod, ActionType: fwk.Delete | fwk.Update}},
+		{Event: fwk.ClusterEvent{Resource: fwk.Node, ActionType: fwk.Add | fwk.Update}},
+		{Event: fwk.ClusterEvent{Resource: DeviceTopologies, ActionType: fwk.All}},
+	}, nil
+}

@@ -1,0 +1,70 @@
+package abi
+
+import (
+	"reflect"
+	"sort"
+	"testing"
+)
+
+// The core's answer: the generation, the names when the caller's table is another, the distinct
+// reasons, then a line per node in that order naming a reason by index.
+func TestVerdictsAreReadWithTheirReasonsAndTheNodeOrder(t *testing.T) {
+	first := "G\t7\nN\tcpu-0\nN\tdgx-a\nN\tpcie-a\n" +
+		"R\tnode publishes no DeviceTopology\nR\tneeds 4 nvidia.com/gpu, 3 free\n" +
+		"3\t0\t0\n0\t150.5\t\n2\t0\t1\nbroken line\n"
+	v, table := parseVerdicts(first, nil)
+	if table.generation != 7 || len(table.index) != 3 {
+		t.Fatalf("table = %+v", table)
+	}
+	want := map[string]Verdict{
+		"dgx-a":  {Code: Fits, Score: 150.5},
+		"pcie-a": {Code: Unschedulable, Reason: "needs 4 nvidia.com/gpu, 3 free"},
+		"cpu-0":  {Code: Unresolvable, Reason: "node publishes no DeviceTopology"},
+	}
+	check := func(v *Verdicts) {
+		t.Helper()
+		for name, w := range want {
+			if got, ok := v.On(name); !ok || !reflect.DeepEqual(got, w) {
+				t.Fatalf("%s: got %+v (%v), want %+v", name, got, ok, w)
+			}
+		}
+		if _, ok := v.On("elsewhere"); ok {
+			t.Fatal("a node the core does not know has no verdict")
+		}
+	}
+	check(v)
+	if node, score, ok := v.Best(); !ok || node != "dgx-a" || score != 150.5 {
+		t.Fatalf("best = %s %v %v, want dgx-a 150.5 (the only feasible node)", node, score, ok)
+	}
+	if fit, all := v.Fitting(); !reflect.DeepEqual(fit, []string{"dgx-a"}) || all != 3 {
+		t.Fatalf("fitting = %v of %d, want [dgx-a] of 3", fit, all)
+	}
+	if !v.AnyFitsAbove(150) || v.AnyFitsAbove(150.5) {
+		t.Fatal("only dgx-a fits, at 150.5")
+	}
+	// The same generation again, without names: the known table is kept and used.
+	again, kept := parseVerdicts("G\t7\nR\tnode publishes no DeviceTopology\n"+
+		"R\tneeds 4 nvidia.com/gpu, 3 free\n3\t0\t0\n0\t150.5\t\n2\t0\t1\n", table)
+	if kept != table {
+		t.Fatal("a known generation must keep its table")
+	}
+	check(again)
+	// Another generation: a new table from the names sent.
+	_, next := parseVerdicts("G\t8\nN\tdgx-a\nN\tdgx-b\n0\t1\t\n0\t1\t\n", table)
+	if next == table || next.generation != 8 || next.index["dgx-b"] != 1 || len(next.index) != 2 {
+		t.Fatalf("next = %+v", next)
+	}
+	none, _ := parseVerdicts("G\t9\nN\tpcie-a\n2\t5\t\n", next)
+	if _, _, ok := none.Best(); ok {
+		t.Fatal("no feasible node, no best")
+	}
+	tie, _ := parseVerdicts("G\t10\nN\tb\nN\ta\n0\t5\t\n0\t5\t\n", nil)
+	if node, _, _ := tie.Best(); node != "a" {
+		t.Fatalf("a tie goes to the first name, got %s", node)
+	}
+	fit, _ := tie.Fitting()
+	sort.Strings(fit)
+	if !reflect.DeepEqual(fit, []string{"a", "b"}) {
+		t.Fatalf("fitting = %v", fit)
+	}
+}
