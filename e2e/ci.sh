@@ -94,4 +94,4 @@ echo "e2e/ci.sh: e2e tests skipped: 0" >&2
 # plugin: every pod bound, no unit or atomic part split, no GPU given twice, no error from the
 # plugin in vc-scheduler's log (about 30 s; figures: docs/performance.md). The other arrangements
 # stay out: Volcano with the extender can leave a gang waiting (docs/performance.md).
-cargo test -p fumarole-e2e --bench scheduler_perf "$@" -- --nodes 72 --jobs 40 --check --only volcano-plugin
+cargo test -p fumarole-e2e --bench scheduler_perf "$@" -- --nodes 72 --jobs 40 --check --only volcano-plugin,kube-plugin

@@ -43,20 +43,22 @@
 //! A measurement, not a test: it checks only that every GPU was given once and that the
 //! arrangements placed the pods they claim; with `--check` also that every pod was bound and
 //! that no unit was split where fumarole decides (the extension or the plugin) and, in the
-//! plugin arms, that vc-scheduler logged no error from the plugin or about its configuration
-//! (CI runs that at 72 nodes for `volcano-plugin`; no figure is judged). Figures go in
+//! plugin arms, that the scheduler logged no error from the plugin (nor vc-scheduler about its
+//! configuration) (CI runs that at 72 nodes for `volcano-plugin` and `kube-plugin`; no figure
+//! is judged). Figures go in
 //! docs/performance.md.
 //!
 //! ```sh
 //! cargo build --release -p fumarole-scheduler-ext
-//! volcano-plugin/build.sh --release
+//! volcano-plugin/build.sh --release && kube-plugin/build.sh --release
 //! cargo bench -p fumarole-e2e --bench scheduler_perf                       # 1,000 nodes
 //! cargo bench -p fumarole-e2e --bench scheduler_perf -- --nodes 5000
 //! # flags: --nodes 1000 --jobs 400 --seed 7 --timeout 300 --pods-per-node 0
-//! #        --only kube,kube-ext,kube-ext-all-nodes,volcano,volcano-ext,volcano-plugin-off,volcano-plugin
+//! #        --only kube,kube-ext,kube-ext-all-nodes,kube-plugin-off,kube-plugin,volcano,volcano-ext,
+//! #               volcano-plugin-off,volcano-plugin
 //! # FUMAROLE_VC_SCHEDULER_PLUGIN=/path/to/vc-scheduler-fumarole: that binary for the plugin arms
 //! # CI's smoke run (debug build; fails unless every pod is bound and no unit split):
-//! cargo test -p fumarole-e2e --bench scheduler_perf -- --nodes 72 --jobs 40 --check --only volcano-plugin
+//! cargo test -p fumarole-e2e --bench scheduler_perf -- --nodes 72 --jobs 40 --check --only volcano-plugin,kube-plugin
 //! ```
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -69,7 +71,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use fumarole_e2e::cluster::{free_port, volcano_conf};
-use fumarole_e2e::fumarole::{SEED_VOLCANO_CONF, scheduler_ext_bin, volcano_plugin_bin};
+use fumarole_e2e::fumarole::{
+    SEED_VOLCANO_CONF, kube_plugin_bin, scheduler_ext_bin, volcano_plugin_bin,
+};
 use fumarole_e2e::process::{Footprint, Proc, percentile};
 use fumarole_e2e::{NodeSpec, TestCluster};
 use fumarole_sim::trace::{self, GenSpec, Job};
@@ -106,13 +110,19 @@ enum Arrangement {
     VolcanoPlugin,
     /// vc-scheduler-fumarole with the seeds' tiers less fumarole's plugins.
     VolcanoPluginOff,
+    /// kube-scheduler-fumarole with fumarole's framework plugin enabled: it decides.
+    KubePlugin,
+    /// kube-scheduler-fumarole with the default profile only (the plugin compiled in, off).
+    KubePluginOff,
 }
 
 impl Arrangement {
-    const ALL: [Arrangement; 7] = [
+    const ALL: [Arrangement; 9] = [
         Arrangement::Kube,
         Arrangement::KubeExt,
         Arrangement::KubeExtAllNodes,
+        Arrangement::KubePluginOff,
+        Arrangement::KubePlugin,
         Arrangement::Volcano,
         Arrangement::VolcanoExt,
         Arrangement::VolcanoPluginOff,
@@ -128,6 +138,8 @@ impl Arrangement {
             Arrangement::VolcanoExt => "volcano-ext",
             Arrangement::VolcanoPlugin => "volcano-plugin",
             Arrangement::VolcanoPluginOff => "volcano-plugin-off",
+            Arrangement::KubePlugin => "kube-plugin",
+            Arrangement::KubePluginOff => "kube-plugin-off",
         }
     }
 
@@ -144,7 +156,7 @@ impl Arrangement {
     /// fumarole decides (extension or plugin): the GPUs are its choice (the pods'
     /// `fumarole.dev/devices`) and `--check` holds it to no unit split.
     fn extension(self) -> bool {
-        self.extender() || self == Arrangement::VolcanoPlugin
+        self.extender() || matches!(self, Arrangement::VolcanoPlugin | Arrangement::KubePlugin)
     }
 
     /// fumarole-scheduler-ext runs beside the scheduler.
@@ -164,7 +176,11 @@ impl Arrangement {
             }
             Arrangement::VolcanoPlugin => Some(SEED_VOLCANO_CONF.to_string()),
             Arrangement::VolcanoPluginOff => Some(seed_conf_without_fumarole()),
-            Arrangement::Kube | Arrangement::KubeExt | Arrangement::KubeExtAllNodes => None,
+            Arrangement::Kube
+            | Arrangement::KubeExt
+            | Arrangement::KubeExtAllNodes
+            | Arrangement::KubePlugin
+            | Arrangement::KubePluginOff => None,
         }
     }
 
@@ -179,6 +195,11 @@ impl Arrangement {
                 "{}{KUBE_CLIENT_LIMITS}percentageOfNodesToScore: 100\n",
                 with_extension()
             )),
+            Arrangement::KubePlugin => Some(format!(
+                "{}{KUBE_CLIENT_LIMITS}",
+                fumarole_e2e::fumarole::kube_plugin_config("{}")
+            )),
+            Arrangement::KubePluginOff => Some(KUBE_CLIENT_LIMITS.to_string()),
             Arrangement::Volcano
             | Arrangement::VolcanoExt
             | Arrangement::VolcanoPlugin
@@ -443,13 +464,14 @@ struct Run {
     /// Process -> (CPU seconds over the run, peak RSS MiB).
     processes: BTreeMap<String, (f64, f64)>,
     /// kube-scheduler's [`scheduling_attempts`].
-    attempts: Option<(f64, Duration, f64)>,
+    attempts: Option<Attempts>,
     ideal: usize,
     units: usize,
     units_split: usize,
     atomic: usize,
     atomic_split: usize,
-    /// Error lines of fumarole's plugin, or about its configuration, in vc-scheduler's log.
+    /// Error lines of fumarole's plugin in the scheduler's log (in vc-scheduler's, also about
+    /// its configuration).
     plugin_errors: usize,
 }
 
@@ -525,6 +547,20 @@ async fn run(
         ext = Some(p);
     }
     let kube_scheduler_port = match arrangement.kube_scheduler_config(ext_port) {
+        // Under the upstream binary's name, so it is measured and stopped as kube-scheduler.
+        Some(config)
+            if matches!(
+                arrangement,
+                Arrangement::KubePlugin | Arrangement::KubePluginOff
+            ) =>
+        {
+            let bin = kube_plugin_bin().unwrap();
+            let port = cluster
+                .start_scheduler_program("kube-scheduler", &bin, &config, &[])
+                .await
+                .unwrap();
+            Some(port)
+        }
         Some(config) => Some(cluster.start_kube_scheduler(&config).await.unwrap()),
         None => {
             let config = arrangement.volcano_config(ext_port).unwrap();
@@ -717,29 +753,30 @@ async fn run(
         }
     }
     // fumarole's plugin logs its failures (not ready, a decision refused, a panic stopped at
-    // the C ABI) in vc-scheduler's log and Volcano carries on, as it does with a configuration
-    // it cannot use (it falls back to its default): show them.
+    // the C ABI) in the scheduler's log and the scheduler carries on, as Volcano does with a
+    // configuration it cannot use (it falls back to its default): show them.
     let mut plugin_errors = 0;
-    if matches!(
-        arrangement,
-        Arrangement::VolcanoPlugin | Arrangement::VolcanoPluginOff
-    ) {
-        let log = cluster
-            .log_tail("vc-scheduler", 1_000_000)
-            .unwrap_or_default();
+    let scheduler_log = match arrangement {
+        Arrangement::VolcanoPlugin | Arrangement::VolcanoPluginOff => Some("vc-scheduler"),
+        Arrangement::KubePlugin | Arrangement::KubePluginOff => Some("kube-scheduler"),
+        _ => None,
+    };
+    if let Some(scheduler) = scheduler_log {
+        let log = cluster.log_tail(scheduler, 1_000_000).unwrap_or_default();
         let errors: Vec<&str> = log
             .lines()
             .filter(|l| {
                 ((l.starts_with('E') || l.starts_with('W')) && l.contains("fumarole"))
-                    || (l.starts_with('E') && l.contains("onfig"))
+                    // Volcano's own complaint about its configuration file.
+                    || (scheduler == "vc-scheduler" && l.starts_with('E') && l.contains("onfig"))
             })
             .collect();
         plugin_errors = errors.iter().filter(|l| l.starts_with('E')).count();
         for line in errors.iter().take(10) {
-            eprintln!("  vc-scheduler: {line}");
+            eprintln!("  {scheduler}: {line}");
         }
         if errors.len() > 10 {
-            eprintln!("  vc-scheduler: ... {} more", errors.len() - 10);
+            eprintln!("  {scheduler}: ... {} more", errors.len() - 10);
         }
     }
     let quality = quality(view, taken, jobs, &listed, &bound_at, arrangement);
@@ -780,11 +817,21 @@ async fn run(
     }
 }
 
-/// kube-scheduler's own account of its scheduling attempts
-/// (`scheduler_scheduling_attempt_duration_seconds`, "scheduling algorithm + binding": with
-/// every pod queued at once it also holds the wait for the API server, so it is printed, not
-/// compared): (attempts that scheduled a pod, their mean duration, attempts that found no node).
-fn scheduling_attempts(port: u16) -> (f64, Duration, f64) {
+/// kube-scheduler's own account of its scheduling attempts.
+struct Attempts {
+    /// Attempts that scheduled a pod (`scheduler_scheduling_attempt_duration_seconds`).
+    scheduled: f64,
+    /// Their mean duration ("scheduling algorithm + binding": with every pod queued at once it
+    /// also holds the wait for the API server, so it is printed, not compared).
+    mean: Duration,
+    /// Attempts that found no node.
+    unschedulable: f64,
+    /// `scheduler_batch_attempts_total` by result (opportunistic batching: a result reused
+    /// from the pod before), as `result count` pairs.
+    batch: Vec<(String, f64)>,
+}
+
+fn scheduling_attempts(port: u16) -> Attempts {
     let out = std::process::Command::new("curl")
         .args(["-sSk", &format!("https://127.0.0.1:{port}/metrics")])
         .output()
@@ -802,11 +849,32 @@ fn scheduling_attempts(port: u16) -> (f64, Duration, f64) {
         "scheduler_scheduling_attempt_duration_seconds_sum{",
         "scheduled",
     );
-    (
+    let mut batch: Vec<(String, f64)> = Vec::new();
+    for line in text
+        .lines()
+        .filter(|l| l.starts_with("scheduler_batch_attempts_total{"))
+    {
+        let result = line
+            .split("result=\"")
+            .nth(1)
+            .and_then(|r| r.split('"').next())
+            .unwrap_or("?");
+        let value = line
+            .rsplit(' ')
+            .next()
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0);
+        match batch.iter_mut().find(|(r, _)| r == result) {
+            Some((_, n)) => *n += value,
+            None => batch.push((result.to_string(), value)),
+        }
+    }
+    Attempts {
         scheduled,
-        Duration::from_secs_f64(seconds / scheduled.max(1.0)),
-        sum(count, "unschedulable"),
-    )
+        mean: Duration::from_secs_f64(seconds / scheduled.max(1.0)),
+        unschedulable: sum(count, "unschedulable"),
+        batch,
+    }
 }
 
 /// Placement quality of the bound pods (see the module doc); also checks that no GPU is given
@@ -984,7 +1052,7 @@ fn main() {
                     assert_eq!(r.units_split, 0, "{name}: a unit split over super-nodes");
                     assert_eq!(r.atomic_split, 0, "{name}: an atomic part split");
                 }
-                assert_eq!(r.plugin_errors, 0, "{name}: vc-scheduler logged errors");
+                assert_eq!(r.plugin_errors, 0, "{name}: the scheduler logged errors");
             }
         }
     });
@@ -1006,9 +1074,18 @@ fn report(r: &Run) {
         r.atomic_split,
         r.atomic
     );
-    if let Some((scheduled, mean, unschedulable)) = r.attempts {
+    if let Some(a) = &r.attempts {
+        let batch: Vec<String> = a.batch.iter().map(|(r, n)| format!("{r} {n}")).collect();
         println!(
-            "  kube-scheduler: {scheduled} attempts scheduled a pod (mean attempt, binding included, {mean:.2?}); {unschedulable} found no node"
+            "  kube-scheduler: {} attempts scheduled a pod (mean attempt, binding included, {:.2?}); {} found no node; batch attempts: {}",
+            a.scheduled,
+            a.mean,
+            a.unschedulable,
+            if batch.is_empty() {
+                "none".to_string()
+            } else {
+                batch.join(", ")
+            }
         );
     }
     for (name, (cpu, rss)) in &r.processes {
@@ -1057,6 +1134,7 @@ fn table(runs: &[Run]) -> String {
         (Arrangement::KubeExtAllNodes, Arrangement::Kube),
         (Arrangement::VolcanoExt, Arrangement::Volcano),
         (Arrangement::VolcanoPlugin, Arrangement::VolcanoPluginOff),
+        (Arrangement::KubePlugin, Arrangement::KubePluginOff),
     ] {
         let find = |a| runs.iter().find(|r| r.arrangement == a);
         if let (Some(w), Some(o)) = (find(with), find(alone)) {
