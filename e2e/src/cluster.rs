@@ -801,6 +801,21 @@ impl TestCluster {
         config_yaml: &str,
         extra: &[&str],
     ) -> Result<u16> {
+        self.start_scheduler_program_as(name, program, config_yaml, None, extra)
+            .await
+    }
+
+    /// [`TestCluster::start_scheduler_program`] acting as `kubeconfig` says (one
+    /// [`TestCluster::kubeconfig_for`] wrote: a ServiceAccount's rights), with leader election
+    /// as the configuration has it; `None`: as admin, without leader election.
+    pub async fn start_scheduler_program_as(
+        &self,
+        name: &str,
+        program: &Path,
+        config_yaml: &str,
+        kubeconfig: Option<&Path>,
+        extra: &[&str],
+    ) -> Result<u16> {
         let mut cfg: Value = if config_yaml.trim().is_empty() {
             json!({})
         } else {
@@ -813,9 +828,12 @@ impl TestCluster {
             .or_insert_with(|| json!("kubescheduler.config.k8s.io/v1"));
         obj.entry("kind")
             .or_insert_with(|| json!("KubeSchedulerConfiguration"));
-        let kubeconfig = self.admin_kubeconfig.display().to_string();
-        merge(obj, "clientConnection", json!({ "kubeconfig": kubeconfig }));
-        merge(obj, "leaderElection", json!({ "leaderElect": false }));
+        let admin = self.admin_kubeconfig.display().to_string();
+        let client = kubeconfig.map_or(admin.clone(), |k| k.display().to_string());
+        merge(obj, "clientConnection", json!({ "kubeconfig": client }));
+        if kubeconfig.is_none() {
+            merge(obj, "leaderElection", json!({ "leaderElect": false }));
+        }
         let path = self.root.join(format!("{name}.yaml"));
         std::fs::write(&path, serde_norway::to_string(&cfg)?)?;
         let port = free_port()?;
@@ -826,8 +844,8 @@ impl TestCluster {
                 format!("--config={}", path.display()),
                 "--bind-address=127.0.0.1".to_string(),
                 format!("--secure-port={port}"),
-                format!("--authentication-kubeconfig={kubeconfig}"),
-                format!("--authorization-kubeconfig={kubeconfig}"),
+                format!("--authentication-kubeconfig={admin}"),
+                format!("--authorization-kubeconfig={admin}"),
                 "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics".to_string(),
             ]
             .into_iter()

@@ -134,3 +134,75 @@ impl TestCluster {
         Ok(())
     }
 }
+
+/// A caBundle for the chart's agent-writes webhook (on by default; the chart refuses to render
+/// it without one): base64 of "ca".
+const WEBHOOK_CA: &str = "schedulerExt.agentWritesWebhook.caBundle=Y2E=";
+
+/// The chart rendered with Helm's engine (release `fumarole` in `fumarole-system`) with `--set`
+/// `values`, each object named `chart: Kind/name`.
+pub fn render_chart(values: &[&str]) -> Result<Vec<(String, Value)>> {
+    let mut cmd = std::process::Command::new(crate::upstream::Upstream::get()?.bin("helm-render"));
+    cmd.arg("--chart").arg(deploy_dir().join("helm/fumarole"));
+    // The agent-writes webhook is on by default and needs a CA to render; a caller's own
+    // `--set` of it comes later and wins.
+    cmd.args(["--set", WEBHOOK_CA]);
+    for v in values {
+        cmd.args(["--set", v]);
+    }
+    let out = cmd.output().context("running helm-render")?;
+    if !out.status.success() {
+        return Err(anyhow!(
+            "helm-render failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let text = String::from_utf8(out.stdout)?;
+    let mut objects = Vec::new();
+    for doc in serde_norway::Deserializer::from_str(&text) {
+        let v: Value = serde::Deserialize::deserialize(doc)?;
+        if let (Some(kind), Some(name)) = (v["kind"].as_str(), v["metadata"]["name"].as_str()) {
+            let name = format!("chart: {kind}/{name}");
+            objects.push((name, v));
+        }
+    }
+    Ok(objects)
+}
+
+/// The object of `kind` named `name` among `objects`.
+pub fn pick<'a>(objects: &'a [(String, Value)], kind: &str, name: &str) -> Option<&'a Value> {
+    objects
+        .iter()
+        .find(|(_, v)| v["kind"] == kind && v["metadata"]["name"] == name)
+        .map(|(_, v)| v)
+}
+
+/// [`pick`], for tests: panics naming what is missing.
+#[allow(clippy::panic)]
+pub fn must<'a>(objects: &'a [(String, Value)], kind: &str, name: &str) -> &'a Value {
+    pick(objects, kind, name).unwrap_or_else(|| panic!("no {kind} {name}"))
+}
+
+/// Every `group resource verb` a (Cluster)Role grants.
+pub fn grants(role: &Value) -> std::collections::BTreeSet<String> {
+    let list = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|s| s.as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let mut out = std::collections::BTreeSet::new();
+    for rule in role["rules"].as_array().into_iter().flatten() {
+        for group in list(&rule["apiGroups"]) {
+            for resource in list(&rule["resources"]) {
+                for verb in list(&rule["verbs"]) {
+                    out.insert(format!("{group} {resource} {verb}"));
+                }
+            }
+        }
+    }
+    out
+}

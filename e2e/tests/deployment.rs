@@ -1094,7 +1094,7 @@ async fn each_component_does_its_job_with_only_its_rights_and_the_agent_writes_o
     // Two policies deny it; which one answers first varies.
     assert!(
         message.contains("only the huawei.com/AscendReal annotation")
-            || message.contains("only fumarole-scheduler-ext sets fumarole.dev/devices"),
+            || message.contains("only fumarole's schedulers (fumarole-scheduler-ext"),
         "{message}"
     );
     let message = forbidden(
@@ -1761,7 +1761,7 @@ async fn each_component_does_its_job_with_only_its_rights_and_the_agent_writes_o
         "spec": {"containers": [{"name": "c", "image": "busybox"}]},
     }))
     .unwrap();
-    let choice_policy = "only fumarole-scheduler-ext sets";
+    let choice_policy = "only fumarole's schedulers";
     // Once the RoleBinding is in force (RBAC follows it within moments), her own pod goes in.
     let plain: Pod = serde_json::from_value(json!({
         "metadata": {"name": "alices"},
@@ -1805,7 +1805,7 @@ async fn each_component_does_its_job_with_only_its_rights_and_the_agent_writes_o
             .await,
     );
     assert!(
-        message.contains("only fumarole-scheduler-ext sets fumarole.dev/job-annotations"),
+        message.contains("only fumarole's schedulers set fumarole.dev/job-annotations"),
         "{message}"
     );
     // Nor through pods/status, which keeps the annotations sent with a status update.

@@ -12,12 +12,13 @@
 
 mod common;
 
-use std::collections::BTreeSet;
 use std::time::Duration;
 
 use fumarole_e2e::cluster::{Identity, eventually};
-use fumarole_e2e::deploy::{apply, deploy_dir, documents, kustomization, volcano_installer_file};
-use fumarole_e2e::upstream::Upstream;
+use fumarole_e2e::deploy::{
+    apply, deploy_dir, documents, grants, kustomization, must, pick, render_chart,
+    volcano_installer_file,
+};
 use fumarole_topology::crd::DeviceTopology;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
@@ -30,72 +31,6 @@ const VOLCANO_SCHEDULER: &str = "volcano-scheduler";
 
 fn plugin_dir() -> std::path::PathBuf {
     deploy_dir().join("volcano-plugin")
-}
-
-/// The chart rendered with Helm's engine (release `fumarole` in `fumarole-system`) with `--set`
-/// `values`.
-/// A caBundle for the chart's agent-writes webhook (on by default; the chart refuses to render
-/// it without one): base64 of "ca".
-const WEBHOOK_CA: &str = "schedulerExt.agentWritesWebhook.caBundle=Y2E=";
-
-fn render_chart(values: &[&str]) -> Vec<(String, Value)> {
-    let mut cmd = std::process::Command::new(Upstream::get().unwrap().bin("helm-render"));
-    cmd.arg("--chart").arg(deploy_dir().join("helm/fumarole"));
-    // The agent-writes webhook is on by default and needs a CA to render; a test's own
-    // `--set` of it comes later and wins.
-    cmd.args(["--set", WEBHOOK_CA]);
-    for v in values {
-        cmd.args(["--set", v]);
-    }
-    let out = cmd.output().unwrap();
-    assert!(
-        out.status.success(),
-        "helm-render failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout).unwrap();
-    serde_norway::Deserializer::from_str(&text)
-        .filter_map(|doc| {
-            let v: Value = serde::Deserialize::deserialize(doc).unwrap();
-            let name = format!(
-                "chart: {}/{}",
-                v["kind"].as_str()?,
-                v["metadata"]["name"].as_str()?
-            );
-            Some((name, v))
-        })
-        .collect()
-}
-
-fn pick<'a>(objects: &'a [(String, Value)], kind: &str, name: &str) -> Option<&'a Value> {
-    objects
-        .iter()
-        .find(|(_, v)| v["kind"] == kind && v["metadata"]["name"] == name)
-        .map(|(_, v)| v)
-}
-
-fn must<'a>(objects: &'a [(String, Value)], kind: &str, name: &str) -> &'a Value {
-    pick(objects, kind, name).unwrap_or_else(|| panic!("no {kind} {name}"))
-}
-
-/// Every `group resource verb` a ClusterRole grants.
-fn grants(role: &Value) -> BTreeSet<String> {
-    let mut out = BTreeSet::new();
-    for rule in role["rules"].as_array().unwrap() {
-        for group in rule["apiGroups"].as_array().unwrap() {
-            for resource in rule["resources"].as_array().unwrap() {
-                for verb in rule["verbs"].as_array().unwrap() {
-                    out.insert(format!(
-                        "{} {} {}",
-                        group.as_str().unwrap(),
-                        resource.as_str().unwrap(),
-                        verb.as_str().unwrap()
-                    ));
-                }
-            }
-        }
-    }
-    out
 }
 
 /// Volcano v1.10.0's own install (its development manifest, rendered from its chart).
@@ -217,7 +152,7 @@ async fn plugin_manifests_and_chart_option_grant_the_same_rights_and_match_volca
             .collect()
     };
     let mut admitted = replacement["matchConditions"].as_array().unwrap().clone();
-    let added = admitted.remove(1);
+    let added = admitted.remove(2);
     assert_eq!(
         added,
         json!({"name": "not-the-volcano-plugin",
@@ -245,7 +180,7 @@ async fn plugin_manifests_and_chart_option_grant_the_same_rights_and_match_volca
 
     // The chart: nothing by default; with volcanoPlugin.enabled the same ClusterRole and
     // binding and device-choice policy, also with the extender off, and they apply.
-    let chart = render_chart(&[]);
+    let chart = render_chart(&[]).unwrap();
     assert!(pick(&chart, "ClusterRole", "fumarole-volcano-plugin").is_none());
     assert!(pick(&chart, "ClusterRoleBinding", "fumarole-volcano-plugin").is_none());
     assert!(
@@ -256,7 +191,7 @@ async fn plugin_manifests_and_chart_option_grant_the_same_rights_and_match_volca
         &["volcanoPlugin.enabled=true"][..],
         &["volcanoPlugin.enabled=true", "schedulerExt.enabled=false"][..],
     ] {
-        let rendered = render_chart(values);
+        let rendered = render_chart(values).unwrap();
         assert_eq!(
             must(&rendered, "ClusterRole", "fumarole-volcano-plugin")["rules"],
             role["rules"],
@@ -290,13 +225,14 @@ async fn plugin_manifests_and_chart_option_grant_the_same_rights_and_match_volca
         "volcanoPlugin.enabled=true",
         "volcanoPlugin.schedulerServiceAccount=vc-sched",
         "volcanoPlugin.volcanoNamespace=batch-system",
-    ]);
+    ])
+    .unwrap();
     assert_eq!(
         must(&elsewhere, "ClusterRoleBinding", "fumarole-volcano-plugin")["subjects"],
         json!([{"kind": "ServiceAccount", "name": "vc-sched", "namespace": "batch-system"}])
     );
     assert_eq!(
-        must(&elsewhere, "ValidatingAdmissionPolicy", CHOICE_POLICY)["spec"]["matchConditions"][1]
+        must(&elsewhere, "ValidatingAdmissionPolicy", CHOICE_POLICY)["spec"]["matchConditions"][2]
             ["expression"],
         "request.userInfo.username != 'system:serviceaccount:batch-system:vc-sched'"
     );
