@@ -69,9 +69,14 @@ async fn filter_with_node_names() {
     let r: ExtenderFilterResult = serde_json::from_str(&body).unwrap();
     assert_eq!(r.node_names.unwrap(), ["dgx-a", "dgx-b"]);
     assert!(r.nodes.is_none());
+    // Short of free devices: an eviction could help (preemption may try). No devices or an
+    // unknown node: it could not (kube-scheduler tries no preemption there).
     assert_eq!(r.failed_nodes["pcie-a"], "needs 4 nvidia.com/gpu, 3 free");
-    assert_eq!(r.failed_nodes["cpu-0"], "node publishes no DeviceTopology");
-    assert!(r.failed_nodes["ghost"].starts_with("unknown node"));
+    assert_eq!(r.failed_nodes.len(), 1);
+    let unresolvable = &r.failed_and_unresolvable_nodes;
+    assert_eq!(unresolvable["cpu-0"], "node publishes no DeviceTopology");
+    assert!(unresolvable["ghost"].starts_with("unknown node"));
+    assert_eq!(unresolvable.len(), 2);
     assert_eq!(r.error, "");
     // The raw keys are the Go field names.
     let raw: Value = serde_json::from_str(&body).unwrap();
@@ -152,7 +157,8 @@ async fn bad_quantity_fails_every_node_with_the_reason() {
     let (_, body) = post("/kube-scheduler/filter", args.to_string()).await;
     let r: ExtenderFilterResult = serde_json::from_str(&body).unwrap();
     assert!(r.node_names.unwrap().is_empty());
-    assert!(r.failed_nodes["dgx-a"].contains("not a whole number"));
+    assert!(r.failed_and_unresolvable_nodes["dgx-a"].contains("not a whole number"));
+    assert!(r.failed_nodes.is_empty());
 }
 
 #[tokio::test]

@@ -55,6 +55,24 @@ pub enum Unfit {
     Request(#[from] RequestError),
 }
 
+impl Unfit {
+    /// Whether evicting pods from the node could make it fit: devices or CPUs in use are the
+    /// reason. A refused placement (the unit's plan, another unit's reservation, no super-node
+    /// for the unit), a node without the devices or data, and an unusable request are not
+    /// changed by an eviction: a scheduler should not try preemption for them.
+    pub fn resolvable_by_eviction(&self) -> bool {
+        match self {
+            Unfit::NotEnoughFree { .. } | Unfit::Select(_) | Unfit::NoNumaFit { .. } => true,
+            Unfit::UnknownNode
+            | Unfit::NoTopology
+            | Unfit::NoNumatopology
+            | Unfit::Unit(_)
+            | Unfit::Placement(_)
+            | Unfit::Request(_) => false,
+        }
+    }
+}
+
 /// The verdict for one node.
 #[derive(Clone, Debug, PartialEq)]
 pub struct NodeVerdict {
@@ -107,4 +125,22 @@ pub fn best_first(v: &mut [NodeVerdict]) {
         let (ra, rb) = (a.raw.unwrap_or(-1.0), b.raw.unwrap_or(-1.0));
         rb.total_cmp(&ra).then_with(|| a.node.cmp(&b.node))
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_devices_in_use_are_resolvable_by_eviction() {
+        let short = Unfit::NotEnoughFree {
+            need: 4,
+            resource: "nvidia.com/gpu".into(),
+            free: 3,
+        };
+        assert!(short.resolvable_by_eviction());
+        assert!(!Unfit::NoTopology.resolvable_by_eviction());
+        assert!(!Unfit::UnknownNode.resolvable_by_eviction());
+        assert!(!Unfit::NoNumatopology.resolvable_by_eviction());
+    }
 }

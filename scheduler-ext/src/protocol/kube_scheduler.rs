@@ -165,7 +165,7 @@ pub struct FilterAnswer<'a> {
     #[serde(rename = "FailedNodes")]
     pub failed_nodes: FailedNodes<'a>,
     #[serde(rename = "FailedAndUnresolvableNodes")]
-    pub failed_and_unresolvable_nodes: BTreeMap<String, String>,
+    pub failed_and_unresolvable_nodes: FailedNodes<'a>,
     #[serde(rename = "Error")]
     pub error: String,
 }
@@ -236,7 +236,10 @@ fn reason_index(reasons: &mut Vec<String>, seen: &mut Vec<(Unfit, usize)>, unfit
 /// Most distinct reasons [`reason_index`] compares a new one with.
 const REASONS_SCANNED: usize = 64;
 
-/// The `filter` verb.
+/// The `filter` verb. A node refused for what no eviction changes (the unit's plan puts its pod
+/// elsewhere, no devices of the kind, an unknown node, a request that cannot be read) is in
+/// `FailedAndUnresolvableNodes`, so kube-scheduler spends no preemption dry run on it; one short
+/// of free devices is in `FailedNodes`.
 pub fn filter<'a>(
     svc: &Service,
     args: &'a ExtenderArgs<'_>,
@@ -244,6 +247,7 @@ pub fn filter<'a>(
     let pod = args.pod.as_ref().ok_or(ArgsError::NoPod)?;
     let names = node_names(args)?;
     let mut failed: Vec<(&str, usize)> = Vec::new();
+    let mut unresolvable: Vec<(&str, usize)> = Vec::new();
     let mut reasons = Vec::new();
     // `passed[i]`: names[i] passes.
     let mut passed = vec![true; names.len()];
@@ -252,21 +256,27 @@ pub fn filter<'a>(
         Err(RequestError::NoAccelerator { .. }) => {}
         Err(e) => {
             reasons.push(e.to_string());
-            failed = names.iter().map(|n| (*n, 0)).collect();
+            unresolvable = names.iter().map(|n| (*n, 0)).collect();
             passed.fill(false);
         }
         Ok(verdicts) => {
             let mut seen = Vec::new();
             for ((name, v), pass) in names.iter().zip(verdicts).zip(&mut passed) {
                 if let Some(unfit) = v.unfit {
-                    failed.push((name, reason_index(&mut reasons, &mut seen, unfit)));
+                    let into = if unfit.resolvable_by_eviction() {
+                        &mut failed
+                    } else {
+                        &mut unresolvable
+                    };
+                    into.push((name, reason_index(&mut reasons, &mut seen, unfit)));
                     *pass = false;
                 }
             }
         }
     }
     let mut out = FilterAnswer {
-        failed_nodes: FailedNodes::new(failed, reasons),
+        failed_nodes: FailedNodes::new(failed, reasons.clone()),
+        failed_and_unresolvable_nodes: FailedNodes::new(unresolvable, reasons),
         ..Default::default()
     };
     if args.node_names.is_some() {
@@ -284,7 +294,10 @@ pub fn filter<'a>(
             items.retain(|item| {
                 item.pointer("/metadata/name")
                     .and_then(|n| n.as_str())
-                    .is_some_and(|n| !out.failed_nodes.contains(n))
+                    .is_some_and(|n| {
+                        !out.failed_nodes.contains(n)
+                            && !out.failed_and_unresolvable_nodes.contains(n)
+                    })
             });
         }
         out.nodes = Some(list);
