@@ -251,3 +251,48 @@ async fn a_malformed_annotation_is_an_event_and_unknown_args_stop_the_start() {
     let log = other.log_tail(SCHEDULER, 200).unwrap();
     assert!(log.contains("lossWieght"), "{log}");
 }
+
+/// An Ascend pod bound by the plugin carries Huawei's annotation beside fumarole's, naming the
+/// same NPUs (what Huawei's device plugin reads), in the Binding's one write: atlas-a has NPUs
+/// 0 and 1 in use, so a 2-NPU pod gets two of 2-7.
+#[tokio::test]
+async fn plugin_binds_an_ascend_pod_with_huaweis_annotation_naming_its_npus() {
+    let cluster = cluster_with_plugin(
+        &[fumarole_topology::crd::testing::atlas_800_910(
+            "atlas-a",
+            &[0, 1],
+        )],
+        "{}",
+    )
+    .await;
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let npu_pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "npu"},
+        "spec": {"containers": [{
+            "name": "c", "image": "example.invalid/none",
+            "resources": {"limits": {"huawei.com/Ascend910": "2"}}
+        }]}
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &npu_pod).await.unwrap();
+    assert_eq!(bound_node(&pods, "npu").await, "atlas-a");
+    let bound = pods.get("npu").await.unwrap();
+    let devices = common::devices_of(&bound).unwrap();
+    assert_eq!(devices.len(), 2);
+    assert!(
+        devices
+            .iter()
+            .all(|d| d != "Ascend910-0" && d != "Ascend910-1"),
+        "{devices:?}"
+    );
+    let huawei = bound
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get("huawei.com/Ascend910"))
+        .cloned()
+        .unwrap_or_default();
+    let named: BTreeSet<&str> = huawei.split(',').collect();
+    let chosen: BTreeSet<&str> = devices.iter().map(String::as_str).collect();
+    assert_eq!(named, chosen, "huawei.com/Ascend910 = {huawei:?}");
+}
