@@ -296,3 +296,38 @@ async fn plugin_binds_an_ascend_pod_with_huaweis_annotation_naming_its_npus() {
     let chosen: BTreeSet<&str> = devices.iter().map(String::as_str).collect();
     assert_eq!(named, chosen, "huawei.com/Ascend910 = {huawei:?}");
 }
+
+/// A pod fumarole refused for want of devices is retried when a DeviceTopology frees them,
+/// which no kube-scheduler event says (no kubelet runs here, so no Node changes either): an
+/// 8-GPU pod waits (dgx-b has 6 free), then dgx-b's two GPUs in use are released in its
+/// status and the pod is bound there within seconds, not after kube-scheduler's 5-minute
+/// flush of unschedulable pods.
+#[tokio::test]
+async fn a_refused_pod_is_retried_when_a_device_topology_frees_devices() {
+    let cluster = cluster_with_plugin(&common::two_dgx(), "{}").await;
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    pods.create(&PostParams::default(), &pod("eight", 8, json!({})))
+        .await
+        .unwrap();
+    failed_scheduling(&cluster, "eight", "needs 8 nvidia.com/gpu, 6 free").await;
+    // The status's devices are a map: a merge patch frees a device by nulling its allocation.
+    let topologies: Api<DeviceTopology> = Api::all(cluster.client());
+    let free = json!({"allocation": null});
+    topologies
+        .patch_status(
+            "dgx-b",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                &json!({"status": {"devices": {"dgx-b-gpu0": free, "dgx-b-gpu1": free}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    let node = eventually("eight to be bound", Duration::from_secs(30), || {
+        let pods = pods.clone();
+        async move { Ok(pods.get("eight").await?.spec.and_then(|s| s.node_name)) }
+    })
+    .await
+    .unwrap();
+    assert_eq!(node, "dgx-b");
+}

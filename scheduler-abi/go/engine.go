@@ -131,6 +131,12 @@ func (e *Engine) Bind(pod []byte, node string) error {
 	return err
 }
 
+// DeviceViews counts the core's views that took in a DeviceTopology change (only grows): when
+// it moves, pods refused for want of devices may fit.
+func (e *Engine) DeviceViews() uint64 {
+	return uint64(C.fumarole_engine_device_views(e.ptr))
+}
+
 // Deallocate releases the pod's (JSON) devices.
 func (e *Engine) Deallocate(pod []byte) error {
 	var out *C.char

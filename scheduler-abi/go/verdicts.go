@@ -74,6 +74,17 @@ func (v *Verdicts) Best() (string, float64, bool) {
 	return node, top, found
 }
 
+// FitCount is how many nodes fit, and how many the view has (an array scan, no names).
+func (v *Verdicts) FitCount() (int, int) {
+	n := 0
+	for _, c := range v.codes {
+		if c == Fits {
+			n++
+		}
+	}
+	return n, len(v.codes)
+}
+
 // Fitting are the nodes that fit, and how many nodes the view has.
 func (v *Verdicts) Fitting() ([]string, int) {
 	var fit []string

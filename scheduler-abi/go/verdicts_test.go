@@ -39,6 +39,9 @@ func TestVerdictsAreReadWithTheirReasonsAndTheNodeOrder(t *testing.T) {
 	if fit, all := v.Fitting(); !reflect.DeepEqual(fit, []string{"dgx-a"}) || all != 3 {
 		t.Fatalf("fitting = %v of %d, want [dgx-a] of 3", fit, all)
 	}
+	if n, all := v.FitCount(); n != 1 || all != 3 {
+		t.Fatalf("fit count = %d of %d, want 1 of 3", n, all)
+	}
 	if !v.AnyFitsAbove(150) || v.AnyFitsAbove(150.5) {
 		t.Fatal("only dgx-a fits, at 150.5")
 	}

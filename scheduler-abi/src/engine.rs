@@ -102,6 +102,8 @@ pub struct Engine {
     at_prebind: AtomicBool,
     /// Each pod's writes, one at a time and the last asked for winning.
     writes: Arc<PodWrites>,
+    /// Views in force that took in a DeviceTopology change ([`LiveOptions::device_views`]).
+    device_views: Arc<AtomicU64>,
 }
 
 /// One pod's writes: the number of the last one asked for, and the lock they take turns on.
@@ -168,6 +170,7 @@ impl Engine {
             .build()
             .context("starting fumarole's runtime")?;
         let svc = Arc::new(Service::with_settings(ClusterView::default(), settings));
+        let device_views = Arc::new(AtomicU64::new(0));
         runtime.block_on(async {
             let client = kube::Client::try_from(kube_config(config).await?)
                 .context("building the API client")?;
@@ -179,6 +182,7 @@ impl Engine {
                     .iter()
                     .cloned()
                     .collect(),
+                device_views: Arc::clone(&device_views),
                 ..LiveOptions::default()
             };
             // The loop lives as long as the runtime.
@@ -191,6 +195,7 @@ impl Engine {
             notes,
             at_prebind: AtomicBool::new(false),
             writes: Arc::default(),
+            device_views,
         })
     }
 
@@ -203,7 +208,14 @@ impl Engine {
             notes,
             at_prebind: AtomicBool::new(false),
             writes: Arc::default(),
+            device_views: Arc::default(),
         })
+    }
+
+    /// How many views in force took in a DeviceTopology change: when it moves, pods refused
+    /// for want of devices may fit (kube-scheduler's plugin retries them then).
+    pub fn device_views(&self) -> u64 {
+        self.device_views.load(Ordering::Relaxed)
     }
 
     /// The arguments of the configuration fumarole does not implement, one line each.

@@ -249,6 +249,20 @@ pub unsafe extern "C" fn fumarole_task_bind(
     }
 }
 
+/// How many of the engine's views took in a DeviceTopology change so far (a counter that only
+/// grows); 0 for NULL. A scheduler plugin retries the pods fumarole refused when it moves.
+///
+/// # Safety
+/// `engine` is NULL or live.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fumarole_engine_device_views(engine: *const Engine) -> u64 {
+    // SAFETY: the caller's contract, passed on.
+    let Some(engine) = (unsafe { engine.as_ref() }) else {
+        return 0;
+    };
+    catch_unwind(AssertUnwindSafe(|| engine.device_views())).unwrap_or(0)
+}
+
 /// Frees a string this library returned; NULL is ignored.
 ///
 /// # Safety

@@ -99,6 +99,9 @@ pub struct LiveOptions {
     pub own_pod: Option<(String, String)>,
     /// Counts the views made, in full and from pod changes.
     pub builds: ViewBuilds,
+    /// Counts the views that took in a `DeviceTopology` change (or were built in full), once
+    /// each is in force: a scheduler plugin retries the pods fumarole refused when it moves.
+    pub device_views: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// Views made by the live loop, by how: `full` (from every object of the stores: at start,
@@ -144,6 +147,7 @@ impl Default for LiveOptions {
             write_client: None,
             own_pod: None,
             builds: ViewBuilds::default(),
+            device_views: Arc::default(),
         }
     }
 }
@@ -364,6 +368,8 @@ struct Changes {
     pods: HashSet<Arc<str>>,
     /// Nodes whose `DeviceTopology`, `Node` or `Numatopology` was applied or deleted since.
     nodes: HashSet<String>,
+    /// Whether a `DeviceTopology` was applied or deleted since.
+    devices: bool,
     /// Why the next view must be built in full, if it must: a relist (objects deleted while
     /// the watch was down leave the store at once), a change to a claim, or to a PodGroup's
     /// `sp-block` / `sp-fit`.
@@ -399,6 +405,7 @@ impl ChangeLog {
                 match o.meta().name.clone() {
                     Some(name) => self.with(|c| {
                         c.nodes.insert(name);
+                        c.devices |= kind == DEVICE_TOPOLOGY;
                     }),
                     None => self.everything(kind),
                 }
@@ -432,7 +439,9 @@ const NOTED_BY_THEIR_WATCH: [&str; 2] = [POD, POD_GROUP];
 /// The kinds whose objects belong to one node (named as it): a change to one makes that
 /// node's view again ([`IncrementalView::update_nodes`]). A change to any other kind (claims)
 /// has the view built in full.
-const PER_NODE: [&str; 3] = ["DeviceTopology", "Node", "Numatopology"];
+const PER_NODE: [&str; 3] = [DEVICE_TOPOLOGY, "Node", "Numatopology"];
+
+const DEVICE_TOPOLOGY: &str = "DeviceTopology";
 
 /// Drives one watch stream, waking the rebuild loop on every event, handing each event to
 /// `on_event` (after a reflector's store took it in) and telling `freshness` how the watch
@@ -827,7 +836,7 @@ pub async fn start(
     let (pod_groups, pod_groups_at_start) = start_pod_groups(&client, &watches).await;
     let released = Arc::clone(&svc);
     let stores = Stores {
-        topologies: reflect("DeviceTopology", dt_api, &watches),
+        topologies: reflect(DEVICE_TOPOLOGY, dt_api, &watches),
         numatopologies,
         nodes: node_store,
         pods: reflect_pods(Api::all(client.clone()), &watches, move |p: &Pod| {
@@ -999,6 +1008,7 @@ async fn rebuild(
     };
     let changed: Vec<Arc<str>> = changes.pods.into_iter().collect();
     let nodes = changes.nodes;
+    let devices = changes.devices || full.is_some();
     // Off the runtime's workers, which answer the schedulers meanwhile.
     let made = {
         let stores = stores.clone();
@@ -1080,6 +1090,10 @@ async fn rebuild(
     let want = (opts.publish_hypernodes && (full || late.hypernodes.is_none()))
         .then(|| hypernode::desired(&view));
     let dropped = svc.decider().replace_view(view);
+    if devices {
+        opts.device_views
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
     let leads = svc.leads();
     let newly_led = leads && !late.led;
     late.led = leads;

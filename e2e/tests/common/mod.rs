@@ -46,6 +46,7 @@ pub fn metax(name: &str, allocated: &[u32], rack: Option<&str>) -> DeviceTopolog
 pub fn resource_of(t: &DeviceTopology) -> &'static str {
     match t.spec.devices.first().map(|d| d.vendor.as_str()) {
         Some("metax") => "metax-tech.com/gpu",
+        Some("huawei") => "huawei.com/Ascend910",
         _ => "nvidia.com/gpu",
     }
 }

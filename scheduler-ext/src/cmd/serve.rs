@@ -251,6 +251,7 @@ pub fn run(args: ServeArgs) -> Result<()> {
                     write_client,
                     own_pod: own_pod(),
                     builds: builds.clone(),
+                    device_views: Default::default(),
                 };
                 if args.clean_up_dead_agents {
                     let namespace = args
