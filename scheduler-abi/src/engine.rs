@@ -3,7 +3,8 @@
 //! runtime of its own. The scheduler asks it synchronously: judge a task on every node at once,
 //! commit an allocation, release one. Device choices are written to the pods from the runtime,
 //! so an allocation never waits for the API server; where the scheduler has a hook before its
-//! bind (Volcano v1.14's PreBinder), the choice is written there instead, and the bind waits.
+//! bind (Volcano v1.14's PreBinder), the choice is written there instead, and the bind waits;
+//! where the plugin binds itself (kube-scheduler's Bind), the Binding carries it.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;

@@ -1,15 +1,17 @@
 //! fumarole's decision core behind a C ABI, for the scheduler plugins compiled into upstream
-//! schedulers (`volcano-plugin/`): the Go side hands over objects as JSON and reads answers; it
-//! decides nothing. The declarations are in `include/fumarole_scheduler.h`.
+//! schedulers (`volcano-plugin/`, `kube-plugin/`, through the cgo binding in `go/`): the Go side
+//! hands over objects as JSON and reads answers; it decides nothing. The declarations are in
+//! `include/fumarole_scheduler.h`.
 //!
 //! Every function catches panics at this edge (a panic unwinding into Go would stop the whole
 //! scheduler) and answers with a [status code](FUMAROLE_OK) and, where there is one, a message
 //! or result string the caller frees with [`fumarole_string_free`].
 //!
-//! One call judges a task on every node ([`fumarole_task_evaluate`]); the plugin answers
-//! Volcano's per-node predicate and node-order calls from that result, with no call here per
-//! node. [`fumarole_task_allocate`] / [`fumarole_task_deallocate`] move devices in and out of
-//! the ledger as Volcano allocates and undoes.
+//! One call judges a task on every node ([`fumarole_task_evaluate`]); the plugins answer the
+//! schedulers' per-node questions (Volcano's predicate and node order, kube-scheduler's Filter
+//! and Score) from that result, with no call here per node. [`fumarole_task_allocate`] /
+//! [`fumarole_task_deallocate`] move devices in and out of the ledger as the scheduler
+//! allocates (reserves) and undoes; [`fumarole_task_bind`] binds with the choice.
 
 pub mod engine;
 pub mod kube_conf;

@@ -298,3 +298,88 @@ fn prebind_keeps_the_allocated_choice_and_passes_other_pods_through() {
     assert!(why.contains("nowhere"), "{why}");
     unsafe { fumarole_engine_free(e) };
 }
+
+fn engine_with(conf: &[u8]) -> Result<*mut Engine, String> {
+    let dir =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../scheduler-ext/tests/snapshots/two-dgx");
+    let dir = dir.to_str().unwrap().as_bytes();
+    let mut error = std::ptr::null_mut();
+    let e = unsafe {
+        fumarole_engine_over_snapshot(
+            dir.as_ptr(),
+            dir.len(),
+            conf.as_ptr(),
+            conf.len(),
+            &mut error,
+        )
+    };
+    if e.is_null() { Err(take(error)) } else { Ok(e) }
+}
+
+/// kube-scheduler's side: the profile's name and typed args, scores on kube-scheduler's
+/// 0..100 scale (no Volcano weight), a bad argument refused by name, and a bind with no API
+/// server an error (never a crash); nothing of ours passes through to the default binder.
+#[test]
+fn the_kube_scheduler_configuration_scores_0_to_100_and_bind_needs_an_api_server() {
+    let bad = engine_with(br#"{"kubeScheduler":{"args":{"lossWieght":0.5}}}"#).unwrap_err();
+    assert!(bad.contains("lossWieght"), "{bad}");
+    let both = engine_with(br#"{"volcano":{},"kubeScheduler":{}}"#).unwrap_err();
+    assert!(both.contains("one engine serves one scheduler"), "{both}");
+
+    let e = engine_with(
+        br#"{"kubeScheduler":{"schedulerNames":["default-scheduler"],"args":{"lossWeight":0.5}}}"#,
+    )
+    .unwrap();
+    let four = serde_json::to_vec(&json!({
+        "metadata": {"name": "four", "namespace": "default", "uid": "uid-four"},
+        "spec": {"containers": [{"name": "c",
+            "resources": {"limits": {"nvidia.com/gpu": "4"}}}]}
+    }))
+    .unwrap();
+    let (code, lines) = evaluate(e, &four);
+    assert_eq!(code, FUMAROLE_OK, "{lines}");
+    let scores: Vec<f64> = lines
+        .lines()
+        .filter(|l| l.starts_with("0\t"))
+        .map(|l| l.split('\t').nth(1).unwrap().parse().unwrap())
+        .collect();
+    assert!(!scores.is_empty(), "{lines}");
+    assert!(
+        scores.iter().all(|s| (0.0..=100.0).contains(s)),
+        "{scores:?}"
+    );
+
+    let node = b"dgx-a";
+    let mut error = std::ptr::null_mut();
+    let code = unsafe {
+        fumarole_task_bind(
+            e,
+            four.as_ptr(),
+            four.len(),
+            node.as_ptr(),
+            node.len(),
+            &mut error,
+        )
+    };
+    assert_eq!(code, FUMAROLE_ERROR);
+    assert!(take(error).contains("no API server"));
+    let cpu = serde_json::to_vec(&json!({
+        "metadata": {"name": "cpu", "namespace": "default", "uid": "uid-cpu"},
+        "spec": {"containers": [{"name": "c", "resources": {"limits": {"cpu": "1"}}}]}
+    }))
+    .unwrap();
+    let code = unsafe {
+        fumarole_task_bind(
+            e,
+            cpu.as_ptr(),
+            cpu.len(),
+            node.as_ptr(),
+            node.len(),
+            &mut error,
+        )
+    };
+    assert_eq!(code, FUMAROLE_NOT_OURS);
+    assert_eq!(unsafe { fumarole_engine_device_views(e) }, 0);
+    assert_eq!(unsafe { fumarole_engine_device_views(std::ptr::null()) }, 0);
+    unsafe { fumarole_engine_free(e) };
+}
