@@ -11,22 +11,8 @@ use fumarole_scheduler_abi::*;
 use serde_json::json;
 
 fn engine() -> *mut Engine {
-    let dir =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../scheduler-ext/tests/snapshots/two-dgx");
-    let dir = dir.to_str().unwrap().as_bytes();
     let conf = br#"{"volcano":{"plugins":[{"name":"gpu-aware","arguments":{"weight":2,"loss.weight":0.5,"colour":"blue"}}]}}"#;
-    let mut error = std::ptr::null_mut();
-    let e = unsafe {
-        fumarole_engine_over_snapshot(
-            dir.as_ptr(),
-            dir.len(),
-            conf.as_ptr(),
-            conf.len(),
-            &mut error,
-        )
-    };
-    assert!(!e.is_null(), "{}", take(error));
-    e
+    engine_with(conf).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Copies a returned string and frees it.
@@ -240,21 +226,7 @@ fn unimplemented_arguments_are_named_and_a_bad_configuration_refused() {
     unsafe { fumarole_engine_free(e) };
 
     let conf = br#"{"volcano":{"plugins":[{"name":"gpu-aware","arguments":{"weight":"heavy"}}]}}"#;
-    let dir =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../scheduler-ext/tests/snapshots/two-dgx");
-    let dir = dir.to_str().unwrap().as_bytes();
-    let mut error = std::ptr::null_mut();
-    let e = unsafe {
-        fumarole_engine_over_snapshot(
-            dir.as_ptr(),
-            dir.len(),
-            conf.as_ptr(),
-            conf.len(),
-            &mut error,
-        )
-    };
-    assert!(e.is_null());
-    let error = take(error);
+    let error = engine_with(conf).unwrap_err();
     assert!(error.contains("\"weight\" must be a number"), "{error}");
 }
 
@@ -299,6 +271,7 @@ fn prebind_keeps_the_allocated_choice_and_passes_other_pods_through() {
     unsafe { fumarole_engine_free(e) };
 }
 
+/// An engine over the `two-dgx` snapshot with the JSON configuration `conf`, or its error.
 fn engine_with(conf: &[u8]) -> Result<*mut Engine, String> {
     let dir =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../scheduler-ext/tests/snapshots/two-dgx");
