@@ -70,7 +70,8 @@ var refused struct {
 	pods map[string]*v1.Pod
 }
 
-// maxRefused bounds refused: past it the oldest record is not worth keeping over the next.
+// maxRefused bounds refused: past it the record starts afresh (a pod dropped from it is still
+// retried on kube-scheduler's own events, or by its flush of unschedulable pods).
 const maxRefused = 10000
 
 func noteRefused(pod *v1.Pod) {
@@ -195,10 +196,13 @@ func read(state fwk.CycleState) (*abi.Verdicts, bool) {
 		return nil, false
 	}
 	v, ok := d.(*verdicts)
-	return v.Verdicts, ok
+	if !ok {
+		return nil, false
+	}
+	return v.Verdicts, true
 }
 
-// PreFilter judges the pod on every node and narrows the candidates to those that fit.
+// PreFilter judges the pod on every node and, when few fit, narrows the candidates to them.
 func (p *Plugin) PreFilter(_ context.Context, state fwk.CycleState, pod *v1.Pod, _ []fwk.NodeInfo) (*fwk.PreFilterResult, *fwk.Status) {
 	body, err := json.Marshal(pod)
 	if err != nil {
