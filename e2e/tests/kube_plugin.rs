@@ -21,22 +21,6 @@ use serde_json::json;
 
 const SCHEDULER: &str = "kube-scheduler-fumarole";
 
-fn pod(name: &str, gpus: u32, annotations: serde_json::Value) -> Pod {
-    let limits = if gpus == 0 {
-        json!({})
-    } else {
-        json!({"nvidia.com/gpu": gpus.to_string()})
-    };
-    serde_json::from_value(json!({
-        "metadata": {"name": name, "annotations": annotations},
-        "spec": {"containers": [{
-            "name": "c", "image": "example.invalid/none",
-            "resources": {"requests": {"cpu": "1"}, "limits": limits}
-        }]}
-    }))
-    .unwrap()
-}
-
 /// A cluster with `topologies` published and kube-scheduler-fumarole running with `args`.
 async fn cluster_with_plugin(topologies: &[DeviceTopology], args: &str) -> TestCluster {
     let cluster = common::cluster().await;
@@ -112,9 +96,9 @@ async fn plugin_binds_a_four_gpu_pod_where_it_fits_exactly_with_its_devices() {
         .boxed();
     let pp = PostParams::default();
     for p in [
-        pod("four", 4, json!({})),
-        pod("seven", 7, json!({})),
-        pod("cpu-only", 0, json!({})),
+        common::gpu_pod("four", 4, json!({})),
+        common::gpu_pod("seven", 7, json!({})),
+        common::gpu_pod("cpu-only", 0, json!({})),
     ] {
         pods.create(&pp, &p).await.unwrap();
     }
@@ -170,38 +154,7 @@ async fn plugin_binds_a_four_gpu_pod_where_it_fits_exactly_with_its_devices() {
 async fn plugin_lands_a_group_job_unit_by_unit_in_single_super_nodes() {
     let cluster = cluster_with_plugin(&common::racks(), "{}").await;
     let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
-    let pp = PostParams::default();
-    pods.create(
-        &pp,
-        &pod("huge-0", 2, json!({"metax-tech.com/gpu-group-size": "32"})),
-    )
-    .await
-    .unwrap();
-    let names: Vec<String> = (0..16).map(|i| format!("train-{i}")).collect();
-    for n in &names {
-        pods.create(
-            &pp,
-            &pod(n, 2, json!({"metax-tech.com/gpu-group-size": "16"})),
-        )
-        .await
-        .unwrap();
-    }
-    let placed = eventually("all 16 pods bound", Duration::from_secs(120), || {
-        let pods = pods.clone();
-        let names = names.clone();
-        async move {
-            let placed = common::placements(&pods, &names).await;
-            Ok((placed.len() == names.len()).then_some(placed))
-        }
-    })
-    .await
-    .unwrap();
-    let rank = |pod: &str| pod.trim_start_matches("train-").parse::<u32>().unwrap();
-    let units = common::check_units(&placed, rank, 8);
-    let racks: BTreeSet<&str> = units.values().map(String::as_str).collect();
-    assert_eq!(racks, BTreeSet::from(["rack-a", "rack-b"]), "{placed:?}");
-    let nodes: BTreeSet<&str> = placed.values().map(|(n, _)| n.as_str()).collect();
-    assert_eq!(nodes.len(), 8, "{placed:?}");
+    common::place_a_group_job_over_the_racks(&pods).await;
 
     failed_scheduling(
         &cluster,
@@ -221,7 +174,7 @@ async fn a_malformed_annotation_is_an_event_and_unknown_args_stop_the_start() {
     let pp = PostParams::default();
     pods.create(
         &pp,
-        &pod(
+        &common::gpu_pod(
             "bad-0",
             2,
             json!({"metax-tech.com/gpu-group-size": "sixteen"}),
@@ -234,7 +187,9 @@ async fn a_malformed_annotation_is_an_event_and_unknown_args_stop_the_start() {
         messages.iter().any(|m| m.contains("sixteen")),
         "{messages:?}"
     );
-    pods.create(&pp, &pod("after", 2, json!({}))).await.unwrap();
+    pods.create(&pp, &common::gpu_pod("after", 2, json!({})))
+        .await
+        .unwrap();
     bound_node(&pods, "after").await;
     cluster.check_processes().unwrap();
 
@@ -306,9 +261,12 @@ async fn plugin_binds_an_ascend_pod_with_huaweis_annotation_naming_its_npus() {
 async fn a_refused_pod_is_retried_when_a_device_topology_frees_devices() {
     let cluster = cluster_with_plugin(&common::two_dgx(), "{}").await;
     let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
-    pods.create(&PostParams::default(), &pod("eight", 8, json!({})))
-        .await
-        .unwrap();
+    pods.create(
+        &PostParams::default(),
+        &common::gpu_pod("eight", 8, json!({})),
+    )
+    .await
+    .unwrap();
     failed_scheduling(&cluster, "eight", "needs 8 nvidia.com/gpu, 6 free").await;
     // The status's devices are a map: a merge patch frees a device by nulling its allocation.
     let topologies: Api<DeviceTopology> = Api::all(cluster.client());

@@ -15,17 +15,6 @@ use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use serde_json::json;
 
-fn gpu_pod(name: &str, gpus: u32, annotations: serde_json::Value) -> Pod {
-    serde_json::from_value(json!({
-        "metadata": {"name": name, "annotations": annotations},
-        "spec": {"containers": [{
-            "name": "c", "image": "example.invalid/none",
-            "resources": {"requests": {"cpu": "1"}, "limits": {"nvidia.com/gpu": gpus.to_string()}}
-        }]}
-    }))
-    .unwrap()
-}
-
 /// The message of the pod's `PodScheduled=False` condition, once it has one.
 async fn unschedulable_message(pods: &Api<Pod>, name: &str) -> String {
     eventually(
@@ -62,10 +51,10 @@ async fn four_gpu_pod_goes_where_it_fits_exactly() {
 
     let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
     let pp = PostParams::default();
-    pods.create(&pp, &gpu_pod("four", 4, json!({})))
+    pods.create(&pp, &common::gpu_pod("four", 4, json!({})))
         .await
         .unwrap();
-    pods.create(&pp, &gpu_pod("seven", 7, json!({})))
+    pods.create(&pp, &common::gpu_pod("seven", 7, json!({})))
         .await
         .unwrap();
 
@@ -104,39 +93,7 @@ async fn group_job_lands_unit_by_unit_in_single_super_nodes() {
         .unwrap();
 
     let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
-    let pp = PostParams::default();
-    pods.create(
-        &pp,
-        &gpu_pod("huge-0", 2, json!({"metax-tech.com/gpu-group-size": "32"})),
-    )
-    .await
-    .unwrap();
-    let names: Vec<String> = (0..16).map(|i| format!("train-{i}")).collect();
-    for n in &names {
-        pods.create(
-            &pp,
-            &gpu_pod(n, 2, json!({"metax-tech.com/gpu-group-size": "16"})),
-        )
-        .await
-        .unwrap();
-    }
-
-    let placed = eventually("all 16 pods bound", Duration::from_secs(120), || {
-        let pods = pods.clone();
-        let names = names.clone();
-        async move {
-            let placed = common::placements(&pods, &names).await;
-            Ok((placed.len() == names.len()).then_some(placed))
-        }
-    })
-    .await
-    .unwrap();
-    let rank = |pod: &str| pod.trim_start_matches("train-").parse::<u32>().unwrap();
-    let units = common::check_units(&placed, rank, 8);
-    let racks: BTreeSet<&str> = units.values().map(String::as_str).collect();
-    assert_eq!(racks, BTreeSet::from(["rack-a", "rack-b"]), "{placed:?}");
-    let nodes: BTreeSet<&str> = placed.values().map(|(n, _)| n.as_str()).collect();
-    assert_eq!(nodes.len(), 8, "{placed:?}");
+    common::place_a_group_job_over_the_racks(&pods).await;
 
     let message = unschedulable_message(&pods, "huge-0").await;
     let ours = "unit 0 of job default/huge (atomic part 0): needs 32 nvidia.com/gpu (16 pods of 2) in one super-node";
@@ -224,7 +181,7 @@ async fn ui_shows_the_defrag_advice_for_a_waiting_unit() {
     let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
     let pp = PostParams::default();
     let bound = |name: &str, node: &str, gpu: &str| -> Pod {
-        let mut p = gpu_pod(
+        let mut p = common::gpu_pod(
             name,
             1,
             json!({"fumarole.dev/devices": json!({"nvidia.com/gpu": [gpu]}).to_string()}),
@@ -240,7 +197,7 @@ async fn ui_shows_the_defrag_advice_for_a_waiting_unit() {
         .await
         .unwrap();
     for i in 0..4 {
-        let mut p = gpu_pod(
+        let mut p = common::gpu_pod(
             &format!("train-{i}"),
             4,
             json!({"metax-tech.com/gpu-group-size": "16"}),
@@ -331,7 +288,7 @@ async fn a_bound_pods_refused_choice_is_written_once_the_refusal_passes() {
         .unwrap();
 
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "default");
-    let mut pod = gpu_pod("late", 2, json!({}));
+    let mut pod = common::gpu_pod("late", 2, json!({}));
     pod.spec.as_mut().unwrap().scheduler_name = Some("volcano".into());
     pods.create(&PostParams::default(), &pod).await.unwrap();
     // The hold is in force (policies reach the API server's admission a moment after they
@@ -426,7 +383,7 @@ async fn a_bound_pods_refused_choice_is_written_once_the_refusal_passes() {
 async fn volcanos_allocate_and_deallocate_refuse_a_bound_pod() {
     let (cluster, port) = common::cluster_with_extender(&common::two_dgx(), &[]).await;
     let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
-    let mut pod = gpu_pod("running", 2, json!({}));
+    let mut pod = common::gpu_pod("running", 2, json!({}));
     pod.spec.as_mut().unwrap().scheduler_name = Some("volcano".into());
     pods.create(&PostParams::default(), &pod).await.unwrap();
     let bind = json!({

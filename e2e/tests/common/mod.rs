@@ -334,3 +334,61 @@ pub async fn pod_states(pods: &Api<Pod>) -> Vec<String> {
         })
         .collect()
 }
+
+/// A pod asking for 1 CPU and `gpus` NVIDIA GPUs (none for 0), for kube-scheduler.
+pub fn gpu_pod(name: &str, gpus: u32, annotations: serde_json::Value) -> Pod {
+    let limits = if gpus == 0 {
+        serde_json::json!({})
+    } else {
+        serde_json::json!({"nvidia.com/gpu": gpus.to_string()})
+    };
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "annotations": annotations},
+        "spec": {"containers": [{
+            "name": "c", "image": "example.invalid/none",
+            "resources": {"requests": {"cpu": "1"}, "limits": limits}
+        }]}
+    }))
+    .unwrap()
+}
+
+/// Over [`racks`], through whichever scheduler runs: `huge-0` (a 2-GPU pod of a 32-GPU
+/// gpu-group-size unit, which fits no super-node) and a job of 16 pods of 2 GPUs in units of 16
+/// GPUs. Waits for the 16 to be bound and checks each unit landed whole in one super-node
+/// (rack-a and rack-b; rack-c is too small), over 8 nodes, no device given twice.
+pub async fn place_a_group_job_over_the_racks(pods: &Api<Pod>) {
+    let pp = PostParams::default();
+    let group = |size: &str| serde_json::json!({"metax-tech.com/gpu-group-size": size});
+    pods.create(&pp, &gpu_pod("huge-0", 2, group("32")))
+        .await
+        .unwrap();
+    let names: Vec<String> = (0..16).map(|i| format!("train-{i}")).collect();
+    for n in &names {
+        pods.create(&pp, &gpu_pod(n, 2, group("16"))).await.unwrap();
+    }
+    let placed = fumarole_e2e::cluster::eventually(
+        "all 16 pods bound",
+        std::time::Duration::from_secs(120),
+        || {
+            let pods = pods.clone();
+            let names = names.clone();
+            async move {
+                let placed = placements(&pods, &names).await;
+                Ok((placed.len() == names.len()).then_some(placed))
+            }
+        },
+    )
+    .await
+    .unwrap();
+    let rank = |pod: &str| pod.trim_start_matches("train-").parse::<u32>().unwrap();
+    let units = check_units(&placed, rank, 8);
+    let racks: std::collections::BTreeSet<&str> = units.values().map(String::as_str).collect();
+    assert_eq!(
+        racks,
+        std::collections::BTreeSet::from(["rack-a", "rack-b"]),
+        "{placed:?}"
+    );
+    let nodes: std::collections::BTreeSet<&str> =
+        placed.values().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(nodes.len(), 8, "{placed:?}");
+}
