@@ -185,21 +185,24 @@ func engineConfig(kubeconfig []byte, profile string, args json.RawMessage) ([]by
 
 func (p *Plugin) Name() string { return Name }
 
-// verdicts are a cycle's answer; read-only once written, so a clone shares them.
-type verdicts struct{ *abi.Verdicts }
+// cycle is what PreFilter learnt for the cycle's pod: the core's verdicts and the pod as JSON
+// (marshalled once; Reserve, Unreserve and Bind hand it to the core again). Read-only once
+// written, so a clone shares it.
+type cycle struct {
+	verdicts *abi.Verdicts
+	pod      []byte
+}
 
-func (v *verdicts) Clone() fwk.StateData { return v }
+func (c *cycle) Clone() fwk.StateData { return c }
 
-func read(state fwk.CycleState) (*abi.Verdicts, bool) {
+// read is the cycle's record, false for a pod PreFilter skipped.
+func read(state fwk.CycleState) (*cycle, bool) {
 	d, err := state.Read(stateKey)
 	if err != nil {
 		return nil, false
 	}
-	v, ok := d.(*verdicts)
-	if !ok {
-		return nil, false
-	}
-	return v.Verdicts, true
+	c, ok := d.(*cycle)
+	return c, ok
 }
 
 // PreFilter judges the pod on every node and, when few fit, narrows the candidates to them.
@@ -217,7 +220,7 @@ func (p *Plugin) PreFilter(_ context.Context, state fwk.CycleState, pod *v1.Pod,
 		// kube-scheduler reports it on the pod as a FailedScheduling Event.
 		return nil, fwk.NewStatus(fwk.UnschedulableAndUnresolvable, err.Error())
 	}
-	state.Write(stateKey, &verdicts{v})
+	state.Write(stateKey, &cycle{verdicts: v, pod: body})
 	fits, all := v.FitCount()
 	switch {
 	case fits == 0:
@@ -252,12 +255,11 @@ func (p *Plugin) PreFilterExtensions() fwk.PreFilterExtensions { return nil }
 
 // Filter answers from the cycle's verdicts.
 func (p *Plugin) Filter(_ context.Context, state fwk.CycleState, _ *v1.Pod, nodeInfo fwk.NodeInfo) *fwk.Status {
-	v, ok := read(state)
+	c, ok := read(state)
 	if !ok {
 		return nil
 	}
-	node := nodeInfo.Node().Name
-	verdict, ok := v.On(node)
+	verdict, ok := c.verdicts.On(nodeInfo.Node().Name)
 	switch {
 	case !ok:
 		return fwk.NewStatus(fwk.Unschedulable, "fumarole: node not in fumarole's view yet")
@@ -280,11 +282,11 @@ func (p *Plugin) PreScore(_ context.Context, state fwk.CycleState, _ *v1.Pod, _ 
 
 // Score is the core's score on kube-scheduler's scale (0..100; the profile's weight applies).
 func (p *Plugin) Score(_ context.Context, state fwk.CycleState, _ *v1.Pod, nodeInfo fwk.NodeInfo) (int64, *fwk.Status) {
-	v, ok := read(state)
+	c, ok := read(state)
 	if !ok {
 		return 0, nil
 	}
-	verdict, _ := v.On(nodeInfo.Node().Name)
+	verdict, _ := c.verdicts.On(nodeInfo.Node().Name)
 	return int64(math.Max(0, math.Min(float64(fwk.MaxNodeScore), math.Round(verdict.Score)))), nil
 }
 
@@ -293,14 +295,12 @@ func (p *Plugin) ScoreExtensions() fwk.ScoreExtensions { return nil }
 // Reserve records the pod's devices on node in the core's ledger, before the next pod is
 // judged.
 func (p *Plugin) Reserve(_ context.Context, state fwk.CycleState, pod *v1.Pod, node string) *fwk.Status {
-	if _, ok := read(state); !ok {
+	c, ok := read(state)
+	if !ok {
 		return nil
 	}
 	forgetRefused(pod)
-	body, err := json.Marshal(pod)
-	if err == nil {
-		err = p.engine.Allocate(body, node)
-	}
+	err := p.engine.Allocate(c.pod, node)
 	if err == nil || err == abi.ErrNotOurs {
 		return nil
 	}
@@ -308,23 +308,24 @@ func (p *Plugin) Reserve(_ context.Context, state fwk.CycleState, pod *v1.Pod, n
 }
 
 // Unreserve gives the pod's devices back (a later plugin refused, or the bind failed).
-func (p *Plugin) Unreserve(_ context.Context, _ fwk.CycleState, pod *v1.Pod, node string) {
-	body, err := json.Marshal(pod)
-	if err == nil {
-		err = p.engine.Deallocate(body)
+func (p *Plugin) Unreserve(_ context.Context, state fwk.CycleState, pod *v1.Pod, node string) {
+	c, ok := read(state)
+	if !ok {
+		return
 	}
-	if err != nil && err != abi.ErrNotOurs {
+	if err := p.engine.Deallocate(c.pod); err != nil && err != abi.ErrNotOurs {
 		klog.InfoS("fumarole: undoing a reservation", "pod", klog.KObj(pod), "node", node, "err", err)
 	}
 }
 
 // Bind creates the pod's Binding with its device choice; a pod of no device of ours is left to
 // the default binder (Skip).
-func (p *Plugin) Bind(_ context.Context, _ fwk.CycleState, pod *v1.Pod, node string) *fwk.Status {
-	body, err := json.Marshal(pod)
-	if err == nil {
-		err = p.engine.Bind(body, node)
+func (p *Plugin) Bind(_ context.Context, state fwk.CycleState, _ *v1.Pod, node string) *fwk.Status {
+	c, ok := read(state)
+	if !ok {
+		return fwk.NewStatus(fwk.Skip)
 	}
+	err := p.engine.Bind(c.pod, node)
 	switch {
 	case err == nil:
 		return nil

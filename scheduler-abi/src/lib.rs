@@ -149,12 +149,15 @@ pub unsafe extern "C" fn fumarole_task_allocate(
 ) -> c_int {
     // SAFETY: the caller's contract, passed on.
     unsafe {
-        edge(error, || {
-            let engine = engine_ref(engine)?;
-            let node = parse_node(node, node_len)?;
-            let held = engine.allocate(parse_pod(pod, len)?, node)?;
-            Ok((if held { FUMAROLE_OK } else { FUMAROLE_NOT_OURS }, None))
-        })
+        pod_on_node(
+            engine,
+            pod,
+            len,
+            node,
+            node_len,
+            error,
+            |engine, pod, node| engine.allocate(pod, node),
+        )
     }
 }
 
@@ -215,12 +218,15 @@ pub unsafe extern "C" fn fumarole_task_prebind(
 ) -> c_int {
     // SAFETY: the caller's contract, passed on.
     unsafe {
-        edge(error, || {
-            let engine = engine_ref(engine)?;
-            let node = parse_node(node, node_len)?;
-            let ours = engine.prebind(&parse_pod(pod, len)?, node)?;
-            Ok((if ours { FUMAROLE_OK } else { FUMAROLE_NOT_OURS }, None))
-        })
+        pod_on_node(
+            engine,
+            pod,
+            len,
+            node,
+            node_len,
+            error,
+            |engine, pod, node| engine.prebind(&pod, node),
+        )
     }
 }
 
@@ -242,12 +248,15 @@ pub unsafe extern "C" fn fumarole_task_bind(
 ) -> c_int {
     // SAFETY: the caller's contract, passed on.
     unsafe {
-        edge(error, || {
-            let engine = engine_ref(engine)?;
-            let node = parse_node(node, node_len)?;
-            let ours = engine.bind(&parse_pod(pod, len)?, node)?;
-            Ok((if ours { FUMAROLE_OK } else { FUMAROLE_NOT_OURS }, None))
-        })
+        pod_on_node(
+            engine,
+            pod,
+            len,
+            node,
+            node_len,
+            error,
+            |engine, pod, node| engine.bind(&pod, node),
+        )
     }
 }
 
@@ -287,6 +296,31 @@ pub unsafe extern "C" fn fumarole_engine_free(engine: *mut Engine) {
         // SAFETY: made by Box::into_raw in a start function.
         let engine = unsafe { Box::from_raw(engine) };
         let _ = catch_unwind(AssertUnwindSafe(move || drop(engine)));
+    }
+}
+
+/// The calls that take a pod (JSON) and a node and answer whether the pod was ours:
+/// [`FUMAROLE_OK`] when `f` says so, [`FUMAROLE_NOT_OURS`] when not, [`FUMAROLE_ERROR`] with why.
+///
+/// # Safety
+/// As [`fumarole_task_allocate`].
+unsafe fn pod_on_node(
+    engine: *const Engine,
+    pod: *const u8,
+    len: usize,
+    node: *const u8,
+    node_len: usize,
+    error: *mut *mut c_char,
+    f: impl FnOnce(&Engine, Pod, &str) -> Result<bool>,
+) -> c_int {
+    // SAFETY: the caller's contract, passed on.
+    unsafe {
+        edge(error, || {
+            let engine = engine_ref(engine)?;
+            let node = parse_node(node, node_len)?;
+            let ours = f(engine, parse_pod(pod, len)?, node)?;
+            Ok((if ours { FUMAROLE_OK } else { FUMAROLE_NOT_OURS }, None))
+        })
     }
 }
 
