@@ -728,22 +728,16 @@ async fn run(
         let metrics = fumarole_e2e::cluster::http_get(ext_port, "/metrics")
             .await
             .unwrap_or_default();
-        let value = |line_prefix: &str| -> BTreeMap<String, f64> {
-            metrics
-                .lines()
-                .filter_map(|l| l.strip_prefix(line_prefix))
-                .filter_map(|rest| {
-                    let verb = rest.split("verb=\"").nth(1)?.split('"').next()?;
-                    let v: f64 = rest.rsplit(' ').next()?.parse().ok()?;
-                    Some((verb.to_string(), v))
-                })
-                .fold(BTreeMap::new(), |mut m, (verb, v)| {
-                    *m.entry(verb).or_insert(0.0) += v;
-                    m
-                })
-        };
-        let sums = value("fumarole_scheduler_ext_request_duration_seconds_sum{");
-        let counts = value("fumarole_scheduler_ext_request_duration_seconds_count{");
+        let sums = by_label(
+            &metrics,
+            "fumarole_scheduler_ext_request_duration_seconds_sum{",
+            "verb",
+        );
+        let counts = by_label(
+            &metrics,
+            "fumarole_scheduler_ext_request_duration_seconds_count{",
+            "verb",
+        );
         for (verb, n) in &counts {
             let sum = sums.get(verb).copied().unwrap_or(0.0);
             eprintln!(
@@ -827,8 +821,8 @@ struct Attempts {
     /// Attempts that found no node.
     unschedulable: f64,
     /// `scheduler_batch_attempts_total` by result (opportunistic batching: a result reused
-    /// from the pod before), as `result count` pairs.
-    batch: Vec<(String, f64)>,
+    /// from the pod before).
+    batch: BTreeMap<String, f64>,
 }
 
 fn scheduling_attempts(port: u16) -> Attempts {
@@ -837,44 +831,41 @@ fn scheduling_attempts(port: u16) -> Attempts {
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    let sum = |metric: &str, result: &str| -> f64 {
-        text.lines()
-            .filter(|l| l.starts_with(metric) && l.contains(&format!("result=\"{result}\"")))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
-    };
-    let count = "scheduler_scheduling_attempt_duration_seconds_count{";
-    let scheduled = sum(count, "scheduled");
-    let seconds = sum(
-        "scheduler_scheduling_attempt_duration_seconds_sum{",
-        "scheduled",
+    let count = by_label(
+        &text,
+        "scheduler_scheduling_attempt_duration_seconds_count{",
+        "result",
     );
-    let mut batch: Vec<(String, f64)> = Vec::new();
-    for line in text
-        .lines()
-        .filter(|l| l.starts_with("scheduler_batch_attempts_total{"))
-    {
-        let result = line
-            .split("result=\"")
-            .nth(1)
-            .and_then(|r| r.split('"').next())
-            .unwrap_or("?");
-        let value = line
-            .rsplit(' ')
-            .next()
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0);
-        match batch.iter_mut().find(|(r, _)| r == result) {
-            Some((_, n)) => *n += value,
-            None => batch.push((result.to_string(), value)),
-        }
-    }
+    let seconds = by_label(
+        &text,
+        "scheduler_scheduling_attempt_duration_seconds_sum{",
+        "result",
+    );
+    let of = |m: &BTreeMap<String, f64>, result: &str| m.get(result).copied().unwrap_or(0.0);
+    let scheduled = of(&count, "scheduled");
     Attempts {
         scheduled,
-        mean: Duration::from_secs_f64(seconds / scheduled.max(1.0)),
-        unschedulable: sum(count, "unschedulable"),
-        batch,
+        mean: Duration::from_secs_f64(of(&seconds, "scheduled") / scheduled.max(1.0)),
+        unschedulable: of(&count, "unschedulable"),
+        batch: by_label(&text, "scheduler_batch_attempts_total{", "result"),
     }
+}
+
+/// The samples of the metric whose lines start with `line_prefix` (name and `{`) in
+/// Prometheus text, summed by the value of their `label`.
+fn by_label(text: &str, line_prefix: &str, label: &str) -> BTreeMap<String, f64> {
+    let key = format!("{label}=\"");
+    text.lines()
+        .filter_map(|l| l.strip_prefix(line_prefix))
+        .filter_map(|rest| {
+            let value = rest.split(key.as_str()).nth(1)?.split('"').next()?;
+            let v: f64 = rest.rsplit(' ').next()?.parse().ok()?;
+            Some((value.to_string(), v))
+        })
+        .fold(BTreeMap::new(), |mut m, (value, v)| {
+            *m.entry(value).or_insert(0.0) += v;
+            m
+        })
 }
 
 /// Placement quality of the bound pods (see the module doc); also checks that no GPU is given

@@ -350,30 +350,16 @@ impl Engine {
         let Some(commit) = self.commit_where_placed(pod, node)? else {
             return Ok(false);
         };
-        let (Some(runtime), Some(effects)) = (&self.runtime, self.svc.effects().cloned()) else {
+        let (Some(runtime), Some(ops)) = (&self.runtime, self.svc.effects()) else {
             return Err(anyhow!("no API server to bind through"));
         };
         let key = pod_key(pod);
-        let (ns, name) = key.split_once('/').unwrap_or(("default", key.as_str()));
-        let (ns, name) = (ns.to_string(), name.to_string());
-        let uid = pod.metadata.uid.clone().unwrap_or_default();
-        let job = self.svc.decider().job_annotations(pod, &commit);
-        let choice = commit.choice();
-        let target = node.to_string();
-        let bind = async move {
-            effects
-                .bind(&ns, &name, &uid, &target, Some(&choice), &job)
-                .await
-        };
-        let bound = self.writes.ask(&key, bind);
+        let bound = self
+            .writes
+            .ask(&key, self.svc.bind(ops, pod, node, Some(&commit)));
         match runtime.block_on(async { tokio::time::timeout(PREBIND_WRITE_TIMEOUT, bound).await }) {
             Ok(Some(Ok(()))) => Ok(true),
-            Ok(Some(Err(e))) => {
-                if scheduler_ext::effects::refused_by_server(&e) {
-                    self.svc.decider().release(&key);
-                }
-                Err(anyhow!("binding {key} to {node}: {e}"))
-            }
+            Ok(Some(Err(e))) => Err(anyhow!("binding {key} to {node}: {e}")),
             Ok(None) => Err(anyhow!(
                 "the reservation was undone while the bind waited for its turn"
             )),

@@ -244,6 +244,36 @@ impl Service {
         Ok(Some(c))
     }
 
+    /// Creates `pod`'s Binding to `node` through `ops`, carrying `commit`'s device choice and
+    /// the job annotations (`None`: a pod whose devices come from ResourceClaims, bound without
+    /// a choice of ours). A Binding whose answer was lost may have been written, and it carries
+    /// the devices: they stay committed until the view shows the pod bound with them, the pod
+    /// goes, or `--commit-ttl` passes; a retry on another node replaces the commit. Only a
+    /// refusal by the API server frees them now. kube-scheduler's `bind` verb and its plugin's
+    /// Bind both bind through here.
+    pub async fn bind(
+        &self,
+        ops: &Effects,
+        pod: &Pod,
+        node: &str,
+        commit: Option<&Commit>,
+    ) -> Result<(), kube::Error> {
+        let key = pod_key(pod);
+        let (ns, name) = key.split_once('/').unwrap_or(("default", key.as_str()));
+        let uid = pod.metadata.uid.as_deref().unwrap_or_default();
+        let (choice, job) = match commit {
+            Some(c) => (Some(c.choice()), self.decider.job_annotations(pod, c)),
+            None => (None, Default::default()),
+        };
+        let bound = ops.bind(ns, name, uid, node, choice.as_ref(), &job).await;
+        if let Err(e) = &bound
+            && effects::refused_by_server(e)
+        {
+            self.decider.release(&key);
+        }
+        bound
+    }
+
     /// Removes a promise whose commit timed out from its pod ([`Effects::withdraw`]). When the
     /// write fails the commit is taken back, to try again when it times out.
     pub async fn withdraw(&self, pod: &str, commit: Commit) {

@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 use crate::core::request::RequestError;
 use crate::core::verdict::Unfit;
 use crate::decider::{Asker, CommitError};
-use crate::effects::{self, PodCheckError};
+use crate::effects::PodCheckError;
 use crate::protocol::{bad_request, json_response, scale};
 use crate::service::Service;
 
@@ -368,25 +368,13 @@ pub async fn bind(svc: &Service, args: &ExtenderBindingArgs) -> Result<(), BindE
         });
     }
     let decider = svc.decider();
-    let (choice, job) = match decider.commit(&pod, node)? {
-        Some(commit) => (
-            Some(commit.choice()),
-            decider.job_annotations(&pod, &commit),
-        ),
-        // A pod asking through ResourceClaims: the scheduler's DRA allocator picked its
-        // devices; bind it without a choice of ours.
-        None if decider.asks_through_claims(&pod) => (None, Default::default()),
-        None => return Err(BindError::NoAccelerator { pod: key }),
-    };
-    let uid = pod.metadata.uid.as_deref().unwrap_or_default();
-    if let Err(source) = ops.bind(ns, name, uid, node, choice.as_ref(), &job).await {
-        // A Binding whose answer was lost may have been written, and it carries the devices:
-        // they stay committed until the view shows the pod bound with them, the pod goes, or
-        // --commit-ttl passes; a retry on another node replaces the commit. Only a refusal
-        // frees them now.
-        if effects::refused_by_server(&source) {
-            decider.release(&key);
-        }
+    let commit = decider.commit(&pod, node)?;
+    // No commit for a pod asking through ResourceClaims: the scheduler's DRA allocator picked
+    // its devices; it is bound without a choice of ours.
+    if commit.is_none() && !decider.asks_through_claims(&pod) {
+        return Err(BindError::NoAccelerator { pod: key });
+    }
+    if let Err(source) = svc.bind(ops, &pod, node, commit.as_ref()).await {
         return Err(BindError::Binding {
             pod: key,
             node: node.clone(),
