@@ -945,7 +945,10 @@ impl TestCluster {
             "-v=2".to_string(),
             format!("--listen-address=127.0.0.1:{}", free_port()?),
             "--enable-healthz=true".to_string(),
-            "--cache-dumper=false".to_string(),
+            // SIGUSR1 writes the nodes of its cache to a file there: how the harness knows
+            // the scheduler has every node ([`TestCluster::wait_volcano_has_every_node`]).
+            "--cache-dumper=true".to_string(),
+            format!("--cache-dump-dir={}", self.volcano_dump_dir()?.display()),
         ];
         let sched_health = free_port()?;
         args.push(format!("--healthz-address=127.0.0.1:{sched_health}"));
@@ -961,7 +964,74 @@ impl TestCluster {
         )
         .await?;
         self.wait_healthz("vc-scheduler", &format!("http://127.0.0.1:{sched_health}"))
-            .await
+            .await?;
+        self.wait_volcano_has_every_node().await
+    }
+
+    fn volcano_dump_dir(&self) -> Result<PathBuf> {
+        let dir = self.root.join("volcano-cache-dumps");
+        std::fs::create_dir_all(&dir)?;
+        Ok(dir)
+    }
+
+    /// Waits until vc-scheduler's cache holds every Ready Node the API server lists. Its
+    /// healthz and informer sync say nothing of that: Volcano adds nodes to its cache from a
+    /// work queue that `WaitForCacheSync` does not wait for, so a session opened just after the
+    /// start sees only the nodes synced so far and places a pod on the rest (the exact-fit
+    /// flake in docs/testing.md). Volcano's cache dumper (SIGUSR1) writes the nodes a session
+    /// would see, as a JSON object keyed by name (v1.14 writes more values after it).
+    pub async fn wait_volcano_has_every_node(&self) -> Result<()> {
+        let nodes: Api<Node> = Api::all(self.client());
+        let want: Vec<String> = nodes
+            .list(&Default::default())
+            .await?
+            .items
+            .into_iter()
+            .filter(node_is_ready)
+            .filter_map(|n| n.metadata.name)
+            .collect();
+        let pid = self
+            .pids()?
+            .into_iter()
+            .rev()
+            .find(|(name, _)| name == "vc-scheduler")
+            .map(|(_, pid)| pid)
+            .context("vc-scheduler is not running")?;
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(pid)?);
+        let dir = self.volcano_dump_dir()?;
+        let mut missing = want.clone();
+        let mut said = false;
+        for _ in 0..300 {
+            self.check_processes()?;
+            nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGUSR1)?;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            // A dump being written does not parse yet; the next round reads it.
+            for entry in std::fs::read_dir(&dir)? {
+                let Ok(text) = std::fs::read_to_string(entry?.path()) else {
+                    continue;
+                };
+                let first = serde_json::Deserializer::from_str(&text)
+                    .into_iter::<Value>()
+                    .next();
+                let Some(Ok(Value::Object(cached))) = first else {
+                    continue;
+                };
+                missing = want
+                    .iter()
+                    .filter(|n| !cached.contains_key(n.as_str()))
+                    .cloned()
+                    .collect();
+                if missing.is_empty() {
+                    return Ok(());
+                }
+                if !said {
+                    // In the test's output: how often a session would have missed nodes.
+                    eprintln!("vc-scheduler's cache lacks nodes {missing:?} after its start");
+                    said = true;
+                }
+            }
+        }
+        bail!("vc-scheduler's cache still lacks nodes {missing:?} after 30 s")
     }
 
     /// Starts `kubelet-dm` serving `kubelet.sock` in `socket_dir`. The
@@ -1106,6 +1176,14 @@ impl Drop for TestCluster {
             eprintln!("{ENV_KEEP}: keeping {}", dir.keep().display());
         }
     }
+}
+
+/// Whether a Node's `Ready` condition is `True` (Volcano leaves the others out of its sessions).
+fn node_is_ready(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 #[cfg(test)]
