@@ -8,7 +8,7 @@
 
 mod common;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use fumarole_e2e::cluster::{TestCluster, eventually};
@@ -288,4 +288,123 @@ async fn a_refused_pod_is_retried_when_a_device_topology_frees_devices() {
     .await
     .unwrap();
     assert_eq!(node, "dgx-b");
+}
+
+/// Two schedulers, each with fumarole's plugin and its own ledger, on one cluster: the
+/// accelerators are split into node pools (`fumarole.dev/node-pool`), rack-a's nodes (16 free
+/// GPUs) in pool `kube` for kube-scheduler (`nodePool: kube`), rack-b (16 free) and rack-c (12)
+/// in no pool, Volcano's (the seeds' configuration unchanged). Both get their jobs at once:
+/// kube-scheduler a 12-GPU unit of three 4-GPU pods and a lone 4-GPU pod, Volcano a 16-GPU unit
+/// of four. Each lands in its own pool, each unit whole in one super-node (without pools the
+/// 12-GPU unit would go to rack-c, its best fit, and Volcano's unit could go to rack-a), and
+/// no device is given twice. Then one pod more for kube-scheduler stays pending, though rack-c
+/// has room: the other pool's nodes refuse it with the pool reason.
+#[tokio::test]
+async fn kube_scheduler_and_volcano_share_a_cluster_in_node_pools() {
+    use fumarole_e2e::fumarole::SEED_VOLCANO_CONF;
+    use k8s_openapi::api::core::v1::Node;
+    use kube::api::{Patch, PatchParams};
+
+    let cluster = common::cluster().await;
+    common::publish(&cluster, &common::racks()).await;
+    let nodes: Api<Node> = Api::all(cluster.client());
+    for node in ["a0", "a1", "a2", "a3"] {
+        let pool = json!({"metadata": {"labels": {"fumarole.dev/node-pool": "kube"}}});
+        nodes
+            .patch(node, &PatchParams::default(), &Patch::Merge(&pool))
+            .await
+            .unwrap();
+    }
+    cluster
+        .start_scheduler_program(
+            SCHEDULER,
+            &kube_plugin_bin().unwrap(),
+            &kube_plugin_config("{nodePool: kube}"),
+            &[],
+        )
+        .await
+        .unwrap();
+    common::start_volcano(&cluster, common::Way::Plugin, &[], SEED_VOLCANO_CONF).await;
+
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let pp = PostParams::default();
+    let group = |size: &str| json!({"metax-tech.com/gpu-group-size": size});
+    let kube_unit: Vec<String> = (0..3).map(|i| format!("k-{i}")).collect();
+    let volcano_unit: Vec<String> = (0..4).map(|i| format!("v-{i}")).collect();
+    for (i, name) in volcano_unit.iter().enumerate() {
+        let mut v = common::volcano_gpu_pod(name, 4);
+        v.metadata.annotations = serde_json::from_value(group("16")).unwrap();
+        pods.create(&pp, &v).await.unwrap();
+        if let Some(k) = kube_unit.get(i) {
+            pods.create(&pp, &common::gpu_pod(k, 4, group("12")))
+                .await
+                .unwrap();
+        }
+    }
+    pods.create(&pp, &common::gpu_pod("lone", 4, json!({})))
+        .await
+        .unwrap();
+
+    let all: Vec<String> = kube_unit
+        .iter()
+        .chain(&volcano_unit)
+        .cloned()
+        .chain(["lone".to_string()])
+        .collect();
+    let mut placed = eventually("all 8 pods bound", Duration::from_secs(120), || {
+        let pods = pods.clone();
+        let all = all.clone();
+        async move {
+            let placed = common::placements(&pods, &all).await;
+            Ok((placed.len() == all.len()).then_some(placed))
+        }
+    })
+    .await
+    .unwrap();
+    // No device twice, across both schedulers; each unit in one super-node of its pool.
+    let mut devices = BTreeSet::new();
+    for (pod, (_, held)) in &placed {
+        for d in held {
+            assert!(
+                devices.insert(d.clone()),
+                "{d} given twice ({pod}): {placed:?}"
+            );
+        }
+    }
+    let (lone_node, _) = placed.remove("lone").unwrap();
+    assert_eq!(common::rack_of(&lone_node), "rack-a", "lone on {lone_node}");
+    let rank = |pod: &str| pod[2..].parse::<u32>().unwrap();
+    let (kube, volcano): (BTreeMap<_, _>, BTreeMap<_, _>) = placed
+        .into_iter()
+        .partition(|(pod, _)| pod.starts_with("k-"));
+    let units = common::check_units(&kube, rank, 3);
+    assert_eq!(units.values().collect::<Vec<_>>(), ["rack-a"], "{kube:?}");
+    let units = common::check_units(&volcano, rank, 4);
+    assert_eq!(
+        units.values().collect::<Vec<_>>(),
+        ["rack-b"],
+        "{volcano:?}"
+    );
+
+    // rack-a is full; rack-c's 12 free GPUs are Volcano's.
+    pods.create(&pp, &common::gpu_pod("extra", 4, json!({})))
+        .await
+        .unwrap();
+    let refused = failed_scheduling(&cluster, "extra", "no node pool").await;
+    assert!(
+        refused.iter().any(|m| m.contains(
+            "the node is in no node pool (fumarole.dev/node-pool); this scheduler places accelerator pods in node pool \"kube\""
+        )),
+        "{refused:?}"
+    );
+    assert!(
+        pods.get("extra")
+            .await
+            .unwrap()
+            .spec
+            .unwrap()
+            .node_name
+            .is_none(),
+        "extra was bound outside its pool"
+    );
 }

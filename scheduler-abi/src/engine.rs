@@ -265,7 +265,9 @@ impl Engine {
                         reason_count += 1;
                         last = Some(unfit);
                     }
-                    let code = if nv.has_topology {
+                    // No eviction gives a pod devices a node lacks or keeps for another
+                    // scheduler's pool.
+                    let code = if nv.has_topology && !matches!(unfit, Unfit::OtherNodePool { .. }) {
                         Code::Unschedulable
                     } else {
                         Code::Unresolvable

@@ -55,6 +55,10 @@ pub struct FumaroleArgs {
     /// An Ascend job without `sp-block` is one logical super-pod (`--whole-job-super-pod`).
     #[serde(default)]
     pub whole_job_super_pod: Option<bool>,
+    /// The nodes whose accelerators this scheduler hands out: those labelled
+    /// `fumarole.dev/node-pool` with this value (`--node-pool`; unset: the nodes without it).
+    #[serde(default)]
+    pub node_pool: Option<String>,
 }
 
 impl KubeSchedulerConf {
@@ -95,6 +99,7 @@ impl KubeSchedulerConf {
                 self.scheduler_names.clone()
             },
             commit_ttl: defaults.commit_ttl,
+            node_pool: args.node_pool.clone(),
         };
         let settings = cli::settings(&[&scoring, &super_pods, &commit])
             .with_context(|| format!("{PLUGIN_NAME}'s arguments"))?;
@@ -128,6 +133,16 @@ mod tests {
         assert_eq!(t.settings.super_pods.reserve_nodes, 1);
         assert!(t.settings.scheduler_names.contains("gpu-scheduler"));
         assert!(!t.settings.scheduler_names.contains("default-scheduler"));
+    }
+
+    #[test]
+    fn the_node_pool_is_a_typed_argument() {
+        let t = conf(r#"{"args":{"nodePool":"kube"}}"#).translate().unwrap();
+        assert_eq!(t.settings.node_pool.as_deref(), Some("kube"));
+        let e = conf(r#"{"args":{"nodePool":"no/slash"}}"#)
+            .translate()
+            .unwrap_err();
+        assert!(format!("{e:#}").contains("--node-pool"), "{e:#}");
     }
 
     #[test]

@@ -21,6 +21,9 @@ pub const GPU_PODAFFINITY: &str = "gpu-podaffinity";
 pub const NPU_PREFIX: &str = "volcano-npu";
 /// Huawei's top-level configuration entry for its NPU plugin.
 pub const INIT_PARAMS: &str = "init-params";
+/// fumarole's own argument, read under any of its plugins: the node pool this scheduler hands
+/// accelerators out in (`--node-pool`).
+pub const NODE_POOL_ARG: &str = "fumarole.node-pool";
 
 /// A `tiers[].plugins[]` or `configurations[]` entry: a name and its arguments as written.
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -82,10 +85,25 @@ impl VolcanoConf {
             whole_job_super_pod: false,
         };
         let mut npu = false;
+        let mut node_pool = None;
         for plugin in &self.plugins {
+            if let Some(value) = plugin.arguments.get(NODE_POOL_ARG) {
+                let Value::String(pool) = value else {
+                    bail!(
+                        "{} argument {NODE_POOL_ARG:?} must be a string, got {value}",
+                        plugin.name
+                    );
+                };
+                if node_pool.as_ref().is_some_and(|p| p != pool) {
+                    bail!("{NODE_POOL_ARG} is given twice, with two values");
+                }
+                node_pool = Some(pool.clone());
+            }
+            let mut arguments = plugin.arguments.clone();
+            arguments.remove(NODE_POOL_ARG);
             match plugin.name.as_str() {
                 GPU_AWARE => {
-                    for (key, value) in &plugin.arguments {
+                    for (key, value) in &arguments {
                         match key.as_str() {
                             "weight" => scoring.weight = number(GPU_AWARE, key, value)?,
                             "loss.weight" => scoring.loss_weight = number(GPU_AWARE, key, value)?,
@@ -94,19 +112,13 @@ impl VolcanoConf {
                     }
                 }
                 GPU_PODAFFINITY => notes.extend(
-                    plugin
-                        .arguments
+                    arguments
                         .keys()
                         .map(|key| not_implemented(GPU_PODAFFINITY, key)),
                 ),
                 name if name.starts_with(NPU_PREFIX) => {
                     npu = true;
-                    notes.extend(
-                        plugin
-                            .arguments
-                            .keys()
-                            .map(|key| not_implemented(name, key)),
-                    );
+                    notes.extend(arguments.keys().map(|key| not_implemented(name, key)));
                 }
                 name => bail!("{name:?} is not a fumarole plugin"),
             }
@@ -146,6 +158,7 @@ impl VolcanoConf {
                 self.scheduler_names.clone()
             },
             commit_ttl: Settings::default().commit_ttl,
+            node_pool,
         };
         let settings = cli::settings(&[&scoring, &super_pods, &commit])
             .context("the fumarole plugins' arguments")?;
@@ -224,6 +237,27 @@ mod tests {
         assert!(t.settings.whole_job_super_pod);
         assert_eq!(t.notes.len(), 5, "{:?}", t.notes);
         assert!(t.notes.iter().any(|n| n.contains("grace-over-time")));
+    }
+
+    #[test]
+    fn the_node_pool_is_read_under_any_fumarole_plugin() {
+        let t = conf(r#"{"plugins":[{"name":"gpu-aware","arguments":{"weight":1}},{"name":"gpu-podaffinity","arguments":{"fumarole.node-pool":"volcano"}}]}"#)
+            .translate()
+            .unwrap();
+        assert_eq!(t.settings.node_pool.as_deref(), Some("volcano"));
+        assert!(t.notes.is_empty(), "{:?}", t.notes);
+        let t = conf(r#"{"plugins":[{"name":"gpu-aware"}]}"#)
+            .translate()
+            .unwrap();
+        assert_eq!(t.settings.node_pool, None);
+        for bad in [
+            r#"{"plugins":[{"name":"gpu-aware","arguments":{"fumarole.node-pool":7}}]}"#,
+            r#"{"plugins":[{"name":"gpu-aware","arguments":{"fumarole.node-pool":"a b"}}]}"#,
+            r#"{"plugins":[{"name":"gpu-aware","arguments":{"fumarole.node-pool":"a"}},{"name":"gpu-podaffinity","arguments":{"fumarole.node-pool":"b"}}]}"#,
+        ] {
+            let e = conf(bad).translate().unwrap_err();
+            assert!(format!("{e:#}").contains("node-pool"), "{bad}: {e:#}");
+        }
     }
 
     #[test]

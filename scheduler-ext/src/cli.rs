@@ -168,6 +168,11 @@ pub struct CommitArgs {
     /// How long devices committed to a pod are held until the pod shows up bound with them.
     #[arg(long, default_value = "2m", value_parser = humantime::parse_duration)]
     pub commit_ttl: Duration,
+    /// Hand out the accelerators of the nodes labelled `fumarole.dev/node-pool=<POOL>` only;
+    /// without it, those of the nodes without the label. Give each scheduler that places
+    /// accelerator pods its own pool: their ledgers are separate.
+    #[arg(long, value_name = "POOL")]
+    pub node_pool: Option<String>,
 }
 
 impl SettingsFlags for CommitArgs {
@@ -179,6 +184,13 @@ impl SettingsFlags for CommitArgs {
             .cloned()
             .collect();
         settings.commit_ttl = self.commit_ttl;
+        settings.node_pool = match self.node_pool.as_deref() {
+            None => None,
+            Some(p) if valid_label_value(p) => Some(p.to_string()),
+            Some(p) => bail!(
+                "--node-pool {p:?} is no label value (at most 63 of A-Z a-z 0-9 - _ ., starting and ending alphanumeric)"
+            ),
+        };
         Ok(())
     }
 }
@@ -206,6 +218,16 @@ pub fn main_logging(default_filter: &str, command: impl FnOnce() -> Result<()>) 
             ExitCode::FAILURE
         }
     }
+}
+
+/// True for a non-empty Kubernetes label value: at most 63 characters of `[A-Za-z0-9_.-]`,
+/// starting and ending with an alphanumeric one.
+fn valid_label_value(v: &str) -> bool {
+    let alnum = |c: char| c.is_ascii_alphanumeric();
+    (1..=63).contains(&v.len())
+        && v.chars().all(|c| alnum(c) || matches!(c, '-' | '_' | '.'))
+        && v.starts_with(alnum)
+        && v.ends_with(alnum)
 }
 
 #[cfg(test)]
@@ -244,5 +266,23 @@ mod tests {
             "--whole-job-super-pod needs --super-pod-size (Huawei's super-pod mode)"
         );
         assert!(!args(None, 0).whole_job().unwrap());
+    }
+
+    #[test]
+    fn a_node_pool_must_be_a_label_value() {
+        let pool = |p: &str| {
+            let args = CommitArgs {
+                scheduler_names: vec!["volcano".into()],
+                commit_ttl: Duration::from_secs(1),
+                node_pool: Some(p.into()),
+            };
+            let mut settings = Settings::default();
+            args.apply(&mut settings).map(|()| settings.node_pool)
+        };
+        assert_eq!(pool("volcano-a.1").unwrap().as_deref(), Some("volcano-a.1"));
+        for bad in ["", "-a", "a-", "a b", "a/b", &"x".repeat(64)] {
+            let e = pool(bad).unwrap_err().to_string();
+            assert!(e.contains("no label value"), "{bad:?}: {e}");
+        }
     }
 }

@@ -20,8 +20,11 @@ impl<'a> Cluster<'a> {
     }
 
     /// Mask of the free devices of `resource` on `nv`: free in the view and not committed by
-    /// this service.
+    /// this service; none on a node of another scheduler's pool.
     pub fn free_mask(&self, nv: &NodeView, resource: &str) -> u64 {
+        if !self.ledger.places_on(nv) {
+            return 0;
+        }
         let free = self.view.free_mask(nv, resource);
         match self.ledger.committed_on(&nv.name) {
             Some(ids) => free & !nv.mask_of_ids(ids),

@@ -72,6 +72,13 @@ pub fn judge_nodes<'a>(
             let Some(nv) = nv else {
                 return NodeVerdict::filtered(name, Unfit::UnknownNode);
             };
+            if !c.ledger.places_on(nv) {
+                let unfit = Unfit::OtherNodePool {
+                    node: nv.node_pool.clone(),
+                    ours: c.ledger.node_pool().map(String::from),
+                };
+                return NodeVerdict::filtered(name, unfit);
+            }
             let mut v = gpu_aware.node_view(&c, name, nv, req, &mut memo);
             if !v.feasible() {
                 return v;

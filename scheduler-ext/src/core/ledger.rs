@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use fumarole_topology::annotation::DeviceChoice;
 
 use crate::core::unit::UnitKey;
-use crate::core::view::ClusterView;
+use crate::core::view::{ClusterView, NodeView};
 
 /// Devices handed to one pod.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -70,6 +70,9 @@ pub struct Ledger {
     /// lapsing early ([`crate::core::placement::ensure_plan`]; see
     /// [`Self::keeping_waiting_plans`]).
     keep_waiting_plans: bool,
+    /// The node pool this ledger hands devices out in ([`crate::core::view::NODE_POOL_LABEL`]; `None`: the nodes
+    /// without the label). Another scheduler's ledger owns the other pools' devices.
+    node_pool: Option<String>,
 }
 
 impl Ledger {
@@ -81,6 +84,25 @@ impl Ledger {
             keep_waiting_plans: true,
             ..Ledger::default()
         }
+    }
+
+    /// This ledger, handing devices out only on the nodes of `pool` (`None`: the nodes of no
+    /// pool).
+    pub fn in_node_pool(self, pool: Option<String>) -> Self {
+        Ledger {
+            node_pool: pool,
+            ..self
+        }
+    }
+
+    /// True when this ledger may hand out `nv`'s devices: the node is in its pool.
+    pub fn places_on(&self, nv: &NodeView) -> bool {
+        nv.node_pool == self.node_pool
+    }
+
+    /// The node pool this ledger hands devices out in.
+    pub fn node_pool(&self) -> Option<&str> {
+        self.node_pool.as_deref()
     }
 
     /// True when waiting plans never lapse early ([`Self::keeping_waiting_plans`]).

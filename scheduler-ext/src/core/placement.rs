@@ -627,10 +627,16 @@ pub(crate) mod tests {
     use super::*;
     use crate::core::ledger::Commit;
     use crate::core::unit::UnitSpec;
+    use fumarole_topology::crd::DeviceTopology;
     use fumarole_topology::crd::device_topology::SuperNodeInfo;
 
     /// 8-GPU NVLink nodes `(name, super-node, allocated devices)`, devices `<name>-g<i>`.
     pub(crate) fn racks(nodes: &[(&str, &str, &[u32])]) -> ClusterView {
+        ClusterView::build(&rack_topologies(nodes), &[], &[], &[]).unwrap()
+    }
+
+    /// The DeviceTopologies of [`racks`].
+    fn rack_topologies(nodes: &[(&str, &str, &[u32])]) -> Vec<DeviceTopology> {
         let mut dts = Vec::new();
         for &(name, rack, allocated) in nodes {
             let mut t = fumarole_topology::crd::testing::nvlink_node(name, 8, 10, allocated, |i| {
@@ -642,7 +648,7 @@ pub(crate) mod tests {
             });
             dts.push(t);
         }
-        ClusterView::build(&dts, &[], &[], &[]).unwrap()
+        dts
     }
 
     /// Super-node `rack-a`: a0, a1 (4 free each); `rack-b`: b0, b1, b2 (4 free each);
@@ -686,6 +692,95 @@ pub(crate) mod tests {
     /// Planning at `now`: every node, no super-pod parameters, plans that may lapse.
     fn at(now: Instant) -> PlanInputs<'static> {
         PlanInputs::new(now, TTL)
+    }
+
+    /// [`view`] with rack-a's nodes labelled into node pool `kube`: a scheduler hands out
+    /// only its own pool's devices, in plans and verdicts alike.
+    #[test]
+    fn a_ledger_plans_and_judges_only_in_its_node_pool() {
+        use crate::core::decide::judge;
+        use crate::core::request::{DeviceRequest, PodRequest};
+        use crate::core::score::Scoring;
+        use crate::core::verdict::Unfit;
+        use crate::core::view::NODE_POOL_LABEL;
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+        let half: &[u32] = &[0, 1, 2, 3];
+        let nodes: [(&str, &str, &[u32]); 4] = [
+            ("a0", "rack-a", half),
+            ("a1", "rack-a", half),
+            ("b0", "rack-b", half),
+            ("c0", "rack-c", &[]),
+        ];
+        let dts = rack_topologies(&nodes);
+        let metas: Vec<ObjectMeta> = nodes
+            .iter()
+            .map(|(name, rack, _)| ObjectMeta {
+                name: Some((*name).into()),
+                labels: (*rack == "rack-a")
+                    .then(|| [(NODE_POOL_LABEL.to_string(), "kube".to_string())].into()),
+                ..Default::default()
+            })
+            .collect();
+        let v = ClusterView::build(&dts, &[], &metas, &[]).unwrap();
+        let now = Instant::now();
+        // An 8-GPU unit: rack-a (8 free) would win on name; only the `kube` pool may plan it.
+        let unit = pg("ns/j", 0, 2, 8, 8);
+        let mut kube = Ledger::default().in_node_pool(Some("kube".into()));
+        assert_eq!(
+            ensure_plan(&v, &mut kube, &unit, GPU, at(now)).unwrap(),
+            "rack-a"
+        );
+        let mut unpooled = Ledger::default();
+        assert_eq!(
+            ensure_plan(&v, &mut unpooled, &unit, GPU, at(now)).unwrap(),
+            "rack-c"
+        );
+        // A lone 4-GPU pod (ledgers without the unit's plans): room only in each one's pool.
+        let kube = Ledger::default().in_node_pool(Some("kube".into()));
+        let unpooled = Ledger::default();
+        let req = PodRequest {
+            devices: DeviceRequest {
+                pod: "ns/p".into(),
+                resource: GPU.into(),
+                count: 4,
+            },
+            unit: None,
+            numa_cpus: None,
+        };
+        let feasible = |l: &Ledger| {
+            judge(
+                Cluster::new(&v, l, now),
+                &Scoring::default(),
+                &req,
+                None,
+                ["a0", "a1", "b0", "c0"],
+            )
+            .into_iter()
+            .filter(|x| x.feasible())
+            .map(|x| x.node)
+            .collect::<Vec<_>>()
+        };
+        assert_eq!(feasible(&kube), ["a0", "a1"]);
+        assert_eq!(feasible(&unpooled), ["b0", "c0"]);
+        let verdicts = judge(
+            Cluster::new(&v, &unpooled, now),
+            &Scoring::default(),
+            &req,
+            None,
+            ["a0"],
+        );
+        assert_eq!(
+            verdicts[0].unfit,
+            Some(Unfit::OtherNodePool {
+                node: Some("kube".into()),
+                ours: None
+            })
+        );
+        assert_eq!(
+            verdicts[0].unfit.as_ref().unwrap().to_string(),
+            "the node is in node pool \"kube\" (fumarole.dev/node-pool); this scheduler places accelerator pods in no node pool"
+        );
     }
 
     #[test]

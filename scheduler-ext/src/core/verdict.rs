@@ -8,7 +8,7 @@ use fumarole_topology::{SelectError, Selection};
 
 use crate::core::placement::{PlacementError, UnitConflict};
 use crate::core::request::RequestError;
-use crate::core::view::ClusterView;
+use crate::core::view::{ClusterView, NODE_POOL_LABEL};
 
 /// Why a node cannot take a pod.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -16,6 +16,16 @@ pub enum Unfit {
     /// The view has neither a `DeviceTopology` nor a `Node` of that name.
     #[error("unknown node: no DeviceTopology or Node object in the cluster view")]
     UnknownNode,
+    /// The node's accelerators belong to another scheduler's node pool.
+    #[error(
+        "the node is in {} ({NODE_POOL_LABEL}); this scheduler places accelerator pods in {}",
+        pool_name(node.as_deref()),
+        pool_name(ours.as_deref())
+    )]
+    OtherNodePool {
+        node: Option<String>,
+        ours: Option<String>,
+    },
     /// A `Node` without a published `DeviceTopology`: no devices.
     #[error("node publishes no DeviceTopology")]
     NoTopology,
@@ -64,12 +74,21 @@ impl Unfit {
         match self {
             Unfit::NotEnoughFree { .. } | Unfit::Select(_) | Unfit::NoNumaFit { .. } => true,
             Unfit::UnknownNode
+            | Unfit::OtherNodePool { .. }
             | Unfit::NoTopology
             | Unfit::NoNumatopology
             | Unfit::Unit(_)
             | Unfit::Placement(_)
             | Unfit::Request(_) => false,
         }
+    }
+}
+
+/// A node pool as a message names it.
+fn pool_name(pool: Option<&str>) -> String {
+    match pool {
+        Some(p) => format!("node pool {p:?}"),
+        None => "no node pool".to_string(),
     }
 }
 

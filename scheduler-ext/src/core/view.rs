@@ -53,6 +53,11 @@ pub const MAX_DEVICES: usize = 64;
 /// Node label naming the node's super-node (what `fumarole-agent run --super-node` publishes).
 pub const SUPER_NODE_LABEL: &str = "fumarole.dev/super-node";
 
+/// Node label naming the scheduler pool a node's accelerators belong to: a scheduler places
+/// accelerator pods only on the nodes of its own pool (`--node-pool`; none: the nodes without
+/// the label), so two schedulers, each with its own ledger, never hand out one device twice.
+pub const NODE_POOL_LABEL: &str = "fumarole.dev/node-pool";
+
 /// Why a node's published objects cannot enter the view.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ViewError {
@@ -142,6 +147,8 @@ pub struct NodeView {
     pub super_node: Option<String>,
     /// Node labels (empty when no Node object was seen).
     pub labels: BTreeMap<String, String>,
+    /// The node's [`NODE_POOL_LABEL`], read once: every decision compares it.
+    pub node_pool: Option<String>,
     /// True when a `DeviceTopology` was published for the node; a bare `Node` has no devices.
     pub has_topology: bool,
     /// Pods (`namespace/name`) the node's status reports devices allocated to.
@@ -257,6 +264,7 @@ impl NodeView {
             select,
             super_node: dt.spec.super_node.as_ref().map(|s| s.id.clone()),
             labels: BTreeMap::new(),
+            node_pool: None,
             has_topology: true,
             reported: status
                 .iter()
@@ -271,6 +279,7 @@ impl NodeView {
     /// names none.
     fn label(&mut self, meta: &ObjectMeta) {
         self.labels = meta.labels.clone().unwrap_or_default();
+        self.node_pool = self.labels.get(NODE_POOL_LABEL).cloned();
         if self.super_node.is_none() {
             self.super_node = self.labels.get(SUPER_NODE_LABEL).cloned();
         }
@@ -293,6 +302,7 @@ impl NodeView {
             select: Arc::new(NodeContext::new(empty_context())),
             super_node: None,
             labels: BTreeMap::new(),
+            node_pool: None,
             has_topology: false,
             reported: Vec::new(),
         }

@@ -128,11 +128,14 @@ impl Decider {
     pub fn new(view: ClusterView, settings: Settings) -> Self {
         Decider {
             view: RwLock::new(Arc::new(view)),
-            ledger: RwLock::new(if settings.keep_waiting_reservations {
-                Ledger::keeping_waiting_plans()
-            } else {
-                Ledger::default()
-            }),
+            ledger: RwLock::new(
+                if settings.keep_waiting_reservations {
+                    Ledger::keeping_waiting_plans()
+                } else {
+                    Ledger::default()
+                }
+                .in_node_pool(settings.node_pool.clone()),
+            ),
             settings,
             fence: OnceLock::new(),
             allocate_clock: AllocateClock::default(),

@@ -30,6 +30,10 @@ pub struct Settings {
     /// super-node lost the room or their unit cannot start
     /// ([`crate::core::placement::ensure_plan`]).
     pub keep_waiting_reservations: bool,
+    /// `--node-pool`: the nodes whose accelerators this scheduler hands out, those labelled
+    /// [`crate::core::view::NODE_POOL_LABEL`] with this value (`None`: the nodes without the
+    /// label). Two schedulers sharing a cluster each get their own pool.
+    pub node_pool: Option<String>,
 }
 
 impl Default for Settings {
@@ -45,6 +49,7 @@ impl Default for Settings {
             super_pods: SuperPods::default(),
             whole_job_super_pod: false,
             keep_waiting_reservations: false,
+            node_pool: None,
         }
     }
 }
