@@ -70,8 +70,9 @@ pub struct Ledger {
     /// lapsing early ([`crate::core::placement::ensure_plan`]; see
     /// [`Self::keeping_waiting_plans`]).
     keep_waiting_plans: bool,
-    /// The node pool this ledger hands devices out in ([`crate::core::view::NODE_POOL_LABEL`]; `None`: the nodes
-    /// without the label). Another scheduler's ledger owns the other pools' devices.
+    /// The node pool this ledger hands devices out in
+    /// ([`crate::core::view::NODE_POOL_LABEL`]; `None`: the nodes without the label). Another
+    /// scheduler's ledger owns the other pools' devices.
     node_pool: Option<String>,
 }
 

@@ -694,8 +694,9 @@ pub(crate) mod tests {
         PlanInputs::new(now, TTL)
     }
 
-    /// [`view`] with rack-a's nodes labelled into node pool `kube`: a scheduler hands out
-    /// only its own pool's devices, in plans and verdicts alike.
+    /// a0, a1 (rack-a, 4 free each, labelled into node pool `kube`), b0 (rack-b, 4 free), c0
+    /// (rack-c, 8 free): a scheduler hands out only its own pool's devices, in plans and
+    /// verdicts alike.
     #[test]
     fn a_ledger_plans_and_judges_only_in_its_node_pool() {
         use crate::core::decide::judge;
