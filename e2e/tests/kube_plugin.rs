@@ -351,16 +351,9 @@ async fn kube_scheduler_and_volcano_share_a_cluster_in_node_pools() {
         .cloned()
         .chain(["lone".to_string()])
         .collect();
-    let mut placed = eventually("all 8 pods bound", Duration::from_secs(120), || {
-        let pods = pods.clone();
-        let all = all.clone();
-        async move {
-            let placed = common::placements(&pods, &all).await;
-            Ok((placed.len() == all.len()).then_some(placed))
-        }
-    })
-    .await
-    .unwrap();
+    let mut placed = common::all_placed(&pods, &all, Duration::from_secs(120))
+        .await
+        .unwrap();
     // No device twice, across both schedulers; each unit in one super-node of its pool.
     let mut devices = BTreeSet::new();
     for (pod, (_, held)) in &placed {

@@ -192,19 +192,7 @@ async fn all_placed_by(
     pods: &Api<Pod>,
     names: &[String],
 ) -> BTreeMap<String, (String, Vec<String>)> {
-    let placed = eventually(
-        "all pods bound and annotated",
-        Duration::from_secs(150),
-        || {
-            let pods = pods.clone();
-            let names = names.to_vec();
-            async move {
-                let placed = common::placements(&pods, &names).await;
-                Ok((placed.len() == names.len()).then_some(placed))
-            }
-        },
-    )
-    .await;
+    let placed = common::all_placed(pods, names, Duration::from_secs(150)).await;
     match placed {
         Ok(p) => p,
         Err(e) => panic!(

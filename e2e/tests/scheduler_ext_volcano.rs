@@ -179,19 +179,7 @@ async fn job_lands_unit_by_unit_in_single_super_nodes(way: Way) {
 
     let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
     let names: Vec<String> = (0..16).map(|i| format!("train-worker-{i}")).collect();
-    let placed = eventually(
-        "all 16 workers bound and annotated",
-        Duration::from_secs(120),
-        || {
-            let pods = pods.clone();
-            let names = names.clone();
-            async move {
-                let placed = common::placements(&pods, &names).await;
-                Ok((placed.len() == names.len()).then_some(placed))
-            }
-        },
-    )
-    .await;
+    let placed = common::all_placed(&pods, &names, Duration::from_secs(120)).await;
     let placed = match placed {
         Ok(p) => p,
         Err(e) => panic!(
@@ -294,19 +282,7 @@ async fn pytorch_demo_on(way: Way, nodes: &[DeviceTopology], resource: &str, ato
     let names: Vec<String> = std::iter::once("pytorch-demo-master-0".to_string())
         .chain((0..7).map(|i| format!("pytorch-demo-worker-{i}")))
         .collect();
-    let placed = eventually(
-        "all 8 pods bound and annotated",
-        Duration::from_secs(150),
-        || {
-            let pods = pods.clone();
-            let names = names.clone();
-            async move {
-                let placed = common::placements(&pods, &names).await;
-                Ok((placed.len() == names.len()).then_some(placed))
-            }
-        },
-    )
-    .await;
+    let placed = common::all_placed(&pods, &names, Duration::from_secs(150)).await;
     let placed = match placed {
         Ok(p) => p,
         Err(e) => panic!(

@@ -288,6 +288,21 @@ pub async fn placed(
     .await
 }
 
+/// Waits up to `within` until every pod of `names` is bound with our annotation
+/// ([`placements`]); the error names how long it waited.
+pub async fn all_placed(
+    pods: &Api<Pod>,
+    names: &[String],
+    within: std::time::Duration,
+) -> anyhow::Result<BTreeMap<String, (String, Vec<String>)>> {
+    let what = format!("all {} pods bound and annotated", names.len());
+    fumarole_e2e::cluster::eventually(&what, within, || async {
+        let placed = placements(pods, names).await;
+        Ok((placed.len() == names.len()).then_some(placed))
+    })
+    .await
+}
+
 /// Checks a job's placement: every pod's devices lie on its node and no device is given twice;
 /// the pods of each unit of `per_unit` consecutive ranks share one super-node, and the units
 /// use different super-nodes. Returns each unit's super-node.
@@ -366,20 +381,9 @@ pub async fn place_a_group_job_over_the_racks(pods: &Api<Pod>) {
     for n in &names {
         pods.create(&pp, &gpu_pod(n, 2, group("16"))).await.unwrap();
     }
-    let placed = fumarole_e2e::cluster::eventually(
-        "all 16 pods bound",
-        std::time::Duration::from_secs(120),
-        || {
-            let pods = pods.clone();
-            let names = names.clone();
-            async move {
-                let placed = placements(&pods, &names).await;
-                Ok((placed.len() == names.len()).then_some(placed))
-            }
-        },
-    )
-    .await
-    .unwrap();
+    let placed = all_placed(pods, &names, std::time::Duration::from_secs(120))
+        .await
+        .unwrap();
     let rank = |pod: &str| pod.trim_start_matches("train-").parse::<u32>().unwrap();
     let units = check_units(&placed, rank, 8);
     let racks: std::collections::BTreeSet<&str> = units.values().map(String::as_str).collect();
