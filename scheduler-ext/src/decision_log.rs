@@ -4,7 +4,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::SystemTime;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -22,7 +22,8 @@ pub const DECISIONS_KEPT: usize = 10;
 struct Recorded {
     pod: String,
     at: SystemTime,
-    verdicts: Vec<NodeVerdict>,
+    /// Shared with the filter memo when prioritize reused a filter's verdicts.
+    verdicts: Arc<Vec<NodeVerdict>>,
 }
 
 /// One scoring of a pod over nodes: what `explain` would say, as the scheduler asked it.
@@ -46,7 +47,7 @@ pub struct DecisionLog {
 impl DecisionLog {
     /// Remembers a scoring of `pod` (the last [`DECISIONS_KEPT`] are kept). On the prioritize
     /// path: it only moves the verdicts in; sorting and naming devices wait for `/ui`.
-    pub fn record(&self, pod: &Pod, verdicts: Vec<NodeVerdict>) {
+    pub fn record(&self, pod: &Pod, verdicts: Arc<Vec<NodeVerdict>>) {
         let recorded = Recorded {
             pod: pod_key(pod),
             at: SystemTime::now(),
@@ -67,7 +68,7 @@ impl DecisionLog {
         kept.iter()
             .rev()
             .map(|r| {
-                let mut verdicts = r.verdicts.clone();
+                let mut verdicts = r.verdicts.to_vec();
                 best_first(&mut verdicts);
                 Decision {
                     pod: r.pod.clone(),

@@ -13,9 +13,10 @@
 //!    client, no runtime.
 //! 3. [`effects`]: every API write of a decision (the device choice, the Binding, job
 //!    annotations, withdrawals, the leader label). Nothing there decides.
-//! 4. [`service::Service`]: the decider, the effects, leader election, the view's freshness
-//!    and the `/ui` decision log ([`decision_log`]) put together; `assign` is commit, write,
-//!    and release on a refused write.
+//! 4. [`service::Service`]: the decider, the effects, leader election, the view's freshness,
+//!    the `/ui` decision log ([`decision_log`]) and the memo that lets kube-scheduler's
+//!    prioritize reuse its filter's verdicts ([`filter_memo`]) put together; `assign` is
+//!    commit, write, and release on a refused write.
 //! 5. [`protocol`]: one module per scheduler protocol, its verbs functions over `&Service`
 //!    (decisions from its decider, writes through the service); [`protocol::scale`] turns the
 //!    core's 0..1 scores into each scheduler's numbers, and into the one `explain`, `/ui` and
@@ -37,6 +38,7 @@ pub mod core;
 pub mod decider;
 pub mod decision_log;
 pub mod effects;
+pub mod filter_memo;
 pub mod freshness;
 pub mod http;
 pub mod kubectl;

@@ -4,7 +4,9 @@
 //! - the [`Effects`] (the API writes; live mode only);
 //! - leader election ([`crate::controllers::leader`]) and the view's freshness
 //!   ([`crate::freshness`]), for `/readyz` and `/leaderz`;
-//! - the `/ui` decision log ([`crate::decision_log`]).
+//! - the `/ui` decision log ([`crate::decision_log`]);
+//! - the memo of kube-scheduler's last filters, for the prioritize after each
+//!   ([`crate::filter_memo`]).
 //!
 //! What needs both a decision and a write is composed here: [`Service::assign`] (the decider
 //! commits, the effects write the choice on the pod, and a write the API server refused is
@@ -25,6 +27,7 @@ use crate::core::view::ClusterView;
 use crate::decider::{Asker, CommitError, Decider, PodSource, Settings};
 use crate::decision_log::{Decision, DecisionLog};
 use crate::effects::{self, Effects, PodCheckError, Withdrawal};
+use crate::filter_memo::FilterMemo;
 use crate::freshness::Freshness;
 
 /// Why a pod cannot get devices on a node now ([`Service::assign`]).
@@ -59,6 +62,7 @@ pub struct Service {
     /// How current the live view is, for `/readyz`.
     freshness: OnceLock<Arc<Freshness>>,
     decisions: DecisionLog,
+    filters: FilterMemo,
 }
 
 impl Service {
@@ -85,6 +89,7 @@ impl Service {
             leadership: OnceLock::new(),
             freshness: OnceLock::new(),
             decisions: DecisionLog::default(),
+            filters: FilterMemo::default(),
         }
     }
 
@@ -147,8 +152,13 @@ impl Service {
     }
 
     /// Remembers a scoring of `pod` for `/ui` ([`DecisionLog::record`]).
-    pub fn record_decision(&self, pod: &Pod, verdicts: Vec<NodeVerdict>) {
+    pub fn record_decision(&self, pod: &Pod, verdicts: Arc<Vec<NodeVerdict>>) {
         self.decisions.record(pod, verdicts);
+    }
+
+    /// The memo of kube-scheduler's last filters ([`FilterMemo`]).
+    pub fn filters(&self) -> &FilterMemo {
+        &self.filters
     }
 
     /// The recorded scorings, newest first, as `explain` rows (device ids from the current

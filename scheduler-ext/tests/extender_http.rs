@@ -296,6 +296,70 @@ async fn concurrent_allocations_never_share_a_device() {
     assert_eq!(r["FailedNodes"]["dgx-b"], "needs 1 nvidia.com/gpu, 0 free");
 }
 
+/// kube-scheduler's prioritize of the nodes a pod's filter just passed, in the filter's order,
+/// scores them as that filter saw the cluster (the filter's verdicts, not judged again);
+/// another pod, or nodes outside the filter's answer or its order, are judged afresh.
+#[tokio::test]
+async fn prioritize_reuses_the_filters_verdicts_for_the_nodes_it_passed() {
+    let app = app();
+    let mut p = named_pod("train-0", "4");
+    p["metadata"]["uid"] = json!("u1");
+    let (_, r) = post_to(
+        &app,
+        "/kube-scheduler/filter",
+        json!({"Pod": p, "NodeNames": ["dgx-b", "dgx-a", "pcie-a"]}),
+    )
+    .await;
+    assert_eq!(r["NodeNames"], json!(["dgx-b", "dgx-a"]), "{r}");
+    // Another pod takes two of dgx-a's GPUs between the two calls.
+    let (_, body) = post_to(
+        &app,
+        "/volcano/allocateFunc",
+        json!({"task": {"NodeName": "dgx-a", "Pod": named_pod("other", "2")}}),
+    )
+    .await;
+    assert_eq!(body["errorMessage"], "", "{body}");
+    let scores = |r: Value| -> Vec<(String, i64)> {
+        let list: Vec<HostPriority> = serde_json::from_value(r).unwrap();
+        list.into_iter().map(|h| (h.host, h.score)).collect()
+    };
+    let prioritize = |pod: Value, names: Value| {
+        let app = app.clone();
+        async move {
+            let (status, r) = post_to(
+                &app,
+                "/kube-scheduler/prioritize",
+                json!({"Pod": pod, "NodeNames": names}),
+            )
+            .await;
+            assert_eq!(status, StatusCode::OK);
+            scores(r)
+        }
+    };
+    let reused = prioritize(p.clone(), json!(["dgx-b", "dgx-a"])).await;
+    assert_eq!(reused, [("dgx-b".into(), 8), ("dgx-a".into(), 10)]);
+    assert_eq!(
+        prioritize(p.clone(), json!(["dgx-a"])).await,
+        [("dgx-a".into(), 10)],
+        "a part of the filter's answer, in its order"
+    );
+    let mut twin = p.clone();
+    twin["metadata"]["uid"] = json!("u2");
+    let fresh = prioritize(twin, json!(["dgx-b", "dgx-a"])).await;
+    let dgx_a_now = fresh[1].1;
+    assert_ne!(dgx_a_now, 10, "dgx-a has 6 free GPUs now: {fresh:?}");
+    assert_eq!(
+        prioritize(p.clone(), json!(["dgx-a", "dgx-b"])).await,
+        [("dgx-a".into(), dgx_a_now), ("dgx-b".into(), 8)],
+        "not the filter's order: judged again"
+    );
+    assert_eq!(
+        prioritize(p, json!(["dgx-b", "pcie-a"])).await,
+        [("dgx-b".into(), 8), ("pcie-a".into(), 0)],
+        "pcie-a did not pass the filter: judged again"
+    );
+}
+
 /// `bind` needs the API server: on a snapshot it answers an error, never a crash; bad bodies
 /// get 400.
 #[tokio::test]

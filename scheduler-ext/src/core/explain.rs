@@ -34,7 +34,7 @@ impl Row {
             feasible: v.feasible(),
             devices: v.device_ids(view),
             reason: v.reason(),
-            node: v.node,
+            node: v.node.into(),
             q: v.q,
             loss: v.loss,
             score: v.raw.map(scale),

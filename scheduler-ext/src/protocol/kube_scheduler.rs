@@ -261,17 +261,22 @@ pub fn filter<'a>(
         }
         Ok(verdicts) => {
             let mut seen = Vec::new();
+            let mut passing = Vec::with_capacity(verdicts.len());
             for ((name, v), pass) in names.iter().zip(verdicts).zip(&mut passed) {
-                if let Some(unfit) = v.unfit {
-                    let into = if unfit.resolvable_by_eviction() {
-                        &mut failed
-                    } else {
-                        &mut unresolvable
-                    };
-                    into.push((name, reason_index(&mut reasons, &mut seen, unfit)));
-                    *pass = false;
+                match v.unfit {
+                    None => passing.push(v),
+                    Some(unfit) => {
+                        let into = if unfit.resolvable_by_eviction() {
+                            &mut failed
+                        } else {
+                            &mut unresolvable
+                        };
+                        into.push((name, reason_index(&mut reasons, &mut seen, unfit)));
+                        *pass = false;
+                    }
                 }
             }
+            svc.filters().remember(pod, passing);
         }
     }
     let mut out = FilterAnswer {
@@ -316,16 +321,20 @@ pub struct HostScore<'a> {
 }
 
 /// The `prioritize` verb: 0..10 per node; 0 for filtered or unknown nodes and for pods
-/// without an accelerator request.
+/// without an accelerator request. Nodes this pod's filter just passed keep the filter's
+/// verdicts ([`crate::filter_memo`]); any other request is judged afresh.
 pub fn prioritize<'a>(
     svc: &Service,
     args: &'a ExtenderArgs<'_>,
 ) -> Result<Vec<HostScore<'a>>, ArgsError> {
     let pod = args.pod.as_ref().ok_or(ArgsError::NoPod)?;
     let names = node_names(args)?;
-    let verdicts = svc
-        .evaluate(pod, &names, Asker::KubeScheduler)
-        .unwrap_or_default();
+    let verdicts = svc.filters().reuse(pod, &names).unwrap_or_else(|| {
+        Arc::new(
+            svc.evaluate(pod, &names, Asker::KubeScheduler)
+                .unwrap_or_default(),
+        )
+    });
     let answer = names
         .into_iter()
         .enumerate()

@@ -182,7 +182,7 @@ pub fn prioritize(svc: &Service, req: &PrioritizeRequest) -> PrioritizeResponse 
         .collect();
     tracing::debug!(pod = %pod_key(pod), scores = ?node_score, "Volcano prioritize");
     if !verdicts.is_empty() {
-        svc.record_decision(pod, verdicts);
+        svc.record_decision(pod, Arc::new(verdicts));
     }
     PrioritizeResponse {
         node_score,

@@ -143,7 +143,7 @@ impl GpuAware {
     ) -> NodeVerdict {
         match memo.select(nv, free, req.devices.count) {
             Ok(s) => NodeVerdict {
-                node: node.to_string(),
+                node: node.into(),
                 unfit: None,
                 q: Some(s.q),
                 loss: Some(s.loss),
@@ -154,7 +154,7 @@ impl GpuAware {
                 node,
                 Unfit::NotEnoughFree {
                     need: k,
-                    resource: req.devices.resource.clone(),
+                    resource: req.devices.resource.as_str().into(),
                     free,
                 },
             ),
