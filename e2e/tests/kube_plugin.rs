@@ -25,12 +25,6 @@ const SCHEDULER: &str = "kube-scheduler-fumarole";
 async fn cluster_with_plugin(topologies: &[DeviceTopology], args: &str) -> TestCluster {
     let cluster = common::cluster().await;
     common::publish(&cluster, topologies).await;
-    start_plugin(&cluster, args).await;
-    cluster
-}
-
-/// Starts kube-scheduler-fumarole with `args` on `cluster`; answers its HTTPS port.
-async fn start_plugin(cluster: &TestCluster, args: &str) -> u16 {
     cluster
         .start_scheduler_program(
             SCHEDULER,
@@ -39,7 +33,8 @@ async fn start_plugin(cluster: &TestCluster, args: &str) -> u16 {
             &[],
         )
         .await
-        .unwrap()
+        .unwrap();
+    cluster
 }
 
 async fn bound_node(pods: &Api<Pod>, name: &str) -> String {
@@ -314,17 +309,6 @@ fn hints_after_assigned_pod_deletes(port: u16, hint: &str) -> f64 {
         .sum()
 }
 
-/// Waits until kube-scheduler has counted a `hint` answer for a scheduled pod's deletion.
-async fn hint_counted(port: u16, hint: &str) {
-    eventually(
-        &format!("a {hint} hint for a scheduled pod's deletion"),
-        Duration::from_secs(30),
-        || async { Ok((hints_after_assigned_pod_deletes(port, hint) >= 1.0).then_some(())) },
-    )
-    .await
-    .unwrap();
-}
-
 /// The plugin's queueing hints, as kube-scheduler runs them for a pod fumarole refused: a
 /// CPU pod's deletion leaves the refused pod where it is (`QueueSkip`), a GPU pod's deletion
 /// retries it (`Queue`). An 8-GPU pod is refused (dgx-a's 4 free GPUs taken by a 4-GPU pod,
@@ -333,7 +317,15 @@ async fn hint_counted(port: u16, hint: &str) {
 async fn a_cpu_pods_deletion_skips_a_refused_pod_and_a_gpu_pods_queues_it() {
     let cluster = common::cluster().await;
     common::publish(&cluster, &common::two_dgx()).await;
-    let port = start_plugin(&cluster, "{}").await;
+    let port = cluster
+        .start_scheduler_program(
+            SCHEDULER,
+            &kube_plugin_bin().unwrap(),
+            &kube_plugin_config("{}"),
+            &[],
+        )
+        .await
+        .unwrap();
     let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
     let create = |pod: Pod| {
         let pods = pods.clone();
@@ -350,10 +342,22 @@ async fn a_cpu_pods_deletion_skips_a_refused_pod_and_a_gpu_pods_queues_it() {
         ..Default::default()
     };
     pods.delete("web", &now).await.unwrap();
-    hint_counted(port, "QueueSkip").await;
+    eventually(
+        "a QueueSkip hint for the CPU pod's deletion",
+        Duration::from_secs(30),
+        || async { Ok((hints_after_assigned_pod_deletes(port, "QueueSkip") >= 1.0).then_some(())) },
+    )
+    .await
+    .unwrap();
     assert_eq!(hints_after_assigned_pod_deletes(port, "Queue"), 0.0);
     pods.delete("hold", &now).await.unwrap();
-    hint_counted(port, "Queue").await;
+    eventually(
+        "a Queue hint for the GPU pod's deletion",
+        Duration::from_secs(30),
+        || async { Ok((hints_after_assigned_pod_deletes(port, "Queue") >= 1.0).then_some(())) },
+    )
+    .await
+    .unwrap();
 }
 
 /// Two schedulers, each with fumarole's plugin and its own ledger, on one cluster: the
@@ -381,7 +385,15 @@ async fn kube_scheduler_and_volcano_share_a_cluster_in_node_pools() {
             .await
             .unwrap();
     }
-    start_plugin(&cluster, "{nodePool: kube}").await;
+    cluster
+        .start_scheduler_program(
+            SCHEDULER,
+            &kube_plugin_bin().unwrap(),
+            &kube_plugin_config("{nodePool: kube}"),
+            &[],
+        )
+        .await
+        .unwrap();
     common::start_volcano(&cluster, common::Way::Plugin, &[], SEED_VOLCANO_CONF).await;
 
     let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
