@@ -15,8 +15,8 @@ use fumarole_e2e::cluster::{TestCluster, eventually};
 use fumarole_e2e::fumarole::{kube_plugin_bin, kube_plugin_config};
 use fumarole_topology::crd::DeviceTopology;
 use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::{Event, Pod};
-use kube::api::{Api, ListParams, PostParams, WatchEvent, WatchParams};
+use k8s_openapi::api::core::v1::{Event, Node, Pod};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use serde_json::json;
 
 const SCHEDULER: &str = "kube-scheduler-fumarole";
@@ -399,5 +399,52 @@ async fn kube_scheduler_and_volcano_share_a_cluster_in_node_pools() {
             .node_name
             .is_none(),
         "extra was bound outside its pool"
+    );
+}
+
+/// A unit's planned super-node that kube-scheduler's other plugins refuse whole (every rack-a
+/// node tainted NoSchedule, which fumarole does not judge) is given up from PostFilter: the
+/// unit of 8 pods of 2 GPUs (16 GPUs; rack-a is its best fit by name, rack-b as good) lands
+/// whole on rack-b within seconds, where the plan renewed on every try would have held it on
+/// rack-a for good; the scheduler's log names the super-node given up.
+#[tokio::test]
+async fn a_unit_whose_super_node_other_plugins_refuse_is_planned_elsewhere() {
+    let cluster = cluster_with_plugin(&common::racks(), "{}").await;
+    let nodes: Api<Node> = Api::all(cluster.client());
+    let taint = json!({"spec": {"taints": [
+        {"key": "example.com/maintenance", "value": "true", "effect": "NoSchedule"}
+    ]}});
+    for node in ["a0", "a1", "a2", "a3"] {
+        nodes
+            .patch(node, &PatchParams::default(), &Patch::Merge(&taint))
+            .await
+            .unwrap();
+    }
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let names: Vec<String> = (0..8).map(|i| format!("train-{i}")).collect();
+    for n in &names {
+        let group = json!({"metax-tech.com/gpu-group-size": "16"});
+        pods.create(&PostParams::default(), &common::gpu_pod(n, 2, group))
+            .await
+            .unwrap();
+    }
+    let placed = match common::all_placed(&pods, &names, Duration::from_secs(60)).await {
+        Ok(p) => p,
+        Err(e) => panic!(
+            "{e}\npods: {:?}\n{SCHEDULER}:\n{}",
+            common::pod_states(&pods).await,
+            cluster.log_tail(SCHEDULER, 80).unwrap_or_default()
+        ),
+    };
+    let racks: BTreeSet<&str> = placed
+        .values()
+        .map(|(node, _)| common::rack_of(node))
+        .collect();
+    assert_eq!(racks, BTreeSet::from(["rack-b"]), "{placed:?}");
+    let log = cluster.log_tail(SCHEDULER, 4000).unwrap();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("planning it elsewhere") && l.contains("rack-a")),
+        "{log}"
     );
 }

@@ -6,7 +6,8 @@
 // Per scheduling cycle: PreFilter judges the pod on every node in one call and, when few fit (a
 // gpu-group-size unit's pod: its planned super-node), narrows the candidates to them, so
 // kube-scheduler's sampling of 10 % of the nodes never misses them; Filter and Score read that
-// result; Reserve / Unreserve move the pod's devices in and out of the core's ledger; Bind
+// result; PostFilter, when other plugins refused every node fumarole found fit, has the unit
+// planned on another super-node; Reserve / Unreserve move the pod's devices in and out of the core's ledger; Bind
 // writes the Binding with the device choice in its annotations, one write. A pod asking for no
 // device fumarole serves is skipped at PreFilter and bound by the default binder.
 package fumarole
@@ -38,13 +39,15 @@ const stateKey fwk.StateKey = "fumarole.dev/verdicts"
 
 // Plugin is one profile's instance; the engine behind it is one per process.
 type Plugin struct {
-	engine  *abi.Engine
-	profile string
+	engine    *abi.Engine
+	profile   string
+	activator fwk.PodActivator
 }
 
 var (
 	_ fwk.PreFilterPlugin   = &Plugin{}
 	_ fwk.FilterPlugin      = &Plugin{}
+	_ fwk.PostFilterPlugin  = &Plugin{}
 	_ fwk.PreScorePlugin    = &Plugin{}
 	_ fwk.ScorePlugin       = &Plugin{}
 	_ fwk.ReservePlugin     = &Plugin{}
@@ -145,7 +148,7 @@ func New(ctx context.Context, args runtime.Object, handle fwk.Handle) (fwk.Plugi
 			return nil, fmt.Errorf("%s: profile %q enables it, but profile %q started it already: one profile per scheduler may enable %s",
 				Name, profile, shared.profile, Name)
 		}
-		return &Plugin{engine: shared.engine, profile: profile}, nil
+		return &Plugin{engine: shared.engine, profile: profile, activator: handle}, nil
 	}
 	kubeconfig, err := kubeconfigYAML(handle.KubeConfig())
 	if err != nil {
@@ -166,7 +169,7 @@ func New(ctx context.Context, args runtime.Object, handle fwk.Handle) (fwk.Plugi
 	klog.InfoS("fumarole: decision core ready", "profile", profile)
 	shared.engine, shared.profile = engine, profile
 	go retryOnDeviceChanges(ctx, engine, handle)
-	return &Plugin{engine: engine, profile: profile}, nil
+	return &Plugin{engine: engine, profile: profile, activator: handle}, nil
 }
 
 // engineConfig is the core's configuration (EngineConfig in scheduler-abi/src/engine.rs).
@@ -270,6 +273,31 @@ func (p *Plugin) Filter(_ context.Context, state fwk.CycleState, _ *v1.Pod, node
 	default:
 		return fwk.NewStatus(fwk.Unschedulable, verdict.Reason)
 	}
+}
+
+// PostFilter: no node passed, though fumarole found some fit: other plugins refused them all
+// (a taint on every node of the unit's planned super-node, say, which fumarole does not
+// judge). The core gives the unit's plan up and plans it on another super-node at the next
+// try, which comes at once: the pod is activated, not left for a flush. Informational, as the
+// framework asks of such plugins: always Unschedulable.
+func (p *Plugin) PostFilter(ctx context.Context, state fwk.CycleState, pod *v1.Pod, _ fwk.NodeToStatusReader) (*fwk.PostFilterResult, *fwk.Status) {
+	c, ok := read(state)
+	if !ok {
+		return nil, fwk.NewStatus(fwk.Unschedulable)
+	}
+	if fits, _ := c.verdicts.FitCount(); fits == 0 {
+		return nil, fwk.NewStatus(fwk.Unschedulable)
+	}
+	superNode, err := p.engine.GiveUpPlan(c.pod)
+	if err != nil || superNode == "" {
+		return nil, fwk.NewStatus(fwk.Unschedulable)
+	}
+	logger := klog.FromContext(ctx)
+	logger.Info("fumarole: other plugins refused every node of the unit's super-node; planning it elsewhere",
+		"pod", klog.KObj(pod), "superNode", superNode)
+	p.activator.Activate(logger, map[string]*v1.Pod{pod.Namespace + "/" + pod.Name: pod})
+	return nil, fwk.NewStatus(fwk.Unschedulable,
+		fmt.Sprintf("fumarole: other plugins refused every node of super-node %s; the unit is planned elsewhere", superNode))
 }
 
 // PreScore skips scoring for a pod PreFilter skipped.

@@ -131,6 +131,15 @@ func (e *Engine) Bind(pod []byte, node string) error {
 	return err
 }
 
+// GiveUpPlan: the scheduler's other filters refused every node fumarole found fit for the pod
+// (JSON). The core gives its unit's plan up and plans the unit elsewhere at the next try;
+// the super-node given up, or "" when there was nothing to give up.
+func (e *Engine) GiveUpPlan(pod []byte) (string, error) {
+	var out *C.char
+	code := C.fumarole_task_give_up_plan(e.ptr, bytesPtr(pod), C.size_t(len(pod)), &out)
+	return answer(code, take(out))
+}
+
 // DeviceViews counts the core's views that took in a DeviceTopology change (only grows): when
 // it moves, pods refused for want of devices may fit.
 func (e *Engine) DeviceViews() uint64 {

@@ -387,6 +387,24 @@ impl Engine {
         commit.map_err(|e| anyhow!("{e}"))
     }
 
+    /// The scheduler's other filters refused every node fumarole found fit for `pod`: gives up
+    /// its unit's plan ([`scheduler_ext::decider::Decider::give_up_plan`]), so the next try
+    /// plans the unit on another super-node. The super-node given up, or `None` when there was
+    /// nothing to give up (a pod asking for no device of ours has none either).
+    pub fn give_up_plan(&self, pod: &Pod) -> Result<Option<String>> {
+        match self.svc.decider().give_up_plan(pod) {
+            Ok(given_up) => {
+                if let Some(sn) = &given_up {
+                    tracing::info!(pod = %pod_key(pod), super_node = %sn,
+                        "the scheduler's other filters refused every node of the unit's super-node: planning it elsewhere");
+                }
+                Ok(given_up)
+            }
+            Err(RequestError::NoAccelerator { .. }) => Ok(None),
+            Err(e) => Err(anyhow!("{e}")),
+        }
+    }
+
     /// The scheduler undid `pod`'s allocation: its devices go back to the free pool now, and
     /// the choice is taken off the pod in the background. `Ok(false)`: nothing was held.
     pub fn deallocate(&self, pod: &Pod) -> bool {

@@ -182,6 +182,31 @@ pub unsafe extern "C" fn fumarole_task_deallocate(
     }
 }
 
+/// The scheduler's other filters refused every node fumarole found fit for the pod (JSON),
+/// a taint on every node of its unit's super-node, say: the unit's plan is given up and that
+/// super-node avoided for it for a while, so the next try plans it elsewhere.
+/// [`FUMAROLE_OK`] with the super-node given up in `*out`, or NULL when there was nothing to
+/// give up (no unit, no plan, or the unit has started there); [`FUMAROLE_ERROR`] with why the
+/// pod's request is unusable.
+///
+/// # Safety
+/// As [`fumarole_task_evaluate`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fumarole_task_give_up_plan(
+    engine: *const Engine,
+    pod: *const u8,
+    len: usize,
+    out: *mut *mut c_char,
+) -> c_int {
+    // SAFETY: the caller's contract, passed on.
+    unsafe {
+        edge(out, || {
+            let given_up = engine_ref(engine)?.give_up_plan(&parse_pod(pod, len)?)?;
+            Ok((FUMAROLE_OK, given_up))
+        })
+    }
+}
+
 /// The scheduler will call [`fumarole_task_prebind`] before each bind: allocations no longer
 /// write device choices themselves. [`FUMAROLE_OK`].
 ///

@@ -356,3 +356,49 @@ fn the_kube_scheduler_configuration_scores_0_to_100_and_bind_needs_an_api_server
     assert_eq!(unsafe { fumarole_engine_device_views(std::ptr::null()) }, 0);
     unsafe { fumarole_engine_free(e) };
 }
+
+fn give_up_plan(e: *mut Engine, pod: &[u8]) -> (i32, String) {
+    let mut out = std::ptr::null_mut();
+    let code = unsafe { fumarole_task_give_up_plan(e, pod.as_ptr(), pod.len(), &mut out) };
+    (code, take(out))
+}
+
+/// The nodes a pod fits on, by name.
+fn fitting(e: *mut Engine, pod: &[u8]) -> Vec<String> {
+    let (code, text) = evaluate(e, pod);
+    assert_eq!(code, FUMAROLE_OK, "{text}");
+    lines(&text)
+        .into_iter()
+        .filter(|(_, (code, _, _))| *code == 0)
+        .map(|(node, _)| node)
+        .collect()
+}
+
+/// A unit's plan given up through the ABI (kube-scheduler's other filters refused its
+/// super-node) names the super-node, and the unit's next judgement plans it elsewhere; a pod
+/// of no unit has nothing to give up (OK, no string); bad JSON is an error.
+#[test]
+fn a_units_plan_given_up_moves_it_to_another_super_node() {
+    let e = engine();
+    let mut unit = serde_json::from_slice::<serde_json::Value>(&pod("job-0", 2)).unwrap();
+    unit["metadata"]["annotations"] = json!({"metax-tech.com/gpu-group-size": "4"});
+    let unit = serde_json::to_vec(&unit).unwrap();
+    let first = fitting(e, &unit);
+    assert!(!first.is_empty());
+    let (code, given_up) = give_up_plan(e, &unit);
+    assert_eq!(code, FUMAROLE_OK, "{given_up}");
+    assert!(!given_up.is_empty());
+    let second = fitting(e, &unit);
+    assert!(
+        !second.is_empty() && second.iter().all(|n| !first.contains(n)),
+        "planned on {first:?} first, then on {second:?} after giving up {given_up}"
+    );
+    assert_eq!(
+        give_up_plan(e, &pod("lone", 2)),
+        (FUMAROLE_OK, String::new())
+    );
+    let (code, text) = give_up_plan(e, b"{not json");
+    assert_eq!(code, FUMAROLE_ERROR);
+    assert!(text.contains("pod"), "{text}");
+    unsafe { fumarole_engine_free(e) };
+}

@@ -66,6 +66,10 @@ pub struct Ledger {
     /// a perf profile of the kube-scheduler plugin.
     by_node: HashMap<String, HashSet<String>, foldhash::fast::RandomState>,
     plans: HashMap<UnitKey, Plan>,
+    /// Super-nodes a sub-unit's plan was given up on, until when: the scheduler's other
+    /// filters refused every node of it (a taint, say), which fumarole cannot see, so planning
+    /// looks elsewhere first ([`Self::give_up_plan`]).
+    avoided: HashMap<UnitKey, Vec<(String, Instant)>>,
     /// Plans of sub-units with nothing placed are renewed while their pods are retried, never
     /// lapsing early ([`crate::core::placement::ensure_plan`]; see
     /// [`Self::keeping_waiting_plans`]).
@@ -187,6 +191,24 @@ impl Ledger {
         self.plans.remove(unit);
     }
 
+    /// Gives up `unit`'s plan: its super-node is avoided for the unit until `until` (planning
+    /// takes it again only when no other super-node has the room). Returns the super-node, or
+    /// `None` when the unit had no plan.
+    pub fn give_up_plan(&mut self, unit: &UnitKey, until: Instant) -> Option<String> {
+        let plan = self.plans.remove(unit)?;
+        let avoided = self.avoided.entry(unit.clone()).or_default();
+        avoided.retain(|(sn, _)| *sn != plan.super_node);
+        avoided.push((plan.super_node.clone(), until));
+        Some(plan.super_node)
+    }
+
+    /// True when `unit`'s plan was given up on `super_node` and that still holds at `now`.
+    pub fn avoids(&self, unit: &UnitKey, super_node: &str, now: Instant) -> bool {
+        self.avoided
+            .get(unit)
+            .is_some_and(|l| l.iter().any(|(sn, until)| sn == super_node && *until > now))
+    }
+
     /// Pushes the expiry of `unit`'s plan to `until`.
     pub fn renew_plan(&mut self, unit: &UnitKey, until: Instant) {
         if let Some(p) = self.plans.get_mut(unit) {
@@ -229,6 +251,10 @@ impl Ledger {
         self.plans.retain(|unit, p| {
             let placed: u32 = view.members(unit).iter().map(|m| m.gpus).sum();
             p.expires > now && placed < p.gpus
+        });
+        self.avoided.retain(|_, l| {
+            l.retain(|(_, until)| *until > now);
+            !l.is_empty()
         });
         dropped
     }

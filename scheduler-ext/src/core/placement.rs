@@ -373,8 +373,8 @@ pub fn ensure_plan(
     } else {
         0
     };
-    // (super-node, room, room outside its reserve)
-    let rooms: Vec<(String, u32, u32)> = view
+    // (super-node, room, room outside its reserve, given up for this sub-unit)
+    let rooms: Vec<(String, u32, u32, bool)> = view
         .super_nodes()
         .iter()
         .map(|(sn, nodes)| {
@@ -386,7 +386,8 @@ pub fn ensure_plan(
                 .map(|n| usable(c.free_count(n, resource), pg.gpus))
                 .sum();
             let all = total.saturating_sub(taken);
-            (sn.clone(), all, all.saturating_sub(kept))
+            let avoided = ledger.avoids(&pg.key, sn, now);
+            (sn.clone(), all, all.saturating_sub(kept), avoided)
         })
         .collect();
     let need_one = pg.spec.atomic_size;
@@ -394,10 +395,13 @@ pub fn ensure_plan(
         .spec
         .atomic_size
         .saturating_mul(u32::try_from(open.len()).unwrap_or(u32::MAX));
-    let room_of = |r: &(String, u32, u32), outside: bool| if outside { r.2 } else { r.1 };
+    let room_of = |r: &(String, u32, u32, bool), outside: bool| if outside { r.2 } else { r.1 };
     // Best fit (least room) keeps large super-nodes for large units; sp-fit idlest the most.
-    let fit = |need: u32, outside: bool| {
-        let fits = rooms.iter().filter(|r| room_of(r, outside) >= need);
+    // A super-node the sub-unit's plan was given up on is taken only when no other fits.
+    let fit = |need: u32, outside: bool, skip_avoided: bool| {
+        let fits = rooms
+            .iter()
+            .filter(|r| room_of(r, outside) >= need && !(skip_avoided && r.3));
         let pick = if pg.spec.idlest {
             fits.max_by(|a, b| {
                 room_of(a, outside)
@@ -411,26 +415,30 @@ pub fn ensure_plan(
                     .then_with(|| a.0.cmp(&b.0))
             })
         };
-        pick.map(|(sn, _, _)| sn.clone())
+        pick.map(|(sn, _, _, _)| sn.clone())
     };
     siblings.sort();
     // Outside the reserve first (only super-pod jobs have one), then anywhere.
     let passes: &[bool] = if keep > 0 { &[true, false] } else { &[false] };
-    let choice = passes.iter().find_map(|&outside| {
-        let sibling = siblings.iter().find(|sn| {
-            rooms
-                .iter()
-                .any(|r| r.0 == **sn && room_of(r, outside) >= need_one)
-        });
-        let found = if let Some(sn) = sibling {
-            Some((sn.clone(), vec![pg.key.clone()]))
-        } else if let Some(sn) = fit(need_all, outside) {
-            Some((sn, open.clone()))
-        } else {
-            fit(need_one, outside).map(|sn| (sn, vec![pg.key.clone()]))
-        };
-        found.map(|(sn, keys)| (sn, keys, if outside { keep } else { 0 }))
-    });
+    let choose = |skip_avoided: bool| {
+        passes.iter().find_map(|&outside| {
+            let sibling = siblings.iter().find(|sn| {
+                rooms.iter().any(|r| {
+                    r.0 == **sn && room_of(r, outside) >= need_one && !(skip_avoided && r.3)
+                })
+            });
+            let found = if let Some(sn) = sibling {
+                Some((sn.clone(), vec![pg.key.clone()]))
+            } else if let Some(sn) = fit(need_all, outside, skip_avoided) {
+                Some((sn, open.clone()))
+            } else {
+                fit(need_one, outside, skip_avoided).map(|sn| (sn, vec![pg.key.clone()]))
+            };
+            found.map(|(sn, keys)| (sn, keys, if outside { keep } else { 0 }))
+        })
+    };
+    let avoiding = rooms.iter().any(|r| r.3);
+    let choice = choose(avoiding).or_else(|| avoiding.then(|| choose(false)).flatten());
     let Some((chosen, keys, keep_free)) = choice else {
         let most = rooms
             .iter()
@@ -446,7 +454,7 @@ pub fn ensure_plan(
             }
         }
         return Err(match most {
-            Some((sn, r, _)) => PlacementError::NoRoom {
+            Some((sn, r, _, _)) => PlacementError::NoRoom {
                 unit: pg.key.clone(),
                 need: need_one,
                 resource: resource.to_string(),
@@ -827,6 +835,57 @@ pub(crate) mod tests {
         assert_eq!(
             ensure_plan(&v, &mut l, &s, GPU, at(later)).unwrap(),
             "rack-b"
+        );
+    }
+
+    /// A plan given up (the scheduler's other filters refused every node of its super-node)
+    /// is made again elsewhere: rack-c, the next best fit, not rack-a again. When no other
+    /// super-node has the room the given-up one is taken again rather than none; once the
+    /// avoidance ends, best fit decides as before.
+    #[test]
+    fn a_plan_given_up_is_made_again_on_another_super_node() {
+        let v = view();
+        let mut l = Ledger::default();
+        let now = Instant::now();
+        let p = pg("ns/j", 0, 2, 8, 8);
+        assert_eq!(ensure_plan(&v, &mut l, &p, GPU, at(now)).unwrap(), "rack-a");
+        let until = now + TTL;
+        assert_eq!(l.give_up_plan(&p.key, until).as_deref(), Some("rack-a"));
+        assert!(l.plan(&p.key, now).is_none() && l.avoids(&p.key, "rack-a", now));
+        assert_eq!(ensure_plan(&v, &mut l, &p, GPU, at(now)).unwrap(), "rack-c");
+        // Another job is not affected: rack-a is still its best fit.
+        let q = pg("ns/k", 0, 2, 8, 8);
+        assert_eq!(ensure_plan(&v, &mut l, &q, GPU, at(now)).unwrap(), "rack-a");
+        // rack-c given up too; rack-a is taken by ns/k: rack-b (12) is left.
+        assert_eq!(l.give_up_plan(&p.key, until).as_deref(), Some("rack-c"));
+        assert_eq!(ensure_plan(&v, &mut l, &p, GPU, at(now)).unwrap(), "rack-b");
+        // A unit that fits only where it was given up goes there again.
+        let big = pg("ns/big", 0, 4, 12, 12);
+        assert_eq!(
+            l.give_up_plan(&big.key, until),
+            None,
+            "no plan, nothing given up"
+        );
+        let mut solo = Ledger::default();
+        assert_eq!(
+            ensure_plan(&v, &mut solo, &big, GPU, at(now)).unwrap(),
+            "rack-b"
+        );
+        assert_eq!(
+            solo.give_up_plan(&big.key, until).as_deref(),
+            Some("rack-b")
+        );
+        assert_eq!(
+            ensure_plan(&v, &mut solo, &big, GPU, at(now)).unwrap(),
+            "rack-b"
+        );
+        // After the avoidance ends (and the plans with it) rack-a is ns/j's best fit again.
+        let later = until + Duration::from_secs(1);
+        l.prune(&v, later, TTL);
+        assert!(!l.avoids(&p.key, "rack-a", later));
+        assert_eq!(
+            ensure_plan(&v, &mut l, &p, GPU, at(later)).unwrap(),
+            "rack-a"
         );
     }
 

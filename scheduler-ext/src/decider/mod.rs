@@ -43,7 +43,7 @@ use crate::core::cluster::Cluster;
 use crate::core::decide;
 use crate::core::explain::Row;
 use crate::core::ledger::{Commit, Ledger};
-use crate::core::placement::{PlacementError, PlanInputs};
+use crate::core::placement::{self, PlacementError, PlanInputs};
 use crate::core::request::{DeviceRequest, PodRequest, RequestError, pod_request_in};
 use crate::core::score::Scoring;
 use crate::core::verdict::{NodeVerdict, Unfit, best_first};
@@ -314,6 +314,26 @@ impl Decider {
             view.nodes().map(|n| (n.name.as_str(), Some(n))),
         );
         Ok((view, verdicts))
+    }
+
+    /// The scheduler's other filters refused every node fumarole found fit for `pod` (a taint
+    /// on every node of its unit's super-node, say, which fumarole does not judge): when
+    /// nothing of the pod's sub-unit is placed or committed, its plan is given up and its
+    /// super-node avoided for the sub-unit for one reservation time-to-live, so the next try
+    /// plans it elsewhere. Returns that super-node; `None` for a pod outside any unit, a unit
+    /// with no plan, or one already started there (moving it would split it).
+    pub fn give_up_plan(&self, pod: &Pod) -> Result<Option<String>, RequestError> {
+        let view = self.view();
+        let req = pod_request_in(pod, &view.resources(), view.jobs(), view.claims())?;
+        let Some(unit) = &req.unit else {
+            return Ok(None);
+        };
+        let now = Instant::now();
+        let mut ledger = self.ledger_mut();
+        if !placement::placed(&Cluster::new(&view, &ledger, now), &unit.key).is_empty() {
+            return Ok(None);
+        }
+        Ok(ledger.give_up_plan(&unit.key, now + self.settings.reservation_ttl))
     }
 
     /// Notes a call of Volcano's `allocateFunc` ([`Asker::Volcano`]).

@@ -75,6 +75,30 @@ fn plans_lapse_only_where_the_scheduler_reports_its_placements() {
     assert!(b0_passes(&keeping, Asker::KubeScheduler));
 }
 
+/// A unit's plan given up (kube-scheduler's other filters refused its super-node) is made
+/// again on another super-node at the next judgement; once a pod of the sub-unit is committed
+/// the plan stays (moving it would split the unit), and a pod of no unit has none to give up.
+#[test]
+fn a_given_up_plan_moves_the_unit_until_it_has_started() {
+    let svc = decider();
+    let unit = pod("job-0", 4, Some(8));
+    let feasible = |svc: &Decider| -> Vec<bool> {
+        svc.evaluate(&unit, &["a0", "b0"], Asker::KubeScheduler)
+            .unwrap()
+            .iter()
+            .map(NodeVerdict::feasible)
+            .collect()
+    };
+    // Planned among the two nodes kube-scheduler asks about: rack-a.
+    assert_eq!(feasible(&svc), [true, false]);
+    assert_eq!(svc.give_up_plan(&unit).unwrap().as_deref(), Some("rack-a"));
+    assert_eq!(feasible(&svc), [false, true]);
+    svc.commit(&unit, "b0").unwrap().unwrap();
+    assert_eq!(svc.give_up_plan(&pod("job-1", 4, Some(8))).unwrap(), None);
+    assert_eq!(feasible(&svc), [false, true]);
+    assert_eq!(svc.give_up_plan(&pod("stranger", 4, None)).unwrap(), None);
+}
+
 /// A commit settles (is dropped) once the view shows its pod bound with its devices; a
 /// commit made meanwhile must see either the commit or that view, never neither. Views
 /// are replaced in another thread while pods are committed one after another; no device
