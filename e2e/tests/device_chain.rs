@@ -1,6 +1,7 @@
 //! The scheduler's choice is the device the container gets, followed per pod from the scheduler
 //! to the container: the real kube-scheduler (with the extension as filter, prioritize and
-//! bind), the real Volcano (with the extension as its `extender` plugin, binding without
+//! bind), kube-scheduler-fumarole (kube-scheduler v1.37 with fumarole's framework plugin
+//! compiled in, binding with the choice in the Binding), the real Volcano (with the extension as its `extender` plugin, binding without
 //! telling it, so the extension writes the choice right after the bind), or vc-scheduler-fumarole
 //! (Volcano v1.10 with fumarole's plugin compiled in and the seeds' configuration: the plugin
 //! writes the choice when Volcano allocates, while Volcano binds), the fumarole agent in
@@ -42,9 +43,15 @@ fn pod_count() -> usize {
 /// Which scheduler decides, and how it reaches fumarole.
 #[derive(Clone, Copy, Debug)]
 enum Decider {
+    /// Upstream's kube-scheduler with the extension as filter, prioritize and bind extender.
     KubeScheduler,
+    /// `kube-scheduler-fumarole`: the framework plugin compiled in, binding with the choice.
+    KubePlugin,
     Volcano(Way),
 }
+
+/// The kube-scheduler with fumarole's framework plugin, as its log is named.
+const KUBE_PLUGIN: &str = "kube-scheduler-fumarole";
 
 async fn run_chain(decider: Decider) {
     let cluster = TestCluster::start().await.unwrap();
@@ -55,6 +62,18 @@ async fn run_chain(decider: Decider) {
             let port = cluster.start_scheduler_ext(&[]).await.unwrap();
             cluster
                 .start_kube_scheduler(&common::kube_scheduler_config(port))
+                .await
+                .unwrap();
+            Scheduler::Kube
+        }
+        Decider::KubePlugin => {
+            cluster
+                .start_scheduler_program(
+                    KUBE_PLUGIN,
+                    &fumarole::kube_plugin_bin().unwrap(),
+                    &fumarole::kube_plugin_config("{}"),
+                    &[],
+                )
                 .await
                 .unwrap();
             Scheduler::Kube
@@ -75,6 +94,7 @@ async fn run_chain(decider: Decider) {
             Decider::Volcano(Way::Plugin) => {
                 cluster.log_tail("vc-scheduler", 60).unwrap_or_default()
             }
+            Decider::KubePlugin => cluster.log_tail(KUBE_PLUGIN, 60).unwrap_or_default(),
             _ => cluster
                 .log_tail("fumarole-scheduler-ext", 40)
                 .unwrap_or_default(),
@@ -124,14 +144,24 @@ async fn run_chain(decider: Decider) {
         logged_of(&cluster, &warnings)
     );
     // The plugin neither failed to start nor stopped a panic.
-    if let Decider::Volcano(Way::Plugin) = decider {
-        common::assert_no_failed_calls(&cluster);
+    match decider {
+        Decider::Volcano(Way::Plugin) => common::assert_no_failed_calls(&cluster),
+        Decider::KubePlugin => {
+            let log = cluster.log_tail(KUBE_PLUGIN, 100_000).unwrap();
+            assert!(!log.contains("fumarole panicked"), "{log}");
+        }
+        _ => {}
     }
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn kube_scheduler_choice_is_what_every_container_gets() {
     run_chain(Decider::KubeScheduler).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn kube_plugin_choice_is_what_every_container_gets() {
+    run_chain(Decider::KubePlugin).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -157,7 +187,10 @@ fn logged_of(cluster: &TestCluster, warnings: &[String]) -> String {
     logs.iter()
         .filter(|p| {
             p.file_name().and_then(|n| n.to_str()).is_some_and(|n| {
-                n.ends_with(".log") && (n.starts_with("fumarole") || n.starts_with("vc-scheduler"))
+                n.ends_with(".log")
+                    && (n.starts_with("fumarole")
+                        || n.starts_with("vc-scheduler")
+                        || n.starts_with(KUBE_PLUGIN))
             })
         })
         .filter_map(|p| std::fs::read_to_string(p).ok())

@@ -1,7 +1,8 @@
-//! fumarole-scheduler-ext placing pods whose NPUs come from ResourceClaims, against the real
-//! API server and the real kube-scheduler (v1.37, `resource.k8s.io/v1`, its own DRA
-//! allocator), with the extension as its filter and prioritize extender (no bind: the
-//! scheduler's DRA allocator picks the devices on the node).
+//! fumarole placing pods whose NPUs come from ResourceClaims, against the real API server and
+//! the real kube-scheduler (v1.37, `resource.k8s.io/v1`, its own DRA allocator), two ways:
+//! fumarole-scheduler-ext as its filter and prioritize extender, and `kube-scheduler-fumarole`
+//! (the framework plugin compiled in). Neither binds: the scheduler's DRA allocator picks the
+//! devices on the node.
 //!
 //! Two Ascend nodes (fixture `atlas-800-910`: HCCS groups 0-3 and 4-7) whose agents serve their
 //! NPUs through DRA (`servedBy: dra`) and publish their ResourceSlices and DeviceTopology. A
@@ -9,7 +10,7 @@
 //! claim (`matchAttribute: fumarole.dev/fabricGroup`) and 64 of npu-a's 192 CPUs. Then a pod
 //! with a one-NPU claim and no constraint:
 //!
-//! - with the extension, it goes to npu-a: the held NPUs (an allocated claim the extension
+//! - with the extension (or the plugin), it goes to npu-a: the held NPUs (an allocated claim the extension
 //!   counts as used) leave one NPU alone in its HCCS group there, which the pod can take
 //!   breaking no whole group, where on npu-b it would break one (gpu-aware scoring, the same as
 //!   for `huawei.com/Ascend910` pods: 10 against 8, times the extender weight 5 and
@@ -31,7 +32,7 @@ use fumarole_e2e::NodeSpec;
 use fumarole_e2e::TestCluster;
 use fumarole_e2e::cluster::eventually;
 use fumarole_e2e::dra::DraAgent;
-use fumarole_e2e::fumarole::device_topologies;
+use fumarole_e2e::fumarole::{device_topologies, kube_plugin_bin, kube_plugin_config};
 use fumarole_topology::annotation::DEVICES_ANNOTATION;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
@@ -66,9 +67,20 @@ fn extender_config(port: u16) -> String {
     )
 }
 
+/// What besides kube-scheduler's own plugins scores the nodes.
+#[derive(Clone, Copy)]
+enum Fumarole {
+    /// Nothing: upstream's kube-scheduler alone (the control).
+    Absent,
+    /// fumarole-scheduler-ext as filter and prioritize extender.
+    Extender,
+    /// `kube-scheduler-fumarole`: the framework plugin compiled in (shipped weight 5).
+    Plugin,
+}
+
 /// Two Ascend nodes with their slices and DeviceTopology published, the DeviceClasses, and
-/// kube-scheduler (with the extension as extender when `extension`).
-async fn setup(extension: bool) -> (TestCluster, Vec<DraAgent>) {
+/// kube-scheduler with `fumarole` deciding beside it.
+async fn setup(fumarole: Fumarole) -> (TestCluster, Vec<DraAgent>) {
     let cluster = common::cluster().await;
     cluster.install_dra_device_classes().await.unwrap();
     let dirs = vec![
@@ -99,13 +111,29 @@ async fn setup(extension: bool) -> (TestCluster, Vec<DraAgent>) {
         .await
         .unwrap();
     }
-    let config = if extension {
-        let port = cluster.start_scheduler_ext(&[]).await.unwrap();
-        extender_config(port)
-    } else {
-        String::new()
-    };
-    cluster.start_kube_scheduler(&config).await.unwrap();
+    match fumarole {
+        Fumarole::Absent => {
+            cluster.start_kube_scheduler("").await.unwrap();
+        }
+        Fumarole::Extender => {
+            let port = cluster.start_scheduler_ext(&[]).await.unwrap();
+            cluster
+                .start_kube_scheduler(&extender_config(port))
+                .await
+                .unwrap();
+        }
+        Fumarole::Plugin => {
+            cluster
+                .start_scheduler_program(
+                    "kube-scheduler-fumarole",
+                    &kube_plugin_bin().unwrap(),
+                    &kube_plugin_config("{}"),
+                    &[],
+                )
+                .await
+                .unwrap();
+        }
+    }
     (cluster, dirs)
 }
 
@@ -197,14 +225,25 @@ async fn claim_pod(
 /// With the extension: the one-NPU claim pod goes where it breaks no whole HCCS group.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_extension_steers_a_claim_pod_to_the_node_whose_hccs_group_is_already_broken() {
-    let (cluster, _dirs) = setup(true).await;
+    steers_a_claim_pod_to_the_node_whose_hccs_group_is_already_broken(Fumarole::Extender).await;
+}
+
+/// The same with the framework plugin: its Score, and the default binder (the plugin binds
+/// no claim pod; the scheduler's DRA allocator chooses the devices).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_plugin_steers_a_claim_pod_to_the_node_whose_hccs_group_is_already_broken() {
+    steers_a_claim_pod_to_the_node_whose_hccs_group_is_already_broken(Fumarole::Plugin).await;
+}
+
+async fn steers_a_claim_pod_to_the_node_whose_hccs_group_is_already_broken(fumarole: Fumarole) {
+    let (cluster, _dirs) = setup(fumarole).await;
     let (node, held, _) = claim_pod(&cluster, "holder", 3, "64", Some("npu-a")).await;
     assert_eq!(node, "npu-a");
     assert_eq!(held.len(), 3, "{held:?}");
     let (node, got, pod) = claim_pod(&cluster, "single", 1, "1", None).await;
     assert_eq!(
         node, "npu-a",
-        "the extension prefers the node with a broken HCCS group (holder has {held:?})"
+        "fumarole prefers the node with a broken HCCS group (holder has {held:?})"
     );
     assert!(got[0].starts_with("npu-a/"), "{got:?}");
     let annotations = pod.metadata.annotations.unwrap_or_default();
@@ -217,7 +256,7 @@ async fn the_extension_steers_a_claim_pod_to_the_node_whose_hccs_group_is_alread
 /// The control: kube-scheduler alone sends the same pod to the other, less loaded, node.
 #[tokio::test(flavor = "multi_thread")]
 async fn without_the_extension_the_scheduler_sends_it_to_the_untouched_node() {
-    let (cluster, _dirs) = setup(false).await;
+    let (cluster, _dirs) = setup(Fumarole::Absent).await;
     let (node, _, _) = claim_pod(&cluster, "holder", 3, "64", Some("npu-a")).await;
     assert_eq!(node, "npu-a");
     let (node, _, _) = claim_pod(&cluster, "single", 1, "1", None).await;
