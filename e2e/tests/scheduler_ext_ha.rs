@@ -8,7 +8,9 @@
 //! - two replicas behind a stand-in for the chart's Service (the Pod labelled leader, and
 //!   ready), the leader killed several times; the standby takes over within the lease
 //!   duration and the killed one comes back as standby;
-//! - the same two replicas under the real kube-scheduler (the same workload as bare pods).
+//! - the same two replicas under the real kube-scheduler (the same workload as bare pods);
+//! - no extension: kube-scheduler-fumarole (the framework plugin, its core in the scheduler's
+//!   process) itself killed and started again, the workload as bare pods.
 //!
 //! Afterwards: no device was given to two running pods of a node (checked at the harness
 //! nodes), no unit ran in two super-nodes, the kubelet refused no pod, and every pod ran,
@@ -22,14 +24,12 @@
 //! a seed (`FUMAROLE_HA_SEED`, printed); `FUMAROLE_HA_PODS` sets the pods (default 96) and
 //! `FUMAROLE_HA_KILLS` the kills (default 3); the runs are in docs/testing.md.
 //!
-//! No run here uses fumarole's Volcano plugin (vc-scheduler-fumarole), on purpose: what these
-//! tests kill and elect does not exist there. The plugin's decision core lives inside the
-//! scheduler's process, so there is no extension to kill while the scheduler goes on, no
-//! replica behind a Service and no Lease of fumarole's: it dies and starts with the scheduler,
-//! and several scheduler replicas are Volcano's own leader election (`--leader-elect`), under
-//! which only the leader schedules, so only its core decides. A vc-scheduler-fumarole killed in
-//! the middle of a workload (its core starting again from the cluster) is a different test,
-//! not written yet.
+//! A plugin's decision core lives inside the scheduler's process, so there is no extension to
+//! kill while the scheduler goes on, no replica behind a Service and no Lease of fumarole's: it
+//! dies and starts with the scheduler, and several scheduler replicas are the scheduler's own
+//! leader election, under which only the leader schedules, so only its core decides. What is
+//! left to kill is the scheduler itself: the kube-scheduler plugin's run does that. The same
+//! for vc-scheduler-fumarole (Volcano's plugin) is not written yet.
 
 // Test code: helpers outside #[test] fns may unwrap and panic too.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -367,4 +367,101 @@ async fn the_leader_of_two_killed_again_and_again_never_gives_a_device_twice() {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_leader_of_two_killed_under_kube_scheduler_never_gives_a_device_twice() {
     run_with_kills(&["ext-a", "ext-b"], (16_000, 20_000), Scheduler::Kube).await;
+}
+
+/// kube-scheduler-fumarole (the framework plugin, its core inside the scheduler) SIGKILLed at
+/// seeded moments while the same workload flows as bare pods, and started again at once as
+/// its Deployment would: each new process builds its core from the cluster, where every bound
+/// pod carries its choice (the Binding brought node and devices in one write). No device is
+/// given twice, no unit split, every pod admitted with the scheduler's choice.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_kube_plugin_scheduler_killed_again_and_again_never_gives_a_device_twice() {
+    const SCHEDULER: &str = "kube-scheduler-fumarole";
+    let seed = env_or("FUMAROLE_HA_SEED", 20261123);
+    let kills = env_or("FUMAROLE_HA_KILLS", 3) as usize;
+    let target = env_or("FUMAROLE_HA_PODS", 96) as usize;
+    eprintln!("seed {seed}, {target} pods, {kills} kills of {SCHEDULER}");
+    let cluster = Arc::new(TestCluster::start().await.unwrap());
+    cluster.install_fumarole_crds().await.unwrap();
+    let harness = chain::start_nodes(&cluster, &[]).await.unwrap();
+    cluster
+        .start_scheduler_program(
+            SCHEDULER,
+            &fumarole_e2e::fumarole::kube_plugin_bin().unwrap(),
+            &fumarole_e2e::fumarole::kube_plugin_config("{}"),
+            &[],
+        )
+        .await
+        .unwrap();
+    let done = Arc::new(AtomicBool::new(false));
+    // The scheduler's Deployment: started again when it exits.
+    let supervisor = {
+        let (cluster, done) = (Arc::clone(&cluster), Arc::clone(&done));
+        tokio::spawn(async move {
+            let mut restarts = 0;
+            while !done.load(Ordering::Relaxed) {
+                if cluster.restart_if_exited(SCHEDULER).unwrap() {
+                    restarts += 1;
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            restarts
+        })
+    };
+    let killer = {
+        let (cluster, done) = (Arc::clone(&cluster), Arc::clone(&done));
+        tokio::spawn(async move {
+            let mut moments = Moments(seed);
+            let mut log = Vec::new();
+            let started = Instant::now();
+            for k in 0..kills {
+                // Sooner than the extension's kills: the whole run takes about 20 s here.
+                tokio::time::sleep(moments.between(1_500, 5_000)).await;
+                if done.load(Ordering::Relaxed) {
+                    break;
+                }
+                let pid = cluster
+                    .pids()
+                    .unwrap()
+                    .into_iter()
+                    .find_map(|(name, pid)| (name == SCHEDULER).then_some(pid))
+                    .unwrap();
+                // The process group, as Proc starts it: the scheduler and nothing else.
+                let _ = nix::sys::signal::killpg(
+                    nix::unistd::Pid::from_raw(pid as i32),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+                log.push(format!("kill {k}: pid {pid} at {:.1?}", started.elapsed()));
+            }
+            log
+        })
+    };
+    let findings = chain::run(
+        &cluster,
+        &harness,
+        Scheduler::Kube,
+        target,
+        Duration::from_secs(120 + 8 * target as u64),
+        || cluster.log_tail(SCHEDULER, 40).unwrap_or_default(),
+    )
+    .await
+    .unwrap();
+    done.store(true, Ordering::Relaxed);
+    let kill_log = killer.await.unwrap();
+    let restarts = supervisor.await.unwrap();
+    for line in &kill_log {
+        eprintln!("{line}");
+    }
+    eprintln!(
+        "after {} kills ({restarts} restarts): {}",
+        kill_log.len(),
+        findings.summary()
+    );
+    assert!(!kill_log.is_empty(), "no kill happened during the run");
+    assert!(
+        restarts >= kill_log.len(),
+        "{restarts} restarts after {} kills",
+        kill_log.len()
+    );
+    assert!(findings.clean(), "{findings:#?}");
 }

@@ -569,9 +569,20 @@ async fn check_job_annotations(
 /// with the extension (on `port`) as its extender for [`NPU`], waits until all are placed and
 /// checks them as an `sp-block: 16` job in two blocks ([`check_job_annotations`]). Returns
 /// the pod names.
+/// How kube-scheduler reaches fumarole.
+#[derive(Clone, Copy)]
+enum KubeWay {
+    /// Upstream's kube-scheduler with the extension on this port as its binding extender.
+    Extender(u16),
+    /// `kube-scheduler-fumarole` (the framework plugin) with `superPodSize: 4`.
+    Plugin,
+}
+
+const KUBE_PLUGIN: &str = "kube-scheduler-fumarole";
+
 async fn kube_scheduler_job(
     cluster: &TestCluster,
-    port: u16,
+    way: KubeWay,
     job: &str,
     annotations: serde_json::Value,
 ) -> Vec<String> {
@@ -585,11 +596,28 @@ async fn kube_scheduler_job(
     // pods naming it): kube-scheduler starts once the view has rebuilt with all four, at the
     // latest one tick later, as Volcano's gang wait would give it.
     tokio::time::sleep(scheduler_ext::live::TICK * 2).await;
-    cluster
-        .start_kube_scheduler(&fumarole_e2e::fumarole::kube_scheduler_config(port, &[NPU]))
-        .await
-        .unwrap();
-    let placed = all_placed_by(cluster, "kube-scheduler", &pods, &names).await;
+    let scheduler = match way {
+        KubeWay::Extender(port) => {
+            cluster
+                .start_kube_scheduler(&fumarole_e2e::fumarole::kube_scheduler_config(port, &[NPU]))
+                .await
+                .unwrap();
+            "kube-scheduler"
+        }
+        KubeWay::Plugin => {
+            cluster
+                .start_scheduler_program(
+                    KUBE_PLUGIN,
+                    &fumarole_e2e::fumarole::kube_plugin_bin().unwrap(),
+                    &fumarole_e2e::fumarole::kube_plugin_config("{superPodSize: 4}"),
+                    &[],
+                )
+                .await
+                .unwrap();
+            KUBE_PLUGIN
+        }
+    };
+    let placed = all_placed_by(cluster, scheduler, &pods, &names).await;
     let blocks = check_job_annotations(&pods, &placed).await;
     assert_eq!(blocks.len(), 2, "{placed:?}");
     names
@@ -605,13 +633,30 @@ async fn kube_scheduler_job(
 /// copies its annotations over the pod's), the device choice comes with the Binding.
 #[tokio::test]
 async fn kube_scheduler_binds_after_writing_the_job_annotations() {
+    binds_after_writing_the_job_annotations(false).await;
+}
+
+/// The same through kube-scheduler-fumarole: the plugin's core patches the job annotations and
+/// creates the Binding from inside the scheduler's process, with its own client (not
+/// kube-scheduler's binder).
+#[tokio::test]
+async fn kube_plugin_binds_after_writing_the_job_annotations() {
+    binds_after_writing_the_job_annotations(true).await;
+}
+
+async fn binds_after_writing_the_job_annotations(plugin: bool) {
     let cluster = common::cluster().await;
     publish(&cluster, &super_pods_with_ids(["1", "2"])).await;
-    let port = cluster
-        .start_scheduler_ext(&["--super-pod-size=4"])
-        .await
-        .unwrap();
-    let names = kube_scheduler_job(&cluster, port, "hccl", json!({"sp-block": "16"})).await;
+    let way = if plugin {
+        KubeWay::Plugin
+    } else {
+        let port = cluster
+            .start_scheduler_ext(&["--super-pod-size=4"])
+            .await
+            .unwrap();
+        KubeWay::Extender(port)
+    };
+    let names = kube_scheduler_job(&cluster, way, "hccl", json!({"sp-block": "16"})).await;
 
     let audit = cluster.audited_writes().unwrap();
     for n in &names {
@@ -696,7 +741,7 @@ async fn pod_group_crd_installed_after_start_is_watched() {
     );
 
     let group = json!({"scheduling.k8s.io/group-name": "train"});
-    kube_scheduler_job(&cluster, port, "train", group).await;
+    kube_scheduler_job(&cluster, KubeWay::Extender(port), "train", group).await;
 }
 
 /// Creates PodGroup `name` in `default` (4 members, queue `default`) with `annotations`;
