@@ -20,10 +20,20 @@
 # stamped with volcano-<version>.stamp (a hash of that module).
 # A warm run (binaries and stamps present) builds nothing and takes well under a second.
 #
+# `--control-plane`: only the first group and Volcano's CRDs (what the demo runs), not
+# helm-render, nrt-scheduler, pod-fingerprint or the other Volcano releases (tests only).
+#
 # The last line on stdout is always `FUMAROLE_UPSTREAM_DIR=<dir>`, so callers can
 #   eval "$(e2e/build-upstream.sh | tail -n1)"; export FUMAROLE_UPSTREAM_DIR
 # Everything else goes to stderr.
 set -euo pipefail
+
+control_plane_only=false
+case "${1:-}" in
+  "") ;;
+  --control-plane) control_plane_only=true ;;
+  *) echo "build-upstream: unknown argument '$1' (the only one is --control-plane)" >&2; exit 2 ;;
+esac
 
 E2E_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 K8S_MOD="$E2E_DIR/upstream/k8s"
@@ -112,6 +122,12 @@ else
     echo "seconds=$(( $(date +%s) - start ))"
   } >"$STAMP"
   echo "build-upstream: built in $(( $(date +%s) - start ))s" >&2
+fi
+
+if $control_plane_only; then
+  for b in "${BINS[@]}"; do echo "  $OUT/bin/$b" >&2; done
+  echo "FUMAROLE_UPSTREAM_DIR=$OUT"
+  exit 0
 fi
 
 # helm-render: its own stamp, so its edits never invalidate the control plane's key.

@@ -26,6 +26,8 @@ pub struct FleetNode {
     /// The Node's CPU and memory capacity.
     pub cpu: String,
     pub memory: String,
+    /// Labels of the Node object (e.g. `fumarole.dev/node-pool`).
+    pub labels: Vec<(String, String)>,
 }
 
 impl FleetNode {
@@ -38,6 +40,7 @@ impl FleetNode {
             devices,
             cpu: "224".into(),
             memory: "2Ti".into(),
+            labels: Vec::new(),
         }
     }
 
@@ -51,6 +54,11 @@ impl FleetNode {
         self.memory = memory.into();
         self
     }
+
+    pub fn label(mut self, key: &str, value: &str) -> Self {
+        self.labels.push((key.into(), value.into()));
+        self
+    }
 }
 
 /// Starts every node (Node object, harness node, agent with `agent_args` on top of the
@@ -62,13 +70,13 @@ pub async fn start(
 ) -> Result<Vec<HarnessNode>> {
     let mut harness = Vec::new();
     for n in nodes {
-        cluster
-            .create_node(
-                &NodeSpec::new(&n.name)
-                    .capacity("cpu", &n.cpu)
-                    .capacity("memory", &n.memory),
-            )
-            .await?;
+        let spec = n.labels.iter().fold(
+            NodeSpec::new(&n.name)
+                .capacity("cpu", &n.cpu)
+                .capacity("memory", &n.memory),
+            |spec, (k, v)| spec.label(k, v),
+        );
+        cluster.create_node(&spec).await?;
         let h = cluster.start_harness_node(&n.name).await?;
         let mut agent = AgentBuilder::fixture(&n.fixture)
             .process(&format!("fumarole-agent-{}", n.name))

@@ -1,7 +1,8 @@
-//! `fumarole-demo` (`scripts/demo.sh`), run as a user runs it: the whole default cluster comes
-//! up, every workload lands, the scheduler's device choice is what each kubelet gave, the job's
-//! units each sit in one super-node; Ctrl-C (SIGINT) stops every process it started; a busy
-//! `/ui` port is refused before anything starts.
+//! `fumarole-demo` (`scripts/demo.sh`), run as a user runs it, with both plugins (the default)
+//! and with the extension: the whole default cluster comes up, every workload lands, the
+//! scheduler's device choice is what each kubelet gave, the job's units each sit in one
+//! super-node; Ctrl-C (SIGINT) stops every process it started; a busy `/ui` port is refused
+//! before anything starts.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -66,11 +67,31 @@ impl Drop for Demo {
     }
 }
 
+/// One demo at a time: each runs seven nodes and agents, two would crowd the machine.
+static ONE_DEMO: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// The default: both plugins, the DGX nodes Volcano's and the Atlas and PCIe nodes
+/// kube-scheduler's (node pools).
 #[test]
 fn the_demo_places_every_workload_and_stops_on_ctrl_c() {
+    demo_places_every_workload_and_stops_on_ctrl_c("plugins");
+}
+
+/// The same through the extension (one ledger for both schedulers, and the `/ui` page).
+#[test]
+fn the_demo_with_the_extender_places_every_workload_and_stops_on_ctrl_c() {
+    demo_places_every_workload_and_stops_on_ctrl_c("extender");
+}
+
+fn demo_places_every_workload_and_stops_on_ctrl_c(with: &str) {
+    let _one = ONE_DEMO
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let ui_port = free_port().unwrap();
     let mut demo = Demo(
         Command::new(DEMO)
-            .arg(format!("--ui-port={}", free_port().unwrap()))
+            .arg(format!("--with={with}"))
+            .arg(format!("--ui-port={ui_port}"))
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -142,7 +163,20 @@ fn the_demo_places_every_workload_and_stops_on_ctrl_c() {
         !output.lines().any(|l| l.ends_with("  NO")),
         "a choice differs from what a kubelet gave:\n{output}"
     );
-    assert!(output.contains("/ui"), "{output}");
+    if with == "plugins" {
+        assert!(
+            output.contains("starting kube-scheduler-fumarole (node pool \"kube\")"),
+            "{output}"
+        );
+        // kube-scheduler's explain rows: the DGX nodes are Volcano's pool.
+        assert!(
+            output.contains("this scheduler places accelerator pods in node pool \"kube\""),
+            "{output}"
+        );
+    } else {
+        let page = format!("http://127.0.0.1:{ui_port}/ui");
+        assert!(output.contains(&page), "{output}");
+    }
 
     let root = root_of(&output);
     // The demo's cluster through `kubectl fumarole top`, with the KUBECONFIG it printed: every
@@ -172,8 +206,9 @@ fn the_demo_places_every_workload_and_stops_on_ctrl_c() {
     assert_eq!(in_use("atlas-a") + in_use("atlas-b"), 1, "{usage}");
 
     let running = processes_under(&root);
-    // etcd, kube-apiserver, 7 harness nodes, 7 agents, the extension, kube-scheduler, Volcano.
-    assert!(running.len() >= 19, "{running:#?}");
+    // etcd, kube-apiserver, 7 harness nodes, 7 agents, the two schedulers (and the extension).
+    let least = if with == "plugins" { 18 } else { 19 };
+    assert!(running.len() >= least, "{running:#?}");
 
     kill(Pid::from_raw(child.id() as i32), Signal::SIGINT).unwrap();
     let rest: Vec<String> = lines.map_while(Result::ok).collect();
@@ -197,7 +232,7 @@ fn a_busy_ui_port_is_refused_before_anything_starts() {
     let busy = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = busy.local_addr().unwrap().port();
     let out = Command::new(DEMO)
-        .arg(format!("--ui-port={port}"))
+        .args(["--with=extender", &format!("--ui-port={port}")])
         .output()
         .unwrap();
     assert!(!out.status.success());

@@ -1,21 +1,26 @@
 //! `fumarole-demo` (run by `scripts/demo.sh`): fumarole's main job on a local cluster.
 //!
-//! Starts the e2e control plane (etcd, kube-apiserver, kube-scheduler, Volcano), seven
-//! fixture nodes in two super-nodes, each with a harness node (the kubelet's own device and
-//! topology managers) and a real `fumarole-agent`, and the scheduler extension; submits a few
-//! workloads, prints where each pod landed, with which devices and why, and stays up until
-//! Ctrl-C (or exits at once with `--once`). Everything it started stops with it.
+//! Starts the e2e control plane (etcd, kube-apiserver, Volcano's controllers), seven fixture
+//! nodes in two super-nodes, each with a harness node (the kubelet's own device and topology
+//! managers) and a real `fumarole-agent`, and the two schedulers with fumarole deciding: by
+//! default both plugins (`kube-scheduler-fumarole` and `vc-scheduler-fumarole`, the decision
+//! core compiled into each, the nodes split into node pools between them), or with `--with
+//! extender` upstream's kube-scheduler and Volcano calling the scheduler extension (one core for
+//! both, and its `/ui` page). Submits a few workloads, prints where each pod landed, with which
+//! devices and why, and stays up until Ctrl-C (or exits at once with `--once`). Everything it
+//! started stops with it.
 
 use std::collections::BTreeMap;
 use std::net::TcpListener;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use clap::Parser;
+use clap::{Parser, ValueEnum};
 use fumarole_e2e::chain::{pytorch_demo, vcjob_resource};
 use fumarole_e2e::fleet::{self, FleetNode};
 use fumarole_e2e::fumarole::{
-    kube_scheduler_config, kubectl_plugin_bin, volcano_conf_with_extender,
+    SEED_VOLCANO_CONF, kube_plugin_bin, kube_plugin_config, kube_scheduler_config,
+    kubectl_plugin_bin, volcano_conf_with_extender, volcano_plugin_bin,
 };
 use fumarole_e2e::wait::eventually;
 use fumarole_e2e::{HarnessNode, TestCluster};
@@ -25,6 +30,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use kube::{Client, ResourceExt};
 use scheduler_ext::core::explain;
+use scheduler_ext::core::view::NODE_POOL_LABEL;
 use scheduler_ext::decider::{Decider, Settings};
 use scheduler_ext::live;
 use scheduler_ext::protocol::scale;
@@ -35,10 +41,17 @@ const GPU: &str = "nvidia.com/gpu";
 const NPU: &str = "huawei.com/Ascend910";
 const NAMESPACE: &str = "default";
 
+/// The node pool kube-scheduler-fumarole hands accelerators out in, under `--with plugins`
+/// (Volcano's plugin takes the unlabelled nodes).
+const KUBE_POOL: &str = "kube";
+
 #[derive(Parser)]
 #[command(about = "fumarole's main job on a local cluster of bundled fixture nodes")]
 struct Args {
-    /// Port of the scheduler extension's `/ui` on 127.0.0.1.
+    /// How the schedulers reach fumarole.
+    #[arg(long, value_enum, default_value_t = With::Plugins)]
+    with: With,
+    /// Port of the scheduler extension's `/ui` on 127.0.0.1 (`--with extender`).
     #[arg(long, default_value_t = 8890)]
     ui_port: u16,
     /// Print the report and stop everything, instead of waiting for Ctrl-C.
@@ -46,14 +59,33 @@ struct Args {
     once: bool,
 }
 
+/// How kube-scheduler and Volcano reach fumarole.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum With {
+    /// kube-scheduler-fumarole and vc-scheduler-fumarole: the decision core compiled into each
+    /// scheduler. Two ledgers, so the nodes are split into node pools: the DGX nodes are
+    /// Volcano's, the Atlas and PCIe nodes kube-scheduler's (`fumarole.dev/node-pool: kube`).
+    Plugins,
+    /// Upstream's kube-scheduler and Volcano calling fumarole-scheduler-ext (one ledger for
+    /// both, every node shared), which serves the `/ui` page.
+    Extender,
+}
+
 /// The demo cluster: 4 DGX H100 and 2 Atlas 800 (910) in super-nodes `sn-a` and `sn-b`, and a
-/// 4-GPU PCIe server in none.
-fn nodes() -> Vec<FleetNode> {
+/// 4-GPU PCIe server in none; under `with` plugins the Atlas and PCIe nodes in kube-scheduler's
+/// node pool.
+fn nodes(with: With) -> Vec<FleetNode> {
+    let kube = |n: FleetNode| match with {
+        With::Plugins => n.label(NODE_POOL_LABEL, KUBE_POOL),
+        With::Extender => n,
+    };
     let dgx = |name: &str, sn: &str| FleetNode::new(name, "dgx-h100", GPU, 8).super_node(sn);
     let atlas = |name: &str, sn: &str| {
-        FleetNode::new(name, "atlas-800-910", NPU, 8)
-            .super_node(sn)
-            .capacity("192", "1Ti")
+        kube(
+            FleetNode::new(name, "atlas-800-910", NPU, 8)
+                .super_node(sn)
+                .capacity("192", "1Ti"),
+        )
     };
     vec![
         dgx("dgx-a0", "sn-a"),
@@ -62,7 +94,7 @@ fn nodes() -> Vec<FleetNode> {
         dgx("dgx-b0", "sn-b"),
         dgx("dgx-b1", "sn-b"),
         atlas("atlas-b", "sn-b"),
-        FleetNode::new("pcie-0", "pcie-4gpu", GPU, 4).capacity("64", "512Gi"),
+        kube(FleetNode::new("pcie-0", "pcie-4gpu", GPU, 4).capacity("64", "512Gi")),
     ]
 }
 
@@ -86,25 +118,46 @@ async fn main() {
 /// Starts the cluster, runs the workloads, prints the report; then waits forever (the caller
 /// stops it) or, with `--once`, returns.
 async fn run(args: &Args) -> Result<()> {
-    preflight(args.ui_port)?;
+    preflight(args)?;
     step("starting the control plane (etcd, kube-apiserver)");
     let cluster = TestCluster::start().await?;
     cluster.install_fumarole_crds().await?;
-    let nodes = nodes();
+    let nodes = nodes(args.with);
     step(&format!(
         "starting {} nodes: a harness kubelet and a fumarole-agent each",
         nodes.len()
     ));
     let harness = fleet::start(&cluster, &nodes, &[]).await?;
-    step("starting fumarole-scheduler-ext, kube-scheduler and Volcano");
-    let ui = format!("--ui-listen=127.0.0.1:{}", args.ui_port);
-    let port = cluster.start_scheduler_ext(&[&ui]).await?;
-    cluster
-        .start_kube_scheduler(&kube_scheduler_config(port, &[GPU, NPU]))
-        .await?;
-    cluster
-        .start_volcano(&volcano_conf_with_extender(port))
-        .await?;
+    match args.with {
+        With::Plugins => {
+            step(&format!(
+                "starting kube-scheduler-fumarole (node pool {KUBE_POOL:?}) and \
+                 vc-scheduler-fumarole (the seeds' configuration; the unlabelled nodes)"
+            ));
+            cluster
+                .start_scheduler_program(
+                    "kube-scheduler-fumarole",
+                    &kube_plugin_bin()?,
+                    &kube_plugin_config(&format!("{{nodePool: {KUBE_POOL}}}")),
+                    &[],
+                )
+                .await?;
+            cluster
+                .start_volcano_with(&volcano_plugin_bin()?, SEED_VOLCANO_CONF)
+                .await?;
+        }
+        With::Extender => {
+            step("starting fumarole-scheduler-ext, kube-scheduler and Volcano");
+            let ui = format!("--ui-listen=127.0.0.1:{}", args.ui_port);
+            let port = cluster.start_scheduler_ext(&[&ui]).await?;
+            cluster
+                .start_kube_scheduler(&kube_scheduler_config(port, &[GPU, NPU]))
+                .await?;
+            cluster
+                .start_volcano(&volcano_conf_with_extender(port))
+                .await?;
+        }
+    }
 
     let client = cluster.client();
     let pods: Api<Pod> = Api::namespaced(client.clone(), NAMESPACE);
@@ -134,13 +187,13 @@ async fn run(args: &Args) -> Result<()> {
         let name = pod.name_any();
         step(&format!("{what}: {name}; where it can go, best first"));
         if pod_asks_for_devices(&pod) {
-            match why(&client, &pod).await {
+            match why(&client, &pod, args.with).await {
                 Ok(rows) => say(&indent(&rows)),
                 Err(e) => say(&format!("  (no explanation: {e:#})")),
             }
         } else {
             say(
-                "  no accelerator asked: kube-scheduler places it without the extension. Its QoS \
+                "  no accelerator asked: kube-scheduler places it without fumarole. Its QoS \
                  level is for the agent's co-location (--colocation, docs/colocation.md), \
                  which the demo's fixture nodes do not run",
             );
@@ -156,12 +209,17 @@ async fn run(args: &Args) -> Result<()> {
         .items;
     say(&placements(&report, &harness, &nodes, &topologies).await?);
     say(&units(&report, &nodes));
+    let page = match args.with {
+        With::Extender => format!("The cluster page: http://127.0.0.1:{}/ui", args.ui_port),
+        With::Plugins => {
+            "The cluster page (/ui) is the extension's: scripts/demo.sh --with extender".to_string()
+        }
+    };
     say(&format!(
-        "\nThe cluster page: http://127.0.0.1:{}/ui\n\
+        "\n{page}\n\
          kubectl: export KUBECONFIG={}\n\
          kubectl-fumarole (explain POD, node NODE, top): {}\n\
          Logs: {} (kept after the demo with FUMAROLE_E2E_KEEP=1)",
-        args.ui_port,
         cluster.admin_kubeconfig().display(),
         kubectl_plugin_bin()
             .map(|p| p.display().to_string())
@@ -196,14 +254,18 @@ fn indent(text: &str) -> String {
 }
 
 /// What can be checked before anything starts: root (the harness nodes run in their own mount
-/// namespace) and the `/ui` port.
-fn preflight(ui_port: u16) -> Result<()> {
+/// namespace) and, for the extension, the `/ui` port.
+fn preflight(args: &Args) -> Result<()> {
+    let ui_port = args.ui_port;
     if !nix::unistd::Uid::effective().is_root() {
         bail!(
             "the demo's nodes run the kubelet's device manager in their own mount namespace, \
              which needs root; run it as root, or `scripts/demo.sh discover` for one node's \
              topology without a cluster"
         );
+    }
+    if args.with == With::Plugins {
+        return Ok(());
     }
     TcpListener::bind(("127.0.0.1", ui_port)).map_err(|e| {
         anyhow::anyhow!(
@@ -255,11 +317,16 @@ fn best_effort_pod(name: &str) -> Pod {
     pod(name, json!({"volcano.sh/qos-level": "BE"}), json!({}))
 }
 
-/// The extension's `explain` rows for `pod`, from the live cluster as it is now (the view
-/// `kubectl fumarole explain` reads).
-async fn why(client: &Client, pod: &Pod) -> Result<String> {
+/// The `explain` rows for `pod`, from the live cluster as it is now (the view `kubectl fumarole
+/// explain` reads), judged as the scheduler placing it does: under `with` plugins, in
+/// kube-scheduler's node pool (every pod asked about here is kube-scheduler's).
+async fn why(client: &Client, pod: &Pod, with: With) -> Result<String> {
     let view = live::read_once(client).await?;
-    let decider = Decider::new(view, Settings::default());
+    let settings = Settings {
+        node_pool: (with == With::Plugins).then(|| KUBE_POOL.to_string()),
+        ..Settings::default()
+    };
+    let decider = Decider::new(view, settings);
     let (req, rows) = decider.explain(pod, scale::shown(decider.scorer()))?;
     Ok(explain::table(&req, &rows))
 }
