@@ -7,9 +7,10 @@
 // gpu-group-size unit's pod: its planned super-node), narrows the candidates to them, so
 // kube-scheduler's sampling of 10 % of the nodes never misses them; Filter and Score read that
 // result; PostFilter, when other plugins refused every node fumarole found fit, has the unit
-// planned on another super-node; Reserve / Unreserve move the pod's devices in and out of the core's ledger; Bind
-// writes the Binding with the device choice in its annotations, one write. A pod asking for no
-// device fumarole serves is skipped at PreFilter and bound by the default binder.
+// planned on another super-node; Reserve / Unreserve move the pod's devices in and out of the
+// core's ledger; Bind writes the Binding with the device choice in its annotations, one write.
+// A pod asking for no device fumarole serves is skipped at PreFilter and bound by the default
+// binder.
 package fumarole
 
 import (

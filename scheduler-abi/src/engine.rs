@@ -393,13 +393,7 @@ impl Engine {
     /// nothing to give up (a pod asking for no device of ours has none either).
     pub fn give_up_plan(&self, pod: &Pod) -> Result<Option<String>> {
         match self.svc.decider().give_up_plan(pod) {
-            Ok(given_up) => {
-                if let Some(sn) = &given_up {
-                    tracing::info!(pod = %pod_key(pod), super_node = %sn,
-                        "the scheduler's other filters refused every node of the unit's super-node: planning it elsewhere");
-                }
-                Ok(given_up)
-            }
+            Ok(given_up) => Ok(given_up),
             Err(RequestError::NoAccelerator { .. }) => Ok(None),
             Err(e) => Err(anyhow!("{e}")),
         }
