@@ -25,6 +25,12 @@ const SCHEDULER: &str = "kube-scheduler-fumarole";
 async fn cluster_with_plugin(topologies: &[DeviceTopology], args: &str) -> TestCluster {
     let cluster = common::cluster().await;
     common::publish(&cluster, topologies).await;
+    start_plugin(&cluster, args).await;
+    cluster
+}
+
+/// Starts kube-scheduler-fumarole with `args` on `cluster`; answers its HTTPS port.
+async fn start_plugin(cluster: &TestCluster, args: &str) -> u16 {
     cluster
         .start_scheduler_program(
             SCHEDULER,
@@ -33,8 +39,7 @@ async fn cluster_with_plugin(topologies: &[DeviceTopology], args: &str) -> TestC
             &[],
         )
         .await
-        .unwrap();
-    cluster
+        .unwrap()
 }
 
 async fn bound_node(pods: &Api<Pod>, name: &str) -> String {
@@ -290,6 +295,67 @@ async fn a_refused_pod_is_retried_when_a_device_topology_frees_devices() {
     assert_eq!(node, "dgx-b");
 }
 
+/// kube-scheduler's count of the plugin's queueing hints for scheduled pods' deletions that
+/// answered `hint` (its `/metrics`, HTTPS on `port`).
+fn hints_after_assigned_pod_deletes(port: u16, hint: &str) -> f64 {
+    let out = std::process::Command::new("curl")
+        .args(["-sSk", &format!("https://127.0.0.1:{port}/metrics")])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .filter(|l| l.starts_with("scheduler_queueing_hint_execution_duration_seconds_count{"))
+        .filter(|l| {
+            l.contains(r#"event="AssignedPodDelete""#)
+                && l.contains(&format!(r#"hint="{hint}""#))
+                && l.contains(r#"plugin="Fumarole""#)
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Waits until kube-scheduler has counted a `hint` answer for a scheduled pod's deletion.
+async fn hint_counted(port: u16, hint: &str) {
+    eventually(
+        &format!("a {hint} hint for a scheduled pod's deletion"),
+        Duration::from_secs(30),
+        || async { Ok((hints_after_assigned_pod_deletes(port, hint) >= 1.0).then_some(())) },
+    )
+    .await
+    .unwrap();
+}
+
+/// The plugin's queueing hints, as kube-scheduler runs them for a pod fumarole refused: a
+/// CPU pod's deletion leaves the refused pod where it is (`QueueSkip`), a GPU pod's deletion
+/// retries it (`Queue`). An 8-GPU pod is refused (dgx-a's 4 free GPUs taken by a 4-GPU pod,
+/// dgx-b has 6); a CPU pod is bound and deleted, then the 4-GPU pod.
+#[tokio::test]
+async fn a_cpu_pods_deletion_skips_a_refused_pod_and_a_gpu_pods_queues_it() {
+    let cluster = common::cluster().await;
+    common::publish(&cluster, &common::two_dgx()).await;
+    let port = start_plugin(&cluster, "{}").await;
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let create = |pod: Pod| {
+        let pods = pods.clone();
+        async move { pods.create(&PostParams::default(), &pod).await.unwrap() }
+    };
+    create(common::gpu_pod("hold", 4, json!({}))).await;
+    assert_eq!(bound_node(&pods, "hold").await, "dgx-a");
+    create(common::gpu_pod("eight", 8, json!({}))).await;
+    failed_scheduling(&cluster, "eight", "needs 8 nvidia.com/gpu").await;
+    create(common::gpu_pod("web", 0, json!({}))).await;
+    bound_node(&pods, "web").await;
+    let now = kube::api::DeleteParams {
+        grace_period_seconds: Some(0),
+        ..Default::default()
+    };
+    pods.delete("web", &now).await.unwrap();
+    hint_counted(port, "QueueSkip").await;
+    assert_eq!(hints_after_assigned_pod_deletes(port, "Queue"), 0.0);
+    pods.delete("hold", &now).await.unwrap();
+    hint_counted(port, "Queue").await;
+}
+
 /// Two schedulers, each with fumarole's plugin and its own ledger, on one cluster: the
 /// accelerators are split into node pools (`fumarole.dev/node-pool`), rack-a's nodes (16 free
 /// GPUs) in pool `kube` for kube-scheduler (`nodePool: kube`), rack-b (16 free) and rack-c (12)
@@ -315,15 +381,7 @@ async fn kube_scheduler_and_volcano_share_a_cluster_in_node_pools() {
             .await
             .unwrap();
     }
-    cluster
-        .start_scheduler_program(
-            SCHEDULER,
-            &kube_plugin_bin().unwrap(),
-            &kube_plugin_config("{nodePool: kube}"),
-            &[],
-        )
-        .await
-        .unwrap();
+    start_plugin(&cluster, "{nodePool: kube}").await;
     common::start_volcano(&cluster, common::Way::Plugin, &[], SEED_VOLCANO_CONF).await;
 
     let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");

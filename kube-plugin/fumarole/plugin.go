@@ -65,10 +65,11 @@ var shared struct {
 }
 
 // refused are the pods PreFilter found no node for, by UID: they are retried when the core's
-// devices change (a DeviceTopology event in force), which no kube-scheduler event says. This
-// takes the place of registering DeviceTopology as a cluster event: kube-scheduler would keep
-// a dynamic informer of every DeviceTopology (about 370 MiB and a CPU second more at 5,000
-// nodes, measured).
+// devices change (a DeviceTopology event in force) or its ledger gives room back (a
+// reservation undone, a plan dropped or lapsed), which no kube-scheduler event says, or says
+// before the core's own view has it. This takes the place of registering DeviceTopology as a
+// cluster event: kube-scheduler would keep a dynamic informer of every DeviceTopology (about
+// 370 MiB and a CPU second more at 5,000 nodes, measured).
 var refused struct {
 	sync.Mutex
 	pods map[string]*v1.Pod
@@ -105,14 +106,14 @@ func takeRefused() map[string]*v1.Pod {
 	return out
 }
 
-// retryInterval spaces the checks for device changes.
+// retryInterval spaces the checks for device changes and room given back.
 const retryInterval = time.Second
 
-// retryOnDeviceChanges activates the refused pods whenever the core's devices changed since
-// the last check; it runs for the scheduler's life.
-func retryOnDeviceChanges(ctx context.Context, engine *abi.Engine, activator fwk.PodActivator) {
+// retryWhenRoomMayFree activates the refused pods whenever the core's devices changed or its
+// ledger gave room back since the last check; it runs for the scheduler's life.
+func retryWhenRoomMayFree(ctx context.Context, engine *abi.Engine, activator fwk.PodActivator) {
 	logger := klog.FromContext(ctx)
-	last := engine.DeviceViews()
+	lastViews, lastFreed := engine.DeviceViews(), engine.RoomFreed()
 	ticker := time.NewTicker(retryInterval)
 	defer ticker.Stop()
 	for {
@@ -121,13 +122,13 @@ func retryOnDeviceChanges(ctx context.Context, engine *abi.Engine, activator fwk
 			return
 		case <-ticker.C:
 		}
-		now := engine.DeviceViews()
-		if now == last {
+		views, freed := engine.DeviceViews(), engine.RoomFreed()
+		if views == lastViews && freed == lastFreed {
 			continue
 		}
-		last = now
+		lastViews, lastFreed = views, freed
 		if pods := takeRefused(); len(pods) > 0 {
-			logger.V(4).Info("fumarole: devices changed; retrying the pods refused", "pods", len(pods))
+			logger.V(4).Info("fumarole: devices changed or room given back; retrying the pods refused", "pods", len(pods))
 			activator.Activate(logger, pods)
 		}
 	}
@@ -169,7 +170,7 @@ func New(ctx context.Context, args runtime.Object, handle fwk.Handle) (fwk.Plugi
 	}
 	klog.InfoS("fumarole: decision core ready", "profile", profile)
 	shared.engine, shared.profile = engine, profile
-	go retryOnDeviceChanges(ctx, engine, handle)
+	go retryWhenRoomMayFree(ctx, engine, handle)
 	return &Plugin{engine: engine, profile: profile, activator: handle}, nil
 }
 
@@ -399,12 +400,56 @@ func mayAskForDevices(pod *v1.Pod) bool {
 	return false
 }
 
-// EventsToRegister: the kube-scheduler events that can make a pod fumarole refused fit: pods
-// leaving or changing free devices, nodes coming. DeviceTopology changes are not among them
-// (see refused): the plugin retries those pods itself once the core's view has them.
+// EventsToRegister: the kube-scheduler events that can make a pod fumarole refused fit, each
+// pod event with a hint that drops what cannot (a CPU pod finishing, a running pod's status
+// changing): pods leaving or changing the devices they hold, the refused pod itself or another
+// pending accelerator pod changing (a unit's pods read each other's annotations), nodes
+// coming or changing. DeviceTopology changes and room the core's ledger gives back are not
+// among them (see refused): the plugin retries those pods itself once the core has them.
 func (p *Plugin) EventsToRegister(context.Context) ([]fwk.ClusterEventWithHint, error) {
 	return []fwk.ClusterEventWithHint{
-		{Event: fwk.ClusterEvent{Resource: fwk.Pod, ActionType: fwk.Delete | fwk.Update}},
+		{Event: fwk.ClusterEvent{Resource: fwk.AssignedPod, ActionType: fwk.Delete | fwk.Update}, QueueingHintFn: afterPodEvent},
+		{Event: fwk.ClusterEvent{Resource: fwk.UnscheduledPod, ActionType: fwk.Delete | fwk.Update}, QueueingHintFn: afterPodEvent},
+		{Event: fwk.ClusterEvent{Resource: fwk.TargetPod, ActionType: fwk.Update}},
 		{Event: fwk.ClusterEvent{Resource: fwk.Node, ActionType: fwk.Add | fwk.Update}},
 	}, nil
+}
+
+// devicesAnnotation holds the devices fumarole chose for a pod (written with its Binding).
+const devicesAnnotation = "fumarole.dev/devices"
+
+// afterPodEvent is the queueing hint of another pod's deletion or update for a pod fumarole
+// refused: Queue when the other pod may hold or free devices or change a unit's request; else
+// QueueSkip. A pod deleted (or finished: kube-scheduler's cache drops terminal pods) that may
+// ask for devices or holds fumarole's choice; a scheduled pod whose choice changed or that
+// finished; a pending pod asking for devices in the refused pod's namespace (a unit's
+// sibling). An object of another type: Queue, with the error.
+func afterPodEvent(_ klog.Logger, refused *v1.Pod, oldObj, newObj interface{}) (fwk.QueueingHint, error) {
+	old, _ := oldObj.(*v1.Pod)
+	updated, _ := newObj.(*v1.Pod)
+	switch {
+	case updated == nil && old == nil:
+		return fwk.Queue, fmt.Errorf("pod event with %T and %T, not pods", oldObj, newObj)
+	case updated == nil: // deleted
+		if mayAskForDevices(old) || old.Annotations[devicesAnnotation] != "" {
+			return fwk.Queue, nil
+		}
+	case updated.Spec.NodeName != "":
+		changed := old == nil || old.Annotations[devicesAnnotation] != updated.Annotations[devicesAnnotation]
+		if changed || (terminal(updated) && (old == nil || !terminal(old))) {
+			if mayAskForDevices(updated) || updated.Annotations[devicesAnnotation] != "" || (old != nil && old.Annotations[devicesAnnotation] != "") {
+				return fwk.Queue, nil
+			}
+		}
+	default: // a pending pod changed
+		if updated.Namespace == refused.Namespace && mayAskForDevices(updated) {
+			return fwk.Queue, nil
+		}
+	}
+	return fwk.QueueSkip, nil
+}
+
+// terminal: the pod has finished, and its devices are free.
+func terminal(pod *v1.Pod) bool {
+	return pod.Status.Phase == v1.PodSucceeded || pod.Status.Phase == v1.PodFailed
 }

@@ -146,6 +146,12 @@ func (e *Engine) DeviceViews() uint64 {
 	return uint64(C.fumarole_engine_device_views(e.ptr))
 }
 
+// RoomFreed counts the times the core's ledger gave room back (a reservation undone, a plan
+// dropped or lapsed; only grows): when it moves, pods refused for want of room may fit.
+func (e *Engine) RoomFreed() uint64 {
+	return uint64(C.fumarole_engine_room_freed(e.ptr))
+}
+
 // Deallocate releases the pod's (JSON) devices.
 func (e *Engine) Deallocate(pod []byte) error {
 	var out *C.char

@@ -33,6 +33,7 @@ int fumarole_task_deallocate(const fumarole_engine *engine, const uint8_t *pod, 
 int fumarole_task_give_up_plan(const fumarole_engine *engine, const uint8_t *pod, size_t len,
                                char **out);
 uint64_t fumarole_engine_device_views(const fumarole_engine *engine);
+uint64_t fumarole_engine_room_freed(const fumarole_engine *engine);
 void fumarole_string_free(char *s);
 void fumarole_engine_free(fumarole_engine *engine);
 

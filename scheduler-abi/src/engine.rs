@@ -219,6 +219,12 @@ impl Engine {
         self.device_views.load(Ordering::Relaxed)
     }
 
+    /// How many times the ledger gave room back (a reservation undone, a plan dropped or
+    /// lapsed): when it moves, pods refused for want of room may fit.
+    pub fn room_freed(&self) -> u64 {
+        self.svc.decider().room_freed()
+    }
+
     /// The arguments of the configuration fumarole does not implement, one line each.
     pub fn notes(&self) -> &[String] {
         &self.notes

@@ -299,6 +299,21 @@ pub unsafe extern "C" fn fumarole_engine_device_views(engine: *const Engine) -> 
     catch_unwind(AssertUnwindSafe(|| engine.device_views())).unwrap_or(0)
 }
 
+/// How many times the engine's ledger gave room back so far (a reservation undone, a plan
+/// dropped or lapsed; a counter that only moves forward); 0 for NULL. A scheduler plugin
+/// retries the pods fumarole refused when it moves.
+///
+/// # Safety
+/// `engine` is NULL or live.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fumarole_engine_room_freed(engine: *const Engine) -> u64 {
+    // SAFETY: the caller's contract, passed on.
+    let Some(engine) = (unsafe { engine.as_ref() }) else {
+        return 0;
+    };
+    catch_unwind(AssertUnwindSafe(|| engine.room_freed())).unwrap_or(0)
+}
+
 /// Frees a string this library returned; NULL is ignored.
 ///
 /// # Safety

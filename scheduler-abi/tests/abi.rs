@@ -146,8 +146,12 @@ fn allocations_go_into_the_ledger_and_come_back_out() {
     // dgx-a's last 4 GPUs are held now: another 4-GPU task no longer fits there.
     let (_, text) = evaluate(e, &pod("second", 4));
     assert_eq!(lines(&text)["dgx-a"].0, 2, "{text}");
+    let freed = unsafe { fumarole_engine_room_freed(e) };
     let code = unsafe { fumarole_task_deallocate(e, first.as_ptr(), first.len(), &mut error) };
     assert_eq!(code, FUMAROLE_OK, "{}", take(error));
+    // The undoing gave room back, which a plugin reads to retry the pods it refused.
+    assert_eq!(unsafe { fumarole_engine_room_freed(e) }, freed + 1);
+    assert_eq!(unsafe { fumarole_engine_room_freed(std::ptr::null()) }, 0);
     let (_, text) = evaluate(e, &pod("second", 4));
     assert_eq!(lines(&text)["dgx-a"].0, 0, "{text}");
     // Nothing held any more: undoing again says so.

@@ -70,6 +70,10 @@ pub struct Ledger {
     /// filters refused every node of it (a taint, say), which fumarole cannot see, so planning
     /// looks elsewhere first ([`Self::give_up_plan`]).
     avoided: HashMap<UnitKey, Vec<(String, Instant)>>,
+    /// How many times room was given back: a commit released (not settled: a pod the view
+    /// now shows bound holds its devices still) or a plan dropped. A scheduler retries the
+    /// pods it found no room for when this moves ([`Self::room_freed`]).
+    freed: u64,
     /// Plans of sub-units with nothing placed are renewed while their pods are retried, never
     /// lapsing early ([`crate::core::placement::ensure_plan`]; see
     /// [`Self::keeping_waiting_plans`]).
@@ -125,8 +129,20 @@ impl Ledger {
         self.commits.insert(pod.to_string(), commit);
     }
 
-    /// Drops the commit of `pod`, returning it.
+    /// Drops the commit of `pod`, returning it: its devices are free again.
     pub fn release(&mut self, pod: &str) -> Option<Commit> {
+        let c = self.forget_commit(pod)?;
+        self.freed = self.freed.wrapping_add(1);
+        Some(c)
+    }
+
+    /// How many times room was given back so far (a counter that only moves forward).
+    pub fn room_freed(&self) -> u64 {
+        self.freed
+    }
+
+    /// Drops the commit of `pod` from the books, freeing nothing by itself.
+    fn forget_commit(&mut self, pod: &str) -> Option<Commit> {
         let c = self.commits.remove(pod)?;
         if let Some(set) = self.by_node.get_mut(&c.node) {
             for d in &c.devices {
@@ -188,7 +204,9 @@ impl Ledger {
     /// Forgets `unit`'s plan (the simulator's stand-in for the view showing the whole unit
     /// placed, after which [`Ledger::prune`] drops it).
     pub fn drop_plan(&mut self, unit: &UnitKey) {
-        self.plans.remove(unit);
+        if self.plans.remove(unit).is_some() {
+            self.freed = self.freed.wrapping_add(1);
+        }
     }
 
     /// Gives up `unit`'s plan: its super-node is avoided for the unit until `until` (planning
@@ -196,6 +214,7 @@ impl Ledger {
     /// `None` when the unit had no plan.
     pub fn give_up_plan(&mut self, unit: &UnitKey, until: Instant) -> Option<String> {
         let plan = self.plans.remove(unit)?;
+        self.freed = self.freed.wrapping_add(1);
         let avoided = self.avoided.entry(unit.clone()).or_default();
         avoided.retain(|(sn, _)| *sn != plan.super_node);
         avoided.push((plan.super_node.clone(), until));
@@ -246,12 +265,23 @@ impl Ledger {
             .collect();
         let dropped = stale
             .into_iter()
-            .filter_map(|pod| self.release(&pod).map(|c| (pod, c)))
+            .filter_map(|pod| {
+                // Settled (the view shows the pod holding its devices) frees nothing.
+                let c = if view.annotated_on(&pod).is_some() {
+                    self.forget_commit(&pod)
+                } else {
+                    self.release(&pod)
+                };
+                c.map(|c| (pod, c))
+            })
             .collect();
+        let plans = self.plans.len();
         self.plans.retain(|unit, p| {
             let placed: u32 = view.members(unit).iter().map(|m| m.gpus).sum();
             p.expires > now && placed < p.gpus
         });
+        let gone = (plans - self.plans.len()) as u64;
+        self.freed = self.freed.wrapping_add(gone);
         self.avoided.retain(|_, l| {
             l.retain(|(_, until)| *until > now);
             !l.is_empty()
@@ -288,7 +318,10 @@ mod tests {
         // A new commit for the same pod replaces the old one.
         l.commit("ns/a", commit("n2", &["g0"], t0));
         assert!(!committed(&l, "n1", "g0") && committed(&l, "n2", "g0"));
+        // Replacing a commit and releasing one each give room back.
+        assert_eq!(l.room_freed(), 1);
         assert_eq!(l.release("ns/b").unwrap().devices, ["g2"]);
+        assert_eq!(l.room_freed(), 2);
         assert!(l.committed_on("n1").is_none());
         let view = ClusterView::default();
         assert!(
@@ -303,6 +336,7 @@ mod tests {
             ["ns/a"]
         );
         assert!(l.committed_on("n2").is_none());
+        assert_eq!(l.room_freed(), 3, "a commit timed out gives its room back");
     }
 
     #[test]
@@ -330,7 +364,13 @@ mod tests {
         l.renew_plan(&k, t0 + Duration::from_secs(30));
         assert!(l.plan(&k, t0 + Duration::from_secs(20)).is_some());
         let view = ClusterView::default();
+        let before = l.room_freed();
         l.prune(&view, t0 + Duration::from_secs(31), Duration::from_secs(60));
         assert!(!l.has_plans());
+        assert_eq!(
+            l.room_freed(),
+            before + 1,
+            "an expired plan gives its room back"
+        );
     }
 }

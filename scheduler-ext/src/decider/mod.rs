@@ -336,6 +336,12 @@ impl Decider {
         Ok(ledger.give_up_plan(&unit.key, now + self.settings.reservation_ttl))
     }
 
+    /// How many times the ledger gave room back so far (a commit released, a plan dropped):
+    /// when it moves, pods refused for want of room may fit ([`Ledger::room_freed`]).
+    pub fn room_freed(&self) -> u64 {
+        self.ledger().room_freed()
+    }
+
     /// Notes a call of Volcano's `allocateFunc` ([`Asker::Volcano`]).
     pub fn allocate_func_called(&self) {
         self.allocate_clock.called();
