@@ -52,7 +52,7 @@ case "$with" in
   *) echo "demo: --with takes plugins or extender, not '$with'" >&2; exit 2 ;;
 esac
 scripts/setup.sh
-echo "==> building the control plane from Go modules (first run on a fresh machine: about 10 min)"
+echo "==> building the control plane from Go modules (first run on a fresh machine: about 14 min)"
 upstream=$(e2e/build-upstream.sh --control-plane | tail -n1)
 export "${upstream?}"
 echo "==> building fumarole (first run on a fresh machine: several minutes)"
@@ -60,7 +60,7 @@ echo "==> building fumarole (first run on a fresh machine: several minutes)"
 cargo build -p fumarole-agent -p fumarole-e2e -p fumarole-scheduler-ext \
   --bin fumarole-agent --bin fumarole-demo --bin kubectl-fumarole
 if [[ $with == plugins ]]; then
-  echo "==> building kube-scheduler-fumarole and vc-scheduler-fumarole (the decision core linked into each)"
+  echo "==> building kube-scheduler-fumarole and vc-scheduler-fumarole (the decision core linked into each; first run: about 10 min)"
   kube-plugin/build.sh
   volcano-plugin/build.sh
 else
