@@ -318,6 +318,22 @@ pub fn kube_scheduler_config(port: u16, resources: &[&str]) -> String {
     )
 }
 
+/// The process name (and log name) [`start_kube_plugin`] gives `kube-scheduler-fumarole`.
+pub const KUBE_PLUGIN: &str = "kube-scheduler-fumarole";
+
+/// Starts `kube-scheduler-fumarole` on `cluster` with [`kube_plugin_config`]`(args)`, as
+/// [`KUBE_PLUGIN`]; answers its HTTPS port once it is healthy.
+pub async fn start_kube_plugin(cluster: &TestCluster, args: &str) -> Result<u16> {
+    cluster
+        .start_scheduler_program(
+            KUBE_PLUGIN,
+            &kube_plugin_bin()?,
+            &kube_plugin_config(args),
+            &[],
+        )
+        .await
+}
+
 /// kube-scheduler configuration for `kube-scheduler-fumarole` ([`kube_plugin_bin`]): the default
 /// profile enables fumarole's framework plugin at every extension point it has (its score at
 /// weight 5, as the extender's), binds through it before `DefaultBinder` (which binds the pods

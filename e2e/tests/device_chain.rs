@@ -50,8 +50,7 @@ enum Decider {
     Volcano(Way),
 }
 
-/// The kube-scheduler with fumarole's framework plugin, as its log is named.
-const KUBE_PLUGIN: &str = "kube-scheduler-fumarole";
+use fumarole::KUBE_PLUGIN;
 
 async fn run_chain(decider: Decider) {
     let cluster = TestCluster::start().await.unwrap();
@@ -67,15 +66,7 @@ async fn run_chain(decider: Decider) {
             Scheduler::Kube
         }
         Decider::KubePlugin => {
-            cluster
-                .start_scheduler_program(
-                    KUBE_PLUGIN,
-                    &fumarole::kube_plugin_bin().unwrap(),
-                    &fumarole::kube_plugin_config("{}"),
-                    &[],
-                )
-                .await
-                .unwrap();
+            fumarole::start_kube_plugin(&cluster, "{}").await.unwrap();
             Scheduler::Kube
         }
         Decider::Volcano(way) => {

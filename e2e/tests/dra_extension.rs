@@ -32,7 +32,7 @@ use fumarole_e2e::NodeSpec;
 use fumarole_e2e::TestCluster;
 use fumarole_e2e::cluster::eventually;
 use fumarole_e2e::dra::DraAgent;
-use fumarole_e2e::fumarole::{device_topologies, kube_plugin_bin, kube_plugin_config};
+use fumarole_e2e::fumarole::{device_topologies, start_kube_plugin};
 use fumarole_topology::annotation::DEVICES_ANNOTATION;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
@@ -123,15 +123,7 @@ async fn setup(fumarole: Fumarole) -> (TestCluster, Vec<DraAgent>) {
                 .unwrap();
         }
         Fumarole::Plugin => {
-            cluster
-                .start_scheduler_program(
-                    "kube-scheduler-fumarole",
-                    &kube_plugin_bin().unwrap(),
-                    &kube_plugin_config("{}"),
-                    &[],
-                )
-                .await
-                .unwrap();
+            start_kube_plugin(&cluster, "{}").await.unwrap();
         }
     }
     (cluster, dirs)

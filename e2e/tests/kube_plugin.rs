@@ -12,14 +12,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use fumarole_e2e::cluster::{TestCluster, eventually};
-use fumarole_e2e::fumarole::{kube_plugin_bin, kube_plugin_config};
+use fumarole_e2e::fumarole::{KUBE_PLUGIN, start_kube_plugin};
 use fumarole_topology::crd::DeviceTopology;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use serde_json::json;
 
-const SCHEDULER: &str = "kube-scheduler-fumarole";
+const SCHEDULER: &str = KUBE_PLUGIN;
 
 /// A cluster with `topologies` published and kube-scheduler-fumarole running with `args`.
 async fn cluster_with_plugin(topologies: &[DeviceTopology], args: &str) -> TestCluster {
@@ -31,15 +31,7 @@ async fn cluster_with_plugin(topologies: &[DeviceTopology], args: &str) -> TestC
 
 /// Starts kube-scheduler-fumarole with `args` on `cluster`; answers its HTTPS port.
 async fn start_plugin(cluster: &TestCluster, args: &str) -> u16 {
-    cluster
-        .start_scheduler_program(
-            SCHEDULER,
-            &kube_plugin_bin().unwrap(),
-            &kube_plugin_config(args),
-            &[],
-        )
-        .await
-        .unwrap()
+    start_kube_plugin(cluster, args).await.unwrap()
 }
 
 async fn bound_node(pods: &Api<Pod>, name: &str) -> String {
@@ -199,14 +191,7 @@ async fn a_malformed_annotation_is_an_event_and_unknown_args_stop_the_start() {
     cluster.check_processes().unwrap();
 
     let other = common::cluster().await;
-    let started = other
-        .start_scheduler_program(
-            SCHEDULER,
-            &kube_plugin_bin().unwrap(),
-            &kube_plugin_config("{lossWieght: 0.5}"),
-            &[],
-        )
-        .await;
+    let started = start_kube_plugin(&other, "{lossWieght: 0.5}").await;
     assert!(started.is_err(), "kube-scheduler must not start");
     let log = other.log_tail(SCHEDULER, 200).unwrap();
     assert!(log.contains("lossWieght"), "{log}");

@@ -223,6 +223,26 @@ async fn start(
     (cluster, harness, replicas, front)
 }
 
+/// The scheduler's Deployment: starts `process` again whenever it has exited, until `done`;
+/// answers how many times it did.
+fn supervise(
+    cluster: &Arc<TestCluster>,
+    process: &'static str,
+    done: &Arc<AtomicBool>,
+) -> tokio::task::JoinHandle<usize> {
+    let (cluster, done) = (Arc::clone(cluster), Arc::clone(done));
+    tokio::spawn(async move {
+        let mut restarts = 0;
+        while !done.load(Ordering::Relaxed) {
+            if cluster.restart_if_exited(process).unwrap() {
+                restarts += 1;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        restarts
+    })
+}
+
 /// Runs the chain while SIGKILLs happen at seeded random moments: each kills the leading
 /// replica and starts it again after a pause drawn from `pause_ms`.
 async fn run_with_kills(names: &[&str], pause_ms: (u64, u64), scheduler: Scheduler) {
@@ -234,24 +254,11 @@ async fn run_with_kills(names: &[&str], pause_ms: (u64, u64), scheduler: Schedul
     let cluster = Arc::new(cluster);
     let replicas = Arc::new(tokio::sync::Mutex::new(replicas));
     let done = Arc::new(AtomicBool::new(false));
-    // The scheduler's Deployment: restarted when it exits.
-    let supervisor = {
-        let (cluster, done) = (Arc::clone(&cluster), Arc::clone(&done));
-        let process = match scheduler {
-            Scheduler::Volcano => "vc-scheduler",
-            Scheduler::Kube => "kube-scheduler",
-        };
-        tokio::spawn(async move {
-            let mut restarts = 0;
-            while !done.load(Ordering::Relaxed) {
-                if cluster.restart_if_exited(process).unwrap() {
-                    restarts += 1;
-                }
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-            restarts
-        })
+    let process = match scheduler {
+        Scheduler::Volcano => "vc-scheduler",
+        Scheduler::Kube => "kube-scheduler",
     };
+    let supervisor = supervise(&cluster, process, &done);
     let killer = {
         let (cluster, replicas, done) = (
             Arc::clone(&cluster),
@@ -376,7 +383,7 @@ async fn the_leader_of_two_killed_under_kube_scheduler_never_gives_a_device_twic
 /// given twice, no unit split, every pod admitted with the scheduler's choice.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_kube_plugin_scheduler_killed_again_and_again_never_gives_a_device_twice() {
-    const SCHEDULER: &str = "kube-scheduler-fumarole";
+    use fumarole_e2e::fumarole::KUBE_PLUGIN as SCHEDULER;
     let seed = env_or("FUMAROLE_HA_SEED", 20261123);
     let kills = env_or("FUMAROLE_HA_KILLS", 3) as usize;
     let target = env_or("FUMAROLE_HA_PODS", 96) as usize;
@@ -384,30 +391,11 @@ async fn the_kube_plugin_scheduler_killed_again_and_again_never_gives_a_device_t
     let cluster = Arc::new(TestCluster::start().await.unwrap());
     cluster.install_fumarole_crds().await.unwrap();
     let harness = chain::start_nodes(&cluster, &[]).await.unwrap();
-    cluster
-        .start_scheduler_program(
-            SCHEDULER,
-            &fumarole_e2e::fumarole::kube_plugin_bin().unwrap(),
-            &fumarole_e2e::fumarole::kube_plugin_config("{}"),
-            &[],
-        )
+    fumarole_e2e::fumarole::start_kube_plugin(&cluster, "{}")
         .await
         .unwrap();
     let done = Arc::new(AtomicBool::new(false));
-    // The scheduler's Deployment: started again when it exits.
-    let supervisor = {
-        let (cluster, done) = (Arc::clone(&cluster), Arc::clone(&done));
-        tokio::spawn(async move {
-            let mut restarts = 0;
-            while !done.load(Ordering::Relaxed) {
-                if cluster.restart_if_exited(SCHEDULER).unwrap() {
-                    restarts += 1;
-                }
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-            restarts
-        })
-    };
+    let supervisor = supervise(&cluster, SCHEDULER, &done);
     let killer = {
         let (cluster, done) = (Arc::clone(&cluster), Arc::clone(&done));
         tokio::spawn(async move {

@@ -578,7 +578,7 @@ enum KubeWay {
     Plugin,
 }
 
-const KUBE_PLUGIN: &str = "kube-scheduler-fumarole";
+use fumarole_e2e::fumarole::KUBE_PLUGIN;
 
 async fn kube_scheduler_job(
     cluster: &TestCluster,
@@ -605,13 +605,7 @@ async fn kube_scheduler_job(
             "kube-scheduler"
         }
         KubeWay::Plugin => {
-            cluster
-                .start_scheduler_program(
-                    KUBE_PLUGIN,
-                    &fumarole_e2e::fumarole::kube_plugin_bin().unwrap(),
-                    &fumarole_e2e::fumarole::kube_plugin_config("{superPodSize: 4}"),
-                    &[],
-                )
+            fumarole_e2e::fumarole::start_kube_plugin(cluster, "{superPodSize: 4}")
                 .await
                 .unwrap();
             KUBE_PLUGIN

@@ -19,8 +19,8 @@ use clap::{Parser, ValueEnum};
 use fumarole_e2e::chain::{pytorch_demo, vcjob_resource};
 use fumarole_e2e::fleet::{self, FleetNode};
 use fumarole_e2e::fumarole::{
-    SEED_VOLCANO_CONF, kube_plugin_bin, kube_plugin_config, kube_scheduler_config,
-    kubectl_plugin_bin, volcano_conf_with_extender, volcano_plugin_bin,
+    SEED_VOLCANO_CONF, kube_scheduler_config, kubectl_plugin_bin, start_kube_plugin,
+    volcano_conf_with_extender, volcano_plugin_bin,
 };
 use fumarole_e2e::wait::eventually;
 use fumarole_e2e::{HarnessNode, TestCluster};
@@ -134,14 +134,7 @@ async fn run(args: &Args) -> Result<()> {
                 "starting kube-scheduler-fumarole (node pool {KUBE_POOL:?}) and \
                  vc-scheduler-fumarole (the seeds' configuration; the unlabelled nodes)"
             ));
-            cluster
-                .start_scheduler_program(
-                    "kube-scheduler-fumarole",
-                    &kube_plugin_bin()?,
-                    &kube_plugin_config(&format!("{{nodePool: {KUBE_POOL}}}")),
-                    &[],
-                )
-                .await?;
+            start_kube_plugin(&cluster, &format!("{{nodePool: {KUBE_POOL}}}")).await?;
             cluster
                 .start_volcano_with(&volcano_plugin_bin()?, SEED_VOLCANO_CONF)
                 .await?;
