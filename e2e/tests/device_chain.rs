@@ -1,13 +1,13 @@
 //! The scheduler's choice is the device the container gets, followed per pod from the scheduler
 //! to the container: the real kube-scheduler (with the extension as filter, prioritize and
 //! bind), kube-scheduler-fumarole (kube-scheduler v1.37 with fumarole's framework plugin
-//! compiled in, binding with the choice in the Binding), the real Volcano (with the extension as its `extender` plugin, binding without
-//! telling it, so the extension writes the choice right after the bind), or vc-scheduler-fumarole
-//! (Volcano v1.10 with fumarole's plugin compiled in and the seeds' configuration: the plugin
-//! writes the choice when Volcano allocates, while Volcano binds), the fumarole agent in
-//! cluster mode on every node, and harness nodes running the kubelet's own device manager and
-//! topology manager (`kubelet-node`) that admit every bound pod through the agent's device
-//! plugins.
+//! compiled in, binding with the choice in the Binding), the real Volcano (with the extension
+//! as its `extender` plugin, binding without telling it, so the extension writes the choice
+//! right after the bind), or vc-scheduler-fumarole (Volcano v1.10 with fumarole's plugin
+//! compiled in and the seeds' configuration: the plugin writes the choice when Volcano
+//! allocates, while Volcano binds), the fumarole agent in cluster mode on every node, and
+//! harness nodes running the kubelet's own device manager and topology manager
+//! (`kubelet-node`) that admit every bound pod through the agent's device plugins.
 //!
 //! A mixed workload (pods of 1, 2, 4 and 8 GPUs, and gpu-group-size units of two 4-GPU pods;
 //! Volcano Jobs through Volcano, bare pods through kube-scheduler) flows through 4 dgx-h100
@@ -29,6 +29,7 @@ use std::time::Duration;
 use common::Way;
 use fumarole_e2e::chain::{self, Scheduler};
 use fumarole_e2e::cluster::eventually;
+use fumarole_e2e::fumarole::KUBE_PLUGIN;
 use fumarole_e2e::{TestCluster, fumarole};
 use kube::api::Api;
 
@@ -49,8 +50,6 @@ enum Decider {
     KubePlugin,
     Volcano(Way),
 }
-
-use fumarole::KUBE_PLUGIN;
 
 async fn run_chain(decider: Decider) {
     let cluster = TestCluster::start().await.unwrap();

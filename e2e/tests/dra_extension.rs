@@ -10,11 +10,11 @@
 //! claim (`matchAttribute: fumarole.dev/fabricGroup`) and 64 of npu-a's 192 CPUs. Then a pod
 //! with a one-NPU claim and no constraint:
 //!
-//! - with the extension (or the plugin), it goes to npu-a: the held NPUs (an allocated claim the extension
-//!   counts as used) leave one NPU alone in its HCCS group there, which the pod can take
-//!   breaking no whole group, where on npu-b it would break one (gpu-aware scoring, the same as
-//!   for `huawei.com/Ascend910` pods: 10 against 8, times the extender weight 5 and
-//!   kube-scheduler's 10); the pod gets no `fumarole.dev/devices` annotation.
+//! - with the extension (or the plugin), it goes to npu-a: the held NPUs (an allocated claim
+//!   fumarole counts as used) leave one NPU alone in its HCCS group there, which the pod can
+//!   take breaking no whole group, where on npu-b it would break one (gpu-aware scoring, the
+//!   same as for `huawei.com/Ascend910` pods: 10 against 8, times weight 5 and kube-scheduler's
+//!   scale); the pod gets no `fumarole.dev/devices` annotation.
 //! - without it (the control test), kube-scheduler alone sends it to npu-b, the less loaded
 //!   node (its resource scoring knows nothing of HCCS groups).
 //!

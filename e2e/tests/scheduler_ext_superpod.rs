@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use common::Way;
 use fumarole_e2e::cluster::eventually;
+use fumarole_e2e::fumarole::KUBE_PLUGIN;
 use fumarole_e2e::{NodeSpec, TestCluster};
 use fumarole_topology::crd::DeviceTopology;
 use fumarole_topology::crd::device_topology::SuperNodeInfo;
@@ -577,8 +578,6 @@ enum KubeWay {
     /// `kube-scheduler-fumarole` (the framework plugin) with `superPodSize: 4`.
     Plugin,
 }
-
-use fumarole_e2e::fumarole::KUBE_PLUGIN;
 
 async fn kube_scheduler_job(
     cluster: &TestCluster,

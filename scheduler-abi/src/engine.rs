@@ -399,9 +399,8 @@ impl Engine {
     /// nothing to give up (a pod asking for no device of ours has none either).
     pub fn give_up_plan(&self, pod: &Pod) -> Result<Option<String>> {
         match self.svc.decider().give_up_plan(pod) {
-            Ok(given_up) => Ok(given_up),
             Err(RequestError::NoAccelerator { .. }) => Ok(None),
-            Err(e) => Err(anyhow!("{e}")),
+            other => other.map_err(|e| anyhow!("{e}")),
         }
     }
 

@@ -255,19 +255,21 @@ impl Ledger {
         now: Instant,
         commit_ttl: Duration,
     ) -> Vec<(String, Commit)> {
-        let stale: Vec<String> = self
+        // (pod, settled): the view shows the pod holding its devices, or its commit timed out.
+        let stale: Vec<(String, bool)> = self
             .commits
             .iter()
-            .filter(|(pod, c)| {
-                view.annotated_on(pod).is_some() || now.saturating_duration_since(c.at) > commit_ttl
+            .filter_map(|(pod, c)| {
+                let settled = view.annotated_on(pod).is_some();
+                (settled || now.saturating_duration_since(c.at) > commit_ttl)
+                    .then(|| (pod.clone(), settled))
             })
-            .map(|(pod, _)| pod.clone())
             .collect();
         let dropped = stale
             .into_iter()
-            .filter_map(|pod| {
-                // Settled (the view shows the pod holding its devices) frees nothing.
-                let c = if view.annotated_on(&pod).is_some() {
+            .filter_map(|(pod, settled)| {
+                // A settled commit frees nothing: its pod holds the devices still.
+                let c = if settled {
                     self.forget_commit(&pod)
                 } else {
                     self.release(&pod)

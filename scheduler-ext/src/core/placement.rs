@@ -438,7 +438,7 @@ pub fn ensure_plan(
         })
     };
     let avoiding = rooms.iter().any(|r| r.3);
-    let choice = choose(avoiding).or_else(|| avoiding.then(|| choose(false)).flatten());
+    let choice = choose(true).or_else(|| avoiding.then(|| choose(false)).flatten());
     let Some((chosen, keys, keep_free)) = choice else {
         let most = rooms
             .iter()
