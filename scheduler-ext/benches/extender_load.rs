@@ -28,6 +28,7 @@
 //! `FUMAROLE_EXT_SERVER=/path/to/fumarole-scheduler-ext` runs another build of the server (a
 //! copy of an earlier commit's) under the same load tool, to compare the two back to back.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::Write as _;
@@ -48,7 +49,7 @@ use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// Nodes per super-node (an NVL72-like rack of 18 trays).
 const SUPER_NODE_SIZE: usize = 18;
@@ -496,20 +497,27 @@ async fn post(
     Ok((status, body))
 }
 
-/// The part of `ExtenderFilterResult` the load needs.
+/// The part of `ExtenderFilterResult` the load needs; names borrowed from the answer (the
+/// load tool shares the machine with the server, so what it spends the server cannot).
 #[derive(Deserialize)]
-struct FilterAnswer {
-    #[serde(rename = "NodeNames", default)]
-    node_names: Option<Vec<String>>,
+struct FilterAnswer<'a> {
+    #[serde(rename = "NodeNames", default, borrow)]
+    node_names: Option<Vec<Name<'a>>>,
     #[serde(rename = "Error", default)]
     error: Option<String>,
 }
 
+/// A name borrowed from the answer unless it has escapes (serde borrows a `Cow` only as a
+/// field of its own, not inside a `Vec`).
+#[derive(Deserialize, Serialize)]
+#[serde(transparent)]
+struct Name<'a>(#[serde(borrow)] Cow<'a, str>);
+
 /// One entry of `HostPriorityList`.
 #[derive(Deserialize)]
-struct HostPriority {
-    #[serde(rename = "Host")]
-    host: String,
+struct HostPriority<'a> {
+    #[serde(rename = "Host", borrow)]
+    host: Cow<'a, str>,
     #[serde(rename = "Score")]
     score: i64,
 }
@@ -554,6 +562,12 @@ impl Stats {
     }
 }
 
+/// An answer body checked as UTF-8 once and parsed as text (as bytes, each name is checked on
+/// its own).
+fn parse<'a, T: Deserialize<'a>>(body: &'a [u8]) -> Result<T> {
+    Ok(serde_json::from_str(std::str::from_utf8(body)?)?)
+}
+
 fn snippet(body: &[u8]) -> String {
     let s = String::from_utf8_lossy(&body[..body.len().min(200)]);
     s.trim().to_string()
@@ -593,8 +607,9 @@ async fn worker(
         };
         let filter_ns = start.elapsed().as_nanos() as u64;
         bytes += answer.1.len();
-        let names = match answer {
-            (hyper::StatusCode::OK, b) => match serde_json::from_slice::<FilterAnswer>(&b) {
+        let (status, filter_body) = answer;
+        let names = match (status, &filter_body) {
+            (hyper::StatusCode::OK, b) => match parse::<FilterAnswer>(b) {
                 Ok(FilterAnswer { error: Some(e), .. }) if !e.is_empty() => {
                     st.error(format!("filter: Error {e:?}"));
                     continue;
@@ -642,7 +657,7 @@ async fn worker(
         let pod_ns = start.elapsed().as_nanos() as u64;
         bytes += answer.1.len();
         match answer {
-            (hyper::StatusCode::OK, b) => match serde_json::from_slice::<Vec<HostPriority>>(&b) {
+            (hyper::StatusCode::OK, b) => match parse::<Vec<HostPriority>>(&b) {
                 Ok(list) => {
                     if let Err(e) = check_priorities(&list, &names) {
                         st.error(format!("prioritize: {e}"));
@@ -676,17 +691,17 @@ async fn worker(
 /// A `HostPriorityList` kube-scheduler accepts for `names`: every host one of the names, at
 /// most once (in any order; missing ones count 0), every score in 0..=10
 /// (`MaxExtenderPriority`).
-fn check_priorities(list: &[HostPriority], names: &[String]) -> Result<()> {
+fn check_priorities(list: &[HostPriority<'_>], names: &[Name<'_>]) -> Result<()> {
     if let Some(h) = list.iter().find(|h| !(0..=10).contains(&h.score)) {
         bail!("{} scored {}, outside 0..=10", h.host, h.score);
     }
     // Fast path: the names, in order.
-    if list.len() == names.len() && list.iter().zip(names).all(|(h, n)| h.host == *n) {
+    if list.len() == names.len() && list.iter().zip(names).all(|(h, n)| h.host == n.0) {
         return Ok(());
     }
-    let mut left: std::collections::HashSet<&str> = names.iter().map(String::as_str).collect();
+    let mut left: std::collections::HashSet<&str> = names.iter().map(|n| n.0.as_ref()).collect();
     for h in list {
-        if !left.remove(h.host.as_str()) {
+        if !left.remove(h.host.as_ref()) {
             bail!("{} is not one of the names sent, or appears twice", h.host);
         }
     }

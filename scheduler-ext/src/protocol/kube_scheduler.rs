@@ -28,10 +28,10 @@ use k8s_openapi::api::core::v1::Pod;
 use serde::{Deserialize, Serialize};
 
 use crate::core::request::RequestError;
-use crate::core::verdict::Unfit;
+use crate::core::verdict::{NodeVerdict, Unfit};
 use crate::decider::{Asker, CommitError};
 use crate::effects::PodCheckError;
-use crate::protocol::{bad_request, json_response, scale};
+use crate::protocol::{bad_request, json_bytes_response, json_out, json_response, scale};
 use crate::service::Service;
 
 /// Route prefix of the kube-scheduler extender verbs (`urlPrefix` in the scheduler config is
@@ -119,6 +119,8 @@ pub struct ExtenderBindingResult {
 pub enum ArgsError {
     #[error("malformed ExtenderArgs: {0}")]
     Json(#[from] serde_json::Error),
+    #[error("malformed ExtenderArgs: not UTF-8: {0}")]
+    NotUtf8(#[from] std::str::Utf8Error),
     #[error("ExtenderArgs has no Pod")]
     NoPod,
     #[error("ExtenderArgs has neither NodeNames nor Nodes")]
@@ -207,6 +209,23 @@ impl<'a> FailedNodes<'a> {
     }
 }
 
+impl FailedNodes<'_> {
+    /// Appends the map as JSON, each reason escaped once.
+    fn write_json(&self, out: &mut Vec<u8>) {
+        let reasons: Vec<Vec<u8>> = self.reasons.iter().map(|r| json_out::quoted(r)).collect();
+        out.push(b'{');
+        for (i, (node, r)) in self.nodes.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            json_out::push_str(out, node);
+            out.push(b':');
+            out.extend_from_slice(reasons.get(*r).map_or(b"\"\"".as_slice(), Vec::as_slice));
+        }
+        out.push(b'}');
+    }
+}
+
 impl Serialize for FailedNodes<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.collect_map(
@@ -217,18 +236,48 @@ impl Serialize for FailedNodes<'_> {
     }
 }
 
+impl FilterAnswer<'_> {
+    /// The answer as JSON, what serde writes, by hand ([`json_out`]); for an answer in the
+    /// `NodeNames` form (one with a `Nodes` list goes through serde).
+    pub fn names_json(&self) -> Vec<u8> {
+        let names = self.node_names.as_deref().unwrap_or_default();
+        let listed =
+            names.len() + self.failed_nodes.len() + self.failed_and_unresolvable_nodes.len();
+        let mut out = Vec::with_capacity(128 + listed * 40);
+        out.push(b'{');
+        if let Some(names) = &self.node_names {
+            out.extend_from_slice(b"\"NodeNames\":[");
+            for (i, n) in names.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                json_out::push_str(&mut out, n);
+            }
+            out.extend_from_slice(b"],");
+        }
+        out.extend_from_slice(b"\"FailedNodes\":");
+        self.failed_nodes.write_json(&mut out);
+        out.extend_from_slice(b",\"FailedAndUnresolvableNodes\":");
+        self.failed_and_unresolvable_nodes.write_json(&mut out);
+        out.extend_from_slice(b",\"Error\":");
+        json_out::push_str(&mut out, &self.error);
+        out.push(b'}');
+        out
+    }
+}
+
 /// Each distinct reason once: the index of `unfit`'s text in `reasons`, rendering it when new.
 /// `seen` pairs each rendered `Unfit` with its index. Reasons are few per request (one per
 /// free count, say), so a scan from the newest is short; past [`REASONS_SCANNED`] distinct
 /// ones each is rendered on its own (correct, just slower).
-fn reason_index(reasons: &mut Vec<String>, seen: &mut Vec<(Unfit, usize)>, unfit: Unfit) -> usize {
-    if let Some((_, i)) = seen.iter().rev().find(|(u, _)| *u == unfit) {
+fn reason_index(reasons: &mut Vec<String>, seen: &mut Vec<(Unfit, usize)>, unfit: &Unfit) -> usize {
+    if let Some((_, i)) = seen.iter().rev().find(|(u, _)| u == unfit) {
         return *i;
     }
     reasons.push(unfit.to_string());
     let i = reasons.len() - 1;
     if seen.len() < REASONS_SCANNED {
-        seen.push((unfit, i));
+        seen.push((unfit.clone(), i));
     }
     i
 }
@@ -259,24 +308,22 @@ pub fn filter<'a>(
             unresolvable = names.iter().map(|n| (*n, 0)).collect();
             passed.fill(false);
         }
-        Ok(verdicts) => {
+        Ok(mut verdicts) => {
             let mut seen = Vec::new();
-            let mut passing = Vec::with_capacity(verdicts.len());
-            for ((name, v), pass) in names.iter().zip(verdicts).zip(&mut passed) {
-                match v.unfit {
-                    None => passing.push(v),
-                    Some(unfit) => {
-                        let into = if unfit.resolvable_by_eviction() {
-                            &mut failed
-                        } else {
-                            &mut unresolvable
-                        };
-                        into.push((name, reason_index(&mut reasons, &mut seen, unfit)));
-                        *pass = false;
-                    }
+            for ((name, v), pass) in names.iter().zip(&verdicts).zip(&mut passed) {
+                if let Some(unfit) = &v.unfit {
+                    let into = if unfit.resolvable_by_eviction() {
+                        &mut failed
+                    } else {
+                        &mut unresolvable
+                    };
+                    into.push((name, reason_index(&mut reasons, &mut seen, unfit)));
+                    *pass = false;
                 }
             }
-            svc.filters().remember(pod, passing);
+            // In place: a verdict is large, and an all-names filter has thousands.
+            verdicts.retain(NodeVerdict::feasible);
+            svc.filters().remember(pod, verdicts);
         }
     }
     let mut out = FilterAnswer {
@@ -318,6 +365,24 @@ pub struct HostScore<'a> {
     pub host: &'a str,
     #[serde(rename = "Score")]
     pub score: i64,
+}
+
+/// A `HostPriorityList` as JSON: what serde writes, by hand ([`json_out`]).
+pub fn priorities_json(list: &[HostScore<'_>]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(2 + list.len() * 48);
+    out.push(b'[');
+    for (i, h) in list.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(b"{\"Host\":");
+        json_out::push_str(&mut out, h.host);
+        out.extend_from_slice(b",\"Score\":");
+        json_out::push_int(&mut out, h.score);
+        out.push(b'}');
+    }
+    out.push(b']');
+    out
 }
 
 /// The `prioritize` verb: 0..10 per node; 0 for filtered or unknown nodes and for pods
@@ -416,8 +481,11 @@ fn node_names<'a>(args: &'a ExtenderArgs<'_>) -> Result<Vec<&'a str>, ArgsError>
         .collect()
 }
 
+/// The body checked as UTF-8 once, then parsed as text: parsing bytes would check each of
+/// thousands of names on its own.
 fn parse_args(body: &[u8]) -> Result<ExtenderArgs<'_>, ArgsError> {
-    Ok(serde_json::from_slice(body)?)
+    let text = std::str::from_utf8(body)?;
+    Ok(serde_json::from_str(text)?)
 }
 
 fn bad_args(e: &ArgsError) -> Response {
@@ -425,12 +493,19 @@ fn bad_args(e: &ArgsError) -> Response {
 }
 
 async fn filter_handler(State(svc): State<Arc<Service>>, body: Bytes) -> Response {
-    let answer = parse_args(&body).and_then(|a| filter(&svc, &a).map(|r| json_response(&r)));
+    let answer = parse_args(&body).and_then(|a| {
+        let answer = filter(&svc, &a)?;
+        Ok(match answer.nodes {
+            Some(_) => json_response(&answer),
+            None => json_bytes_response(answer.names_json()),
+        })
+    });
     answer.unwrap_or_else(|e| bad_args(&e))
 }
 
 async fn prioritize_handler(State(svc): State<Arc<Service>>, body: Bytes) -> Response {
-    let answer = parse_args(&body).and_then(|a| prioritize(&svc, &a).map(|r| json_response(&r)));
+    let answer = parse_args(&body)
+        .and_then(|a| prioritize(&svc, &a).map(|list| json_bytes_response(priorities_json(&list))));
     answer.unwrap_or_else(|e| bad_args(&e))
 }
 
@@ -497,7 +572,7 @@ mod tests {
             ("ghost", Unfit::UnknownNode),
             ("n-0", not_enough(1)),
         ] {
-            failed.push((node, reason_index(&mut reasons, &mut seen, unfit)));
+            failed.push((node, reason_index(&mut reasons, &mut seen, &unfit)));
         }
         assert_eq!(reasons.len(), 3, "{reasons:?}");
         let failed = FailedNodes::new(failed, reasons);
@@ -515,12 +590,78 @@ mod tests {
             failed_nodes: failed,
             ..Default::default()
         };
-        let back: ExtenderFilterResult =
-            serde_json::from_str(&serde_json::to_string(&answer).unwrap()).unwrap();
+        assert_eq!(answer.names_json(), serde_json::to_vec(&answer).unwrap());
+        let back: ExtenderFilterResult = serde_json::from_slice(&answer.names_json()).unwrap();
         assert_eq!(back.node_names, Some(vec!["n-3".to_string()]));
         assert_eq!(back.failed_nodes.len(), 4);
         assert_eq!(back.failed_nodes["n-2"], "needs 4 nvidia.com/gpu, 2 free");
         assert!(back.nodes.is_none() && back.error.is_empty());
+    }
+
+    /// The answers written by hand are the bytes serde writes, for names and reasons that need
+    /// escapes too, and for empty lists.
+    #[test]
+    fn answers_written_by_hand_are_what_serde_writes() {
+        let odd = [
+            "n-\"quoted\"",
+            "back\\slash",
+            "tab\tname",
+            "ノード-1",
+            "plain-0",
+        ];
+        let mut reasons = vec!["needs 1 \"gpu\", 0 free\n".to_string()];
+        reasons.push(String::new());
+        let failed = FailedNodes::new(vec![(odd[0], 0), (odd[1], 1)], reasons.clone());
+        let unresolvable = FailedNodes::new(vec![(odd[2], 0)], reasons);
+        for answer in [
+            FilterAnswer {
+                node_names: Some(vec![odd[3], odd[4]]),
+                failed_nodes: failed,
+                failed_and_unresolvable_nodes: unresolvable,
+                error: "an \"error\"".into(),
+                ..Default::default()
+            },
+            FilterAnswer {
+                node_names: Some(Vec::new()),
+                ..Default::default()
+            },
+            FilterAnswer::default(),
+        ] {
+            let by_hand = answer.names_json();
+            assert_eq!(
+                String::from_utf8(by_hand).unwrap(),
+                serde_json::to_string(&answer).unwrap()
+            );
+        }
+        for list in [
+            vec![],
+            vec![
+                HostScore {
+                    host: odd[0],
+                    score: 0,
+                },
+                HostScore {
+                    host: odd[3],
+                    score: 10,
+                },
+                HostScore {
+                    host: odd[4],
+                    score: -3,
+                },
+            ],
+        ] {
+            assert_eq!(
+                String::from_utf8(priorities_json(&list)).unwrap(),
+                serde_json::to_string(&list).unwrap()
+            );
+        }
+    }
+
+    #[test]
+    fn a_body_that_is_not_utf8_is_a_clear_error() {
+        let err = parse_args(b"{\"NodeNames\":[\"n-\xff\"]}").unwrap_err();
+        assert!(matches!(err, ArgsError::NotUtf8(_)), "{err}");
+        assert!(err.to_string().contains("not UTF-8"), "{err}");
     }
 
     #[test]
@@ -528,13 +669,13 @@ mod tests {
         let mut reasons = Vec::new();
         let mut seen = Vec::new();
         let indices: Vec<usize> = (0..REASONS_SCANNED + 3)
-            .map(|free| reason_index(&mut reasons, &mut seen, not_enough(free)))
+            .map(|free| reason_index(&mut reasons, &mut seen, &not_enough(free)))
             .collect();
-        let again = reason_index(&mut reasons, &mut seen, not_enough(REASONS_SCANNED + 1));
+        let again = reason_index(&mut reasons, &mut seen, &not_enough(REASONS_SCANNED + 1));
         assert_eq!(reasons[again], not_enough(REASONS_SCANNED + 1).to_string());
         assert_eq!(reasons[indices[3]], not_enough(3).to_string());
         assert_eq!(
-            reason_index(&mut reasons, &mut seen, not_enough(3)),
+            reason_index(&mut reasons, &mut seen, &not_enough(3)),
             indices[3]
         );
     }

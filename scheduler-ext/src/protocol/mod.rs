@@ -7,6 +7,7 @@
 //! into each scheduler's numbers.
 
 pub mod admission;
+mod json_out;
 pub mod kube_scheduler;
 pub mod scale;
 pub mod volcano;
@@ -26,6 +27,16 @@ fn json_response<T: Serialize>(value: &T) -> Response {
             .into_response(),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
     }
+}
+
+/// `200` with `body`, JSON written by hand ([`json_out`]).
+fn json_bytes_response(body: Vec<u8>) -> Response {
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/json")],
+        body,
+    )
+        .into_response()
 }
 
 /// `400` with the reason, logged at warning.
