@@ -1,7 +1,7 @@
 //! The cost of the C ABI's calls, as the Volcano plugin makes them, over simulated clusters of
 //! 1,000 and 5,000 `dgx-h100` nodes in super-nodes of 20 (fumarole-sim's cluster shapes; no API
 //! server): judging a plain 2-GPU task on every node (one call per task, what PrePredicate
-//! does), judging a pod of a gpu-group-size unit whose super-node is already planned, planning a
+//! does; answered as text and as the arrays the plugins read), judging a pod of a gpu-group-size unit whose super-node is already planned, planning a
 //! unit (its first pod), and an allocation with its undoing. Each call goes through the C
 //! functions with the pod as JSON, as the Go side sends it, and frees the answer.
 //!
@@ -59,6 +59,25 @@ fn evaluate_knowing(e: *const Engine, pod: &[u8], known: u64) -> i32 {
     code
 }
 
+/// [`evaluate_knowing`] through `fumarole_task_evaluate_arrays`, the plugins' call.
+fn evaluate_arrays(e: *const Engine, pod: &[u8], known: u64) -> i32 {
+    let mut out: *mut c_char = std::ptr::null_mut();
+    let mut v = FumaroleVerdicts {
+        len: 0,
+        codes: std::ptr::null_mut(),
+        scores: std::ptr::null_mut(),
+        reasons: std::ptr::null_mut(),
+    };
+    let code = unsafe {
+        fumarole_task_evaluate_arrays(e, pod.as_ptr(), pod.len(), known, &mut out, &mut v)
+    };
+    unsafe {
+        fumarole_string_free(out);
+        fumarole_verdicts_free(&mut v);
+    }
+    code
+}
+
 /// The view's generation, from an evaluation of `pod`.
 fn generation(e: *const Engine, pod: &[u8]) -> u64 {
     let mut out: *mut c_char = std::ptr::null_mut();
@@ -94,6 +113,11 @@ fn bench(c: &mut Criterion) {
             BenchmarkId::new("evaluate-2-gpu-task", n),
             &plain,
             |b, p| b.iter(|| evaluate_knowing(e, p, known)),
+        );
+        g.bench_with_input(
+            BenchmarkId::new("evaluate-2-gpu-task-arrays", n),
+            &plain,
+            |b, p| b.iter(|| evaluate_arrays(e, p, known)),
         );
 
         // Two 8-GPU pods per 16-GPU unit: the first call plans the unit's super-node.

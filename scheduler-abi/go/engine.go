@@ -74,23 +74,25 @@ func (e *Engine) Judge(pod []byte) (*Verdicts, error) {
 	if table != nil {
 		known = table.generation
 	}
-	text, err := e.evaluate(pod, known)
+	var out *C.char
+	var arrays C.fumarole_verdicts
+	code := C.fumarole_task_evaluate_arrays(e.ptr, bytesPtr(pod), C.size_t(len(pod)), C.uint64_t(known), &out, &arrays)
+	defer C.fumarole_verdicts_free(&arrays)
+	header, err := answer(code, take(out))
 	if err != nil {
 		return nil, err
 	}
-	v, learnt := parseVerdicts(text, table)
+	v, learnt := parseVerdicts(header, table)
 	if learnt != table {
 		e.nodes.Store(learnt)
 	}
+	// Copied into Go memory: the verdicts outlive this call, the library's arrays do not.
+	if n := int(arrays.len); n > 0 {
+		v.codes = append([]uint8(nil), unsafe.Slice((*uint8)(unsafe.Pointer(arrays.codes)), n)...)
+		v.scores = append([]float64(nil), unsafe.Slice((*float64)(unsafe.Pointer(arrays.scores)), n)...)
+		v.reason = append([]int32(nil), unsafe.Slice((*int32)(unsafe.Pointer(arrays.reasons)), n)...)
+	}
 	return v, nil
-}
-
-// evaluate is fumarole_task_evaluate: the verdicts in the core's node order; the node names
-// come only when knownGeneration is not that order's generation.
-func (e *Engine) evaluate(pod []byte, knownGeneration uint64) (string, error) {
-	var out *C.char
-	code := C.fumarole_task_evaluate(e.ptr, bytesPtr(pod), C.size_t(len(pod)), C.uint64_t(knownGeneration), &out)
-	return answer(code, take(out))
 }
 
 // Allocate records the pod's (JSON) devices on node.

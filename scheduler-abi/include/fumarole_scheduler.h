@@ -21,6 +21,17 @@ fumarole_engine *fumarole_engine_over_snapshot(const uint8_t *dir, size_t dir_le
 int fumarole_engine_notes(const fumarole_engine *engine, char **out);
 int fumarole_task_evaluate(const fumarole_engine *engine, const uint8_t *pod, size_t len,
                            uint64_t known_generation, char **out);
+/* A task's verdicts per node, in the view's node order; freed with fumarole_verdicts_free. */
+typedef struct fumarole_verdicts {
+  size_t len;
+  uint8_t *codes;   /* 0 fits, 2 unschedulable, 3 unresolvable */
+  double *scores;   /* on Volcano's scale; 0 where the node does not fit */
+  int32_t *reasons; /* index of the node's R line, -1 where it fits */
+} fumarole_verdicts;
+int fumarole_task_evaluate_arrays(const fumarole_engine *engine, const uint8_t *pod, size_t len,
+                                  uint64_t known_generation, char **out,
+                                  fumarole_verdicts *verdicts);
+void fumarole_verdicts_free(fumarole_verdicts *verdicts);
 int fumarole_task_allocate(const fumarole_engine *engine, const uint8_t *pod, size_t len,
                            const uint8_t *node, size_t node_len, char **error);
 int fumarole_engine_write_choices_at_prebind(const fumarole_engine *engine, char **error);

@@ -83,10 +83,43 @@ pub enum Code {
 pub enum Evaluation {
     /// The task asks for no device fumarole serves: every node passes, none scores.
     NotOurs,
-    /// The lines of [`crate::fumarole_task_evaluate`]'s answer: the view's generation, the node
-    /// names when asked, the distinct reasons, then `code TAB score TAB reason` per node in the
-    /// view's order, the score on Volcano's scale (0..100 times `weight`).
-    Verdicts(String),
+    /// The verdicts on every node of the view, in its order.
+    Verdicts(VerdictTable),
+}
+
+/// A task's verdicts on every node of the view, in the view's node order: what
+/// [`crate::fumarole_task_evaluate_arrays`] hands over as arrays, and
+/// [`crate::fumarole_task_evaluate`] as text.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct VerdictTable {
+    /// Lines separated by TABs: `G generation` (names the view's node order), `N name` per
+    /// node in that order when the caller's known generation is another, then the distinct
+    /// reasons (`R text`).
+    pub header: String,
+    /// Per node: [`Code`] as a number.
+    pub codes: Vec<u8>,
+    /// Per node: the score on Volcano's scale (0..100 times `weight`); 0 where it does not fit.
+    pub scores: Vec<f64>,
+    /// Per node: the index of its reason among the `R` lines, -1 where it fits.
+    pub reasons: Vec<i32>,
+}
+
+impl VerdictTable {
+    /// The whole table as text: the header, then `code TAB score TAB reason` per node (the
+    /// reason empty where the node fits).
+    pub fn text(&self) -> String {
+        let mut out = String::with_capacity(self.header.len() + self.codes.len() * 8);
+        out.push_str(&self.header);
+        for ((code, score), reason) in self.codes.iter().zip(&self.scores).zip(&self.reasons) {
+            // Writing to a String cannot fail.
+            let _ = if *reason >= 0 {
+                writeln!(out, "{code}\t0\t{reason}")
+            } else {
+                writeln!(out, "{code}\t{score}\t")
+            };
+        }
+        out
+    }
 }
 
 /// The longest a PreBind waits for the API server to take a device choice.
@@ -248,26 +281,34 @@ impl Engine {
             };
         let generation = view.names_generation();
         let weight = decider.scorer().weight;
-        let mut out = String::with_capacity(verdicts.len() * 16);
-        let _ = writeln!(out, "G\t{generation}");
+        let mut table = VerdictTable {
+            header: String::with_capacity(64),
+            codes: Vec::with_capacity(verdicts.len()),
+            scores: Vec::with_capacity(verdicts.len()),
+            reasons: Vec::with_capacity(verdicts.len()),
+        };
+        let _ = writeln!(table.header, "G\t{generation}");
         if generation != known_generation {
             for nv in view.nodes() {
-                let _ = writeln!(out, "N\t{}", nv.name);
+                let _ = writeln!(table.header, "N\t{}", nv.name);
             }
         }
         // Reasons are formatted once per run of nodes with the same one (a unit's plan gives
         // every node of a super-node the same reason): formatting dominated the call.
-        let mut reason_count = 0usize;
+        let mut reason_count = 0i32;
         let mut last: Option<&Unfit> = None;
-        let mut lines = String::with_capacity(verdicts.len() * 8);
         // `verdicts` follow the view's nodes, one each.
         for (v, nv) in verdicts.iter().zip(view.nodes()) {
-            let (code, reason) = match &v.unfit {
-                None => (Code::Fits, None),
+            let (code, score, reason) = match &v.unfit {
+                None => (
+                    Code::Fits,
+                    v.raw.map_or(0.0, |raw| scale::volcano(raw, weight)),
+                    -1,
+                ),
                 Some(unfit) => {
                     if last != Some(unfit) {
                         let text = unfit.to_string().replace(['\t', '\n'], " ");
-                        let _ = writeln!(out, "R\t{text}");
+                        let _ = writeln!(table.header, "R\t{text}");
                         reason_count += 1;
                         last = Some(unfit);
                     }
@@ -278,20 +319,14 @@ impl Engine {
                     } else {
                         Code::Unresolvable
                     };
-                    (code, Some(reason_count - 1))
+                    (code, 0.0, reason_count - 1)
                 }
             };
-            // Writing to a String cannot fail.
-            let _ = match (reason, v.raw) {
-                (Some(r), _) => writeln!(lines, "{}\t0\t{r}", code as u8),
-                (None, Some(raw)) => {
-                    writeln!(lines, "{}\t{}\t", code as u8, scale::volcano(raw, weight))
-                }
-                (None, None) => writeln!(lines, "{}\t0\t", code as u8),
-            };
+            table.codes.push(code as u8);
+            table.scores.push(score);
+            table.reasons.push(reason);
         }
-        out.push_str(&lines);
-        Ok(Evaluation::Verdicts(out))
+        Ok(Evaluation::Verdicts(table))
     }
 
     /// The scheduler allocated `pod` to `node`: records its devices in the ledger now, before

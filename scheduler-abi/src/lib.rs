@@ -7,7 +7,8 @@
 //! scheduler) and answers with a [status code](FUMAROLE_OK) and, where there is one, a message
 //! or result string the caller frees with [`fumarole_string_free`].
 //!
-//! One call judges a task on every node ([`fumarole_task_evaluate`]); the plugins answer the
+//! One call judges a task on every node ([`fumarole_task_evaluate_arrays`], the plugins' call;
+//! [`fumarole_task_evaluate`] gives the same as text); the plugins answer the
 //! schedulers' per-node questions (Volcano's predicate and node order, kube-scheduler's Filter
 //! and Score) from that result, with no call here per node. [`fumarole_task_allocate`] /
 //! [`fumarole_task_deallocate`] move devices in and out of the ledger as the scheduler
@@ -126,9 +127,104 @@ pub unsafe extern "C" fn fumarole_task_evaluate(
             let engine = engine_ref(engine)?;
             match engine.evaluate(&parse_pod(pod, len)?, known_generation)? {
                 Evaluation::NotOurs => Ok((FUMAROLE_NOT_OURS, None)),
-                Evaluation::Verdicts(lines) => Ok((FUMAROLE_OK, Some(lines))),
+                Evaluation::Verdicts(table) => Ok((FUMAROLE_OK, Some(table.text()))),
             }
         })
+    }
+}
+
+/// A task's verdicts per node as arrays of `len` entries, in the order of the view's nodes
+/// ([`fumarole_task_evaluate_arrays`]); the library owns them until [`fumarole_verdicts_free`].
+#[repr(C)]
+#[derive(Debug)]
+pub struct FumaroleVerdicts {
+    pub len: usize,
+    /// 0 fits, 2 unschedulable, 3 unresolvable.
+    pub codes: *mut u8,
+    /// The score on Volcano's scale; 0 where the node does not fit.
+    pub scores: *mut f64,
+    /// The index of the node's reason among the `R` lines, -1 where it fits.
+    pub reasons: *mut i32,
+}
+
+impl FumaroleVerdicts {
+    const EMPTY: FumaroleVerdicts = FumaroleVerdicts {
+        len: 0,
+        codes: std::ptr::null_mut(),
+        scores: std::ptr::null_mut(),
+        reasons: std::ptr::null_mut(),
+    };
+}
+
+/// [`fumarole_task_evaluate`] with the per-node verdicts in arrays rather than text lines: at
+/// thousands of nodes a task, writing and reading a number per line was a tenth of a
+/// scheduler's CPU. [`FUMAROLE_OK`] with, in `*out`, the `G`, `N` and `R` lines of
+/// [`fumarole_task_evaluate`] (none per node) and, in `*verdicts`, the arrays, which the caller
+/// frees with [`fumarole_verdicts_free`]; on any other code `*verdicts` is empty.
+///
+/// # Safety
+/// `engine` is live; `pod` points to `len` readable bytes; `out` and `verdicts` are writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fumarole_task_evaluate_arrays(
+    engine: *const Engine,
+    pod: *const u8,
+    len: usize,
+    known_generation: u64,
+    out: *mut *mut c_char,
+    verdicts: *mut FumaroleVerdicts,
+) -> c_int {
+    if verdicts.is_null() {
+        // SAFETY: the caller's contract, passed on.
+        return unsafe { edge(out, || Err(anyhow!("NULL verdicts"))) };
+    }
+    // SAFETY: `verdicts` is writable (the caller's contract).
+    unsafe { verdicts.write(FumaroleVerdicts::EMPTY) };
+    // SAFETY: the caller's contract, passed on.
+    unsafe {
+        edge(out, || {
+            let engine = engine_ref(engine)?;
+            match engine.evaluate(&parse_pod(pod, len)?, known_generation)? {
+                Evaluation::NotOurs => Ok((FUMAROLE_NOT_OURS, None)),
+                Evaluation::Verdicts(table) => {
+                    // Boxed slices, so each array is freed with the length it was made with.
+                    verdicts.write(FumaroleVerdicts {
+                        len: table.codes.len(),
+                        codes: Box::into_raw(table.codes.into_boxed_slice()).cast(),
+                        scores: Box::into_raw(table.scores.into_boxed_slice()).cast(),
+                        reasons: Box::into_raw(table.reasons.into_boxed_slice()).cast(),
+                    });
+                    Ok((FUMAROLE_OK, Some(table.header)))
+                }
+            }
+        })
+    }
+}
+
+/// Frees the arrays of [`fumarole_task_evaluate_arrays`] and empties `*verdicts` (so a second
+/// call frees nothing).
+///
+/// # Safety
+/// `verdicts` is NULL or holds what [`fumarole_task_evaluate_arrays`] wrote, not freed since.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fumarole_verdicts_free(verdicts: *mut FumaroleVerdicts) {
+    if verdicts.is_null() {
+        return;
+    }
+    // SAFETY: the caller's contract: the arrays are `len` long, boxed here, not freed since.
+    unsafe {
+        let v = verdicts.replace(FumaroleVerdicts::EMPTY);
+        if v.len == 0 {
+            return;
+        }
+        drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(
+            v.codes, v.len,
+        )));
+        drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(
+            v.scores, v.len,
+        )));
+        drop(Box::from_raw(std::ptr::slice_from_raw_parts_mut(
+            v.reasons, v.len,
+        )));
     }
 }
 

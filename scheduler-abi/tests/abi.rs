@@ -126,6 +126,72 @@ fn a_task_is_judged_on_every_node_in_one_call() {
     unsafe { fumarole_engine_free(e) };
 }
 
+/// `fumarole_task_evaluate_arrays`: the header text and the arrays, freed once.
+fn evaluate_arrays(e: *mut Engine, pod: &[u8], known: u64) -> (i32, String, Vec<(u8, f64, i32)>) {
+    let mut out = std::ptr::null_mut();
+    let mut v = FumaroleVerdicts {
+        len: 7,
+        codes: std::ptr::null_mut(),
+        scores: std::ptr::null_mut(),
+        reasons: std::ptr::null_mut(),
+    };
+    let code = unsafe {
+        fumarole_task_evaluate_arrays(e, pod.as_ptr(), pod.len(), known, &mut out, &mut v)
+    };
+    let rows = (0..v.len)
+        .map(|i| unsafe { (*v.codes.add(i), *v.scores.add(i), *v.reasons.add(i)) })
+        .collect();
+    unsafe { fumarole_verdicts_free(&mut v) };
+    assert_eq!(v.len, 0, "freeing empties the arrays");
+    unsafe { fumarole_verdicts_free(&mut v) };
+    (code, take(out), rows)
+}
+
+/// The arrays say what the text says, for nodes that fit, that are short of GPUs and that
+/// have none; refusals leave them empty.
+#[test]
+fn the_arrays_answer_what_the_text_answers() {
+    let e = engine();
+    for gpus in [1, 4, 8] {
+        let p = pod(&format!("p{gpus}"), gpus);
+        let (code, text) = evaluate(e, &p);
+        assert_eq!(code, FUMAROLE_OK, "{text}");
+        let (code, header, rows) = evaluate_arrays(e, &p, 0);
+        assert_eq!(code, FUMAROLE_OK, "{header}");
+        assert!(
+            header.lines().all(|l| l.starts_with(['G', 'N', 'R'])),
+            "{header}"
+        );
+        let per_node: Vec<String> = rows
+            .iter()
+            .map(|(c, s, r)| match r {
+                -1 => format!("{c}\t{s}\t"),
+                r => format!("{c}\t0\t{r}"),
+            })
+            .collect();
+        assert_eq!(format!("{header}{}\n", per_node.join("\n")), text);
+        let a = parse(&text);
+        assert_eq!(rows.len(), a.names.len());
+        // two-dgx has at most 6 free GPUs on a node, and a node without devices.
+        assert_eq!(rows.iter().any(|r| r.0 == 0), gpus < 8, "{text}");
+        assert!(rows.iter().any(|r| r.0 != 0), "{text}");
+    }
+    // Not ours, an unusable pod, a NULL out: no arrays to free.
+    let cpu = br#"{"metadata":{"name":"cpu","namespace":"default","uid":"u"},"spec":{"containers":[{"name":"c"}]}}"#;
+    let (code, _, rows) = evaluate_arrays(e, cpu, 0);
+    assert_eq!((code, rows.len()), (FUMAROLE_NOT_OURS, 0));
+    let (code, why, rows) = evaluate_arrays(e, b"{not json", 0);
+    assert_eq!((code, rows.len()), (FUMAROLE_ERROR, 0), "{why}");
+    let p = pod("x", 1);
+    let mut out = std::ptr::null_mut();
+    let code = unsafe {
+        fumarole_task_evaluate_arrays(e, p.as_ptr(), p.len(), 0, &mut out, std::ptr::null_mut())
+    };
+    assert_eq!(code, FUMAROLE_ERROR);
+    assert!(take(out).contains("NULL"));
+    unsafe { fumarole_engine_free(e) };
+}
+
 #[test]
 fn allocations_go_into_the_ledger_and_come_back_out() {
     let e = engine();
