@@ -616,12 +616,12 @@ async fn worker(
                 }
                 Ok(a) => a.node_names.unwrap_or_default(),
                 Err(e) => {
-                    st.error(format!("filter: unparsable answer ({e}): {}", snippet(&b)));
+                    st.error(format!("filter: unparsable answer ({e}): {}", snippet(b)));
                     continue;
                 }
             },
             (status, b) => {
-                st.error(format!("filter: {status}: {}", snippet(&b)));
+                st.error(format!("filter: {status}: {}", snippet(b)));
                 continue;
             }
         };
