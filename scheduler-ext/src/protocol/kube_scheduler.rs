@@ -207,9 +207,7 @@ impl<'a> FailedNodes<'a> {
     pub fn is_empty(&self) -> bool {
         self.nodes.is_empty()
     }
-}
 
-impl FailedNodes<'_> {
     /// Appends the map as JSON, each reason escaped once.
     fn write_json(&self, out: &mut Vec<u8>) {
         let reasons: Vec<Vec<u8>> = self.reasons.iter().map(|r| json_out::quoted(r)).collect();
