@@ -82,15 +82,18 @@ func (e *Engine) Judge(pod []byte) (*Verdicts, error) {
 	if err != nil {
 		return nil, err
 	}
-	v, learnt := parseVerdicts(header, table)
+	// Copied into Go memory: the verdicts outlive this call, the library's arrays do not.
+	var codes []uint8
+	var scores []float64
+	var reasons []int32
+	if n := int(arrays.len); n > 0 {
+		codes = append(codes, unsafe.Slice((*uint8)(unsafe.Pointer(arrays.codes)), n)...)
+		scores = append(scores, unsafe.Slice((*float64)(unsafe.Pointer(arrays.scores)), n)...)
+		reasons = append(reasons, unsafe.Slice((*int32)(unsafe.Pointer(arrays.reasons)), n)...)
+	}
+	v, learnt := readVerdicts(header, table, codes, scores, reasons)
 	if learnt != table {
 		e.nodes.Store(learnt)
-	}
-	// Copied into Go memory: the verdicts outlive this call, the library's arrays do not.
-	if n := int(arrays.len); n > 0 {
-		v.codes = append([]uint8(nil), unsafe.Slice((*uint8)(unsafe.Pointer(arrays.codes)), n)...)
-		v.scores = append([]float64(nil), unsafe.Slice((*float64)(unsafe.Pointer(arrays.scores)), n)...)
-		v.reason = append([]int32(nil), unsafe.Slice((*int32)(unsafe.Pointer(arrays.reasons)), n)...)
 	}
 	return v, nil
 }

@@ -99,53 +99,26 @@ func (v *Verdicts) Fitting() ([]string, int) {
 // Reasons are the distinct reasons nodes were refused for, in the core's order.
 func (v *Verdicts) Reasons() []string { return v.reasons }
 
-// parseVerdicts reads the core's answer (fumarole_task_evaluate): "G<TAB>generation"; the node
-// names ("N<TAB>name") when the generation is not known's; the distinct reasons
-// ("R<TAB>text"); then "code<TAB>score<TAB>reason index" per node in that order. It answers the
-// verdicts and the node table they follow (known, or the one the names make).
-func parseVerdicts(text string, known *nodeTable) (*Verdicts, *nodeTable) {
-	v := &Verdicts{table: known}
+// readVerdicts reads the core's answer (fumarole_task_evaluate_arrays): the header lines
+// "G<TAB>generation", the node names ("N<TAB>name") when the generation is not known's, and the
+// distinct reasons ("R<TAB>text"); then per node, in that order, its code, score and reason
+// index, already in arrays. It answers the verdicts and the node table they follow (known, or
+// the one the names make).
+func readVerdicts(header string, known *nodeTable, codes []uint8, scores []float64, reasons []int32) (*Verdicts, *nodeTable) {
+	v := &Verdicts{table: known, codes: codes, scores: scores, reason: reasons}
 	var names []string
-	n := strings.Count(text, "\n")
-	v.codes = make([]uint8, 0, n)
-	v.scores = make([]float64, 0, n)
-	v.reason = make([]int32, 0, n)
-	for len(text) > 0 {
-		line := text
-		if i := strings.IndexByte(text, '\n'); i >= 0 {
-			line, text = text[:i], text[i+1:]
-		} else {
-			text = ""
-		}
+	for _, line := range strings.Split(strings.TrimSuffix(header, "\n"), "\n") {
 		switch {
 		case strings.HasPrefix(line, "G\t"):
 			g, _ := strconv.ParseUint(line[2:], 10, 64)
 			if known == nil || known.generation != g {
 				v.table = &nodeTable{generation: g}
 			}
-			continue
 		case strings.HasPrefix(line, "N\t"):
 			names = append(names, line[2:])
-			continue
 		case strings.HasPrefix(line, "R\t"):
 			v.reasons = append(v.reasons, line[2:])
-			continue
 		}
-		// Cut by hand: SplitN's slice per line was most of reading 5,000 lines.
-		codeText, rest, ok1 := strings.Cut(line, "\t")
-		scoreText, reasonText, ok2 := strings.Cut(rest, "\t")
-		if !ok1 || !ok2 {
-			continue
-		}
-		code, _ := strconv.Atoi(codeText)
-		score, _ := strconv.ParseFloat(scoreText, 64)
-		reason := int32(-1)
-		if r, err := strconv.Atoi(reasonText); err == nil {
-			reason = int32(r)
-		}
-		v.codes = append(v.codes, uint8(code))
-		v.scores = append(v.scores, score)
-		v.reason = append(v.reason, reason)
 	}
 	if v.table == nil {
 		v.table = &nodeTable{}

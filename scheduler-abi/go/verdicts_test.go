@@ -7,12 +7,12 @@ import (
 )
 
 // The core's answer: the generation, the names when the caller's table is another, the distinct
-// reasons, then a line per node in that order naming a reason by index.
+// reasons, then per node in that order a code, a score and a reason by index.
 func TestVerdictsAreReadWithTheirReasonsAndTheNodeOrder(t *testing.T) {
 	first := "G\t7\nN\tcpu-0\nN\tdgx-a\nN\tpcie-a\n" +
-		"R\tnode publishes no DeviceTopology\nR\tneeds 4 nvidia.com/gpu, 3 free\n" +
-		"3\t0\t0\n0\t150.5\t\n2\t0\t1\nbroken line\n"
-	v, table := parseVerdicts(first, nil)
+		"R\tnode publishes no DeviceTopology\nR\tneeds 4 nvidia.com/gpu, 3 free\n"
+	codes, scores, reasons := []uint8{3, 0, 2}, []float64{0, 150.5, 0}, []int32{0, -1, 1}
+	v, table := readVerdicts(first, nil, codes, scores, reasons)
 	if table.generation != 7 || len(table.index) != 3 {
 		t.Fatalf("table = %+v", table)
 	}
@@ -46,22 +46,22 @@ func TestVerdictsAreReadWithTheirReasonsAndTheNodeOrder(t *testing.T) {
 		t.Fatal("only dgx-a fits, at 150.5")
 	}
 	// The same generation again, without names: the known table is kept and used.
-	again, kept := parseVerdicts("G\t7\nR\tnode publishes no DeviceTopology\n"+
-		"R\tneeds 4 nvidia.com/gpu, 3 free\n3\t0\t0\n0\t150.5\t\n2\t0\t1\n", table)
+	again, kept := readVerdicts("G\t7\nR\tnode publishes no DeviceTopology\n"+
+		"R\tneeds 4 nvidia.com/gpu, 3 free\n", table, codes, scores, reasons)
 	if kept != table {
 		t.Fatal("a known generation must keep its table")
 	}
 	check(again)
 	// Another generation: a new table from the names sent.
-	_, next := parseVerdicts("G\t8\nN\tdgx-a\nN\tdgx-b\n0\t1\t\n0\t1\t\n", table)
+	_, next := readVerdicts("G\t8\nN\tdgx-a\nN\tdgx-b\n", table, []uint8{0, 0}, []float64{1, 1}, []int32{-1, -1})
 	if next == table || next.generation != 8 || next.index["dgx-b"] != 1 || len(next.index) != 2 {
 		t.Fatalf("next = %+v", next)
 	}
-	none, _ := parseVerdicts("G\t9\nN\tpcie-a\n2\t5\t\n", next)
+	none, _ := readVerdicts("G\t9\nN\tpcie-a\n", next, []uint8{2}, []float64{5}, []int32{-1})
 	if _, _, ok := none.Best(); ok {
 		t.Fatal("no feasible node, no best")
 	}
-	tie, _ := parseVerdicts("G\t10\nN\tb\nN\ta\n0\t5\t\n0\t5\t\n", nil)
+	tie, _ := readVerdicts("G\t10\nN\tb\nN\ta\n", nil, []uint8{0, 0}, []float64{5, 5}, []int32{-1, -1})
 	if node, _, _ := tie.Best(); node != "a" {
 		t.Fatalf("a tie goes to the first name, got %s", node)
 	}

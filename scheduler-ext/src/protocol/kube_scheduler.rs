@@ -238,9 +238,9 @@ impl FilterAnswer<'_> {
     /// The answer as JSON, what serde writes, by hand ([`json_out`]); for an answer in the
     /// `NodeNames` form (one with a `Nodes` list goes through serde).
     pub fn names_json(&self) -> Vec<u8> {
-        let names = self.node_names.as_deref().unwrap_or_default();
-        let listed =
-            names.len() + self.failed_nodes.len() + self.failed_and_unresolvable_nodes.len();
+        let listed = self.node_names.as_ref().map_or(0, Vec::len)
+            + self.failed_nodes.len()
+            + self.failed_and_unresolvable_nodes.len();
         let mut out = Vec::with_capacity(128 + listed * 40);
         out.push(b'{');
         if let Some(names) = &self.node_names {
