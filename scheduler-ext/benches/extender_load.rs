@@ -513,6 +513,93 @@ struct FilterAnswer<'a> {
 #[serde(transparent)]
 struct Name<'a>(#[serde(borrow)] Cow<'a, str>);
 
+/// What a filter answer kept: the names, and the JSON array they came in, which the
+/// prioritize request carries on as it is.
+struct Kept<'a> {
+    names: Vec<Name<'a>>,
+    json: Cow<'a, [u8]>,
+}
+
+/// How a filter answer without an error starts and ends when the service writes it.
+const NAMES_FIRST: &[u8] = br#"{"NodeNames":"#;
+const NO_ERROR_LAST: &[u8] = br#","Error":""}"#;
+
+/// Reads a filter answer; `Ok(Err(_))` carries its non-empty `Error`. An answer laid out as
+/// the service writes it (`NodeNames` first, an empty `Error` last, names without escapes) is
+/// read by a scan of its names, the rest of it unread; any other answer is parsed whole.
+fn read_filter_answer(body: &[u8]) -> Result<Result<Kept<'_>, String>> {
+    if let Some(rest) = body.strip_prefix(NAMES_FIRST)
+        && body.ends_with(NO_ERROR_LAST)
+        && let Some((names, len)) = plain_strings(rest)
+    {
+        let names = names.into_iter().map(|n| Name(Cow::Borrowed(n))).collect();
+        let json = Cow::Borrowed(&rest[..len]);
+        return Ok(Ok(Kept { names, json }));
+    }
+    let answer: FilterAnswer = parse(body)?;
+    if let Some(e) = answer.error.filter(|e| !e.is_empty()) {
+        return Ok(Err(e));
+    }
+    let names = answer.node_names.unwrap_or_default();
+    let json = Cow::Owned(serde_json::to_vec(&names)?);
+    Ok(Ok(Kept { names, json }))
+}
+
+/// The strings of the JSON array of strings that starts `s`, and the array's length in bytes;
+/// `None` unless it is written without spaces and its strings need no unescaping.
+fn plain_strings(s: &[u8]) -> Option<(Vec<&str>, usize)> {
+    let mut names = Vec::new();
+    if s.starts_with(b"[]") {
+        return Some((names, 2));
+    }
+    let mut i = s.starts_with(b"[").then_some(1)?;
+    loop {
+        if s.get(i) != Some(&b'"') {
+            return None;
+        }
+        let end = i + 1 + memchr::memchr2(b'"', b'\\', s.get(i + 1..)?)?;
+        if s.get(end) != Some(&b'"') {
+            return None;
+        }
+        let name = std::str::from_utf8(s.get(i + 1..end)?).ok()?;
+        // JSON strings cannot hold raw control characters; serde says what is wrong.
+        if name.bytes().any(|b| b < 0x20) {
+            return None;
+        }
+        names.push(name);
+        match s.get(end + 1)? {
+            b',' => i = end + 2,
+            b']' => return Some((names, end + 2)),
+            _ => return None,
+        }
+    }
+}
+
+/// Whether `body` is the `HostPriorityList` of `names` in their order, written as the service
+/// writes it (`{"Host":"<name>","Score":<0..=10>}`, no spaces). `false` leaves the answer to
+/// serde and [`check_priorities`], which accept any order and layout.
+fn priorities_in_order(body: &[u8], names: &[Name<'_>]) -> bool {
+    let scan = || -> Option<()> {
+        let mut rest = body.strip_prefix(b"[")?;
+        for (i, name) in names.iter().enumerate() {
+            if i > 0 {
+                rest = rest.strip_prefix(b",")?;
+            }
+            rest = rest.strip_prefix(br#"{"Host":""#)?;
+            rest = rest.strip_prefix(name.0.as_bytes())?;
+            rest = rest.strip_prefix(br#"","Score":"#)?;
+            rest = match rest {
+                [b'1', b'0', r @ ..] => r,
+                [b'0'..=b'9', r @ ..] => r,
+                _ => return None,
+            };
+            rest = rest.strip_prefix(b"}")?;
+        }
+        (rest == b"]").then_some(())
+    };
+    scan().is_some()
+}
+
 /// One entry of `HostPriorityList`.
 #[derive(Deserialize)]
 struct HostPriority<'a> {
@@ -608,13 +695,13 @@ async fn worker(
         let filter_ns = start.elapsed().as_nanos() as u64;
         bytes += answer.1.len();
         let (status, filter_body) = answer;
-        let names = match (status, &filter_body) {
-            (hyper::StatusCode::OK, b) => match parse::<FilterAnswer>(b) {
-                Ok(FilterAnswer { error: Some(e), .. }) if !e.is_empty() => {
+        let kept = match (status, &filter_body) {
+            (hyper::StatusCode::OK, b) => match read_filter_answer(b) {
+                Ok(Ok(kept)) => kept,
+                Ok(Err(e)) => {
                     st.error(format!("filter: Error {e:?}"));
                     continue;
                 }
-                Ok(a) => a.node_names.unwrap_or_default(),
                 Err(e) => {
                     st.error(format!("filter: unparsable answer ({e}): {}", snippet(b)));
                     continue;
@@ -625,7 +712,7 @@ async fn worker(
                 continue;
             }
         };
-        if names.is_empty() {
+        if kept.names.is_empty() {
             // kube-scheduler does not prioritize a pod no node can hold.
             if measured {
                 st.filter.push(filter_ns);
@@ -636,8 +723,10 @@ async fn worker(
             continue;
         }
         // prioritize, with the nodes filter kept
-        let mut body = plan.prioritize_prefix[size].clone();
-        serde_json::to_writer(&mut body, &names)?;
+        let prefix = &plan.prioritize_prefix[size];
+        let mut body = Vec::with_capacity(prefix.len() + kept.json.len() + 1);
+        body.extend_from_slice(prefix);
+        body.extend_from_slice(&kept.json);
         body.push(b'}');
         bytes += body.len();
         let t = Instant::now();
@@ -657,9 +746,10 @@ async fn worker(
         let pod_ns = start.elapsed().as_nanos() as u64;
         bytes += answer.1.len();
         match answer {
+            (hyper::StatusCode::OK, b) if priorities_in_order(&b, &kept.names) => {}
             (hyper::StatusCode::OK, b) => match parse::<Vec<HostPriority>>(&b) {
                 Ok(list) => {
-                    if let Err(e) = check_priorities(&list, &names) {
+                    if let Err(e) = check_priorities(&list, &kept.names) {
                         st.error(format!("prioritize: {e}"));
                         continue;
                     }
@@ -681,7 +771,7 @@ async fn worker(
             st.filter.push(filter_ns);
             st.prioritize.push(prioritize_ns);
             st.pod.push(pod_ns);
-            st.kept += names.len();
+            st.kept += kept.names.len();
             st.bytes += bytes;
         }
     }
@@ -703,6 +793,72 @@ fn check_priorities(list: &[HostPriority<'_>], names: &[Name<'_>]) -> Result<()>
     for h in list {
         if !left.remove(h.host.as_ref()) {
             bail!("{} is not one of the names sent, or appears twice", h.host);
+        }
+    }
+    Ok(())
+}
+
+/// The answer readers' scans against what they must make of answers written otherwise than
+/// the service writes them (escapes, spaces, other orders, scores out of range): every run
+/// checks them first, since a scan that read wrongly would hide a wrong answer.
+fn check_answer_readers() -> Result<()> {
+    /// The names read, and the JSON array prioritize is sent.
+    type ReadFilter = (Vec<String>, String);
+    let names = |k: &Kept| k.names.iter().map(|n| n.0.to_string()).collect::<Vec<_>>();
+    let filter = |body: &str| match read_filter_answer(body.as_bytes()) {
+        Ok(Ok(k)) => Ok((names(&k), String::from_utf8_lossy(&k.json).into_owned())),
+        Ok(Err(e)) => Err(format!("Error {e}")),
+        Err(e) => Err(format!("{e:#}")),
+    };
+    let both = |list: &[&str]| {
+        (
+            list.iter().map(|n| n.to_string()).collect(),
+            serde_json::to_string(list).unwrap_or_default(),
+        )
+    };
+    let cases: [(&str, Result<ReadFilter, String>); 6] = [
+        (
+            r#"{"NodeNames":["a","b"],"FailedNodes":{"c":"x"},"Error":""}"#,
+            Ok(both(&["a", "b"])),
+        ),
+        (r#"{"NodeNames":[],"Error":""}"#, Ok(both(&[]))),
+        (
+            r#"{"NodeNames":["a\"b","c"],"Error":""}"#,
+            Ok(both(&["a\"b", "c"])),
+        ),
+        (r#"{"NodeNames": ["a"], "Error": ""}"#, Ok(both(&["a"]))),
+        (
+            r#"{"NodeNames":null,"Error":"no view"}"#,
+            Err("Error no view".into()),
+        ),
+        (r#"{"Error":"","NodeNames":["a"]}"#, Ok(both(&["a"]))),
+    ];
+    for (body, want) in cases {
+        let got = filter(body);
+        if got != want {
+            bail!("filter answer {body}: read as {got:?}, not {want:?}");
+        }
+    }
+    if plain_strings(b"[\"a\x01\"]").is_some() || plain_strings(b"[\"a\",]").is_some() {
+        bail!("the names scan took a string it must leave to serde");
+    }
+    let kept = [Name(Cow::Borrowed("a")), Name(Cow::Borrowed("b"))];
+    for (body, in_order) in [
+        (r#"[{"Host":"a","Score":10},{"Host":"b","Score":0}]"#, true),
+        (r#"[{"Host":"b","Score":1},{"Host":"a","Score":2}]"#, false),
+        (
+            r#"[{"Host":"a","Score":100},{"Host":"b","Score":0}]"#,
+            false,
+        ),
+        (r#"[{"Host":"a","Score":05},{"Host":"b","Score":0}]"#, false),
+        (r#"[{"Host":"a","Score":1}]"#, false),
+        (
+            r#"[{"Host":"a","Score":1},{"Host":"b","Score":1},{"Host":"c","Score":1}]"#,
+            false,
+        ),
+    ] {
+        if priorities_in_order(body.as_bytes(), &kept) != in_order {
+            bail!("prioritize answer {body}: the scan did not say {in_order}");
         }
     }
     Ok(())
@@ -855,6 +1011,7 @@ async fn scenario(
 }
 
 async fn run(opts: Opts) -> Result<()> {
+    check_answer_readers()?;
     let ticks = clock_ticks();
     let dir = tempfile::tempdir()?;
     let snapshot = dir.path().join("snapshot");
