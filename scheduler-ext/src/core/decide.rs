@@ -41,14 +41,15 @@ pub fn judge<'a>(
     nodes: impl IntoIterator<Item = &'a str>,
 ) -> Vec<NodeVerdict> {
     let view = c.view;
-    judge_nodes(
-        c,
-        scoring,
-        req,
-        planned,
-        // One lookup per node: every request names thousands.
-        nodes.into_iter().map(|name| (name, view.node(name))),
-    )
+    // One lookup per node (every request names thousands), each tried first right after the
+    // node before it.
+    let mut next = 0;
+    let looked_up = nodes.into_iter().map(move |name| {
+        let found = view.node_near(next, name);
+        next = found.map_or(0, |(i, _)| i + 1);
+        (name, found.map(|(_, nv)| nv))
+    });
+    judge_nodes(c, scoring, req, planned, looked_up)
 }
 
 /// [`judge`] over nodes already looked up (`None`: not in the view), such as every node of the

@@ -929,6 +929,20 @@ impl ClusterView {
         self.index.get(name).and_then(|i| self.nodes.get(i))
     }
 
+    /// The node called `name` and its position, looked for at position `guess` before the
+    /// name index: a caller walking a list in the view's order (by name, which is
+    /// kube-scheduler's own node order in a single-zone cluster) then compares one name
+    /// instead of hashing it.
+    pub fn node_near(&self, guess: usize, name: &str) -> Option<(usize, &NodeView)> {
+        if let Some(nv) = self.nodes.get(guess)
+            && nv.name == name
+        {
+            return Some((guess, nv));
+        }
+        let i = self.index.get(name)?;
+        Some((i, self.nodes.get(i)?))
+    }
+
     /// Names the order of [`Self::nodes`]: views with the same generation list the same nodes
     /// in the same order (an update that adds, removes or renames none keeps it), so a caller
     /// may keep a table of positions across views and calls. 0 only for the empty default view.
@@ -1229,6 +1243,29 @@ mod tests {
         assert!(view.node("c").is_none());
         let order: Vec<&str> = view.nodes().map(|n| n.name.as_str()).collect();
         assert_eq!(order, ["a", "b"]);
+    }
+
+    #[test]
+    fn a_node_is_found_whatever_the_guess() {
+        let view = ClusterView::build(
+            &[
+                dt("c", 2, 10, &[]),
+                dt("a", 2, 10, &[]),
+                dt("b", 2, 10, &[]),
+            ],
+            &[],
+            &[],
+            &[],
+        )
+        .unwrap();
+        let at = |guess, name| {
+            view.node_near(guess, name)
+                .map(|(i, nv)| (i, nv.name.as_str()))
+        };
+        assert_eq!(at(1, "b"), Some((1, "b")), "the guess right");
+        assert_eq!(at(0, "c"), Some((2, "c")), "the guess wrong");
+        assert_eq!(at(3, "a"), Some((0, "a")), "the guess past the end");
+        assert_eq!(at(0, "d"), None);
     }
 
     #[test]
