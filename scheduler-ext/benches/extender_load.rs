@@ -22,7 +22,8 @@
 //! Flags: `--nodes N` (5000), `--connections C` (4), `--seconds D` (20, plus `--warmup W`,
 //! default 2, not counted), `--names M` (node names per request, 0 = all; without it both
 //! scenarios run: all nodes, then 500), `--client-threads T` (1: tokio threads of the load
-//! tool). Run without cargo's `--bench` flag (`cargo test --benches`) it does a 1-second smoke
+//! tool), `--shuffle SEED` (list the nodes in an order shuffled with that seed rather than by
+//! name; every request keeps it, as kube-scheduler keeps its own). Run without cargo's `--bench` flag (`cargo test --benches`) it does a 1-second smoke
 //! run over 200 nodes. The server is killed when the bench ends, fails or panics (Ctrl-C
 //! reaches it too, as one process group); only a bench killed by a signal leaves it running.
 //! `FUMAROLE_EXT_SERVER=/path/to/fumarole-scheduler-ext` runs another build of the server (a
@@ -75,6 +76,8 @@ struct Opts {
     /// `None`: both default scenarios. `Some(0)`: all nodes per request.
     names: Option<usize>,
     client_threads: usize,
+    /// Lists the nodes in an order shuffled with this seed instead of by name (`None`).
+    shuffle: Option<u64>,
 }
 
 impl Opts {
@@ -89,6 +92,7 @@ impl Opts {
             warmup: if bench { 2.0 } else { 0.2 },
             names: None,
             client_threads: 1,
+            shuffle: None,
         };
         let mut it = args.iter();
         while let Some(a) = it.next() {
@@ -115,9 +119,10 @@ impl Opts {
                 "--client-threads" => {
                     o.client_threads = value()?.parse().context("--client-threads")?;
                 }
+                "--shuffle" => o.shuffle = Some(value()?.parse().context("--shuffle")?),
                 other => bail!(
                     "unknown argument {other:?} (flags: --nodes N --connections C --seconds D \
-                     --warmup W --names M --client-threads T)"
+                     --warmup W --names M --client-threads T --shuffle SEED)"
                 ),
             }
         }
@@ -397,9 +402,14 @@ struct Plan {
 }
 
 impl Plan {
-    fn new(addr: SocketAddr, nodes: usize, names: usize) -> Result<Self> {
+    /// `shuffle`: the seed of the order the nodes are listed in (`None`: by name, as
+    /// kube-scheduler lists them in a single-zone cluster); every request keeps that order.
+    fn new(addr: SocketAddr, nodes: usize, names: usize, shuffle: Option<u64>) -> Result<Self> {
         let per_request = if names == 0 { nodes } else { names.min(nodes) };
-        let all: Vec<String> = (0..nodes).map(node_name).collect();
+        let mut all: Vec<String> = (0..nodes).map(node_name).collect();
+        if let Some(seed) = shuffle {
+            shuffle_with(&mut all, seed);
+        }
         let windows = (nodes / gcd(nodes, per_request)).min(MAX_WINDOWS);
         let windows: Vec<String> = (0..windows)
             .map(|w| {
@@ -434,6 +444,22 @@ impl Plan {
         let s = j % POD_SIZES.len();
         let windows = &self.filter[s];
         (s, windows[(j / POD_SIZES.len()) % windows.len()].clone())
+    }
+}
+
+/// Fisher-Yates with splitmix64: the same order for the same seed, without a crate for it.
+fn shuffle_with<T>(items: &mut [T], seed: u64) {
+    let mut state = seed;
+    let mut next = || {
+        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    };
+    for i in (1..items.len()).rev() {
+        let j = (next() % (i as u64 + 1)) as usize;
+        items.swap(i, j);
     }
 }
 
@@ -901,16 +927,19 @@ async fn scenario(
     ticks: f64,
 ) -> Result<Outcome> {
     let per_request = if names == 0 { opts.nodes } else { names };
-    let label = if names == 0 {
+    let mut label = if names == 0 {
         format!("all {} nodes per request", opts.nodes)
     } else {
         format!("{per_request} of {} nodes per request", opts.nodes)
     };
+    if let Some(seed) = opts.shuffle {
+        label.push_str(&format!(", shuffled (seed {seed})"));
+    }
     println!(
         "\n## {label}: {} connections, {} s (+{} s warm-up)",
         opts.connections, opts.seconds, opts.warmup
     );
-    let plan = Arc::new(Plan::new(addr, opts.nodes, names)?);
+    let plan = Arc::new(Plan::new(addr, opts.nodes, names, opts.shuffle)?);
     let pid = server.pid().to_string();
     let begin = Instant::now();
     let measure_from = begin + Duration::from_secs_f64(opts.warmup);

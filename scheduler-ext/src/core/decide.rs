@@ -41,14 +41,13 @@ pub fn judge<'a>(
     nodes: impl IntoIterator<Item = &'a str>,
 ) -> Vec<NodeVerdict> {
     let view = c.view;
-    // One lookup per node (every request names thousands), each tried first right after the
-    // node before it.
-    let mut next = 0;
-    let looked_up = nodes.into_iter().map(move |name| {
-        let found = view.node_near(next, name);
-        next = found.map_or(0, |(i, _)| i + 1);
-        (name, found.map(|(_, nv)| nv))
-    });
+    // One lookup per node: every request names thousands.
+    let names: Vec<&str> = nodes.into_iter().collect();
+    let positions = view.positions(&names);
+    let looked_up = names
+        .iter()
+        .zip(positions)
+        .map(|(name, p)| (*name, p.and_then(|p| view.node_at(p))));
     judge_nodes(c, scoring, req, planned, looked_up)
 }
 
@@ -155,5 +154,40 @@ mod tests {
         assert!(score("b0") > score("a0"));
         assert!((score("b0") - score("a0") - 0.05 * 0.5 / 1.05).abs() < 1e-9);
         assert!(!v1.iter().find(|x| x.node == "b1").unwrap().feasible());
+    }
+
+    /// Names in any order (repeated, unknown) get, each at its place, what each gets judged
+    /// alone.
+    #[test]
+    fn a_request_in_any_order_gets_each_nodes_own_verdict() {
+        let v = view();
+        let l = Ledger::default();
+        let req = PodRequest {
+            devices: DeviceRequest {
+                pod: "ns/p".into(),
+                resource: "nvidia.com/gpu".into(),
+                count: 2,
+            },
+            unit: None,
+            numa_cpus: None,
+        };
+        let g = Scoring::default();
+        let judged = |names: &[&str]| {
+            judge(
+                Cluster::new(&v, &l, Instant::now()),
+                &g,
+                &req,
+                None,
+                names.iter().copied(),
+            )
+        };
+        let names = ["b1", "x", "a1", "b0", "a1", "a0", "y", "b1"];
+        let together = judged(&names);
+        assert_eq!(together.len(), names.len());
+        for (name, verdict) in names.iter().zip(&together) {
+            assert_eq!(&judged(&[name])[0], verdict, "{name}");
+        }
+        assert_eq!(together[1].unfit, Some(Unfit::UnknownNode));
+        assert!(together[2].feasible() && !together[0].feasible());
     }
 }

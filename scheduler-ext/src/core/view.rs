@@ -929,18 +929,33 @@ impl ClusterView {
         self.index.get(name).and_then(|i| self.nodes.get(i))
     }
 
-    /// The node called `name` and its position, looked for at position `guess` before the
-    /// name index: a caller walking a list in the view's order (by name, which is
-    /// kube-scheduler's own node order in a single-zone cluster) then compares one name
-    /// instead of hashing it.
-    pub fn node_near(&self, guess: usize, name: &str) -> Option<(usize, &NodeView)> {
-        if let Some(nv) = self.nodes.get(guess)
-            && nv.name == name
-        {
-            return Some((guess, nv));
-        }
-        let i = self.index.get(name)?;
-        Some((i, self.nodes.get(i)?))
+    /// The position of each of `names` in [`Self::nodes_by_position`] (`None`: not in the
+    /// view). While the names follow the view's order (by name: kube-scheduler's own node
+    /// order in a single-zone cluster), each is compared with the node after the last one
+    /// found instead of hashed; a miss goes to the name index and guessing stops until a
+    /// lookup lands right after the last again.
+    pub fn positions(&self, names: &[&str]) -> Vec<Option<usize>> {
+        let mut last: Option<usize> = None;
+        let mut guessing = true;
+        names
+            .iter()
+            .map(|name| {
+                let guessed = last
+                    .map(|l| l + 1)
+                    .filter(|&i| guessing && self.nodes.get(i).is_some_and(|nv| nv.name == *name));
+                let found = guessed.or_else(|| self.index.get(name));
+                if let Some(i) = found {
+                    guessing = last.is_none_or(|l| i == l + 1);
+                    last = Some(i);
+                }
+                found
+            })
+            .collect()
+    }
+
+    /// The node at `position` (see [`Self::positions`]).
+    pub fn node_at(&self, position: usize) -> Option<&NodeView> {
+        self.nodes.get(position)
     }
 
     /// Names the order of [`Self::nodes`]: views with the same generation list the same nodes
@@ -1246,7 +1261,7 @@ mod tests {
     }
 
     #[test]
-    fn a_node_is_found_whatever_the_guess() {
+    fn every_name_is_found_in_any_order() {
         let view = ClusterView::build(
             &[
                 dt("c", 2, 10, &[]),
@@ -1258,14 +1273,18 @@ mod tests {
             &[],
         )
         .unwrap();
-        let at = |guess, name| {
-            view.node_near(guess, name)
-                .map(|(i, nv)| (i, nv.name.as_str()))
-        };
-        assert_eq!(at(1, "b"), Some((1, "b")), "the guess right");
-        assert_eq!(at(0, "c"), Some((2, "c")), "the guess wrong");
-        assert_eq!(at(3, "a"), Some((0, "a")), "the guess past the end");
-        assert_eq!(at(0, "d"), None);
+        let at = |names: &[&str]| view.positions(names);
+        assert_eq!(at(&["a", "b", "c"]), [Some(0), Some(1), Some(2)]);
+        assert_eq!(at(&["c", "a", "b"]), [Some(2), Some(0), Some(1)]);
+        assert_eq!(
+            at(&["b", "x", "b", "c", "a"]),
+            [Some(1), None, Some(1), Some(2), Some(0)]
+        );
+        assert_eq!(at(&[]), []);
+        let order: Vec<&str> = (0..4)
+            .filter_map(|i| Some(view.node_at(i)?.name.as_str()))
+            .collect();
+        assert_eq!(order, ["a", "b", "c"]);
     }
 
     #[test]
