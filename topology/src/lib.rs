@@ -9,6 +9,7 @@
 //! [`pod_fingerprint`] the pod set fingerprint NodeResourceTopology consumers compare;
 //! [`colocation`] what the co-location agent leaves on its Node and its heartbeat Lease;
 //! [`every`] a rate limit for warnings about things that retry often;
+//! [`share`] one device shared among pods (time-slicing, MPS, MIG, vNPU);
 //! [`shapes`] the link matrices of the fixture node shapes and [`baseline`] the NVIDIA-style
 //! allocator `select` is compared with. Nothing here does I/O or async work: discovery lives in `fumarole-exporter`,
 //! and every function here is a pure function of its inputs.
@@ -28,6 +29,7 @@ pub mod pod_fingerprint;
 pub mod quantity;
 pub mod select;
 pub mod shapes;
+pub mod share;
 
 pub use cpuset::{CpuSet, CpuSetError};
 pub use health::{Fault, FaultKind, LinkFault, NodeHealth};
