@@ -54,6 +54,12 @@
 //!   keep a device from being given out twice). DRA containers get the same env vars and
 //!   device nodes as device-plugin containers, always through CDI, so `cdi` is refused
 //!   with `servedBy: dra`.
+//! - `draShares`: with `servedBy: dra`, how many claims may hold a device at once (2 to 64).
+//!   The device is published with `allowMultipleAllocations` and a `shares` capacity of that
+//!   many, of which each claim takes one unless it asks more; its memory, when known, is
+//!   capacity too, of which a claim that does not ask takes an equal part
+//!   ([`fumarole_topology::dra::SHARES`]). Nothing isolates the claims on the device: it is
+//!   time-slicing, the processes share its memory (docs/sharing.md).
 //! - `enabled: false`: serve no plugin for the matched devices (takes no other setting).
 //!
 //! Unknown keys are errors. Every error names the file, the entry (`resources[N]`) and the key.
@@ -92,6 +98,8 @@ pub struct ResourceRule {
     pub cdi: Option<bool>,
     /// Device plugin, DRA or both.
     pub served_by: ServedBy,
+    /// With `servedBy: dra`: each device may be allocated to this many claims at once.
+    pub dra_shares: Option<u32>,
 }
 
 /// How the kubelet gets a device: the per-entry `servedBy` setting.
@@ -373,6 +381,9 @@ fn glob(pattern: &str, text: &str) -> bool {
     rest.len() >= last.len() && rest.ends_with(last)
 }
 
+/// Most claims one device may be shared among (`draShares`).
+pub const MAX_DRA_SHARES: u32 = 64;
+
 // ---- the file's shape, before validation ----
 
 #[derive(Debug, Default, Deserialize)]
@@ -395,6 +406,7 @@ struct RawRule {
     shared_device_nodes: Option<Vec<String>>,
     cdi: Option<bool>,
     served_by: Option<String>,
+    dra_shares: Option<u32>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -463,6 +475,7 @@ impl RawRule {
                 ("sharedDeviceNodes", self.shared_device_nodes.is_some()),
                 ("cdi", self.cdi.is_some()),
                 ("servedBy", self.served_by.is_some()),
+                ("draShares", self.dra_shares.is_some()),
             ];
             if let Some((field, _)) = others.iter().find(|(_, set)| *set) {
                 return Err(invalid(
@@ -501,6 +514,20 @@ impl RawRule {
                 "set on an entry with servedBy: dra: cdi only changes device-plugin answers, and DRA always hands devices out through CDI".into(),
             ));
         }
+        if let Some(n) = self.dra_shares {
+            if served_by != ServedBy::Dra {
+                return Err(invalid(
+                    "draShares",
+                    "needs servedBy: dra (a device-plugin resource hands a device to one container, so a device shared in DRA and offered whole there could be given out twice)".into(),
+                ));
+            }
+            if !(2..=MAX_DRA_SHARES).contains(&n) {
+                return Err(invalid(
+                    "draShares",
+                    format!("{n} claims per device: from 2 to {MAX_DRA_SHARES}"),
+                ));
+            }
+        }
         for (i, n) in self.device_nodes.iter().flatten().enumerate() {
             check_node(n, true).map_err(|m| invalid(&format!("deviceNodes[{i}]"), m))?;
         }
@@ -517,6 +544,7 @@ impl RawRule {
             shared_device_nodes: self.shared_device_nodes,
             cdi: self.cdi,
             served_by,
+            dra_shares: self.dra_shares,
         })
     }
 }

@@ -36,6 +36,8 @@ pub struct PluginDevice {
     pub bus_id: String,
     /// Device plugin, DRA or both (the config entry's `servedBy`).
     pub served_by: ServedBy,
+    /// Claims that may hold the device at once through DRA (the entry's `draShares`).
+    pub dra_shares: Option<u32>,
 }
 
 /// One extended resource and its devices.
@@ -186,6 +188,7 @@ pub fn resources_with(
             uuid: d.uuid.clone(),
             bus_id: d.pci_bus_id.clone(),
             served_by: rule.map_or(ServedBy::DevicePlugin, |(_, r)| r.served_by),
+            dra_shares: rule.and_then(|(_, r)| r.dra_shares),
         });
     }
     for (i, used) in used.iter().enumerate() {

@@ -50,13 +50,28 @@ impl TestCluster {
         kubelet: Option<&DraKubelet>,
         process: &str,
     ) -> Result<DraAgent> {
+        self.start_dra_agent_with(fixture, vendor, node, kubelet, process, "")
+    }
+
+    /// [`Self::start_dra_agent`] with more settings for the vendor's device-plugin config
+    /// entry (`setting` lines, as YAML under it: `"draShares: 2"`).
+    pub fn start_dra_agent_with(
+        &self,
+        fixture: &str,
+        vendor: &str,
+        node: &str,
+        kubelet: Option<&DraKubelet>,
+        process: &str,
+        setting: &str,
+    ) -> Result<DraAgent> {
         let dir = tempfile::tempdir()?;
         let root = fixture_root(fixture, dir.path())?;
         let config = dir.path().join("device-plugin-config.yaml");
-        std::fs::write(
-            &config,
-            format!("resources:\n  - match: {{vendor: {vendor}}}\n    servedBy: dra\n"),
-        )?;
+        let mut text = format!("resources:\n  - match: {{vendor: {vendor}}}\n    servedBy: dra\n");
+        for line in setting.lines().filter(|l| !l.trim().is_empty()) {
+            text.push_str(&format!("    {}\n", line.trim()));
+        }
+        std::fs::write(&config, text)?;
         for d in ["device-plugins", "plugins", "plugins_registry", "cdi"] {
             std::fs::create_dir_all(dir.path().join(d))?;
         }

@@ -555,3 +555,85 @@ async fn gpu_claims_keep_to_one_metaxlink_zone() {
     got.sort();
     assert_eq!(got, ["metax-6", "metax-7"]);
 }
+
+/// A device several claims may hold (`draShares: 2`): the agent publishes it with
+/// `allowMultipleAllocations` and a `shares` capacity of 2, and the real kube-scheduler's DRA
+/// allocator puts two claims that a selector keeps to NPU 0 on it, each with its own share,
+/// while a third waits.
+#[tokio::test(flavor = "multi_thread")]
+async fn two_claims_share_one_npu_and_a_third_waits() {
+    let cluster = TestCluster::start().await.unwrap();
+    install_device_classes(&cluster).await;
+    cluster.start_kube_scheduler("").await.unwrap();
+    cluster
+        .create_node(&NodeSpec::new("npu-s").capacity("cpu", "192"))
+        .await
+        .unwrap();
+    let agent = cluster
+        .start_dra_agent_with(
+            ATLAS.fixture,
+            ATLAS.vendor,
+            "npu-s",
+            None,
+            "fumarole-agent",
+            "draShares: 2",
+        )
+        .unwrap();
+    let slices: Api<ResourceSlice> = Api::all(cluster.client());
+    let s = slice_when(&slices, &agent.slice(), "slice with 8 shared NPUs", |s| {
+        s.spec.devices.as_ref().is_some_and(|d| {
+            d.len() == 8 && d.iter().all(|d| d.allow_multiple_allocations == Some(true))
+        })
+    })
+    .await;
+    let npu0 = &s.spec.devices.as_ref().unwrap()[0];
+    assert_eq!(npu0.name, "huawei-0");
+    assert_eq!(npu0.capacity.as_ref().unwrap()["shares"].value.0, "2");
+
+    let on_npu0 = || {
+        json!({
+            "devices": {"requests": [{"name": "npus", "exactly": {
+                "deviceClassName": DRIVER,
+                "selectors": [{"cel": {"expression": "device.attributes[\"fumarole.dev\"].index == 0"}}],
+            }}]}
+        })
+    };
+    let mut shares = Vec::new();
+    for name in ["share-a", "share-b"] {
+        let (claim, node) = claim_and_pod(&cluster, name, on_npu0()).await;
+        assert_eq!(node, "npu-s");
+        assert_eq!(
+            allocated(&claim),
+            [("npus".to_string(), "huawei-0".to_string())]
+        );
+        let result = &claim["status"]["allocation"]["devices"]["results"][0];
+        assert_eq!(result["consumedCapacity"]["shares"], "1", "{result}");
+        shares.push(result["shareID"].as_str().unwrap().to_string());
+    }
+    assert_ne!(
+        shares[0], shares[1],
+        "each claim has its own share of the device"
+    );
+
+    // A third claim for NPU 0 finds both shares taken and waits (this cluster runs no
+    // kube-controller-manager, which would release a deleted pod's share).
+    let third = tokio::time::timeout(
+        Duration::from_secs(15),
+        claim_and_pod(&cluster, "share-c", on_npu0()),
+    )
+    .await;
+    assert!(
+        third.is_err(),
+        "a third claim got NPU 0 while two held both its shares"
+    );
+    let claims: Api<ResourceClaim> = Api::namespaced(cluster.client(), "default");
+    let c = claims.get("share-c").await.unwrap();
+    assert!(
+        c.status
+            .as_ref()
+            .and_then(|s| s.allocation.as_ref())
+            .is_none(),
+        "{:?}",
+        c.status
+    );
+}

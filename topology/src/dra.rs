@@ -57,6 +57,9 @@ pub const NUMA_NODE: &str = "resource.kubernetes.io/numaNode";
 
 /// Capacity name of a device's memory, in bytes.
 pub const MEMORY: &str = "memory";
+/// Capacity of a device shared among claims (`allowMultipleAllocations`): how many claims may
+/// hold it at once; each takes one unless it asks more.
+pub const SHARES: &str = "shares";
 
 /// Taint key put on an unhealthy device; its value is the first fault's reason.
 pub const UNHEALTHY_TAINT: &str = "fumarole.dev/unhealthy";

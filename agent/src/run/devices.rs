@@ -3,7 +3,7 @@
 //! device nodes), then the DRA kubelet plugin and the device plugins ([`start`]), each with
 //! its settings ([`DeviceSettings`]). [`crate::plugins`] does the serving.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -44,6 +44,8 @@ pub struct Devices {
     dra: Option<DraServer>,
     /// The ids of the devices the DRA plugin serves (what the ResourceSlices list).
     dra_devices: Option<BTreeSet<String>>,
+    /// Of those, the ones several claims may hold at once (`draShares`), with how many.
+    dra_shares: BTreeMap<String, u32>,
 }
 
 impl Devices {
@@ -52,6 +54,7 @@ impl Devices {
         Self {
             dra: None,
             dra_devices: None,
+            dra_shares: BTreeMap::new(),
         }
     }
 
@@ -61,6 +64,7 @@ impl Devices {
         self.dra_devices.as_ref().map(|devices| DraSlices {
             node: node.to_string(),
             devices: devices.clone(),
+            shares: self.dra_shares.clone(),
         })
     }
 
@@ -97,6 +101,11 @@ pub fn start(
         .flat_map(|r| &r.devices)
         .map(|d| d.id.clone())
         .collect();
+    let dra_shares: BTreeMap<String, u32> = dra
+        .iter()
+        .flat_map(|r| &r.devices)
+        .filter_map(|d| Some((d.id.clone(), d.dra_shares?)))
+        .collect();
     let server = plugins::start_dra(
         node_name,
         &topology,
@@ -124,5 +133,6 @@ pub fn start(
     Ok(Devices {
         dra: server,
         dra_devices,
+        dra_shares,
     })
 }

@@ -329,3 +329,46 @@ resources:
         assert!(got.starts_with(want), "{text}\n got: {got}\nwant: {want}");
     }
 }
+
+#[test]
+fn dra_shares_need_dra_and_a_sensible_count() {
+    let c = parse("resources:\n  - match: {vendor: nvidia}\n    servedBy: dra\n    draShares: 4\n")
+        .unwrap();
+    assert_eq!(c.resources[0].dra_shares, Some(4));
+    assert_eq!(
+        parse("resources:\n  - match: {vendor: nvidia}\n    servedBy: dra\n")
+            .unwrap()
+            .resources[0]
+            .dra_shares,
+        None
+    );
+    for (text, want) in [
+        (
+            "resources:\n  - match: {vendor: nvidia}\n    draShares: 4\n",
+            "/etc/fumarole/dp.yaml: resources[0].draShares: needs servedBy: dra",
+        ),
+        (
+            "resources:\n  - match: {vendor: nvidia}\n    servedBy: both\n    draShares: 4\n",
+            "/etc/fumarole/dp.yaml: resources[0].draShares: needs servedBy: dra",
+        ),
+        (
+            "resources:\n  - match: {vendor: nvidia}\n    servedBy: dra\n    draShares: 1\n",
+            "/etc/fumarole/dp.yaml: resources[0].draShares: 1 claims per device: from 2 to 64",
+        ),
+        (
+            "resources:\n  - match: {vendor: nvidia}\n    servedBy: dra\n    draShares: 65\n",
+            "/etc/fumarole/dp.yaml: resources[0].draShares: 65 claims per device: from 2 to 64",
+        ),
+        (
+            "resources:\n  - match: {vendor: nvidia}\n    servedBy: dra\n    draShares: -2\n",
+            "/etc/fumarole/dp.yaml",
+        ),
+        (
+            "resources:\n  - match: {vendor: nvidia}\n    enabled: false\n    draShares: 2\n",
+            "/etc/fumarole/dp.yaml: resources[0].draShares: set on an entry with enabled: false",
+        ),
+    ] {
+        let got = err(text);
+        assert!(got.starts_with(want), "{text}\n got: {got}\nwant: {want}");
+    }
+}

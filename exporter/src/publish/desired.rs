@@ -126,7 +126,7 @@ pub fn desired(snapshot: &NodeSnapshot, options: &PublishOptions) -> Desired {
         resource_slices: options
             .dra
             .as_ref()
-            .map(|d| slices::resource_slices(&d.node, &topology, health, &d.devices)),
+            .map(|d| slices::resource_slices(&d.node, &topology, health, &d.devices, &d.shares)),
     }
 }
 
@@ -284,6 +284,7 @@ mod tests {
             dra: Some(DraSlices {
                 node: "n1".into(),
                 devices: BTreeSet::from(["GPU-0".to_string()]),
+                shares: BTreeMap::new(),
             }),
         }
     }

@@ -7,7 +7,7 @@
 //! [`PublishArgs::settings`]) and its use in [`super::desired`] (or the [`super::Publisher`],
 //! for a new kind of object).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -74,6 +74,8 @@ pub struct DraSlices {
     pub node: String,
     /// The ids of the devices served through DRA.
     pub devices: BTreeSet<String>,
+    /// Of those, the ones several claims may hold at once, with how many.
+    pub shares: BTreeMap<String, u32>,
 }
 
 impl PublishArgs {

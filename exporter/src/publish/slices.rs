@@ -10,7 +10,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use fumarole_topology::dra::{self, AttributeValue};
 use fumarole_topology::{Health, NodeHealth, NodeTopology};
 use k8s_openapi::api::resource::v1::{
-    Device, DeviceAttribute, DeviceCapacity, DeviceTaint, ResourcePool, ResourceSliceSpec,
+    CapacityRequestPolicy, CapacityRequestPolicyRange, Device, DeviceAttribute, DeviceCapacity,
+    DeviceTaint, ResourcePool, ResourceSliceSpec,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
@@ -23,12 +24,14 @@ pub fn slice_name(node: &str, driver: &str) -> String {
 
 /// The slices node `node` publishes, by driver: every device of `t` whose id is in
 /// `served` (the devices the DRA kubelet plugin serves). A driver with none of them gets no
-/// slice. `t` is the topology `health` was applied to.
+/// slice. `t` is the topology `health` was applied to. A device in `shares` may be held by
+/// that many claims at once ([`shared_capacity`]).
 pub fn resource_slices(
     node: &str,
     t: &NodeTopology,
     health: &NodeHealth,
     served: &BTreeSet<String>,
+    shares: &BTreeMap<String, u32>,
 ) -> BTreeMap<&'static str, ResourceSliceSpec> {
     let groups = t.links.fabric_groups();
     let mut devices: BTreeMap<&'static str, Vec<Device>> = BTreeMap::new();
@@ -53,20 +56,25 @@ pub fn resource_slices(
                 time_added: None,
             }]
         });
-        let capacity = d.memory_bytes.map(|bytes| {
-            BTreeMap::from([(
-                dra::MEMORY.to_string(),
-                DeviceCapacity {
-                    value: Quantity(bytes.to_string()),
-                    request_policy: None,
-                },
-            )])
-        });
+        let shared = shares.get(&d.id).copied();
+        let capacity = match shared {
+            Some(n) => Some(shared_capacity(n, d.memory_bytes)),
+            None => d.memory_bytes.map(|bytes| {
+                BTreeMap::from([(
+                    dra::MEMORY.to_string(),
+                    DeviceCapacity {
+                        value: Quantity(bytes.to_string()),
+                        request_policy: None,
+                    },
+                )])
+            }),
+        };
         devices.entry(dra::driver(d)).or_default().push(Device {
             name: dra::device_name(d),
             attributes: Some(attributes),
             capacity,
             taints,
+            allow_multiple_allocations: shared.map(|_| true),
             ..Default::default()
         });
     }
@@ -89,6 +97,41 @@ pub fn resource_slices(
             (driver, spec)
         })
         .collect()
+}
+
+/// The capacity of a device `n` claims may hold at once: [`dra::SHARES`] of `n`, of which a
+/// claim takes one unless it asks more (in whole shares), and the device's memory when known,
+/// of which a claim that does not ask takes an `n`th (rounded down to MiB; asks are rounded up
+/// to MiB). The scheduler's allocator keeps the sums within the values.
+pub fn shared_capacity(n: u32, memory_bytes: Option<u64>) -> BTreeMap<String, DeviceCapacity> {
+    let policy = |default: u64, step: u64| CapacityRequestPolicy {
+        default: Some(Quantity(default.to_string())),
+        valid_range: Some(CapacityRequestPolicyRange {
+            min: Quantity(step.to_string()),
+            max: None,
+            step: Some(Quantity(step.to_string())),
+        }),
+        valid_values: None,
+    };
+    let mut capacity = BTreeMap::from([(
+        dra::SHARES.to_string(),
+        DeviceCapacity {
+            value: Quantity(n.to_string()),
+            request_policy: Some(policy(1, 1)),
+        },
+    )]);
+    const MIB: u64 = 1 << 20;
+    if let Some(bytes) = memory_bytes.filter(|b| *b >= MIB * u64::from(n)) {
+        let part = bytes / u64::from(n) / MIB * MIB;
+        capacity.insert(
+            dra::MEMORY.to_string(),
+            DeviceCapacity {
+                value: Quantity(bytes.to_string()),
+                request_policy: Some(policy(part, MIB)),
+            },
+        );
+    }
+    capacity
 }
 
 fn attribute(value: AttributeValue) -> DeviceAttribute {
@@ -162,7 +205,7 @@ mod tests {
     #[test]
     fn one_pool_per_driver_with_every_served_device() {
         let t = dgx();
-        let slices = resource_slices("n1", &t, &NodeHealth::default(), &all(&t));
+        let slices = resource_slices("n1", &t, &NodeHealth::default(), &all(&t), &BTreeMap::new());
         assert_eq!(
             slices.keys().copied().collect::<Vec<_>>(),
             [dra::GPU_DRIVER]
@@ -192,15 +235,55 @@ mod tests {
         assert!(devices.iter().all(|d| d.capacity.is_none()));
         let mut t = dgx();
         t.devices[1].memory_bytes = Some(81_559 << 20);
-        let slices = resource_slices("n1", &t, &NodeHealth::default(), &all(&t));
+        let slices = resource_slices("n1", &t, &NodeHealth::default(), &all(&t), &BTreeMap::new());
         let devices = slices[dra::GPU_DRIVER].devices.as_ref().unwrap();
         assert_eq!(
             devices[1].capacity.as_ref().unwrap()[dra::MEMORY].value.0,
             "85520809984"
         );
         assert!(devices[0].capacity.is_none());
+        // Shared among 4 claims: one share each by default, a quarter of the memory when known.
+        let shares = BTreeMap::from([(t.devices[1].id.clone(), 4), (t.devices[2].id.clone(), 4)]);
+        let slices = resource_slices("n1", &t, &NodeHealth::default(), &all(&t), &shares);
+        let devices = slices[dra::GPU_DRIVER].devices.as_ref().unwrap();
+        assert_eq!(devices[1].allow_multiple_allocations, Some(true));
+        assert_eq!(devices[0].allow_multiple_allocations, None);
+        let cap = devices[1].capacity.as_ref().unwrap();
+        assert_eq!(cap[dra::SHARES].value.0, "4");
+        let policy = cap[dra::SHARES].request_policy.as_ref().unwrap();
+        assert_eq!(policy.default.as_ref().unwrap().0, "1");
+        let memory = cap[dra::MEMORY].request_policy.as_ref().unwrap();
+        assert_eq!(
+            memory.default.as_ref().unwrap().0,
+            (20_389u64 << 20).to_string()
+        );
+        assert_eq!(
+            memory
+                .valid_range
+                .as_ref()
+                .unwrap()
+                .step
+                .as_ref()
+                .unwrap()
+                .0,
+            "1048576"
+        );
+        let cap = devices[2].capacity.as_ref().unwrap();
+        assert!(
+            cap.contains_key(dra::SHARES) && !cap.contains_key(dra::MEMORY),
+            "memory unknown"
+        );
         // Serving none: no slice at all.
-        assert!(resource_slices("n1", &t, &NodeHealth::default(), &BTreeSet::new()).is_empty());
+        assert!(
+            resource_slices(
+                "n1",
+                &t,
+                &NodeHealth::default(),
+                &BTreeSet::new(),
+                &BTreeMap::new()
+            )
+            .is_empty()
+        );
     }
 
     #[test]
@@ -214,7 +297,7 @@ mod tests {
         );
         let t = t.with_health(&health);
         let served: BTreeSet<String> = t.devices[2..6].iter().map(|d| d.id.clone()).collect();
-        let slices = resource_slices("n1", &t, &health, &served);
+        let slices = resource_slices("n1", &t, &health, &served, &BTreeMap::new());
         let devices = slices[dra::GPU_DRIVER].devices.clone().unwrap();
         let names: Vec<&str> = devices.iter().map(|d| d.name.as_str()).collect();
         assert_eq!(names, ["nvidia-2", "nvidia-3", "nvidia-4", "nvidia-5"]);
@@ -228,7 +311,7 @@ mod tests {
     #[test]
     fn ascend_goes_to_the_npu_driver() {
         let t = node(Vendor::Huawei, shapes::atlas_800_910());
-        let slices = resource_slices("n1", &t, &NodeHealth::default(), &all(&t));
+        let slices = resource_slices("n1", &t, &NodeHealth::default(), &all(&t), &BTreeMap::new());
         assert_eq!(
             slices.keys().copied().collect::<Vec<_>>(),
             [dra::NPU_DRIVER]
