@@ -637,3 +637,112 @@ async fn two_claims_share_one_npu_and_a_third_waits() {
         c.status
     );
 }
+
+/// The kubelet's own DRA manager (a harness node) prepares one shared NPU for two claims: each
+/// pod is admitted with its own claim's CDI device for `huawei-0`, each spec gives
+/// `/dev/davinci0`, and one pod's end unprepares only its claim.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_kubelets_dra_manager_prepares_one_shared_npu_for_two_claims() {
+    let cluster = TestCluster::start().await.unwrap();
+    install_device_classes(&cluster).await;
+    cluster.start_kube_scheduler("").await.unwrap();
+    let name = "npu-hs";
+    cluster
+        .create_node(&NodeSpec::new(name).capacity("cpu", "192"))
+        .await
+        .unwrap();
+    let harness = cluster.start_harness_node(name).await.unwrap();
+    let cdi_dir = tempfile::tempdir().unwrap();
+    let dirs = DraKubelet {
+        registry: harness.plugins_registry_dir().unwrap().to_path_buf(),
+        plugins: harness
+            .dra_plugin_dir(DRIVER)
+            .unwrap()
+            .parent()
+            .unwrap()
+            .to_path_buf(),
+        cdi: cdi_dir.path().to_path_buf(),
+    };
+    let node = cluster
+        .start_dra_agent_with(
+            ATLAS.fixture,
+            ATLAS.vendor,
+            name,
+            Some(&dirs),
+            "agent",
+            "draShares: 2",
+        )
+        .unwrap();
+    harness
+        .wait_dra_plugin(DRIVER, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let slices: Api<ResourceSlice> = Api::all(cluster.client());
+    slice_when(&slices, &node.slice(), "slice with 8 shared NPUs", |s| {
+        s.spec.devices.as_ref().is_some_and(|d| {
+            d.len() == 8 && d.iter().all(|d| d.allow_multiple_allocations == Some(true))
+        })
+    })
+    .await;
+
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let mut specs = Vec::new();
+    for claim_name in ["share-a", "share-b"] {
+        let (claim, bound) = claim_and_pod(
+            &cluster,
+            claim_name,
+            json!({
+                "devices": {"requests": [{"name": "npus", "exactly": {
+                    "deviceClassName": DRIVER,
+                    "selectors": [{"cel": {"expression": "device.attributes[\"fumarole.dev\"].index == 0"}}],
+                }}]}
+            }),
+        )
+        .await;
+        assert_eq!(bound, name);
+        assert_eq!(
+            allocated(&claim),
+            [("npus".to_string(), "huawei-0".to_string())]
+        );
+        let uid = claim["metadata"]["uid"].as_str().unwrap().to_string();
+        let pod = pods.get(claim_name).await.unwrap();
+        let record = harness
+            .wait_record(&pod, Duration::from_secs(60), |r| r.state == "admitted")
+            .await
+            .unwrap();
+        assert!(record.dra.as_ref().unwrap().prepared, "{record:?}");
+        let container = record.container("main").unwrap();
+        assert_eq!(
+            container.cdi_devices,
+            [format!("{DRIVER}/claim={uid}-huawei-0")],
+            "{container:?}"
+        );
+        let spec_file = cdi_dir.path().join(format!("{DRIVER}-claim_{uid}.json"));
+        let spec: Value =
+            serde_json::from_str(&std::fs::read_to_string(&spec_file).unwrap()).unwrap();
+        let nodes: Vec<&str> = spec["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|d| d["containerEdits"]["deviceNodes"].as_array().unwrap())
+            .map(|n| n["path"].as_str().unwrap())
+            .collect();
+        assert_eq!(nodes, ["/dev/davinci0"], "{spec}");
+        specs.push((pod, spec_file));
+    }
+
+    // One pod ends: its claim is unprepared, the other's spec stays.
+    let (pod_a, spec_a) = &specs[0];
+    pods.delete("share-a", &Default::default()).await.unwrap();
+    harness
+        .wait_record(pod_a, Duration::from_secs(60), |r| {
+            r.dra.as_ref().is_some_and(|d| d.unprepared)
+        })
+        .await
+        .unwrap();
+    assert!(!spec_a.exists(), "share-a's CDI spec is still there");
+    assert!(
+        specs[1].1.exists(),
+        "share-b's CDI spec went with share-a's"
+    );
+}
