@@ -1,7 +1,9 @@
 //! ResourceSlices (`resource.k8s.io/v1`): the node's accelerators as Dynamic Resource
 //! Allocation sees them. One pool per driver, named after the node, in one slice; device names
 //! and attributes from [`fumarole_topology::dra`], device memory (when known) as capacity
-//! [`dra::MEMORY`]. A device with a disabling fault carries a
+//! [`dra::MEMORY`]; a device several claims may hold (`draShares`) is published with
+//! `allowMultipleAllocations` and consumable capacity ([`shared_capacity`]). A device with a
+//! disabling fault carries a
 //! `NoSchedule` taint ([`dra::UNHEALTHY_TAINT`], value the fault kind), so the scheduler gives
 //! it to no new claim while claims already holding it keep it.
 

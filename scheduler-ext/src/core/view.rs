@@ -929,7 +929,7 @@ impl ClusterView {
         self.index.get(name).and_then(|i| self.nodes.get(i))
     }
 
-    /// The position of each of `names` in [`Self::nodes_by_position`] (`None`: not in the
+    /// The position of each of `names` ([`Self::node_at`]; `None`: not in the
     /// view). While the names follow the view's order (by name: kube-scheduler's own node
     /// order in a single-zone cluster), each is compared with the node after the last one
     /// found instead of hashed; a miss goes to the name index and guessing stops until a
