@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use fumarole_e2e::cluster::eventually;
 use fumarole_e2e::dra::{DraAgent, DraKubelet};
+use fumarole_e2e::harness_node::HarnessNode;
 use fumarole_e2e::{NodeSpec, TestCluster};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
@@ -208,6 +209,27 @@ fn allocated_of(claim: &Value, driver: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+/// A harness node `name` (the kubelet's own DRA and plugin managers), a CDI directory, and
+/// the directories an agent's DRA plugin must use to be found by it.
+async fn harness_node(
+    cluster: &TestCluster,
+    name: &str,
+) -> (HarnessNode, tempfile::TempDir, DraKubelet) {
+    let harness = cluster.start_harness_node(name).await.unwrap();
+    let cdi_dir = tempfile::tempdir().unwrap();
+    let dirs = DraKubelet {
+        registry: harness.plugins_registry_dir().unwrap().to_path_buf(),
+        plugins: harness
+            .dra_plugin_dir(DRIVER)
+            .unwrap()
+            .parent()
+            .unwrap()
+            .to_path_buf(),
+        cdi: cdi_dir.path().to_path_buf(),
+    };
+    (harness, cdi_dir, dirs)
+}
+
 async fn install_device_classes(cluster: &TestCluster) {
     cluster.install_dra_device_classes().await.unwrap();
 }
@@ -361,18 +383,7 @@ async fn the_kubelets_dra_manager_prepares_exactly_the_allocated_devices_across_
         .create_node(&NodeSpec::new(name).capacity("cpu", "192"))
         .await
         .unwrap();
-    let harness = cluster.start_harness_node(name).await.unwrap();
-    let cdi_dir = tempfile::tempdir().unwrap();
-    let dirs = DraKubelet {
-        registry: harness.plugins_registry_dir().unwrap().to_path_buf(),
-        plugins: harness
-            .dra_plugin_dir(DRIVER)
-            .unwrap()
-            .parent()
-            .unwrap()
-            .to_path_buf(),
-        cdi: cdi_dir.path().to_path_buf(),
-    };
+    let (harness, cdi_dir, dirs) = harness_node(&cluster, name).await;
     let node = start_agent(&cluster, ATLAS, name, Some(&dirs), "agent-1");
     let plugin = harness
         .wait_dra_plugin(DRIVER, Duration::from_secs(60))
@@ -651,18 +662,7 @@ async fn the_kubelets_dra_manager_prepares_one_shared_npu_for_two_claims() {
         .create_node(&NodeSpec::new(name).capacity("cpu", "192"))
         .await
         .unwrap();
-    let harness = cluster.start_harness_node(name).await.unwrap();
-    let cdi_dir = tempfile::tempdir().unwrap();
-    let dirs = DraKubelet {
-        registry: harness.plugins_registry_dir().unwrap().to_path_buf(),
-        plugins: harness
-            .dra_plugin_dir(DRIVER)
-            .unwrap()
-            .parent()
-            .unwrap()
-            .to_path_buf(),
-        cdi: cdi_dir.path().to_path_buf(),
-    };
+    let (harness, cdi_dir, dirs) = harness_node(&cluster, name).await;
     let node = cluster
         .start_dra_agent_with(
             ATLAS.fixture,
