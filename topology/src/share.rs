@@ -56,7 +56,7 @@ pub struct Catalogue {
     pub profiles: &'static [Profile],
 }
 
-const fn mig(
+const fn partition(
     name: &'static str,
     resource: &'static str,
     compute: u32,
@@ -82,13 +82,13 @@ pub const MIG_CATALOGUES: &[Catalogue] = &[
             memory: 8,
         },
         profiles: &[
-            mig("1g.5gb", "nvidia.com/mig-1g.5gb", 1, 1, 7),
-            mig("1g.5gb+me", "nvidia.com/mig-1g.5gb.me", 1, 1, 1),
-            mig("1g.10gb", "nvidia.com/mig-1g.10gb", 1, 2, 4),
-            mig("2g.10gb", "nvidia.com/mig-2g.10gb", 2, 2, 3),
-            mig("3g.20gb", "nvidia.com/mig-3g.20gb", 3, 4, 2),
-            mig("4g.20gb", "nvidia.com/mig-4g.20gb", 4, 4, 1),
-            mig("7g.40gb", "nvidia.com/mig-7g.40gb", 7, 8, 1),
+            partition("1g.5gb", "nvidia.com/mig-1g.5gb", 1, 1, 7),
+            partition("1g.5gb+me", "nvidia.com/mig-1g.5gb.me", 1, 1, 1),
+            partition("1g.10gb", "nvidia.com/mig-1g.10gb", 1, 2, 4),
+            partition("2g.10gb", "nvidia.com/mig-2g.10gb", 2, 2, 3),
+            partition("3g.20gb", "nvidia.com/mig-3g.20gb", 3, 4, 2),
+            partition("4g.20gb", "nvidia.com/mig-4g.20gb", 4, 4, 1),
+            partition("7g.40gb", "nvidia.com/mig-7g.40gb", 7, 8, 1),
         ],
     },
     Catalogue {
@@ -105,13 +105,13 @@ pub const MIG_CATALOGUES: &[Catalogue] = &[
             memory: 8,
         },
         profiles: &[
-            mig("1g.10gb", "nvidia.com/mig-1g.10gb", 1, 1, 7),
-            mig("1g.10gb+me", "nvidia.com/mig-1g.10gb.me", 1, 1, 1),
-            mig("1g.20gb", "nvidia.com/mig-1g.20gb", 1, 2, 4),
-            mig("2g.20gb", "nvidia.com/mig-2g.20gb", 2, 2, 3),
-            mig("3g.40gb", "nvidia.com/mig-3g.40gb", 3, 4, 2),
-            mig("4g.40gb", "nvidia.com/mig-4g.40gb", 4, 4, 1),
-            mig("7g.80gb", "nvidia.com/mig-7g.80gb", 7, 8, 1),
+            partition("1g.10gb", "nvidia.com/mig-1g.10gb", 1, 1, 7),
+            partition("1g.10gb+me", "nvidia.com/mig-1g.10gb.me", 1, 1, 1),
+            partition("1g.20gb", "nvidia.com/mig-1g.20gb", 1, 2, 4),
+            partition("2g.20gb", "nvidia.com/mig-2g.20gb", 2, 2, 3),
+            partition("3g.40gb", "nvidia.com/mig-3g.40gb", 3, 4, 2),
+            partition("4g.40gb", "nvidia.com/mig-4g.40gb", 4, 4, 1),
+            partition("7g.80gb", "nvidia.com/mig-7g.80gb", 7, 8, 1),
         ],
     },
 ];
@@ -129,14 +129,14 @@ pub const VNPU_CATALOGUES: &[Catalogue] = &[
             memory: 65536,
         },
         profiles: &[
-            mig(
+            partition(
                 "vir06_1c_16g",
                 "huawei.com/Ascend910-6c.1cpu.16g",
                 6,
                 16384,
                 4,
             ),
-            mig(
+            partition(
                 "vir12_3c_32g",
                 "huawei.com/Ascend910-12c.3cpu.32g",
                 12,
@@ -152,10 +152,10 @@ pub const VNPU_CATALOGUES: &[Catalogue] = &[
             memory: 32768,
         },
         profiles: &[
-            mig("vir02", "huawei.com/Ascend910-2c", 2, 2184, 15),
-            mig("vir04", "huawei.com/Ascend910-4c", 4, 4369, 7),
-            mig("vir08", "huawei.com/Ascend910-8c", 8, 8738, 3),
-            mig("vir16", "huawei.com/Ascend910-16c", 16, 17476, 1),
+            partition("vir02", "huawei.com/Ascend910-2c", 2, 2184, 15),
+            partition("vir04", "huawei.com/Ascend910-4c", 4, 4369, 7),
+            partition("vir08", "huawei.com/Ascend910-8c", 8, 8738, 3),
+            partition("vir16", "huawei.com/Ascend910-16c", 16, 17476, 1),
         ],
     },
     Catalogue {
@@ -165,9 +165,9 @@ pub const VNPU_CATALOGUES: &[Catalogue] = &[
             memory: 24576,
         },
         profiles: &[
-            mig("vir01", "huawei.com/Ascend310P-1c", 1, 3072, 8),
-            mig("vir02", "huawei.com/Ascend310P-2c", 2, 6144, 4),
-            mig("vir04", "huawei.com/Ascend310P-4c", 4, 12288, 2),
+            partition("vir01", "huawei.com/Ascend310P-1c", 1, 3072, 8),
+            partition("vir02", "huawei.com/Ascend310P-2c", 2, 6144, 4),
+            partition("vir04", "huawei.com/Ascend310P-4c", 4, 12288, 2),
         ],
     },
 ];
