@@ -23,7 +23,9 @@
 //! default 2, not counted), `--names M` (node names per request, 0 = all; without it both
 //! scenarios run: all nodes, then 500), `--client-threads T` (1: tokio threads of the load
 //! tool), `--shuffle SEED` (list the nodes in an order shuffled with that seed rather than by
-//! name; every request keeps it, as kube-scheduler keeps its own). Run without cargo's `--bench` flag (`cargo test --benches`) it does a 1-second smoke
+//! name; every request keeps it, as kube-scheduler keeps its own), `--filter-threads F` (list
+//! them as kube-scheduler's parallel filter on F threads finds them: by-name chunks merged
+//! node by node). Run without cargo's `--bench` flag (`cargo test --benches`) it does a 1-second smoke
 //! run over 200 nodes. The server is killed when the bench ends, fails or panics (Ctrl-C
 //! reaches it too, as one process group); only a bench killed by a signal leaves it running.
 //! `FUMAROLE_EXT_SERVER=/path/to/fumarole-scheduler-ext` runs another build of the server (a
@@ -78,6 +80,8 @@ struct Opts {
     client_threads: usize,
     /// Lists the nodes in an order shuffled with this seed instead of by name (`None`).
     shuffle: Option<u64>,
+    /// Lists the nodes as kube-scheduler's filter running on this many threads finds them.
+    filter_threads: Option<usize>,
 }
 
 impl Opts {
@@ -93,6 +97,7 @@ impl Opts {
             names: None,
             client_threads: 1,
             shuffle: None,
+            filter_threads: None,
         };
         let mut it = args.iter();
         while let Some(a) = it.next() {
@@ -120,11 +125,20 @@ impl Opts {
                     o.client_threads = value()?.parse().context("--client-threads")?;
                 }
                 "--shuffle" => o.shuffle = Some(value()?.parse().context("--shuffle")?),
+                "--filter-threads" => {
+                    o.filter_threads = Some(value()?.parse().context("--filter-threads")?);
+                }
                 other => bail!(
                     "unknown argument {other:?} (flags: --nodes N --connections C --seconds D \
-                     --warmup W --names M --client-threads T --shuffle SEED)"
+                     --warmup W --names M --client-threads T --shuffle SEED --filter-threads F)"
                 ),
             }
+        }
+        if o.shuffle.is_some() && o.filter_threads.is_some() {
+            bail!("--shuffle and --filter-threads each choose the order: give one");
+        }
+        if o.filter_threads == Some(0) {
+            bail!("--filter-threads must be at least 1");
         }
         if o.nodes == 0 || o.connections == 0 || o.client_threads == 0 {
             bail!("--nodes, --connections and --client-threads must be at least 1");
@@ -404,11 +418,22 @@ struct Plan {
 impl Plan {
     /// `shuffle`: the seed of the order the nodes are listed in (`None`: by name, as
     /// kube-scheduler lists them in a single-zone cluster); every request keeps that order.
-    fn new(addr: SocketAddr, nodes: usize, names: usize, shuffle: Option<u64>) -> Result<Self> {
+    /// `filter_threads`: list them instead as kube-scheduler's filter on that many threads
+    /// finds them ([`parallel_filter_order`]).
+    fn new(
+        addr: SocketAddr,
+        nodes: usize,
+        names: usize,
+        shuffle: Option<u64>,
+        filter_threads: Option<usize>,
+    ) -> Result<Self> {
         let per_request = if names == 0 { nodes } else { names.min(nodes) };
         let mut all: Vec<String> = (0..nodes).map(node_name).collect();
         if let Some(seed) = shuffle {
             shuffle_with(&mut all, seed);
+        }
+        if let Some(threads) = filter_threads {
+            all = parallel_filter_order(&all, threads, 7);
         }
         let windows = (nodes / gcd(nodes, per_request)).min(MAX_WINDOWS);
         let windows: Vec<String> = (0..windows)
@@ -461,6 +486,36 @@ fn shuffle_with<T>(items: &mut [T], seed: u64) {
         let j = (next() % (i as u64 + 1)) as usize;
         items.swap(i, j);
     }
+}
+
+/// `names` as kube-scheduler's filter finds them with `threads` threads at work: it cuts its
+/// node list into chunks of `min(√n, n/16 + 1)` (its `chunkSizeFor`, 16 goroutines), each
+/// thread filters one chunk after another, and a node joins the answer when its filter
+/// finishes, so the threads' chunks come out merged node by node (here in an order drawn with
+/// `seed`).
+fn parallel_filter_order(names: &[String], threads: usize, seed: u64) -> Vec<String> {
+    let n = names.len();
+    let chunk = ((n as f64).sqrt() as usize).min(n / 16 + 1).max(1);
+    let mut chunks = names.chunks(chunk);
+    let mut working: Vec<std::slice::Iter<'_, String>> =
+        chunks.by_ref().take(threads).map(|c| c.iter()).collect();
+    let mut draws: Vec<usize> = (0..n * 2).collect();
+    shuffle_with(&mut draws, seed);
+    let mut draws = draws.into_iter().cycle();
+    let mut out = Vec::with_capacity(n);
+    while !working.is_empty() {
+        let t = draws.next().unwrap_or(0) % working.len();
+        match working[t].next() {
+            Some(name) => out.push(name.clone()),
+            None => match chunks.next() {
+                Some(c) => working[t] = c.iter(),
+                None => {
+                    drop(working.swap_remove(t));
+                }
+            },
+        }
+    }
+    out
 }
 
 fn gcd(a: usize, b: usize) -> usize {
@@ -935,11 +990,20 @@ async fn scenario(
     if let Some(seed) = opts.shuffle {
         label.push_str(&format!(", shuffled (seed {seed})"));
     }
+    if let Some(threads) = opts.filter_threads {
+        label.push_str(&format!(", in a {threads}-thread filter's order"));
+    }
     println!(
         "\n## {label}: {} connections, {} s (+{} s warm-up)",
         opts.connections, opts.seconds, opts.warmup
     );
-    let plan = Arc::new(Plan::new(addr, opts.nodes, names, opts.shuffle)?);
+    let plan = Arc::new(Plan::new(
+        addr,
+        opts.nodes,
+        names,
+        opts.shuffle,
+        opts.filter_threads,
+    )?);
     let pid = server.pid().to_string();
     let begin = Instant::now();
     let measure_from = begin + Duration::from_secs_f64(opts.warmup);

@@ -930,10 +930,11 @@ impl ClusterView {
     }
 
     /// The position of each of `names` ([`Self::node_at`]; `None`: not in the
-    /// view). While the names follow the view's order (by name: kube-scheduler's own node
-    /// order in a single-zone cluster), each is compared with the node after the last one
-    /// found instead of hashed; a miss goes to the name index and guessing stops until a
-    /// lookup lands right after the last again.
+    /// view). While the names follow the view's order (by name), each is compared with the
+    /// node after the last one found instead of hashed; a miss goes to the name index and
+    /// guessing stops until a lookup lands right after the last again. (kube-scheduler lists
+    /// a single zone's nodes by name, but its parallel filter merges chunks of that list node
+    /// by node; following a few runs at once measured no faster, see docs/performance.md.)
     pub fn positions(&self, names: &[&str]) -> Vec<Option<usize>> {
         let mut last: Option<usize> = None;
         let mut guessing = true;
