@@ -451,5 +451,15 @@ async fn the_kube_plugin_scheduler_killed_again_and_again_never_gives_a_device_t
         "{restarts} restarts after {} kills",
         kill_log.len()
     );
+    if !findings.clean() {
+        // What the last scheduler process said of its plans (a unit split here once in CI,
+        // cause not found; issue 37).
+        let said = cluster.log_tail(SCHEDULER, 400).unwrap_or_default();
+        let fumarole: Vec<&str> = said.lines().filter(|l| l.contains("fumarole")).collect();
+        eprintln!(
+            "{SCHEDULER}'s fumarole lines, last process:\n{}",
+            fumarole.join("\n")
+        );
+    }
     assert!(findings.clean(), "{findings:#?}");
 }
