@@ -42,12 +42,9 @@ pub fn judge<'a>(
 ) -> Vec<NodeVerdict> {
     let view = c.view;
     // One lookup per node: every request names thousands.
-    let names: Vec<&str> = nodes.into_iter().collect();
-    let positions = view.positions(&names);
-    let looked_up = names
-        .iter()
-        .zip(positions)
-        .map(|(name, p)| (*name, p.and_then(|p| view.node_at(p))));
+    let looked_up = view
+        .positions(nodes)
+        .map(|(name, p)| (name, p.and_then(|p| view.node_at(p))));
     judge_nodes(c, scoring, req, planned, looked_up)
 }
 

@@ -929,29 +929,29 @@ impl ClusterView {
         self.index.get(name).and_then(|i| self.nodes.get(i))
     }
 
-    /// The position of each of `names` ([`Self::node_at`]; `None`: not in the
+    /// Each of `names` with its position ([`Self::node_at`]; `None`: not in the
     /// view). While the names follow the view's order (by name), each is compared with the
     /// node after the last one found instead of hashed; a miss goes to the name index and
     /// guessing stops until a lookup lands right after the last again. (kube-scheduler lists
     /// a single zone's nodes by name, but its parallel filter merges chunks of that list node
     /// by node; following a few runs at once measured no faster, see docs/performance.md.)
-    pub fn positions(&self, names: &[&str]) -> Vec<Option<usize>> {
+    pub fn positions<'n>(
+        &self,
+        names: impl IntoIterator<Item = &'n str>,
+    ) -> impl Iterator<Item = (&'n str, Option<usize>)> {
         let mut last: Option<usize> = None;
         let mut guessing = true;
-        names
-            .iter()
-            .map(|name| {
-                let guessed = last
-                    .map(|l| l + 1)
-                    .filter(|&i| guessing && self.nodes.get(i).is_some_and(|nv| nv.name == *name));
-                let found = guessed.or_else(|| self.index.get(name));
-                if let Some(i) = found {
-                    guessing = last.is_none_or(|l| i == l + 1);
-                    last = Some(i);
-                }
-                found
-            })
-            .collect()
+        names.into_iter().map(move |name| {
+            let guessed = last
+                .map(|l| l + 1)
+                .filter(|&i| guessing && self.nodes.get(i).is_some_and(|nv| nv.name == name));
+            let found = guessed.or_else(|| self.index.get(name));
+            if let Some(i) = found {
+                guessing = last.is_none_or(|l| i == l + 1);
+                last = Some(i);
+            }
+            (name, found)
+        })
     }
 
     /// The node at `position` (see [`Self::positions`]).
@@ -1274,7 +1274,11 @@ mod tests {
             &[],
         )
         .unwrap();
-        let at = |names: &[&str]| view.positions(names);
+        let at = |names: &[&str]| {
+            view.positions(names.iter().copied())
+                .map(|(_, p)| p)
+                .collect::<Vec<_>>()
+        };
         assert_eq!(at(&["a", "b", "c"]), [Some(0), Some(1), Some(2)]);
         assert_eq!(at(&["c", "a", "b"]), [Some(2), Some(0), Some(1)]);
         assert_eq!(
