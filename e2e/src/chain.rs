@@ -353,8 +353,8 @@ fn check(pod: &Pod, node: &str, record: &PodRecord, findings: &mut Findings) -> 
 }
 
 /// Pushes `target` pods through `scheduler` (already started, with the extension) over
-/// `harness`, checking each as its node admits it and deleting it then, until all are checked
-/// or refused; `diagnostics` is printed if the run stalls past `deadline`.
+/// `harness`, checking each as its node admits it and deleting it then (a unit's pods once all
+/// are checked), until all are checked or refused; `diagnostics` is printed if the run stalls past `deadline`.
 pub async fn run(
     cluster: &TestCluster,
     harness: &[HarnessNode],
@@ -368,7 +368,7 @@ pub async fn run(
         Api::namespaced_with(cluster.client(), "default", &vcjob_resource());
     let groups: Api<DynamicObject> =
         Api::namespaced_with(cluster.client(), "default", &podgroup_resource());
-    // Pod -> the Volcano Job that made it; Job -> its PodGroup.
+    // Pod -> its group: the Volcano Job that made it, or its bare unit; Job -> its PodGroup.
     let mut owner: BTreeMap<String, String> = BTreeMap::new();
     let mut job_groups: BTreeMap<String, String> = BTreeMap::new();
     let started = Instant::now();
@@ -390,6 +390,7 @@ pub async fn run(
                     cluster,
                     &in_flight
                         .iter()
+                        .filter(|_| scheduler == Scheduler::Volcano)
                         .filter_map(|p| owner.get(p).cloned())
                         .collect()
                 )
@@ -406,6 +407,14 @@ pub async fn run(
                 job_groups.insert(job.name_any(), group);
                 for p in &s.pods {
                     owner.insert(p.name_any(), job.name_any());
+                }
+            }
+            if s.job.is_none() && s.pods.len() > 1 {
+                // A unit of bare pods: its pods are deleted together, like a Job's.
+                let unit = s.pods[0].name_any();
+                let unit = unit.split('-').next().unwrap_or_default().to_string();
+                for p in &s.pods {
+                    owner.insert(p.name_any(), unit.clone());
                 }
             }
             for p in s.pods {
@@ -460,34 +469,39 @@ pub async fn run(
         }
         for name in done {
             in_flight.remove(&name);
-            for node_held in held.values_mut() {
-                node_held.remove(&name);
-            }
-            // A Volcano Job goes when all its pods are checked; its pods are deleted too (the
-            // test cluster runs no garbage collector to follow the owner references).
-            if let Some(job) = owner.get(&name) {
-                let siblings: Vec<String> = owner
+            // A unit's pods (a Volcano Job's, or a bare unit's under kube-scheduler) go together
+            // once all are checked, as a gang's do: deleting one while its sibling waits would
+            // let the sibling be planned afresh, anywhere (a unit with nothing placed has no
+            // super-node), and read as a split. Until then they hold their devices.
+            let siblings: Vec<String> = match owner.get(&name) {
+                Some(group) => owner
                     .iter()
-                    .filter(|(_, j)| *j == job)
+                    .filter(|(_, g)| *g == group)
                     .map(|(p, _)| p.clone())
-                    .collect();
-                if siblings.iter().all(|p| !in_flight.contains(p)) {
-                    jobs.delete(job, &DeleteParams::default()).await?;
-                    // A real cluster's garbage collector deletes the PodGroup with its Job
-                    // (owner reference); this one runs none. Left behind, the scheduler moves an
-                    // emptied PodGroup back to Pending, enqueues it again, and there it stays
-                    // (76 of the 87 a 96-pod run left were Inqueue), counted as queue demand by
-                    // proportion's `inqueue` for good (a CPU and 1 GiB each here): enough of
-                    // them would keep new Jobs out of the queue, and such a Job gets no pods.
-                    if let Some(group) = job_groups.remove(job) {
-                        delete_if_present(&groups, &group).await?;
-                    }
-                    for p in siblings {
-                        pods.delete(&p, &DeleteParams::default()).await?;
-                    }
+                    .collect(),
+                None => vec![name.clone()],
+            };
+            if siblings.iter().any(|p| in_flight.contains(p)) {
+                continue;
+            }
+            if let Some(job) = owner.get(&name).filter(|_| scheduler == Scheduler::Volcano) {
+                jobs.delete(job, &DeleteParams::default()).await?;
+                // A real cluster's garbage collector deletes the PodGroup with its Job
+                // (owner reference); this one runs none. Left behind, the scheduler moves an
+                // emptied PodGroup back to Pending, enqueues it again, and there it stays
+                // (76 of the 87 a 96-pod run left were Inqueue), counted as queue demand by
+                // proportion's `inqueue` for good (a CPU and 1 GiB each here): enough of
+                // them would keep new Jobs out of the queue, and such a Job gets no pods.
+                if let Some(group) = job_groups.remove(job) {
+                    delete_if_present(&groups, &group).await?;
                 }
-            } else {
-                pods.delete(&name, &DeleteParams::default()).await?;
+            }
+            for p in siblings {
+                pods.delete(&p, &DeleteParams::default()).await?;
+                owner.remove(&p);
+                for node_held in held.values_mut() {
+                    node_held.remove(&p);
+                }
             }
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
