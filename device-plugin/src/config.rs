@@ -3,6 +3,16 @@
 //!
 //! ```yaml
 //! resources:
+//!   # Share the A100s among pods (before the entry for all NVIDIA GPUs: the first match wins):
+//!   # NVIDIA's own `sharing` block, time-slicing or MPS; renamed, as replicas and whole GPUs
+//!   # cannot be one resource.
+//!   - match: {vendor: nvidia, model: "NVIDIA A100*"}
+//!     sharing:
+//!       timeSlicing:
+//!         renameByDefault: true           # nvidia.com/gpu.shared
+//!         resources:
+//!           - {name: nvidia.com/gpu, replicas: 4}
+//!     replicaAllocation: packed           # distributed (default) | packed
 //!   # Rename NVIDIA's resource and choose the env var and its value.
 //!   - match: {vendor: nvidia}             # or {pciVendor: "0x10de", pciDevice: "0x2330"}, {model: "NVIDIA H100*"}
 //!     resourceName: nvidia.com/gpu        # default: the vendor plugin's name
@@ -60,6 +70,20 @@
 //!   capacity too, of which a claim that does not ask takes an equal part
 //!   ([`fumarole_topology::dra::SHARES`]). Nothing isolates the claims on the device: it is
 //!   time-slicing, the processes share its memory (docs/sharing.md).
+//! - `sharing`: NVIDIA's device-plugin `sharing` block as its own config file writes it
+//!   (`timeSlicing` or `mps`, each with `renameByDefault`, `failRequestsGreaterThanOne` and
+//!   `resources: [{name: nvidia.com/gpu, replicas: N}]`), for NVIDIA GPUs served by the device
+//!   plugin: each GPU is advertised as N replicas `<uuid>::<n>`, under `nvidia.com/gpu` (or
+//!   `nvidia.com/gpu.shared` with `renameByDefault`); a container sees each of its GPUs once.
+//!   Checked as NVIDIA's plugin checks it ([`fumarole_topology::share::SharingConfig`]).
+//!   Time-sliced replicas are isolated by nothing; MPS clients get the pipe of NVIDIA's MPS
+//!   control daemon and their part of the GPU's memory and SMs, which the daemon enforces
+//!   (docs/sharing.md).
+//! - `replicaAllocation`: with `sharing`, which free replicas `GetPreferredAllocation` offers:
+//!   `distributed` (the default, NVIDIA's: from the GPUs that gave the fewest) or `packed`
+//!   (from the GPUs that gave the most, keeping the others free).
+//! - `mpsRoot`: with `sharing.mps`, the host directory of NVIDIA's MPS control daemon
+//!   (default `/run/nvidia/mps`, its chart's `mps.root`).
 //! - `enabled: false`: serve no plugin for the matched devices (takes no other setting).
 //!
 //! Unknown keys are errors. Every error names the file, the entry (`resources[N]`) and the key.
@@ -72,8 +96,12 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+use fumarole_topology::share::{Naming, SharingConfig, Strategy};
 use fumarole_topology::{Device, DeviceKind, Vendor};
 use serde::Deserialize;
+
+/// The resource NVIDIA's sharing configuration shares.
+pub const NVIDIA_GPU: &str = "nvidia.com/gpu";
 
 /// The validated configuration. [`Config::default`] is "defaults for every device".
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -100,7 +128,41 @@ pub struct ResourceRule {
     pub served_by: ServedBy,
     /// With `servedBy: dra`: each device may be allocated to this many claims at once.
     pub dra_shares: Option<u32>,
+    /// NVIDIA's `sharing` block, resolved: each device advertised as replicas.
+    pub sharing: Option<Sharing>,
 }
+
+/// A device-plugin resource whose devices are advertised as replicas (an entry's `sharing`:
+/// NVIDIA's time-slicing or MPS).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Sharing {
+    /// Replicas per device.
+    pub replicas: u32,
+    /// MPS: the host directory of NVIDIA's MPS control daemon (its `--mps-root`); `None` for
+    /// time-slicing.
+    pub mps_root: Option<String>,
+    /// `failRequestsGreaterThanOne`: a container may hold one replica only.
+    pub one_each: bool,
+    /// `renameByDefault`: the replicas are `nvidia.com/gpu.shared`.
+    pub rename_by_default: bool,
+    /// Which replicas `GetPreferredAllocation` prefers.
+    pub allocation: ReplicaAllocation,
+}
+
+/// Which free replicas a container is offered first (`replicaAllocation`; NVIDIA's names).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ReplicaAllocation {
+    /// From the devices with the fewest replicas given (NVIDIA's default): a container of two
+    /// replicas gets two devices, and pods spread over the devices.
+    #[default]
+    Distributed,
+    /// From the devices with the most replicas given: shared devices fill up first and the
+    /// others stay free for whole use elsewhere.
+    Packed,
+}
+
+/// Where NVIDIA's MPS control daemon keeps its pipes by default (its chart's `mps.root`).
+pub const DEFAULT_MPS_ROOT: &str = "/run/nvidia/mps";
 
 /// How the kubelet gets a device: the per-entry `servedBy` setting.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -302,6 +364,7 @@ impl ResourceRule {
             && self.env_value == other.env_value
             && self.shared_device_nodes == other.shared_device_nodes
             && self.cdi == other.cdi
+            && self.sharing == other.sharing
     }
 
     /// The device's own nodes from the `deviceNodes` templates, if set.
@@ -407,6 +470,9 @@ struct RawRule {
     cdi: Option<bool>,
     served_by: Option<String>,
     dra_shares: Option<u32>,
+    sharing: Option<SharingConfig>,
+    replica_allocation: Option<String>,
+    mps_root: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -455,10 +521,10 @@ impl HexId {
 
 impl RawRule {
     fn validate(
-        self,
+        mut self,
         invalid: &dyn Fn(&str, String) -> ConfigError,
     ) -> Result<ResourceRule, ConfigError> {
-        let Some(m) = self.matcher else {
+        let Some(m) = self.matcher.take() else {
             return Err(invalid(
                 "match",
                 "missing: say which devices the entry is for (vendor, pciVendor, pciDevice, kind, model)".into(),
@@ -476,6 +542,9 @@ impl RawRule {
                 ("cdi", self.cdi.is_some()),
                 ("servedBy", self.served_by.is_some()),
                 ("draShares", self.dra_shares.is_some()),
+                ("sharing", self.sharing.is_some()),
+                ("replicaAllocation", self.replica_allocation.is_some()),
+                ("mpsRoot", self.mps_root.is_some()),
             ];
             if let Some((field, _)) = others.iter().find(|(_, set)| *set) {
                 return Err(invalid(
@@ -528,6 +597,7 @@ impl RawRule {
                 ));
             }
         }
+        let sharing = self.sharing(served_by, invalid)?;
         for (i, n) in self.device_nodes.iter().flatten().enumerate() {
             check_node(n, true).map_err(|m| invalid(&format!("deviceNodes[{i}]"), m))?;
         }
@@ -545,7 +615,83 @@ impl RawRule {
             cdi: self.cdi,
             served_by,
             dra_shares: self.dra_shares,
+            sharing,
         })
+    }
+
+    /// The entry's `sharing` (with `replicaAllocation` and `mpsRoot`), checked as NVIDIA's
+    /// plugin checks it and against the rest of the entry.
+    fn sharing(
+        &self,
+        served_by: ServedBy,
+        invalid: &dyn Fn(&str, String) -> ConfigError,
+    ) -> Result<Option<Sharing>, ConfigError> {
+        let (strategy, naming, one_each) = match &self.sharing {
+            None => (Strategy::None, Naming::default(), false),
+            Some(config) => config
+                .resolve()
+                .map_err(|e| invalid("sharing", e.to_string()))?,
+        };
+        let (replicas, mps) = match strategy {
+            Strategy::None => {
+                for (field, set) in [
+                    ("replicaAllocation", self.replica_allocation.is_some()),
+                    ("mpsRoot", self.mps_root.is_some()),
+                ] {
+                    if set {
+                        return Err(invalid(field, "needs sharing (timeSlicing or mps)".into()));
+                    }
+                }
+                return Ok(None);
+            }
+            Strategy::TimeSlicing { replicas } => (replicas, false),
+            Strategy::Mps { replicas } => (replicas, true),
+        };
+        if served_by != ServedBy::DevicePlugin {
+            return Err(invalid(
+                "sharing",
+                "needs servedBy: devicePlugin (replicas are device-plugin ids; DRA shares a device with draShares)".into(),
+            ));
+        }
+        if let Some(name) = self.resource_name.as_deref().filter(|n| *n != NVIDIA_GPU) {
+            return Err(invalid(
+                "resourceName",
+                format!(
+                    "{name} with sharing: the sharing block names the resource ({NVIDIA_GPU}, or {NVIDIA_GPU}.shared with renameByDefault)"
+                ),
+            ));
+        }
+        let allocation = match self.replica_allocation.as_deref() {
+            None | Some("distributed") => ReplicaAllocation::Distributed,
+            Some("packed") => ReplicaAllocation::Packed,
+            Some(v) => {
+                return Err(invalid(
+                    "replicaAllocation",
+                    format!("unknown value {v:?}: one of distributed, packed"),
+                ));
+            }
+        };
+        let mps_root = match (&self.mps_root, mps) {
+            (Some(_), false) => {
+                return Err(invalid(
+                    "mpsRoot",
+                    "needs sharing.mps (time-sliced replicas have no daemon)".into(),
+                ));
+            }
+            (Some(root), true) => {
+                check_node(root, false).map_err(|m| invalid("mpsRoot", m))?;
+                Some(root.clone())
+            }
+            (None, true) => Some(DEFAULT_MPS_ROOT.to_string()),
+            (None, false) => None,
+        };
+        Ok(Some(Sharing {
+            replicas,
+            mps_root,
+            one_each,
+            rename_by_default: naming.rename_by_default,
+            allocation,
+        }))
     }
 }
 

@@ -138,19 +138,20 @@ impl DevicePluginService {
     }
 
     fn devices(&self, health: &[bool]) -> api::ListAndWatchResponse {
+        let r = &self.inner.resource;
         api::ListAndWatchResponse {
-            devices: self
-                .inner
-                .resource
-                .devices
-                .iter()
-                .zip(health.iter().chain(std::iter::repeat(&false)))
-                .map(|(d, healthy)| api::Device {
-                    id: d.id.clone(),
-                    health: if *healthy { HEALTHY } else { UNHEALTHY }.into(),
-                    topology: d.numa_node.map(|n| api::TopologyInfo {
-                        nodes: vec![api::NumaNode { id: i64::from(n) }],
-                    }),
+            devices: r
+                .advertised()
+                .into_iter()
+                .map(|(id, i)| {
+                    let healthy = health.get(i).copied().unwrap_or(false);
+                    api::Device {
+                        id,
+                        health: if healthy { HEALTHY } else { UNHEALTHY }.into(),
+                        topology: r.devices[i].numa_node.map(|n| api::TopologyInfo {
+                            nodes: vec![api::NumaNode { id: i64::from(n) }],
+                        }),
+                    }
                 })
                 .collect(),
         }
@@ -173,6 +174,13 @@ impl DevicePluginService {
                     req.allocation_size
                 ))
             })?;
+        if r.sharing.is_some() {
+            // Replicas: the scheduler chooses whole devices only, so there is no choice to
+            // wait for (issue 39).
+            return r
+                .choose_replicas(&req.available_device_i_ds, &req.must_include_device_i_ds, k)
+                .map_err(|e| invalid(e.to_string()));
+        }
         let free = r
             .positions(&req.available_device_i_ds)
             .map_err(|e| invalid(e.to_string()))?;
@@ -370,8 +378,12 @@ impl DevicePlugin for DevicePluginService {
                 r.name
             )));
         }
-        for c in &requests.container_requests {
-            self.allocated(&c.devices_ids);
+        // What the scheduler chose is recorded for whole devices only; it does not place
+        // replicas yet.
+        if r.sharing.is_none() {
+            for c in &requests.container_requests {
+                self.allocated(&c.devices_ids);
+            }
         }
         Ok(Response::new(api::AllocateResponse {
             container_responses,

@@ -12,10 +12,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
+use fumarole_topology::share::{replica_id, replica_of};
 use fumarole_topology::{Device, Health, NodeTopology, Vendor};
 
 use crate::api;
-use crate::config::{Config, ConfigError, EnvValue, ResourceRule, ServedBy};
+use crate::config::{
+    Config, ConfigError, EnvValue, NVIDIA_GPU, ReplicaAllocation, ResourceRule, ServedBy, Sharing,
+};
 
 /// One device as a plugin serves it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -38,6 +41,8 @@ pub struct PluginDevice {
     pub served_by: ServedBy,
     /// Claims that may hold the device at once through DRA (the entry's `draShares`).
     pub dra_shares: Option<u32>,
+    /// Device memory, when discovery knows it (NVML): MPS clients get a part of it.
+    pub memory_bytes: Option<u64>,
 }
 
 /// One extended resource and its devices.
@@ -54,6 +59,8 @@ pub struct Resource {
     pub env: String,
     /// What names each device in `env`.
     pub env_value: EnvValue,
+    /// Each device advertised as replicas (time-slicing or MPS), `None`: whole devices.
+    pub sharing: Option<Sharing>,
 }
 
 /// Why a request cannot be answered; becomes gRPC `InvalidArgument`.
@@ -65,6 +72,11 @@ pub enum RequestError {
     UnknownDevice { id: String, resource: String },
     #[error("device id {0:?} listed twice")]
     Duplicate(String),
+    /// NVIDIA's words for `failRequestsGreaterThanOne`.
+    #[error("invalid request: maximum request size for shared resources is 1; found {0}")]
+    MoreThanOneReplica(usize),
+    #[error("{asked} replicas asked, {available} available")]
+    TooFewReplicas { asked: usize, available: usize },
 }
 
 /// The control device nodes a vendor's containers need.
@@ -150,6 +162,16 @@ pub fn resources_with(
             tracing::info!(device = %d.id, entry = i, "device disabled by the device-plugin config");
             continue;
         }
+        if let Some((i, r)) = rule
+            && let Some(sharing) = &r.sharing
+        {
+            check_shared(d, sharing).map_err(|message| ConfigError::Invalid {
+                file: config.file(),
+                entry: i,
+                field: "sharing".into(),
+                message,
+            })?;
+        }
         let origin = match rule {
             Some((i, _)) => format!("resources[{i}]"),
             None => format!("the {} defaults", d.vendor.as_str()),
@@ -163,7 +185,7 @@ pub fn resources_with(
                 file: config.file(),
                 resource: candidate.name,
                 message: format!(
-                    "device {} ({origin}) would join devices of {first_origin} with other settings (env, envValue, sharedDeviceNodes or cdi); give it another resourceName or the same settings",
+                    "device {} ({origin}) would join devices of {first_origin} with other settings (env, envValue, sharedDeviceNodes, cdi or sharing); give it another resourceName or the same settings",
                     d.id
                 ),
             });
@@ -189,6 +211,7 @@ pub fn resources_with(
             bus_id: d.pci_bus_id.clone(),
             served_by: rule.map_or(ServedBy::DevicePlugin, |(_, r)| r.served_by),
             dra_shares: rule.and_then(|(_, r)| r.dra_shares),
+            memory_bytes: d.memory_bytes,
         });
     }
     for (i, used) in used.iter().enumerate() {
@@ -207,9 +230,13 @@ fn new_resource(
     exists: &dyn Fn(&str) -> bool,
 ) -> Resource {
     let (env, env_value) = default_env(d.vendor);
-    let name = rule
-        .and_then(|r| r.resource_name.clone())
-        .unwrap_or_else(|| d.default_resource_name());
+    let sharing = rule.and_then(|r| r.sharing.clone());
+    let name = match &sharing {
+        Some(s) if s.rename_by_default => format!("{NVIDIA_GPU}.shared"),
+        _ => rule
+            .and_then(|r| r.resource_name.clone())
+            .unwrap_or_else(|| d.default_resource_name()),
+    };
     let shared_dev_nodes = match rule.and_then(|r| r.shared_device_nodes.as_ref()) {
         Some(nodes) => nodes
             .iter()
@@ -238,7 +265,28 @@ fn new_resource(
             .unwrap_or_else(|| env.to_string()),
         env_value: rule.and_then(|r| r.env_value).unwrap_or(env_value),
         name,
+        sharing,
     }
+}
+
+/// Why `d` cannot be shared as `sharing` says: only NVIDIA GPUs are (NVIDIA's configuration),
+/// and an MPS client's memory limit is a part of the device's memory, which must be known.
+fn check_shared(d: &Device, sharing: &Sharing) -> Result<(), String> {
+    if d.vendor != Vendor::Nvidia {
+        return Err(format!(
+            "matches device {} ({} {}): sharing applies to NVIDIA GPUs only",
+            d.id,
+            d.vendor.as_str(),
+            d.model
+        ));
+    }
+    if sharing.mps_root.is_some() && d.memory_bytes.is_none_or(|m| m == 0) {
+        return Err(format!(
+            "mps: device {}'s memory is unknown (NVML did not report it), and each MPS client's memory limit is a part of it",
+            d.id
+        ));
+    }
+    Ok(())
 }
 
 /// The resources as the device plugins serve them and as the DRA kubelet plugin serves them:
@@ -273,6 +321,7 @@ fn same_settings(a: &Resource, b: &Resource) -> bool {
         && a.cdi == b.cdi
         && a.env == b.env
         && a.env_value == b.env_value
+        && a.sharing == b.sharing
 }
 
 impl Resource {
@@ -311,44 +360,214 @@ impl Resource {
         }
     }
 
+    /// The ids the kubelet sees, each with the position of its device: the device ids, or
+    /// with sharing `<id>::<n>` for each of its replicas.
+    pub fn advertised(&self) -> Vec<(String, usize)> {
+        match &self.sharing {
+            None => (self.devices.iter().enumerate())
+                .map(|(i, d)| (d.id.clone(), i))
+                .collect(),
+            Some(s) => (self.devices.iter().enumerate())
+                .flat_map(|(i, d)| (0..s.replicas).map(move |n| (replica_id(&d.id, n), i)))
+                .collect(),
+        }
+    }
+
+    /// Positions in `devices` and replica numbers of the replica ids `ids`, checked.
+    pub fn replica_positions(&self, ids: &[String]) -> Result<Vec<(usize, u32)>, RequestError> {
+        let replicas = self.sharing.as_ref().map_or(0, |s| s.replicas);
+        let mut seen = BTreeSet::new();
+        ids.iter()
+            .map(|id| {
+                if !seen.insert(id.as_str()) {
+                    return Err(RequestError::Duplicate(id.clone()));
+                }
+                replica_of(id)
+                    .filter(|(_, n)| *n < replicas)
+                    .and_then(|(device, n)| {
+                        Some((self.devices.iter().position(|d| d.id == device)?, n))
+                    })
+                    .ok_or_else(|| RequestError::UnknownDevice {
+                        id: id.clone(),
+                        resource: self.name.clone(),
+                    })
+            })
+            .collect()
+    }
+
+    /// The replicas to offer a container asking `size` of them, among `available` and with
+    /// every one of `must`: from the devices [`ReplicaAllocation`] says, each device's lowest
+    /// free replica first.
+    pub fn choose_replicas(
+        &self,
+        available: &[String],
+        must: &[String],
+        size: usize,
+    ) -> Result<Vec<String>, RequestError> {
+        // Without sharing no id is a replica's, and `replica_positions` refuses them all.
+        let (one_each, allocation) = self
+            .sharing
+            .as_ref()
+            .map_or((false, ReplicaAllocation::default()), |s| {
+                (s.one_each, s.allocation)
+            });
+        if one_each && size > 1 {
+            return Err(RequestError::MoreThanOneReplica(size));
+        }
+        let mut free: BTreeMap<usize, BTreeSet<u32>> = BTreeMap::new();
+        for (position, n) in self.replica_positions(available)? {
+            free.entry(position).or_default().insert(n);
+        }
+        let mut chosen: Vec<String> = Vec::with_capacity(size);
+        for (position, n) in self.replica_positions(must)? {
+            if let Some(f) = free.get_mut(&position) {
+                f.remove(&n);
+            }
+            chosen.push(replica_id(&self.devices[position].id, n));
+        }
+        let left: usize = free.values().map(BTreeSet::len).sum();
+        if chosen.len() + left < size {
+            return Err(RequestError::TooFewReplicas {
+                asked: size,
+                available: chosen.len() + left,
+            });
+        }
+        while chosen.len() < size {
+            // Distributed: the device with the most replicas free (fewest given); packed: the
+            // one with the fewest still free. Ties go to the lower position.
+            let candidates = free.iter().filter(|(_, f)| !f.is_empty());
+            let device = match allocation {
+                ReplicaAllocation::Distributed => {
+                    candidates.min_by_key(|(p, f)| (std::cmp::Reverse(f.len()), **p))
+                }
+                ReplicaAllocation::Packed => candidates.min_by_key(|(p, f)| (f.len(), **p)),
+            }
+            .map(|(p, _)| *p);
+            let Some(position) = device else { break };
+            let f = free.entry(position).or_default();
+            let Some(n) = f.pop_first() else { break };
+            chosen.push(replica_id(&self.devices[position].id, n));
+        }
+        Ok(chosen)
+    }
+
     /// The kubelet's `Allocate` answer for one container.
     pub fn allocate(&self, ids: &[String]) -> Result<api::ContainerAllocateResponse, RequestError> {
         if ids.is_empty() {
             return Err(RequestError::Empty);
         }
-        let chosen: Vec<&PluginDevice> = self
-            .positions(ids)?
-            .into_iter()
-            .map(|i| &self.devices[i])
-            .collect();
-        let value: Vec<String> = chosen.iter().map(|d| self.visible_name(d)).collect();
+        // The devices, each once, and how many replicas of each the container holds.
+        let mut held: Vec<(&PluginDevice, u32)> = Vec::new();
+        match &self.sharing {
+            None => held.extend(
+                self.positions(ids)?
+                    .into_iter()
+                    .map(|i| (&self.devices[i], 1)),
+            ),
+            Some(s) => {
+                if s.one_each && ids.len() > 1 {
+                    return Err(RequestError::MoreThanOneReplica(ids.len()));
+                }
+                for (i, _) in self.replica_positions(ids)? {
+                    let d = &self.devices[i];
+                    match held.iter_mut().find(|(h, _)| h.id == d.id) {
+                        Some((_, n)) => *n += 1,
+                        None => held.push((d, 1)),
+                    }
+                }
+            }
+        }
+        let value: Vec<String> = held.iter().map(|(d, _)| self.visible_name(d)).collect();
         let spec = |path: &String| api::DeviceSpec {
             container_path: path.clone(),
             host_path: path.clone(),
             permissions: "rw".into(),
         };
-        let mut devices: Vec<api::DeviceSpec> = chosen
+        let mut devices: Vec<api::DeviceSpec> = held
             .iter()
-            .flat_map(|d| d.dev_nodes.iter().map(spec))
+            .flat_map(|(d, _)| d.dev_nodes.iter().map(spec))
             .collect();
         devices.extend(self.shared_dev_nodes.iter().map(spec));
         let cdi_devices = if self.cdi {
-            chosen
-                .iter()
-                .map(|d| api::CdiDevice {
+            held.iter()
+                .map(|(d, _)| api::CdiDevice {
                     name: format!("{}={}", self.name, d.id),
                 })
                 .collect()
         } else {
             Vec::new()
         };
+        let mut envs: std::collections::HashMap<String, String> =
+            [(self.env.clone(), value.join(","))].into_iter().collect();
+        let mut mounts = Vec::new();
+        if let Some(s) = &self.sharing
+            && let Some(root) = &s.mps_root
+        {
+            let (mps_envs, mps_mounts) = self.mps_client(root, s.replicas, &held);
+            envs.extend(mps_envs);
+            mounts = mps_mounts;
+        }
         Ok(api::ContainerAllocateResponse {
-            envs: [(self.env.clone(), value.join(","))].into_iter().collect(),
-            mounts: Vec::new(),
+            envs,
+            mounts,
             devices,
             annotations: Default::default(),
             cdi_devices,
         })
+    }
+
+    /// What an MPS client container gets: the pipe of NVIDIA's control daemon for this
+    /// resource (host `<root>/<resource>/pipe` at `/mps/<resource>/pipe`, as NVIDIA's plugin
+    /// mounts it, and the daemon's `/dev/shm`), and its limits: per visible device (by its
+    /// ordinal in the container) the replicas' part of the device's memory, and the replicas'
+    /// part of the SMs (the least any device gives; one value covers all the client's devices).
+    /// The daemon enforces both; the daemon's own defaults are set by NVIDIA's
+    /// `mps-control-daemon` (docs/sharing.md).
+    fn mps_client(
+        &self,
+        root: &str,
+        replicas: u32,
+        held: &[(&PluginDevice, u32)],
+    ) -> (Vec<(String, String)>, Vec<api::Mount>) {
+        const CONTAINER_ROOT: &str = "/mps";
+        let root = root.trim_end_matches('/');
+        let pipe = format!("{CONTAINER_ROOT}/{}/pipe", self.name);
+        let limits: Vec<String> = held
+            .iter()
+            .enumerate()
+            .filter_map(|(ordinal, (d, n))| {
+                let part = d.memory_bytes? / u64::from(replicas.max(1)) / (1 << 20);
+                Some(format!("{ordinal}={}M", part * u64::from(*n)))
+            })
+            .collect();
+        let threads = held
+            .iter()
+            .map(|(_, n)| (n * 100 / replicas.max(1)).min(100))
+            .min()
+            .unwrap_or(0);
+        let mut envs = vec![
+            ("CUDA_MPS_PIPE_DIRECTORY".to_string(), pipe.clone()),
+            (
+                "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE".to_string(),
+                threads.to_string(),
+            ),
+        ];
+        if !limits.is_empty() {
+            envs.push((
+                "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT".to_string(),
+                limits.join(","),
+            ));
+        }
+        let mount = |host: String, container: String| api::Mount {
+            container_path: container,
+            host_path: host,
+            read_only: false,
+        };
+        let mounts = vec![
+            mount(format!("{root}/{}/pipe", self.name), pipe),
+            mount(format!("{root}/shm"), "/dev/shm".into()),
+        ];
+        (envs, mounts)
     }
 }
 
@@ -679,5 +898,216 @@ resources:
         };
         assert_eq!(ids(&dp, "nvidia.com/gpu"), ["GPU-b"]);
         assert_eq!(ids(&dra, "nvidia.com/gpu"), ["GPU-a"]);
+    }
+
+    /// The node's two NVIDIA GPUs shared as `sharing` says (80 GiB each).
+    fn shared(sharing: &str) -> (Resource, tempfile::TempDir) {
+        let (mut t, root) = node();
+        for d in &mut t.devices {
+            d.memory_bytes = Some(80 << 30);
+        }
+        let c = config(&format!(
+            "resources:\n  - match: {{vendor: nvidia}}\n{sharing}"
+        ));
+        let rs = resources_with(&t, root.path(), false, &c).unwrap();
+        let r = rs.into_iter().find(|r| r.vendor == Vendor::Nvidia).unwrap();
+        (r, root)
+    }
+
+    fn ids(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    const TIME_SLICED: &str = "    sharing:\n      timeSlicing:\n        resources:\n          - {name: nvidia.com/gpu, replicas: 3}\n";
+
+    #[test]
+    fn replicas_are_advertised_under_their_device() {
+        let (r, _root) = shared(TIME_SLICED);
+        assert_eq!(r.name, "nvidia.com/gpu");
+        let ads: Vec<(String, usize)> = r.advertised();
+        assert_eq!(
+            ads,
+            [
+                ("GPU-a::0".to_string(), 0),
+                ("GPU-a::1".into(), 0),
+                ("GPU-a::2".into(), 0),
+                ("GPU-b::0".into(), 1),
+                ("GPU-b::1".into(), 1),
+                ("GPU-b::2".into(), 1),
+            ]
+        );
+        let (renamed, _root) = shared(
+            "    sharing:\n      timeSlicing:\n        renameByDefault: true\n        resources:\n          - {name: nvidia.com/gpu, replicas: 3}\n",
+        );
+        assert_eq!(renamed.name, "nvidia.com/gpu.shared");
+        // Ids that are not this resource's replicas are refused by name.
+        for bad in ["GPU-a", "GPU-a::3", "GPU-c::0", "GPU-a::x"] {
+            assert_eq!(
+                r.replica_positions(&ids(&[bad])).unwrap_err(),
+                RequestError::UnknownDevice {
+                    id: bad.into(),
+                    resource: "nvidia.com/gpu".into()
+                }
+            );
+        }
+    }
+
+    #[test]
+    fn distributed_spreads_replicas_and_packed_fills_one_device() {
+        let all = ids(&[
+            "GPU-a::0", "GPU-a::1", "GPU-a::2", "GPU-b::0", "GPU-b::1", "GPU-b::2",
+        ]);
+        let (spread, _root) = shared(TIME_SLICED);
+        assert_eq!(
+            spread.choose_replicas(&all, &[], 2).unwrap(),
+            ["GPU-a::0", "GPU-b::0"]
+        );
+        // GPU-a has given two replicas: the next goes to GPU-b, which has given none.
+        let after = ids(&["GPU-a::2", "GPU-b::0", "GPU-b::1", "GPU-b::2"]);
+        assert_eq!(
+            spread.choose_replicas(&after, &[], 1).unwrap(),
+            ["GPU-b::0"]
+        );
+
+        let (packed, _root) = shared(&format!("{TIME_SLICED}    replicaAllocation: packed\n"));
+        assert_eq!(
+            packed.choose_replicas(&all, &[], 2).unwrap(),
+            ["GPU-a::0", "GPU-a::1"]
+        );
+        // GPU-a, already shared, before GPU-b, which is still free.
+        assert_eq!(
+            packed.choose_replicas(&after, &[], 1).unwrap(),
+            ["GPU-a::2"]
+        );
+        assert_eq!(
+            packed.choose_replicas(&after, &[], 2).unwrap(),
+            ["GPU-a::2", "GPU-b::0"]
+        );
+        // What the kubelet must include comes first, is not offered twice, and packing goes
+        // on beside it.
+        assert_eq!(
+            packed
+                .choose_replicas(&all, &ids(&["GPU-b::1"]), 2)
+                .unwrap(),
+            ["GPU-b::1", "GPU-b::0"]
+        );
+        assert_eq!(
+            packed.choose_replicas(&after, &[], 5).unwrap_err(),
+            RequestError::TooFewReplicas {
+                asked: 5,
+                available: 4
+            }
+        );
+    }
+
+    #[test]
+    fn a_container_of_replicas_sees_each_device_once() {
+        let (r, _root) = shared(TIME_SLICED);
+        let c = r
+            .allocate(&ids(&["GPU-a::0", "GPU-a::2", "GPU-b::1"]))
+            .unwrap();
+        assert_eq!(c.envs["NVIDIA_VISIBLE_DEVICES"], "GPU-a,GPU-b");
+        assert_eq!(paths(&c)[..2], ["/dev/nvidia0", "/dev/nvidia1"]);
+        assert!(c.mounts.is_empty());
+        assert!(!c.envs.contains_key("CUDA_MPS_PIPE_DIRECTORY"));
+        assert_eq!(
+            r.allocate(&ids(&["GPU-a::0", "GPU-a::0"])).unwrap_err(),
+            RequestError::Duplicate("GPU-a::0".into())
+        );
+        // failRequestsGreaterThanOne, in NVIDIA's words.
+        let (one, _root) = shared(
+            "    sharing:\n      timeSlicing:\n        failRequestsGreaterThanOne: true\n        resources:\n          - {name: nvidia.com/gpu, replicas: 3}\n",
+        );
+        let e = one.allocate(&ids(&["GPU-a::0", "GPU-b::0"])).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "invalid request: maximum request size for shared resources is 1; found 2"
+        );
+        assert_eq!(
+            one.choose_replicas(&ids(&["GPU-a::0", "GPU-b::0"]), &[], 2)
+                .unwrap_err(),
+            RequestError::MoreThanOneReplica(2)
+        );
+        assert!(one.allocate(&ids(&["GPU-b::2"])).is_ok());
+    }
+
+    #[test]
+    fn an_mps_client_gets_the_daemons_pipe_and_its_part_of_the_device() {
+        let (r, _root) = shared(
+            "    sharing:\n      mps:\n        failRequestsGreaterThanOne: false\n        resources:\n          - {name: nvidia.com/gpu, replicas: 4}\n    mpsRoot: /var/run/mps\n",
+        );
+        let c = r.allocate(&ids(&["GPU-b::3"])).unwrap();
+        assert_eq!(c.envs["NVIDIA_VISIBLE_DEVICES"], "GPU-b");
+        assert_eq!(
+            c.envs["CUDA_MPS_PIPE_DIRECTORY"],
+            "/mps/nvidia.com/gpu/pipe"
+        );
+        // 80 GiB / 4 = 20480 MiB, and a quarter of the SMs.
+        assert_eq!(c.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"], "0=20480M");
+        assert_eq!(c.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], "25");
+        let mounts: Vec<(&str, &str)> = c
+            .mounts
+            .iter()
+            .map(|m| (m.host_path.as_str(), m.container_path.as_str()))
+            .collect();
+        assert_eq!(
+            mounts,
+            [
+                (
+                    "/var/run/mps/nvidia.com/gpu/pipe",
+                    "/mps/nvidia.com/gpu/pipe"
+                ),
+                ("/var/run/mps/shm", "/dev/shm")
+            ]
+        );
+        // Two replicas of GPU-a and one of GPU-b: limits per device ordinal, and the SM share
+        // the smaller part gives.
+        let c = r
+            .allocate(&ids(&["GPU-a::0", "GPU-b::0", "GPU-a::1"]))
+            .unwrap();
+        assert_eq!(c.envs["NVIDIA_VISIBLE_DEVICES"], "GPU-a,GPU-b");
+        assert_eq!(
+            c.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"],
+            "0=40960M,1=20480M"
+        );
+        assert_eq!(c.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], "25");
+    }
+
+    #[test]
+    fn sharing_refuses_devices_it_cannot_share() {
+        let (t, root) = node();
+        // MPS on GPUs whose memory is unknown.
+        let c = config(
+            "resources:\n  - match: {vendor: nvidia}\n    sharing:\n      mps:\n        resources:\n          - {name: nvidia.com/gpu, replicas: 2}\n",
+        );
+        let e = resources_with(&t, root.path(), false, &c)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("resources[0].sharing: mps: device GPU-a's memory is unknown"),
+            "{e}"
+        );
+        // An entry that matches Ascend NPUs.
+        let c = config(&format!(
+            "resources:\n  - match: {{kind: gpu}}\n{TIME_SLICED}"
+        ));
+        let e = resources_with(&t, root.path(), false, &c)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("resources[0].sharing: matches device Ascend910-0 (huawei model): sharing applies to NVIDIA GPUs only"),
+            "{e}"
+        );
+        // Replicas of one GPU and another GPU whole under one name: refused, naming sharing.
+        let mut t2 = t.clone();
+        t2.devices[1].pci_id.device = 0x2331;
+        let c = config(&format!(
+            "resources:\n  - match: {{pciVendor: \"0x10de\", pciDevice: \"0x2330\"}}\n{TIME_SLICED}"
+        ));
+        let e = resources_with(&t2, root.path(), false, &c)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("resource nvidia.com/gpu: device GPU-b"), "{e}");
+        assert!(e.contains("sharing"), "{e}");
     }
 }

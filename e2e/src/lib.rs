@@ -28,6 +28,7 @@ pub mod kubelet_dm;
 pub mod pki;
 pub mod process;
 pub mod service_front;
+pub mod standin;
 pub mod upstream;
 pub mod wait;
 

@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use fumarole_e2e::cluster::{free_port, http_get, http_post_json, metric_sum};
 use fumarole_e2e::fumarole::{device_topologies, fixture_root, standin_lib};
+use fumarole_e2e::standin::{StandIn, nvidia_root};
 use fumarole_e2e::{AgentBuilder, KubeletDm, NodeSpec, TestCluster};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
@@ -34,44 +35,6 @@ use serde_json::{Value, json};
 const GPU: &str = "nvidia.com/gpu";
 const NPU: &str = "huawei.com/Ascend910";
 const NODE: &str = "dgx-1";
-
-/// A stand-in library's state file: edited in memory, written whole (renamed into place).
-struct StandIn {
-    path: PathBuf,
-    state: Value,
-}
-
-impl StandIn {
-    fn new(path: PathBuf, state: Value) -> Self {
-        let s = StandIn { path, state };
-        s.write();
-        s
-    }
-
-    fn write(&self) {
-        let tmp = self.path.with_extension("tmp");
-        std::fs::write(&tmp, self.state.to_string()).unwrap();
-        std::fs::rename(&tmp, &self.path).unwrap();
-    }
-
-    /// Applies `f` and writes the file; returns the moment it was written.
-    fn edit(&mut self, f: impl FnOnce(&mut Value)) -> Instant {
-        f(&mut self.state);
-        self.write();
-        Instant::now()
-    }
-
-    /// Appends an event for the stand-in NVML to deliver.
-    fn event(&mut self, event: Value) -> Instant {
-        self.edit(|s| {
-            let events = s["events"].as_array_mut().unwrap();
-            let id = events.len() as u64 + 1;
-            let mut e = event;
-            e["id"] = json!(id);
-            events.push(e);
-        })
-    }
-}
 
 /// Polls `check` every 10 ms until it is true; returns the time since `since`.
 async fn until<F, Fut>(what: &str, since: Instant, timeout: Duration, mut check: F) -> Duration
@@ -219,21 +182,6 @@ async fn extension_keeps(port: u16, node: &str, gpus: u32) -> bool {
         .is_some_and(|n| n.iter().any(|x| x == node))
 }
 
-/// The fixture written out as a root, its recorded NVML answers turned into the stand-in's
-/// state (and removed, so only the library answers), and the library copied in as
-/// `libnvidia-ml.so.1`.
-fn nvidia_root(dir: &Path) -> (PathBuf, PathBuf, StandIn) {
-    let root = fixture_root("dgx-h100", dir).unwrap();
-    let recorded = root.join("fumarole/nvml.json");
-    let mut state: Value =
-        serde_json::from_str(&std::fs::read_to_string(&recorded).unwrap()).unwrap();
-    std::fs::remove_file(&recorded).unwrap();
-    state["events"] = json!([]);
-    let lib = dir.join("libnvidia-ml.so.1");
-    std::fs::copy(standin_lib("fumarole-standin-nvml").unwrap(), &lib).unwrap();
-    (root, lib, StandIn::new(dir.join("nvml-state.json"), state))
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn nvidia_faults_reach_kubelet_devicetopology_and_extension_and_recover() {
     let cluster = TestCluster::start().await.unwrap();
@@ -247,7 +195,7 @@ async fn nvidia_faults_reach_kubelet_devicetopology_and_extension_and_recover() 
         .await
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let (root, lib, mut nvml) = nvidia_root(dir.path());
+    let (root, lib, mut nvml) = nvidia_root(dir.path()).unwrap();
     let plugins = dir.path().join("device-plugins");
     std::fs::create_dir_all(&plugins).unwrap();
     let kdm = KubeletDm::start(&plugins, &dir.path().join("logs"))
@@ -549,7 +497,7 @@ fn standalone_agent(root: &Path, plugins: &Path) -> AgentBuilder {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_library_that_hangs_or_answers_garbage_never_delays_the_plugin() {
     let dir = tempfile::tempdir().unwrap();
-    let (root, lib, mut nvml) = nvidia_root(dir.path());
+    let (root, lib, mut nvml) = nvidia_root(dir.path()).unwrap();
     let plugins = dir.path().join("device-plugins");
     let logs = dir.path().join("logs");
     std::fs::create_dir_all(&plugins).unwrap();
@@ -805,7 +753,7 @@ async fn compat_labels_from_the_library() {
         .await
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let (root, lib, mut nvml) = nvidia_root(dir.path());
+    let (root, lib, mut nvml) = nvidia_root(dir.path()).unwrap();
     nvml.edit(|s| {
         s["driverVersion"] = json!("570.124.06");
         s["cudaDriverVersion"] = json!(12080);

@@ -491,6 +491,23 @@ fn ask_name(ask: &Ask) -> &'static str {
     }
 }
 
+// --- Replica ids --------------------------------------------------------------------------------
+
+/// What separates a device's id from its replica number in a replica's id (`<uuid>::<n>`,
+/// NVIDIA's "annotated ids", which tools reading PodResources already know).
+pub const REPLICA_SEPARATOR: &str = "::";
+
+/// The id the kubelet sees for replica `n` of device `device`.
+pub fn replica_id(device: &str, n: u32) -> String {
+    format!("{device}{REPLICA_SEPARATOR}{n}")
+}
+
+/// The device and replica number of a replica id; `None` for an id without a replica number.
+pub fn replica_of(id: &str) -> Option<(&str, u32)> {
+    let (device, n) = id.rsplit_once(REPLICA_SEPARATOR)?;
+    Some((device, n.parse().ok()?))
+}
+
 // --- NVIDIA's device-plugin sharing configuration ------------------------------------------------
 
 /// The `sharing` part of NVIDIA's k8s-device-plugin configuration file (`version: v1`), with
@@ -671,6 +688,16 @@ mod tests {
         Ask::read(resource, count, Naming::default())
             .unwrap()
             .unwrap()
+    }
+
+    #[test]
+    fn replica_ids_name_their_device() {
+        let id = replica_id("GPU-1f6a", 3);
+        assert_eq!(id, "GPU-1f6a::3");
+        assert_eq!(replica_of(&id), Some(("GPU-1f6a", 3)));
+        assert_eq!(replica_of("GPU-1f6a"), None);
+        assert_eq!(replica_of("GPU-1f6a::x"), None);
+        assert_eq!(replica_of("GPU-1f6a::-1"), None);
     }
 
     #[test]

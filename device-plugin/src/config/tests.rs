@@ -41,6 +41,13 @@ fn parses_the_documented_example() {
     let c = parse(
         r#"
 resources:
+  - match: {vendor: nvidia, model: "NVIDIA A100*"}
+    sharing:
+      timeSlicing:
+        renameByDefault: true
+        resources:
+          - {name: nvidia.com/gpu, replicas: 4}
+    replicaAllocation: packed
   - match: {vendor: nvidia}
     resourceName: nvidia.com/gpu
     env: NVIDIA_VISIBLE_DEVICES
@@ -57,7 +64,18 @@ resources:
 "#,
     )
     .unwrap();
-    assert_eq!(c.resources.len(), 3);
+    assert_eq!(c.resources.len(), 4);
+    assert_eq!(
+        c.resources[0]
+            .sharing
+            .as_ref()
+            .map(|s| (s.replicas, s.allocation)),
+        Some((4, ReplicaAllocation::Packed))
+    );
+    let c = Config {
+        resources: c.resources[1..].to_vec(),
+        ..c
+    };
     let r = &c.resources[1];
     assert_eq!(r.matcher.pci_vendor, Some(0x1e52));
     assert_eq!(r.matcher.pci_device, Some(0x401e));
@@ -370,5 +388,114 @@ fn dra_shares_need_dra_and_a_sensible_count() {
     ] {
         let got = err(text);
         assert!(got.starts_with(want), "{text}\n got: {got}\nwant: {want}");
+    }
+}
+
+#[test]
+fn sharing_is_nvidias_block_checked_against_the_entry() {
+    const ENTRY: &str = "resources:\n  - match: {vendor: nvidia}\n";
+    let sliced = "    sharing:\n      timeSlicing:\n        resources:\n          - name: nvidia.com/gpu\n            replicas: 4\n";
+    let c = parse(&format!("{ENTRY}{sliced}")).unwrap();
+    assert_eq!(
+        c.resources[0].sharing,
+        Some(Sharing {
+            replicas: 4,
+            mps_root: None,
+            one_each: false,
+            rename_by_default: false,
+            allocation: ReplicaAllocation::Distributed,
+        })
+    );
+    // MPS: one replica per container unless said otherwise, NVIDIA's daemon root by default.
+    let mps = "    sharing:\n      mps:\n        renameByDefault: true\n        resources:\n          - {name: nvidia.com/gpu, replicas: 8}\n";
+    let c = parse(&format!("{ENTRY}{mps}    replicaAllocation: packed\n")).unwrap();
+    assert_eq!(
+        c.resources[0].sharing,
+        Some(Sharing {
+            replicas: 8,
+            mps_root: Some(DEFAULT_MPS_ROOT.into()),
+            one_each: true,
+            rename_by_default: true,
+            allocation: ReplicaAllocation::Packed,
+        })
+    );
+    let c = parse(&format!("{ENTRY}{mps}    mpsRoot: /var/lib/mps\n")).unwrap();
+    assert_eq!(
+        c.resources[0].sharing.as_ref().unwrap().mps_root.as_deref(),
+        Some("/var/lib/mps")
+    );
+    // An empty block shares nothing.
+    assert_eq!(
+        parse(&format!("{ENTRY}    sharing: {{}}\n"))
+            .unwrap()
+            .resources[0]
+            .sharing,
+        None
+    );
+    for (text, want) in [
+        (
+            format!("{ENTRY}{sliced}    servedBy: dra\n"),
+            "resources[0].sharing: needs servedBy: devicePlugin",
+        ),
+        (
+            format!("{ENTRY}{sliced}    servedBy: both\n"),
+            "resources[0].sharing: needs servedBy: devicePlugin",
+        ),
+        (
+            format!("{ENTRY}{sliced}    resourceName: example.com/gpu\n"),
+            "resources[0].resourceName: example.com/gpu with sharing",
+        ),
+        (
+            format!(
+                "{ENTRY}    sharing:\n      timeSlicing:\n        resources:\n          - {{name: nvidia.com/gpu, replicas: 1}}\n"
+            ),
+            "resources[0].sharing: sharing.timeSlicing: nvidia.com/gpu: number of replicas must be >= 2, got 1",
+        ),
+        (
+            format!(
+                "{ENTRY}{sliced}      mps:\n        resources:\n          - {{name: nvidia.com/gpu, replicas: 2}}\n"
+            ),
+            "resources[0].sharing: sharing: timeSlicing and mps are both set",
+        ),
+        (
+            format!(
+                "{ENTRY}    sharing:\n      mps:\n        resources:\n          - {{name: nvidia.com/gpu, replicas: 49}}\n"
+            ),
+            "resources[0].sharing: sharing.mps: nvidia.com/gpu: at most 48 replicas per GPU, got 49",
+        ),
+        (
+            format!("{ENTRY}{sliced}    replicaAllocation: spread\n"),
+            "resources[0].replicaAllocation: unknown value \"spread\": one of distributed, packed",
+        ),
+        (
+            format!("{ENTRY}    replicaAllocation: packed\n"),
+            "resources[0].replicaAllocation: needs sharing",
+        ),
+        (
+            format!("{ENTRY}{sliced}    mpsRoot: /run/mps\n"),
+            "resources[0].mpsRoot: needs sharing.mps",
+        ),
+        (
+            format!("{ENTRY}{mps}    mpsRoot: run/mps\n"),
+            "resources[0].mpsRoot: \"run/mps\" is not an absolute path",
+        ),
+        (
+            format!("{ENTRY}    enabled: false\n{sliced}"),
+            "resources[0].sharing: set on an entry with enabled: false",
+        ),
+        (
+            format!(
+                "{ENTRY}    sharing:\n      timeSlicing:\n        resources:\n          - {{name: nvidia.com/gpu, replicas: 2, devices: [0]}}\n"
+            ),
+            "devices must be \"all\"",
+        ),
+        (
+            format!("{ENTRY}    sharing:\n      timeslicing: {{}}\n"),
+            "unknown field `timeslicing`",
+        ),
+    ] {
+        let got = err(&text);
+        assert!(got.contains(want), "{text}\n got: {got}\nwant: {want}");
+        assert!(got.starts_with("/etc/fumarole/dp.yaml"), "{got}");
     }
 }

@@ -16,7 +16,8 @@
 //!     "nvlinks": [{"remotePciBusId": "00000000:D2:00.0", "remote": "switch", "up": true}],
 //!     "lost": false, "retiredPagesPending": false,
 //!     "rowRemapPending": false, "rowRemapFailed": false,
-//!     "computeCapability": {"major": 9, "minor": 0}, "migCapable": true
+//!     "computeCapability": {"major": 9, "minor": 0}, "migCapable": true,
+//!     "memoryBytes": 85520809984
 //!   }],
 //!   "events": [{"id": 1, "gpu": 3, "xid": 79}, {"id": 2, "gpu": 3, "type": "dbe"}],
 //!   "hang": ["nvmlEventSetWait_v2"],
@@ -96,6 +97,9 @@ struct Gpu {
     /// `true`: `nvmlDeviceGetMigMode` answers (MIG disabled); otherwise NotSupported.
     #[serde(default)]
     mig_capable: Option<bool>,
+    /// Absent: `nvmlDeviceGetMemoryInfo_v2` answers NotSupported.
+    #[serde(default)]
+    memory_bytes: Option<u64>,
 }
 
 #[derive(Clone, Copy, Debug, Deserialize)]
@@ -345,6 +349,38 @@ pub unsafe extern "C" fn nvmlDeviceGetCudaComputeCapability(
                 // SAFETY: the caller passes a writable out-parameter (checked non-null).
                 unsafe { *major = cc.major };
                 out!(minor, cc.minor)
+            }
+            None => nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED,
+        },
+        Err(code) => code,
+    }
+}
+
+/// `nvmlDeviceGetMemoryInfo_v2`: the GPU's memory, all of it free.
+///
+/// # Safety
+/// `memory` is a writable `nvmlMemory_v2_t`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
+    device: nvmlDevice_t,
+    memory: *mut nvmlMemory_v2_t,
+) -> nvmlReturn_t {
+    check!("nvmlDeviceGetMemoryInfo_v2");
+    match gpu(device) {
+        Ok((_, g)) => match g.memory_bytes {
+            Some(total) => {
+                if memory.is_null() {
+                    return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
+                }
+                // SAFETY: the caller passes a writable struct (checked non-null); its version
+                // field is the caller's and is kept.
+                unsafe {
+                    (*memory).total = total;
+                    (*memory).reserved = 0;
+                    (*memory).free = total;
+                    (*memory).used = 0;
+                }
+                nvmlReturn_enum_NVML_SUCCESS
             }
             None => nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED,
         },

@@ -1,0 +1,287 @@
+//! One GPU shared among containers through the device plugin (issue 39), against the kubelet's
+//! own device-plugin client (`kubelet-dm`): the agent, standalone on the dgx-h100 fixture with
+//! the NVML stand-in (health through the real FFI), its GPUs shared as NVIDIA's `sharing`
+//! configuration says.
+//!
+//! - Time-slicing: every GPU advertised as its replicas (`<uuid>::<n>`), `GetPreferredAllocation`
+//!   packing them (`replicaAllocation: packed`), a container of replicas seeing each GPU once,
+//!   and a fault on one GPU taking all its replicas out (and back).
+//! - MPS: the client's env and mounts point at NVIDIA's control daemon with its part of the
+//!   GPU's memory and SMs; `failRequestsGreaterThanOne` refuses a second replica; the
+//!   replicas renamed `nvidia.com/gpu.shared`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use fumarole_e2e::standin::{StandIn, nvidia_root};
+use fumarole_e2e::{AgentBuilder, KubeletDm};
+use serde_json::{Value, json};
+
+const GPU: &str = "nvidia.com/gpu";
+
+/// The agent, standalone, its device plugins in `plugins` configured by `config`, NVML being
+/// the stand-in.
+fn agent(root: &Path, plugins: &Path, config: &Path, lib: &Path, nvml: &StandIn) -> AgentBuilder {
+    AgentBuilder::root(root)
+        .standalone()
+        .device_plugin_dir(plugins)
+        .path_flag("--device-plugin-config", config)
+        .nvml_standin(lib, &nvml.path)
+        .flag("--health-quiet-period", "1s")
+        .flag("--health-poll-interval", "300ms")
+}
+
+fn ids(devices: &[Value]) -> Vec<String> {
+    devices
+        .iter()
+        .map(|d| d["ID"].as_str().unwrap().to_string())
+        .collect()
+}
+
+fn strings(v: &Value) -> Vec<String> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str().unwrap().to_string())
+        .collect()
+}
+
+/// The replica ids the kubelet sees for GPU `i` with `replicas` each, as NVIDIA names them.
+fn replicas_of(nvml: &StandIn, i: usize, replicas: u32) -> Vec<String> {
+    let uuid = nvml.state["gpus"][i]["uuid"].as_str().unwrap();
+    (0..replicas).map(|n| format!("{uuid}::{n}")).collect()
+}
+
+async fn preferred(
+    kdm: &KubeletDm,
+    resource: &str,
+    available: &[String],
+    size: i32,
+) -> Vec<String> {
+    let r = kdm
+        .preferred(
+            resource,
+            json!({"container_requests": [{"available_deviceIDs": available, "allocation_size": size}]}),
+        )
+        .await
+        .unwrap();
+    strings(&r["container_responses"][0]["deviceIDs"])
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn time_sliced_replicas_reach_the_kubelet_pack_and_follow_their_gpus_health() {
+    let dir = tempfile::tempdir().unwrap();
+    let (root, lib, mut nvml) = nvidia_root(dir.path()).unwrap();
+    let config = dir.path().join("device-plugins.yaml");
+    std::fs::write(
+        &config,
+        "resources:\n  - match: {vendor: nvidia}\n    replicaAllocation: packed\n    sharing:\n      timeSlicing:\n        resources:\n          - name: nvidia.com/gpu\n            replicas: 4\n",
+    )
+    .unwrap();
+    let plugins = dir.path().join("device-plugins");
+    let logs = dir.path().join("logs");
+    std::fs::create_dir_all(&plugins).unwrap();
+    let kdm = KubeletDm::start(&plugins, &logs).await.unwrap();
+    let _agent = agent(&root, &plugins, &config, &lib, &nvml)
+        .spawn(&logs)
+        .unwrap();
+
+    // 8 GPUs, 4 replicas each, under the GPUs' own uuids, all healthy.
+    let devices = kdm
+        .wait_devices(GPU, Duration::from_secs(60), |d| {
+            d.len() == 32 && d.iter().all(|x| x["health"] == "Healthy")
+        })
+        .await
+        .unwrap();
+    let all = ids(&devices);
+    let want: Vec<String> = (0..8).flat_map(|i| replicas_of(&nvml, i, 4)).collect();
+    assert_eq!(all, want);
+    // Every replica carries its GPU's NUMA node.
+    let gpu5 = replicas_of(&nvml, 5, 4);
+    let numa: Vec<&Value> = devices
+        .iter()
+        .filter(|d| gpu5.contains(&d["ID"].as_str().unwrap().to_string()))
+        .map(|d| &d["topology"])
+        .collect();
+    assert_eq!(numa.len(), 4);
+    assert!(numa.iter().all(|t| *t == numa[0]), "{numa:?}");
+
+    // Packed: two replicas of one GPU; then the shared GPU again, not a fresh one.
+    let gpu0 = replicas_of(&nvml, 0, 4);
+    assert_eq!(preferred(&kdm, GPU, &all, 2).await, gpu0[..2]);
+    let rest: Vec<String> = all
+        .iter()
+        .filter(|id| !gpu0[..2].contains(id))
+        .cloned()
+        .collect();
+    assert_eq!(preferred(&kdm, GPU, &rest, 1).await, gpu0[2..3]);
+
+    // A container of two replicas of GPU 0 sees GPU 0 once.
+    let alloc = kdm
+        .allocate(
+            GPU,
+            json!({"container_requests": [{"devices_ids": [gpu0[0], gpu0[1]]}]}),
+        )
+        .await
+        .unwrap();
+    let c = &alloc["container_responses"][0];
+    let uuid0 = nvml.state["gpus"][0]["uuid"].as_str().unwrap();
+    assert_eq!(c["envs"], json!({"NVIDIA_VISIBLE_DEVICES": uuid0}));
+    let nodes: Vec<&str> = c["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["host_path"].as_str().unwrap())
+        .filter(|p| p.starts_with("/dev/nvidia") && p[11..].parse::<u32>().is_ok())
+        .collect();
+    assert_eq!(nodes, ["/dev/nvidia0"]);
+    // An id that is not a replica of this resource is refused by name.
+    let bad = kdm
+        .allocate(
+            GPU,
+            json!({"container_requests": [{"devices_ids": [uuid0]}]}),
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        bad.contains("InvalidArgument") && bad.contains("unknown device id") && bad.contains(uuid0),
+        "{bad}"
+    );
+
+    // XID 79 on GPU 3, which falls off the bus: all four of its replicas go, no other.
+    let gpu3 = replicas_of(&nvml, 3, 4);
+    let t = nvml.event(json!({"gpu": 3, "xid": 79}));
+    nvml.edit(|s| s["gpus"][3]["lost"] = json!(true));
+    let after = kdm
+        .wait_devices(GPU, Duration::from_secs(20), |d| {
+            d.iter().filter(|x| x["health"] == "Unhealthy").count() == 4
+        })
+        .await
+        .unwrap();
+    let unhealthy: Vec<String> = ids(&after)
+        .into_iter()
+        .zip(&after)
+        .filter(|(_, d)| d["health"] == "Unhealthy")
+        .map(|(id, _)| id)
+        .collect();
+    assert_eq!(unhealthy, gpu3);
+    println!(
+        "XID 79: GPU 3's 4 replicas unhealthy after {:?}",
+        t.elapsed()
+    );
+    // Back on the bus: all 32 healthy again after the quiet period.
+    let t = Instant::now();
+    nvml.edit(|s| s["gpus"][3]["lost"] = json!(false));
+    kdm.wait_devices(GPU, Duration::from_secs(30), |d| {
+        d.len() == 32 && d.iter().all(|x| x["health"] == "Healthy")
+    })
+    .await
+    .unwrap();
+    println!(
+        "recovered: GPU 3's replicas healthy after {:?}",
+        t.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn mps_clients_get_the_daemons_pipe_and_their_part_of_the_gpu() {
+    const SHARED: &str = "nvidia.com/gpu.shared";
+    let dir = tempfile::tempdir().unwrap();
+    let (root, lib, nvml) = nvidia_root(dir.path()).unwrap();
+    let config = dir.path().join("device-plugins.yaml");
+    std::fs::write(
+        &config,
+        "resources:\n  - match: {vendor: nvidia}\n    mpsRoot: /run/example/mps\n    sharing:\n      mps:\n        renameByDefault: true\n        resources:\n          - {name: nvidia.com/gpu, replicas: 4}\n",
+    )
+    .unwrap();
+    let plugins = dir.path().join("device-plugins");
+    let logs = dir.path().join("logs");
+    std::fs::create_dir_all(&plugins).unwrap();
+    let kdm = KubeletDm::start(&plugins, &logs).await.unwrap();
+    let _agent = agent(&root, &plugins, &config, &lib, &nvml)
+        .spawn(&logs)
+        .unwrap();
+    let all = ids(&kdm
+        .wait_devices(SHARED, Duration::from_secs(60), |d| d.len() == 32)
+        .await
+        .unwrap());
+    // Distributed (the default): two containers' single replicas land on two GPUs.
+    let first = preferred(&kdm, SHARED, &all, 1).await;
+    let rest: Vec<String> = all.iter().filter(|id| **id != first[0]).cloned().collect();
+    let second = preferred(&kdm, SHARED, &rest, 1).await;
+    assert_ne!(
+        first[0].split("::").next(),
+        second[0].split("::").next(),
+        "{first:?} {second:?}"
+    );
+
+    let gpu6 = replicas_of(&nvml, 6, 4);
+    let alloc = kdm
+        .allocate(
+            SHARED,
+            json!({"container_requests": [{"devices_ids": [gpu6[2]]}]}),
+        )
+        .await
+        .unwrap();
+    let c = &alloc["container_responses"][0];
+    // What the stand-in's nvmlDeviceGetMemoryInfo_v2 answers: 81,559 MiB, a quarter each.
+    let memory_mib = nvml.state["gpus"][6]["memoryBytes"].as_u64().unwrap() >> 20;
+    assert_eq!(memory_mib, 81_559);
+    let limit = format!("0={}M", memory_mib / 4);
+    assert_eq!(
+        c["envs"],
+        json!({
+            "NVIDIA_VISIBLE_DEVICES": nvml.state["gpus"][6]["uuid"],
+            "CUDA_MPS_PIPE_DIRECTORY": "/mps/nvidia.com/gpu.shared/pipe",
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": limit,
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25",
+        })
+    );
+    let mounts: Vec<(&str, &str)> = c["mounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            (
+                m["host_path"].as_str().unwrap(),
+                m["container_path"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        mounts,
+        [
+            (
+                "/run/example/mps/nvidia.com/gpu.shared/pipe",
+                "/mps/nvidia.com/gpu.shared/pipe"
+            ),
+            ("/run/example/mps/shm", "/dev/shm"),
+        ]
+    );
+    // MPS leaves failRequestsGreaterThanOne at true: a second replica is refused, in NVIDIA's
+    // words, on both calls.
+    for refused in [
+        kdm.allocate(
+            SHARED,
+            json!({"container_requests": [{"devices_ids": [gpu6[0], gpu6[1]]}]}),
+        )
+        .await,
+        kdm.preferred(
+            SHARED,
+            json!({"container_requests": [{"available_deviceIDs": all, "allocation_size": 2}]}),
+        )
+        .await,
+    ] {
+        let e = refused.unwrap_err().to_string();
+        assert!(
+            e.contains("maximum request size for shared resources is 1; found 2"),
+            "{e}"
+        );
+    }
+    // Every GPU went to the shared resource: nvidia.com/gpu is not served.
+    let state = kdm.state().await.unwrap();
+    assert!(state["devices"][GPU].is_null(), "{state}");
+}
