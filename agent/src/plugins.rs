@@ -151,7 +151,7 @@ async fn follow_health(
             .resource()
             .devices
             .iter()
-            .map(|d| now.is_healthy(&d.id))
+            .map(|d| now.is_healthy(d.health_id()))
             .collect();
         devices.send_if_modified(|current| {
             if *current == healthy {

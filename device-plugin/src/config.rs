@@ -84,6 +84,13 @@
 //!   (from the GPUs that gave the most, keeping the others free).
 //! - `mpsRoot`: with `sharing.mps`, the host directory of NVIDIA's MPS control daemon
 //!   (default `/run/nvidia/mps`, its chart's `mps.root`).
+//! - `migLayout`: the MIG devices each matched GPU should have, by profile
+//!   (`["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]`, in any order). A profile the GPU's MIG
+//!   table lacks, or a layout that does not fit in the GPU, is an error at start; a GPU whose
+//!   MIG devices (as NVML reports them) differ from it is logged as a warning and served as NVML
+//!   reports it. A GPU in MIG mode is served as its MIG devices, each under
+//!   `nvidia.com/mig-<profile>` (NVIDIA's mixed strategy), whatever the entry says of
+//!   `migLayout`; its entry may not set `servedBy`, `sharing` or `resourceName`.
 //! - `enabled: false`: serve no plugin for the matched devices (takes no other setting).
 //!
 //! Unknown keys are errors. Every error names the file, the entry (`resources[N]`) and the key.
@@ -130,6 +137,9 @@ pub struct ResourceRule {
     pub dra_shares: Option<u32>,
     /// NVIDIA's `sharing` block, resolved: each device advertised as replicas.
     pub sharing: Option<Sharing>,
+    /// The MIG devices each matched GPU should have, by profile (`migLayout`): checked
+    /// against the GPU's MIG table at start and compared with what NVML reports.
+    pub mig_layout: Option<Vec<String>>,
 }
 
 /// A device-plugin resource whose devices are advertised as replicas (an entry's `sharing`:
@@ -365,6 +375,7 @@ impl ResourceRule {
             && self.shared_device_nodes == other.shared_device_nodes
             && self.cdi == other.cdi
             && self.sharing == other.sharing
+            && self.mig_layout == other.mig_layout
     }
 
     /// The device's own nodes from the `deviceNodes` templates, if set.
@@ -473,6 +484,7 @@ struct RawRule {
     sharing: Option<SharingConfig>,
     replica_allocation: Option<String>,
     mps_root: Option<String>,
+    mig_layout: Option<Vec<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -545,6 +557,7 @@ impl RawRule {
                 ("sharing", self.sharing.is_some()),
                 ("replicaAllocation", self.replica_allocation.is_some()),
                 ("mpsRoot", self.mps_root.is_some()),
+                ("migLayout", self.mig_layout.is_some()),
             ];
             if let Some((field, _)) = others.iter().find(|(_, set)| *set) {
                 return Err(invalid(
@@ -616,6 +629,7 @@ impl RawRule {
             served_by,
             dra_shares: self.dra_shares,
             sharing,
+            mig_layout: self.mig_layout,
         })
     }
 

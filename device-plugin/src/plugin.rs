@@ -187,9 +187,14 @@ impl DevicePluginService {
         let must = r
             .positions(&req.must_include_device_i_ds)
             .map_err(|e| invalid(e.to_string()))?;
-        let avoid = match self.scheduler_choice(req, k).await {
-            Choice::Scheduler(ids) => return Ok(ids),
-            Choice::Select { avoid } => avoid,
+        // MIG devices: no scheduler choice to wait for either; `select` over their GPUs' links.
+        let avoid = if r.placed_by_scheduler() {
+            match self.scheduler_choice(req, k).await {
+                Choice::Scheduler(ids) => return Ok(ids),
+                Choice::Select { avoid } => avoid,
+            }
+        } else {
+            BTreeSet::new()
         };
         // Keep off the devices chosen for the other waiting pods when enough others are free.
         let spare: Vec<usize> = free
@@ -379,8 +384,8 @@ impl DevicePlugin for DevicePluginService {
             )));
         }
         // What the scheduler chose is recorded for whole devices only; it does not place
-        // replicas yet.
-        if r.sharing.is_none() {
+        // replicas or MIG devices yet.
+        if r.placed_by_scheduler() {
             for c in &requests.container_requests {
                 self.allocated(&c.devices_ids);
             }

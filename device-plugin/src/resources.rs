@@ -12,7 +12,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-use fumarole_topology::share::{replica_id, replica_of};
+use fumarole_topology::share::{Ask, Catalogue, DeviceUse, Offer, replica_id, replica_of};
 use fumarole_topology::{Device, Health, NodeTopology, Vendor};
 
 use crate::api;
@@ -43,6 +43,15 @@ pub struct PluginDevice {
     pub dra_shares: Option<u32>,
     /// Device memory, when discovery knows it (NVML): MPS clients get a part of it.
     pub memory_bytes: Option<u64>,
+    /// For a MIG device, the id of its GPU, whose health it has.
+    pub parent: Option<String>,
+}
+
+impl PluginDevice {
+    /// The id whose health is this device's: its GPU's for a MIG device.
+    pub fn health_id(&self) -> &str {
+        self.parent.as_deref().unwrap_or(&self.id)
+    }
 }
 
 /// One extended resource and its devices.
@@ -61,6 +70,14 @@ pub struct Resource {
     pub env_value: EnvValue,
     /// Each device advertised as replicas (time-slicing or MPS), `None`: whole devices.
     pub sharing: Option<Sharing>,
+}
+
+impl Resource {
+    /// Whether the scheduler's device choices name this resource's devices: whole devices
+    /// only, not replicas or MIG devices, which it does not place yet (issue 39).
+    pub fn placed_by_scheduler(&self) -> bool {
+        self.sharing.is_none() && self.devices.iter().all(|d| d.parent.is_none())
+    }
 }
 
 /// Why a request cannot be answered; becomes gRPC `InvalidArgument`.
@@ -172,24 +189,33 @@ pub fn resources_with(
                 message,
             })?;
         }
+        if let Some((i, r)) = rule
+            && let Some(layout) = &r.mig_layout
+        {
+            let mismatch = check_mig_layout(d, layout).map_err(|message| ConfigError::Invalid {
+                file: config.file(),
+                entry: i,
+                field: "migLayout".into(),
+                message,
+            })?;
+            if let Some(m) = mismatch {
+                tracing::warn!(device = %d.id, entry = i, "{m}: serving what NVML reports");
+            }
+        }
+        if let Some((i, r)) = rule
+            && !d.mig.is_empty()
+        {
+            check_mig(d, r).map_err(|(field, message)| ConfigError::Invalid {
+                file: config.file(),
+                entry: i,
+                field: field.into(),
+                message,
+            })?;
+        }
         let origin = match rule {
             Some((i, _)) => format!("resources[{i}]"),
             None => format!("the {} defaults", d.vendor.as_str()),
         };
-        let candidate = new_resource(d, rule.map(|(_, r)| r), cdi, &exists);
-        let (r, first_origin) = by_name
-            .entry(candidate.name.clone())
-            .or_insert_with(|| (candidate.clone(), origin.clone()));
-        if !same_settings(r, &candidate) {
-            return Err(ConfigError::Conflict {
-                file: config.file(),
-                resource: candidate.name,
-                message: format!(
-                    "device {} ({origin}) would join devices of {first_origin} with other settings (env, envValue, sharedDeviceNodes, cdi or sharing); give it another resourceName or the same settings",
-                    d.id
-                ),
-            });
-        }
         let configured = rule.and_then(|(_, r)| r.device_nodes_for(d));
         let healthy = d.health == Health::Healthy
             && configured
@@ -200,7 +226,7 @@ pub fn resources_with(
             None if d.dev_nodes.is_empty() => primary_node(d.vendor, d.index).into_iter().collect(),
             None => d.dev_nodes.clone(),
         };
-        r.devices.push(PluginDevice {
+        let whole = PluginDevice {
             id: d.id.clone(),
             index: d.index,
             position,
@@ -212,7 +238,47 @@ pub fn resources_with(
             served_by: rule.map_or(ServedBy::DevicePlugin, |(_, r)| r.served_by),
             dra_shares: rule.and_then(|(_, r)| r.dra_shares),
             memory_bytes: d.memory_bytes,
-        });
+            parent: None,
+        };
+        // A GPU in MIG mode is served as its MIG devices, each under `nvidia.com/mig-<profile>`
+        // (NVIDIA's mixed strategy), with the GPU's place, nodes and health.
+        let served: Vec<(Option<String>, PluginDevice)> = if d.mig.is_empty() {
+            vec![(None, whole)]
+        } else {
+            d.mig
+                .iter()
+                .map(|m| {
+                    let device = PluginDevice {
+                        id: m.uuid.clone(),
+                        uuid: Some(m.uuid.clone()),
+                        memory_bytes: m.memory_bytes,
+                        parent: Some(d.id.clone()),
+                        ..whole.clone()
+                    };
+                    (Some(mig_resource(&m.profile)), device)
+                })
+                .collect()
+        };
+        for (name, device) in served {
+            let mut candidate = new_resource(d, rule.map(|(_, r)| r), cdi, &exists);
+            if let Some(name) = name {
+                candidate.name = name;
+            }
+            let (r, first_origin) = by_name
+                .entry(candidate.name.clone())
+                .or_insert_with(|| (candidate.clone(), origin.clone()));
+            if !same_settings(r, &candidate) {
+                return Err(ConfigError::Conflict {
+                    file: config.file(),
+                    resource: candidate.name,
+                    message: format!(
+                        "device {} ({origin}) would join devices of {first_origin} with other settings (env, envValue, sharedDeviceNodes, cdi or sharing); give it another resourceName or the same settings",
+                        d.id
+                    ),
+                });
+            }
+            r.devices.push(device);
+        }
     }
     for (i, used) in used.iter().enumerate() {
         if !used {
@@ -267,6 +333,77 @@ fn new_resource(
         name,
         sharing,
     }
+}
+
+/// The resource NVIDIA's mixed strategy serves a MIG profile as: `nvidia.com/mig-1g.10gb`, and
+/// `nvidia.com/mig-1g.10gb.me` for `1g.10gb+me`.
+pub fn mig_resource(profile: &str) -> String {
+    format!("nvidia.com/mig-{}", profile.replace('+', "."))
+}
+
+/// Why the entry `rule` cannot serve the MIG devices of `d`: they are device-plugin resources
+/// named by their profile, not shared further; (the key at fault, why).
+fn check_mig(d: &Device, rule: &ResourceRule) -> Result<(), (&'static str, String)> {
+    let why = |key: &'static str| {
+        Err((
+            key,
+            format!(
+                "matches GPU {}, which is in MIG mode: its MIG devices are served by the device plugin as nvidia.com/mig-<profile> (NVIDIA's mixed strategy), which takes no {key}",
+                d.id
+            ),
+        ))
+    };
+    if rule.served_by != ServedBy::DevicePlugin {
+        return why("servedBy");
+    }
+    if rule.sharing.is_some() {
+        return why("sharing");
+    }
+    if rule.resource_name.is_some() {
+        return why("resourceName");
+    }
+    Ok(())
+}
+
+/// `layout` (an entry's `migLayout`) against GPU `d`: an error when a profile is not one of
+/// the GPU's or the layout does not fit in it (its MIG table's slices and counts); else how
+/// the MIG devices NVML reports differ from it, if they do.
+fn check_mig_layout(d: &Device, layout: &[String]) -> Result<Option<String>, String> {
+    let catalogue = (d.vendor == Vendor::Nvidia)
+        .then(|| Catalogue::for_model(&d.model))
+        .flatten();
+    let Some(catalogue) = catalogue else {
+        return Err(format!(
+            "matches device {} ({}), which has no MIG profiles fumarole knows",
+            d.id, d.model
+        ));
+    };
+    let mut gpu = DeviceUse::new(Offer::Partitioned(catalogue));
+    for name in layout {
+        let Some(profile) = catalogue.profile(name) else {
+            let known: Vec<&str> = catalogue.profiles.iter().map(|p| p.name).collect();
+            return Err(format!(
+                "{name} is not a MIG profile of {} ({}): one of {}",
+                d.id,
+                d.model,
+                known.join(", ")
+            ));
+        };
+        gpu.take(Ask::Partitions { profile, count: 1 })
+            .map_err(|e| format!("does not fit in {} ({}): {e}", d.id, d.model))?;
+    }
+    let mut want: Vec<&str> = layout.iter().map(String::as_str).collect();
+    let mut have: Vec<&str> = d.mig.iter().map(|m| m.profile.as_str()).collect();
+    want.sort_unstable();
+    have.sort_unstable();
+    Ok((want != have).then(|| {
+        format!(
+            "GPU {}: migLayout says [{}], NVML reports [{}]",
+            d.id,
+            want.join(", "),
+            have.join(", ")
+        )
+    }))
 }
 
 /// Why `d` cannot be shared as `sharing` says: only NVIDIA GPUs are (NVIDIA's configuration),
@@ -599,6 +736,7 @@ mod tests {
             uuid: (vendor == Vendor::Nvidia).then(|| id.to_string()),
             serial: None,
             memory_bytes: None,
+            mig: Vec::new(),
         }
     }
 
@@ -1109,5 +1247,110 @@ resources:
             .to_string();
         assert!(e.contains("resource nvidia.com/gpu: device GPU-b"), "{e}");
         assert!(e.contains("sharing"), "{e}");
+    }
+
+    /// The node's first NVIDIA GPU an H100 in MIG mode with `profiles`.
+    fn mig_node(profiles: &[&str]) -> (NodeTopology, tempfile::TempDir) {
+        let (mut t, root) = node();
+        t.devices[0].model = "NVIDIA H100 80GB HBM3".into();
+        t.devices[0].mig = profiles
+            .iter()
+            .enumerate()
+            .map(|(i, p)| fumarole_topology::MigInstance {
+                uuid: format!("MIG-{i}"),
+                profile: p.to_string(),
+                memory_bytes: None,
+            })
+            .collect();
+        (t, root)
+    }
+
+    #[test]
+    fn a_gpu_in_mig_mode_is_served_as_its_mig_devices() {
+        let (t, root) = mig_node(&["3g.40gb", "1g.10gb", "1g.10gb+me"]);
+        let rs = resources_with(&t, root.path(), false, &Config::default()).unwrap();
+        let ids = |name: &str| -> Vec<String> {
+            by_name(&rs, name)
+                .devices
+                .iter()
+                .map(|d| d.id.clone())
+                .collect()
+        };
+        assert_eq!(ids("nvidia.com/mig-3g.40gb"), ["MIG-0"]);
+        assert_eq!(ids("nvidia.com/mig-1g.10gb"), ["MIG-1"]);
+        assert_eq!(ids("nvidia.com/mig-1g.10gb.me"), ["MIG-2"]);
+        // The GPU itself is not offered whole; the other GPU is.
+        assert_eq!(ids("nvidia.com/gpu"), ["GPU-b"]);
+        let mig = &by_name(&rs, "nvidia.com/mig-1g.10gb");
+        assert!(!mig.placed_by_scheduler());
+        assert!(by_name(&rs, "nvidia.com/gpu").placed_by_scheduler());
+        let d = &mig.devices[0];
+        // The GPU's health, place and nodes; the MIG uuid in the container.
+        assert_eq!(d.health_id(), "GPU-a");
+        assert_eq!((d.position, d.numa_node), (0, Some(0)));
+        let c = mig.allocate(&["MIG-1".to_string()]).unwrap();
+        assert_eq!(c.envs["NVIDIA_VISIBLE_DEVICES"], "MIG-1");
+        assert_eq!(paths(&c)[0], "/dev/nvidia0");
+        // An entry for the GPU that would serve it otherwise is refused, naming the key.
+        for (entry, key) in [
+            ("    servedBy: dra\n", "servedBy"),
+            ("    resourceName: example.com/gpu\n", "resourceName"),
+            (TIME_SLICED, "sharing"),
+        ] {
+            let c = config(&format!(
+                "resources:\n  - match: {{vendor: nvidia}}\n{entry}"
+            ));
+            let e = resources_with(&t, root.path(), false, &c)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains(&format!(
+                    "resources[0].{key}: matches GPU GPU-a, which is in MIG mode"
+                )),
+                "{e}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_mig_layout_is_checked_against_the_table_and_compared_with_nvml() {
+        let h100 = |profiles: &[&str]| mig_node(profiles).0.devices[0].clone();
+        let layout = |l: &[&str]| l.iter().map(|p| p.to_string()).collect::<Vec<_>>();
+        let want = layout(&["3g.40gb", "1g.10gb", "1g.10gb"]);
+        assert_eq!(
+            check_mig_layout(&h100(&["1g.10gb", "3g.40gb", "1g.10gb"]), &want),
+            Ok(None)
+        );
+        assert_eq!(
+            check_mig_layout(&h100(&["3g.40gb", "2g.20gb"]), &want),
+            Ok(Some(
+                "GPU GPU-a: migLayout says [1g.10gb, 1g.10gb, 3g.40gb], NVML reports [2g.20gb, 3g.40gb]"
+                    .into()
+            ))
+        );
+        let e = check_mig_layout(&h100(&[]), &layout(&["2g.15gb"])).unwrap_err();
+        assert!(
+            e.starts_with(
+                "2g.15gb is not a MIG profile of GPU-a (NVIDIA H100 80GB HBM3): one of 1g.10gb"
+            ),
+            "{e}"
+        );
+        let e = check_mig_layout(&h100(&[]), &layout(&["7g.80gb", "1g.10gb"])).unwrap_err();
+        assert!(e.starts_with("does not fit in GPU-a"), "{e}");
+        // Not an NVIDIA GPU with a MIG table.
+        let (t, _root) = node();
+        let e = check_mig_layout(&t.devices[2], &layout(&["1g.10gb"])).unwrap_err();
+        assert!(e.contains("no MIG profiles fumarole knows"), "{e}");
+        // At start: an error names the file, the entry and the key.
+        let (t, root) = mig_node(&["3g.40gb"]);
+        let c =
+            config("resources:\n  - match: {vendor: nvidia}\n    migLayout: [4g.40gb, 4g.40gb]\n");
+        let e = resources_with(&t, root.path(), false, &c)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("resources[0].migLayout: does not fit in GPU-a"),
+            "{e}"
+        );
     }
 }

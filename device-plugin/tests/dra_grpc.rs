@@ -55,6 +55,7 @@ fn dra_node() -> (DraNode, tempfile::TempDir) {
         uuid: Some(format!("GPU-{index}")),
         serial: None,
         memory_bytes: None,
+        mig: Vec::new(),
     };
     let mut npu = gpu(0);
     npu.id = "Ascend910-0".into();

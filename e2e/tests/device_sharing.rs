@@ -285,3 +285,112 @@ async fn mps_clients_get_the_daemons_pipe_and_their_part_of_the_gpu() {
     let state = kdm.state().await.unwrap();
     assert!(state["devices"][GPU].is_null(), "{state}");
 }
+
+/// A MIG device as the stand-in NVML reports it.
+fn mig(uuid: &str, profile: &str, gib: u64) -> Value {
+    json!({"uuid": uuid, "name": format!("NVIDIA H100 80GB HBM3 MIG {profile}"),
+           "memoryBytes": gib << 30})
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn mig_devices_from_nvml_are_served_by_profile_with_their_gpus_health() {
+    let dir = tempfile::tempdir().unwrap();
+    let (root, lib, mut nvml) = nvidia_root(dir.path()).unwrap();
+    // GPU 0 split as the configured layout; GPU 1 as one whole-GPU instance (not as configured).
+    nvml.edit(|s| {
+        s["gpus"][0]["migDevices"] = json!([
+            mig("MIG-0a", "3g.40gb", 40),
+            mig("MIG-0b", "2g.20gb", 20),
+            mig("MIG-0c", "1g.10gb", 10),
+            mig("MIG-0d", "1g.10gb", 10),
+        ]);
+        s["gpus"][1]["migDevices"] = json!([mig("MIG-1a", "7g.80gb", 80)]);
+    });
+    let config = dir.path().join("device-plugins.yaml");
+    std::fs::write(
+        &config,
+        "resources:\n  - match: {vendor: nvidia, model: \"NVIDIA H100*\"}\n    migLayout: [3g.40gb, 2g.20gb, 1g.10gb, 1g.10gb]\n",
+    )
+    .unwrap();
+    let plugins = dir.path().join("device-plugins");
+    let logs = dir.path().join("logs");
+    std::fs::create_dir_all(&plugins).unwrap();
+    let kdm = KubeletDm::start(&plugins, &logs).await.unwrap();
+    let agent = agent(&root, &plugins, &config, &lib, &nvml)
+        .spawn(&logs)
+        .unwrap();
+
+    // Each profile is a resource of its MIG devices; the 6 other GPUs stay nvidia.com/gpu.
+    for (resource, want) in [
+        ("nvidia.com/mig-3g.40gb", vec!["MIG-0a"]),
+        ("nvidia.com/mig-2g.20gb", vec!["MIG-0b"]),
+        ("nvidia.com/mig-1g.10gb", vec!["MIG-0c", "MIG-0d"]),
+        ("nvidia.com/mig-7g.80gb", vec!["MIG-1a"]),
+    ] {
+        let devices = kdm
+            .wait_devices(resource, Duration::from_secs(60), |d| {
+                d.len() == want.len() && d.iter().all(|x| x["health"] == "Healthy")
+            })
+            .await
+            .unwrap();
+        assert_eq!(ids(&devices), want, "{resource}");
+    }
+    let whole = kdm
+        .wait_devices(GPU, Duration::from_secs(10), |d| d.len() == 6)
+        .await
+        .unwrap();
+    let gpu0 = nvml.state["gpus"][0]["uuid"].as_str().unwrap().to_string();
+    assert!(!ids(&whole).contains(&gpu0));
+
+    // A container of one 1g.10gb device sees that MIG device, on its GPU's node.
+    let alloc = kdm
+        .allocate(
+            "nvidia.com/mig-1g.10gb",
+            json!({"container_requests": [{"devices_ids": ["MIG-0d"]}]}),
+        )
+        .await
+        .unwrap();
+    let c = &alloc["container_responses"][0];
+    assert_eq!(c["envs"], json!({"NVIDIA_VISIBLE_DEVICES": "MIG-0d"}));
+    assert_eq!(c["devices"][0]["host_path"], "/dev/nvidia0");
+
+    // The configured layout against what NVML reports: GPU 1 differs, said once in the log.
+    let said = agent.log_tail(400);
+    assert!(
+        said.contains(
+            "migLayout says [1g.10gb, 1g.10gb, 2g.20gb, 3g.40gb], NVML reports [7g.80gb]"
+        ),
+        "{said}"
+    );
+    assert!(
+        !said.contains(&format!("GPU {gpu0}: migLayout says")),
+        "{said}"
+    );
+
+    // GPU 0 lost: its four MIG devices go unhealthy, GPU 1's stays healthy.
+    let t = nvml.event(json!({"gpu": 0, "xid": 79}));
+    nvml.edit(|s| s["gpus"][0]["lost"] = json!(true));
+    kdm.wait_devices("nvidia.com/mig-1g.10gb", Duration::from_secs(20), |d| {
+        d.iter().all(|x| x["health"] == "Unhealthy")
+    })
+    .await
+    .unwrap();
+    for resource in ["nvidia.com/mig-3g.40gb", "nvidia.com/mig-2g.20gb"] {
+        kdm.wait_devices(resource, Duration::from_secs(5), |d| {
+            d.iter().all(|x| x["health"] == "Unhealthy")
+        })
+        .await
+        .unwrap();
+    }
+    let mig7 = kdm
+        .wait_devices("nvidia.com/mig-7g.80gb", Duration::from_secs(5), |d| {
+            d.len() == 1
+        })
+        .await
+        .unwrap();
+    assert_eq!(mig7[0]["health"], "Healthy");
+    println!(
+        "XID 79 on GPU 0: its 4 MIG devices unhealthy after {:?}",
+        t.elapsed()
+    );
+}

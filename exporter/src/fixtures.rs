@@ -663,6 +663,7 @@ impl Fixture {
                             // Hopper; H100 SXM supports MIG.
                             compute_capability: Some(ComputeCapability { major: 9, minor: 0 }),
                             mig_capable: Some(true),
+                            mig: Vec::new(),
                         });
                     }
                 }

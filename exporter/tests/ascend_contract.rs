@@ -145,6 +145,7 @@ fn npus(model: &str, n: u32) -> NodeTopology {
             uuid: None,
             serial: None,
             memory_bytes: None,
+            mig: Vec::new(),
         })
         .collect();
     NodeTopology {

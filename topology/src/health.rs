@@ -278,6 +278,7 @@ mod tests {
             uuid: None,
             serial: None,
             memory_bytes: None,
+            mig: Vec::new(),
         };
         NodeTopology {
             hostname: "n".into(),

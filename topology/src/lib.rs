@@ -35,7 +35,7 @@ pub use cpuset::{CpuSet, CpuSetError};
 pub use health::{Fault, FaultKind, LinkFault, NodeHealth};
 pub use link::{Link, LinkClass, LinkMatrix, LinkMatrixError, pcie_class};
 pub use model::{
-    Device, DeviceKind, Health, NodeTopology, NumaNode, Package, PciId, ProcessingUnit, Summary,
-    SuperNode, SuperNodeSource, TopologyError, Vendor,
+    Device, DeviceKind, Health, MigInstance, NodeTopology, NumaNode, Package, PciId,
+    ProcessingUnit, Summary, SuperNode, SuperNodeSource, TopologyError, Vendor,
 };
 pub use select::{Method, SelectContext, SelectError, Selection, select};

@@ -183,6 +183,21 @@ pub struct Device {
     /// Device memory in bytes, when the vendor library reports it (NVML).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_bytes: Option<u64>,
+    /// The MIG instances NVML reports on this GPU (MIG mode enabled); empty otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mig: Vec<MigInstance>,
+}
+
+/// One MIG device of a GPU (a GPU instance's compute instance), as NVML reports it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MigInstance {
+    /// `MIG-<uuid>`: what `NVIDIA_VISIBLE_DEVICES` names it by.
+    pub uuid: String,
+    /// The MIG profile (`1g.10gb`, `3g.40gb`, `1g.10gb+me`).
+    pub profile: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_bytes: Option<u64>,
 }
 
 impl Device {
@@ -399,6 +414,7 @@ pub(crate) mod tests {
             uuid: Some(format!("GPU-{i}")),
             serial: None,
             memory_bytes: None,
+            mig: Vec::new(),
         }
     }
 

@@ -33,6 +33,7 @@ fn device(vendor: Vendor, pci: (u16, u16), index: u32, model: &str) -> Device {
         uuid: None,
         serial: None,
         memory_bytes: None,
+        mig: Vec::new(),
     }
 }
 

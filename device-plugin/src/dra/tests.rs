@@ -57,6 +57,7 @@ fn device(vendor: Vendor, pci_vendor: u16, index: u32, id: &str, nodes: &[&str])
         uuid: (vendor == Vendor::Nvidia).then(|| format!("GPU-uuid-{index}")),
         serial: None,
         memory_bytes: None,
+        mig: Vec::new(),
     }
 }
 

@@ -283,6 +283,7 @@ fn build_devices(
                 uuid,
                 serial: gpu.and_then(|g| g.serial.clone()),
                 memory_bytes: gpu.and_then(|g| g.memory_bytes),
+                mig: gpu.map(|g| g.mig.clone()).unwrap_or_default(),
             });
         }
     }

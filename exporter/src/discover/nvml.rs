@@ -9,6 +9,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use fumarole_topology::MigInstance;
 use serde::{Deserialize, Serialize};
 
 /// Everything discovery asks NVML, per GPU.
@@ -51,6 +52,9 @@ pub struct NvmlGpu {
     /// NotSupported (`Some(false)`); `None` when the call failed otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mig_capable: Option<bool>,
+    /// With MIG mode enabled, its MIG devices (`nvmlDeviceGetMigDeviceHandleByIndex`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mig: Vec<MigInstance>,
 }
 
 /// CUDA compute capability, e.g. 9.0 for Hopper.
@@ -245,6 +249,7 @@ pub fn read_report(nvml: &nvml_wrapper::Nvml) -> Result<NvmlReport, NvmlError> {
                 Err(nvml_wrapper::error::NvmlError::NotSupported) => Some(false),
                 Err(_) => None,
             },
+            mig: mig_instances(&dev),
         });
     }
     Ok(NvmlReport {
@@ -252,6 +257,46 @@ pub fn read_report(nvml: &nvml_wrapper::Nvml) -> Result<NvmlReport, NvmlError> {
         cuda_driver_version: nvml.sys_cuda_driver_version().ok(),
         gpus,
     })
+}
+
+/// NVML's MIG mode value for "enabled".
+const MIG_ENABLED: u32 = 1;
+
+/// The MIG devices of a GPU whose MIG mode is enabled, each with its profile read from its
+/// name (`NVIDIA H100 80GB HBM3 MIG 1g.10gb`); none when MIG is off or not supported. A slot
+/// without a MIG device answers NotFound; a device whose name carries no profile is skipped
+/// with a warning.
+fn mig_instances(dev: &nvml_wrapper::Device<'_>) -> Vec<MigInstance> {
+    if dev.mig_mode().ok().map(|m| m.current) != Some(MIG_ENABLED) {
+        return Vec::new();
+    }
+    let slots = dev.mig_device_count().unwrap_or(0);
+    let mut out = Vec::new();
+    for slot in 0..slots {
+        let Ok(mig) = dev.mig_device_by_index(slot) else {
+            continue;
+        };
+        let (Ok(uuid), Ok(name)) = (mig.uuid(), mig.name()) else {
+            continue;
+        };
+        let Some(profile) = mig_profile(&name) else {
+            tracing::warn!(mig = %uuid, name = %name, "MIG device whose name names no profile: not served");
+            continue;
+        };
+        out.push(MigInstance {
+            uuid,
+            profile: profile.to_string(),
+            memory_bytes: mig.memory_info().ok().map(|m| m.total),
+        });
+    }
+    out
+}
+
+/// The MIG profile at the end of a MIG device's NVML name (`... MIG 3g.40gb` -> `3g.40gb`).
+pub fn mig_profile(name: &str) -> Option<&str> {
+    let (_, profile) = name.rsplit_once(" MIG ")?;
+    let profile = profile.trim();
+    (!profile.is_empty() && !profile.contains(' ')).then_some(profile)
 }
 
 /// `nvmlDeviceGetNvLinkRemoteDeviceType`, called directly: nvml-wrapper 0.13's wrapper reads

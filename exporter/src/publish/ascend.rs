@@ -358,6 +358,7 @@ mod tests {
                 uuid: None,
                 serial: None,
                 memory_bytes: None,
+                mig: Vec::new(),
             })
             .collect();
         NodeTopology {

@@ -210,6 +210,7 @@ mod tests {
             uuid: Some(format!("GPU-{i}")),
             serial: None,
             memory_bytes: Some(81_559 << 20),
+            mig: Vec::new(),
         }
     }
 

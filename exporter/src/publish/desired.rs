@@ -169,6 +169,7 @@ mod tests {
             uuid: None,
             serial: None,
             memory_bytes: Some(80 << 30),
+            mig: Vec::new(),
         }
     }
 

@@ -181,6 +181,7 @@ mod tests {
                     uuid: None,
                     serial: None,
                     memory_bytes: None,
+                    mig: Vec::new(),
                 }
             })
             .collect();

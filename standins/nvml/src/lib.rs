@@ -17,7 +17,9 @@
 //!     "lost": false, "retiredPagesPending": false,
 //!     "rowRemapPending": false, "rowRemapFailed": false,
 //!     "computeCapability": {"major": 9, "minor": 0}, "migCapable": true,
-//!     "memoryBytes": 85520809984
+//!     "memoryBytes": 85520809984,
+//!     "migDevices": [{"uuid": "MIG-...", "name": "NVIDIA H100 80GB HBM3 MIG 3g.40gb",
+//!                     "memoryBytes": 42949672960}]
 //!   }],
 //!   "events": [{"id": 1, "gpu": 3, "xid": 79}, {"id": 2, "gpu": 3, "type": "dbe"}],
 //!   "hang": ["nvmlEventSetWait_v2"],
@@ -26,7 +28,10 @@
 //! }
 //! ```
 //!
-//! - `lost`: every call about that GPU answers `NVML_ERROR_GPU_IS_LOST`.
+//! - `lost`: every call about that GPU (and its MIG devices) answers `NVML_ERROR_GPU_IS_LOST`.
+//! - `migDevices`: with `migCapable`, MIG mode is enabled and these are the GPU's MIG devices,
+//!   in slots 0.. of `nvmlDeviceGetMigDeviceHandleByIndex` (7 slots); their handles answer
+//!   `nvmlDeviceGetUUID`, `nvmlDeviceGetName` and `nvmlDeviceGetMemoryInfo_v2`.
 //! - `events`: delivered once each, in `id` order, by `nvmlEventSetWait_v2` to the event sets
 //!   that registered the GPU for the event's type (`xid`: a critical XID with that value;
 //!   `"type": "dbe"`: a double-bit ECC error).
@@ -98,6 +103,20 @@ struct Gpu {
     #[serde(default)]
     mig_capable: Option<bool>,
     /// Absent: `nvmlDeviceGetMemoryInfo_v2` answers NotSupported.
+    #[serde(default)]
+    memory_bytes: Option<u64>,
+    /// The GPU's MIG devices; any (with `migCapable`) means MIG mode is enabled.
+    #[serde(default)]
+    mig_devices: Vec<MigDevice>,
+}
+
+/// One MIG device: its uuid (`MIG-...`), its NVML name (`NVIDIA H100 80GB HBM3 MIG 1g.10gb`)
+/// and memory.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct MigDevice {
+    uuid: String,
+    name: String,
     #[serde(default)]
     memory_bytes: Option<u64>,
 }
@@ -192,6 +211,30 @@ fn garbage(call: &str) -> bool {
 
 fn handle(index: usize) -> nvmlDevice_t {
     std::ptr::without_provenance_mut(index + 1)
+}
+
+/// A MIG device's handle: its GPU's, plus its slot above [`MIG_HANDLE_STRIDE`].
+const MIG_HANDLE_STRIDE: usize = 1 << 16;
+
+/// MIG device slots per GPU (`nvmlDeviceGetMaxMigDeviceCount`; 7 on A100 and H100).
+const MIG_SLOTS: c_uint = 7;
+
+fn mig_handle(gpu: usize, slot: usize) -> nvmlDevice_t {
+    std::ptr::without_provenance_mut(gpu + 1 + (slot + 1) * MIG_HANDLE_STRIDE)
+}
+
+/// What a handle names: a GPU, or one of its MIG devices (unless the GPU is lost).
+fn device_of(device: nvmlDevice_t) -> Result<(Gpu, Option<MigDevice>), nvmlReturn_t> {
+    let addr = device.addr();
+    let (gpu_handle, slot) = (addr % MIG_HANDLE_STRIDE, addr / MIG_HANDLE_STRIDE);
+    let (_, g) = gpu(std::ptr::without_provenance_mut(gpu_handle))?;
+    if slot == 0 {
+        return Ok((g, None));
+    }
+    match g.mig_devices.get(slot - 1).cloned() {
+        Some(m) => Ok((g, Some(m))),
+        None => Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT),
+    }
 }
 
 /// The GPU a handle names, unless it is lost: `Err` is the code to return.
@@ -366,8 +409,8 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     memory: *mut nvmlMemory_v2_t,
 ) -> nvmlReturn_t {
     check!("nvmlDeviceGetMemoryInfo_v2");
-    match gpu(device) {
-        Ok((_, g)) => match g.memory_bytes {
+    match device_of(device) {
+        Ok((g, mig)) => match mig.map_or(g.memory_bytes, |m| m.memory_bytes) {
             Some(total) => {
                 if memory.is_null() {
                     return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
@@ -388,7 +431,53 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
     }
 }
 
-/// `nvmlDeviceGetMigMode`: MIG disabled on a capable GPU, NotSupported on others.
+/// `nvmlDeviceGetMaxMigDeviceCount`: 7 slots on a GPU in MIG mode, NotSupported on others.
+///
+/// # Safety
+/// `count` is a writable out-parameter.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMaxMigDeviceCount(
+    device: nvmlDevice_t,
+    count: *mut c_uint,
+) -> nvmlReturn_t {
+    check!("nvmlDeviceGetMaxMigDeviceCount");
+    match gpu(device) {
+        Ok((_, g)) if g.mig_capable == Some(true) => out!(count, MIG_SLOTS),
+        Ok(_) => nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED,
+        Err(code) => code,
+    }
+}
+
+/// `nvmlDeviceGetMigDeviceHandleByIndex`: the MIG device in slot `index`, NotFound for an
+/// empty slot.
+///
+/// # Safety
+/// `mig` is a writable out-parameter.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
+    device: nvmlDevice_t,
+    index: c_uint,
+    mig: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
+    check!("nvmlDeviceGetMigDeviceHandleByIndex");
+    match gpu(device) {
+        Ok((i, g)) if g.mig_capable == Some(true) && !g.mig_devices.is_empty() => {
+            let slot = usize::try_from(index).unwrap_or(usize::MAX);
+            if index >= MIG_SLOTS {
+                return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
+            }
+            if slot >= g.mig_devices.len() {
+                return nvmlReturn_enum_NVML_ERROR_NOT_FOUND;
+            }
+            out!(mig, mig_handle(i, slot))
+        }
+        Ok(_) => nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED,
+        Err(code) => code,
+    }
+}
+
+/// `nvmlDeviceGetMigMode`: on a capable GPU, enabled when it has MIG devices, else disabled;
+/// NotSupported on others.
 ///
 /// # Safety
 /// `current` and `pending` are writable out-parameters.
@@ -404,9 +493,10 @@ pub unsafe extern "C" fn nvmlDeviceGetMigMode(
             if current.is_null() {
                 return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
             }
+            let mode = c_uint::from(!g.mig_devices.is_empty());
             // SAFETY: the caller passes a writable out-parameter (checked non-null).
-            unsafe { *current = 0 };
-            out!(pending, 0)
+            unsafe { *current = mode };
+            out!(pending, mode)
         }
         Ok(_) => nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED,
         Err(code) => code,
@@ -484,9 +574,11 @@ pub unsafe extern "C" fn nvmlDeviceGetUUID(
     length: c_uint,
 ) -> nvmlReturn_t {
     check!("nvmlDeviceGetUUID");
-    match gpu(device) {
+    match device_of(device) {
         // SAFETY: forwarded from the caller's contract.
-        Ok((_, g)) => unsafe { copy_str(uuid, length, &g.uuid) },
+        Ok((_, Some(m))) => unsafe { copy_str(uuid, length, &m.uuid) },
+        // SAFETY: forwarded from the caller's contract.
+        Ok((g, None)) => unsafe { copy_str(uuid, length, &g.uuid) },
         Err(code) => code,
     }
 }
@@ -502,9 +594,11 @@ pub unsafe extern "C" fn nvmlDeviceGetName(
     length: c_uint,
 ) -> nvmlReturn_t {
     check!("nvmlDeviceGetName");
-    match gpu(device) {
+    match device_of(device) {
         // SAFETY: forwarded from the caller's contract.
-        Ok((_, g)) => unsafe { copy_str(name, length, &g.name) },
+        Ok((_, Some(m))) => unsafe { copy_str(name, length, &m.name) },
+        // SAFETY: forwarded from the caller's contract.
+        Ok((g, None)) => unsafe { copy_str(name, length, &g.name) },
         Err(code) => code,
     }
 }
