@@ -417,6 +417,20 @@ mod tests {
     }
 
     #[test]
+    fn a_mig_devices_profile_is_the_end_of_its_name() {
+        assert_eq!(
+            mig_profile("NVIDIA H100 80GB HBM3 MIG 3g.40gb"),
+            Some("3g.40gb")
+        );
+        assert_eq!(
+            mig_profile("NVIDIA A100-SXM4-40GB MIG 1g.5gb+me"),
+            Some("1g.5gb+me")
+        );
+        assert_eq!(mig_profile("NVIDIA H100 80GB HBM3"), None);
+        assert_eq!(mig_profile("NVIDIA H100 MIG "), None);
+    }
+
+    #[test]
     fn normalises_nvml_bus_ids() {
         assert_eq!(normalize_bus_id("00000000:1B:00.0"), "0000:1b:00.0");
         assert_eq!(normalize_bus_id("0000:1b:00.0"), "0000:1b:00.0");
