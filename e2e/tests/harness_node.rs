@@ -4,7 +4,7 @@
 //! and `Allocate` answer are the agent's; pods get disjoint devices, a deleted pod's devices
 //! come back, an oversized pod is refused with the kubelet's reason; the topology manager's
 //! `single-numa-node` policy decides; the checkpoint carries allocations over a kubelet
-//! restart; two harness nodes share one cluster.
+//! restart; two harness nodes share one cluster; time-sliced replicas let two pods share a GPU.
 
 // Test code: helpers outside #[test] fns may unwrap and panic too.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -493,4 +493,53 @@ async fn the_schedulers_device_choice_is_what_the_kubelet_allocates() {
         log.contains("cannot give the scheduler's devices") && log.contains("is not available"),
         "{log}"
     );
+}
+
+/// NVIDIA time-slicing through the kubelet's own device manager: with 2 replicas per GPU
+/// (`replicaAllocation: packed`) the Node offers 16 `nvidia.com/gpu`; three one-replica pods
+/// bound to it are admitted, the first two on one GPU (each seeing it in
+/// `NVIDIA_VISIBLE_DEVICES`), the third on the next.
+#[tokio::test(flavor = "multi_thread")]
+async fn time_sliced_replicas_let_two_pods_share_one_gpu() {
+    let cluster = TestCluster::start().await.unwrap();
+    cluster
+        .create_node(&NodeSpec::new("node-s").capacity("cpu", "224"))
+        .await
+        .unwrap();
+    let node = cluster.start_harness_node("node-s").await.unwrap();
+    let config = cluster.root().join("sharing.yaml");
+    std::fs::write(
+        &config,
+        "resources:\n  - match: {vendor: nvidia}\n    replicaAllocation: packed\n    sharing:\n      timeSlicing:\n        resources:\n          - {name: nvidia.com/gpu, replicas: 2}\n",
+    )
+    .unwrap();
+    start_agent(
+        &cluster,
+        &node,
+        "dgx-h100",
+        &["--device-plugin-config", config.to_str().unwrap()],
+    );
+    let nodes: Api<Node> = Api::all(cluster.client());
+    wait_node_devices(&nodes, "node-s", GPU, "16").await;
+
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let mut seen = Vec::new();
+    for name in ["s1", "s2", "s3"] {
+        let created = pods
+            .create(&PostParams::default(), &pod(name, "node-s", GPU, 1))
+            .await
+            .unwrap();
+        let rec = node.wait_decided(&created, T).await.unwrap();
+        assert!(rec.admitted, "{rec:#?}");
+        let c = rec.container("main").unwrap();
+        let replica = c.devices[GPU].clone();
+        assert_eq!(replica.len(), 1, "{replica:?}");
+        let gpu = replica[0].split("::").next().unwrap().to_string();
+        let visible = &c.options.as_ref().unwrap().envs["NVIDIA_VISIBLE_DEVICES"];
+        assert_eq!(*visible, gpu, "{name} sees its replica's GPU");
+        seen.push((replica[0].clone(), gpu));
+    }
+    assert_ne!(seen[0].0, seen[1].0, "two pods, two replicas");
+    assert_eq!(seen[0].1, seen[1].1, "packed: the first two share one GPU");
+    assert_ne!(seen[2].1, seen[0].1, "the third starts the next GPU");
 }
