@@ -375,7 +375,6 @@ impl ResourceRule {
             && self.shared_device_nodes == other.shared_device_nodes
             && self.cdi == other.cdi
             && self.sharing == other.sharing
-            && self.mig_layout == other.mig_layout
     }
 
     /// The device's own nodes from the `deviceNodes` templates, if set.

@@ -72,14 +72,6 @@ pub struct Resource {
     pub sharing: Option<Sharing>,
 }
 
-impl Resource {
-    /// Whether the scheduler's device choices name this resource's devices: whole devices
-    /// only, not replicas or MIG devices, which it does not place yet (issue 39).
-    pub fn placed_by_scheduler(&self) -> bool {
-        self.sharing.is_none() && self.devices.iter().all(|d| d.parent.is_none())
-    }
-}
-
 /// Why a request cannot be answered; becomes gRPC `InvalidArgument`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RequestError {
@@ -462,6 +454,12 @@ fn same_settings(a: &Resource, b: &Resource) -> bool {
 }
 
 impl Resource {
+    /// Whether the scheduler's device choices name this resource's devices: whole devices
+    /// only, not replicas or MIG devices, which it does not place yet (issue 39).
+    pub fn placed_by_scheduler(&self) -> bool {
+        self.sharing.is_none() && self.devices.iter().all(|d| d.parent.is_none())
+    }
+
     /// Socket file name in the device-plugin directory: `fumarole-<resource>.sock` with `/`
     /// replaced (`fumarole-nvidia.com_gpu.sock`).
     pub fn socket_name(&self) -> String {

@@ -354,7 +354,8 @@ fn check(pod: &Pod, node: &str, record: &PodRecord, findings: &mut Findings) -> 
 
 /// Pushes `target` pods through `scheduler` (already started, with the extension) over
 /// `harness`, checking each as its node admits it and deleting it then (a unit's pods once all
-/// are checked), until all are checked or refused; `diagnostics` is printed if the run stalls past `deadline`.
+/// are checked), until all are checked or refused; `diagnostics` is printed if the run stalls
+/// past `deadline`.
 pub async fn run(
     cluster: &TestCluster,
     harness: &[HarnessNode],

@@ -99,7 +99,8 @@ struct Gpu {
     /// Absent: `nvmlDeviceGetCudaComputeCapability` answers NotSupported.
     #[serde(default)]
     compute_capability: Option<ComputeCapability>,
-    /// `true`: `nvmlDeviceGetMigMode` answers (MIG disabled); otherwise NotSupported.
+    /// `true`: `nvmlDeviceGetMigMode` answers (MIG enabled when `mig_devices` has any, else
+    /// disabled); otherwise NotSupported.
     #[serde(default)]
     mig_capable: Option<bool>,
     /// Absent: `nvmlDeviceGetMemoryInfo_v2` answers NotSupported.
