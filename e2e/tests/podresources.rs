@@ -2,7 +2,8 @@
 //! `kubelet-dm --pod-resources-socket` serves `k8s.io/kubernetes/pkg/kubelet/apis/podresources`
 //! (the kubelet's own `List`, gRPC registration and rate limiter), with pods set over its JSON
 //! API. The Numatopology, DeviceTopology and NodeResourceTopology follow what it reports, and
-//! when it dies the agent falls back to the CPU manager checkpoint.
+//! when it dies the agent falls back to the CPU manager checkpoint. A GPU's replicas held by
+//! pods are listed, holder by holder, under the GPU in `DeviceTopology`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -290,4 +291,74 @@ async fn exporter_follows_the_kubelets_podresources_server() {
         "{log}"
     );
     cluster.check_processes().unwrap();
+}
+
+/// Shares of a GPU held through the kubelet (replicas `<uuid>::<n>`, as a device plugin with
+/// time-slicing or MPS allocates them) are listed under their GPU in `DeviceTopology`, holder by
+/// holder, and counted in `fumarole_device_shares_allocated`; the GPU has no whole-device
+/// holder.
+#[tokio::test(flavor = "multi_thread")]
+async fn device_topology_lists_the_holders_of_a_gpus_replicas() {
+    let cluster = TestCluster::start().await.unwrap();
+    cluster.install_fumarole_crds().await.unwrap();
+    cluster
+        .create_node(&NodeSpec::new(NODE).capacity("cpu", "224"))
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let kdm = cluster
+        .start_kubelet_dm_with_pod_resources(
+            &dir.path().join("device-plugins"),
+            &dir.path().join("pod-resources/kubelet.sock"),
+        )
+        .await
+        .unwrap();
+    let socket = kdm.pod_resources_socket().unwrap().to_path_buf();
+    let pod = |name: &str, replica: u32| {
+        json!({
+            "name": name, "namespace": "serve", "uid": format!("uid-{name}"),
+            "containers": [{"name": "main", "cpu_ids": [], "devices": [
+                {"resource_name": GPU, "device_ids": [format!("{}::{replica}", gpu(0))]}
+            ]}]
+        })
+    };
+    kdm.set_pod_resources(json!([pod("infer-a", 0), pod("infer-b", 3)]))
+        .await
+        .unwrap();
+    let port = free_port().unwrap();
+    AgentBuilder::fixture("dgx-h100")
+        .node(NODE)
+        .pod_resources_socket(&socket)
+        .flag("--recheck-interval", "1s")
+        .metrics_on_port(port)
+        .start_in(&cluster)
+        .unwrap();
+    let dt = wait_for(
+        "DeviceTopology with GPU 0's two replicas held",
+        &device_topologies(cluster.client()),
+        |o| {
+            o.data["status"]["devices"][gpu(0)]["shares"]
+                .as_array()
+                .is_some_and(|s| s.len() == 2)
+        },
+    )
+    .await;
+    assert_eq!(
+        dt.data["status"]["devices"][gpu(0)]["shares"],
+        json!([
+            {"share": format!("{}::0", gpu(0)), "namespace": "serve", "pod": "infer-a", "container": "main"},
+            {"share": format!("{}::3", gpu(0)), "namespace": "serve", "pod": "infer-b", "container": "main"},
+        ])
+    );
+    assert_eq!(allocation(&dt, &gpu(0)), Value::Null);
+    assert!(dt.data["status"]["devices"][gpu(1)]["shares"].is_null());
+    eventually("the shares metric", Duration::from_secs(30), || async {
+        let text = fumarole_e2e::cluster::http_get(port, "/metrics").await?;
+        Ok(text
+            .lines()
+            .any(|l| l == "fumarole_device_shares_allocated 2")
+            .then_some(()))
+    })
+    .await
+    .unwrap();
 }

@@ -215,6 +215,7 @@ fn topology(i: usize) -> DeviceTopology {
                         health: "Healthy".into(),
                         reason: None,
                         allocation,
+                        shares: Vec::new(),
                     },
                 )
             })

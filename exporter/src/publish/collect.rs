@@ -98,10 +98,12 @@ impl NodeCollector {
                 .values()
                 .filter(|d| d.allocation.is_some())
                 .count();
+            let shares = status.devices.values().map(|d| d.shares.len()).sum();
             self.metrics.devices(
                 healthy,
                 status.devices.len().saturating_sub(healthy),
                 allocated,
+                shares,
             );
         }
         desired

@@ -229,6 +229,37 @@ mod tests {
         }
     }
 
+    /// Shares held through PodResources (a replica `<id>::<n>`, a MIG device) are listed under
+    /// their device in `DeviceTopology`; whole devices keep `allocation`; other ids are ignored.
+    #[test]
+    fn device_topology_lists_who_holds_each_share() {
+        let mut t = topology();
+        t.devices[0].mig = vec![fumarole_topology::MigInstance {
+            uuid: "MIG-7".into(),
+            profile: "1g.10gb".into(),
+            memory_bytes: None,
+        }];
+        let alloc = allocations(
+            AllocationSource::PodResources,
+            &["GPU-0::1", "MIG-7", "Ascend910-0", "nope::0", "GPU-0::x"],
+        );
+        let (_, status) = objects::device_topology(&t, &alloc, &NodeHealth::default());
+        let gpu = &status.devices["GPU-0"];
+        assert!(gpu.allocation.is_none());
+        let shares: Vec<(&str, &str, &str)> = gpu
+            .shares
+            .iter()
+            .map(|s| (s.share.as_str(), s.pod.as_str(), s.container.as_str()))
+            .collect();
+        assert_eq!(shares, [("GPU-0::1", "p", "c"), ("MIG-7", "p", "c")]);
+        assert!(status.devices["Ascend910-0"].allocation.is_some());
+        assert!(status.devices["Ascend910-0"].shares.is_empty());
+        // The CPU manager's state alone names no device holder: nothing is shown.
+        let cpu_state = allocations(AllocationSource::CpuManagerState, &["GPU-0::1"]);
+        let (_, status) = objects::device_topology(&t, &cpu_state, &NodeHealth::default());
+        assert!(status.devices["GPU-0"].shares.is_empty());
+    }
+
     /// A snapshot with every field set to something that changes the objects.
     fn snapshot() -> NodeSnapshot {
         let mut health = NodeHealth::default();

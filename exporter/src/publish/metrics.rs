@@ -11,6 +11,7 @@
 //! | `fumarole_last_publish_success_timestamp_seconds` | gauge | end of the last round with every write done |
 //! | `fumarole_devices{health}` | gauge | accelerators on the node by health (`healthy`, `unhealthy`) as last discovered |
 //! | `fumarole_devices_allocated` | gauge | accelerators the kubelet has given to a container |
+//! | `fumarole_device_shares_allocated` | gauge | shares of accelerators (time-sliced or MPS replicas, MIG devices) the kubelet has given to containers |
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -38,6 +39,7 @@ pub struct Metrics {
     last_success: Gauge<f64, AtomicU64>,
     devices: Family<Labels, Gauge>,
     devices_allocated: Gauge,
+    device_shares_allocated: Gauge,
     /// Unix seconds of the last loop round, for `/healthz`.
     last_tick: AtomicU64,
     /// A round older than this makes `/healthz` fail.
@@ -65,6 +67,7 @@ impl Metrics {
             last_success: Gauge::default(),
             devices: Family::default(),
             devices_allocated: Gauge::default(),
+            device_shares_allocated: Gauge::default(),
             last_tick: AtomicU64::new(now()),
             stale_after: recheck * 3 + Duration::from_secs(30),
             registry: Registry::default(),
@@ -100,6 +103,11 @@ impl Metrics {
             "Accelerators the kubelet has given to a container",
             m.devices_allocated.clone(),
         );
+        registry.register(
+            "device_shares_allocated",
+            "Shares of accelerators (replicas, MIG devices) the kubelet has given to containers",
+            m.device_shares_allocated.clone(),
+        );
         let theirs = more(&mut registry);
         (Arc::new(Metrics { registry, ..m }), theirs)
     }
@@ -130,8 +138,9 @@ impl Metrics {
             .inc();
     }
 
-    /// The node's accelerators as last discovered: how many are healthy, unhealthy, allocated.
-    pub fn devices(&self, healthy: usize, unhealthy: usize, allocated: usize) {
+    /// The node's accelerators as last discovered: how many are healthy, unhealthy, allocated
+    /// whole, and how many of their shares (replicas, MIG devices) containers hold.
+    pub fn devices(&self, healthy: usize, unhealthy: usize, allocated: usize, shares: usize) {
         let gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
         for (health, n) in [("healthy", healthy), ("unhealthy", unhealthy)] {
             self.devices
@@ -139,6 +148,7 @@ impl Metrics {
                 .set(gauge(n));
         }
         self.devices_allocated.set(gauge(allocated));
+        self.device_shares_allocated.set(gauge(shares));
     }
 
     pub fn success(&self) {

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use fumarole_topology::crd::device_topology::DeviceAllocation;
+use fumarole_topology::crd::device_topology::{DeviceAllocation, ShareAllocation};
 use fumarole_topology::crd::node_resource_topology::{Attribute, CostInfo, ResourceInfo, Zone};
 use fumarole_topology::crd::numatopology::{
     ContainerAllocation, CpuInfo, PodAllocation, ResourceInfoNuma,
@@ -11,6 +11,7 @@ use fumarole_topology::crd::numatopology::{
 use fumarole_topology::crd::{
     DeviceTopologySpec, DeviceTopologyStatus, NodeResourceTopology, NumatopologySpec,
 };
+use fumarole_topology::share::replica_of;
 use fumarole_topology::{CpuSet, Health, NodeHealth, NodeTopology, pod_fingerprint};
 
 use crate::discover::memory::{ZoneMemory, hugepages_resource};
@@ -130,6 +131,46 @@ pub fn device_allocations(
     out
 }
 
+/// Who holds the node's device shares, by device id: the ids the kubelet gave a container
+/// (PodResources) that are a device's replicas (`<id>::<n>`) or MIG devices (`MIG-<uuid>`),
+/// in the kubelet's order. Whole devices are [`device_allocations`]'.
+pub fn share_allocations(
+    t: &NodeTopology,
+    alloc: &Allocations,
+) -> BTreeMap<String, Vec<ShareAllocation>> {
+    let mut out: BTreeMap<String, Vec<ShareAllocation>> = BTreeMap::new();
+    if alloc.source != AllocationSource::PodResources {
+        return out;
+    }
+    let ours: BTreeSet<&str> = t.devices.iter().map(|d| d.id.as_str()).collect();
+    let mig: BTreeMap<&str, &str> = t
+        .devices
+        .iter()
+        .flat_map(|d| d.mig.iter().map(|m| (m.uuid.as_str(), d.id.as_str())))
+        .collect();
+    for p in &alloc.pods {
+        for c in &p.containers {
+            for id in c.devices.values().flatten() {
+                let device = replica_of(id)
+                    .map(|(device, _)| device)
+                    .filter(|device| ours.contains(device))
+                    .or_else(|| mig.get(id.as_str()).copied());
+                if let Some(device) = device {
+                    out.entry(device.to_string())
+                        .or_default()
+                        .push(ShareAllocation {
+                            share: id.clone(),
+                            namespace: p.namespace.clone(),
+                            pod: p.name.clone(),
+                            container: c.name.clone(),
+                        });
+                }
+            }
+        }
+    }
+    out
+}
+
 /// `DeviceTopology` spec and status. `t` is the topology `health` was applied to
 /// (`NodeTopology::with_health`: unhealthy devices, lowered links); `health` gives each
 /// device's reason.
@@ -140,7 +181,8 @@ pub fn device_topology(
 ) -> (DeviceTopologySpec, DeviceTopologyStatus) {
     (
         DeviceTopologySpec::from_topology(t),
-        DeviceTopologyStatus::with_health(t, &device_allocations(t, alloc), health),
+        DeviceTopologyStatus::with_health(t, &device_allocations(t, alloc), health)
+            .with_shares(share_allocations(t, alloc)),
     )
 }
 

@@ -219,12 +219,27 @@ pub struct DeviceStatus {
     pub reason: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allocation: Option<DeviceAllocation>,
+    /// The device's shares held by containers (time-sliced or MPS replicas, MIG devices),
+    /// each named by the id the kubelet allocated; absent when none is held.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shares: Vec<ShareAllocation>,
 }
 
 /// The container a device is allocated to.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct DeviceAllocation {
+    pub namespace: String,
+    pub pod: String,
+    pub container: String,
+}
+
+/// One share of a device and the container holding it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ShareAllocation {
+    /// The id the kubelet allocated: `<uuid>::<n>` for a replica, `MIG-<uuid>` for a MIG device.
+    pub share: String,
     pub namespace: String,
     pub pod: String,
     pub container: String,
@@ -288,6 +303,14 @@ impl DeviceTopologySpec {
 }
 
 impl DeviceTopologyStatus {
+    /// Each device's held shares from `shares` (by device id); other devices keep none.
+    pub fn with_shares(mut self, mut shares: BTreeMap<String, Vec<ShareAllocation>>) -> Self {
+        for (id, status) in &mut self.devices {
+            status.shares = shares.remove(id).unwrap_or_default();
+        }
+        self
+    }
+
     /// Status from each device's health and the allocations known for it (by device id).
     pub fn new(t: &NodeTopology, allocations: &BTreeMap<String, DeviceAllocation>) -> Self {
         Self::with_health(t, allocations, &NodeHealth::default())
@@ -314,6 +337,7 @@ impl DeviceTopologyStatus {
                     health: camel(&d.health),
                     reason,
                     allocation: allocations.get(&d.id).cloned(),
+                    shares: Vec::new(),
                 };
                 (d.id.clone(), status)
             })

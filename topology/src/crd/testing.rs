@@ -62,6 +62,7 @@ pub fn nvlink_node(
                         health: "Healthy".into(),
                         reason: None,
                         allocation,
+                        shares: Vec::new(),
                     },
                 )
             })
