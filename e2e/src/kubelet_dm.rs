@@ -217,6 +217,32 @@ impl KubeletDm {
         .await
     }
 
+    /// `GetPreferredAllocation` for one container asking `size` of `available`: the ids the
+    /// plugin prefers.
+    pub async fn preferred_ids(
+        &self,
+        resource: &str,
+        available: &[String],
+        size: i32,
+    ) -> Result<Vec<String>> {
+        let r = self
+            .preferred(
+                resource,
+                json!({"container_requests": [{"available_deviceIDs": available, "allocation_size": size}]}),
+            )
+            .await?;
+        r["container_responses"][0]["deviceIDs"]
+            .as_array()
+            .ok_or_else(|| anyhow!("no deviceIDs in {r}"))?
+            .iter()
+            .map(|v| {
+                v.as_str()
+                    .map(str::to_string)
+                    .ok_or_else(|| anyhow!("a device id that is not a string in {r}"))
+            })
+            .collect()
+    }
+
     /// `Allocate`; `request` is an `AllocateRequest`.
     pub async fn allocate(&self, resource: &str, request: Value) -> Result<Value> {
         self.ok(

@@ -141,23 +141,6 @@ async fn node_events(cluster: &TestCluster, node: &str) -> Vec<String> {
         .collect()
 }
 
-/// `GetPreferredAllocation` for one container through the kubelet's client.
-async fn pick(kdm: &KubeletDm, resource: &str, available: &[String], size: i32) -> Vec<String> {
-    let r = kdm
-        .preferred(
-            resource,
-            json!({"container_requests": [{"available_deviceIDs": available, "allocation_size": size}]}),
-        )
-        .await
-        .unwrap();
-    r["container_responses"][0]["deviceIDs"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_str().unwrap().to_string())
-        .collect()
-}
-
 fn gpu_pod(name: &str, gpus: u32) -> Value {
     json!({
         "apiVersion": "v1", "kind": "Pod",
@@ -365,13 +348,9 @@ async fn nvidia_faults_reach_kubelet_devicetopology_and_extension_and_recover() 
     // An NVLink lane of GPU 5 goes down: its pairs drop from NV18 (280) to NV17 (270) in the
     // published spec, the device stays in use, and select stops pairing it first.
     assert_eq!(
-        pick(
-            &kdm,
-            GPU,
-            &[all[4].clone(), all[5].clone(), all[6].clone()],
-            2
-        )
-        .await,
+        kdm.preferred_ids(GPU, &[all[4].clone(), all[5].clone(), all[6].clone()], 2)
+            .await
+            .unwrap(),
         vec![all[4].clone(), all[5].clone()]
     );
     let t_lane = nvml.edit(|s| s["gpus"][5]["nvlinks"][4]["up"] = json!(false));
@@ -406,13 +385,9 @@ async fn nvidia_faults_reach_kubelet_devicetopology_and_extension_and_recover() 
         t_lane,
         Duration::from_secs(10),
         || async {
-            pick(
-                &kdm,
-                GPU,
-                &[all[4].clone(), all[5].clone(), all[6].clone()],
-                2,
-            )
-            .await
+            kdm.preferred_ids(GPU, &[all[4].clone(), all[5].clone(), all[6].clone()], 2)
+                .await
+                .unwrap()
                 == vec![all[4].clone(), all[6].clone()]
         },
     )
@@ -476,13 +451,9 @@ async fn nvidia_faults_reach_kubelet_devicetopology_and_extension_and_recover() 
     )
     .await;
     assert_eq!(
-        pick(
-            &kdm,
-            GPU,
-            &[all[4].clone(), all[5].clone(), all[6].clone()],
-            2
-        )
-        .await,
+        kdm.preferred_ids(GPU, &[all[4].clone(), all[5].clone(), all[6].clone()], 2)
+            .await
+            .unwrap(),
         vec![all[4].clone(), all[5].clone()]
     );
 }
@@ -518,7 +489,7 @@ async fn a_library_that_hangs_or_answers_garbage_never_delays_the_plugin() {
     nvml.edit(|s| s["hang"] = json!(["*"]));
     tokio::time::sleep(Duration::from_secs(2)).await;
     let t = Instant::now();
-    assert_eq!(pick(&kdm, GPU, &all, 2).await.len(), 2);
+    assert_eq!(kdm.preferred_ids(GPU, &all, 2).await.unwrap().len(), 2);
     let preferred = t.elapsed();
     let seq = last_seq(&kdm).await;
     let t = Instant::now();
@@ -551,7 +522,7 @@ async fn a_library_that_hangs_or_answers_garbage_never_delays_the_plugin() {
     });
     tokio::time::sleep(Duration::from_secs(2)).await;
     let t = Instant::now();
-    assert_eq!(pick(&kdm, GPU, &all, 4).await.len(), 4);
+    assert_eq!(kdm.preferred_ids(GPU, &all, 4).await.unwrap().len(), 4);
     assert!(t.elapsed() < Duration::from_secs(5));
     let st = kdm.state().await.unwrap();
     assert!(

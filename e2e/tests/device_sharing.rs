@@ -12,25 +12,51 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
+use fumarole_e2e::process::Proc;
 use fumarole_e2e::standin::{StandIn, nvidia_root};
 use fumarole_e2e::{AgentBuilder, KubeletDm};
 use serde_json::{Value, json};
 
 const GPU: &str = "nvidia.com/gpu";
 
-/// The agent, standalone, its device plugins in `plugins` configured by `config`, NVML being
-/// the stand-in.
-fn agent(root: &Path, plugins: &Path, config: &Path, lib: &Path, nvml: &StandIn) -> AgentBuilder {
-    AgentBuilder::root(root)
+/// What [`start`] started. Bind every field: the agent stops and the directory goes when
+/// theirs are dropped.
+struct Node {
+    kdm: KubeletDm,
+    agent: Proc,
+    nvml: StandIn,
+    _dir: tempfile::TempDir,
+}
+
+/// The agent, standalone on the dgx-h100 fixture with the NVML stand-in (its state as `edit`
+/// leaves it), its device plugins configured by `config`, serving `kubelet-dm`.
+async fn start(config: &str, edit: impl FnOnce(&mut Value)) -> Node {
+    let dir = tempfile::tempdir().unwrap();
+    let (root, lib, mut nvml) = nvidia_root(dir.path()).unwrap();
+    nvml.edit(edit);
+    let config_file = dir.path().join("device-plugins.yaml");
+    std::fs::write(&config_file, config).unwrap();
+    let plugins = dir.path().join("device-plugins");
+    let logs = dir.path().join("logs");
+    std::fs::create_dir_all(&plugins).unwrap();
+    let kdm = KubeletDm::start(&plugins, &logs).await.unwrap();
+    let agent = AgentBuilder::root(&root)
         .standalone()
-        .device_plugin_dir(plugins)
-        .path_flag("--device-plugin-config", config)
-        .nvml_standin(lib, &nvml.path)
+        .device_plugin_dir(&plugins)
+        .path_flag("--device-plugin-config", &config_file)
+        .nvml_standin(&lib, &nvml.path)
         .flag("--health-quiet-period", "1s")
         .flag("--health-poll-interval", "300ms")
+        .spawn(&logs)
+        .unwrap();
+    Node {
+        kdm,
+        agent,
+        nvml,
+        _dir: dir,
+    }
 }
 
 fn ids(devices: &[Value]) -> Vec<String> {
@@ -40,53 +66,24 @@ fn ids(devices: &[Value]) -> Vec<String> {
         .collect()
 }
 
-fn strings(v: &Value) -> Vec<String> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|s| s.as_str().unwrap().to_string())
-        .collect()
-}
-
 /// The replica ids the kubelet sees for GPU `i` with `replicas` each, as NVIDIA names them.
 fn replicas_of(nvml: &StandIn, i: usize, replicas: u32) -> Vec<String> {
     let uuid = nvml.state["gpus"][i]["uuid"].as_str().unwrap();
     (0..replicas).map(|n| format!("{uuid}::{n}")).collect()
 }
 
-async fn preferred(
-    kdm: &KubeletDm,
-    resource: &str,
-    available: &[String],
-    size: i32,
-) -> Vec<String> {
-    let r = kdm
-        .preferred(
-            resource,
-            json!({"container_requests": [{"available_deviceIDs": available, "allocation_size": size}]}),
-        )
-        .await
-        .unwrap();
-    strings(&r["container_responses"][0]["deviceIDs"])
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn time_sliced_replicas_reach_the_kubelet_pack_and_follow_their_gpus_health() {
-    let dir = tempfile::tempdir().unwrap();
-    let (root, lib, mut nvml) = nvidia_root(dir.path()).unwrap();
-    let config = dir.path().join("device-plugins.yaml");
-    std::fs::write(
-        &config,
+    let Node {
+        kdm,
+        agent: _agent,
+        mut nvml,
+        _dir,
+    } = start(
         "resources:\n  - match: {vendor: nvidia}\n    replicaAllocation: packed\n    sharing:\n      timeSlicing:\n        resources:\n          - name: nvidia.com/gpu\n            replicas: 4\n",
+        |_| {},
     )
-    .unwrap();
-    let plugins = dir.path().join("device-plugins");
-    let logs = dir.path().join("logs");
-    std::fs::create_dir_all(&plugins).unwrap();
-    let kdm = KubeletDm::start(&plugins, &logs).await.unwrap();
-    let _agent = agent(&root, &plugins, &config, &lib, &nvml)
-        .spawn(&logs)
-        .unwrap();
+    .await;
 
     // 8 GPUs, 4 replicas each, under the GPUs' own uuids, all healthy.
     let devices = kdm
@@ -110,13 +107,13 @@ async fn time_sliced_replicas_reach_the_kubelet_pack_and_follow_their_gpus_healt
 
     // Packed: two replicas of one GPU; then the shared GPU again, not a fresh one.
     let gpu0 = replicas_of(&nvml, 0, 4);
-    assert_eq!(preferred(&kdm, GPU, &all, 2).await, gpu0[..2]);
+    assert_eq!(kdm.preferred_ids(GPU, &all, 2).await.unwrap(), gpu0[..2]);
     let rest: Vec<String> = all
         .iter()
         .filter(|id| !gpu0[..2].contains(id))
         .cloned()
         .collect();
-    assert_eq!(preferred(&kdm, GPU, &rest, 1).await, gpu0[2..3]);
+    assert_eq!(kdm.preferred_ids(GPU, &rest, 1).await.unwrap(), gpu0[2..3]);
 
     // A container of two replicas of GPU 0 sees GPU 0 once.
     let alloc = kdm
@@ -189,29 +186,24 @@ async fn time_sliced_replicas_reach_the_kubelet_pack_and_follow_their_gpus_healt
 #[tokio::test(flavor = "multi_thread")]
 async fn mps_clients_get_the_daemons_pipe_and_their_part_of_the_gpu() {
     const SHARED: &str = "nvidia.com/gpu.shared";
-    let dir = tempfile::tempdir().unwrap();
-    let (root, lib, nvml) = nvidia_root(dir.path()).unwrap();
-    let config = dir.path().join("device-plugins.yaml");
-    std::fs::write(
-        &config,
+    let Node {
+        kdm,
+        agent: _agent,
+        nvml,
+        _dir,
+    } = start(
         "resources:\n  - match: {vendor: nvidia}\n    mpsRoot: /run/example/mps\n    sharing:\n      mps:\n        renameByDefault: true\n        resources:\n          - {name: nvidia.com/gpu, replicas: 4}\n",
+        |_| {},
     )
-    .unwrap();
-    let plugins = dir.path().join("device-plugins");
-    let logs = dir.path().join("logs");
-    std::fs::create_dir_all(&plugins).unwrap();
-    let kdm = KubeletDm::start(&plugins, &logs).await.unwrap();
-    let _agent = agent(&root, &plugins, &config, &lib, &nvml)
-        .spawn(&logs)
-        .unwrap();
+    .await;
     let all = ids(&kdm
         .wait_devices(SHARED, Duration::from_secs(60), |d| d.len() == 32)
         .await
         .unwrap());
     // Distributed (the default): two containers' single replicas land on two GPUs.
-    let first = preferred(&kdm, SHARED, &all, 1).await;
+    let first = kdm.preferred_ids(SHARED, &all, 1).await.unwrap();
     let rest: Vec<String> = all.iter().filter(|id| **id != first[0]).cloned().collect();
-    let second = preferred(&kdm, SHARED, &rest, 1).await;
+    let second = kdm.preferred_ids(SHARED, &rest, 1).await.unwrap();
     assert_ne!(
         first[0].split("::").next(),
         second[0].split("::").next(),
@@ -294,31 +286,25 @@ fn mig(uuid: &str, profile: &str, gib: u64) -> Value {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn mig_devices_from_nvml_are_served_by_profile_with_their_gpus_health() {
-    let dir = tempfile::tempdir().unwrap();
-    let (root, lib, mut nvml) = nvidia_root(dir.path()).unwrap();
     // GPU 0 split as the configured layout; GPU 1 as one whole-GPU instance (not as configured).
-    nvml.edit(|s| {
-        s["gpus"][0]["migDevices"] = json!([
-            mig("MIG-0a", "3g.40gb", 40),
-            mig("MIG-0b", "2g.20gb", 20),
-            mig("MIG-0c", "1g.10gb", 10),
-            mig("MIG-0d", "1g.10gb", 10),
-        ]);
-        s["gpus"][1]["migDevices"] = json!([mig("MIG-1a", "7g.80gb", 80)]);
-    });
-    let config = dir.path().join("device-plugins.yaml");
-    std::fs::write(
-        &config,
+    let Node {
+        kdm,
+        agent,
+        mut nvml,
+        _dir,
+    } = start(
         "resources:\n  - match: {vendor: nvidia, model: \"NVIDIA H100*\"}\n    migLayout: [3g.40gb, 2g.20gb, 1g.10gb, 1g.10gb]\n",
+        |s| {
+            s["gpus"][0]["migDevices"] = json!([
+                mig("MIG-0a", "3g.40gb", 40),
+                mig("MIG-0b", "2g.20gb", 20),
+                mig("MIG-0c", "1g.10gb", 10),
+                mig("MIG-0d", "1g.10gb", 10),
+            ]);
+            s["gpus"][1]["migDevices"] = json!([mig("MIG-1a", "7g.80gb", 80)]);
+        },
     )
-    .unwrap();
-    let plugins = dir.path().join("device-plugins");
-    let logs = dir.path().join("logs");
-    std::fs::create_dir_all(&plugins).unwrap();
-    let kdm = KubeletDm::start(&plugins, &logs).await.unwrap();
-    let agent = agent(&root, &plugins, &config, &lib, &nvml)
-        .spawn(&logs)
-        .unwrap();
+    .await;
 
     // Each profile is a resource of its MIG devices; the 6 other GPUs stay nvidia.com/gpu.
     for (resource, want) in [
