@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use fumarole_e2e::cluster::{eventually, free_port};
 use fumarole_e2e::fumarole::{device_topologies, node_resource_topologies, numatopologies};
-use fumarole_e2e::{AgentBuilder, NodeSpec, TestCluster};
+use fumarole_e2e::{AgentBuilder, KubeletDm, NodeSpec, TestCluster};
 use kube::api::{Api, DynamicObject};
 use serde_json::{Value, json};
 
@@ -81,8 +81,9 @@ fn train_pod(devices: Value) -> Value {
     }])
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn exporter_follows_the_kubelets_podresources_server() {
+/// A cluster with the fumarole CRDs and Node `NODE`, and `kubelet-dm` serving PodResources
+/// (its files in the returned directory).
+async fn start() -> (TestCluster, KubeletDm, tempfile::TempDir) {
     let cluster = TestCluster::start().await.unwrap();
     cluster.install_fumarole_crds().await.unwrap();
     cluster
@@ -101,6 +102,12 @@ async fn exporter_follows_the_kubelets_podresources_server() {
         )
         .await
         .unwrap();
+    (cluster, kdm, dir)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn exporter_follows_the_kubelets_podresources_server() {
+    let (cluster, kdm, dir) = start().await;
     let socket = kdm.pod_resources_socket().unwrap().to_path_buf();
     assert!(socket.exists(), "{} not served", socket.display());
 
@@ -299,20 +306,7 @@ async fn exporter_follows_the_kubelets_podresources_server() {
 /// holder.
 #[tokio::test(flavor = "multi_thread")]
 async fn device_topology_lists_the_holders_of_a_gpus_replicas() {
-    let cluster = TestCluster::start().await.unwrap();
-    cluster.install_fumarole_crds().await.unwrap();
-    cluster
-        .create_node(&NodeSpec::new(NODE).capacity("cpu", "224"))
-        .await
-        .unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let kdm = cluster
-        .start_kubelet_dm_with_pod_resources(
-            &dir.path().join("device-plugins"),
-            &dir.path().join("pod-resources/kubelet.sock"),
-        )
-        .await
-        .unwrap();
+    let (cluster, kdm, _dir) = start().await;
     let socket = kdm.pod_resources_socket().unwrap().to_path_buf();
     let pod = |name: &str, replica: u32| {
         json!({
