@@ -53,6 +53,9 @@ pub struct DeviceRow {
     pub reason: Option<String>,
     /// `namespace/pod/container` the device is allocated to, as the node reports it.
     pub used_by: Option<String>,
+    /// The device's shares in use (replicas, MIG devices): `<share> namespace/pod/container`
+    /// each, as the node reports them.
+    pub shares: Vec<String>,
     /// `namespace/pod` of the bound pod whose `fumarole.dev/devices` names the device.
     pub chosen_for: Option<String>,
 }
@@ -167,6 +170,12 @@ impl NodeReport {
                     used_by: s
                         .and_then(|s| s.allocation.as_ref())
                         .map(|a| format!("{}/{}/{}", a.namespace, a.pod, a.container)),
+                    shares: s
+                        .map(|s| &s.shares[..])
+                        .unwrap_or_default()
+                        .iter()
+                        .map(|h| format!("{} {}/{}/{}", h.share, h.namespace, h.pod, h.container))
+                        .collect(),
                 }
             })
             .collect();
@@ -234,6 +243,7 @@ pub fn table(r: &NodeReport, wide: bool) -> String {
             match (&d.used_by, &d.chosen_for) {
                 (Some(u), _) => u.clone(),
                 (None, Some(p)) => format!("{p} (chosen)"),
+                (None, None) if !d.shares.is_empty() => shares_in_use(&d.shares),
                 (None, None) => "-".into(),
             },
         ];
@@ -250,6 +260,16 @@ pub fn table(r: &NodeReport, wide: bool) -> String {
     out.push('\n');
     out.push_str(&table::render(&rows));
     out
+}
+
+/// A shared device's `USED BY`: how many shares, and their holders (`<share> ns/pod/container`
+/// each, the share's own id dropped to keep the line short).
+fn shares_in_use(shares: &[String]) -> String {
+    let holders: Vec<&str> = shares
+        .iter()
+        .map(|s| s.split_once(' ').map_or(s.as_str(), |(_, holder)| holder))
+        .collect();
+    format!("{} shares: {}", shares.len(), holders.join(", "))
 }
 
 /// The legend lines of the classes the matrix shows, strongest first.
@@ -379,6 +399,37 @@ GPU3    GPU-3  Healthy    ml/train (chosen)
             text.contains("DEVICE  ID     HEALTH   USED BY  MODEL  PCI  UUID  REASON\n"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_shared_gpu_shows_its_holders() {
+        use fumarole_topology::crd::device_topology::ShareAllocation;
+        let mut t = four();
+        let gpu0 = t.status.as_mut().unwrap().devices.get_mut("GPU-0").unwrap();
+        gpu0.shares = ["infer-a", "infer-b"]
+            .iter()
+            .enumerate()
+            .map(|(n, pod)| ShareAllocation {
+                share: format!("GPU-0::{n}"),
+                namespace: "serve".into(),
+                pod: (*pod).into(),
+                container: "main".into(),
+            })
+            .collect();
+        let r = NodeReport::of(&t, &BTreeMap::new());
+        assert_eq!(
+            r.devices[0].shares,
+            ["GPU-0::0 serve/infer-a/main", "GPU-0::1 serve/infer-b/main"]
+        );
+        let text = table(&r, false);
+        assert!(
+            text.contains(
+                "GPU0    GPU-0  Healthy    2 shares: serve/infer-a/main, serve/infer-b/main"
+            ),
+            "{text}"
+        );
+        let v = serde_json::to_value(&r).unwrap();
+        assert_eq!(v["devices"][0]["shares"][1], "GPU-0::1 serve/infer-b/main");
     }
 
     #[test]
