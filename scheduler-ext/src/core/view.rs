@@ -220,13 +220,18 @@ impl NodeView {
             }
         };
         let status = dt.status.as_ref();
-        let available = devices
-            .iter()
-            .map(|d| match status.and_then(|s| s.devices.get(&d.id)) {
-                Some(s) => s.health == "Healthy" && s.allocation.is_none(),
-                // No status yet: the node has not reported health; count it healthy and free.
-                None => status.is_none(),
-            });
+        // A device is free for a whole-device pod when healthy and nobody holds it or a share
+        // of it; a GPU in MIG mode is never offered whole (its MIG devices are).
+        let available = devices.iter().map(|d| {
+            d.mig.is_empty()
+                && match status.and_then(|s| s.devices.get(&d.id)) {
+                    Some(s) => {
+                        s.health == "Healthy" && s.allocation.is_none() && s.shares.is_empty()
+                    }
+                    // No status yet: the node has not reported health; count it healthy and free.
+                    None => status.is_none(),
+                }
+        });
         let unhealthy = devices.iter().map(|d| {
             status
                 .and_then(|s| s.devices.get(&d.id))
@@ -1321,6 +1326,32 @@ mod tests {
         assert_eq!(view.free("a", "nvidia.com/gpu"), vec![3]);
         assert!(view.free("a", "huawei.com/Ascend910").is_empty());
         assert!(view.free("nope", "nvidia.com/gpu").is_empty());
+    }
+
+    /// A GPU in MIG mode, or one whose share (a replica, a MIG device) a container holds, is
+    /// not free for a whole-device pod.
+    #[test]
+    fn shared_and_mig_gpus_are_not_free_whole() {
+        use fumarole_topology::crd::device_topology::{MigInfo, ShareAllocation};
+        let mut t = dt("a", 4, 10, &[]);
+        t.spec.devices[0].mig = vec![MigInfo {
+            uuid: "MIG-0".into(),
+            profile: "7g.80gb".into(),
+        }];
+        t.status
+            .as_mut()
+            .unwrap()
+            .devices
+            .get_mut("GPU-2")
+            .unwrap()
+            .shares = vec![ShareAllocation {
+            share: "GPU-2::0".into(),
+            namespace: "serve".into(),
+            pod: "infer".into(),
+            container: "main".into(),
+        }];
+        let view = ClusterView::build(&[t], &[], &[], &[]).unwrap();
+        assert_eq!(view.free("a", "nvidia.com/gpu"), vec![1, 3]);
     }
 
     /// Devices promised to a pod not bound yet count as taken on their node; a promise on a

@@ -84,6 +84,20 @@ pub struct DeviceInfo {
     pub local_cpus: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uuid: Option<String>,
+    /// A GPU in MIG mode: its MIG devices, as NVML reports them. Such a GPU is not offered
+    /// whole.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mig: Vec<MigInfo>,
+}
+
+/// One MIG device of a GPU.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MigInfo {
+    /// `MIG-<uuid>`.
+    pub uuid: String,
+    /// `1g.10gb`, `3g.40gb`, ...
+    pub profile: String,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
@@ -291,6 +305,14 @@ impl DeviceTopologySpec {
                     numa_node: d.numa_node,
                     local_cpus: d.local_cpus.to_string(),
                     uuid: d.uuid.clone(),
+                    mig: d
+                        .mig
+                        .iter()
+                        .map(|m| MigInfo {
+                            uuid: m.uuid.clone(),
+                            profile: m.profile.clone(),
+                        })
+                        .collect(),
                 })
                 .collect(),
             links: LinkInfo::all(&t.links),
