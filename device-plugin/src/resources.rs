@@ -12,7 +12,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-use fumarole_topology::share::{Ask, Catalogue, DeviceUse, Offer, replica_id, replica_of};
+use fumarole_topology::share::{
+    Ask, Catalogue, DeviceUse, Offer, mig_resource, replica_id, replica_of,
+};
 use fumarole_topology::{Device, Health, NodeTopology, Vendor};
 
 use crate::api;
@@ -325,12 +327,6 @@ fn new_resource(
         name,
         sharing,
     }
-}
-
-/// The resource NVIDIA's mixed strategy serves a MIG profile as: `nvidia.com/mig-1g.10gb`, and
-/// `nvidia.com/mig-1g.10gb.me` for `1g.10gb+me`.
-pub fn mig_resource(profile: &str) -> String {
-    format!("nvidia.com/mig-{}", profile.replace('+', "."))
 }
 
 /// Why the entry `rule` cannot serve the MIG devices of `d`: they are device-plugin resources

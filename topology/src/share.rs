@@ -172,6 +172,13 @@ pub const VNPU_CATALOGUES: &[Catalogue] = &[
     },
 ];
 
+/// The resource NVIDIA's `mixed` MIG strategy advertises a MIG profile as:
+/// `nvidia.com/mig-1g.10gb`, and `nvidia.com/mig-1g.10gb.me` for `1g.10gb+me` (the MIG
+/// catalogues' `resource` follow it).
+pub fn mig_resource(profile: &str) -> String {
+    format!("nvidia.com/mig-{}", profile.replace('+', "."))
+}
+
 impl Catalogue {
     /// The catalogue for a device's model name (`"NVIDIA A100-SXM4-80GB"`, `"Ascend910B"`).
     pub fn for_model(model: &str) -> Option<&'static Catalogue> {
@@ -688,6 +695,14 @@ mod tests {
         Ask::read(resource, count, Naming::default())
             .unwrap()
             .unwrap()
+    }
+
+    #[test]
+    fn mig_profiles_are_advertised_under_nvidias_mixed_names() {
+        for p in MIG_CATALOGUES.iter().flat_map(|c| c.profiles) {
+            assert_eq!(p.resource, mig_resource(p.name), "{}", p.name);
+        }
+        assert_eq!(mig_resource("1g.10gb+me"), "nvidia.com/mig-1g.10gb.me");
     }
 
     #[test]
