@@ -227,8 +227,10 @@ async fn nvidia_faults_reach_kubelet_devicetopology_and_extension_and_recover() 
     // XID 79 on GPU 3, which falls off the bus: out everywhere, within about a second.
     let seq = last_seq(&kdm).await;
     let t0 = nvml.event(json!({"gpu": 3, "xid": 79}));
-    nvml.edit(|s| s["gpus"][3]["lost"] = json!(true));
     let to_kubelet = kubelet_sees(&kdm, GPU, seq, &all[3], "Unhealthy", t0).await;
+    // Lost only once the XID is in: a poll that found it lost first would make the
+    // DeviceUnhealthy Event name fell-off-bus alone (the Event is per going out of use).
+    nvml.edit(|s| s["gpus"][3]["lost"] = json!(true));
     let to_dtopo = until(
         "DeviceTopology to show GPU 3 unhealthy",
         t0,
