@@ -70,6 +70,13 @@
 //!   capacity too, of which a claim that does not ask takes an equal part
 //!   ([`fumarole_topology::dra::SHARES`]). Nothing isolates the claims on the device: it is
 //!   time-slicing, the processes share its memory (docs/sharing.md).
+//! - `draPartitions: true`: with `servedBy: dra`, each matched device whose model has a
+//!   partition table (MIG GPUs, Ascend vNPU chips; [`fumarole_topology::share::Catalogue`]) is
+//!   published as a partitionable device: the whole device and every MIG profile at every
+//!   placement (every vNPU template instance), consuming one counter set, so the scheduler
+//!   allocates partitions that fit beside each other and never one beside the whole device
+//!   ([`fumarole_topology::dra::partitions`]). Not with `draShares`. A device without a table
+//!   is published whole (a warning says so).
 //! - `sharing`: NVIDIA's device-plugin `sharing` block as its own config file writes it
 //!   (`timeSlicing` or `mps`, each with `renameByDefault`, `failRequestsGreaterThanOne` and
 //!   `resources: [{name: nvidia.com/gpu, replicas: N}]`), for NVIDIA GPUs served by the device
@@ -135,6 +142,8 @@ pub struct ResourceRule {
     pub served_by: ServedBy,
     /// With `servedBy: dra`: each device may be allocated to this many claims at once.
     pub dra_shares: Option<u32>,
+    /// With `servedBy: dra`: published as partitionable devices (`draPartitions`).
+    pub dra_partitions: bool,
     /// NVIDIA's `sharing` block, resolved: each device advertised as replicas.
     pub sharing: Option<Sharing>,
     /// The MIG devices each matched GPU should have, by profile (`migLayout`): checked
@@ -480,6 +489,7 @@ struct RawRule {
     cdi: Option<bool>,
     served_by: Option<String>,
     dra_shares: Option<u32>,
+    dra_partitions: Option<bool>,
     sharing: Option<SharingConfig>,
     replica_allocation: Option<String>,
     mps_root: Option<String>,
@@ -553,6 +563,7 @@ impl RawRule {
                 ("cdi", self.cdi.is_some()),
                 ("servedBy", self.served_by.is_some()),
                 ("draShares", self.dra_shares.is_some()),
+                ("draPartitions", self.dra_partitions.is_some()),
                 ("sharing", self.sharing.is_some()),
                 ("replicaAllocation", self.replica_allocation.is_some()),
                 ("mpsRoot", self.mps_root.is_some()),
@@ -609,6 +620,19 @@ impl RawRule {
                 ));
             }
         }
+        let dra_partitions = self.dra_partitions.unwrap_or(false);
+        if dra_partitions && served_by != ServedBy::Dra {
+            return Err(invalid(
+                "draPartitions",
+                "needs servedBy: dra (partitions are published in ResourceSlices; the device plugin serves MIG devices as NVML reports them)".into(),
+            ));
+        }
+        if dra_partitions && self.dra_shares.is_some() {
+            return Err(invalid(
+                "draPartitions",
+                "set with draShares: a device is either shared among claims or split into partitions".into(),
+            ));
+        }
         let sharing = self.sharing(served_by, invalid)?;
         for (i, n) in self.device_nodes.iter().flatten().enumerate() {
             check_node(n, true).map_err(|m| invalid(&format!("deviceNodes[{i}]"), m))?;
@@ -627,6 +651,7 @@ impl RawRule {
             cdi: self.cdi,
             served_by,
             dra_shares: self.dra_shares,
+            dra_partitions,
             sharing,
             mig_layout: self.mig_layout,
         })

@@ -43,6 +43,8 @@ pub struct PluginDevice {
     pub served_by: ServedBy,
     /// Claims that may hold the device at once through DRA (the entry's `draShares`).
     pub dra_shares: Option<u32>,
+    /// Published through DRA as a partitionable device (the entry's `draPartitions`).
+    pub dra_partitions: bool,
     /// Device memory, when discovery knows it (NVML): MPS clients get a part of it.
     pub memory_bytes: Option<u64>,
     /// For a MIG device, the id of its GPU, whose health it has.
@@ -231,6 +233,7 @@ pub fn resources_with(
             bus_id: d.pci_bus_id.clone(),
             served_by: rule.map_or(ServedBy::DevicePlugin, |(_, r)| r.served_by),
             dra_shares: rule.and_then(|(_, r)| r.dra_shares),
+            dra_partitions: rule.is_some_and(|(_, r)| r.dra_partitions),
             memory_bytes: d.memory_bytes,
             parent: None,
         };

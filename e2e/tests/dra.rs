@@ -25,10 +25,11 @@ use fumarole_e2e::harness_node::HarnessNode;
 use fumarole_e2e::{NodeSpec, TestCluster};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
-use kube::api::{Api, PostParams};
+use kube::api::{Api, ListParams, PostParams};
 use serde_json::{Value, json};
 
 const DRIVER: &str = "npu.fumarole.dev";
+const GPU_DRIVER: &str = "gpu.fumarole.dev";
 
 /// A fixture node whose devices of `vendor` the agent serves through DRA.
 #[derive(Clone, Copy)]
@@ -746,3 +747,130 @@ async fn the_kubelets_dra_manager_prepares_one_shared_npu_for_two_claims() {
         "share-b's CDI spec went with share-a's"
     );
 }
+
+/// MIG partitions through DRA (`draPartitions`) on a DGX H100, allocated by the real
+/// kube-scheduler's DRA allocator from the counters fumarole publishes: two MIG instances
+/// that fit share one GPU, at placements that do not overlap; a third that does not fit
+/// waits, and so does the whole GPU; a whole GPU taken leaves no partition of it.
+#[tokio::test(flavor = "multi_thread")]
+async fn mig_partitions_that_fit_share_a_gpu_and_overlapping_ones_wait() {
+    let cluster = TestCluster::start().await.unwrap();
+    install_device_classes(&cluster).await;
+    cluster.start_kube_scheduler("").await.unwrap();
+    let node = "dgx-mig";
+    cluster
+        .create_node(&NodeSpec::new(node).capacity("cpu", "224"))
+        .await
+        .unwrap();
+    let _agent = cluster
+        .start_dra_agent_with(
+            "dgx-h100",
+            "nvidia",
+            node,
+            None,
+            "fumarole-agent",
+            "draPartitions: true",
+        )
+        .unwrap();
+    // 8 GPUs x (the whole GPU + 25 MIG placements) in 4 slices, their counter sets in a fifth,
+    // all of one generation.
+    let slices: Api<ResourceSlice> = Api::all(cluster.client());
+    let pool = eventually("the pool's five slices", Duration::from_secs(60), || {
+        let slices = slices.clone();
+        async move {
+            let pool: Vec<ResourceSlice> = slices
+                .list(&ListParams::default())
+                .await?
+                .items
+                .into_iter()
+                .filter(|s| s.spec.pool.name == node && s.spec.driver == GPU_DRIVER)
+                .collect();
+            let complete = pool.len() == 5
+                && pool.iter().all(|s| {
+                    s.spec.pool.resource_slice_count == 5
+                        && s.spec.pool.generation == pool[0].spec.pool.generation
+                });
+            Ok(complete.then_some(pool))
+        }
+    })
+    .await
+    .unwrap();
+    let devices = pool
+        .iter()
+        .flat_map(|s| s.spec.devices.iter().flatten())
+        .count();
+    assert_eq!(devices, 8 * 26);
+    let sets: Vec<&str> = pool
+        .iter()
+        .flat_map(|s| s.spec.shared_counters.iter().flatten())
+        .map(|c| c.name.as_str())
+        .collect();
+    assert_eq!(sets.len(), 8, "{sets:?}");
+
+    let claim_on = |class: &str, gpu: u32, profile: Option<&str>| {
+        let mut cel = format!("device.attributes[\"fumarole.dev\"].index == {gpu}");
+        if let Some(p) = profile {
+            cel.push_str(&format!(
+                " && device.attributes[\"fumarole.dev\"].profile == \"{p}\""
+            ));
+        }
+        json!({
+            "devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": class,
+                "selectors": [{"cel": {"expression": cel}}],
+            }}]}
+        })
+    };
+    let mig = |gpu, profile| claim_on("gpu-partition.fumarole.dev", gpu, Some(profile));
+    let whole = |gpu| claim_on("gpu.fumarole.dev", gpu, None);
+    let device_of = |claim: &Value| {
+        let got = allocated_of(claim, GPU_DRIVER);
+        assert_eq!(got.len(), 1, "{got:?}");
+        got[0].1.clone()
+    };
+
+    // 4g.40gb takes memory slices 0-3 of GPU 0; 3g.40gb fits only at 4-7.
+    let (a, bound) = claim_and_pod(&cluster, "mig-4g", mig(0, "4g.40gb")).await;
+    assert_eq!(bound, node);
+    assert_eq!(device_of(&a), "nvidia-0-4g-40gb-0");
+    let (b, _) = claim_and_pod(&cluster, "mig-3g", mig(0, "3g.40gb")).await;
+    assert_eq!(device_of(&b), "nvidia-0-3g-40gb-4");
+    // GPU 1 taken whole: the whole-device class gives the GPU itself.
+    let (w, _) = claim_and_pod(&cluster, "whole-1", whole(1)).await;
+    assert_eq!(device_of(&w), "nvidia-1");
+
+    // Nothing left on GPU 0 for a 1g.10gb or the whole GPU, nor on GPU 1 for a partition:
+    // each waits, unallocated (this cluster runs no kube-controller-manager to release them).
+    let waits = |name: &'static str, spec: Value| {
+        let cluster = &cluster;
+        async move {
+            tokio::time::timeout(
+                Duration::from_secs(15),
+                claim_and_pod(cluster, name, spec),
+            )
+            .await
+            .is_err()
+        }
+    };
+    let (small, whole0, part1) = tokio::join!(
+        waits("mig-1g", mig(0, "1g.10gb")),
+        waits("whole-0", whole(0)),
+        waits("mig-on-whole", mig(1, "1g.10gb")),
+    );
+    assert!(small, "a 1g.10gb got GPU 0 while 4g.40gb and 3g.40gb held all its slices");
+    assert!(whole0, "GPU 0 was given whole while two of its MIG instances were held");
+    assert!(part1, "a MIG instance of GPU 1 was given while GPU 1 was held whole");
+    let claims: Api<ResourceClaim> = Api::namespaced(cluster.client(), "default");
+    for name in ["mig-1g", "whole-0", "mig-on-whole"] {
+        let c = claims.get(name).await.unwrap();
+        assert!(
+            c.status.as_ref().and_then(|s| s.allocation.as_ref()).is_none(),
+            "{name}: {:?}",
+            c.status
+        );
+    }
+    // Elsewhere the same ask fits at once: GPU 2's first slice.
+    let (c, _) = claim_and_pod(&cluster, "mig-1g-2", mig(2, "1g.10gb")).await;
+    assert_eq!(device_of(&c), "nvidia-2-1g-10gb-0");
+}
+

@@ -28,12 +28,22 @@
 //! | `resource.kubernetes.io/pciBusID` | string | `dddd:bb:dd.f`                                 |
 //! | `resource.kubernetes.io/numaNode` | int    | the NUMA node the device is attached to        |
 //!
+//! | `fumarole.dev/type`             | string | `device` (whole) or `partition`                  |
+//! | `fumarole.dev/profile`          | string | a partition's MIG profile or vNPU template        |
+//! | `fumarole.dev/placement`        | int    | its first memory slice (MIG), or instance (vNPU) |
+//!
 //! Capacity: `memory`, the device memory in bytes, when the vendor library reports it (NVML).
+//!
+//! Partitionable devices (`draPartitions`, [`partitions`]): the whole device and every
+//! placement of every partition in its [`Catalogue`], all consuming counters of one counter
+//! set named after the device, so the scheduler never allocates two that overlap (a MIG
+//! instance's memory slices, a vNPU's AI cores and memory) nor a partition beside the whole.
 
 use std::collections::BTreeMap;
 
 use crate::link::LinkClass;
 use crate::model::{Device, NodeTopology, Vendor};
+use crate::share::{Catalogue, Profile};
 
 /// The driver of GPUs of every vendor but Huawei.
 pub const GPU_DRIVER: &str = "gpu.fumarole.dev";
@@ -60,6 +70,15 @@ pub const MEMORY: &str = "memory";
 /// Capacity of a device shared among claims (`allowMultipleAllocations`): how many claims may
 /// hold it at once; each takes one unless it asks more.
 pub const SHARES: &str = "shares";
+
+/// Attribute saying what a published device is: [`WHOLE`] or [`PARTITION`].
+pub const TYPE: &str = "fumarole.dev/type";
+pub const WHOLE: &str = "device";
+pub const PARTITION: &str = "partition";
+/// A partition's MIG profile (`3g.40gb`) or vNPU template (`vir04`).
+pub const PROFILE: &str = "fumarole.dev/profile";
+/// A partition's first memory slice (MIG) or instance number (vNPU).
+pub const PLACEMENT: &str = "fumarole.dev/placement";
 
 /// Taint key put on an unhealthy device; its value is the first fault's reason.
 pub const UNHEALTHY_TAINT: &str = "fumarole.dev/unhealthy";
@@ -97,6 +116,114 @@ pub fn find<'t>(t: &'t NodeTopology, driver_name: &str, name: &str) -> Option<&'
         .find(|d| driver(d) == driver_name && device_name(d) == name)
 }
 
+/// One partition of a partitionable device, as published.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Partition {
+    /// Its name in the pool: `<device>-<profile>-<placement>` (`nvidia-0-3g-40gb-4`).
+    pub name: String,
+    pub profile: &'static Profile,
+    /// [`Catalogue::placements`]: first memory slice (MIG) or instance number (vNPU).
+    pub placement: u32,
+    /// What it takes of its device's counter set.
+    pub consumes: BTreeMap<String, u64>,
+}
+
+/// A partitionable device: its counter set (named [`device_name`]) and its partitions. The
+/// whole device consumes the whole set.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Partitioned {
+    pub counters: BTreeMap<String, u64>,
+    pub partitions: Vec<Partition>,
+}
+
+/// Counter of MIG memory slice `k` (a MIG instance takes its placement's slices).
+fn memory_slice(k: u32) -> String {
+    format!("memory-slice-{k}")
+}
+/// Counter of a MIG GPU's media extensions (`+me` profiles take them all).
+const MEDIA_EXTENSIONS: &str = "media-extensions";
+/// Counters of a vNPU chip: its AI cores and memory (MiB).
+const AI_CORES: &str = "ai-cores";
+const MEMORY_MIB: &str = "memory-mib";
+
+/// `d` as a partitionable device, when its model has a [`Catalogue`].
+pub fn partitions(d: &Device) -> Option<Partitioned> {
+    let c = Catalogue::for_model(&d.model)?;
+    let counters: BTreeMap<String, u64> = if c.placed {
+        (0..c.total.memory)
+            .map(memory_slice)
+            .chain([MEDIA_EXTENSIONS.to_string()])
+            .map(|k| (k, 1))
+            .collect()
+    } else {
+        BTreeMap::from([
+            (AI_CORES.to_string(), u64::from(c.total.compute)),
+            (MEMORY_MIB.to_string(), u64::from(c.total.memory)),
+        ])
+    };
+    let parent = device_name(d);
+    let partitions = c
+        .profiles
+        .iter()
+        .flat_map(|p| c.placements(p).into_iter().map(move |at| (p, at)))
+        .map(|(p, at)| {
+            let consumes = if c.placed {
+                let mut m: BTreeMap<String, u64> = (at..at + p.uses.memory)
+                    .map(|k| (memory_slice(k), 1))
+                    .collect();
+                if p.name.ends_with("+me") {
+                    m.insert(MEDIA_EXTENSIONS.into(), 1);
+                }
+                m
+            } else {
+                BTreeMap::from([
+                    (AI_CORES.to_string(), u64::from(p.uses.compute)),
+                    (MEMORY_MIB.to_string(), u64::from(p.uses.memory)),
+                ])
+            };
+            Partition {
+                name: format!("{parent}-{}-{at}", label(p.name)),
+                profile: p,
+                placement: at,
+                consumes,
+            }
+        })
+        .collect();
+    Some(Partitioned {
+        counters,
+        partitions,
+    })
+}
+
+/// A profile's name as part of a DNS label: `1g.10gb+me` -> `1g-10gb-me`.
+fn label(profile: &str) -> String {
+    profile
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .collect()
+}
+
+/// The partitionable device of `t` and the partition `driver` publishes as `name`.
+pub fn find_partition<'t>(
+    t: &'t NodeTopology,
+    driver_name: &str,
+    name: &str,
+) -> Option<(&'t Device, Partition)> {
+    t.devices
+        .iter()
+        .filter(|d| driver(d) == driver_name && name.starts_with(&format!("{}-", device_name(d))))
+        .find_map(|d| {
+            let p = partitions(d)?.partitions.into_iter().find(|p| p.name == name)?;
+            Some((d, p))
+        })
+}
+
 /// One attribute value, as `resource.k8s.io/v1` `DeviceAttribute` holds it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum AttributeValue {
@@ -132,6 +259,7 @@ pub fn attributes(
         out.insert(name.to_string(), value);
     };
     let ours = |name: &str| format!("{ATTRIBUTE_DOMAIN}/{name}");
+    put(TYPE, AttributeValue::String(WHOLE.into()));
     put(
         &ours("vendor"),
         AttributeValue::String(d.vendor.as_str().into()),
@@ -164,6 +292,22 @@ pub fn attributes(
     if let Some(numa) = d.numa_node {
         put(NUMA_NODE, AttributeValue::Int(i64::from(numa)));
     }
+    out
+}
+
+/// The attributes of partition `p` of device `i`: the device's own ([`attributes`]), so a
+/// claim keeps partitions to one fabric group or PCIe root as it keeps whole devices, with
+/// [`TYPE`] `partition`, its [`PROFILE`] and [`PLACEMENT`].
+pub fn partition_attributes(
+    t: &NodeTopology,
+    i: usize,
+    groups: &[Option<usize>],
+    p: &Partition,
+) -> BTreeMap<String, AttributeValue> {
+    let mut out = attributes(t, i, groups);
+    out.insert(TYPE.into(), AttributeValue::String(PARTITION.into()));
+    out.insert(PROFILE.into(), AttributeValue::String(p.profile.name.into()));
+    out.insert(PLACEMENT.into(), AttributeValue::Int(i64::from(p.placement)));
     out
 }
 
@@ -233,6 +377,49 @@ mod tests {
         let mut t = two_pairs();
         t.links.set(1, 2, LinkClass::Hccs);
         assert_eq!(t.links.fabric_groups(), vec![Some(0); 4]);
+    }
+
+    #[test]
+    fn a_mig_gpu_offers_every_placement_on_its_memory_slices() {
+        let mut t = two_pairs();
+        t.devices[1].model = "NVIDIA H100 80GB HBM3".into();
+        let d = &t.devices[1];
+        let p = partitions(d).unwrap();
+        assert_eq!(p.counters.len(), 9, "8 memory slices and the media extensions");
+        assert_eq!(p.partitions.len(), 7 + 7 + 4 + 3 + 2 + 1 + 1);
+        let by_name = |n: &str| p.partitions.iter().find(|x| x.name == n).unwrap();
+        let p3g = by_name("nvidia-1-3g-40gb-4");
+        assert_eq!(
+            p3g.consumes.keys().collect::<Vec<_>>(),
+            ["memory-slice-4", "memory-slice-5", "memory-slice-6", "memory-slice-7"]
+        );
+        assert_eq!(by_name("nvidia-1-1g-10gb-me-6").consumes.len(), 2);
+        for x in &p.partitions {
+            assert!(x.name.len() <= 63 && !x.name.contains('.'), "{}", x.name);
+            assert!(x.consumes.keys().all(|k| p.counters.contains_key(k)));
+        }
+        let (found, fp) = find_partition(&t, GPU_DRIVER, "nvidia-1-3g-40gb-4").unwrap();
+        assert_eq!((found.index, fp.placement), (1, 4));
+        assert!(find_partition(&t, GPU_DRIVER, "nvidia-1-3g-40gb-2").is_none());
+        assert!(find_partition(&t, GPU_DRIVER, "nvidia-0-3g-40gb-4").is_none(), "no catalogue");
+        let a = partition_attributes(&t, 1, &t.links.fabric_groups(), p3g);
+        assert_eq!(a[TYPE], AttributeValue::String(PARTITION.into()));
+        assert_eq!(a[PROFILE], AttributeValue::String("3g.40gb".into()));
+        assert_eq!(a[PLACEMENT], AttributeValue::Int(4));
+        assert_eq!(a[FABRIC_GROUP], AttributeValue::Int(0));
+    }
+
+    #[test]
+    fn a_vnpu_chip_counts_ai_cores_and_memory() {
+        let mut d = gpu(0);
+        d.vendor = Vendor::Huawei;
+        d.model = "Ascend910B".into();
+        let p = partitions(&d).unwrap();
+        assert_eq!(p.counters["ai-cores"], 24);
+        assert_eq!(p.partitions.len(), 4 + 2);
+        let last = p.partitions.last().unwrap();
+        assert_eq!(last.name, "huawei-0-vir12-3c-32g-1");
+        assert_eq!(last.consumes["memory-mib"], 32768);
     }
 
     #[test]

@@ -54,6 +54,9 @@ pub struct Catalogue {
     pub models: &'static [&'static str],
     pub total: Slices,
     pub profiles: &'static [Profile],
+    /// Partitions sit at fixed places (MIG: a GPU instance starts on a memory slice aligned
+    /// to its size, [`Catalogue::placements`]); otherwise they are counted only (vNPU).
+    pub placed: bool,
 }
 
 const fn partition(
@@ -77,6 +80,7 @@ const fn partition(
 pub const MIG_CATALOGUES: &[Catalogue] = &[
     Catalogue {
         models: &["A100-SXM4-40GB", "A100-PCIE-40GB", "A100 40GB"],
+        placed: true,
         total: Slices {
             compute: 7,
             memory: 8,
@@ -100,6 +104,7 @@ pub const MIG_CATALOGUES: &[Catalogue] = &[
             "H100-SXM5-80GB",
             "H800",
         ],
+        placed: true,
         total: Slices {
             compute: 7,
             memory: 8,
@@ -124,6 +129,7 @@ pub const MIG_CATALOGUES: &[Catalogue] = &[
 pub const VNPU_CATALOGUES: &[Catalogue] = &[
     Catalogue {
         models: &["Ascend910B"],
+        placed: false,
         total: Slices {
             compute: 24,
             memory: 65536,
@@ -147,6 +153,7 @@ pub const VNPU_CATALOGUES: &[Catalogue] = &[
     },
     Catalogue {
         models: &["Ascend910A", "Ascend910"],
+        placed: false,
         total: Slices {
             compute: 30,
             memory: 32768,
@@ -160,6 +167,7 @@ pub const VNPU_CATALOGUES: &[Catalogue] = &[
     },
     Catalogue {
         models: &["Ascend310P"],
+        placed: false,
         total: Slices {
             compute: 8,
             memory: 24576,
@@ -195,6 +203,28 @@ impl Catalogue {
 
     pub fn profile(&self, name: &str) -> Option<&'static Profile> {
         self.profiles.iter().find(|p| p.name == name)
+    }
+
+    /// Where partitions of `p` may start: for a placed catalogue (MIG) the first memory
+    /// slice of each GPU instance, aligned to the profile's memory slices and holding its
+    /// compute slices (the compute slices are the first `total.compute` memory slices' worth:
+    /// 7 of 8 on A100/H100, so a 1g instance never starts on slice 7 and a 4g only on 0). This
+    /// gives NVIDIA's placements (`nvidia-smi mig -lgipp`: 1g.10gb `{0..6}:1`, 2g.20gb
+    /// `{0,2,4}:2`, 3g.40gb `{0,4}:4`, 4g.40gb and 7g.80gb `{0}`), and as many as the profile's
+    /// `max` (a unit test holds the two to each other). Unplaced (vNPU): instances `0..max`.
+    pub fn placements(&self, p: &Profile) -> Vec<u32> {
+        if !self.placed {
+            return (0..p.max).collect();
+        }
+        let size = p.uses.memory.max(1);
+        (0..self.total.memory)
+            .step_by(size as usize)
+            .filter(|start| start + size <= self.total.memory)
+            .filter(|start| {
+                let compute_slots = self.total.compute.min(start + size).saturating_sub(*start);
+                compute_slots >= p.uses.compute
+            })
+            .collect()
     }
 
     fn by_resource(resource: &str) -> Option<&'static Profile> {
@@ -703,6 +733,27 @@ mod tests {
             assert_eq!(p.resource, mig_resource(p.name), "{}", p.name);
         }
         assert_eq!(mig_resource("1g.10gb+me"), "nvidia.com/mig-1g.10gb.me");
+    }
+
+    #[test]
+    fn mig_placements_are_nvidias_and_as_many_as_the_table_allows() {
+        let starts = |name: &str| h100().placements(h100().profile(name).unwrap());
+        assert_eq!(starts("1g.10gb"), [0, 1, 2, 3, 4, 5, 6]);
+        assert_eq!(starts("1g.20gb"), [0, 2, 4, 6]);
+        assert_eq!(starts("2g.20gb"), [0, 2, 4]);
+        assert_eq!(starts("3g.40gb"), [0, 4]);
+        assert_eq!(starts("4g.40gb"), [0]);
+        assert_eq!(starts("7g.80gb"), [0]);
+        // Two sources, one answer: the placements derived from the slices and the table's
+        // most instances per GPU (mig-parted's counts); `+me` is limited by its media engines.
+        for c in MIG_CATALOGUES {
+            for p in c.profiles.iter().filter(|p| !p.name.ends_with("+me")) {
+                assert_eq!(c.placements(p).len() as u32, p.max, "{}", p.name);
+            }
+        }
+        // vNPU templates are counted, not placed.
+        let ascend = Catalogue::for_model("Ascend910B").unwrap();
+        assert_eq!(ascend.placements(&ascend.profiles[0]), [0, 1, 2, 3]);
     }
 
     #[test]

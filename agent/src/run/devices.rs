@@ -46,6 +46,8 @@ pub struct Devices {
     dra_devices: Option<BTreeSet<String>>,
     /// Of those, the ones several claims may hold at once (`draShares`), with how many.
     dra_shares: BTreeMap<String, u32>,
+    /// Of those, the ones published as partitionable devices (`draPartitions`).
+    dra_partitioned: BTreeSet<String>,
 }
 
 impl Devices {
@@ -55,6 +57,7 @@ impl Devices {
             dra: None,
             dra_devices: None,
             dra_shares: BTreeMap::new(),
+            dra_partitioned: BTreeSet::new(),
         }
     }
 
@@ -65,6 +68,7 @@ impl Devices {
             node: node.to_string(),
             devices: devices.clone(),
             shares: self.dra_shares.clone(),
+            partitioned: self.dra_partitioned.clone(),
         })
     }
 
@@ -106,6 +110,7 @@ pub fn start(
         .flat_map(|r| &r.devices)
         .filter_map(|d| Some((d.id.clone(), d.dra_shares?)))
         .collect();
+    let dra_partitioned = partitioned(&dra, &topology);
     let server = plugins::start_dra(
         node_name,
         &topology,
@@ -134,5 +139,26 @@ pub fn start(
         dra: server,
         dra_devices,
         dra_shares,
+        dra_partitioned,
     })
+}
+
+/// The DRA devices published as partitionable (`draPartitions`); a device whose model has no
+/// partition table is published whole, with a warning.
+fn partitioned(dra: &[Resource], topology: &NodeTopology) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for d in dra.iter().flat_map(|r| &r.devices).filter(|d| d.dra_partitions) {
+        let model = topology.devices.get(d.position).map(|t| t.model.as_str());
+        match model {
+            Some(m) if fumarole_topology::share::Catalogue::for_model(m).is_some() => {
+                out.insert(d.id.clone());
+            }
+            _ => tracing::warn!(
+                device = %d.id,
+                model = model.unwrap_or_default(),
+                "draPartitions: no MIG or vNPU partition table for this model; published whole"
+            ),
+        }
+    }
+    out
 }

@@ -350,6 +350,32 @@ resources:
 }
 
 #[test]
+fn dra_partitions_need_dra_and_no_shares() {
+    let c = parse(
+        "resources:\n  - match: {vendor: nvidia}\n    servedBy: dra\n    draPartitions: true\n",
+    )
+    .unwrap();
+    assert!(c.resources[0].dra_partitions);
+    for (text, want) in [
+        (
+            "resources:\n  - match: {vendor: nvidia}\n    draPartitions: true\n",
+            "/etc/fumarole/dp.yaml: resources[0].draPartitions: needs servedBy: dra",
+        ),
+        (
+            "resources:\n  - match: {vendor: nvidia}\n    servedBy: dra\n    draShares: 2\n    draPartitions: true\n",
+            "/etc/fumarole/dp.yaml: resources[0].draPartitions: set with draShares",
+        ),
+        (
+            "resources:\n  - match: {vendor: nvidia}\n    servedBy: dra\n    draPartitions: maybe\n",
+            "/etc/fumarole/dp.yaml",
+        ),
+    ] {
+        let got = err(text);
+        assert!(got.starts_with(want), "{text}\n got: {got}\nwant: {want}");
+    }
+}
+
+#[test]
 fn dra_shares_need_dra_and_a_sensible_count() {
     let c = parse("resources:\n  - match: {vendor: nvidia}\n    servedBy: dra\n    draShares: 4\n")
         .unwrap();

@@ -43,6 +43,16 @@ pub enum LookupError {
         id: String,
         node: String,
     },
+    /// A partition (`draPartitions`): scheduled, but this plugin does not create partitions.
+    #[error(
+        "device {device:?} is a {profile} partition of {id} on node {node}: the scheduler may allocate partitions, but this DRA plugin does not yet create them (a MIG instance through NVML, a vNPU through DCMI), so it cannot prepare the claim"
+    )]
+    PartitionNotCreated {
+        device: String,
+        profile: String,
+        id: String,
+        node: String,
+    },
 }
 
 impl DraNode {
@@ -83,6 +93,14 @@ impl DraNode {
 
     /// The served device `driver` publishes as `name`.
     pub fn lookup(&self, driver: &str, name: &str) -> Result<Served<'_>, LookupError> {
+        if let Some((d, p)) = dra::find_partition(&self.topology, driver, name) {
+            return Err(LookupError::PartitionNotCreated {
+                device: name.to_string(),
+                profile: p.profile.name.to_string(),
+                id: d.id.clone(),
+                node: self.node_name.clone(),
+            });
+        }
         let Some(d) = dra::find(&self.topology, driver, name) else {
             return Err(LookupError::Unknown {
                 driver: driver.to_string(),

@@ -65,7 +65,10 @@ fn device(vendor: Vendor, pci_vendor: u16, index: u32, id: &str, nodes: &[&str])
 fn node() -> (NodeTopology, tempfile::TempDir) {
     let devices = vec![
         device(Vendor::Nvidia, 0x10de, 0, "GPU-uuid-0", &["/dev/nvidia0"]),
-        device(Vendor::Nvidia, 0x10de, 1, "GPU-uuid-1", &["/dev/nvidia1"]),
+        Device {
+            model: "NVIDIA H100 80GB HBM3".into(),
+            ..device(Vendor::Nvidia, 0x10de, 1, "GPU-uuid-1", &["/dev/nvidia1"])
+        },
         device(Vendor::Huawei, 0x19e5, 0, "Ascend910-0", &["/dev/davinci0"]),
         device(Vendor::Huawei, 0x19e5, 1, "Ascend910-1", &["/dev/davinci1"]),
         device(
@@ -637,4 +640,36 @@ fn the_plugin_serves_the_drivers_with_devices_and_only_those() {
     assert_eq!(node.drivers(), [NPU_DRIVER]);
     let (node, _, _root) = dra_node(ALL_DRA);
     assert_eq!(node.drivers(), [GPU_DRIVER, NPU_DRIVER]);
+}
+
+#[tokio::test]
+async fn a_partition_is_scheduled_but_not_prepared_and_says_why() {
+    let (node, _, _root) = dra_node(ALL_DRA);
+    assert_eq!(
+        node.lookup(GPU_DRIVER, "nvidia-1-3g-40gb-4").unwrap_err(),
+        LookupError::PartitionNotCreated {
+            device: "nvidia-1-3g-40gb-4".into(),
+            profile: "3g.40gb".into(),
+            id: "GPU-uuid-1".into(),
+            node: NODE.into()
+        }
+    );
+    // No such placement, and GPU 0's model has no MIG table: not a device at all.
+    for name in ["nvidia-1-3g-40gb-2", "nvidia-0-3g-40gb-4"] {
+        assert!(matches!(node.lookup(GPU_DRIVER, name), Err(LookupError::Unknown { .. })));
+    }
+    let cdi_dir = tempfile::tempdir().unwrap();
+    let claims = FakeClaims::with(&[claim(
+        "mig",
+        "uid-mig",
+        Some(&[(GPU_DRIVER, NODE, "nvidia-1-1g-10gb-0", "r")]),
+    )]);
+    let p = plugin(GPU_DRIVER, &node, cdi_dir.path(), claims);
+    let e = p.prepare(&reference("mig", "uid-mig")).await.unwrap_err();
+    assert!(
+        e.to_string().contains("is a 1g.10gb partition of GPU-uuid-1 on node node-a")
+            && e.to_string().contains("does not yet create them"),
+        "{e}"
+    );
+    assert!(!cdi_dir.path().join(cdi::file_name(GPU_DRIVER, "uid-mig")).exists());
 }

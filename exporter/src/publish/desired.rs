@@ -33,7 +33,7 @@ pub struct Desired {
     pub labels: Option<BTreeMap<String, String>>,
     /// The node's ResourceSlices by driver; `None` when no device is served through DRA
     /// (then no slice is written or deleted).
-    pub resource_slices: Option<BTreeMap<&'static str, ResourceSliceSpec>>,
+    pub resource_slices: Option<BTreeMap<&'static str, Vec<ResourceSliceSpec>>>,
     /// Huawei's device-info ConfigMap content; `None` when not asked for
     /// (`--ascend-device-info`) or the node has no Ascend device (then nothing is written).
     pub ascend_device_info: Option<ascend::DeviceInfo>,
@@ -126,7 +126,7 @@ pub fn desired(snapshot: &NodeSnapshot, options: &PublishOptions) -> Desired {
         resource_slices: options
             .dra
             .as_ref()
-            .map(|d| slices::resource_slices(&d.node, &topology, health, &d.devices, &d.shares)),
+            .map(|d| slices::resource_slices(&topology, health, d)),
     }
 }
 
@@ -317,6 +317,7 @@ mod tests {
                 node: "n1".into(),
                 devices: BTreeSet::from(["GPU-0".to_string()]),
                 shares: BTreeMap::new(),
+                partitioned: BTreeSet::new(),
             }),
         }
     }

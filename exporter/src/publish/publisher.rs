@@ -36,10 +36,10 @@ enum Kind {
     DeviceTopology,
     DeviceTopologyStatus,
     NodeLabels,
-    /// The ResourceSlice of driver `gpu.fumarole.dev`.
-    GpuSlice,
-    /// The ResourceSlice of driver `npu.fumarole.dev`.
-    NpuSlice,
+    /// Slice `k` of the pool of driver `gpu.fumarole.dev`.
+    GpuSlice(usize),
+    /// Slice `k` of the pool of driver `npu.fumarole.dev`.
+    NpuSlice(usize),
     /// Huawei's device-info ConfigMap `kube-system/mindx-dl-deviceinfo-<node>`.
     AscendDeviceInfo,
 }
@@ -51,8 +51,8 @@ impl Kind {
         Kind::DeviceTopology,
         Kind::DeviceTopologyStatus,
         Kind::NodeLabels,
-        Kind::GpuSlice,
-        Kind::NpuSlice,
+        Kind::GpuSlice(0),
+        Kind::NpuSlice(0),
         Kind::AscendDeviceInfo,
     ];
 
@@ -61,12 +61,21 @@ impl Kind {
         !matches!(self, Kind::DeviceTopologyStatus | Kind::NodeLabels)
     }
 
-    /// The DRA driver whose ResourceSlice this kind is.
-    fn driver(self) -> Option<&'static str> {
+    /// The DRA driver and the number of the ResourceSlice this kind is.
+    fn pool_slice(self) -> Option<(&'static str, usize)> {
         match self {
-            Kind::GpuSlice => Some(dra::GPU_DRIVER),
-            Kind::NpuSlice => Some(dra::NPU_DRIVER),
+            Kind::GpuSlice(k) => Some((dra::GPU_DRIVER, k)),
+            Kind::NpuSlice(k) => Some((dra::NPU_DRIVER, k)),
             _ => None,
+        }
+    }
+
+    /// Slice `k` of the pool of `driver`.
+    fn slice(driver: &str, k: usize) -> Kind {
+        if driver == dra::NPU_DRIVER {
+            Kind::NpuSlice(k)
+        } else {
+            Kind::GpuSlice(k)
         }
     }
 
@@ -77,8 +86,8 @@ impl Kind {
             Kind::DeviceTopology => "devicetopology",
             Kind::DeviceTopologyStatus => "devicetopology-status",
             Kind::NodeLabels => "node-labels",
-            Kind::GpuSlice => "resourceslice-gpu",
-            Kind::NpuSlice => "resourceslice-npu",
+            Kind::GpuSlice(_) => "resourceslice-gpu",
+            Kind::NpuSlice(_) => "resourceslice-npu",
             Kind::AscendDeviceInfo => "configmap-ascend-device-info",
         }
     }
@@ -253,13 +262,22 @@ impl Publisher {
             let body = json!({ "metadata": { "labels": labels } });
             bodies.push((Kind::NodeLabels, Some(body)));
         }
-        if let Some(slices) = &desired.resource_slices {
-            for kind in [Kind::GpuSlice, Kind::NpuSlice] {
-                let body = kind
-                    .driver()
-                    .and_then(|driver| slices.get(driver))
-                    .map(|spec| json!({ "spec": spec }));
-                bodies.push((kind, body));
+        if let Some(pools) = &desired.resource_slices {
+            for driver in dra::DRIVERS {
+                let mut specs: Vec<Value> = pools
+                    .get(driver)
+                    .into_iter()
+                    .flatten()
+                    .map(|spec| json!({ "spec": spec }))
+                    .collect();
+                let generation = self.pool_generation(driver, &specs);
+                for body in &mut specs {
+                    body["spec"]["pool"]["generation"] = json!(generation);
+                }
+                let mut specs = specs.into_iter();
+                for k in 0..slices::MAX_SLICES {
+                    bodies.push((Kind::slice(driver, k), specs.next()));
+                }
             }
         }
         if let Some(info) = &desired.ascend_device_info {
@@ -280,6 +298,42 @@ impl Publisher {
             }
         }
         Ok(writes)
+    }
+
+    /// The generation to write the pool of `driver` as `bodies` with: the live one while the
+    /// live slices hold exactly `bodies`, else one past the highest live one. Consumers use
+    /// only a pool's highest generation, and only once all its slices are there, so a pool
+    /// rewritten slice by slice is never read half old, half new.
+    fn pool_generation(&self, driver: &str, bodies: &[Value]) -> i64 {
+        let live: Vec<Option<Arc<DynamicObject>>> = (0..slices::MAX_SLICES)
+            .map(|k| self.live(Kind::slice(driver, k)))
+            .collect();
+        let highest = live
+            .iter()
+            .flatten()
+            .filter_map(|o| o.data["spec"]["pool"]["generation"].as_i64())
+            .max()
+            .unwrap_or(0);
+        let without_generation = |mut v: Value| {
+            if let Some(pool) = v["spec"]["pool"].as_object_mut() {
+                pool.remove("generation");
+            }
+            v
+        };
+        let same = live.iter().enumerate().all(|(k, o)| match (o, bodies.get(k)) {
+            (None, None) => true,
+            (Some(o), Some(body)) => {
+                o.data["spec"]["pool"]["generation"].as_i64() == Some(highest)
+                    && without_generation(Self::live_part(Kind::slice(driver, k), o, body))
+                        == without_generation(body.clone())
+            }
+            _ => false,
+        });
+        if same && highest > 0 {
+            highest
+        } else {
+            highest + 1
+        }
     }
 
     /// `UpdateTime` for the device lists of `info`: moves only when they change (kept from
@@ -311,15 +365,15 @@ impl Publisher {
             Kind::NodeResourceTopology => Some(&self.nrt),
             Kind::DeviceTopology | Kind::DeviceTopologyStatus => Some(&self.device_topology),
             Kind::NodeLabels => Some(&self.nodes),
-            Kind::GpuSlice | Kind::NpuSlice => self.resource_slices.as_ref(),
+            Kind::GpuSlice(_) | Kind::NpuSlice(_) => self.resource_slices.as_ref(),
             Kind::AscendDeviceInfo => self.ascend_device_info.as_ref(),
         }
     }
 
     /// The name of this node's object of `kind`.
     fn object_name(&self, kind: Kind) -> String {
-        match kind.driver() {
-            Some(driver) => slices::slice_name(&self.node, driver),
+        match kind.pool_slice() {
+            Some((driver, k)) => slices::slice_name(&self.node, driver, k),
             None if kind == Kind::AscendDeviceInfo => ascend::configmap_name(&self.node),
             None => self.node.clone(),
         }
@@ -378,7 +432,7 @@ impl Publisher {
                 }
                 v
             }
-            Kind::GpuSlice | Kind::NpuSlice => {
+            Kind::GpuSlice(_) | Kind::NpuSlice(_) => {
                 // The API server stamps `timeAdded` on taints we leave it out of.
                 let mut spec = data.get("spec").cloned().unwrap_or(Value::Null);
                 for device in spec

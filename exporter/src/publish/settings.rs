@@ -76,6 +76,8 @@ pub struct DraSlices {
     pub devices: BTreeSet<String>,
     /// Of those, the ones several claims may hold at once, with how many.
     pub shares: BTreeMap<String, u32>,
+    /// Of those, the ones published as partitionable devices ([`fumarole_topology::dra::partitions`]).
+    pub partitioned: BTreeSet<String>,
 }
 
 impl PublishArgs {
