@@ -414,7 +414,11 @@ async fn every_manifest_passes_a_server_side_dry_run() {
 
     // The DRA DeviceClasses: deploy/dra applies, and the chart renders the same when asked.
     let device_classes = kustomization(&deploy_dir().join("dra")).unwrap();
-    assert_eq!(device_classes.len(), 4, "whole devices and partitions, per driver");
+    assert_eq!(
+        device_classes.len(),
+        4,
+        "whole devices and partitions, per driver"
+    );
     for (name, object) in &device_classes {
         if let Err(e) = apply(&client, object, true).await {
             panic!("{name}: server-side dry-run apply failed: {e}");

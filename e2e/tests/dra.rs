@@ -748,6 +748,21 @@ async fn the_kubelets_dra_manager_prepares_one_shared_npu_for_two_claims() {
     );
 }
 
+/// The slices of `node`'s pool of `driver`.
+async fn pool_of(
+    slices: &Api<ResourceSlice>,
+    node: &str,
+    driver: &str,
+) -> kube::Result<Vec<ResourceSlice>> {
+    Ok(slices
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|s| s.spec.pool.name == node && s.spec.driver == driver)
+        .collect())
+}
+
 /// MIG partitions through DRA (`draPartitions`) on a DGX H100, allocated by the real
 /// kube-scheduler's DRA allocator from the counters fumarole publishes: two MIG instances
 /// that fit share one GPU, at placements that do not overlap; a third that does not fit
@@ -762,7 +777,7 @@ async fn mig_partitions_that_fit_share_a_gpu_and_overlapping_ones_wait() {
         .create_node(&NodeSpec::new(node).capacity("cpu", "224"))
         .await
         .unwrap();
-    let _agent = cluster
+    let agent = cluster
         .start_dra_agent_with(
             "dgx-h100",
             "nvidia",
@@ -778,13 +793,7 @@ async fn mig_partitions_that_fit_share_a_gpu_and_overlapping_ones_wait() {
     let pool = eventually("the pool's five slices", Duration::from_secs(60), || {
         let slices = slices.clone();
         async move {
-            let pool: Vec<ResourceSlice> = slices
-                .list(&ListParams::default())
-                .await?
-                .items
-                .into_iter()
-                .filter(|s| s.spec.pool.name == node && s.spec.driver == GPU_DRIVER)
-                .collect();
+            let pool = pool_of(&slices, node, GPU_DRIVER).await?;
             let complete = pool.len() == 5
                 && pool.iter().all(|s| {
                     s.spec.pool.resource_slice_count == 5
@@ -844,33 +853,75 @@ async fn mig_partitions_that_fit_share_a_gpu_and_overlapping_ones_wait() {
     let waits = |name: &'static str, spec: Value| {
         let cluster = &cluster;
         async move {
-            tokio::time::timeout(
-                Duration::from_secs(15),
-                claim_and_pod(cluster, name, spec),
-            )
-            .await
-            .is_err()
+            tokio::time::timeout(Duration::from_secs(15), claim_and_pod(cluster, name, spec))
+                .await
+                .is_err()
         }
     };
+    let writes = slice_writes(&cluster);
     let (small, whole0, part1) = tokio::join!(
         waits("mig-1g", mig(0, "1g.10gb")),
         waits("whole-0", whole(0)),
         waits("mig-on-whole", mig(1, "1g.10gb")),
     );
-    assert!(small, "a 1g.10gb got GPU 0 while 4g.40gb and 3g.40gb held all its slices");
-    assert!(whole0, "GPU 0 was given whole while two of its MIG instances were held");
-    assert!(part1, "a MIG instance of GPU 1 was given while GPU 1 was held whole");
+    assert!(
+        small,
+        "a 1g.10gb got GPU 0 while 4g.40gb and 3g.40gb held all its slices"
+    );
+    assert!(
+        whole0,
+        "GPU 0 was given whole while two of its MIG instances were held"
+    );
+    assert!(
+        part1,
+        "a MIG instance of GPU 1 was given while GPU 1 was held whole"
+    );
     let claims: Api<ResourceClaim> = Api::namespaced(cluster.client(), "default");
     for name in ["mig-1g", "whole-0", "mig-on-whole"] {
         let c = claims.get(name).await.unwrap();
         assert!(
-            c.status.as_ref().and_then(|s| s.allocation.as_ref()).is_none(),
+            c.status
+                .as_ref()
+                .and_then(|s| s.allocation.as_ref())
+                .is_none(),
             "{name}: {:?}",
             c.status
         );
     }
+    assert_eq!(
+        slice_writes(&cluster),
+        writes,
+        "the pool, unchanged, is not written again (re-checked every second)"
+    );
     // Elsewhere the same ask fits at once: GPU 2's first slice.
     let (c, _) = claim_and_pod(&cluster, "mig-1g-2", mig(2, "1g.10gb")).await;
     assert_eq!(device_of(&c), "nvidia-2-1g-10gb-0");
-}
 
+    // GPU 3 goes (its device node disappears): the whole pool is written again under the next
+    // generation, and GPU 3 and every one of its partitions carry the taint.
+    let generation = pool[0].spec.pool.generation;
+    std::fs::remove_file(agent.root.join("dev/nvidia3")).unwrap();
+    eventually(
+        "the pool's next generation",
+        Duration::from_secs(60),
+        || {
+            let slices = slices.clone();
+            async move {
+                let pool = pool_of(&slices, node, GPU_DRIVER).await?;
+                let next = pool.len() == 5
+                    && pool
+                        .iter()
+                        .all(|s| s.spec.pool.generation == generation + 1);
+                let gpu3: Vec<bool> = pool
+                    .iter()
+                    .flat_map(|s| s.spec.devices.iter().flatten())
+                    .filter(|d| d.name == "nvidia-3" || d.name.starts_with("nvidia-3-"))
+                    .map(|d| d.taints.as_ref().is_some_and(|t| !t.is_empty()))
+                    .collect();
+                Ok((next && gpu3.len() == 26 && gpu3.iter().all(|t| *t)).then_some(()))
+            }
+        },
+    )
+    .await
+    .unwrap();
+}

@@ -219,7 +219,10 @@ pub fn find_partition<'t>(
         .iter()
         .filter(|d| driver(d) == driver_name && name.starts_with(&format!("{}-", device_name(d))))
         .find_map(|d| {
-            let p = partitions(d)?.partitions.into_iter().find(|p| p.name == name)?;
+            let p = partitions(d)?
+                .partitions
+                .into_iter()
+                .find(|p| p.name == name)?;
             Some((d, p))
         })
 }
@@ -306,8 +309,14 @@ pub fn partition_attributes(
 ) -> BTreeMap<String, AttributeValue> {
     let mut out = attributes(t, i, groups);
     out.insert(TYPE.into(), AttributeValue::String(PARTITION.into()));
-    out.insert(PROFILE.into(), AttributeValue::String(p.profile.name.into()));
-    out.insert(PLACEMENT.into(), AttributeValue::Int(i64::from(p.placement)));
+    out.insert(
+        PROFILE.into(),
+        AttributeValue::String(p.profile.name.into()),
+    );
+    out.insert(
+        PLACEMENT.into(),
+        AttributeValue::Int(i64::from(p.placement)),
+    );
     out
 }
 
@@ -385,13 +394,22 @@ mod tests {
         t.devices[1].model = "NVIDIA H100 80GB HBM3".into();
         let d = &t.devices[1];
         let p = partitions(d).unwrap();
-        assert_eq!(p.counters.len(), 9, "8 memory slices and the media extensions");
+        assert_eq!(
+            p.counters.len(),
+            9,
+            "8 memory slices and the media extensions"
+        );
         assert_eq!(p.partitions.len(), 7 + 7 + 4 + 3 + 2 + 1 + 1);
         let by_name = |n: &str| p.partitions.iter().find(|x| x.name == n).unwrap();
         let p3g = by_name("nvidia-1-3g-40gb-4");
         assert_eq!(
             p3g.consumes.keys().collect::<Vec<_>>(),
-            ["memory-slice-4", "memory-slice-5", "memory-slice-6", "memory-slice-7"]
+            [
+                "memory-slice-4",
+                "memory-slice-5",
+                "memory-slice-6",
+                "memory-slice-7"
+            ]
         );
         assert_eq!(by_name("nvidia-1-1g-10gb-me-6").consumes.len(), 2);
         for x in &p.partitions {
@@ -401,7 +419,10 @@ mod tests {
         let (found, fp) = find_partition(&t, GPU_DRIVER, "nvidia-1-3g-40gb-4").unwrap();
         assert_eq!((found.index, fp.placement), (1, 4));
         assert!(find_partition(&t, GPU_DRIVER, "nvidia-1-3g-40gb-2").is_none());
-        assert!(find_partition(&t, GPU_DRIVER, "nvidia-0-3g-40gb-4").is_none(), "no catalogue");
+        assert!(
+            find_partition(&t, GPU_DRIVER, "nvidia-0-3g-40gb-4").is_none(),
+            "no catalogue"
+        );
         let a = partition_attributes(&t, 1, &t.links.fabric_groups(), p3g);
         assert_eq!(a[TYPE], AttributeValue::String(PARTITION.into()));
         assert_eq!(a[PROFILE], AttributeValue::String("3g.40gb".into()));

@@ -147,7 +147,11 @@ pub fn start(
 /// partition table is published whole, with a warning.
 fn partitioned(dra: &[Resource], topology: &NodeTopology) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
-    for d in dra.iter().flat_map(|r| &r.devices).filter(|d| d.dra_partitions) {
+    for d in dra
+        .iter()
+        .flat_map(|r| &r.devices)
+        .filter(|d| d.dra_partitions)
+    {
         let model = topology.devices.get(d.position).map(|t| t.model.as_str());
         match model {
             Some(m) if fumarole_topology::share::Catalogue::for_model(m).is_some() => {

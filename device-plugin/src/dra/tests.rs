@@ -656,7 +656,10 @@ async fn a_partition_is_scheduled_but_not_prepared_and_says_why() {
     );
     // No such placement, and GPU 0's model has no MIG table: not a device at all.
     for name in ["nvidia-1-3g-40gb-2", "nvidia-0-3g-40gb-4"] {
-        assert!(matches!(node.lookup(GPU_DRIVER, name), Err(LookupError::Unknown { .. })));
+        assert!(matches!(
+            node.lookup(GPU_DRIVER, name),
+            Err(LookupError::Unknown { .. })
+        ));
     }
     let cdi_dir = tempfile::tempdir().unwrap();
     let claims = FakeClaims::with(&[claim(
@@ -667,9 +670,15 @@ async fn a_partition_is_scheduled_but_not_prepared_and_says_why() {
     let p = plugin(GPU_DRIVER, &node, cdi_dir.path(), claims);
     let e = p.prepare(&reference("mig", "uid-mig")).await.unwrap_err();
     assert!(
-        e.to_string().contains("is a 1g.10gb partition of GPU-uuid-1 on node node-a")
+        e.to_string()
+            .contains("is a 1g.10gb partition of GPU-uuid-1 on node node-a")
             && e.to_string().contains("does not yet create them"),
         "{e}"
     );
-    assert!(!cdi_dir.path().join(cdi::file_name(GPU_DRIVER, "uid-mig")).exists());
+    assert!(
+        !cdi_dir
+            .path()
+            .join(cdi::file_name(GPU_DRIVER, "uid-mig"))
+            .exists()
+    );
 }

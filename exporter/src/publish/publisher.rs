@@ -320,15 +320,18 @@ impl Publisher {
             }
             v
         };
-        let same = live.iter().enumerate().all(|(k, o)| match (o, bodies.get(k)) {
-            (None, None) => true,
-            (Some(o), Some(body)) => {
-                o.data["spec"]["pool"]["generation"].as_i64() == Some(highest)
-                    && without_generation(Self::live_part(Kind::slice(driver, k), o, body))
-                        == without_generation(body.clone())
-            }
-            _ => false,
-        });
+        let same = live
+            .iter()
+            .enumerate()
+            .all(|(k, o)| match (o, bodies.get(k)) {
+                (None, None) => true,
+                (Some(o), Some(body)) => {
+                    o.data["spec"]["pool"]["generation"].as_i64() == Some(highest)
+                        && without_generation(Self::live_part(Kind::slice(driver, k), o, body))
+                            == without_generation(body.clone())
+                }
+                _ => false,
+            });
         if same && highest > 0 {
             highest
         } else {

@@ -136,7 +136,11 @@ pub fn resource_slices(
                     .collect()
             };
             if specs.len() > MAX_SLICES {
-                tracing::warn!(driver, slices = specs.len(), "more slices than the publisher writes; the last are left out");
+                tracing::warn!(
+                    driver,
+                    slices = specs.len(),
+                    "more slices than the publisher writes; the last are left out"
+                );
                 specs.truncate(MAX_SLICES);
             }
             let count = i64::try_from(specs.len()).unwrap_or(i64::MAX);
@@ -440,7 +444,10 @@ mod tests {
             [0, 0, 0, 0, 4, 4, 4, 4].map(Some)
         );
         assert_eq!(slice_name("n1", dra::NPU_DRIVER, 0), "n1-npu.fumarole.dev");
-        assert_eq!(slice_name("n1", dra::NPU_DRIVER, 2), "n1-npu.fumarole.dev-2");
+        assert_eq!(
+            slice_name("n1", dra::NPU_DRIVER, 2),
+            "n1-npu.fumarole.dev-2"
+        );
     }
 
     #[test]
@@ -464,9 +471,16 @@ mod tests {
         // counter sets in one slice of their own.
         assert_eq!(specs.len(), 5);
         assert!(specs.iter().all(|s| s.pool.resource_slice_count == 5));
-        let devices: Vec<&Device> = specs.iter().flat_map(|s| s.devices.iter().flatten()).collect();
+        let devices: Vec<&Device> = specs
+            .iter()
+            .flat_map(|s| s.devices.iter().flatten())
+            .collect();
         assert_eq!(devices.len(), 208);
-        assert!(specs[..4].iter().all(|s| s.devices.as_ref().unwrap().len() <= 64 && s.shared_counters.is_none()));
+        assert!(
+            specs[..4]
+                .iter()
+                .all(|s| s.devices.as_ref().unwrap().len() <= 64 && s.shared_counters.is_none())
+        );
         let sets = specs[4].shared_counters.as_ref().unwrap();
         assert!(specs[4].devices.is_none());
         assert_eq!(sets.len(), 8);
@@ -475,7 +489,10 @@ mod tests {
         // The whole GPU takes its whole set; a partition its placement's slices.
         let by_name = |n: &str| *devices.iter().find(|d| d.name == n).unwrap();
         let whole = by_name("nvidia-0").consumes_counters.as_ref().unwrap();
-        assert_eq!((whole[0].counter_set.as_str(), whole[0].counters.len()), ("nvidia-0", 9));
+        assert_eq!(
+            (whole[0].counter_set.as_str(), whole[0].counters.len()),
+            ("nvidia-0", 9)
+        );
         let part = by_name("nvidia-0-2g-20gb-2");
         let taken = part.consumes_counters.as_ref().unwrap();
         assert_eq!(
@@ -485,7 +502,12 @@ mod tests {
         let a = part.attributes.as_ref().unwrap();
         assert_eq!(a[dra::TYPE].string.as_deref(), Some(dra::PARTITION));
         assert_eq!(a[dra::PROFILE].string.as_deref(), Some("2g.20gb"));
-        assert_eq!(by_name("nvidia-0").attributes.as_ref().unwrap()[dra::TYPE].string.as_deref(), Some(dra::WHOLE));
+        assert_eq!(
+            by_name("nvidia-0").attributes.as_ref().unwrap()[dra::TYPE]
+                .string
+                .as_deref(),
+            Some(dra::WHOLE)
+        );
         // A sick GPU's partitions are tainted with it.
         assert!(by_name("nvidia-7-1g-10gb-3").taints.is_some());
         assert!(part.taints.is_none());
