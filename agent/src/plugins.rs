@@ -10,7 +10,7 @@ use anyhow::{Context, Result};
 use fumarole_device_plugin::admission::Outcome;
 use fumarole_device_plugin::config::Config;
 use fumarole_device_plugin::dra::claims::ClaimReader;
-use fumarole_device_plugin::dra::node::DraNode;
+use fumarole_device_plugin::dra::node::{DraNode, Partitioner};
 use fumarole_device_plugin::dra::serve::{self as dra_serve, DraDirs, DraServer};
 use fumarole_device_plugin::plugin::{DevicePluginService, Pods};
 use fumarole_device_plugin::register;
@@ -118,12 +118,16 @@ pub fn start_dra(
     resources: Vec<Resource>,
     dirs: &DraDirs,
     claims: Arc<dyn ClaimReader>,
+    partitioner: Option<Arc<dyn Partitioner>>,
 ) -> Result<Option<DraServer>> {
     if resources.iter().all(|r| r.devices.is_empty()) {
         return Ok(None);
     }
     let devices: usize = resources.iter().map(|r| r.devices.len()).sum();
-    let node = DraNode::new(node_name, topology.clone(), resources);
+    let mut node = DraNode::new(node_name, topology.clone(), resources);
+    if let Some(p) = partitioner {
+        node = node.with_partitioner(p);
+    }
     let server = dra_serve::start(dirs, node, claims).with_context(|| {
         format!(
             "serving the DRA plugin (--dra-registry-dir {}, --dra-plugins-dir {}, --cdi-dir {})",

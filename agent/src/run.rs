@@ -42,6 +42,7 @@ use crate::{plugins, pods};
 
 mod colocation;
 mod devices;
+mod partitions;
 mod publishing;
 
 use devices::{DeviceSettings, Devices};
@@ -97,6 +98,7 @@ async fn serve(args: RunArgs, node_name: String, mut prepared: Prepared) -> Resu
     let devices = DeviceSettings {
         plugins: args.device_plugins.settings(),
         dra: args.dra.dirs(),
+        nvml: prepared.nvml_source.clone(),
     };
     if let Some(key) = &publish.super_node_label
         && prepared.options.super_node.is_none()

@@ -198,8 +198,11 @@ pub fn resources_with(
                 tracing::warn!(device = %d.id, entry = i, "{m}: serving what NVML reports");
             }
         }
+        // A GPU whose MIG devices are DRA's own partitions (`draPartitions`) is served whole.
+        let dra_partitions = rule.is_some_and(|(_, r)| r.dra_partitions);
         if let Some((i, r)) = rule
             && !d.mig.is_empty()
+            && !dra_partitions
         {
             check_mig(d, r).map_err(|(field, message)| ConfigError::Invalid {
                 file: config.file(),
@@ -239,7 +242,7 @@ pub fn resources_with(
         };
         // A GPU in MIG mode is served as its MIG devices, each under `nvidia.com/mig-<profile>`
         // (NVIDIA's mixed strategy), with the GPU's place, nodes and health.
-        let served: Vec<(Option<String>, PluginDevice)> = if d.mig.is_empty() {
+        let served: Vec<(Option<String>, PluginDevice)> = if d.mig.is_empty() || dra_partitions {
             vec![(None, whole)]
         } else {
             d.mig
@@ -1307,6 +1310,17 @@ resources:
                 "{e}"
             );
         }
+        // Unless its MIG devices are DRA's own partitions: the GPU is served whole through
+        // DRA (an agent started again while claims hold partitions).
+        let c = config(
+            "resources:\n  - match: {vendor: nvidia}\n    servedBy: dra\n    draPartitions: true\n",
+        );
+        let rs = resources_with(&t, root.path(), false, &c).unwrap();
+        let gpus = by_name(&rs, "nvidia.com/gpu");
+        let ids: Vec<&str> = gpus.devices.iter().map(|d| d.id.as_str()).collect();
+        assert_eq!(ids, ["GPU-a", "GPU-b"]);
+        assert!(gpus.devices.iter().all(|d| d.dra_partitions));
+        assert!(rs.iter().all(|r| !r.name.starts_with("nvidia.com/mig-")));
     }
 
     #[test]

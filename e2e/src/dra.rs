@@ -3,7 +3,7 @@
 //! harness node's kubelet directories ([`DraKubelet`]) or in directories of their own; and the
 //! DeviceClasses of fumarole's drivers ([`TestCluster::install_dra_device_classes`]).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 
@@ -66,6 +66,47 @@ impl TestCluster {
     ) -> Result<DraAgent> {
         let dir = tempfile::tempdir()?;
         let root = fixture_root(fixture, dir.path())?;
+        self.start_dra_agent_at(dir, root, vendor, node, kubelet, process, setting, None)
+    }
+
+    /// [`Self::start_dra_agent_with`] for NVIDIA GPUs on a root made in `dir` by
+    /// [`crate::standin::nvidia_root`], NVIDIA answers from the NVML stand-in `nvml`
+    /// (`(library, state file)`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn start_nvidia_dra_agent(
+        &self,
+        dir: tempfile::TempDir,
+        root: PathBuf,
+        nvml: (&Path, &Path),
+        node: &str,
+        kubelet: Option<&DraKubelet>,
+        process: &str,
+        setting: &str,
+    ) -> Result<DraAgent> {
+        self.start_dra_agent_at(
+            dir,
+            root,
+            "nvidia",
+            node,
+            kubelet,
+            process,
+            setting,
+            Some(nvml),
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn start_dra_agent_at(
+        &self,
+        dir: tempfile::TempDir,
+        root: PathBuf,
+        vendor: &str,
+        node: &str,
+        kubelet: Option<&DraKubelet>,
+        process: &str,
+        setting: &str,
+        nvml: Option<(&Path, &Path)>,
+    ) -> Result<DraAgent> {
         let config = dir.path().join("device-plugin-config.yaml");
         let mut text = format!("resources:\n  - match: {{vendor: {vendor}}}\n    servedBy: dra\n");
         for line in setting.lines().filter(|l| !l.trim().is_empty()) {
@@ -80,7 +121,11 @@ impl TestCluster {
             Some(k) => (k.registry.clone(), k.plugins.clone(), k.cdi.clone()),
             None => (own("plugins_registry"), own("plugins"), own("cdi")),
         };
-        AgentBuilder::root(&root)
+        let mut agent = AgentBuilder::root(&root);
+        if let Some((lib, state)) = nvml {
+            agent = agent.nvml_standin(lib, state);
+        }
+        agent
             .process(&format!("{process}-{node}"))
             .node(node)
             .path_flag("--device-plugin-config", &config)

@@ -22,6 +22,7 @@ use std::time::Duration;
 use fumarole_e2e::cluster::eventually;
 use fumarole_e2e::dra::{DraAgent, DraKubelet};
 use fumarole_e2e::harness_node::HarnessNode;
+use fumarole_e2e::standin::nvidia_root;
 use fumarole_e2e::{NodeSpec, TestCluster};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
@@ -924,4 +925,143 @@ async fn mig_partitions_that_fit_share_a_gpu_and_overlapping_ones_wait() {
     )
     .await
     .unwrap();
+}
+
+/// The kubelet's own DRA manager (a harness node) prepares claims on MIG partitions: the
+/// agent makes each MIG instance through NVML (the stand-in library) at the placement the
+/// scheduler allocated, two halves of one GPU side by side, each pod admitted with its MIG
+/// device's uuid, and a pod's end removes its instance and only its.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_kubelets_dra_manager_gets_a_mig_instance_made_for_a_claim() {
+    let cluster = TestCluster::start().await.unwrap();
+    install_device_classes(&cluster).await;
+    cluster.start_kube_scheduler("").await.unwrap();
+    let name = "dgx-mig-hs";
+    cluster
+        .create_node(&NodeSpec::new(name).capacity("cpu", "224"))
+        .await
+        .unwrap();
+    let (harness, cdi_dir, dirs) = harness_node(&cluster, name).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (root, lib, mut nvml) = nvidia_root(dir.path()).unwrap();
+    // MIG mode on every GPU, no MIG device yet.
+    nvml.edit(|s| {
+        for g in s["gpus"].as_array_mut().unwrap() {
+            g["migCapable"] = json!(true);
+            g["migEnabled"] = json!(true);
+        }
+    });
+    let state = nvml.path.clone();
+    let _agent = cluster
+        .start_nvidia_dra_agent(
+            dir,
+            root,
+            (&lib, &state),
+            name,
+            Some(&dirs),
+            "agent",
+            "draPartitions: true",
+        )
+        .unwrap();
+    harness
+        .wait_dra_plugin(GPU_DRIVER, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let slices: Api<ResourceSlice> = Api::all(cluster.client());
+    eventually("the pool's five slices", Duration::from_secs(60), || {
+        let slices = slices.clone();
+        async move { Ok((pool_of(&slices, name, GPU_DRIVER).await?.len() == 5).then_some(())) }
+    })
+    .await
+    .unwrap();
+    let mig_devices = |gpu: usize| -> Vec<Value> {
+        let s: Value = serde_json::from_str(&std::fs::read_to_string(&state).unwrap()).unwrap();
+        s["gpus"][gpu]["migDevices"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    };
+
+    let half_of_gpu2 = || {
+        json!({
+            "devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": "gpu-partition.fumarole.dev",
+                "selectors": [{"cel": {"expression": "device.attributes[\"fumarole.dev\"].index == 2 && device.attributes[\"fumarole.dev\"].profile == \"3g.40gb\""}}],
+            }}]}
+        })
+    };
+    let (claim, bound) = claim_and_pod(&cluster, "mig-a", half_of_gpu2()).await;
+    assert_eq!(bound, name);
+    assert_eq!(
+        allocated_of(&claim, GPU_DRIVER),
+        [("gpu".to_string(), "nvidia-2-3g-40gb-0".to_string())]
+    );
+    let uid = claim["metadata"]["uid"].as_str().unwrap().to_string();
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let pod = pods.get("mig-a").await.unwrap();
+    let record = harness
+        .wait_record(&pod, Duration::from_secs(60), |r| r.state == "admitted")
+        .await
+        .unwrap();
+    assert!(record.dra.as_ref().unwrap().prepared, "{record:?}");
+    assert_eq!(
+        record.container("main").unwrap().cdi_devices,
+        [format!("{GPU_DRIVER}/claim={uid}-nvidia-2-3g-40gb-0")]
+    );
+    // NVML now lists one MIG device on GPU 2: a 3g.40gb GPU instance on memory slices 0-3
+    // with its compute instance; the container is given its uuid.
+    let made = mig_devices(2);
+    assert_eq!(made.len(), 1, "{made:?}");
+    assert_eq!(made[0]["placement"], json!([0, 4]));
+    assert_eq!(made[0]["computeInstance"], json!(0));
+    assert!(
+        made[0]["name"].as_str().unwrap().ends_with("MIG 3g.40gb"),
+        "{made:?}"
+    );
+    let uuid = made[0]["uuid"].as_str().unwrap().to_string();
+    assert!(uuid.starts_with("MIG-"), "{uuid}");
+    assert!(mig_devices(0).is_empty() && mig_devices(1).is_empty());
+    let spec_file = cdi_dir
+        .path()
+        .join(format!("{GPU_DRIVER}-claim_{uid}.json"));
+    let spec: Value = serde_json::from_str(&std::fs::read_to_string(&spec_file).unwrap()).unwrap();
+    let env: Vec<&str> = spec["containerEdits"]["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e.as_str().unwrap())
+        .collect();
+    assert!(
+        env.contains(&format!("NVIDIA_VISIBLE_DEVICES={uuid}").as_str()),
+        "{spec}"
+    );
+
+    // A second 3g.40gb on GPU 2 gets the other half: its own instance on slices 4-7.
+    let (claim_b, _) = claim_and_pod(&cluster, "mig-b", half_of_gpu2()).await;
+    assert_eq!(
+        allocated_of(&claim_b, GPU_DRIVER),
+        [("gpu".to_string(), "nvidia-2-3g-40gb-4".to_string())]
+    );
+    let pod_b = pods.get("mig-b").await.unwrap();
+    harness
+        .wait_record(&pod_b, Duration::from_secs(60), |r| r.state == "admitted")
+        .await
+        .unwrap();
+    let made = mig_devices(2);
+    assert_eq!(made.len(), 2, "{made:?}");
+    assert_eq!(made[1]["placement"], json!([4, 4]));
+    assert_ne!(made[1]["uuid"], json!(uuid));
+
+    // The first pod ends: its claim is unprepared and its MIG instance is gone; the other's stays.
+    pods.delete("mig-a", &Default::default()).await.unwrap();
+    harness
+        .wait_record(&pod, Duration::from_secs(60), |r| {
+            r.dra.as_ref().is_some_and(|d| d.unprepared)
+        })
+        .await
+        .unwrap();
+    assert!(!spec_file.exists());
+    let left = mig_devices(2);
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert_eq!(left[0]["placement"], json!([4, 4]));
 }

@@ -12,4 +12,5 @@ pub mod device_health;
 pub mod discover;
 pub mod fixtures;
 pub mod kubelet;
+pub mod mig;
 pub mod publish;

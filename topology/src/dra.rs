@@ -128,6 +128,16 @@ pub struct Partition {
     pub consumes: BTreeMap<String, u64>,
 }
 
+/// A partition made on the hardware for a claim (a MIG device): what the container is given
+/// and the ids that find its instances again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MadePartition {
+    /// `MIG-...`.
+    pub uuid: String,
+    pub gpu_instance: u32,
+    pub compute_instance: u32,
+}
+
 /// A partitionable device: its counter set (named [`device_name`]) and its partitions. The
 /// whole device consumes the whole set.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -11,14 +11,18 @@ use std::time::Duration;
 use anyhow::Result;
 use fumarole_device_plugin::admission::PodSource;
 use fumarole_device_plugin::dra::claims::KubeClaims;
+use fumarole_device_plugin::dra::node::Partitioner;
 use fumarole_device_plugin::dra::serve::{DraDirs, DraServer};
 use fumarole_device_plugin::plugin::Pods;
 use fumarole_device_plugin::resources::{Resource, split};
 use fumarole_device_plugin::settings::DevicePluginSettings;
 use fumarole_exporter::device_health::HealthStream;
+use fumarole_exporter::mig::MigLibrary;
 use fumarole_exporter::publish::{DraSlices, LatestAllocations};
 use fumarole_topology::NodeTopology;
 
+use super::partitions::NvmlPartitions;
+use crate::node::NvmlSource;
 use crate::{plugins, pods};
 
 /// The devices' settings: the device plugins' and the DRA plugin's.
@@ -26,6 +30,9 @@ use crate::{plugins, pods};
 pub struct DeviceSettings {
     pub plugins: DevicePluginSettings,
     pub dra: DraDirs,
+    /// Where NVIDIA answers come from: with the library, DRA claims on MIG partitions are
+    /// prepared by making the instances through it.
+    pub nvml: NvmlSource,
 }
 
 /// The resources the node serves (device plugins and DRA together) under the device-plugin
@@ -111,12 +118,19 @@ pub fn start(
         .filter_map(|d| Some((d.id.clone(), d.dra_shares?)))
         .collect();
     let dra_partitioned = partitioned(&dra, &topology);
+    let partitioner = match &settings.nvml {
+        NvmlSource::Library(path) if !dra_partitioned.is_empty() => {
+            Some(Arc::new(NvmlPartitions(MigLibrary::new(path.clone()))) as Arc<dyn Partitioner>)
+        }
+        _ => None,
+    };
     let server = plugins::start_dra(
         node_name,
         &topology,
         dra,
         &settings.dra,
         Arc::new(KubeClaims::new(client.clone())),
+        partitioner,
     )?;
     let dra_devices = server.as_ref().map(|_| dra_devices);
     if let Some(dir) = settings.plugins.dir.clone()

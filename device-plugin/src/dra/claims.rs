@@ -60,6 +60,13 @@ pub enum PrepareError {
     /// An allocated device is not one this plugin serves here.
     #[error("ResourceClaim {claim}: {source}")]
     Device { claim: String, source: LookupError },
+    /// A partition could not be made or removed.
+    #[error("ResourceClaim {claim}: partition {device}: {reason}")]
+    Partition {
+        claim: String,
+        device: String,
+        reason: String,
+    },
     /// The spec file could not be written, read or removed.
     #[error("ResourceClaim {claim}: CDI spec {path}: {reason}")]
     Spec {

@@ -2,8 +2,10 @@
 //! DRA side of its resources ([`crate::resources::split`]), looked up by driver and device
 //! name exactly as the exporter names them in ResourceSlices ([`fumarole_topology::dra`]).
 
-use fumarole_topology::NodeTopology;
-use fumarole_topology::dra;
+use std::sync::Arc;
+
+use fumarole_topology::dra::{self, MadePartition, Partition};
+use fumarole_topology::{Device, NodeTopology};
 
 use crate::resources::{PluginDevice, Resource};
 
@@ -15,6 +17,24 @@ pub struct DraNode {
     topology: NodeTopology,
     /// The resources' DRA-served devices, with their resource's env vars and shared nodes.
     resources: Vec<Resource>,
+    /// Makes the partitions claims hold (MIG instances through NVML), when the node can.
+    partitioner: Option<Arc<dyn Partitioner>>,
+}
+
+/// Makes and removes the hardware partitions DRA claims hold. Calls may block (a vendor
+/// library): the plugin makes them off its async threads.
+pub trait Partitioner: Send + Sync {
+    /// Makes `partition` of device `parent`.
+    fn create(&self, parent: &Device, partition: &Partition) -> Result<MadePartition, String>;
+    /// Removes what [`Partitioner::create`] made on the device of uuid `parent_uuid`; what is
+    /// already gone is not an error.
+    fn destroy(&self, parent_uuid: &str, made: &MadePartition) -> Result<(), String>;
+}
+
+impl std::fmt::Debug for dyn Partitioner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Partitioner")
+    }
 }
 
 /// A device found by name, with the resource that says what a container gets for it.
@@ -43,9 +63,10 @@ pub enum LookupError {
         id: String,
         node: String,
     },
-    /// A partition (`draPartitions`): scheduled, but this plugin does not create partitions.
+    /// A partition (`draPartitions`) this node cannot make: no NVML (or a vNPU, which the
+    /// plugin does not make).
     #[error(
-        "device {device:?} is a {profile} partition of {id} on node {node}: the scheduler may allocate partitions, but this DRA plugin does not yet create them (a MIG instance through NVML, a vNPU through DCMI), so it cannot prepare the claim"
+        "device {device:?} is a {profile} partition of {id} on node {node}: this DRA plugin cannot make it here (MIG instances need the NVML library; Ascend vNPUs are not made yet), so it cannot prepare the claim"
     )]
     PartitionNotCreated {
         device: String,
@@ -63,7 +84,47 @@ impl DraNode {
             node_name: node_name.to_string(),
             topology,
             resources,
+            partitioner: None,
         }
+    }
+
+    /// With `p` making the partitions claims hold.
+    pub fn with_partitioner(mut self, p: Arc<dyn Partitioner>) -> Self {
+        self.partitioner = Some(p);
+        self
+    }
+
+    pub fn partitioner(&self) -> Option<&Arc<dyn Partitioner>> {
+        self.partitioner.as_ref()
+    }
+
+    /// When `driver`'s device `name` is a partition of a served device here: the device it
+    /// is cut from (as served, and as discovered), and the partition; `Err` when this node
+    /// cannot make it.
+    pub fn partition(
+        &self,
+        driver: &str,
+        name: &str,
+    ) -> Option<Result<(Served<'_>, &Device, Partition), LookupError>> {
+        let (d, p) = dra::find_partition(&self.topology, driver, name)?;
+        let not_here = || LookupError::PartitionNotCreated {
+            device: name.to_string(),
+            profile: p.profile.name.to_string(),
+            id: d.id.clone(),
+            node: self.node_name.clone(),
+        };
+        // MIG instances only, made through the partitioner.
+        if self.partitioner.is_none() || d.vendor != fumarole_topology::Vendor::Nvidia {
+            return Some(Err(not_here()));
+        }
+        Some(match self.served().find(|s| s.device.id == d.id) {
+            Some(parent) => Ok((parent, d, p)),
+            None => Err(LookupError::NotServed {
+                device: name.to_string(),
+                id: d.id.clone(),
+                node: self.node_name.clone(),
+            }),
+        })
     }
 
     /// The drivers with at least one served device, in [`dra::DRIVERS`] order.

@@ -2,9 +2,11 @@
 //!
 //! Prepare: a claim whose spec file exists is answered from the file (the kubelet asks again
 //! after it restarts, and the answer must not change); otherwise the claim is read, checked
-//! ([`allocation::our_devices`]), its devices looked up ([`DraNode::lookup`]) and its spec
-//! written ([`cdi`]). Unprepare: the file goes. Nothing but the files is kept, so any process
-//! over the same CDI directory can unprepare what another prepared.
+//! ([`allocation::our_devices`]), its devices looked up ([`DraNode::lookup`]), the partitions
+//! among them made ([`DraNode::partition`]: a MIG instance, whose uuid the container gets) and
+//! its spec written ([`cdi`]), the partitions' instance ids in it. Unprepare: the partitions
+//! are removed, then the file. Nothing but the files is kept, so any process over the same CDI
+//! directory can unprepare what another prepared.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -15,7 +17,28 @@ use crate::dra::allocation::{self, Allocated};
 use crate::dra::api;
 use crate::dra::cdi::{self, ClaimDevice};
 use crate::dra::claims::{ClaimReader, ClaimRef, PrepareError};
-use crate::dra::node::DraNode;
+use crate::dra::node::{DraNode, Served};
+use crate::resources::{PluginDevice, Resource};
+use fumarole_topology::dra::MadePartition;
+
+/// CDI device annotations of a partition made for the claim: the uuid of the device it was
+/// cut from, and its GPU and compute instance ids.
+pub const PARTITION_OF_ANNOTATION: &str = "fumarole.dev/partition-of";
+pub const PARTITION_UUID_ANNOTATION: &str = "fumarole.dev/partition-uuid";
+pub const GPU_INSTANCE_ANNOTATION: &str = "fumarole.dev/gpu-instance";
+pub const COMPUTE_INSTANCE_ANNOTATION: &str = "fumarole.dev/compute-instance";
+
+/// One allocated device, ready for the spec: served whole, or a partition made for the claim.
+enum Ready<'a> {
+    Whole(Served<'a>),
+    Made {
+        resource: &'a Resource,
+        /// The parent's served device with the partition's uuid.
+        device: Box<PluginDevice>,
+        parent_uuid: String,
+        made: MadePartition,
+    },
+}
 
 /// One driver's prepare / unprepare. Cheap to share (`Arc`).
 pub struct DriverPlugin {
@@ -78,48 +101,167 @@ impl DriverPlugin {
             })?
             .ok_or_else(|| PrepareError::NotFound(claim.to_string()))?;
         let allocated = allocation::our_devices(&read, claim, self.driver, &self.node.node_name)?;
-        let devices = allocated
-            .into_iter()
-            .map(|Allocated { device, requests }| {
-                let served = self.node.lookup(self.driver, &device).map_err(|source| {
-                    PrepareError::Device {
-                        claim: claim.to_string(),
-                        source,
-                    }
-                })?;
-                Ok(ClaimDevice {
-                    name: device,
-                    requests,
-                    served,
-                })
+        let mut ready: Vec<(Allocated, Ready)> = Vec::new();
+        for a in allocated {
+            match self.ready(claim, &a.device).await {
+                Ok(r) => ready.push((a, r)),
+                Err(e) => {
+                    self.remove_made(made_of(&ready)).await;
+                    return Err(e);
+                }
+            }
+        }
+        let devices: Vec<ClaimDevice> = ready
+            .iter()
+            .map(|(Allocated { device, requests }, r)| ClaimDevice {
+                name: device.clone(),
+                requests: requests.clone(),
+                served: match r {
+                    Ready::Whole(s) => *s,
+                    Ready::Made {
+                        resource, device, ..
+                    } => Served { resource, device },
+                },
             })
-            .collect::<Result<Vec<_>, PrepareError>>()?;
+            .collect();
         if devices.is_empty() {
             // Nothing of ours in this claim here: nothing to add, no file.
             return Ok(Vec::new());
         }
-        let spec = cdi::build(
+        let mut spec = cdi::build(
             self.driver,
             &claim.uid,
             &format!("{}/{}", claim.namespace, claim.name),
             &self.node.node_name,
             &devices,
         );
+        for ((a, r), d) in ready.iter().zip(&mut spec.devices) {
+            if let Ready::Made {
+                parent_uuid, made, ..
+            } = r
+            {
+                debug_assert_eq!(d.annotations[cdi::DEVICE_ANNOTATION], a.device);
+                d.annotations.extend([
+                    (PARTITION_OF_ANNOTATION.to_string(), parent_uuid.clone()),
+                    (PARTITION_UUID_ANNOTATION.to_string(), made.uuid.clone()),
+                    (
+                        GPU_INSTANCE_ANNOTATION.to_string(),
+                        made.gpu_instance.to_string(),
+                    ),
+                    (
+                        COMPUTE_INSTANCE_ANNOTATION.to_string(),
+                        made.compute_instance.to_string(),
+                    ),
+                ]);
+            }
+        }
         let answer = spec
             .answer()
             .ok_or_else(|| spec_error("built without annotations".into()))?;
         let _files = self.files.lock().await;
-        cdi::write(&self.cdi_dir, &file, &spec).map_err(|e| spec_error(e.to_string()))?;
+        if let Err(e) = cdi::write(&self.cdi_dir, &file, &spec) {
+            self.remove_made(made_of(&ready)).await;
+            return Err(spec_error(e.to_string()));
+        }
         tracing::info!(driver = self.driver, %claim, devices = answer.len(), file, "claim prepared");
         Ok(answer)
     }
 
-    /// Undoes [`Self::prepare`]: removes the claim's spec file; a claim never prepared (or
-    /// already unprepared) is success.
+    /// Allocated device `name` of `claim`, served whole or made as a partition.
+    async fn ready(&self, claim: &ClaimRef, name: &str) -> Result<Ready<'_>, PrepareError> {
+        let device_error = |source| PrepareError::Device {
+            claim: claim.to_string(),
+            source,
+        };
+        let Some(found) = self.node.partition(self.driver, name) else {
+            return self
+                .node
+                .lookup(self.driver, name)
+                .map(Ready::Whole)
+                .map_err(device_error);
+        };
+        let (parent, discovered, partition) = found.map_err(device_error)?;
+        let Some(partitioner) = self.node.partitioner().cloned() else {
+            return Err(PrepareError::Partition {
+                claim: claim.to_string(),
+                device: name.to_string(),
+                reason: "no partitioner".into(),
+            });
+        };
+        let (discovered, p) = (discovered.clone(), partition.clone());
+        let made = tokio::task::spawn_blocking(move || partitioner.create(&discovered, &p))
+            .await
+            .unwrap_or_else(|e| Err(format!("making it panicked or was cancelled: {e}")))
+            .map_err(|reason| PrepareError::Partition {
+                claim: claim.to_string(),
+                device: name.to_string(),
+                reason,
+            })?;
+        tracing::info!(driver = self.driver, %claim, device = name, uuid = %made.uuid, "partition made");
+        let parent_uuid = parent
+            .device
+            .uuid
+            .clone()
+            .unwrap_or_else(|| parent.device.id.clone());
+        Ok(Ready::Made {
+            resource: parent.resource,
+            device: Box::new(PluginDevice {
+                id: made.uuid.clone(),
+                uuid: Some(made.uuid.clone()),
+                parent: Some(parent.device.id.clone()),
+                ..parent.device.clone()
+            }),
+            parent_uuid,
+            made,
+        })
+    }
+
+    /// Removes partitions made by a prepare that then failed: (parent uuid, partition).
+    async fn remove_made(&self, made: Vec<(String, MadePartition)>) {
+        for (parent_uuid, made) in made {
+            let uuid = made.uuid.clone();
+            if let Err(e) = self.destroy(parent_uuid, made).await {
+                tracing::warn!(driver = self.driver, %uuid, error = %e, "removing a partition of a failed prepare");
+            }
+        }
+    }
+
+    async fn destroy(&self, parent_uuid: String, made: MadePartition) -> Result<(), String> {
+        let Some(partitioner) = self.node.partitioner().cloned() else {
+            return Err("no partitioner on this node to remove it".into());
+        };
+        tokio::task::spawn_blocking(move || partitioner.destroy(&parent_uuid, &made))
+            .await
+            .unwrap_or_else(|e| Err(format!("removing it panicked or was cancelled: {e}")))
+    }
+
+    /// Undoes [`Self::prepare`]: removes the partitions the claim's spec file records, then the
+    /// file; a claim never prepared (or already unprepared) is success. A partition that cannot
+    /// be removed keeps the file, and the kubelet asks again.
     pub async fn unprepare(&self, claim: &ClaimRef) -> Result<(), PrepareError> {
         check_uid(claim)?;
         let file = cdi::file_name(self.driver, &claim.uid);
         let _files = self.files.lock().await;
+        if let Ok(Some(spec)) = cdi::read(&self.cdi_dir, &file) {
+            for d in &spec.devices {
+                let Some(made) = made_partition(&d.annotations) else {
+                    continue;
+                };
+                let parent = d.annotations[PARTITION_OF_ANNOTATION].clone();
+                self.destroy(parent, made.clone()).await.map_err(|reason| {
+                    PrepareError::Partition {
+                        claim: claim.to_string(),
+                        device: d
+                            .annotations
+                            .get(cdi::DEVICE_ANNOTATION)
+                            .cloned()
+                            .unwrap_or_default(),
+                        reason: format!("removing MIG device {}: {reason}", made.uuid),
+                    }
+                })?;
+                tracing::info!(driver = self.driver, %claim, uuid = %made.uuid, "partition removed");
+            }
+        }
         cdi::remove(&self.cdi_dir, &file).map_err(|e| PrepareError::Spec {
             claim: claim.to_string(),
             path: self.cdi_dir.join(&file).display().to_string(),
@@ -128,6 +270,32 @@ impl DriverPlugin {
         tracing::info!(driver = self.driver, %claim, "claim unprepared");
         Ok(())
     }
+}
+
+/// The partitions made among `ready`, with the uuid of the device each was cut from.
+fn made_of(ready: &[(Allocated, Ready)]) -> Vec<(String, MadePartition)> {
+    ready
+        .iter()
+        .filter_map(|(_, r)| match r {
+            Ready::Made {
+                parent_uuid, made, ..
+            } => Some((parent_uuid.clone(), made.clone())),
+            Ready::Whole(_) => None,
+        })
+        .collect()
+}
+
+/// The partition a CDI device's annotations record, if it is one.
+fn made_partition(a: &std::collections::BTreeMap<String, String>) -> Option<MadePartition> {
+    a.get(PARTITION_OF_ANNOTATION)?;
+    Some(MadePartition {
+        uuid: a
+            .get(PARTITION_UUID_ANNOTATION)
+            .cloned()
+            .unwrap_or_default(),
+        gpu_instance: a.get(GPU_INSTANCE_ANNOTATION)?.parse().ok()?,
+        compute_instance: a.get(COMPUTE_INSTANCE_ANNOTATION)?.parse().ok()?,
+    })
 }
 
 /// A uid (it names the file), a namespace and a name (they find the claim).

@@ -643,7 +643,7 @@ fn the_plugin_serves_the_drivers_with_devices_and_only_those() {
 }
 
 #[tokio::test]
-async fn a_partition_is_scheduled_but_not_prepared_and_says_why() {
+async fn without_a_partitioner_a_partition_is_not_prepared_and_says_why() {
     let (node, _, _root) = dra_node(ALL_DRA);
     assert_eq!(
         node.lookup(GPU_DRIVER, "nvidia-1-3g-40gb-4").unwrap_err(),
@@ -672,7 +672,8 @@ async fn a_partition_is_scheduled_but_not_prepared_and_says_why() {
     assert!(
         e.to_string()
             .contains("is a 1g.10gb partition of GPU-uuid-1 on node node-a")
-            && e.to_string().contains("does not yet create them"),
+            && e.to_string()
+                .contains("MIG instances need the NVML library"),
         "{e}"
     );
     assert!(
@@ -681,4 +682,128 @@ async fn a_partition_is_scheduled_but_not_prepared_and_says_why() {
             .join(cdi::file_name(GPU_DRIVER, "uid-mig"))
             .exists()
     );
+}
+
+/// Makes partitions in memory: uuids `MIG-<n>`, GPU instance `n`; fails for the profiles in
+/// `refuse`.
+#[derive(Default)]
+struct FakePartitioner {
+    made: Mutex<Vec<(String, fumarole_topology::dra::MadePartition)>>,
+    destroyed: Mutex<Vec<u32>>,
+    refuse: Vec<&'static str>,
+}
+
+impl crate::dra::node::Partitioner for FakePartitioner {
+    fn create(
+        &self,
+        parent: &Device,
+        p: &fumarole_topology::dra::Partition,
+    ) -> Result<fumarole_topology::dra::MadePartition, String> {
+        if self.refuse.contains(&p.profile.name) {
+            return Err(format!("{} refused", p.profile.name));
+        }
+        let mut made = self.made.lock().unwrap();
+        let n = u32::try_from(made.len()).unwrap() + 1;
+        let m = fumarole_topology::dra::MadePartition {
+            uuid: format!("MIG-{n}"),
+            gpu_instance: n,
+            compute_instance: 0,
+        };
+        made.push((parent.id.clone(), m.clone()));
+        Ok(m)
+    }
+
+    fn destroy(
+        &self,
+        parent_uuid: &str,
+        made: &fumarole_topology::dra::MadePartition,
+    ) -> Result<(), String> {
+        assert_eq!(parent_uuid, "GPU-uuid-1");
+        self.destroyed.lock().unwrap().push(made.gpu_instance);
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_partition_is_made_on_prepare_and_removed_on_unprepare() {
+    let (node, _, _root) = dra_node(ALL_DRA);
+    let fake = Arc::new(FakePartitioner {
+        refuse: vec!["7g.80gb"],
+        ..FakePartitioner::default()
+    });
+    let node = node.with_partitioner(fake.clone());
+    let cdi_dir = tempfile::tempdir().unwrap();
+    let claims = FakeClaims::with(&[
+        claim(
+            "mig",
+            "uid-mig",
+            Some(&[
+                (GPU_DRIVER, NODE, "nvidia-1-3g-40gb-0", "a"),
+                (GPU_DRIVER, NODE, "nvidia-1-1g-10gb-5", "b"),
+            ]),
+        ),
+        claim(
+            "half",
+            "uid-half",
+            Some(&[
+                (GPU_DRIVER, NODE, "nvidia-1-1g-10gb-4", "a"),
+                (GPU_DRIVER, NODE, "nvidia-1-7g-80gb-0", "b"),
+            ]),
+        ),
+    ]);
+    let p = plugin(GPU_DRIVER, &node, cdi_dir.path(), claims);
+    let answer = p.prepare(&reference("mig", "uid-mig")).await.unwrap();
+    assert_eq!(answer.len(), 2);
+    // The container sees the MIG devices, by uuid, with their GPU's device node.
+    let spec = spec_of(cdi_dir.path(), GPU_DRIVER, "uid-mig");
+    assert!(
+        spec.container_edits
+            .env
+            .contains(&"NVIDIA_VISIBLE_DEVICES=MIG-1,MIG-2".to_string()),
+        "{:?}",
+        spec.container_edits.env
+    );
+    assert_eq!(
+        node_paths(&spec.devices[0].container_edits),
+        ["/dev/nvidia1"]
+    );
+    assert_eq!(
+        spec.devices[1].annotations["fumarole.dev/gpu-instance"],
+        "2"
+    );
+    assert_eq!(
+        spec.devices[1].annotations["fumarole.dev/partition-of"],
+        "GPU-uuid-1"
+    );
+    // Asked again: the file's answer, nothing made twice.
+    assert_eq!(
+        p.prepare(&reference("mig", "uid-mig")).await.unwrap(),
+        answer
+    );
+    assert_eq!(fake.made.lock().unwrap().len(), 2);
+    // A claim whose second partition cannot be made: the first is removed again, no file.
+    let e = p.prepare(&reference("half", "uid-half")).await.unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("partition nvidia-1-7g-80gb-0: 7g.80gb refused"),
+        "{e}"
+    );
+    assert_eq!(*fake.destroyed.lock().unwrap(), [3]);
+    assert!(
+        !cdi_dir
+            .path()
+            .join(cdi::file_name(GPU_DRIVER, "uid-half"))
+            .exists()
+    );
+    // Unprepare removes both instances, then the file; again is success.
+    p.unprepare(&reference("mig", "uid-mig")).await.unwrap();
+    assert_eq!(*fake.destroyed.lock().unwrap(), [3, 1, 2]);
+    assert!(
+        !cdi_dir
+            .path()
+            .join(cdi::file_name(GPU_DRIVER, "uid-mig"))
+            .exists()
+    );
+    p.unprepare(&reference("mig", "uid-mig")).await.unwrap();
+    assert_eq!(fake.destroyed.lock().unwrap().len(), 3);
 }

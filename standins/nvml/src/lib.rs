@@ -32,6 +32,8 @@
 //! - `migDevices`: with `migCapable`, MIG mode is enabled and these are the GPU's MIG devices,
 //!   in slots 0.. of `nvmlDeviceGetMigDeviceHandleByIndex` (7 slots); their handles answer
 //!   `nvmlDeviceGetUUID`, `nvmlDeviceGetName` and `nvmlDeviceGetMemoryInfo_v2`.
+//! - `migEnabled`: MIG mode on even with no MIG device; MIG instances made through the
+//!   library land in `migDevices` ([`mig`]).
 //! - `events`: delivered once each, in `id` order, by `nvmlEventSetWait_v2` to the event sets
 //!   that registered the GPU for the event's type (`xid`: a critical XID with that value;
 //!   `"type": "dbe"`: a double-bit ECC error).
@@ -109,6 +111,26 @@ struct Gpu {
     /// The GPU's MIG devices; any (with `migCapable`) means MIG mode is enabled.
     #[serde(default)]
     mig_devices: Vec<MigDevice>,
+    /// MIG mode on, with or without MIG devices.
+    #[serde(default)]
+    mig_enabled: bool,
+}
+
+impl Gpu {
+    /// In MIG mode: `migEnabled`, or MIG devices listed.
+    fn in_mig_mode(&self) -> bool {
+        self.mig_capable == Some(true) && (self.mig_enabled || !self.mig_devices.is_empty())
+    }
+
+    /// The MIG devices the library lists: those of the file, and of the instances made through
+    /// it those with a compute instance ([`mig`]).
+    fn listed_mig_devices(&self) -> Vec<MigDevice> {
+        self.mig_devices
+            .iter()
+            .filter(|m| m.gpu_instance.is_none() || m.compute_instance.is_some())
+            .cloned()
+            .collect()
+    }
 }
 
 /// One MIG device: its uuid (`MIG-...`), its NVML name (`NVIDIA H100 80GB HBM3 MIG 1g.10gb`)
@@ -120,6 +142,11 @@ struct MigDevice {
     name: String,
     #[serde(default)]
     memory_bytes: Option<u64>,
+    /// Made through the library: its GPU instance and, once made, compute instance.
+    #[serde(default)]
+    gpu_instance: Option<u32>,
+    #[serde(default)]
+    compute_instance: Option<u32>,
 }
 
 #[derive(Clone, Copy, Debug, Deserialize)]
@@ -232,7 +259,7 @@ fn device_of(device: nvmlDevice_t) -> Result<(Gpu, Option<MigDevice>), nvmlRetur
     if slot == 0 {
         return Ok((g, None));
     }
-    match g.mig_devices.get(slot - 1).cloned() {
+    match g.listed_mig_devices().get(slot - 1).cloned() {
         Some(m) => Ok((g, Some(m))),
         None => Err(nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT),
     }
@@ -295,7 +322,7 @@ fn pci_info(bus_id: &str) -> nvmlPciInfo_t {
 
 macro_rules! check {
     ($call:expr) => {
-        if let Some(code) = enter($call) {
+        if let Some(code) = $crate::enter($call) {
             return code;
         }
     };
@@ -311,6 +338,9 @@ macro_rules! out {
         nvmlReturn_enum_NVML_SUCCESS
     }};
 }
+
+// After the macros, which it uses.
+mod mig;
 
 /// `nvmlInit_v2`.
 #[unsafe(no_mangle)]
@@ -462,12 +492,12 @@ pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
 ) -> nvmlReturn_t {
     check!("nvmlDeviceGetMigDeviceHandleByIndex");
     match gpu(device) {
-        Ok((i, g)) if g.mig_capable == Some(true) && !g.mig_devices.is_empty() => {
+        Ok((i, g)) if g.in_mig_mode() => {
             let slot = usize::try_from(index).unwrap_or(usize::MAX);
             if index >= MIG_SLOTS {
                 return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
             }
-            if slot >= g.mig_devices.len() {
+            if slot >= g.listed_mig_devices().len() {
                 return nvmlReturn_enum_NVML_ERROR_NOT_FOUND;
             }
             out!(mig, mig_handle(i, slot))
@@ -477,8 +507,8 @@ pub unsafe extern "C" fn nvmlDeviceGetMigDeviceHandleByIndex(
     }
 }
 
-/// `nvmlDeviceGetMigMode`: on a capable GPU, enabled when it has MIG devices, else disabled;
-/// NotSupported on others.
+/// `nvmlDeviceGetMigMode`: on a capable GPU, enabled when `migEnabled` or it has MIG devices,
+/// else disabled; NotSupported on others.
 ///
 /// # Safety
 /// `current` and `pending` are writable out-parameters.
@@ -494,7 +524,7 @@ pub unsafe extern "C" fn nvmlDeviceGetMigMode(
             if current.is_null() {
                 return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
             }
-            let mode = c_uint::from(!g.mig_devices.is_empty());
+            let mode = c_uint::from(g.in_mig_mode());
             // SAFETY: the caller passes a writable out-parameter (checked non-null).
             unsafe { *current = mode };
             out!(pending, mode)
@@ -530,6 +560,27 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByIndex_v2(
         return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
     }
     out!(device, handle(i))
+}
+
+/// `nvmlDeviceGetHandleByUUID`: the GPU of that uuid (MIG uuids are not looked up).
+///
+/// # Safety
+/// `uuid` is a NUL-terminated string, `device` a writable out-parameter.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
+    uuid: *const c_char,
+    device: *mut nvmlDevice_t,
+) -> nvmlReturn_t {
+    check!("nvmlDeviceGetHandleByUUID");
+    if uuid.is_null() {
+        return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
+    }
+    // SAFETY: the caller passes a NUL-terminated string (checked non-null).
+    let wanted = unsafe { std::ffi::CStr::from_ptr(uuid) }.to_string_lossy();
+    match state().gpus.iter().position(|g| g.uuid == wanted) {
+        Some(i) => out!(device, handle(i)),
+        None => nvmlReturn_enum_NVML_ERROR_NOT_FOUND,
+    }
 }
 
 /// `nvmlDeviceGetIndex`.
