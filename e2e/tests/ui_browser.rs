@@ -75,7 +75,7 @@ async fn ui_in_headless_chromium() {
         first["totals"]
             .as_str()
             .unwrap()
-            .starts_with("3 nodes · 12 free · 7 in use · 1 unhealthy"),
+            .starts_with("3 nodes · 12 free · 7 in use · 0 shared · 1 unhealthy"),
         "{first}"
     );
     assert_eq!(first["superNodes"], json!(["rack-1", ""]));

@@ -122,7 +122,7 @@ fn ui_shows_super_nodes_devices_pending_pods_and_decisions() {
     // Totals: dgx-a 4 free of 8, dgx-b 5 free (GPU 1 assumed for infer-0, GPU 7 unhealthy),
     // pcie-a 3 free of 4.
     assert!(
-        html.contains("3 nodes · 12 free · 7 in use · 1 unhealthy accelerators"),
+        html.contains("3 nodes · 12 free · 7 in use · 0 shared · 1 unhealthy accelerators"),
         "{html}"
     );
     assert!(html.contains(r#"http-equiv="refresh""#));

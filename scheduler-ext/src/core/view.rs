@@ -153,6 +153,9 @@ pub struct NodeView {
     pub has_topology: bool,
     /// Pods (`namespace/name`) the node's status reports devices allocated to.
     pub reported: Vec<String>,
+    /// Devices in use as shares or partitions (index, what: `MIG 3g.40gb, 1g.10gb`, `2
+    /// shares: ns/pod/container, ...`), for people (`/ui`); empty on most nodes.
+    pub shared: Vec<(usize, String)>,
 }
 
 impl NodeView {
@@ -277,6 +280,29 @@ impl NodeView {
                 .filter_map(|s| s.allocation.as_ref())
                 .map(|a| format!("{}/{}", a.namespace, a.pod))
                 .collect(),
+            shared: devices
+                .iter()
+                .enumerate()
+                .filter_map(|(i, d)| {
+                    let shares = status
+                        .and_then(|s| s.devices.get(&d.id))
+                        .map_or(&[][..], |s| &s.shares[..]);
+                    let what = if !shares.is_empty() {
+                        let holders: Vec<String> = shares
+                            .iter()
+                            .map(|h| format!("{}/{}/{}", h.namespace, h.pod, h.container))
+                            .collect();
+                        format!("{} shares: {}", shares.len(), holders.join(", "))
+                    } else if !d.mig.is_empty() {
+                        let profiles: Vec<&str> =
+                            d.mig.iter().map(|m| m.profile.as_str()).collect();
+                        format!("MIG {}", profiles.join(", "))
+                    } else {
+                        return None;
+                    };
+                    Some((i, what))
+                })
+                .collect(),
         })
     }
 
@@ -310,6 +336,7 @@ impl NodeView {
             node_pool: None,
             has_topology: false,
             reported: Vec::new(),
+            shared: Vec::new(),
         }
     }
 
@@ -1352,6 +1379,14 @@ mod tests {
         }];
         let view = ClusterView::build(&[t], &[], &[], &[]).unwrap();
         assert_eq!(view.free("a", "nvidia.com/gpu"), vec![1, 3]);
+        // What holds them, for people.
+        assert_eq!(
+            view.node("a").unwrap().shared,
+            [
+                (0, "MIG 7g.80gb".to_string()),
+                (2, "1 shares: serve/infer/main".to_string())
+            ]
+        );
     }
 
     /// Devices promised to a pod not bound yet count as taken on their node; a promise on a

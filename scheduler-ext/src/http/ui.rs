@@ -2,7 +2,8 @@
 //! HTML that reloads itself every [`REFRESH_SECONDS`], no JavaScript.
 //!
 //! From the service's own state (the view and the ledger, as `filter` sees them):
-//! - per super-node, its nodes with a grid of their devices (free, in use, unhealthy) and the
+//! - per super-node, its nodes with a grid of their devices (free, in use, shared or
+//!   partitioned with who holds the shares, unhealthy) and the
 //!   largest job that still gets ideal interconnect there ([`largest_ideal_block`]: the most
 //!   devices a node can still give with `q = 1`, the same quality as on an empty node);
 //! - the pods waiting for an accelerator, with why (the scheduler's last verdict for the pod
@@ -77,10 +78,12 @@ pub async fn page(State(page): State<Arc<Page>>) -> Html<String> {
 }
 
 /// Device states of one node, by device index.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum DeviceState {
     Free,
     Used,
+    /// In use as shares or partitions: by whom, or which.
+    Shared(String),
     Unhealthy,
 }
 
@@ -114,8 +117,11 @@ fn node_row(c: &Cluster, nv: &NodeView) -> NodeRow {
         .enumerate()
         .map(|(i, id)| {
             let bit = 1u64 << i;
+            let shared = nv.shared.iter().find(|(d, _)| *d == i);
             let state = if nv.unhealthy_mask & bit != 0 {
                 DeviceState::Unhealthy
+            } else if let Some((_, what)) = shared {
+                DeviceState::Shared(what.clone())
             } else if free & bit != 0 {
                 DeviceState::Free
             } else {
@@ -145,7 +151,7 @@ const STYLE: &str = "body{font-family:system-ui,sans-serif;margin:24px;color:#22
 h1{font-size:22px}h2{font-size:17px;margin-top:28px}table{border-collapse:collapse;margin:6px 0 14px}\
 td,th{border-bottom:1px solid #ddd;padding:4px 10px;text-align:left;font-size:13px;vertical-align:top}\
 th{background:#f3f5f7}td:first-child{white-space:nowrap}.dev{display:inline-block;width:16px;height:16px;margin:1px;border-radius:3px}\
-.free{background:#43a047}.used{background:#1e88e5}.unhealthy{background:#e53935}\
+.free{background:#43a047}.used{background:#1e88e5}.shared{background:#fb8c00}.unhealthy{background:#e53935}\
 .summary{color:#555;font-size:13px}.ok{color:#2e7d32}.no{color:#c62828}.legend span{margin-right:14px}";
 
 /// The page at `now`.
@@ -158,12 +164,13 @@ pub fn render(svc: &Service, now: SystemTime) -> String {
             .map(|nv| (nv.name.clone(), node_row(&c, nv)))
             .collect()
     });
-    let (mut free, mut used, mut unhealthy) = (0, 0, 0);
+    let (mut free, mut used, mut shared, mut unhealthy) = (0, 0, 0, 0);
     for r in rows.values() {
         for (_, s) in &r.devices {
             match s {
                 DeviceState::Free => free += 1,
                 DeviceState::Used => used += 1,
+                DeviceState::Shared(_) => shared += 1,
                 DeviceState::Unhealthy => unhealthy += 1,
             }
         }
@@ -178,9 +185,9 @@ pub fn render(svc: &Service, now: SystemTime) -> String {
     let _ = write!(
         o,
         "<h1>fumarole cluster</h1><p class=\"summary\" id=\"totals\">{} nodes · {free} free · {used} in use · \
-         {unhealthy} unhealthy accelerators · refreshes every {REFRESH_SECONDS} s</p>\
+         {shared} shared · {unhealthy} unhealthy accelerators · refreshes every {REFRESH_SECONDS} s</p>\
          <p class=\"legend\"><span><i class=\"dev free\"></i> free</span><span><i class=\"dev used\"></i> in use</span>\
-         <span><i class=\"dev unhealthy\"></i> unhealthy</span></p>",
+         <span><i class=\"dev shared\"></i> shared or partitioned</span><span><i class=\"dev unhealthy\"></i> unhealthy</span></p>",
         rows.len()
     );
 
@@ -228,15 +235,17 @@ pub fn render(svc: &Service, now: SystemTime) -> String {
                 esc(&r.name)
             );
             for (id, state) in &r.devices {
-                let class = match state {
-                    DeviceState::Free => "free",
-                    DeviceState::Used => "used",
-                    DeviceState::Unhealthy => "unhealthy",
+                let (class, what) = match state {
+                    DeviceState::Free => ("free", "free".to_string()),
+                    DeviceState::Used => ("used", "used".to_string()),
+                    DeviceState::Shared(what) => ("shared", format!("shared: {what}")),
+                    DeviceState::Unhealthy => ("unhealthy", "unhealthy".to_string()),
                 };
                 let _ = write!(
                     o,
-                    "<i class=\"dev {class}\" title=\"{} ({class})\"></i>",
-                    esc(id)
+                    "<i class=\"dev {class}\" title=\"{} ({})\"></i>",
+                    esc(id),
+                    esc(&what)
                 );
             }
             let _ = write!(o, "</td><td>{}</td><td>{}</td></tr>", r.free, r.ideal);
@@ -448,6 +457,48 @@ mod tests {
             .nth(1)
             .expect("a pending row");
         assert!(row.contains("2 × npu.fumarole.dev"), "{row}");
+    }
+
+    /// A device shared or in MIG mode is drawn as such, with who holds the shares or which
+    /// MIG devices it has; the totals count it apart from free and used.
+    #[test]
+    fn shared_and_partitioned_devices_say_who_holds_them() {
+        use fumarole_topology::crd::device_topology::{MigInfo, ShareAllocation};
+        let mut t =
+            fumarole_topology::crd::testing::nvlink_node("a", 4, 10, &[], |i| format!("GPU-{i}"));
+        t.spec.devices[1].mig = vec![MigInfo {
+            uuid: "MIG-0".into(),
+            profile: "3g.40gb".into(),
+        }];
+        let status = t.status.as_mut().unwrap();
+        status.devices.get_mut("GPU-3").unwrap().shares = ["a", "b"]
+            .map(|pod| ShareAllocation {
+                share: format!("GPU-3::{pod}"),
+                namespace: "serve".into(),
+                pod: pod.into(),
+                container: "main".into(),
+            })
+            .to_vec();
+        let view = ClusterView::build(&[t], &[], &[], &[]).unwrap();
+        let page = render(&Service::new(view, Scoring::default()), SystemTime::now());
+        assert!(
+            page.contains("<i class=\"dev shared\" title=\"GPU-1 (shared: MIG 3g.40gb)\"></i>"),
+            "{page}"
+        );
+        assert!(
+            page.contains(
+                "<i class=\"dev shared\" title=\"GPU-3 (shared: 2 shares: serve/a/main, serve/b/main)\"></i>"
+            ),
+            "{page}"
+        );
+        assert!(
+            page.contains("<i class=\"dev free\" title=\"GPU-0 (free)\"></i>"),
+            "{page}"
+        );
+        assert!(
+            page.contains("2 free · 0 in use · 2 shared · 0 unhealthy"),
+            "{page}"
+        );
     }
 
     /// The defragmentation section over the `defrag` snapshot's pods in the pod store: the
