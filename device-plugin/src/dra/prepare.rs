@@ -155,14 +155,20 @@ impl DriverPlugin {
                 ]);
             }
         }
-        let answer = spec
-            .answer()
-            .ok_or_else(|| spec_error("built without annotations".into()))?;
         let _files = self.files.lock().await;
-        if let Err(e) = cdi::write(&self.cdi_dir, &file, &spec) {
-            self.remove_made(made_of(&ready)).await;
-            return Err(spec_error(e.to_string()));
-        }
+        let written = match spec.answer() {
+            Some(answer) => cdi::write(&self.cdi_dir, &file, &spec)
+                .map(|_| answer)
+                .map_err(|e| spec_error(e.to_string())),
+            None => Err(spec_error("built without annotations".into())),
+        };
+        let answer = match written {
+            Ok(answer) => answer,
+            Err(e) => {
+                self.remove_made(made_of(&ready)).await;
+                return Err(e);
+            }
+        };
         tracing::info!(driver = self.driver, %claim, devices = answer.len(), file, "claim prepared");
         Ok(answer)
     }

@@ -35,7 +35,7 @@ pub fn slice_name(node: &str, driver: &str, k: usize) -> String {
 const DEVICES_PER_SLICE: usize = 64;
 /// Most counter sets in one slice.
 const COUNTER_SETS_PER_SLICE: usize = 8;
-/// Most slices of one pool the publisher writes (16 MIG GPUs take 10).
+/// Most slices of one pool the publisher writes (16 MIG GPUs take 9).
 pub const MAX_SLICES: usize = 16;
 
 /// The pools node `dra.node` publishes, by driver, each as its slices: every device of `t`
@@ -126,23 +126,27 @@ pub fn resource_slices(
             let mut specs: Vec<ResourceSliceSpec> = if sets.is_empty() {
                 vec![slice_spec(driver, &dra.node, Some(devices), None)]
             } else {
-                devices
+                let counter_slices: Vec<ResourceSliceSpec> = sets
+                    .chunks(COUNTER_SETS_PER_SLICE)
+                    .map(|c| slice_spec(driver, &dra.node, None, Some(c.to_vec())))
+                    .collect();
+                let mut device_slices: Vec<ResourceSliceSpec> = devices
                     .chunks(DEVICES_PER_SLICE)
                     .map(|c| slice_spec(driver, &dra.node, Some(c.to_vec()), None))
-                    .chain(
-                        sets.chunks(COUNTER_SETS_PER_SLICE)
-                            .map(|c| slice_spec(driver, &dra.node, None, Some(c.to_vec()))),
-                    )
-                    .collect()
+                    .collect();
+                // Past the limit the last devices are left out, never a counter set they use.
+                let room = MAX_SLICES.saturating_sub(counter_slices.len());
+                if device_slices.len() > room {
+                    tracing::warn!(
+                        driver,
+                        slices = device_slices.len() + counter_slices.len(),
+                        "more slices than the publisher writes; the last devices are left out"
+                    );
+                    device_slices.truncate(room);
+                }
+                device_slices.extend(counter_slices);
+                device_slices
             };
-            if specs.len() > MAX_SLICES {
-                tracing::warn!(
-                    driver,
-                    slices = specs.len(),
-                    "more slices than the publisher writes; the last are left out"
-                );
-                specs.truncate(MAX_SLICES);
-            }
             let count = i64::try_from(specs.len()).unwrap_or(i64::MAX);
             for spec in &mut specs {
                 spec.pool.resource_slice_count = count;

@@ -1,9 +1,10 @@
-//! `kubectl fumarole top`: accelerators free, in use and unhealthy per super-node, and per
-//! node with `-o wide` (JSON and YAML always carry both).
+//! `kubectl fumarole top`: accelerators free, in use, shared and unhealthy per super-node, and
+//! per node with `-o wide` (JSON and YAML always carry both).
 //!
 //! "Free" is the scheduler extension's own word for it ([`ClusterView::free_mask`]): healthy,
 //! not allocated in the node's status, not chosen for a bound or promised pod, not held by a
-//! ResourceClaim. "Unhealthy" devices are the ones the node reports so; the rest are in use.
+//! ResourceClaim. "Shared" devices are in use as shares (time-sliced or MPS replicas) or
+//! partitions (MIG); "unhealthy" ones the node reports so; the rest are in use.
 //! Nodes without a `DeviceTopology` have no accelerators fumarole knows and are left out.
 
 use anyhow::Result;
@@ -21,6 +22,7 @@ pub struct Counts {
     pub devices: u32,
     pub free: u32,
     pub in_use: u32,
+    pub shared: u32,
     pub unhealthy: u32,
 }
 
@@ -29,6 +31,7 @@ impl Counts {
         self.devices += o.devices;
         self.free += o.free;
         self.in_use += o.in_use;
+        self.shared += o.shared;
         self.unhealthy += o.unhealthy;
     }
 }
@@ -79,10 +82,15 @@ fn counts(view: &ClusterView, nv: &NodeView) -> Counts {
         .fold(0, |m, (r, _)| m | view.free_mask(nv, r))
         & all;
     let unhealthy = nv.unhealthy_mask & all;
+    let shared = nv.shared.iter().fold(0u64, |m, (i, _)| {
+        m | 1u64.checked_shl(*i as u32).unwrap_or(0)
+    }) & all
+        & !unhealthy;
     Counts {
         devices: all.count_ones(),
         free: free.count_ones(),
-        in_use: (all & !free & !unhealthy).count_ones(),
+        in_use: (all & !free & !unhealthy & !shared).count_ones(),
+        shared: shared.count_ones(),
         unhealthy: unhealthy.count_ones(),
     }
 }
@@ -122,7 +130,7 @@ pub fn table(u: &Usage, wide: bool) -> String {
         return "No node publishes a DeviceTopology.\n".into();
     }
     let cells = |c: &Counts| {
-        [c.devices, c.free, c.in_use, c.unhealthy]
+        [c.devices, c.free, c.in_use, c.shared, c.unhealthy]
             .into_iter()
             .map(|v| v.to_string())
     };
@@ -133,6 +141,7 @@ pub fn table(u: &Usage, wide: bool) -> String {
             "DEVICES",
             "FREE",
             "IN-USE",
+            "SHARED",
             "UNHEALTHY",
         ]
         .map(String::from)
@@ -155,6 +164,7 @@ pub fn table(u: &Usage, wide: bool) -> String {
                 "DEVICES",
                 "FREE",
                 "IN-USE",
+                "SHARED",
                 "UNHEALTHY",
             ]
             .map(String::from)
@@ -192,8 +202,13 @@ mod tests {
     }
 
     /// a0 (rack-a): 2 allocated in status, 1 unhealthy; a1 (rack-a): 2 chosen for a bound pod;
-    /// b0 (rack-b): all free; cpu-0: no DeviceTopology.
+    /// b0 (rack-b): 1 in MIG mode, the rest free; cpu-0: no DeviceTopology.
     fn view() -> ClusterView {
+        let mut b0 = node("b0", "rack-b", &[]);
+        b0.spec.devices[3].mig = vec![fumarole_topology::crd::device_topology::MigInfo {
+            uuid: "MIG-0".into(),
+            profile: "3g.40gb".into(),
+        }];
         let mut a0 = node("a0", "rack-a", &[0, 1]);
         let s = a0
             .status
@@ -214,13 +229,7 @@ mod tests {
             name: Some("cpu-0".into()),
             ..Default::default()
         };
-        ClusterView::build(
-            &[a0, node("a1", "rack-a", &[]), node("b0", "rack-b", &[])],
-            &[],
-            [&cpu],
-            [&pod],
-        )
-        .unwrap()
+        ClusterView::build(&[a0, node("a1", "rack-a", &[]), b0], &[], [&cpu], [&pod]).unwrap()
     }
 
     #[test]
@@ -228,24 +237,27 @@ mod tests {
         let u = Usage::of(&view());
         assert_eq!(u.nodes.len(), 3, "cpu-0 has no devices: {u:?}");
         let a0 = &u.nodes[0].counts;
-        assert_eq!((a0.devices, a0.free, a0.in_use, a0.unhealthy), (8, 5, 2, 1));
+        assert_eq!(
+            (a0.devices, a0.free, a0.in_use, a0.shared, a0.unhealthy),
+            (8, 5, 2, 0, 1)
+        );
         assert_eq!(u.nodes[1].counts.free, 6);
         assert_eq!(
             table(&u, false),
             "\
-SUPER-NODE  NODES  DEVICES  FREE  IN-USE  UNHEALTHY
-rack-a      2      16       11    4       1
-rack-b      1      8        8     0       0
+SUPER-NODE  NODES  DEVICES  FREE  IN-USE  SHARED  UNHEALTHY
+rack-a      2      16       11    4       0       1
+rack-b      1      8        7     0       1       0
 "
         );
         let wide = table(&u, true);
         assert!(
             wide.ends_with(
                 "\
-NODE  SUPER-NODE  DEVICES  FREE  IN-USE  UNHEALTHY
-a0    rack-a      8        5     2       1
-a1    rack-a      8        6     2       0
-b0    rack-b      8        8     0       0
+NODE  SUPER-NODE  DEVICES  FREE  IN-USE  SHARED  UNHEALTHY
+a0    rack-a      8        5     2       0       1
+a1    rack-a      8        6     2       0       0
+b0    rack-b      8        7     0       1       0
 "
             ),
             "{wide}"
@@ -258,7 +270,8 @@ b0    rack-b      8        8     0       0
         assert_eq!(v["superNodes"][0]["superNode"], "rack-a");
         assert_eq!(v["superNodes"][0]["inUse"], 4);
         assert_eq!(v["nodes"][2]["node"], "b0");
-        assert_eq!(v["nodes"][2]["free"], 8);
+        assert_eq!(v["nodes"][2]["free"], 7);
+        assert_eq!(v["nodes"][2]["shared"], 1);
     }
 
     #[test]
