@@ -460,21 +460,7 @@ async fn the_kubelets_dra_manager_prepares_exactly_the_allocated_devices_across_
     // The plugin restarts between prepare and unprepare.
     cluster.stop(&format!("agent-1-{name}")).unwrap();
     let _node = start_agent(&cluster, ATLAS, name, Some(&dirs), "agent-2");
-    eventually(
-        "the plugin registered again",
-        Duration::from_secs(60),
-        || async {
-            Ok(harness
-                .events(0, Duration::ZERO)
-                .await?
-                .iter()
-                .filter(|e| e.kind == "dra_plugin_registered")
-                .nth(1)
-                .map(|_| ()))
-        },
-    )
-    .await
-    .unwrap();
+    registered_again(&harness).await;
     pods.delete("pair", &Default::default()).await.unwrap();
     harness
         .wait_record(&pod, Duration::from_secs(60), |r| {
@@ -749,6 +735,25 @@ async fn the_kubelets_dra_manager_prepares_one_shared_npu_for_two_claims() {
     );
 }
 
+/// Until the harness kubelet has seen a DRA plugin register a second time (a restarted agent).
+async fn registered_again(harness: &HarnessNode) {
+    eventually(
+        "the plugin registered again",
+        Duration::from_secs(60),
+        || async {
+            Ok(harness
+                .events(0, Duration::ZERO)
+                .await?
+                .iter()
+                .filter(|e| e.kind == "dra_plugin_registered")
+                .nth(1)
+                .map(|_| ()))
+        },
+    )
+    .await
+    .unwrap();
+}
+
 /// The slices of `node`'s pool of `driver`.
 async fn pool_of(
     slices: &Api<ResourceSlice>,
@@ -930,7 +935,7 @@ async fn mig_partitions_that_fit_share_a_gpu_and_overlapping_ones_wait() {
 /// The kubelet's own DRA manager (a harness node) prepares claims on MIG partitions: the
 /// agent makes each MIG instance through NVML (the stand-in library) at the placement the
 /// scheduler allocated, two halves of one GPU side by side, each pod admitted with its MIG
-/// device's uuid, and a pod's end removes its instance and only its.
+/// device's uuid; after the agent restarts, a pod's end removes its instance and only its.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_kubelets_dra_manager_gets_a_mig_instance_made_for_a_claim() {
     let cluster = TestCluster::start().await.unwrap();
@@ -952,17 +957,20 @@ async fn the_kubelets_dra_manager_gets_a_mig_instance_made_for_a_claim() {
         }
     });
     let state = nvml.path.clone();
-    let _agent = cluster
-        .start_nvidia_dra_agent(
-            dir,
-            root,
-            (&lib, &state),
-            name,
-            Some(&dirs),
-            "agent",
-            "draPartitions: true",
-        )
-        .unwrap();
+    let start = |process: &str| {
+        cluster
+            .start_nvidia_dra_agent(
+                tempfile::tempdir().unwrap(),
+                root.clone(),
+                (&lib, &state),
+                name,
+                Some(&dirs),
+                process,
+                "draPartitions: true",
+            )
+            .unwrap()
+    };
+    let _agent = start("agent-1");
     harness
         .wait_dra_plugin(GPU_DRIVER, Duration::from_secs(60))
         .await
@@ -1052,7 +1060,14 @@ async fn the_kubelets_dra_manager_gets_a_mig_instance_made_for_a_claim() {
     assert_eq!(made[1]["placement"], json!([4, 4]));
     assert_ne!(made[1]["uuid"], json!(uuid));
 
-    // The first pod ends: its claim is unprepared and its MIG instance is gone; the other's stays.
+    // The agent starts again while both instances exist: GPU 2 is in MIG mode with MIG devices
+    // that are DRA's own, served whole as before (no config error).
+    cluster.stop(&format!("agent-1-{name}")).unwrap();
+    let _again = start("agent-2");
+    registered_again(&harness).await;
+
+    // The first pod ends: the new agent unprepares its claim from the spec file, and its MIG
+    // instance is gone; the other's stays.
     pods.delete("mig-a", &Default::default()).await.unwrap();
     harness
         .wait_record(&pod, Duration::from_secs(60), |r| {
