@@ -27,7 +27,6 @@
 //! | `resource.kubernetes.io/pcieRoot` | string | PCIe root complex, `pci<domain>:<bus>`         |
 //! | `resource.kubernetes.io/pciBusID` | string | `dddd:bb:dd.f`                                 |
 //! | `resource.kubernetes.io/numaNode` | int    | the NUMA node the device is attached to        |
-//!
 //! | `fumarole.dev/type`             | string | `device` (whole) or `partition`                  |
 //! | `fumarole.dev/profile`          | string | a partition's MIG profile or vNPU template        |
 //! | `fumarole.dev/placement`        | int    | its first memory slice (MIG), or instance (vNPU) |

@@ -194,6 +194,9 @@ pub async fn annotate(
         .map(|(key, node, scheduler)| async move {
             let (ns, name) = key.split_once('/').unwrap_or(("default", &key));
             let tried = match ops.pod(ns, name).await {
+                // The view that named the pod may be older than the pod: a choice that landed
+                // since (the scheduler's own write at allocation) is never overwritten.
+                Ok(whole) if PodFacts::of(&whole).annotated() => Ok(None),
                 Ok(whole) => svc
                     .assign_bound(&whole, &node)
                     .await
