@@ -270,13 +270,18 @@ impl Publisher {
                     .flatten()
                     .map(|spec| json!({ "spec": spec }))
                     .collect();
-                let generation = self.pool_generation(driver, &specs);
+                let live = self.live_slices(driver);
+                let generation = Self::pool_generation(driver, &live, &specs);
                 for body in &mut specs {
                     body["spec"]["pool"]["generation"] = json!(generation);
                 }
-                let mut specs = specs.into_iter();
-                for k in 0..slices::MAX_SLICES {
-                    bodies.push((Kind::slice(driver, k), specs.next()));
+                // The desired slices, then those of the pool's live ones it no longer has.
+                let desired = specs.len();
+                for (k, body) in specs.into_iter().enumerate() {
+                    bodies.push((Kind::slice(driver, k), Some(body)));
+                }
+                for k in (desired..slices::MAX_SLICES).filter(|k| live[*k].is_some()) {
+                    bodies.push((Kind::slice(driver, k), None));
                 }
             }
         }
@@ -300,14 +305,30 @@ impl Publisher {
         Ok(writes)
     }
 
-    /// The generation to write the pool of `driver` as `bodies` with: the live one while the
+    /// The live slices of this node's pool of `driver`, by number (`None`: not there), read
+    /// from the watch once.
+    fn live_slices(&self, driver: &str) -> Vec<Option<Arc<DynamicObject>>> {
+        let state = self
+            .resource_slices
+            .as_ref()
+            .map(|w| w.store.state())
+            .unwrap_or_default();
+        (0..slices::MAX_SLICES)
+            .map(|k| {
+                let name = slices::slice_name(&self.node, driver, k);
+                state
+                    .iter()
+                    .find(|o| o.metadata.name.as_deref() == Some(name.as_str()))
+                    .cloned()
+            })
+            .collect()
+    }
+
+    /// The generation to write the pool of `driver` (its `live` slices) as `bodies` with: the live one while the
     /// live slices hold exactly `bodies`, else one past the highest live one. Consumers use
     /// only a pool's highest generation, and only once all its slices are there, so a pool
     /// rewritten slice by slice is never read half old, half new.
-    fn pool_generation(&self, driver: &str, bodies: &[Value]) -> i64 {
-        let live: Vec<Option<Arc<DynamicObject>>> = (0..slices::MAX_SLICES)
-            .map(|k| self.live(Kind::slice(driver, k)))
-            .collect();
+    fn pool_generation(driver: &str, live: &[Option<Arc<DynamicObject>>], bodies: &[Value]) -> i64 {
         let highest = live
             .iter()
             .flatten()

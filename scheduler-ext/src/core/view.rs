@@ -32,7 +32,7 @@ use std::sync::{Arc, RwLock};
 
 use fumarole_topology::CpuSet;
 use fumarole_topology::annotation::{DEVICES_ANNOTATION, ascend};
-use fumarole_topology::crd::device_topology::DeviceInfo;
+use fumarole_topology::crd::device_topology::{DeviceInfo, ShareAllocation, shares_in_use};
 use fumarole_topology::crd::{DeviceTopology, Numatopology};
 use fumarole_topology::{SelectContext, SelectError, Selection};
 use k8s_openapi::api::core::v1::Pod;
@@ -223,11 +223,16 @@ impl NodeView {
             }
         };
         let status = dt.status.as_ref();
+        // Each device's status, looked up once.
+        let statuses: Vec<_> = devices
+            .iter()
+            .map(|d| status.and_then(|s| s.devices.get(&d.id)))
+            .collect();
         // A device is free for a whole-device pod when healthy and nobody holds it or a share
         // of it; a GPU in MIG mode is never offered whole (its MIG devices are).
-        let available = devices.iter().map(|d| {
+        let available = devices.iter().zip(&statuses).map(|(d, s)| {
             d.mig.is_empty()
-                && match status.and_then(|s| s.devices.get(&d.id)) {
+                && match s {
                     Some(s) => {
                         s.health == "Healthy" && s.allocation.is_none() && s.shares.is_empty()
                     }
@@ -235,11 +240,9 @@ impl NodeView {
                     None => status.is_none(),
                 }
         });
-        let unhealthy = devices.iter().map(|d| {
-            status
-                .and_then(|s| s.devices.get(&d.id))
-                .is_some_and(|s| s.health != "Healthy")
-        });
+        let unhealthy = statuses
+            .iter()
+            .map(|s| s.is_some_and(|s| s.health != "Healthy"));
         // Each device under its extended resource and under its DRA class.
         let mut resource_masks: Vec<(String, u64)> = Vec::new();
         for (i, d) in devices.iter().enumerate() {
@@ -282,17 +285,14 @@ impl NodeView {
                 .collect(),
             shared: devices
                 .iter()
+                .zip(&statuses)
                 .enumerate()
-                .filter_map(|(i, d)| {
-                    let shares = status
-                        .and_then(|s| s.devices.get(&d.id))
-                        .map_or(&[][..], |s| &s.shares[..]);
+                .filter_map(|(i, (d, s))| {
+                    let shares = s.map_or(&[][..], |s| &s.shares[..]);
                     let what = if !shares.is_empty() {
-                        let holders: Vec<String> = shares
-                            .iter()
-                            .map(|h| format!("{}/{}/{}", h.namespace, h.pod, h.container))
-                            .collect();
-                        format!("{} shares: {}", shares.len(), holders.join(", "))
+                        let holders: Vec<String> =
+                            shares.iter().map(ShareAllocation::holder).collect();
+                        shares_in_use(&holders)
                     } else if !d.mig.is_empty() {
                         let profiles: Vec<&str> =
                             d.mig.iter().map(|m| m.profile.as_str()).collect();

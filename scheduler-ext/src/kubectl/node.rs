@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use anyhow::{Context, Result, bail};
 use fumarole_topology::LinkClass;
 use fumarole_topology::annotation::{self, DEVICES_ANNOTATION, DEVICES_NODE_ANNOTATION};
-use fumarole_topology::crd::DeviceTopology;
+use fumarole_topology::crd::{DeviceTopology, device_topology};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::Api;
 use kube::api::ListParams;
@@ -174,7 +174,7 @@ impl NodeReport {
                         .map(|s| &s.shares[..])
                         .unwrap_or_default()
                         .iter()
-                        .map(|h| format!("{} {}/{}/{}", h.share, h.namespace, h.pod, h.container))
+                        .map(|h| format!("{} {}", h.share, h.holder()))
                         .collect(),
                 }
             })
@@ -269,7 +269,7 @@ fn shares_in_use(shares: &[String]) -> String {
         .iter()
         .map(|s| s.split_once(' ').map_or(s.as_str(), |(_, holder)| holder))
         .collect();
-    format!("{} shares: {}", shares.len(), holders.join(", "))
+    device_topology::shares_in_use(&holders)
 }
 
 /// The legend lines of the classes the matrix shows, strongest first.

@@ -259,6 +259,19 @@ pub struct ShareAllocation {
     pub container: String,
 }
 
+impl ShareAllocation {
+    /// Who holds the share: `namespace/pod/container`.
+    pub fn holder(&self) -> String {
+        format!("{}/{}/{}", self.namespace, self.pod, self.container)
+    }
+}
+
+/// A shared device's use as people read it: `2 shares: ns/pod/container, ...`.
+pub fn shares_in_use<S: AsRef<str>>(holders: &[S]) -> String {
+    let names: Vec<&str> = holders.iter().map(AsRef::as_ref).collect();
+    format!("{} shares: {}", holders.len(), names.join(", "))
+}
+
 fn camel<T: Serialize>(v: &T) -> String {
     match serde_json::to_value(v) {
         Ok(serde_json::Value::String(s)) => s,
