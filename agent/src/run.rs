@@ -150,7 +150,9 @@ async fn serve(args: RunArgs, node_name: String, mut prepared: Prepared) -> Resu
     {
         colocation::start(settings, &client, &node_name, pods, counters.colocation);
     }
-    let publishing = publishing.with_dra(started.dra_slices(&node_name));
+    let publishing = publishing
+        .with_dra(started.dra_slices(&node_name))
+        .with_sharing(started.sharing().clone());
     tokio::select! {
         () = publishing.run(client, &node_name, prepared.options.clone(), prepared.nvml, metrics) => {}
         () = shutdown() => tracing::info!("shutting down"),

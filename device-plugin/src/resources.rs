@@ -12,6 +12,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
+use fumarole_topology::crd::SharingInfo;
 use fumarole_topology::share::{
     Ask, Catalogue, DeviceUse, Offer, mig_resource, replica_id, replica_of,
 };
@@ -495,6 +496,23 @@ impl Resource {
             EnvValue::Id => d.id.clone(),
             EnvValue::BusId => d.bus_id.clone(),
         }
+    }
+
+    /// Each of this resource's devices with how it is shared, as `DeviceTopology` publishes
+    /// it for the schedulers; none for whole devices.
+    pub fn sharing_info(&self) -> Vec<(String, SharingInfo)> {
+        let Some(s) = &self.sharing else {
+            return Vec::new();
+        };
+        let info = SharingInfo {
+            resource: self.name.clone(),
+            mechanism: if s.mps_root.is_some() { "mps" } else { "timeSlicing" }.into(),
+            replicas: s.replicas,
+        };
+        self.devices
+            .iter()
+            .map(|d| (d.id.clone(), info.clone()))
+            .collect()
     }
 
     /// The ids the kubelet sees, each with the position of its device: the device ids, or

@@ -421,3 +421,21 @@ async fn volcanos_allocate_and_deallocate_refuse_a_bound_pod() {
         );
     }
 }
+
+/// [`common::place_shares`] through the real kube-scheduler and the extender.
+#[tokio::test]
+async fn shares_pack_onto_shared_gpus_and_count_what_is_committed() {
+    let (cluster, port) = common::cluster_with_extender(&common::share_nodes(), &[]).await;
+    let managed = [
+        "nvidia.com/gpu",
+        "nvidia.com/gpu.shared",
+        "nvidia.com/mig-3g.40gb",
+    ];
+    cluster
+        .start_kube_scheduler(&fumarole_e2e::fumarole::kube_scheduler_config(
+            port, &managed,
+        ))
+        .await
+        .unwrap();
+    common::place_shares(&Api::namespaced(cluster.client(), "default")).await;
+}

@@ -236,7 +236,8 @@ impl Service {
         let Some(c) = commit else {
             return Ok(None);
         };
-        if let Some(effects) = self.effects() {
+        // A share's replica is the device plugin's pick: there is no choice to write.
+        if let Some(effects) = self.effects().filter(|_| !c.share) {
             let key = pod_key(pod);
             let (ns, name) = key.split_once('/').unwrap_or(("default", key.as_str()));
             let job = self.decider.job_annotations(pod, &c);
@@ -256,7 +257,7 @@ impl Service {
 
     /// Creates `pod`'s Binding to `node` through `ops`, carrying `commit`'s device choice and
     /// the job annotations (`None`: a pod whose devices come from ResourceClaims, bound without
-    /// a choice of ours). A Binding whose answer was lost may have been written, and it carries
+    /// a choice of ours; a share commit carries none either). A Binding whose answer was lost may have been written, and it carries
     /// the devices: they stay committed until the view shows the pod bound with them, the pod
     /// goes, or `--commit-ttl` passes; a retry on another node replaces the commit. Only a
     /// refusal by the API server frees them now. kube-scheduler's `bind` verb and its plugin's
@@ -272,8 +273,8 @@ impl Service {
         let (ns, name) = key.split_once('/').unwrap_or(("default", key.as_str()));
         let uid = pod.metadata.uid.as_deref().unwrap_or_default();
         let (choice, job) = match commit {
-            Some(c) => (Some(c.choice()), self.decider.job_annotations(pod, c)),
-            None => (None, Default::default()),
+            Some(c) if !c.share => (Some(c.choice()), self.decider.job_annotations(pod, c)),
+            _ => (None, Default::default()),
         };
         let bound = ops.bind(ns, name, uid, node, choice.as_ref(), &job).await;
         if let Err(e) = &bound

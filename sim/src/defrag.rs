@@ -115,6 +115,7 @@ pub(crate) fn at_completion(e: &mut Engine, s: RunState, t: u64, now: Instant) {
                     node: m.to.clone(),
                     devices: m.to_devices.clone(),
                     at: now,
+                    share: false,
                     ..old
                 },
             );
@@ -136,6 +137,7 @@ pub(crate) fn at_completion(e: &mut Engine, s: RunState, t: u64, now: Instant) {
                     devices: nv.ids_of(&indices(slot.mask)),
                     unit: None,
                     at: now,
+                    share: false,
                 },
             );
             holds.push(name);

@@ -432,6 +432,7 @@ impl<'a> Engine<'a> {
                     devices: nv.ids_of(&devices),
                     unit: req.unit.as_ref().map(|g| (g.key.clone(), g.gpus)),
                     at: now,
+                    share: false,
                 },
             );
             if let Some(g) = &req.unit {

@@ -155,6 +155,7 @@ fn stranded_counts_free_devices_that_cannot_take_a_common_size_ideally() {
                 devices: nv.ids_of(ids),
                 unit: None,
                 at: now,
+                share: false,
             },
         );
     };

@@ -20,6 +20,7 @@ use fumarole_exporter::device_health::HealthStream;
 use fumarole_exporter::mig::MigLibrary;
 use fumarole_exporter::publish::{DraSlices, LatestAllocations};
 use fumarole_topology::NodeTopology;
+use fumarole_topology::crd::SharingInfo;
 
 use super::partitions::NvmlPartitions;
 use crate::node::NvmlSource;
@@ -55,6 +56,8 @@ pub struct Devices {
     dra_shares: BTreeMap<String, u32>,
     /// Of those, the ones published as partitionable devices (`draPartitions`).
     dra_partitioned: BTreeSet<String>,
+    /// Devices the device plugins offer in replicas, by id.
+    sharing: BTreeMap<String, SharingInfo>,
 }
 
 impl Devices {
@@ -65,7 +68,13 @@ impl Devices {
             dra_devices: None,
             dra_shares: BTreeMap::new(),
             dra_partitioned: BTreeSet::new(),
+            sharing: BTreeMap::new(),
         }
+    }
+
+    /// Devices the device plugins offer in replicas (`DeviceTopology` says so).
+    pub fn sharing(&self) -> &BTreeMap<String, SharingInfo> {
+        &self.sharing
     }
 
     /// The ResourceSlices node `node` publishes: the devices the DRA plugin serves, if it
@@ -118,6 +127,7 @@ pub fn start(
         .filter_map(|d| Some((d.id.clone(), d.dra_shares?)))
         .collect();
     let dra_partitioned = partitioned(&dra, &topology);
+    let mut sharing = BTreeMap::new();
     let partitioner = match &settings.nvml {
         NvmlSource::Library(path) if !dra_partitioned.is_empty() => {
             Some(Arc::new(NvmlPartitions(MigLibrary::new(path.clone()))) as Arc<dyn Partitioner>)
@@ -137,6 +147,7 @@ pub fn start(
         && let Some(node_pods) = node_pods
     {
         node_pods.set_allocations(allocations.clone());
+        sharing = device_plugin.iter().flat_map(Resource::sharing_info).collect();
         let pods = Pods {
             source: node_pods.clone() as Arc<dyn PodSource>,
             await_choice: settings.plugins.await_choice.clone(),
@@ -154,6 +165,7 @@ pub fn start(
         dra_devices,
         dra_shares,
         dra_partitioned,
+        sharing,
     })
 }
 

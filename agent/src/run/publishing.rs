@@ -3,6 +3,7 @@
 //! ([`dcmi_answers`]), what wakes the publish loop early and the kubelet's allocations it
 //! reads ([`Publishing::start`]), and the loop itself ([`Publishing::run`]).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,6 +18,7 @@ use fumarole_exporter::publish::metrics::Metrics;
 use fumarole_exporter::publish::{
     self, DraSlices, LatestAllocations, NodeCollector, PublishSettings, Publisher, Sources,
 };
+use fumarole_topology::crd::SharingInfo;
 use fumarole_topology::{NodeHealth, SuperNode, SuperNodeSource};
 use k8s_openapi::api::core::v1::Node;
 use tokio::sync::{Notify, watch};
@@ -115,6 +117,12 @@ impl Publishing {
     /// Also publishes the ResourceSlices of the devices the DRA plugin serves.
     pub fn with_dra(mut self, slices: Option<DraSlices>) -> Self {
         self.settings.options.dra = slices;
+        self
+    }
+
+    /// Publishes `sharing` (devices the device plugins offer in replicas) in `DeviceTopology`.
+    pub fn with_sharing(mut self, sharing: BTreeMap<String, SharingInfo>) -> Self {
+        self.settings.options.sharing = sharing;
         self
     }
 

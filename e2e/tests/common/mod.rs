@@ -51,6 +51,25 @@ pub fn resource_of(t: &DeviceTopology) -> &'static str {
     }
 }
 
+/// What a topology's device plugin advertises: its whole devices as [`resource_of`], each
+/// device offered in replicas as its `sharing` resource times the replicas, each MIG device as
+/// `nvidia.com/mig-<profile>`.
+pub fn offered(t: &DeviceTopology) -> BTreeMap<String, u32> {
+    let mut out: BTreeMap<String, u32> = BTreeMap::new();
+    for d in &t.spec.devices {
+        let mut add = |r: String, n: u32| *out.entry(r).or_default() += n;
+        match &d.sharing {
+            Some(s) => add(s.resource.clone(), s.replicas),
+            None if d.mig.is_empty() => add(resource_of(t).to_string(), 1),
+            None => {}
+        }
+        for m in &d.mig {
+            add(fumarole_topology::share::mig_resource(&m.profile), 1);
+        }
+    }
+    out
+}
+
 /// A pod for Volcano asking for `gpus` NVIDIA GPUs (and 1 CPU, 1 GiB).
 pub fn volcano_gpu_pod(name: &str, gpus: u32) -> Pod {
     serde_json::from_value(serde_json::json!({
@@ -73,15 +92,13 @@ pub async fn publish(cluster: &TestCluster, topologies: &[DeviceTopology]) {
     let api: Api<DeviceTopology> = Api::all(cluster.client());
     for t in topologies {
         let name = t.metadata.name.clone().unwrap();
-        cluster
-            .create_node(
-                &NodeSpec::new(&name)
-                    .capacity("cpu", "64")
-                    .capacity("memory", "512Gi")
-                    .capacity(resource_of(t), &t.spec.accelerator_count.to_string()),
-            )
-            .await
-            .unwrap();
+        let node = offered(t).into_iter().fold(
+            NodeSpec::new(&name)
+                .capacity("cpu", "64")
+                .capacity("memory", "512Gi"),
+            |node, (resource, n)| node.capacity(&resource, &n.to_string()),
+        );
+        cluster.create_node(&node).await.unwrap();
         let mut spec_only = t.clone();
         spec_only.status = None;
         api.create(&PostParams::default(), &spec_only)
@@ -395,4 +412,103 @@ pub async fn place_a_group_job_over_the_racks(pods: &Api<Pod>) {
     let nodes: std::collections::BTreeSet<&str> =
         placed.values().map(|(n, _)| n.as_str()).collect();
     assert_eq!(nodes.len(), 8, "{placed:?}");
+}
+
+/// A pod asking for `n` of `resource` (time-sliced replicas, a MIG profile).
+pub fn share_pod(name: &str, resource: &str, n: u32) -> Pod {
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name},
+        "spec": {"containers": [{
+            "name": "c", "image": "example.invalid/none",
+            "resources": {"requests": {"cpu": "100m"}, "limits": {resource: n.to_string()}}
+        }]}
+    }))
+    .unwrap()
+}
+
+/// `shared-a` (2 GPUs in 4 time-sliced replicas, 2 of GPU 0's held by other pods, so 6 free
+/// though its Node advertises 8), `shared-b` (8 GPUs in 4 replicas, none held), `mig-d` (one
+/// H100 with two 3g.40gb MIG devices) and `whole-c` (8 whole GPUs).
+pub fn share_nodes() -> Vec<DeviceTopology> {
+    use fumarole_topology::crd::SharingInfo;
+    use fumarole_topology::crd::device_topology::{MigInfo, ShareAllocation};
+    let shared = |name: &str, gpus: u32| {
+        let mut t = dgx(name, gpus, &[], None);
+        for d in &mut t.spec.devices {
+            d.sharing = Some(SharingInfo {
+                resource: "nvidia.com/gpu.shared".into(),
+                mechanism: "timeSlicing".into(),
+                replicas: 4,
+            });
+        }
+        t
+    };
+    let mut a = shared("shared-a", 2);
+    let gpu0 = a
+        .status
+        .get_or_insert_default()
+        .devices
+        .entry("shared-a-gpu0".into())
+        .or_default();
+    gpu0.health = "Healthy".into();
+    gpu0.shares = (0..2)
+        .map(|r| ShareAllocation {
+            share: format!("shared-a-gpu0::{r}"),
+            namespace: "other".into(),
+            pod: format!("infer-{r}"),
+            container: "main".into(),
+        })
+        .collect();
+    let mut mig = dgx("mig-d", 1, &[], None);
+    mig.spec.devices[0].mig = (0..2)
+        .map(|k| MigInfo {
+            uuid: format!("MIG-d-{k}"),
+            profile: "3g.40gb".into(),
+        })
+        .collect();
+    vec![a, shared("shared-b", 8), mig, dgx("whole-c", 8, &[], None)]
+}
+
+/// Over [`share_nodes`], through whichever scheduler runs: seven one-replica pods, one after
+/// the other. The first six pack onto `shared-a` (GPU 0's last two, then GPU 1, never opening
+/// `shared-b`), counting the replicas committed and not reported yet; the seventh finds
+/// `shared-a` full and goes to `shared-b`. A MIG pod lands on `mig-d`, a whole-GPU pod on
+/// `whole-c`; no share pod carries a device choice.
+pub async fn place_shares(pods: &Api<Pod>) {
+    let pp = PostParams::default();
+    let bound = |name: String| {
+        let pods = pods.clone();
+        async move {
+            let what = format!("{name} bound");
+            fumarole_e2e::cluster::eventually(&what, std::time::Duration::from_secs(60), || {
+                let pods = pods.clone();
+                let name = name.clone();
+                async move { Ok(pods.get(&name).await?.spec.and_then(|s| s.node_name)) }
+            })
+            .await
+            .unwrap()
+        }
+    };
+    let mut nodes = Vec::new();
+    for i in 0..7 {
+        let name = format!("infer-{i}");
+        pods.create(&pp, &share_pod(&name, "nvidia.com/gpu.shared", 1))
+            .await
+            .unwrap();
+        nodes.push(bound(name).await);
+    }
+    let a = "shared-a";
+    assert_eq!(nodes, [a, a, a, a, a, a, "shared-b"]);
+    pods.create(&pp, &share_pod("mig", "nvidia.com/mig-3g.40gb", 1))
+        .await
+        .unwrap();
+    assert_eq!(bound("mig".into()).await, "mig-d");
+    pods.create(&pp, &gpu_pod("whole", 2, serde_json::json!({})))
+        .await
+        .unwrap();
+    assert_eq!(bound("whole".into()).await, "whole-c");
+    for i in 0..7 {
+        let p = pods.get(&format!("infer-{i}")).await.unwrap();
+        assert_eq!(devices_of(&p), None, "infer-{i} carries a choice");
+    }
 }

@@ -102,6 +102,7 @@ pub fn desired(snapshot: &NodeSnapshot, options: &PublishOptions) -> Desired {
         &topology,
         device_allocations.as_ref().unwrap_or(&none),
         health,
+        &options.sharing,
     ));
     let mut labels = objects::labels(&topology);
     if options.compat_labels {
@@ -243,7 +244,7 @@ mod tests {
             AllocationSource::PodResources,
             &["GPU-0::1", "MIG-7", "Ascend910-0", "nope::0", "GPU-0::x"],
         );
-        let (_, status) = objects::device_topology(&t, &alloc, &NodeHealth::default());
+        let (_, status) = objects::device_topology(&t, &alloc, &NodeHealth::default(), &BTreeMap::new());
         let gpu = &status.devices["GPU-0"];
         assert!(gpu.allocation.is_none());
         let shares: Vec<(&str, &str, &str)> = gpu
@@ -256,7 +257,7 @@ mod tests {
         assert!(status.devices["Ascend910-0"].shares.is_empty());
         // The CPU manager's state alone names no device holder: nothing is shown.
         let cpu_state = allocations(AllocationSource::CpuManagerState, &["GPU-0::1"]);
-        let (_, status) = objects::device_topology(&t, &cpu_state, &NodeHealth::default());
+        let (_, status) = objects::device_topology(&t, &cpu_state, &NodeHealth::default(), &BTreeMap::new());
         assert!(status.devices["GPU-0"].shares.is_empty());
     }
 

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use fumarole_topology::crd::device_topology::{DeviceAllocation, ShareAllocation};
+use fumarole_topology::crd::device_topology::{DeviceAllocation, ShareAllocation, SharingInfo};
 use fumarole_topology::crd::node_resource_topology::{Attribute, CostInfo, ResourceInfo, Zone};
 use fumarole_topology::crd::numatopology::{
     ContainerAllocation, CpuInfo, PodAllocation, ResourceInfoNuma,
@@ -178,9 +178,10 @@ pub fn device_topology(
     t: &NodeTopology,
     alloc: &Allocations,
     health: &NodeHealth,
+    sharing: &BTreeMap<String, SharingInfo>,
 ) -> (DeviceTopologySpec, DeviceTopologyStatus) {
     (
-        DeviceTopologySpec::from_topology(t),
+        DeviceTopologySpec::from_topology(t).with_sharing(sharing),
         DeviceTopologyStatus::with_health(t, &device_allocations(t, alloc), health)
             .with_shares(share_allocations(t, alloc)),
     )

@@ -11,6 +11,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use fumarole_topology::crd::SharingInfo;
+
 /// What the agent publishes and how often it checks.
 #[derive(clap::Args, Clone, Debug)]
 pub struct PublishArgs {
@@ -65,6 +67,9 @@ pub struct PublishOptions {
     /// ResourceSlices for the devices the DRA kubelet plugin serves; `None`: no DRA (set by
     /// the agent once the DRA plugin runs, not by a flag).
     pub dra: Option<DraSlices>,
+    /// Devices the device plugin offers in replicas, by id (set by the agent from its
+    /// device-plugin configuration): `DeviceTopology` says so, for the schedulers.
+    pub sharing: BTreeMap<String, SharingInfo>,
 }
 
 /// The devices the DRA kubelet plugin serves, listed in the node's ResourceSlices.
@@ -91,6 +96,7 @@ impl PublishArgs {
                 compat_labels: self.compat_labels,
                 ascend_device_info: self.ascend_device_info,
                 dra: None,
+                sharing: BTreeMap::new(),
             },
         }
     }

@@ -80,7 +80,9 @@ pub fn judge_nodes<'a>(
             if !v.feasible() {
                 return v;
             }
-            if let Some(conflict) = checker.check(nv, req.devices.count) {
+            // Whole devices other units reserve are not what a share (outside any unit) takes.
+            let share_alone = req.unit.is_none() && nv.offers_shares(&req.devices.resource);
+            if !share_alone && let Some(conflict) = checker.check(nv, req.devices.count) {
                 return NodeVerdict::filtered(name, conflict.into());
             }
             v.raw = scores.score(&c, nv, req, &v);

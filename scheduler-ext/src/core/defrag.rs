@@ -794,6 +794,7 @@ mod tests {
                     devices: nv.ids_of(&crate::core::view::indices(r.devices)),
                     unit: None,
                     at: Instant::now(),
+                    share: false,
                 },
             );
         }

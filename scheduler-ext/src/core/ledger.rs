@@ -11,6 +11,10 @@
 //!   of a member renews it; it expires when no member shows up for the reservation
 //!   time-to-live, and ends when the sub-unit is complete.
 //!
+//! - Share commits: replicas or MIG devices handed to a pod ([`Commit::share`]). No choice is
+//!   written for them (the device plugin picks the replica); the commit counts until the
+//!   node's status reports the pod holding its share, or the time-to-live.
+//!
 //! All of it lives behind one lock in [`crate::decider::Decider`]: a commit checks and takes
 //! devices under the write lock, so two pods never get one device.
 
@@ -27,11 +31,15 @@ use crate::core::view::{ClusterView, NodeView};
 pub struct Commit {
     pub node: String,
     pub resource: String,
-    /// Device ids.
+    /// Device ids; for a share commit, the device of each share taken (repeated when one
+    /// device gives several).
     pub devices: Vec<String>,
     /// The pod's unit and GPU count, for group placement.
     pub unit: Option<(UnitKey, u32)>,
     pub at: Instant,
+    /// Shares of the devices (replicas, MIG devices), not whole devices: nothing is written on
+    /// the pod.
+    pub share: bool,
 }
 
 impl Commit {
@@ -65,6 +73,8 @@ pub struct Ledger {
     /// times a pod at 5,000 nodes): foldhash, where SipHash was the largest item of judging in
     /// a perf profile of the kube-scheduler plugin.
     by_node: HashMap<String, HashSet<String>, foldhash::fast::RandomState>,
+    /// Node -> shares committed there: (resource, device id) -> how many.
+    shares_by_node: HashMap<String, HashMap<(String, String), u32>>,
     plans: HashMap<UnitKey, Plan>,
     /// Super-nodes a sub-unit's plan was given up on, until when: the scheduler's other
     /// filters refused every node of it (a taint, say), which fumarole cannot see, so planning
@@ -122,10 +132,19 @@ impl Ledger {
     /// Records `commit` for `pod`, replacing an earlier one.
     pub fn commit(&mut self, pod: &str, commit: Commit) {
         self.release(pod);
-        self.by_node
-            .entry(commit.node.clone())
-            .or_default()
-            .extend(commit.devices.iter().cloned());
+        if commit.share {
+            let on_node = self.shares_by_node.entry(commit.node.clone()).or_default();
+            for d in &commit.devices {
+                *on_node
+                    .entry((commit.resource.clone(), d.clone()))
+                    .or_default() += 1;
+            }
+        } else {
+            self.by_node
+                .entry(commit.node.clone())
+                .or_default()
+                .extend(commit.devices.iter().cloned());
+        }
         self.commits.insert(pod.to_string(), commit);
     }
 
@@ -144,6 +163,23 @@ impl Ledger {
     /// Drops the commit of `pod` from the books, freeing nothing by itself.
     fn forget_commit(&mut self, pod: &str) -> Option<Commit> {
         let c = self.commits.remove(pod)?;
+        if c.share {
+            if let Some(on_node) = self.shares_by_node.get_mut(&c.node) {
+                for d in &c.devices {
+                    let key = (c.resource.clone(), d.clone());
+                    if let Some(n) = on_node.get_mut(&key) {
+                        *n -= 1;
+                        if *n == 0 {
+                            on_node.remove(&key);
+                        }
+                    }
+                }
+                if on_node.is_empty() {
+                    self.shares_by_node.remove(&c.node);
+                }
+            }
+            return Some(c);
+        }
         if let Some(set) = self.by_node.get_mut(&c.node) {
             for d in &c.devices {
                 set.remove(d);
@@ -163,6 +199,18 @@ impl Ledger {
     /// The device ids committed on `node`, if any.
     pub fn committed_on(&self, node: &str) -> Option<&HashSet<String>> {
         self.by_node.get(node)
+    }
+
+    /// Shares of `resource` committed on `node`'s device `device` (an id) and not yet
+    /// reported held.
+    pub fn shares_committed(&self, node: &str, resource: &str, device: &str) -> u32 {
+        self.shares_by_node.get(node).map_or(0, |on_node| {
+            on_node
+                .iter()
+                .filter(|((r, d), _)| r == resource && d == device)
+                .map(|(_, n)| *n)
+                .sum()
+        })
     }
 
     /// Committed pods of `unit` not yet bound in `view`: (pod, node, GPUs).
@@ -260,7 +308,12 @@ impl Ledger {
             .commits
             .iter()
             .filter_map(|(pod, c)| {
-                let settled = view.annotated_on(pod).is_some();
+                // A share commit writes no choice: it settles when the node reports it held.
+                let settled = if c.share {
+                    view.reported(pod)
+                } else {
+                    view.annotated_on(pod).is_some()
+                };
                 (settled || now.saturating_duration_since(c.at) > commit_ttl)
                     .then(|| (pod.clone(), settled))
             })
@@ -304,6 +357,7 @@ mod tests {
             devices: devices.iter().map(|d| d.to_string()).collect(),
             unit: None,
             at,
+            share: false,
         }
     }
 

@@ -899,6 +899,7 @@ pub(crate) mod tests {
                 devices: devices.iter().map(|d| format!("{node}-g{d}")).collect(),
                 unit: None,
                 at: now,
+                share: false,
             },
         );
     }
@@ -1007,6 +1008,7 @@ pub(crate) mod tests {
                 devices: vec!["b1-g4".into(), "b1-g5".into()],
                 unit: Some((p0.key.clone(), 2)),
                 at: now,
+                share: false,
             },
         );
         let p1 = pg("ns/j", 1, 2, 8, 8);

@@ -16,6 +16,11 @@
 //! the extended resources, the DRA class of its devices (`gpu.fumarole.dev` for every GPU
 //! vendor, `npu.fumarole.dev` for Ascend), the "resource" of a pod asking through claims.
 //!
+//! Shares: a device the node's device plugin offers in replicas (`spec.devices[].sharing`) is
+//! not offered whole; nor is a GPU in MIG mode, whose MIG devices are offered per profile
+//! (`nvidia.com/mig-<profile>`). Both are [`ShareRoom`]s: how many a device offers of the
+//! resource and how many its status reports held ([`NodeView::share_rooms`]).
+//!
 //! A node's super-node is the `DeviceTopology`'s `spec.superNode.id`, else its
 //! `fumarole.dev/super-node` label; a node with neither is a super-node of its own.
 //! Free CPUs per NUMA node come from the node's Volcano `Numatopology` (for NUMA fit).
@@ -32,8 +37,11 @@ use std::sync::{Arc, RwLock};
 
 use fumarole_topology::CpuSet;
 use fumarole_topology::annotation::{DEVICES_ANNOTATION, ascend};
-use fumarole_topology::crd::device_topology::{DeviceInfo, ShareAllocation, shares_in_use};
+use fumarole_topology::crd::device_topology::{
+    DeviceInfo, DeviceStatus, ShareAllocation, shares_in_use,
+};
 use fumarole_topology::crd::{DeviceTopology, Numatopology};
+use fumarole_topology::share::mig_resource;
 use fumarole_topology::{SelectContext, SelectError, Selection};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -156,6 +164,22 @@ pub struct NodeView {
     /// Devices in use as shares or partitions (index, what: `MIG 3g.40gb, 1g.10gb`, `2
     /// shares: ns/pod/container, ...`), for people (`/ui`); empty on most nodes.
     pub shared: Vec<(usize, String)>,
+    /// What the node offers in shares, per device and resource; empty on most nodes.
+    pub share_rooms: Vec<ShareRoom>,
+}
+
+/// Replicas of one device, or its MIG devices of one profile, as a node offers them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShareRoom {
+    /// The resource they are advertised under (`nvidia.com/gpu.shared`,
+    /// `nvidia.com/mig-1g.10gb`).
+    pub resource: String,
+    /// The device (index into the node's devices).
+    pub device: usize,
+    /// Replicas, or MIG devices of the profile; 0 on an unhealthy device.
+    pub offered: u32,
+    /// Held by containers, as the node's status reports.
+    pub held: u32,
 }
 
 impl NodeView {
@@ -243,10 +267,12 @@ impl NodeView {
         let unhealthy = statuses
             .iter()
             .map(|s| s.is_some_and(|s| s.health != "Healthy"));
-        // Each device under its extended resource and under its DRA class.
+        // Each device under its extended resource (unless offered in replicas) and under its
+        // DRA class.
         let mut resource_masks: Vec<(String, u64)> = Vec::new();
         for (i, d) in devices.iter().enumerate() {
-            for r in [resource_of(d), dra_class_of(d).to_string()] {
+            let whole = d.sharing.is_none().then(|| resource_of(d));
+            for r in whole.into_iter().chain([dra_class_of(d).to_string()]) {
                 match resource_masks.iter_mut().find(|(name, _)| *name == r) {
                     Some((_, m)) => *m |= 1 << i,
                     None => resource_masks.push((r, 1 << i)),
@@ -280,9 +306,14 @@ impl NodeView {
             reported: status
                 .iter()
                 .flat_map(|s| s.devices.values())
-                .filter_map(|s| s.allocation.as_ref())
-                .map(|a| format!("{}/{}", a.namespace, a.pod))
+                .flat_map(|s| {
+                    let shares = s.shares.iter().map(|a| (&a.namespace, &a.pod));
+                    let whole = s.allocation.iter().map(|a| (&a.namespace, &a.pod));
+                    whole.chain(shares)
+                })
+                .map(|(ns, pod)| format!("{ns}/{pod}"))
                 .collect(),
+            share_rooms: share_rooms(devices, &statuses),
             shared: devices
                 .iter()
                 .zip(&statuses)
@@ -337,7 +368,13 @@ impl NodeView {
             has_topology: false,
             reported: Vec::new(),
             shared: Vec::new(),
+            share_rooms: Vec::new(),
         }
+    }
+
+    /// True when the node offers `resource` in shares ([`ShareRoom`]s), not as whole devices.
+    pub fn offers_shares(&self, resource: &str) -> bool {
+        self.share_rooms.iter().any(|r| r.resource == resource)
     }
 
     /// The super-node the node belongs to: its published one, else the node itself.
@@ -367,6 +404,41 @@ impl NodeView {
             .filter_map(|&i| self.device_ids.get(i).cloned())
             .collect()
     }
+}
+
+/// The node's [`ShareRoom`]s: each device offered in replicas, and each MIG profile of each
+/// GPU in MIG mode, with how many of them the status reports held.
+fn share_rooms(devices: &[DeviceInfo], statuses: &[Option<&DeviceStatus>]) -> Vec<ShareRoom> {
+    let mut rooms = Vec::new();
+    for (i, (d, s)) in devices.iter().zip(statuses).enumerate() {
+        let shares = s.map_or(&[][..], |s| &s.shares[..]);
+        let healthy = s.is_none_or(|s| s.health == "Healthy");
+        let count = |n: usize| if healthy { u32::try_from(n).unwrap_or(u32::MAX) } else { 0 };
+        if let Some(sharing) = &d.sharing {
+            rooms.push(ShareRoom {
+                resource: sharing.resource.clone(),
+                device: i,
+                offered: if healthy { sharing.replicas } else { 0 },
+                held: u32::try_from(shares.len()).unwrap_or(u32::MAX),
+            });
+        }
+        let mut profiles: Vec<&str> = d.mig.iter().map(|m| m.profile.as_str()).collect();
+        profiles.sort_unstable();
+        profiles.dedup();
+        for profile in profiles {
+            let of_profile = || d.mig.iter().filter(move |m| m.profile == profile);
+            let held = of_profile()
+                .filter(|m| shares.iter().any(|a| a.share == m.uuid))
+                .count();
+            rooms.push(ShareRoom {
+                resource: mig_resource(profile),
+                device: i,
+                offered: count(of_profile().count()),
+                held: u32::try_from(held).unwrap_or(u32::MAX),
+            });
+        }
+    }
+    rooms
 }
 
 /// The mask with bit i set where the i-th item is true.
@@ -804,7 +876,10 @@ impl ClusterView {
         view.offered = Arc::new(
             nodes
                 .iter()
-                .flat_map(|n| n.resource_masks.iter().map(|(r, _)| r.clone()))
+                .flat_map(|n| {
+                    let whole = n.resource_masks.iter().map(|(r, _)| r.clone());
+                    whole.chain(n.share_rooms.iter().map(|r| r.resource.clone()))
+                })
                 .collect(),
         );
         view.index = Arc::new(index);

@@ -234,6 +234,7 @@ impl Decider {
                 devices,
                 unit: None,
                 at: Instant::now(),
+                share: false,
             },
         );
         true
@@ -523,12 +524,16 @@ impl Decider {
                 unfit: Box::new(unfit),
             });
         }
+        let share = view
+            .node(node)
+            .is_some_and(|nv| nv.offers_shares(&req.devices.resource));
         let commit = Commit {
             node: node.to_string(),
             resource: req.devices.resource.clone(),
             devices: v.device_ids(&view),
             unit: req.unit.as_ref().map(|g| (g.key.clone(), g.gpus)),
             at: now,
+            share,
         };
         ledger.commit(&key, commit.clone());
         if let Some(g) = &req.unit {

@@ -329,6 +329,7 @@ fn job_annotations_follow_the_rank_and_the_super_node() {
         devices: (0..8).map(|i| format!("Ascend910-{i}")).collect(),
         unit: None,
         at: Instant::now(),
+        share: false,
     };
     let npu = "huawei.com/Ascend910";
     const RECORD: &str = "fumarole.dev/job-annotations";

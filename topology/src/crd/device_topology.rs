@@ -88,6 +88,23 @@ pub struct DeviceInfo {
     /// whole.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mig: Vec<MigInfo>,
+    /// The device is offered as replicas (time-slicing or MPS) by the node's device plugin,
+    /// not whole; absent for a device offered whole.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sharing: Option<SharingInfo>,
+}
+
+/// How the device plugin offers a shared device.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SharingInfo {
+    /// The extended resource its replicas are advertised under (`nvidia.com/gpu`, or
+    /// `nvidia.com/gpu.shared` with `renameByDefault`).
+    pub resource: String,
+    /// timeSlicing | mps
+    pub mechanism: String,
+    /// Replicas of this device.
+    pub replicas: u32,
 }
 
 /// One MIG device of a GPU.
@@ -326,6 +343,7 @@ impl DeviceTopologySpec {
                             profile: m.profile.clone(),
                         })
                         .collect(),
+                    sharing: None,
                 })
                 .collect(),
             links: LinkInfo::all(&t.links),
@@ -334,6 +352,14 @@ impl DeviceTopologySpec {
                 source: camel(&s.source),
             }),
         }
+    }
+
+    /// This spec with each device of `offers` (by id) marked as offered in replicas.
+    pub fn with_sharing(mut self, offers: &BTreeMap<String, SharingInfo>) -> Self {
+        for d in &mut self.devices {
+            d.sharing = offers.get(&d.id).cloned();
+        }
+        self
     }
 }
 

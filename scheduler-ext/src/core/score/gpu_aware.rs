@@ -22,11 +22,21 @@
 //!   `raw = (1 - 0.5 + 1) / 2 = 0.75` -> Volcano 75, kube-scheduler 8 (7.5 rounded).
 //! - node with 2 free GPUs: filtered, "needs 4 nvidia.com/gpu, 2 free".
 //!
+//! Shares: on a node that offers the pod's resource in shares (replicas or MIG devices,
+//! [`crate::core::view::ShareRoom`]), the pod needs that many shares free (offered, less held
+//! and committed). They are taken from devices already shared first, most used first, then
+//! from untouched devices. `q` is 1 when no untouched device is opened; otherwise half the
+//! part of the node's devices already in use (shared, held whole, unhealthy), so a node whose
+//! devices are all free whole (an unbroken NVLink / HCCS group) comes last. `loss` is `1 - q`,
+//! so the raw score is `q` whatever `loss_weight`. NUMA policy does not apply to shares.
+//!
 //! NUMA fit: a pod with `volcano.sh/numa-topology-policy: single-numa-node` is judged per NUMA
 //! node of the node: only devices on that NUMA node count, and the NUMA node must have the
 //! pod's whole CPUs free (from the node's `Numatopology`); the best NUMA node wins.
 
-use fumarole_topology::SelectError;
+use std::sync::Arc;
+
+use fumarole_topology::{Method, SelectError, Selection};
 
 use crate::core::cluster::Cluster;
 use crate::core::request::PodRequest;
@@ -92,6 +102,9 @@ impl GpuAware {
         }
         let resource = req.devices.resource.as_str();
         let count = req.devices.count;
+        if nv.offers_shares(resource) {
+            return self.shares(c, node, nv, resource, count);
+        }
         let free = c.free_mask(nv, resource);
         let Some(cpus) = req.numa_cpus else {
             return self.choose(node, nv, free, req, memo);
@@ -132,6 +145,78 @@ impl GpuAware {
         })
     }
 
+    /// `count` shares of `resource` on `nv` (see the module doc).
+    fn shares(
+        &self,
+        c: &Cluster,
+        node: &str,
+        nv: &NodeView,
+        resource: &str,
+        count: usize,
+    ) -> NodeVerdict {
+        // (device, free, used) of each device offering the resource; none on a node of
+        // another scheduler's pool.
+        let ours = c.ledger.places_on(nv);
+        let mut rooms: Vec<(usize, u32, u32)> = nv
+            .share_rooms
+            .iter()
+            .filter(|r| ours && r.resource == resource)
+            .map(|r| {
+                let id = nv.device_ids.get(r.device).map_or("", String::as_str);
+                let used = r.held + c.ledger.shares_committed(&nv.name, resource, id);
+                (r.device, r.offered.saturating_sub(used), used)
+            })
+            .collect();
+        let free: usize = rooms.iter().map(|(_, f, _)| *f as usize).sum();
+        if free < count {
+            return NodeVerdict::filtered(
+                node,
+                Unfit::NotEnoughFree {
+                    need: count,
+                    resource: resource.into(),
+                    free,
+                },
+            );
+        }
+        // Devices in use first, the most used first; then untouched ones in order.
+        rooms.sort_unstable_by_key(|&(i, _, used)| (used == 0, std::cmp::Reverse(used), i));
+        let mut chosen = Vec::with_capacity(count);
+        let mut opened = false;
+        for &(i, f, used) in &rooms {
+            let n = (count - chosen.len()).min(f as usize);
+            opened |= n > 0 && used == 0;
+            chosen.extend(std::iter::repeat_n(i, n));
+        }
+        let q = if opened {
+            let in_use = rooms
+                .iter()
+                .filter(|(_, _, used)| *used > 0)
+                .fold(!nv.available_mask | nv.assumed_mask | nv.claimed_mask, |m, (i, _, _)| {
+                    m | 1 << i
+                });
+            let n = nv.device_ids.len().max(1);
+            let touched = (in_use & mask_below(n)).count_ones() as f64;
+            0.5 * touched / n as f64
+        } else {
+            1.0
+        };
+        NodeVerdict {
+            node: node.into(),
+            unfit: None,
+            q: Some(q),
+            loss: Some(1.0 - q),
+            raw: Some(self.raw(q, 1.0 - q)),
+            selection: Some(Arc::new(Selection {
+                devices: chosen,
+                quality: 0,
+                cut: 0,
+                q,
+                loss: 1.0 - q,
+                method: Method::Exhaustive,
+            })),
+        }
+    }
+
     /// The best `count` of the devices in `free` on `nv`.
     fn choose(
         &self,
@@ -161,6 +246,11 @@ impl GpuAware {
             Err(e) => NodeVerdict::filtered(node, Unfit::Select(e)),
         }
     }
+}
+
+/// The mask of devices `0..n`.
+fn mask_below(n: usize) -> u64 {
+    if n >= 64 { u64::MAX } else { (1 << n) - 1 }
 }
 
 #[cfg(test)]
@@ -330,6 +420,161 @@ mod tests {
                 .reason()
                 .unwrap()
                 .contains("no Numatopology")
+        );
+    }
+
+    /// `n` GPUs offered in 4 time-sliced replicas each (`nvidia.com/gpu.shared`), `held[i]`
+    /// replicas of GPU i held by pods.
+    fn shared_node(name: &str, n: u32, held: &[(u32, u32)]) -> DeviceTopology {
+        use fumarole_topology::crd::SharingInfo;
+        use fumarole_topology::crd::device_topology::ShareAllocation;
+        let mut t = node(name, n, 100, &[]);
+        for d in &mut t.spec.devices {
+            d.sharing = Some(SharingInfo {
+                resource: "nvidia.com/gpu.shared".into(),
+                mechanism: "timeSlicing".into(),
+                replicas: 4,
+            });
+        }
+        let status = t.status.get_or_insert_default();
+        for &(i, k) in held {
+            let id = format!("{name}-gpu{i}");
+            let s = status.devices.entry(id.clone()).or_default();
+            s.health = "Healthy".into();
+            s.shares = (0..k)
+                .map(|r| ShareAllocation {
+                    share: format!("{id}::{r}"),
+                    namespace: "serve".into(),
+                    pod: format!("{name}-{i}-{r}"),
+                    container: "main".into(),
+                })
+                .collect();
+        }
+        t
+    }
+
+    fn share_req(count: usize) -> PodRequest {
+        let mut r = req(count);
+        r.devices.resource = "nvidia.com/gpu.shared".into();
+        r
+    }
+
+    /// A share goes onto a device already shared (q 1) before it opens a device; of two nodes
+    /// where it must open one, the node with more devices already in use wins; a node whose
+    /// replicas are all held is filtered, and no node offers the replicas whole.
+    #[test]
+    fn shares_pack_onto_shared_devices_before_opening_a_whole_node() {
+        let view = ClusterView::build(
+            &[
+                shared_node("packed", 8, &[(2, 1), (5, 3)]),
+                shared_node("untouched", 8, &[]),
+                shared_node("half", 8, &[(0, 4), (1, 4), (2, 4), (3, 4)]),
+                shared_node("full", 2, &[(0, 4), (1, 4)]),
+            ],
+            &[],
+            &[],
+            &[],
+        )
+        .unwrap();
+        assert!(view.resources().contains("nvidia.com/gpu.shared"));
+        let packed = view.node("packed").unwrap();
+        assert_eq!(packed.resource_mask("nvidia.com/gpu"), 0);
+        assert!(packed.offers_shares("nvidia.com/gpu.shared"));
+        assert!(view.reported("serve/packed-5-2"));
+
+        let g = GpuAware::default();
+        let v = all(&g, &view, &share_req(1));
+        let by = |n: &str| v.iter().find(|x| x.node == n).unwrap();
+        // GPU 5 (3 of 4 held) before GPU 2 (1 of 4): the fullest shared device first.
+        assert_eq!(by("packed").raw, Some(1.0));
+        assert_eq!(by("packed").selection.as_ref().unwrap().devices, [5]);
+        // half: 4 of 8 GPUs in use, a fresh one opened: 0.5 * 4/8.
+        assert_eq!(by("half").raw, Some(0.25));
+        assert_eq!(by("half").selection.as_ref().unwrap().devices, [4]);
+        assert_eq!(by("untouched").raw, Some(0.0));
+        assert_eq!(
+            by("full").reason().unwrap(),
+            "needs 1 nvidia.com/gpu.shared, 0 free"
+        );
+        assert_eq!(v[0].node, "packed");
+
+        // Four shares on `packed`: GPU 5's last, GPU 2's three, none opened.
+        let four = all(&g, &view, &share_req(4));
+        let p = four.iter().find(|x| x.node == "packed").unwrap();
+        assert_eq!(p.selection.as_ref().unwrap().devices, [5, 2, 2, 2]);
+        assert_eq!(p.raw, Some(1.0));
+        // Whole GPUs asked on a node that offers them only in replicas: none there.
+        let whole = all(&g, &view, &req(1));
+        assert!(whole.iter().all(|x| !x.feasible()), "{whole:?}");
+    }
+
+    /// Shares committed by this scheduler and not reported yet count as held: the device they
+    /// took is the one packed next, and a device's last replica, once committed, is gone.
+    #[test]
+    fn committed_shares_count_until_reported() {
+        use crate::core::ledger::Commit;
+        let view = ClusterView::build(&[shared_node("a", 2, &[])], &[], &[], &[]).unwrap();
+        let mut ledger = Ledger::default();
+        let commit = |devices: &[&str]| Commit {
+            node: "a".into(),
+            resource: "nvidia.com/gpu.shared".into(),
+            devices: devices.iter().map(|d| d.to_string()).collect(),
+            unit: None,
+            at: Instant::now(),
+            share: true,
+        };
+        ledger.commit("serve/p1", commit(&["a-gpu1", "a-gpu1", "a-gpu1"]));
+        let g = GpuAware::default();
+        let judge = |ledger: &Ledger, n: usize| {
+            g.node(&Cluster::new(&view, ledger, Instant::now()), "a", &share_req(n))
+        };
+        let v = judge(&ledger, 1);
+        assert_eq!(v.selection.as_ref().unwrap().devices, [1]);
+        assert_eq!(v.raw, Some(1.0));
+        assert_eq!(ledger.shares_committed("a", "nvidia.com/gpu.shared", "a-gpu1"), 3);
+        ledger.commit("serve/p2", commit(&["a-gpu1"]));
+        assert_eq!(judge(&ledger, 5).reason().unwrap(), "needs 5 nvidia.com/gpu.shared, 4 free");
+        // Whole-device commits are not touched by shares, and a release gives them back.
+        assert!(ledger.committed_on("a").is_none());
+        ledger.release("serve/p2");
+        assert_eq!(ledger.shares_committed("a", "nvidia.com/gpu.shared", "a-gpu1"), 3);
+        assert!(judge(&ledger, 5).feasible());
+    }
+
+    /// MIG devices are offered per profile; one held is not free, and a GPU whose MIG devices
+    /// are in use takes the next before an untouched GPU does.
+    #[test]
+    fn mig_devices_are_shares_of_their_profile() {
+        use fumarole_topology::crd::device_topology::{MigInfo, ShareAllocation};
+        let mut t = node("m", 2, 100, &[]);
+        for (i, d) in t.spec.devices.iter_mut().enumerate() {
+            d.mig = (0..2)
+                .map(|k| MigInfo {
+                    uuid: format!("MIG-{i}-{k}"),
+                    profile: "3g.40gb".into(),
+                })
+                .collect();
+        }
+        let s = t.status.get_or_insert_default();
+        let gpu1 = s.devices.entry("m-gpu1".into()).or_default();
+        gpu1.health = "Healthy".into();
+        gpu1.shares = vec![ShareAllocation {
+            share: "MIG-1-0".into(),
+            namespace: "serve".into(),
+            pod: "infer".into(),
+            container: "main".into(),
+        }];
+        let view = ClusterView::build(&[t], &[], &[], &[]).unwrap();
+        let mut r = req(1);
+        r.devices.resource = "nvidia.com/mig-3g.40gb".into();
+        let v = all(&GpuAware::default(), &view, &r);
+        assert_eq!(v[0].selection.as_ref().unwrap().devices, [1]);
+        assert_eq!(v[0].raw, Some(1.0));
+        r.devices.count = 4;
+        let v = all(&GpuAware::default(), &view, &r);
+        assert_eq!(
+            v[0].reason().unwrap(),
+            "needs 4 nvidia.com/mig-3g.40gb, 3 free"
         );
     }
 }

@@ -220,11 +220,11 @@ impl IncrementalView {
             if old.group() != nv.group() {
                 return Err("a node changed super-node");
             }
+            // Whole and shared resources: the view's offered names follow both.
             let names = |n: &NodeView| {
-                n.resource_masks
-                    .iter()
-                    .map(|(r, _)| r.clone())
-                    .collect::<Vec<_>>()
+                let whole = n.resource_masks.iter().map(|(r, _)| r.clone());
+                let shared = n.share_rooms.iter().map(|r| r.resource.clone());
+                whole.chain(shared).collect::<Vec<_>>()
             };
             if names(old) != names(&nv) {
                 return Err("a node changed resources");
