@@ -193,3 +193,103 @@ fn logged_of(cluster: &TestCluster, warnings: &[String]) -> String {
         .collect::<Vec<_>>()
         .join("\n")
 }
+
+/// Time-sliced replicas through the whole chain: two dgx-h100 harness nodes whose agents serve
+/// every GPU as 4 `nvidia.com/gpu.shared` replicas (`packed`), kube-scheduler with the
+/// extension. The agents publish the offer in `DeviceTopology`; six one-replica pods, one after
+/// the other, land on one node and, through the kubelet's own device manager, on two of its GPUs
+/// (4 + 2). (The harness nodes serve no PodResources, so the agents report no holders here:
+/// the scheduler counts the shares it committed, which is what this run checks;
+/// `podresources.rs` checks the holders the agent reports.)
+#[tokio::test(flavor = "multi_thread")]
+async fn shares_through_agent_kubelet_and_kube_scheduler_pack_onto_one_node() {
+    use fumarole_e2e::fleet::{self, FleetNode};
+    use fumarole_topology::crd::DeviceTopology;
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::PostParams;
+    const SHARED: &str = "nvidia.com/gpu.shared";
+    let cluster = TestCluster::start().await.unwrap();
+    cluster.install_fumarole_crds().await.unwrap();
+    let config = cluster.root().join("sharing.yaml");
+    std::fs::write(
+        &config,
+        "resources:\n  - match: {vendor: nvidia}\n    replicaAllocation: packed\n    sharing:\n      \
+         timeSlicing:\n        renameByDefault: true\n        resources:\n          \
+         - {name: nvidia.com/gpu, replicas: 4}\n",
+    )
+    .unwrap();
+    let nodes: Vec<FleetNode> = ["dgx-0", "dgx-1"]
+        .iter()
+        .map(|n| FleetNode::new(n, "dgx-h100", SHARED, 32))
+        .collect();
+    let args = ["--device-plugin-config", config.to_str().unwrap()];
+    let harness = fleet::start(&cluster, &nodes, &args).await.unwrap();
+    let topologies: Api<DeviceTopology> = Api::all(cluster.client());
+    eventually(
+        "both DeviceTopologies offering 4 replicas of every GPU",
+        Duration::from_secs(60),
+        || {
+            let topologies = topologies.clone();
+            async move {
+                for n in ["dgx-0", "dgx-1"] {
+                    let Some(dt) = topologies.get_opt(n).await? else {
+                        return Ok(None);
+                    };
+                    let offered = dt.spec.devices.iter().all(|d| {
+                        d.sharing.as_ref().is_some_and(|s| {
+                            s.resource == SHARED && s.replicas == 4 && s.mechanism == "timeSlicing"
+                        })
+                    });
+                    if !offered || dt.spec.devices.len() != 8 {
+                        return Ok(None);
+                    }
+                }
+                Ok(Some(()))
+            }
+        },
+    )
+    .await
+    .unwrap();
+    let port = cluster.start_scheduler_ext(&[]).await.unwrap();
+    let managed = ["nvidia.com/gpu", SHARED];
+    cluster
+        .start_kube_scheduler(&fumarole::kube_scheduler_config(port, &managed))
+        .await
+        .unwrap();
+
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let mut placed: Vec<(String, String)> = Vec::new();
+    for i in 0..6 {
+        let name = format!("infer-{i}");
+        let created = pods
+            .create(&PostParams::default(), &common::share_pod(&name, SHARED, 1))
+            .await
+            .unwrap();
+        let node = eventually(&format!("{name} bound"), Duration::from_secs(60), || {
+            let pods = pods.clone();
+            let name = name.clone();
+            async move { Ok(pods.get(&name).await?.spec.and_then(|s| s.node_name)) }
+        })
+        .await
+        .unwrap();
+        let h = harness.iter().find(|h| h.node_name() == node).unwrap();
+        let rec = h
+            .wait_decided(&created, Duration::from_secs(90))
+            .await
+            .unwrap();
+        assert!(rec.admitted, "{rec:#?}");
+        let replicas = &rec.container("c").unwrap().devices[SHARED];
+        assert_eq!(replicas.len(), 1, "{replicas:?}");
+        let gpu = replicas[0].split("::").next().unwrap().to_string();
+        placed.push((node, gpu));
+    }
+    let node = &placed[0].0;
+    assert!(placed.iter().all(|(n, _)| n == node), "{placed:?}");
+    let mut per_gpu = std::collections::BTreeMap::<&str, usize>::new();
+    for (_, gpu) in &placed {
+        *per_gpu.entry(gpu.as_str()).or_default() += 1;
+    }
+    let mut counts: Vec<usize> = per_gpu.values().copied().collect();
+    counts.sort_unstable();
+    assert_eq!(counts, [2, 4], "{placed:?}");
+}
