@@ -506,7 +506,12 @@ impl Resource {
         };
         let info = SharingInfo {
             resource: self.name.clone(),
-            mechanism: if s.mps_root.is_some() { "mps" } else { "timeSlicing" }.into(),
+            mechanism: if s.mps_root.is_some() {
+                "mps"
+            } else {
+                "timeSlicing"
+            }
+            .into(),
             replicas: s.replicas,
         };
         self.devices

@@ -147,7 +147,10 @@ pub fn start(
         && let Some(node_pods) = node_pods
     {
         node_pods.set_allocations(allocations.clone());
-        sharing = device_plugin.iter().flat_map(Resource::sharing_info).collect();
+        sharing = device_plugin
+            .iter()
+            .flat_map(Resource::sharing_info)
+            .collect();
         let pods = Pods {
             source: node_pods.clone() as Arc<dyn PodSource>,
             await_choice: settings.plugins.await_choice.clone(),

@@ -244,7 +244,8 @@ mod tests {
             AllocationSource::PodResources,
             &["GPU-0::1", "MIG-7", "Ascend910-0", "nope::0", "GPU-0::x"],
         );
-        let (_, status) = objects::device_topology(&t, &alloc, &NodeHealth::default(), &BTreeMap::new());
+        let (_, status) =
+            objects::device_topology(&t, &alloc, &NodeHealth::default(), &BTreeMap::new());
         let gpu = &status.devices["GPU-0"];
         assert!(gpu.allocation.is_none());
         let shares: Vec<(&str, &str, &str)> = gpu
@@ -257,8 +258,36 @@ mod tests {
         assert!(status.devices["Ascend910-0"].shares.is_empty());
         // The CPU manager's state alone names no device holder: nothing is shown.
         let cpu_state = allocations(AllocationSource::CpuManagerState, &["GPU-0::1"]);
-        let (_, status) = objects::device_topology(&t, &cpu_state, &NodeHealth::default(), &BTreeMap::new());
+        let (_, status) =
+            objects::device_topology(&t, &cpu_state, &NodeHealth::default(), &BTreeMap::new());
         assert!(status.devices["GPU-0"].shares.is_empty());
+    }
+
+    /// A device the device plugin serves in replicas says so in the spec; the others do not.
+    #[test]
+    fn device_topology_says_which_devices_are_offered_in_replicas() {
+        let t = topology();
+        let offer = fumarole_topology::crd::SharingInfo {
+            resource: "nvidia.com/gpu.shared".into(),
+            mechanism: "mps".into(),
+            replicas: 4,
+        };
+        let sharing = BTreeMap::from([("GPU-0".to_string(), offer.clone())]);
+        let none = allocations(AllocationSource::PodResources, &[]);
+        let (spec, _) = objects::device_topology(&t, &none, &NodeHealth::default(), &sharing);
+        let offers: Vec<(&str, Option<&fumarole_topology::crd::SharingInfo>)> = spec
+            .devices
+            .iter()
+            .map(|d| (d.id.as_str(), d.sharing.as_ref()))
+            .collect();
+        assert_eq!(
+            offers,
+            [
+                ("GPU-0", Some(&offer)),
+                ("Ascend910-0", None),
+                ("Ascend910-1", None)
+            ]
+        );
     }
 
     /// A snapshot with every field set to something that changes the objects.
@@ -320,6 +349,7 @@ mod tests {
                 shares: BTreeMap::new(),
                 partitioned: BTreeSet::new(),
             }),
+            sharing: BTreeMap::new(),
         }
     }
 

@@ -413,7 +413,13 @@ fn share_rooms(devices: &[DeviceInfo], statuses: &[Option<&DeviceStatus>]) -> Ve
     for (i, (d, s)) in devices.iter().zip(statuses).enumerate() {
         let shares = s.map_or(&[][..], |s| &s.shares[..]);
         let healthy = s.is_none_or(|s| s.health == "Healthy");
-        let count = |n: usize| if healthy { u32::try_from(n).unwrap_or(u32::MAX) } else { 0 };
+        let count = |n: usize| {
+            if healthy {
+                u32::try_from(n).unwrap_or(u32::MAX)
+            } else {
+                0
+            }
+        };
         if let Some(sharing) = &d.sharing {
             rooms.push(ShareRoom {
                 resource: sharing.resource.clone(),

@@ -188,12 +188,10 @@ impl GpuAware {
             chosen.extend(std::iter::repeat_n(i, n));
         }
         let q = if opened {
-            let in_use = rooms
-                .iter()
-                .filter(|(_, _, used)| *used > 0)
-                .fold(!nv.available_mask | nv.assumed_mask | nv.claimed_mask, |m, (i, _, _)| {
-                    m | 1 << i
-                });
+            let in_use = rooms.iter().filter(|(_, _, used)| *used > 0).fold(
+                !nv.available_mask | nv.assumed_mask | nv.claimed_mask,
+                |m, (i, _, _)| m | 1 << i,
+            );
             let n = nv.device_ids.len().max(1);
             let touched = (in_use & mask_below(n)).count_ones() as f64;
             0.5 * touched / n as f64
@@ -526,18 +524,31 @@ mod tests {
         ledger.commit("serve/p1", commit(&["a-gpu1", "a-gpu1", "a-gpu1"]));
         let g = GpuAware::default();
         let judge = |ledger: &Ledger, n: usize| {
-            g.node(&Cluster::new(&view, ledger, Instant::now()), "a", &share_req(n))
+            g.node(
+                &Cluster::new(&view, ledger, Instant::now()),
+                "a",
+                &share_req(n),
+            )
         };
         let v = judge(&ledger, 1);
         assert_eq!(v.selection.as_ref().unwrap().devices, [1]);
         assert_eq!(v.raw, Some(1.0));
-        assert_eq!(ledger.shares_committed("a", "nvidia.com/gpu.shared", "a-gpu1"), 3);
+        assert_eq!(
+            ledger.shares_committed("a", "nvidia.com/gpu.shared", "a-gpu1"),
+            3
+        );
         ledger.commit("serve/p2", commit(&["a-gpu1"]));
-        assert_eq!(judge(&ledger, 5).reason().unwrap(), "needs 5 nvidia.com/gpu.shared, 4 free");
+        assert_eq!(
+            judge(&ledger, 5).reason().unwrap(),
+            "needs 5 nvidia.com/gpu.shared, 4 free"
+        );
         // Whole-device commits are not touched by shares, and a release gives them back.
         assert!(ledger.committed_on("a").is_none());
         ledger.release("serve/p2");
-        assert_eq!(ledger.shares_committed("a", "nvidia.com/gpu.shared", "a-gpu1"), 3);
+        assert_eq!(
+            ledger.shares_committed("a", "nvidia.com/gpu.shared", "a-gpu1"),
+            3
+        );
         assert!(judge(&ledger, 5).feasible());
     }
 
