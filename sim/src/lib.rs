@@ -38,6 +38,7 @@ pub mod plot;
 pub mod policy;
 pub mod report;
 pub mod shape;
+pub mod sharing;
 pub mod sweep;
 pub mod trace;
 
@@ -56,7 +57,7 @@ use scheduler_ext::core::ledger::{Commit, Ledger};
 use scheduler_ext::core::placement::PlanInputs;
 use scheduler_ext::core::request::PodRequest;
 use scheduler_ext::core::verdict::best_first;
-use scheduler_ext::core::view::{NodeView, indices};
+use scheduler_ext::core::view::{ClusterView, NodeView, indices};
 use scheduler_ext::decider::Settings;
 use shape::SimCluster;
 use trace::{Job, TraceError};
@@ -96,6 +97,9 @@ pub struct Options {
     /// `fumarole-defrag` moves only pods whose job has run at most this long (a move restarts
     /// the job and throws its work away).
     pub defrag_max_run: Duration,
+    /// Under `fumarole`, place shares as the baselines do (spread, [`spread_shares`]) instead
+    /// of through the decision core: what its packing buys ([`sharing`]).
+    pub spread_shares: bool,
 }
 
 impl Default for Options {
@@ -104,6 +108,7 @@ impl Default for Options {
             seed: 1,
             settings: Settings::default(),
             defrag_max_run: Duration::from_secs(2 * 3600),
+            spread_shares: false,
         }
     }
 }
@@ -115,6 +120,17 @@ impl Simulation {
         let mut jobs = Vec::with_capacity(parsed.len());
         for tj in &parsed {
             let pods = trace::requests(tj, &cluster.resource, trace_name)?;
+            if tj.job.shares_devices() && cluster.shared_nodes == 0 {
+                return Err(TraceError::Line {
+                    source_name: trace_name.to_string(),
+                    line: tj.line,
+                    message: format!(
+                        "job {:?} asks for shares, and no node of the cluster offers them \
+                         (--shared-nodes)",
+                        tj.job.job
+                    ),
+                });
+            }
             if tj.job.devices as usize > cluster.devices_per_node {
                 return Err(TraceError::Line {
                     source_name: trace_name.to_string(),
@@ -153,6 +169,32 @@ impl Simulation {
         self
     }
 
+    /// The same jobs with every share job asking one whole device per pod instead, on the
+    /// same nodes all offering whole devices: what the work needs without sharing.
+    pub fn without_sharing(mut self) -> Result<Self, TraceError> {
+        self.cluster = self
+            .cluster
+            .shape
+            .build_shared(0, 0)
+            .map_err(|e| TraceError::Line {
+                source_name: self.trace_name.clone(),
+                line: 0,
+                message: e.to_string(),
+            })?;
+        for sj in &mut self.jobs {
+            if sj.job.shares.take().is_some() {
+                sj.job.devices = 1;
+                let tj = trace::TraceJob {
+                    line: 0,
+                    job: sj.job.clone(),
+                };
+                sj.pods = trace::requests(&tj, &self.cluster.resource, &self.trace_name)?;
+            }
+        }
+        self.trace_name = format!("{} (without sharing)", self.trace_name);
+        Ok(self)
+    }
+
     /// Arrival of the first and the last job, seconds.
     pub fn arrival_window(&self) -> (u64, u64) {
         let first = self.jobs.iter().map(|j| j.job.arrival).min().unwrap_or(0);
@@ -165,7 +207,7 @@ impl Simulation {
 /// share among those pods (the weights sum to 1).
 pub fn common_sizes<'a>(jobs: impl IntoIterator<Item = &'a Job>) -> Vec<(usize, f64)> {
     let mut by_size: BTreeMap<usize, u64> = BTreeMap::new();
-    for j in jobs {
+    for j in jobs.into_iter().filter(|j| !j.shares_devices()) {
         *by_size.entry(j.devices as usize).or_default() += u64::from(j.pods);
     }
     let total: u64 = by_size.values().sum();
@@ -185,10 +227,10 @@ pub fn common_sizes<'a>(jobs: impl IntoIterator<Item = &'a Job>) -> Vec<(usize, 
 pub struct PodPlacement {
     pub node: String,
     pub super_node: String,
-    /// Device indices on the node, ascending.
+    /// Device indices on the node, ascending; for shares, the device of each share.
     pub devices: Vec<usize>,
     /// The devices' link quality `Q` equals the best any `k` devices of an empty node of this
-    /// shape have (`SelectContext::ideal_quality(k)`).
+    /// shape have (`SelectContext::ideal_quality(k)`); false for shares.
     pub ideal: bool,
 }
 
@@ -372,7 +414,9 @@ impl<'a> Engine<'a> {
     /// Releases the devices of job `j`'s pods.
     fn release_job(&mut self, j: usize) {
         for req in &self.sim.jobs[j].pods {
-            if let Some(c) = self.ledger.release(&req.devices.pod) {
+            if let Some(c) = self.ledger.release(&req.devices.pod)
+                && !c.share
+            {
                 self.free_total += c.devices.len();
             }
         }
@@ -412,18 +456,27 @@ impl<'a> Engine<'a> {
         for req in &sj.pods {
             let choice = match (&mut planned, self.policy) {
                 (Some(plan), _) => plan.next(),
-                (None, Policy::Fumarole | Policy::FumaroleDefrag) => self.fumarole_pod(req, now),
+                (None, Policy::Fumarole | Policy::FumaroleDefrag)
+                    if !(self.opts.spread_shares
+                        && req.devices.resource != sim.cluster.resource) =>
+                {
+                    self.fumarole_pod(req, now)
+                }
                 (None, _) => self.baseline_pod(req, now),
             };
             let Some((nv, devices)) = choice else {
                 for r in &sj.pods[..placed.len()] {
                     self.ledger.release(&r.devices.pod);
                 }
-                self.free_total += placed.iter().map(|p| p.devices.len()).sum::<usize>();
+                if !sj.job.shares_devices() {
+                    self.free_total += placed.iter().map(|p| p.devices.len()).sum::<usize>();
+                }
                 return None;
             };
+            let share = nv.offers_shares(&req.devices.resource);
             let ctx = &nv.select.context;
-            let ideal = ctx.quality(&devices) >= ctx.ideal_quality(devices.len()).unwrap_or(0);
+            let ideal =
+                !share && ctx.quality(&devices) >= ctx.ideal_quality(devices.len()).unwrap_or(0);
             self.ledger.commit(
                 &req.devices.pod,
                 Commit {
@@ -432,14 +485,16 @@ impl<'a> Engine<'a> {
                     devices: nv.ids_of(&devices),
                     unit: req.unit.as_ref().map(|g| (g.key.clone(), g.gpus)),
                     at: now,
-                    share: false,
+                    share,
                 },
             );
             if let Some(g) = &req.unit {
                 self.ledger
                     .renew_plan(&g.key, now + self.opts.settings.reservation_ttl);
             }
-            self.free_total = self.free_total.saturating_sub(devices.len());
+            if !share {
+                self.free_total = self.free_total.saturating_sub(devices.len());
+            }
             placed.push(PodPlacement {
                 node: nv.name.clone(),
                 super_node: nv.group().to_string(),
@@ -494,6 +549,9 @@ impl<'a> Engine<'a> {
         let c = Cluster::new(view, &self.ledger, now);
         let k = req.devices.count;
         let resource = req.devices.resource.as_str();
+        if resource != sim.cluster.resource {
+            return spread_shares(view, &self.ledger, req);
+        }
         let fits: Vec<(&NodeView, u64)> = view
             .nodes()
             .map(|nv| (nv, c.free_mask(nv, resource)))
@@ -594,6 +652,52 @@ impl<'a> Engine<'a> {
         }
         out.into_iter().collect()
     }
+}
+
+/// Shares for `req` as the baselines place them: on the node with the most free shares
+/// (kube-scheduler's default, least allocated), from the devices with the most free (NVIDIA's
+/// device plugin's default, `distributed`); `None` when no node has them.
+fn spread_shares<'a>(
+    view: &'a ClusterView,
+    ledger: &Ledger,
+    req: &PodRequest,
+) -> Option<(&'a NodeView, Vec<usize>)> {
+    let resource = req.devices.resource.as_str();
+    let free_of = |nv: &NodeView| -> Vec<(usize, u32)> {
+        nv.share_rooms
+            .iter()
+            .filter(|r| r.resource == resource)
+            .map(|r| {
+                let id = nv.device_ids.get(r.device).map_or("", String::as_str);
+                let used = r.held + ledger.shares_committed(&nv.name, resource, id);
+                (r.device, r.offered.saturating_sub(used))
+            })
+            .collect()
+    };
+    let total = |free: &[(usize, u32)]| free.iter().map(|(_, f)| *f as usize).sum::<usize>();
+    // The most free, the first by name of equals.
+    let (nv, mut free) = view
+        .nodes()
+        .map(|nv| (nv, free_of(nv)))
+        .filter(|(_, free)| total(free) >= req.devices.count)
+        .fold(
+            None,
+            |best: Option<(&NodeView, Vec<(usize, u32)>)>, x| match best {
+                Some(b) if total(&b.1) >= total(&x.1) => Some(b),
+                _ => Some(x),
+            },
+        )?;
+    let mut devices = Vec::with_capacity(req.devices.count);
+    for _ in 0..req.devices.count {
+        // The device with the most free replicas, the first of equals.
+        let at = (0..free.len()).fold(None, |best: Option<usize>, i| match best {
+            Some(b) if free[b].1 >= free[i].1 => Some(b),
+            _ => Some(i),
+        })?;
+        free[at].1 = free[at].1.checked_sub(1)?;
+        devices.push(free[at].0);
+    }
+    Some((nv, devices))
 }
 
 /// The pods of a job as the parts `policy` keeps whole (by first rank), each with whether it

@@ -2,7 +2,9 @@
 //!
 //! Subcommands: `run` (replay a job trace over a simulated cluster once per placement policy
 //! and report the placement quality of each), `generate-trace` (a seeded job trace for
-//! `run`) and `sweep` (many generated traces, every policy, each figure's mean and spread). See the crate documentation of `fumarole_sim` for the model.
+//! `run`), `sweep` (many generated traces, every policy, each figure's mean and spread) and
+//! `sharing` (a mixed trace of training jobs and inference shares, with and without sharing).
+//! See the crate documentation of `fumarole_sim` for the model.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -32,6 +34,39 @@ enum Command {
     /// each figure's mean, spread and range per policy (Markdown), the delays per trace and
     /// fumarole's targets.
     Sweep(Box<SweepArgs>),
+    /// Generate mixed traces of whole-device training jobs and one-replica inference pods and
+    /// run each without sharing, with shares packed (fumarole) and with shares spread; report
+    /// the GPUs inference holds and the training jobs' interconnect and delay (Markdown).
+    Sharing(Box<SharingArgs>),
+}
+
+#[derive(clap::Args)]
+pub struct SharingArgs {
+    /// The simulated cluster (an NVIDIA fixture): `NODESxFIXTURE[:SUPER_NODES]`.
+    #[arg(long, value_name = "SHAPE", default_value = "16xdgx-h100:2")]
+    cluster: ClusterShape,
+    /// The first this many nodes offer their GPUs in replicas.
+    #[arg(long, default_value_t = 2)]
+    shared_nodes: usize,
+    /// Replicas per GPU on those nodes.
+    #[arg(long, default_value_t = 4)]
+    replicas: u32,
+    /// Training jobs per trace (the generated mix, on the nodes offering whole GPUs).
+    #[arg(long, default_value_t = 400)]
+    jobs: usize,
+    /// One-replica inference jobs per trace.
+    #[arg(long, default_value_t = 400)]
+    inference: usize,
+    /// Offered training load as a share of the whole GPUs.
+    #[arg(long, default_value_t = 0.8)]
+    load: f64,
+    /// Trace seeds (repeat the flag); default 1, 2, 3.
+    #[arg(long = "seed", value_name = "SEED")]
+    seeds: Vec<u64>,
+    #[command(flatten)]
+    reservations: ReservationArgs,
+    #[command(flatten)]
+    scoring: ScoringArgs,
 }
 
 #[derive(clap::Args)]
@@ -165,6 +200,7 @@ fn run_cmd(args: RunArgs) -> Result<()> {
         seed: args.seed,
         settings,
         defrag_max_run: args.defrag_max_run,
+        spread_shares: false,
     };
     let runs = fumarole_sim::compare(&sim, &policies, &opts);
     let metrics: Vec<Metrics> = runs.iter().map(|o| Metrics::of(&sim, o)).collect();
@@ -270,6 +306,7 @@ fn sweep_cmd(args: SweepArgs) -> Result<()> {
         seed: args.seed,
         settings,
         defrag_max_run: args.defrag_max_run,
+        spread_shares: false,
     };
     let runs = fumarole_sim::sweep::run(&spec, &policies, &opts, |i, n, r| {
         tracing::info!(trace = %r.case.name(), "{i}/{n} traces simulated");
@@ -278,10 +315,52 @@ fn sweep_cmd(args: SweepArgs) -> Result<()> {
     Ok(())
 }
 
+fn sharing_cmd(args: SharingArgs) -> Result<()> {
+    let settings = cli::settings(&[&args.scoring, &args.reservations])?;
+    if !(args.load.is_finite() && args.load > 0.0) {
+        bail!("--load must be a number > 0, got {}", args.load);
+    }
+    let cluster = args
+        .cluster
+        .build_shared(args.shared_nodes, args.replicas)?;
+    let seeds = if args.seeds.is_empty() {
+        vec![1, 2, 3]
+    } else {
+        args.seeds
+    };
+    let opts = fumarole_sim::Options {
+        settings,
+        ..fumarole_sim::Options::default()
+    };
+    for seed in seeds {
+        let spec = fumarole_sim::trace::GenSpec {
+            seed,
+            jobs: args.jobs,
+            load: args.load,
+            capacity: cluster.capacity(),
+            devices_per_node: u32::try_from(cluster.devices_per_node).unwrap_or(u32::MAX),
+            super_node_size: u32::try_from(cluster.super_node_size()).unwrap_or(u32::MAX),
+        };
+        let jobs = fumarole_sim::sharing::mixed_trace(&spec, args.inference);
+        let text = fumarole_sim::trace::write(&jobs, &[]);
+        let name = format!("seed {seed}");
+        let sim = fumarole_sim::Simulation::load(cluster.clone(), &text, &name)?;
+        let rows = fumarole_sim::sharing::compare(&sim, &opts)?;
+        let caption = format!(
+            "`{}`, {} shared nodes x {} replicas, {} training jobs at load {}, {} inference \
+             pods, seed {seed}:",
+            args.cluster, args.shared_nodes, args.replicas, args.jobs, args.load, args.inference
+        );
+        println!("{}", fumarole_sim::sharing::markdown(&caption, &rows));
+    }
+    Ok(())
+}
+
 fn main() -> std::process::ExitCode {
     scheduler_ext::cli::main_with(|| match Cli::parse().command {
         Command::Run(args) => run_cmd(*args),
         Command::GenerateTrace(args) => generate_cmd(args),
         Command::Sweep(args) => sweep_cmd(*args),
+        Command::Sharing(args) => sharing_cmd(*args),
     })
 }

@@ -10,10 +10,12 @@
 use std::fmt;
 use std::str::FromStr;
 
-use fumarole_topology::crd::DeviceTopology;
+use fumarole_topology::crd::{DeviceTopology, SharingInfo};
 use fumarole_topology::{baseline, shapes};
 
 use scheduler_ext::core::view::{ClusterView, ViewError, resource_of};
+
+use crate::trace::shared_resource;
 
 /// Why a cluster shape cannot be used.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -41,6 +43,16 @@ pub enum ShapeError {
         shape: String,
         fixture: String,
         known: String,
+    },
+    /// Shared nodes the shape cannot have.
+    #[error(
+        "cluster shape {shape:?}: {shared_nodes} nodes offering {replicas} replicas per device: \
+         replicas need an NVIDIA fixture, at least 2 replicas and no more shared nodes than nodes"
+    )]
+    Sharing {
+        shape: String,
+        shared_nodes: usize,
+        replicas: u32,
     },
     /// The view refused the nodes (cannot happen with the built-in fixtures).
     #[error("cluster shape {shape:?}: {source}")]
@@ -126,14 +138,19 @@ pub struct SimCluster {
     pub resource: String,
     /// Devices per node.
     pub devices_per_node: usize,
+    /// The first this many nodes offer their devices in replicas (`<resource>.shared`), not
+    /// whole ([`ClusterShape::build_shared`]).
+    pub shared_nodes: usize,
+    /// Replicas per device on those nodes.
+    pub replicas: u32,
     /// NVIDIA's pair scores of the fixture ([`baseline::nvidia_scores`]).
     pub nvidia_scores: Vec<Vec<u32>>,
 }
 
 impl SimCluster {
-    /// Devices in the whole cluster.
+    /// Devices offered whole in the cluster.
     pub fn capacity(&self) -> usize {
-        self.shape.nodes * self.devices_per_node
+        self.shape.nodes.saturating_sub(self.shared_nodes) * self.devices_per_node
     }
 
     /// Nodes per super-node (the largest, when they differ).
@@ -145,12 +162,23 @@ impl SimCluster {
 impl ClusterShape {
     /// The nodes as `DeviceTopology` objects and the view built from them.
     pub fn build(&self) -> Result<SimCluster, ShapeError> {
+        self.build_shared(0, 0)
+    }
+
+    /// [`Self::build`], the first `shared_nodes` nodes offering each device as `replicas`
+    /// time-sliced replicas of `<resource>.shared` (NVIDIA's device plugin with
+    /// `renameByDefault`; NVIDIA fixtures only).
+    pub fn build_shared(
+        &self,
+        shared_nodes: usize,
+        replicas: u32,
+    ) -> Result<SimCluster, ShapeError> {
         let links = shapes::by_name(&self.fixture).ok_or_else(|| ShapeError::UnknownFixture {
             shape: self.to_string(),
             fixture: self.fixture.clone(),
             known: shapes::names().join(", "),
         })?;
-        let dts: Vec<DeviceTopology> = (0..self.nodes)
+        let mut dts: Vec<DeviceTopology> = (0..self.nodes)
             .map(|i| {
                 let sn = i * self.super_nodes / self.nodes;
                 shapes::device_topology(
@@ -161,6 +189,28 @@ impl ClusterShape {
                 )
             })
             .collect();
+        if shared_nodes > 0 {
+            let nvidia = dts
+                .first()
+                .and_then(|dt| dt.spec.devices.first())
+                .is_some_and(|d| d.vendor == "nvidia");
+            if !nvidia || replicas < 2 || shared_nodes > self.nodes {
+                return Err(ShapeError::Sharing {
+                    shape: self.to_string(),
+                    shared_nodes,
+                    replicas,
+                });
+            }
+            for dt in dts.iter_mut().take(shared_nodes) {
+                for d in &mut dt.spec.devices {
+                    d.sharing = Some(SharingInfo {
+                        resource: shared_resource(&resource_of(d)),
+                        mechanism: "timeSlicing".into(),
+                        replicas,
+                    });
+                }
+            }
+        }
         let view_err = |source| ShapeError::View {
             shape: self.to_string(),
             source,
@@ -179,6 +229,8 @@ impl ClusterShape {
             view,
             resource,
             devices_per_node: links.len(),
+            shared_nodes,
+            replicas,
             nvidia_scores: baseline::nvidia_scores(&links),
         })
     }

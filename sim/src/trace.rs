@@ -15,6 +15,7 @@
 //! | `devices` | accelerators per pod |
 //! | `gpu-group-size` | optional: devices of one model-parallel unit (`metax-tech.com/gpu-group-size`) |
 //! | `atomic-gpu-group-size` | optional: devices that must share a super-node (`metax-tech.com/atomic-gpu-group-size`) |
+//! | `shares` | optional: replicas per pod of the shared resource (`<resource>.shared`, time-sliced GPUs, [`shared_resource`]) instead of whole devices; `devices` is then 0 |
 //!
 //! ```text
 //! {"job":"j0007","arrival":812,"duration":5400,"pods":4,"devices":8,"gpu-group-size":32,"atomic-gpu-group-size":16}
@@ -64,6 +65,22 @@ pub struct Job {
     pub gpu_group_size: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub atomic_gpu_group_size: Option<u32>,
+    /// Replicas per pod of the shared resource, instead of whole devices.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shares: Option<u32>,
+}
+
+impl Job {
+    /// True when the job's pods ask for shares of devices, not whole devices.
+    pub fn shares_devices(&self) -> bool {
+        self.shares.is_some()
+    }
+}
+
+/// The resource under which nodes offer `resource`'s devices in replicas (NVIDIA's
+/// `renameByDefault` name, `nvidia.com/gpu.shared`).
+pub fn shared_resource(resource: &str) -> String {
+    format!("{resource}.shared")
 }
 
 /// Why a trace cannot be used. `line` counts from 1.
@@ -107,11 +124,29 @@ pub fn parse(text: &str, source_name: &str) -> Result<Vec<TraceJob>, TraceError>
         if job.pods == 0 {
             return Err(err(format!("job {:?}: pods must be at least 1", job.job)));
         }
-        if job.devices == 0 {
-            return Err(err(format!(
-                "job {:?}: devices must be at least 1",
-                job.job
-            )));
+        match (job.shares, job.devices) {
+            (None, 0) => {
+                return Err(err(format!(
+                    "job {:?}: devices must be at least 1",
+                    job.job
+                )));
+            }
+            (Some(0), _) => {
+                return Err(err(format!("job {:?}: shares must be at least 1", job.job)));
+            }
+            (Some(_), d) if d > 0 => {
+                return Err(err(format!(
+                    "job {:?}: a job asks for shares or for devices, not both",
+                    job.job
+                )));
+            }
+            (Some(_), _) if job.gpu_group_size.is_some() || job.atomic_gpu_group_size.is_some() => {
+                return Err(err(format!(
+                    "job {:?}: shares take no gpu-group-size",
+                    job.job
+                )));
+            }
+            _ => {}
         }
         if job.duration == 0 {
             return Err(err(format!(
@@ -179,6 +214,10 @@ pub fn pod(job: &Job, rank: u32, resource: &str) -> Result<Pod, serde_json::Erro
     if let Some(a) = job.atomic_gpu_group_size {
         annotations.insert(unit::ATOMIC_GROUP_SIZE[0].into(), a.to_string().into());
     }
+    let (resource, count) = match job.shares {
+        Some(n) => (shared_resource(resource), n),
+        None => (resource.to_string(), job.devices),
+    };
     serde_json::from_value(serde_json::json!({
         "metadata": {
             "name": format!("{}-{rank}", job.job),
@@ -187,7 +226,7 @@ pub fn pod(job: &Job, rank: u32, resource: &str) -> Result<Pod, serde_json::Erro
         },
         "spec": {"containers": [{
             "name": "main",
-            "resources": {"limits": {resource: job.devices.to_string()}},
+            "resources": {"limits": {resource: count.to_string()}},
         }]},
     }))
 }
@@ -204,7 +243,8 @@ pub fn requests(
         line: tj.line,
         message,
     };
-    let offered = BTreeSet::from([resource]);
+    let shared = shared_resource(resource);
+    let offered = BTreeSet::from([resource, shared.as_str()]);
     let jobs = Jobs::default();
     (0..tj.job.pods)
         .map(|rank| {
@@ -326,6 +366,7 @@ pub fn generate(spec: &GenSpec) -> Vec<Job> {
             devices: chosen.devices,
             gpu_group_size: chosen.grouped.then_some(total),
             atomic_gpu_group_size: chosen.atomic_pairs.then_some(2 * chosen.devices),
+            shares: None,
         });
     }
     out
@@ -421,6 +462,28 @@ mod tests {
         .to_string();
         assert!(e.contains("4000000000 pods; at most 10000 per job"), "{e}");
         assert!(parse("\n# only comments\n", "e").unwrap_err().to_string() == "e: no jobs");
+        let share = |rest: &str| {
+            parse(
+                &format!("{{\"job\":\"a\",\"arrival\":0,\"duration\":5,\"pods\":1,{rest}}}"),
+                "x",
+            )
+        };
+        let ok = share("\"devices\":0,\"shares\":1").unwrap();
+        assert_eq!(ok[0].job.shares, Some(1));
+        let both = share("\"devices\":1,\"shares\":1").unwrap_err().to_string();
+        assert!(both.contains("shares or for devices, not both"), "{both}");
+        let none = share("\"devices\":0,\"shares\":0").unwrap_err().to_string();
+        assert!(none.contains("shares must be at least 1"), "{none}");
+        let grouped = share("\"devices\":0,\"shares\":1,\"gpu-group-size\":8")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            grouped.contains("shares take no gpu-group-size"),
+            "{grouped}"
+        );
+        let reqs = requests(&ok[0], "nvidia.com/gpu", "x").unwrap();
+        assert_eq!(reqs[0].devices.resource, "nvidia.com/gpu.shared");
+        assert_eq!(reqs[0].devices.count, 1);
         let tj = TraceJob {
             line: 4,
             job: Job {
@@ -431,6 +494,7 @@ mod tests {
                 devices: 4,
                 gpu_group_size: Some(6),
                 atomic_gpu_group_size: None,
+                shares: None,
             },
         };
         let e = requests(&tj, "nvidia.com/gpu", "x")

@@ -208,6 +208,10 @@ pub async fn annotate(
         .buffer_unordered(WRITES_IN_FLIGHT);
     while let Some((key, node, scheduler, tried)) = written.next().await {
         match tried {
+            Ok(Some(c)) if c.share => {
+                retries.settle(&key);
+                tracing::info!(pod = %key, node = %node, devices = ?c.devices, "counted the shares of a pod bound by {scheduler}")
+            }
             Ok(Some(c)) => {
                 retries.settle(&key);
                 tracing::info!(pod = %key, node = %node, devices = ?c.devices, "annotated a pod bound by {scheduler}")
