@@ -13,7 +13,10 @@
 //! devices the pod gets on the node stays kube-scheduler's own DRA allocator's choice.
 //!
 //! An allocated claim's results of our drivers (pool = node name, device `<vendor>-<index>`,
-//! [`fumarole_topology::dra`]) are devices in use on that node.
+//! [`fumarole_topology::dra`]) are devices in use on that node; a partition's result
+//! (`<vendor>-<index>-<profile>-<placement>`) holds its device. Claims of the partition classes
+//! (`gpu-partition.fumarole.dev`, ...) are not counted as asks: kube-scheduler's allocator
+//! places them alone.
 
 use std::collections::{BTreeMap, HashMap};
 

@@ -870,7 +870,16 @@ impl ClusterView {
                     ));
                     continue;
                 };
-                match nv.dra_names.iter().position(|d| *d == held.device) {
+                // A partition (`nvidia-0-3g-40gb-4`, a MIG instance or vNPU) is held on its
+                // device, which is then not free whole either.
+                let of_device = |d: &String| {
+                    *d == held.device
+                        || held
+                            .device
+                            .strip_prefix(d.as_str())
+                            .is_some_and(|rest| rest.starts_with('-'))
+                };
+                match nv.dra_names.iter().position(of_device) {
                     Some(i) => nv.claimed_mask |= 1 << i,
                     None => view.node_warnings.push(format!(
                         "ResourceClaim {key}: holds {} on {}, which has no such device",
@@ -1639,6 +1648,38 @@ mod tests {
         // The same view without claims: everything free.
         let plain = ClusterView::build(&[ascend_node("a")], &[], &[], &[]).unwrap();
         assert_eq!(plain.free("a", NPU).len(), 8);
+    }
+
+    /// A claim holding partitions (vNPUs of chips 2 and 1) holds their chips: neither is free
+    /// whole, and no warning is given (the device names match no whole device).
+    #[test]
+    fn a_held_partition_holds_its_device() {
+        use crate::core::claims::testing::{ascend_node, claim};
+        const NPU: &str = "npu.fumarole.dev";
+        let mut c = claim("vnpu", NPU, 2, Some(("a", &[2])));
+        let results = c
+            .status
+            .as_mut()
+            .and_then(|s| s.allocation.as_mut())
+            .and_then(|a| a.devices.as_mut())
+            .and_then(|d| d.results.as_mut())
+            .unwrap();
+        results[0].device = "huawei-2-vir04-1".into();
+        let mut other = results[0].clone();
+        other.device = "huawei-1-vir02-0".into();
+        results.push(other);
+        let view = ClusterView::build_with_jobs(
+            &mut ContextCache::default(),
+            &[ascend_node("a")],
+            &[],
+            &[],
+            &[],
+            Claims::new(&[c]),
+            crate::core::unit::JobSources::default(),
+        )
+        .unwrap();
+        assert_eq!(view.free("a", NPU), vec![0, 3, 4, 5, 6, 7]);
+        assert!(view.warnings().is_empty(), "{:?}", view.warnings());
     }
 
     /// An sp-block job's total counts the NPUs of its unfinished pods in the view: three pods
