@@ -496,5 +496,9 @@ async fn a_unit_whose_super_node_other_plugins_refuse_is_planned_elsewhere() {
 #[tokio::test]
 async fn plugin_packs_shares_onto_shared_gpus() {
     let cluster = cluster_with_plugin(&common::share_nodes(), "{}").await;
-    common::place_shares(&Api::namespaced(cluster.client(), "default")).await;
+    common::place_shares(
+        &Api::namespaced(cluster.client(), "default"),
+        "default-scheduler",
+    )
+    .await;
 }

@@ -437,5 +437,9 @@ async fn shares_pack_onto_shared_gpus_and_count_what_is_committed() {
         ))
         .await
         .unwrap();
-    common::place_shares(&Api::namespaced(cluster.client(), "default")).await;
+    common::place_shares(
+        &Api::namespaced(cluster.client(), "default"),
+        "default-scheduler",
+    )
+    .await;
 }

@@ -546,3 +546,11 @@ async fn plugin_reports_a_malformed_annotation_and_goes_on() {
     assert_eq!(logged.len(), 1, "vc-scheduler log:\n{log}");
     eprintln!("logged: {}", logged[0]);
 }
+
+/// [`common::place_shares`] through vc-scheduler-fumarole (the seeds' configuration).
+#[tokio::test]
+async fn plugin_packs_shares_onto_shared_gpus() {
+    let cluster = volcano_with(&common::share_nodes(), Way::Plugin).await;
+    common::place_shares(&Api::namespaced(cluster.client(), "default"), "volcano").await;
+    assert_no_failed_calls(&cluster);
+}

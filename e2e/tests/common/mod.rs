@@ -416,9 +416,14 @@ pub async fn place_a_group_job_over_the_racks(pods: &Api<Pod>) {
 
 /// A pod asking for `n` of `resource` (time-sliced replicas, a MIG profile).
 pub fn share_pod(name: &str, resource: &str, n: u32) -> Pod {
+    scheduled_share_pod(name, resource, n, "default-scheduler")
+}
+
+/// [`share_pod`] for the scheduler called `scheduler`.
+pub fn scheduled_share_pod(name: &str, resource: &str, n: u32, scheduler: &str) -> Pod {
     serde_json::from_value(serde_json::json!({
         "metadata": {"name": name},
-        "spec": {"containers": [{
+        "spec": {"schedulerName": scheduler, "containers": [{
             "name": "c", "image": "example.invalid/none",
             "resources": {"requests": {"cpu": "100m"}, "limits": {resource: n.to_string()}}
         }]}
@@ -469,12 +474,12 @@ pub fn share_nodes() -> Vec<DeviceTopology> {
     vec![a, shared("shared-b", 8), mig, dgx("whole-c", 8, &[], None)]
 }
 
-/// Over [`share_nodes`], through whichever scheduler runs: seven one-replica pods, one after
-/// the other. The first six pack onto `shared-a` (GPU 0's last two, then GPU 1, never opening
+/// Over [`share_nodes`], through whichever scheduler runs (`scheduler`, the pods'
+/// `schedulerName`): seven one-replica pods, one after the other. The first six pack onto `shared-a` (GPU 0's last two, then GPU 1, never opening
 /// `shared-b`), counting the replicas committed and not reported yet; the seventh finds
 /// `shared-a` full and goes to `shared-b`. A MIG pod lands on `mig-d`, a whole-GPU pod on
 /// `whole-c`; no share pod carries a device choice.
-pub async fn place_shares(pods: &Api<Pod>) {
+pub async fn place_shares(pods: &Api<Pod>, scheduler: &str) {
     let pp = PostParams::default();
     let bound = |name: String| {
         let pods = pods.clone();
@@ -492,20 +497,18 @@ pub async fn place_shares(pods: &Api<Pod>) {
     let mut nodes = Vec::new();
     for i in 0..7 {
         let name = format!("infer-{i}");
-        pods.create(&pp, &share_pod(&name, "nvidia.com/gpu.shared", 1))
-            .await
-            .unwrap();
+        let pod = scheduled_share_pod(&name, "nvidia.com/gpu.shared", 1, scheduler);
+        pods.create(&pp, &pod).await.unwrap();
         nodes.push(bound(name).await);
     }
     let a = "shared-a";
     assert_eq!(nodes, [a, a, a, a, a, a, "shared-b"]);
-    pods.create(&pp, &share_pod("mig", "nvidia.com/mig-3g.40gb", 1))
-        .await
-        .unwrap();
+    let mig = scheduled_share_pod("mig", "nvidia.com/mig-3g.40gb", 1, scheduler);
+    pods.create(&pp, &mig).await.unwrap();
     assert_eq!(bound("mig".into()).await, "mig-d");
-    pods.create(&pp, &gpu_pod("whole", 2, serde_json::json!({})))
-        .await
-        .unwrap();
+    let mut whole = gpu_pod("whole", 2, serde_json::json!({}));
+    whole.spec.as_mut().unwrap().scheduler_name = Some(scheduler.into());
+    pods.create(&pp, &whole).await.unwrap();
     assert_eq!(bound("whole".into()).await, "whole-c");
     for i in 0..7 {
         let p = pods.get(&format!("infer-{i}")).await.unwrap();
