@@ -550,6 +550,26 @@ mod tests {
             3
         );
         assert!(judge(&ledger, 5).feasible());
+        // Once the node reports p1 holding its shares, its commit settles: counted once, from
+        // the status.
+        let mut reported = shared_node("a", 2, &[(1, 3)]);
+        let status = reported.status.as_mut().unwrap();
+        for s in &mut status.devices.get_mut("a-gpu1").unwrap().shares {
+            s.pod = "p1".into();
+        }
+        let reported = ClusterView::build(&[reported], &[], &[], &[]).unwrap();
+        let settled = ledger.prune(&reported, Instant::now(), std::time::Duration::MAX);
+        assert_eq!(settled.len(), 1);
+        assert_eq!(
+            ledger.shares_committed("a", "nvidia.com/gpu.shared", "a-gpu1"),
+            0
+        );
+        let c = Cluster::new(&reported, &ledger, Instant::now());
+        assert!(g.node(&c, "a", &share_req(5)).feasible());
+        assert_eq!(
+            g.node(&c, "a", &share_req(6)).reason().unwrap(),
+            "needs 6 nvidia.com/gpu.shared, 5 free"
+        );
     }
 
     /// MIG devices are offered per profile; one held is not free, and a GPU whose MIG devices
