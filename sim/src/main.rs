@@ -35,8 +35,9 @@ enum Command {
     /// fumarole's targets.
     Sweep(Box<SweepArgs>),
     /// Generate mixed traces of whole-device training jobs and one-replica inference pods and
-    /// run each without sharing, with shares packed (fumarole) and with shares spread; report
-    /// the GPUs inference holds and the training jobs' interconnect and delay (Markdown).
+    /// run each without sharing, with shares packed (fumarole), with shares spread, and both
+    /// clusters under the nvidia baseline; report the GPUs inference holds, the waits and the
+    /// training pods' interconnect (Markdown).
     Sharing(Box<SharingArgs>),
 }
 

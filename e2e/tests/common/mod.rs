@@ -475,10 +475,11 @@ pub fn share_nodes() -> Vec<DeviceTopology> {
 }
 
 /// Over [`share_nodes`], through whichever scheduler runs (`scheduler`, the pods'
-/// `schedulerName`): seven one-replica pods, one after the other. The first six pack onto `shared-a` (GPU 0's last two, then GPU 1, never opening
-/// `shared-b`), counting the replicas committed and not reported yet; the seventh finds
-/// `shared-a` full and goes to `shared-b`. A MIG pod lands on `mig-d`, a whole-GPU pod on
-/// `whole-c`; no share pod carries a device choice.
+/// `schedulerName`): seven one-replica pods, one after the other. The first six pack onto
+/// `shared-a` (GPU 0's last two, then GPU 1, never opening `shared-b`), counting the replicas
+/// committed and not reported yet; the seventh finds `shared-a` full and goes to `shared-b`.
+/// A MIG pod lands on `mig-d`, a whole-GPU pod on `whole-c`; no share pod carries a device
+/// choice.
 pub async fn place_shares(pods: &Api<Pod>, scheduler: &str) {
     let pp = PostParams::default();
     let bound = |name: String| {
