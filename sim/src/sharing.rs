@@ -1,5 +1,5 @@
 //! What sharing buys on a mixed trace: whole-device training jobs (the generated mix,
-//! [`trace::generate`]) and one-replica inference pods, run three ways ([`compare`]):
+//! [`trace::generate`]) and one-replica inference pods, run five ways ([`compare`]):
 //!
 //! - **without sharing**: every inference pod takes a whole GPU, on a cluster whose nodes all
 //!   offer whole GPUs ([`Simulation::without_sharing`]);
