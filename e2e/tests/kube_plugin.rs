@@ -499,6 +499,7 @@ async fn plugin_packs_shares_onto_shared_gpus() {
     common::place_shares(
         &Api::namespaced(cluster.client(), "default"),
         "default-scheduler",
+        None,
     )
     .await;
 }

@@ -440,6 +440,7 @@ async fn shares_pack_onto_shared_gpus_and_count_what_is_committed() {
     common::place_shares(
         &Api::namespaced(cluster.client(), "default"),
         "default-scheduler",
+        None,
     )
     .await;
 }

@@ -551,6 +551,22 @@ async fn plugin_reports_a_malformed_annotation_and_goes_on() {
 #[tokio::test]
 async fn plugin_packs_shares_onto_shared_gpus() {
     let cluster = volcano_with(&common::share_nodes(), Way::Plugin).await;
-    common::place_shares(&Api::namespaced(cluster.client(), "default"), "volcano").await;
+    common::place_shares(
+        &Api::namespaced(cluster.client(), "default"),
+        "volcano",
+        None,
+    )
+    .await;
+    assert_no_failed_calls(&cluster);
+}
+
+/// [`common::place_shares`] through upstream's vc-scheduler and the extension: Volcano v1.10
+/// calls no `allocateFunc`, so the extension counts a share only once Volcano has bound its pod
+/// (the test waits for that before the next pod; shares placed faster may not see each other).
+#[tokio::test]
+async fn extender_packs_shares_onto_shared_gpus() {
+    let cluster = volcano_with(&common::share_nodes(), Way::Extender).await;
+    let pods = Api::namespaced(cluster.client(), "default");
+    common::place_shares(&pods, "volcano", Some(&cluster)).await;
     assert_no_failed_calls(&cluster);
 }

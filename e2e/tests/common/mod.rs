@@ -479,8 +479,10 @@ pub fn share_nodes() -> Vec<DeviceTopology> {
 /// `shared-a` (GPU 0's last two, then GPU 1, never opening `shared-b`), counting the replicas
 /// committed and not reported yet; the seventh finds `shared-a` full and goes to `shared-b`.
 /// A MIG pod lands on `mig-d`, a whole-GPU pod on `whole-c`; no share pod carries a device
-/// choice.
-pub async fn place_shares(pods: &Api<Pod>, scheduler: &str) {
+/// choice. With `counted_by` (a cluster running fumarole-scheduler-ext for a scheduler that
+/// binds without telling it, Volcano v1.10), each share pod is also waited for until the
+/// extension's log says it counted the pod's shares, so the next pod is judged with them.
+pub async fn place_shares(pods: &Api<Pod>, scheduler: &str, counted_by: Option<&TestCluster>) {
     let pp = PostParams::default();
     let bound = |name: String| {
         let pods = pods.clone();
@@ -500,7 +502,23 @@ pub async fn place_shares(pods: &Api<Pod>, scheduler: &str) {
         let name = format!("infer-{i}");
         let pod = scheduled_share_pod(&name, "nvidia.com/gpu.shared", 1, scheduler);
         pods.create(&pp, &pod).await.unwrap();
-        nodes.push(bound(name).await);
+        nodes.push(bound(name.clone()).await);
+        if let Some(cluster) = counted_by {
+            let what = format!("the extension counting {name}'s share");
+            // The log may be coloured: the pod's name ends at a space or an escape.
+            let keys = [format!("default/{name} "), format!("default/{name}\u{1b}")];
+            fumarole_e2e::cluster::eventually(&what, std::time::Duration::from_secs(30), || {
+                let log = cluster
+                    .log_tail("fumarole-scheduler-ext", 400)
+                    .unwrap_or_default();
+                let counted = log.lines().any(|l| {
+                    l.contains("counted the shares") && keys.iter().any(|k| l.contains(k))
+                });
+                async move { Ok(counted.then_some(())) }
+            })
+            .await
+            .unwrap();
+        }
     }
     let a = "shared-a";
     assert_eq!(nodes, [a, a, a, a, a, a, "shared-b"]);
