@@ -550,7 +550,7 @@ impl<'a> Engine<'a> {
         let k = req.devices.count;
         let resource = req.devices.resource.as_str();
         if resource != sim.cluster.resource {
-            return spread_shares(view, &self.ledger, req);
+            return spread_shares(&c, view, req);
         }
         let fits: Vec<(&NodeView, u64)> = view
             .nodes()
@@ -658,20 +658,15 @@ impl<'a> Engine<'a> {
 /// (kube-scheduler's default, least allocated), from the devices with the most free (NVIDIA's
 /// device plugin's default, `distributed`); `None` when no node has them.
 fn spread_shares<'a>(
+    c: &Cluster<'_>,
     view: &'a ClusterView,
-    ledger: &Ledger,
     req: &PodRequest,
 ) -> Option<(&'a NodeView, Vec<usize>)> {
     let resource = req.devices.resource.as_str();
     let free_of = |nv: &NodeView| -> Vec<(usize, u32)> {
-        nv.share_rooms
-            .iter()
-            .filter(|r| r.resource == resource)
-            .map(|r| {
-                let id = nv.device_ids.get(r.device).map_or("", String::as_str);
-                let used = r.held + ledger.shares_committed(&nv.name, resource, id);
-                (r.device, r.offered.saturating_sub(used))
-            })
+        c.free_shares(nv, resource)
+            .into_iter()
+            .map(|(device, free, _)| (device, free))
             .collect()
     };
     let total = |free: &[(usize, u32)]| free.iter().map(|(_, f)| *f as usize).sum::<usize>();

@@ -80,38 +80,17 @@ pub fn compare(sim: &Simulation, opts: &Options) -> Result<Vec<Figures>, TraceEr
         spread_shares: true,
         ..opts.clone()
     };
-    Ok(vec![
-        figures(
-            "without sharing",
-            &without,
-            &run(&without, Policy::Fumarole, opts),
-            &inference,
-        ),
-        figures(
-            "sharing, packed",
-            sim,
-            &run(sim, Policy::Fumarole, opts),
-            &inference,
-        ),
-        figures(
-            "sharing, spread",
-            sim,
-            &run(sim, Policy::Fumarole, &spread),
-            &inference,
-        ),
-        figures(
-            "without sharing, nvidia",
-            &without,
-            &run(&without, Policy::Nvidia, opts),
-            &inference,
-        ),
-        figures(
-            "sharing, nvidia",
-            sim,
-            &run(sim, Policy::Nvidia, opts),
-            &inference,
-        ),
-    ])
+    let arms: [(&'static str, &Simulation, Policy, &Options); 5] = [
+        ("without sharing", &without, Policy::Fumarole, opts),
+        ("sharing, packed", sim, Policy::Fumarole, opts),
+        ("sharing, spread", sim, Policy::Fumarole, &spread),
+        ("without sharing, nvidia", &without, Policy::Nvidia, opts),
+        ("sharing, nvidia", sim, Policy::Nvidia, opts),
+    ];
+    Ok(arms
+        .into_iter()
+        .map(|(arm, s, policy, o)| figures(arm, s, &run(s, policy, o), &inference))
+        .collect())
 }
 
 /// The figures of one run; `inference[j]` says job `j` is an inference job.

@@ -108,6 +108,13 @@ pub fn name_of(vendor: &str, index: u32) -> String {
     format!("{vendor}-{index}")
 }
 
+/// True when `name` (a device name in a pool) is `device` ([`name_of`]) or one of its
+/// partitions (`<device>-<profile>-<placement>`, [`partitions`]).
+pub fn is_or_partitions(name: &str, device: &str) -> bool {
+    name.strip_prefix(device)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('-'))
+}
+
 /// The device of `t` that `driver` publishes as `name`.
 pub fn find<'t>(t: &'t NodeTopology, driver_name: &str, name: &str) -> Option<&'t Device> {
     t.devices
@@ -226,7 +233,7 @@ pub fn find_partition<'t>(
 ) -> Option<(&'t Device, Partition)> {
     t.devices
         .iter()
-        .filter(|d| driver(d) == driver_name && name.starts_with(&format!("{}-", device_name(d))))
+        .filter(|d| driver(d) == driver_name && is_or_partitions(name, &device_name(d)))
         .find_map(|d| {
             let p = partitions(d)?
                 .partitions

@@ -32,6 +32,25 @@ impl<'a> Cluster<'a> {
         }
     }
 
+    /// Each device of `nv` offering `resource` in shares ([`crate::core::view::ShareRoom`]):
+    /// `(device, free, used)`, used being the shares the status reports held plus those this
+    /// service committed and the status does not show yet; none on a node of another
+    /// scheduler's pool.
+    pub fn free_shares(&self, nv: &NodeView, resource: &str) -> Vec<(usize, u32, u32)> {
+        if !self.ledger.places_on(nv) {
+            return Vec::new();
+        }
+        nv.share_rooms
+            .iter()
+            .filter(|r| r.resource == resource)
+            .map(|r| {
+                let id = nv.device_ids.get(r.device).map_or("", String::as_str);
+                let used = r.held + self.ledger.shares_committed(&nv.name, resource, id);
+                (r.device, r.offered.saturating_sub(used), used)
+            })
+            .collect()
+    }
+
     /// Number of free devices of `resource` on `node` (0 for unknown nodes).
     pub fn free_count(&self, node: &str, resource: &str) -> usize {
         self.view

@@ -413,19 +413,14 @@ fn share_rooms(devices: &[DeviceInfo], statuses: &[Option<&DeviceStatus>]) -> Ve
     for (i, (d, s)) in devices.iter().zip(statuses).enumerate() {
         let shares = s.map_or(&[][..], |s| &s.shares[..]);
         let healthy = s.is_none_or(|s| s.health == "Healthy");
-        let count = |n: usize| {
-            if healthy {
-                u32::try_from(n).unwrap_or(u32::MAX)
-            } else {
-                0
-            }
-        };
+        let n = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        let offered = |n: u32| if healthy { n } else { 0 };
         if let Some(sharing) = &d.sharing {
             rooms.push(ShareRoom {
                 resource: sharing.resource.clone(),
                 device: i,
-                offered: if healthy { sharing.replicas } else { 0 },
-                held: u32::try_from(shares.len()).unwrap_or(u32::MAX),
+                offered: offered(sharing.replicas),
+                held: n(shares.len()),
             });
         }
         let mut profiles: Vec<&str> = d.mig.iter().map(|m| m.profile.as_str()).collect();
@@ -439,8 +434,8 @@ fn share_rooms(devices: &[DeviceInfo], statuses: &[Option<&DeviceStatus>]) -> Ve
             rooms.push(ShareRoom {
                 resource: mig_resource(profile),
                 device: i,
-                offered: count(of_profile().count()),
-                held: u32::try_from(held).unwrap_or(u32::MAX),
+                offered: offered(n(of_profile().count())),
+                held: n(held),
             });
         }
     }
@@ -872,13 +867,8 @@ impl ClusterView {
                 };
                 // A partition (`nvidia-0-3g-40gb-4`, a MIG instance or vNPU) is held on its
                 // device, which is then not free whole either.
-                let of_device = |d: &String| {
-                    *d == held.device
-                        || held
-                            .device
-                            .strip_prefix(d.as_str())
-                            .is_some_and(|rest| rest.starts_with('-'))
-                };
+                let of_device =
+                    |d: &String| fumarole_topology::dra::is_or_partitions(&held.device, d);
                 match nv.dra_names.iter().position(of_device) {
                     Some(i) => nv.claimed_mask |= 1 << i,
                     None => view.node_warnings.push(format!(

@@ -154,19 +154,7 @@ impl GpuAware {
         resource: &str,
         count: usize,
     ) -> NodeVerdict {
-        // (device, free, used) of each device offering the resource; none on a node of
-        // another scheduler's pool.
-        let ours = c.ledger.places_on(nv);
-        let mut rooms: Vec<(usize, u32, u32)> = nv
-            .share_rooms
-            .iter()
-            .filter(|r| ours && r.resource == resource)
-            .map(|r| {
-                let id = nv.device_ids.get(r.device).map_or("", String::as_str);
-                let used = r.held + c.ledger.shares_committed(&nv.name, resource, id);
-                (r.device, r.offered.saturating_sub(used), used)
-            })
-            .collect();
+        let mut rooms = c.free_shares(nv, resource);
         let free: usize = rooms.iter().map(|(_, f, _)| *f as usize).sum();
         if free < count {
             return NodeVerdict::filtered(
