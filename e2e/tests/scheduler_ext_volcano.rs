@@ -59,7 +59,8 @@ async fn four_gpu_pod_goes_where_it_fits_exactly(way: Way) {
 
 /// On Volcano v1.14 the plugin is a PreBinder: the core writes the pod's devices before Volcano
 /// binds it, so no version of the pod is bound without its choice (on v1.10 the choice is
-/// written in the background at allocation and may follow the bind).
+/// written in the background at the close of the session that bound the pod, and may follow
+/// the bind).
 #[tokio::test]
 async fn plugin_on_volcano_1_14_binds_the_pod_with_its_devices_already_written() {
     use futures::{StreamExt, TryStreamExt};
@@ -111,6 +112,117 @@ async fn plugin_on_volcano_1_14_binds_the_pod_with_its_devices_already_written()
         log.contains("device choices are written at PreBind"),
         "vc-scheduler log:\n{log}"
     );
+    assert_no_failed_calls(&cluster);
+}
+
+/// Volcano v1.10 allocates a gang's tasks one by one and discards the allocations when the gang
+/// cannot start, session after session. The plugin writes a device choice only for a task
+/// Volcano binds (at the session's close): while the gang waits, no version of its pods
+/// carries one (a choice written at allocation could still be on the pod when a later session
+/// bound it with other devices, which the device plugin would then read); once room appears,
+/// both pods are bound with their own devices.
+#[tokio::test]
+async fn plugin_writes_no_choice_for_a_gang_volcano_discards() {
+    use futures::{StreamExt, TryStreamExt};
+    use kube::api::{Patch, PatchParams, WatchEvent, WatchParams};
+
+    // Free: dgx-a 4, dgx-b 6, pcie-a 3. One 5-GPU pod fits (dgx-b), two do not.
+    let cluster = volcano_with(&common::two_dgx(), Way::Plugin).await;
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let version = pods
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    let mut events = pods
+        .watch(&WatchParams::default().timeout(120), &version)
+        .await
+        .unwrap()
+        .boxed();
+    let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(
+        "batch.volcano.sh",
+        "v1alpha1",
+        "Job",
+    ));
+    let jobs: Api<DynamicObject> = Api::namespaced_with(cluster.client(), "default", &ar);
+    let mut job = vcjob("pair", 2, 0);
+    job.data["spec"]["tasks"][0]["template"]["metadata"] = json!({});
+    job.data["spec"]["tasks"][0]["template"]["spec"]["containers"][0]["resources"]["limits"] =
+        json!({"nvidia.com/gpu": "5"});
+    jobs.create(&PostParams::default(), &job).await.unwrap();
+
+    // Until a pod's condition says Volcano allocated it (then discarded the gang's
+    // allocations), and 3 s more: every version of the job's pods.
+    let mut allocated_at = None;
+    let mut versions = 0;
+    let watched = tokio::time::timeout(Duration::from_secs(60), async {
+        while let Some(event) = events.try_next().await.unwrap() {
+            let (WatchEvent::Added(p) | WatchEvent::Modified(p)) = event else {
+                continue;
+            };
+            let name = p.metadata.name.clone().unwrap_or_default();
+            if !name.starts_with("pair-") {
+                continue;
+            }
+            versions += 1;
+            assert_eq!(
+                common::devices_of(&p),
+                None,
+                "{name} carried a choice while its gang could not start: {:?}",
+                p.metadata.annotations
+            );
+            let schedulable = p
+                .status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default()
+                .iter()
+                .any(|c| {
+                    c.message
+                        .as_deref()
+                        .is_some_and(|m| m.contains("can possibly be assigned to dgx-b"))
+                });
+            if schedulable && allocated_at.is_none() {
+                allocated_at = Some(tokio::time::Instant::now());
+            }
+            if allocated_at.is_some_and(|t| t.elapsed() > Duration::from_secs(3)) {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(
+        watched.is_ok() && allocated_at.is_some(),
+        "Volcano never allocated a pod of the gang ({versions} versions seen)\n{}",
+        decider_logs(&cluster)
+    );
+
+    // Room for both: dgx-a's GPUs all free.
+    let freed = common::dgx("dgx-a", 8, &[], None);
+    let topologies: Api<DeviceTopology> = Api::all(cluster.client());
+    topologies
+        .patch_status(
+            "dgx-a",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"status": freed.status})),
+        )
+        .await
+        .unwrap();
+    let names = ["pair-worker-0".to_string(), "pair-worker-1".to_string()];
+    let placed = match common::all_placed(&pods, &names, Duration::from_secs(90)).await {
+        Ok(p) => p,
+        Err(e) => panic!("{e}\n{}", decider_logs(&cluster)),
+    };
+    let nodes: BTreeSet<&str> = placed.values().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(nodes, BTreeSet::from(["dgx-a", "dgx-b"]), "{placed:?}");
+    for (node, devices) in placed.values() {
+        assert_eq!(devices.len(), 5, "{placed:?}");
+        assert!(
+            devices.iter().all(|d| d.starts_with(node.as_str())),
+            "{placed:?}"
+        );
+    }
     assert_no_failed_calls(&cluster);
 }
 

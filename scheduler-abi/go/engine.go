@@ -107,8 +107,8 @@ func (e *Engine) Allocate(pod []byte, node string) error {
 	return err
 }
 
-// WriteChoicesAtPreBind: the scheduler calls PreBind (or Bind) before each bind, so
-// allocations no longer write device choices themselves.
+// WriteChoicesAtPreBind: the scheduler says when each pod is bound (PreBind or Bind before the
+// bind, WriteChoice as it binds), so allocations no longer write device choices themselves.
 func (e *Engine) WriteChoicesAtPreBind() error {
 	var out *C.char
 	code := C.fumarole_engine_write_choices_at_prebind(e.ptr, &out)
@@ -122,6 +122,16 @@ func (e *Engine) PreBind(pod []byte, node string) error {
 	var out *C.char
 	n := []byte(node)
 	code := C.fumarole_task_prebind(e.ptr, bytesPtr(pod), C.size_t(len(pod)), bytesPtr(n), C.size_t(len(n)), &out)
+	_, err := answer(code, take(out))
+	return err
+}
+
+// WriteChoice writes the pod's (JSON) device choice on it in the background as the scheduler
+// binds it to node (for a scheduler with no hook that waits before its bind).
+func (e *Engine) WriteChoice(pod []byte, node string) error {
+	var out *C.char
+	n := []byte(node)
+	code := C.fumarole_task_write_choice(e.ptr, bytesPtr(pod), C.size_t(len(pod)), bytesPtr(n), C.size_t(len(n)), &out)
 	_, err := answer(code, take(out))
 	return err
 }

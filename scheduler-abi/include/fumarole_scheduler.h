@@ -37,6 +37,8 @@ int fumarole_task_allocate(const fumarole_engine *engine, const uint8_t *pod, si
 int fumarole_engine_write_choices_at_prebind(const fumarole_engine *engine, char **error);
 int fumarole_task_prebind(const fumarole_engine *engine, const uint8_t *pod, size_t len,
                           const uint8_t *node, size_t node_len, char **error);
+int fumarole_task_write_choice(const fumarole_engine *engine, const uint8_t *pod, size_t len,
+                               const uint8_t *node, size_t node_len, char **error);
 int fumarole_task_bind(const fumarole_engine *engine, const uint8_t *pod, size_t len,
                        const uint8_t *node, size_t node_len, char **error);
 int fumarole_task_deallocate(const fumarole_engine *engine, const uint8_t *pod, size_t len,

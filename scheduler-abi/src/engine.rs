@@ -331,14 +331,24 @@ impl Engine {
 
     /// The scheduler allocated `pod` to `node`: records its devices in the ledger now, before
     /// the next task is judged, and writes the choice on the pod in the background (unless
-    /// choices are written at PreBind). `Ok(false)`: the pod asks for nothing of ours.
+    /// choices are written when the pod is bound, [`Self::write_choices_at_prebind`]).
+    /// `Ok(false)`: the pod asks for nothing of ours.
     pub fn allocate(&self, pod: Pod, node: &str) -> Result<bool> {
+        if self.at_prebind.load(Ordering::Relaxed) {
+            return Ok(self.commit_where_placed(&pod, node)?.is_some());
+        }
+        self.write_choice(pod, node)
+    }
+
+    /// The scheduler is binding `pod` to `node` and has no hook that waits for a write
+    /// (Volcano v1.10, whose plugin calls this at the close of the session that bound the pod):
+    /// its choice (the one allocated, or chosen now) is written in the background, after the
+    /// pod's earlier writes. `Ok(false)`: the pod asks for nothing of ours.
+    pub fn write_choice(&self, pod: Pod, node: &str) -> Result<bool> {
         let Some(commit) = self.commit_where_placed(&pod, node)? else {
             return Ok(false);
         };
-        if let Some(runtime) = &self.runtime
-            && !self.at_prebind.load(Ordering::Relaxed)
-        {
+        if let Some(runtime) = &self.runtime {
             let svc = Arc::clone(&self.svc);
             let key = pod_key(&pod);
             let write = async move {
@@ -351,8 +361,11 @@ impl Engine {
         Ok(true)
     }
 
-    /// From now on the scheduler calls [`Self::prebind`] before each bind, and allocations
-    /// write nothing themselves.
+    /// From now on the scheduler says when each pod is bound ([`Self::prebind`] or
+    /// [`Self::bind`] before the bind, [`Self::write_choice`] as it binds), and allocations
+    /// write nothing themselves: a choice is never written for an allocation undone before its
+    /// bind (Volcano discards a gang's allocations when the gang cannot start), so a pod is
+    /// never bound while such a choice is still on it.
     pub fn write_choices_at_prebind(&self) {
         self.at_prebind.store(true, Ordering::Relaxed);
     }

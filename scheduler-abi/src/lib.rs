@@ -303,8 +303,39 @@ pub unsafe extern "C" fn fumarole_task_give_up_plan(
     }
 }
 
-/// The scheduler will call [`fumarole_task_prebind`] before each bind: allocations no longer
-/// write device choices themselves. [`FUMAROLE_OK`].
+/// The scheduler is binding the pod (JSON) to `node` and has no hook that waits (Volcano v1.10,
+/// at the close of the session that bound it): writes its device choice in the background.
+/// [`FUMAROLE_OK`], [`FUMAROLE_NOT_OURS`], or [`FUMAROLE_ERROR`] with why the node cannot hold
+/// it. Call [`fumarole_engine_write_choices_at_prebind`] first, so allocations write nothing.
+///
+/// # Safety
+/// As [`fumarole_task_allocate`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn fumarole_task_write_choice(
+    engine: *const Engine,
+    pod: *const u8,
+    len: usize,
+    node: *const u8,
+    node_len: usize,
+    error: *mut *mut c_char,
+) -> c_int {
+    // SAFETY: the caller's contract, passed on.
+    unsafe {
+        pod_on_node(
+            engine,
+            pod,
+            len,
+            node,
+            node_len,
+            error,
+            |engine, pod, node| engine.write_choice(pod, node),
+        )
+    }
+}
+
+/// The scheduler will say when each pod is bound ([`fumarole_task_prebind`] or
+/// [`fumarole_task_bind`] before the bind, [`fumarole_task_write_choice`] as it binds):
+/// allocations no longer write device choices themselves. [`FUMAROLE_OK`].
 ///
 /// # Safety
 /// `engine` is live; `error` is NULL or writable.

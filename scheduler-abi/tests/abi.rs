@@ -341,6 +341,44 @@ fn prebind_keeps_the_allocated_choice_and_passes_other_pods_through() {
     unsafe { fumarole_engine_free(e) };
 }
 
+#[test]
+fn write_choice_keeps_the_allocated_choice_and_commits_a_pod_not_allocated() {
+    let e = engine();
+    let mut error = std::ptr::null_mut();
+    assert_eq!(
+        unsafe { fumarole_engine_write_choices_at_prebind(e, &mut error) },
+        FUMAROLE_OK
+    );
+    let write = |p: &[u8], n: &[u8]| unsafe {
+        let mut error = std::ptr::null_mut();
+        let code =
+            fumarole_task_write_choice(e, p.as_ptr(), p.len(), n.as_ptr(), n.len(), &mut error);
+        (code, take(error))
+    };
+    let allocate = |p: &[u8], n: &[u8]| unsafe {
+        let mut error = std::ptr::null_mut();
+        fumarole_task_allocate(e, p.as_ptr(), p.len(), n.as_ptr(), n.len(), &mut error)
+    };
+    let four = pod("four", 4);
+    assert_eq!(allocate(&four, b"dgx-a"), FUMAROLE_OK);
+    assert_eq!(write(&four, b"dgx-a"), (FUMAROLE_OK, String::new()));
+    // Still one allocation: dgx-a's 4 free GPUs held, dgx-b's 6 free.
+    let (_, text) = evaluate(e, &pod("other", 4));
+    assert_eq!(lines(&text)["dgx-a"].0, 2, "{text}");
+    assert_eq!(lines(&text)["dgx-b"].0, 0, "{text}");
+    // A pod bound without an allocation of this engine's (another session's) is committed now.
+    assert_eq!(
+        write(&pod("late", 4), b"dgx-b"),
+        (FUMAROLE_OK, String::new())
+    );
+    let (_, text) = evaluate(e, &pod("other", 4));
+    assert_eq!(lines(&text)["dgx-b"].0, 2, "{text}");
+    let (code, why) = write(&pod("lost", 1), b"nowhere");
+    assert_eq!(code, FUMAROLE_ERROR);
+    assert!(why.contains("nowhere"), "{why}");
+    unsafe { fumarole_engine_free(e) };
+}
+
 /// An engine over the `two-dgx` snapshot with the JSON configuration `conf`, or its error.
 fn engine_with(conf: &[u8]) -> Result<*mut Engine, String> {
     let dir =

@@ -201,6 +201,17 @@ type plugin struct {
 	engine *abi.Engine
 	// task UID -> *judged, from PrePredicate; emptied whenever an allocation changes the ledger.
 	judged sync.Map
+	// task UID -> allocation: this session's allocations not undone (Volcano v1.10 writes the
+	// choices of those it bound at the session's close).
+	allocations sync.Map
+}
+
+// allocation is a task Volcano allocated in this session: its job, node and pod as sent to the
+// core.
+type allocation struct {
+	job  api.JobID
+	node string
+	pod  []byte
 }
 
 // judged is a task's verdict on every node (nil verdicts when notOurs or err).
@@ -240,7 +251,11 @@ func (p *plugin) OnSessionOpen(ssn *framework.Session) {
 	registerPreBinder(ssn, p)
 }
 
-func (p *plugin) OnSessionClose(*framework.Session) {}
+func (p *plugin) OnSessionClose(ssn *framework.Session) {
+	if p.engine != nil {
+		writeBoundChoices(ssn, p)
+	}
+}
 
 var cacheNoteOnce, preBindNoteOnce sync.Once
 
@@ -386,7 +401,8 @@ func (p *plugin) nodeOrder(task *api.TaskInfo, nodes []*api.NodeInfo) (map[strin
 }
 
 // allocated: Volcano put the task on task.NodeName in this session; the core records its
-// devices now and writes the choice on the pod in the background.
+// devices now. The choice is written once Volcano binds the task (PreBind on v1.14, the
+// session's close on v1.10), never for an allocation the session undoes.
 func (p *plugin) allocated(event *framework.Event) {
 	task := event.Task
 	if klog.V(2).Enabled() {
@@ -397,6 +413,9 @@ func (p *plugin) allocated(event *framework.Event) {
 	if err == nil {
 		err = p.engine.Allocate(pod, task.NodeName)
 	}
+	if err == nil {
+		p.allocations.Store(task.UID, allocation{job: task.Job, node: task.NodeName, pod: pod})
+	}
 	if err != nil && err != abi.ErrNotOurs {
 		klog.Warningf("fumarole: allocating %s/%s to %s: %v", task.Namespace, task.Name, task.NodeName, err)
 	}
@@ -406,6 +425,7 @@ func (p *plugin) allocated(event *framework.Event) {
 func (p *plugin) deallocated(event *framework.Event) {
 	task := event.Task
 	p.forgetVerdicts()
+	p.allocations.Delete(task.UID)
 	pod, err := json.Marshal(task.Pod)
 	if err == nil {
 		err = p.engine.Deallocate(pod)

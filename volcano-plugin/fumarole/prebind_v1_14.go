@@ -28,6 +28,9 @@ func registerPreBinder(ssn *framework.Session, p *plugin) {
 	})
 }
 
+// writeBoundChoices: nothing to do at the session's close, PreBind writes each choice.
+func writeBoundChoices(*framework.Session, *plugin) {}
+
 // PreBind writes the task's device choice on its pod; an error keeps Volcano from binding it.
 func (p *plugin) PreBind(_ context.Context, bindCtx *cache.BindContext) error {
 	task := bindCtx.TaskInfo
