@@ -30,6 +30,7 @@ use fumarole_exporter::device_health::dcmi::ServerAnswers;
 use fumarole_exporter::device_health::nvml::NvmlSession;
 use fumarole_exporter::device_health::settings::HealthArgs;
 use fumarole_exporter::device_health::sources::start_sources;
+use fumarole_exporter::device_metrics::{self, DeviceMetrics, DeviceMetricsArgs};
 use fumarole_exporter::discover;
 use fumarole_exporter::kubelet::KubeletArgs;
 use fumarole_exporter::publish::{PublishArgs, PublishSettings, metrics, metrics::Metrics};
@@ -69,6 +70,8 @@ pub struct RunArgs {
     #[command(flatten)]
     health: HealthArgs,
     #[command(flatten)]
+    device_metrics: DeviceMetricsArgs,
+    #[command(flatten)]
     dra: DraArgs,
     #[command(flatten)]
     colocation: ColocationArgs,
@@ -106,7 +109,7 @@ async fn serve(args: RunArgs, node_name: String, mut prepared: Prepared) -> Resu
         prepared.options.super_node =
             publishing::super_node_from_label(&client, &node_name, key).await?;
     }
-    let (metrics, counters) = serve_metrics(&publish).await?;
+    let (metrics, counters) = serve_metrics(&publish, &node_name, &args.device_metrics).await?;
     let stream = HealthStream::new();
     let (answers, dcmi) = publishing::dcmi_answers();
     let served = discover_and_watch_health(
@@ -118,6 +121,12 @@ async fn serve(args: RunArgs, node_name: String, mut prepared: Prepared) -> Resu
     )?;
     let kubelet = args.kubelet.settings()?;
     let publishing = Publishing::start(publish, kubelet.clone(), &stream, dcmi);
+    start_device_metrics(
+        &args.device_metrics,
+        &prepared.nvml_source,
+        &counters.devices,
+        publishing.allocations(),
+    );
     let recorder = Recorder::new(
         client.clone(),
         Reporter {
@@ -178,18 +187,30 @@ struct Counters {
     colocation: Arc<ColocationMetrics>,
     choices: Arc<plugins::ChoiceMetrics>,
     faults: Arc<fault_events::DeviceFaultMetrics>,
+    devices: DeviceMetrics,
 }
 
 /// Serves `/metrics` and `/healthz` on `--metrics-addr`.
-async fn serve_metrics(settings: &PublishSettings) -> Result<(Arc<Metrics>, Counters)> {
+async fn serve_metrics(
+    settings: &PublishSettings,
+    node_name: &str,
+    device_metrics: &DeviceMetricsArgs,
+) -> Result<(Arc<Metrics>, Counters)> {
     // The co-location metrics are on /metrics with or without --colocation.
-    let (metrics, (colocation, choices, faults)) = Metrics::new(settings.recheck, |registry| {
-        (
-            ColocationMetrics::register(registry),
-            plugins::ChoiceMetrics::register(registry),
-            fault_events::DeviceFaultMetrics::register(registry),
-        )
-    });
+    let (metrics, (colocation, choices, faults, devices)) =
+        Metrics::new(settings.recheck, |registry, unprefixed| {
+            (
+                ColocationMetrics::register(registry),
+                plugins::ChoiceMetrics::register(registry),
+                fault_events::DeviceFaultMetrics::register(registry),
+                DeviceMetrics::register(
+                    registry,
+                    unprefixed,
+                    node_name,
+                    &device_metrics.device_metric_names,
+                ),
+            )
+        });
     let listener = tokio::net::TcpListener::bind(settings.metrics_addr)
         .await
         .with_context(|| format!("--metrics-addr {}", settings.metrics_addr))?;
@@ -200,8 +221,39 @@ async fn serve_metrics(settings: &PublishSettings) -> Result<(Arc<Metrics>, Coun
             colocation,
             choices,
             faults,
+            devices,
         },
     ))
+}
+
+/// Starts sampling the per-device figures (when NVIDIA answers come from the library and
+/// `--device-metrics-interval` is not 0) and keeps their holders current from the kubelet's
+/// allocations.
+fn start_device_metrics(
+    args: &DeviceMetricsArgs,
+    nvml: &NvmlSource,
+    metrics: &DeviceMetrics,
+    allocations: &fumarole_exporter::publish::LatestAllocations,
+) {
+    let NvmlSource::Library(path) = nvml else {
+        return;
+    };
+    if args.device_metrics_interval.is_zero() {
+        return;
+    }
+    device_metrics::nvml::spawn(path.clone(), args.device_metrics_interval, metrics.clone());
+    let mut allocations = allocations.clone();
+    let metrics = metrics.clone();
+    tokio::spawn(async move {
+        loop {
+            if let Some(Ok(alloc)) = allocations.borrow_and_update().as_ref() {
+                metrics.set_allocations(alloc);
+            }
+            if allocations.changed().await.is_err() {
+                return;
+            }
+        }
+    });
 }
 
 /// Discovers the node and starts its health sources (the DCMI source answers on `answers`).

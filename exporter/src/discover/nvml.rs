@@ -260,7 +260,7 @@ pub fn read_report(nvml: &nvml_wrapper::Nvml) -> Result<NvmlReport, NvmlError> {
 }
 
 /// NVML's MIG mode value for "enabled".
-const MIG_ENABLED: u32 = 1;
+pub(crate) const MIG_ENABLED: u32 = 1;
 
 /// The MIG devices of a GPU whose MIG mode is enabled, each with its profile read from its
 /// name (`NVIDIA H100 80GB HBM3 MIG 1g.10gb`); none when MIG is off or not supported. A slot

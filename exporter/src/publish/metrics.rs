@@ -22,7 +22,7 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
-use prometheus_client::encoding::text::encode;
+use prometheus_client::encoding::text::{encode_eof, encode_registry};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -32,6 +32,9 @@ type Labels = Vec<(String, String)>;
 
 pub struct Metrics {
     registry: Registry,
+    /// Names other exporters use, written as they are (no `fumarole_` prefix): dcgm-exporter's
+    /// `DCGM_FI_DEV_*` ([`crate::device_metrics`]).
+    unprefixed: Registry,
     discoveries: Counter,
     discovery_errors: Counter,
     publishes: Family<Labels, Counter>,
@@ -54,11 +57,16 @@ fn now() -> u64 {
 
 impl Metrics {
     /// `recheck` is the publish interval; health fails after three missed rounds (plus the
-    /// longest backoff). After the exporter's own metrics, `more` registers another component's
-    /// into the same registry (prefix `fumarole`), served on the same `/metrics`; what it returns
-    /// (that component's handle on its metrics) comes back beside ours.
-    pub fn new<T>(recheck: Duration, more: impl FnOnce(&mut Registry) -> T) -> (Arc<Self>, T) {
+    /// longest backoff). After the exporter's own metrics, `more` registers other components'
+    /// into the same registry (prefix `fumarole`) or, for names other exporters use, into an
+    /// unprefixed one, both served on the same `/metrics`; what it returns (those components'
+    /// handles on their metrics) comes back beside ours.
+    pub fn new<T>(
+        recheck: Duration,
+        more: impl FnOnce(&mut Registry, &mut Registry) -> T,
+    ) -> (Arc<Self>, T) {
         let mut registry = Registry::with_prefix("fumarole");
+        let mut unprefixed = Registry::default();
         let m = Metrics {
             discoveries: Counter::default(),
             discovery_errors: Counter::default(),
@@ -71,6 +79,7 @@ impl Metrics {
             last_tick: AtomicU64::new(now()),
             stale_after: recheck * 3 + Duration::from_secs(30),
             registry: Registry::default(),
+            unprefixed: Registry::default(),
         };
         registry.register("discoveries", "Discovery rounds", m.discoveries.clone());
         registry.register(
@@ -108,8 +117,15 @@ impl Metrics {
             "Shares of accelerators (replicas, MIG devices) the kubelet has given to containers",
             m.device_shares_allocated.clone(),
         );
-        let theirs = more(&mut registry);
-        (Arc::new(Metrics { registry, ..m }), theirs)
+        let theirs = more(&mut registry, &mut unprefixed);
+        (
+            Arc::new(Metrics {
+                registry,
+                unprefixed,
+                ..m
+            }),
+            theirs,
+        )
     }
 
     pub fn discovery(&self, ok: bool) {
@@ -167,7 +183,9 @@ impl Metrics {
     pub fn encode(&self) -> String {
         let mut out = String::new();
         // Writing to a String cannot fail.
-        let _ = encode(&mut out, &self.registry);
+        let _ = encode_registry(&mut out, &self.registry);
+        let _ = encode_registry(&mut out, &self.unprefixed);
+        let _ = encode_eof(&mut out);
         out
     }
 }
@@ -220,7 +238,7 @@ mod tests {
     #[tokio::test]
     async fn one_peer_cannot_take_every_metrics_connection() {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let (m, ()) = Metrics::new(Duration::from_secs(10), |_| ());
+        let (m, ()) = Metrics::new(Duration::from_secs(10), |_, _| ());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(serve(listener, m));
@@ -251,7 +269,7 @@ mod tests {
 
     #[test]
     fn encodes_prefixed_metrics() {
-        let (m, ()) = Metrics::new(Duration::from_secs(10), |_| ());
+        let (m, ()) = Metrics::new(Duration::from_secs(10), |_, _| ());
         m.discovery(true);
         m.publish("numatopology");
         m.api_error("node-labels");
@@ -270,7 +288,7 @@ mod tests {
 
     #[test]
     fn other_components_register_into_the_same_registry() {
-        let (m, extra) = Metrics::new(Duration::from_secs(10), |registry| {
+        let (m, extra) = Metrics::new(Duration::from_secs(10), |registry, _| {
             let extra = Counter::<u64>::default();
             registry.register("extra_events", "Events of another component", extra.clone());
             extra

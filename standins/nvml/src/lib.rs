@@ -19,7 +19,14 @@
 //!     "computeCapability": {"major": 9, "minor": 0}, "migCapable": true,
 //!     "memoryBytes": 85520809984,
 //!     "migDevices": [{"uuid": "MIG-...", "name": "NVIDIA H100 80GB HBM3 MIG 3g.40gb",
-//!                     "memoryBytes": 42949672960}]
+//!                     "memoryBytes": 42949672960}],
+//!     "metrics": {"utilization": 73, "memoryUtilization": 20, "memoryUsedBytes": 1073741824,
+//!                 "powerMilliwatts": 310600, "energyMillijoules": 5000000, "temperature": 45,
+//!                 "smClockMhz": 1980, "memoryClockMhz": 2619, "throttleReasons": 4,
+//!                 "eccCorrected": 1, "eccUncorrected": 0, "retiredPagesSingleBit": 2,
+//!                 "retiredPagesDoubleBit": 0, "remappedRowsCorrectable": 3,
+//!                 "remappedRowsUncorrectable": 0, "pcieTxKilobytesPerSecond": 100,
+//!                 "pcieRxKilobytesPerSecond": 200, "pcieReplays": 0}
 //!   }],
 //!   "events": [{"id": 1, "gpu": 3, "xid": 79}, {"id": 2, "gpu": 3, "type": "dbe"}],
 //!   "hang": ["nvmlEventSetWait_v2"],
@@ -34,6 +41,10 @@
 //!   `nvmlDeviceGetUUID`, `nvmlDeviceGetName` and `nvmlDeviceGetMemoryInfo_v2`.
 //! - `migEnabled`: MIG mode on even with no MIG device; MIG instances made through the
 //!   library land in `migDevices` ([`mig`]).
+//! - `metrics`: what the per-device figure calls answer (utilisation, memory used, power,
+//!   energy, temperature, clocks, throttle reasons, ECC counts, retired pages, remapped rows,
+//!   PCIe throughput and replays); a figure absent there answers NotSupported (memory used:
+//!   0, all of it free).
 //! - `events`: delivered once each, in `id` order, by `nvmlEventSetWait_v2` to the event sets
 //!   that registered the GPU for the event's type (`xid`: a critical XID with that value;
 //!   `"type": "dbe"`: a double-bit ECC error).
@@ -114,6 +125,33 @@ struct Gpu {
     /// MIG mode on, with or without MIG devices.
     #[serde(default)]
     mig_enabled: bool,
+    /// What the per-device figure calls answer.
+    #[serde(default)]
+    metrics: GpuMetrics,
+}
+
+/// A GPU's figures, in NVML's units; `None` answers NotSupported.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct GpuMetrics {
+    utilization: Option<u32>,
+    memory_utilization: Option<u32>,
+    memory_used_bytes: Option<u64>,
+    power_milliwatts: Option<u32>,
+    energy_millijoules: Option<u64>,
+    temperature: Option<u32>,
+    sm_clock_mhz: Option<u32>,
+    memory_clock_mhz: Option<u32>,
+    throttle_reasons: Option<u64>,
+    ecc_corrected: Option<u64>,
+    ecc_uncorrected: Option<u64>,
+    retired_pages_single_bit: Option<u32>,
+    retired_pages_double_bit: Option<u32>,
+    remapped_rows_correctable: Option<u32>,
+    remapped_rows_uncorrectable: Option<u32>,
+    pcie_tx_kilobytes_per_second: Option<u32>,
+    pcie_rx_kilobytes_per_second: Option<u32>,
+    pcie_replays: Option<u32>,
 }
 
 impl Gpu {
@@ -340,6 +378,7 @@ macro_rules! out {
 }
 
 // After the macros, which it uses.
+mod figures;
 mod mig;
 
 /// `nvmlInit_v2`.
@@ -430,7 +469,8 @@ pub unsafe extern "C" fn nvmlDeviceGetCudaComputeCapability(
     }
 }
 
-/// `nvmlDeviceGetMemoryInfo_v2`: the GPU's memory, all of it free.
+/// `nvmlDeviceGetMemoryInfo_v2`: the GPU's memory, `metrics.memoryUsedBytes` of it used (a
+/// MIG device's all free).
 ///
 /// # Safety
 /// `memory` is a writable `nvmlMemory_v2_t`.
@@ -441,18 +481,22 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
 ) -> nvmlReturn_t {
     check!("nvmlDeviceGetMemoryInfo_v2");
     match device_of(device) {
-        Ok((g, mig)) => match mig.map_or(g.memory_bytes, |m| m.memory_bytes) {
+        Ok((g, mig)) => match mig.as_ref().map_or(g.memory_bytes, |m| m.memory_bytes) {
             Some(total) => {
                 if memory.is_null() {
                     return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
                 }
+                let used = match mig {
+                    None => g.metrics.memory_used_bytes.unwrap_or(0).min(total),
+                    Some(_) => 0,
+                };
                 // SAFETY: the caller passes a writable struct (checked non-null); its version
                 // field is the caller's and is kept.
                 unsafe {
                     (*memory).total = total;
                     (*memory).reserved = 0;
-                    (*memory).free = total;
-                    (*memory).used = 0;
+                    (*memory).free = total - used;
+                    (*memory).used = used;
                 }
                 nvmlReturn_enum_NVML_SUCCESS
             }
@@ -825,8 +869,11 @@ pub unsafe extern "C" fn nvmlDeviceGetRemappedRows(
     }
     // SAFETY: all four are writable out-parameters (checked non-null).
     unsafe {
-        *corrected = 0;
-        *uncorrected = u32::from(g.row_remap_pending || g.row_remap_failed);
+        *corrected = g.metrics.remapped_rows_correctable.unwrap_or(0);
+        *uncorrected = g
+            .metrics
+            .remapped_rows_uncorrectable
+            .unwrap_or(u32::from(g.row_remap_pending || g.row_remap_failed));
         *pending = u32::from(g.row_remap_pending);
         *failure = u32::from(g.row_remap_failed);
     }

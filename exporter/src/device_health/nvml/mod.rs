@@ -523,7 +523,7 @@ impl<'n> Monitor<'n> {
 
         let remap = {
             let _call = calls.enter("nvmlDeviceGetRemappedRows");
-            remapped_rows(self.nvml, &self.gpus[i].device)
+            remapped_rows(self.nvml, &self.gpus[i].device).map(|r| (r.pending, r.failed))
         };
         match self.read(&id, "nvmlDeviceGetRemappedRows", remap) {
             Read::Value(v) => {
@@ -632,8 +632,21 @@ enum Read<T> {
     Failed,
 }
 
-/// `nvmlDeviceGetRemappedRows` (nvml-wrapper does not wrap it): (pending, failure occurred).
-fn remapped_rows(nvml: &Nvml, device: &nvml_wrapper::Device<'_>) -> Result<(bool, bool), E> {
+/// What `nvmlDeviceGetRemappedRows` says of a GPU's memory rows.
+pub(crate) struct RemappedRows {
+    pub correctable: u32,
+    pub uncorrectable: u32,
+    /// Remappings wait for the next GPU reset.
+    pub pending: bool,
+    /// A row could not be remapped.
+    pub failed: bool,
+}
+
+/// `nvmlDeviceGetRemappedRows` (nvml-wrapper does not wrap it).
+pub(crate) fn remapped_rows(
+    nvml: &Nvml,
+    device: &nvml_wrapper::Device<'_>,
+) -> Result<RemappedRows, E> {
     use nvml_wrapper_sys::bindings::nvmlReturn_enum_NVML_SUCCESS;
     let get = nvml
         .lib()
@@ -654,5 +667,10 @@ fn remapped_rows(nvml: &Nvml, device: &nvml_wrapper::Device<'_>) -> Result<(bool
     if ret != nvmlReturn_enum_NVML_SUCCESS {
         return Err(E::from(ret));
     }
-    Ok((pending != 0, failure != 0))
+    Ok(RemappedRows {
+        correctable: corrected,
+        uncorrectable: uncorrected,
+        pending: pending != 0,
+        failed: failure != 0,
+    })
 }

@@ -1,0 +1,281 @@
+//! Per-device figures on the agent's `/metrics`, read through the NVML stand-in (the library
+//! the agent loads exactly as the real one, with figures the test sets and changes) and
+//! attributed to pods by the kubelet's real PodResources server (`kubelet-dm`): fumarole's
+//! names and dcgm-exporter's, a figure the library does not give left out and counted, a
+//! library that hangs leaving the figures stale with their age on show while scrapes and the
+//! health thread go on.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::time::Duration;
+
+use fumarole_e2e::cluster::{eventually, free_port, http_get, metric_sum};
+use fumarole_e2e::fumarole::device_topologies;
+use fumarole_e2e::standin::nvidia_root;
+use fumarole_e2e::{AgentBuilder, NodeSpec, TestCluster};
+use serde_json::{Value, json};
+
+const NODE: &str = "dgx-1";
+const GPU: &str = "nvidia.com/gpu";
+
+/// GPU `i`'s figures as NVML gives them: utilisation `10 + i` %, `i` GiB used, 300 W, ...
+fn figures(i: u64) -> Value {
+    json!({
+        "utilization": 10 + i, "memoryUtilization": 5, "memoryUsedBytes": i << 30,
+        "powerMilliwatts": 300_000, "energyMillijoules": 5_000_000 + i, "temperature": 40 + i,
+        "smClockMhz": 1980, "memoryClockMhz": 2619, "throttleReasons": 0,
+        "eccCorrected": i, "eccUncorrected": 0, "retiredPagesSingleBit": 2,
+        "retiredPagesDoubleBit": 0, "remappedRowsCorrectable": 3, "remappedRowsUncorrectable": 0,
+        "pcieTxKilobytesPerSecond": 100, "pcieRxKilobytesPerSecond": 200, "pcieReplays": 0
+    })
+}
+
+/// The first `/metrics` body for which `ready` holds (the body of the last one in the panic).
+async fn scrape_until(port: u16, what: &str, ready: impl Fn(&str) -> bool) -> String {
+    let last = std::sync::Mutex::new(String::new());
+    let found = eventually(what, Duration::from_secs(60), || async {
+        let body = http_get(port, "/metrics").await?;
+        let ok = ready(&body);
+        *last.lock().unwrap() = body.clone();
+        Ok(ok.then_some(body))
+    })
+    .await;
+    match found {
+        Ok(body) => body,
+        Err(e) => panic!("{e:#}\nlast /metrics:\n{}", last.lock().unwrap()),
+    }
+}
+
+/// The value of the one sample line that starts with `prefix`.
+fn value(body: &str, prefix: &str) -> Option<f64> {
+    let lines: Vec<&str> = body.lines().filter(|l| l.starts_with(prefix)).collect();
+    match lines.as_slice() {
+        [line] => line.rsplit(' ').next()?.parse().ok(),
+        _ => None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn nvml_figures_reach_metrics_with_their_pods_under_both_names() {
+    let cluster = TestCluster::start().await.unwrap();
+    cluster.install_fumarole_crds().await.unwrap();
+    cluster
+        .create_node(
+            &NodeSpec::new(NODE)
+                .capacity("cpu", "224")
+                .capacity(GPU, "8"),
+        )
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (root, lib, mut nvml) = nvidia_root(dir.path()).unwrap();
+    let uuids: Vec<String> = (0..8)
+        .map(|i| nvml.state["gpus"][i]["uuid"].as_str().unwrap().to_string())
+        .collect();
+    let uuid = |i: usize| uuids[i].clone();
+    nvml.edit(|s| {
+        for (i, g) in s["gpus"].as_array_mut().unwrap().iter_mut().enumerate() {
+            g["metrics"] = figures(i as u64);
+        }
+        // GPU 5's library gives no power figure.
+        g_remove(&mut s["gpus"][5]["metrics"], "powerMilliwatts");
+    });
+    let kdm = cluster
+        .start_kubelet_dm_with_pod_resources(
+            &dir.path().join("device-plugins"),
+            &dir.path().join("pod-resources/kubelet.sock"),
+        )
+        .await
+        .unwrap();
+    // train-0 holds GPUs 0 and 1; infer-0 one replica of GPU 2.
+    let (gpu0, gpu1, gpu2) = (uuid(0), uuid(1), uuid(2));
+    kdm.set_pod_resources(json!([
+        {"name": "train-0", "namespace": "ml", "uid": "6f1c8e2a-0000-4000-8000-00000000a001",
+         "containers": [{"name": "main", "devices": [{"resource_name": GPU, "device_ids": [gpu0, gpu1]}]}]},
+        {"name": "infer-0", "namespace": "web", "uid": "6f1c8e2a-0000-4000-8000-00000000a002",
+         "containers": [{"name": "server", "devices": [{"resource_name": "nvidia.com/gpu.shared", "device_ids": [format!("{gpu2}::1")]}]}]}
+    ]))
+    .await
+    .unwrap();
+    let port = free_port().unwrap();
+    AgentBuilder::root(&root)
+        .node(NODE)
+        .nvml_standin(&lib, &nvml.path)
+        .kubelet_config(&dir.path().join("absent.yaml"))
+        .cpu_manager_state(&dir.path().join("absent_state"))
+        .pod_resources_socket(kdm.pod_resources_socket().unwrap())
+        .flag("--device-metrics-interval", "300ms")
+        .flag("--device-metric-names", "fumarole,dcgm")
+        .flag("--health-poll-interval", "300ms")
+        .flag("--health-quiet-period", "2s")
+        .metrics_on_port(port)
+        .start_in(&cluster)
+        .unwrap();
+
+    // Every GPU's figures, GPU 0's with its holder, under fumarole's names.
+    let util0 = format!(
+        "fumarole_device_utilization_ratio{{device=\"nvidia-0\",uuid=\"{gpu0}\",model=\"NVIDIA H100 80GB HBM3\",node=\"{NODE}\",namespace=\"ml\",pod=\"train-0\",container=\"main\"}}"
+    );
+    let body = scrape_until(port, "GPU 0's utilisation with its pod", |b| {
+        b.contains(&util0)
+    })
+    .await;
+    assert_eq!(value(&body, &util0), Some(0.10), "{body}");
+    let util2 = format!(
+        "fumarole_device_utilization_ratio{{device=\"nvidia-2\",uuid=\"{gpu2}\",model=\"NVIDIA H100 80GB HBM3\",node=\"{NODE}\",namespace=\"web\",pod=\"infer-0\",container=\"server\"}}"
+    );
+    assert_eq!(
+        value(&body, &util2),
+        Some(0.12),
+        "a replica's holder: {body}"
+    );
+    let free7 = format!(
+        "fumarole_device_memory_used_bytes{{device=\"nvidia-7\",uuid=\"{}\",model=\"NVIDIA H100 80GB HBM3\",node=\"{NODE}\",namespace=\"\",pod=\"\",container=\"\"}}",
+        uuid(7)
+    );
+    assert_eq!(value(&body, &free7), Some((7u64 << 30) as f64), "{body}");
+    assert_eq!(
+        value(
+            &body,
+            "fumarole_device_energy_joules_total{device=\"nvidia-3\""
+        ),
+        Some(5_000.003),
+        "{body}"
+    );
+    assert_eq!(
+        value(&body, "fumarole_device_sm_clock_hertz{device=\"nvidia-4\""),
+        Some(1.98e9)
+    );
+    assert_eq!(
+        value(
+            &body,
+            "fumarole_device_retired_pages_single_bit{device=\"nvidia-4\""
+        ),
+        Some(2.0),
+        "{body}"
+    );
+    // 7 power figures: GPU 5's is left out, and its failure counted.
+    assert_eq!(
+        body.lines()
+            .filter(|l| l.starts_with("fumarole_device_power_watts{"))
+            .count(),
+        7,
+        "{body}"
+    );
+    assert!(
+        value(&body, "fumarole_device_power_watts{device=\"nvidia-5\"").is_none(),
+        "{body}"
+    );
+    assert!(
+        metric_sum(
+            &body,
+            "fumarole_device_metric_errors_total{figure=\"device_power_watts\"}"
+        ) >= 1.0,
+        "{body}"
+    );
+
+    // dcgm-exporter's names, labels and units.
+    let dcgm0 = format!(
+        "DCGM_FI_DEV_GPU_UTIL{{gpu=\"0\",UUID=\"{gpu0}\",pci_bus_id=\"{}\",device=\"nvidia0\",modelName=\"NVIDIA H100 80GB HBM3\",Hostname=\"{NODE}\",DCGM_FI_DRIVER_VERSION=\"{}\",namespace=\"ml\",pod=\"train-0\",container=\"main\"}}",
+        nvml.state["gpus"][0]["pciBusId"].as_str().unwrap(),
+        nvml.state["driverVersion"].as_str().unwrap_or("550.90.07"),
+    );
+    assert_eq!(value(&body, &dcgm0), Some(10.0), "{body}");
+    assert_eq!(
+        value(&body, "DCGM_FI_DEV_FB_USED{gpu=\"3\""),
+        Some(3.0 * 1024.0),
+        "MiB: {body}"
+    );
+    assert_eq!(
+        value(&body, "DCGM_FI_DEV_SM_CLOCK{gpu=\"3\""),
+        Some(1980.0),
+        "MHz: {body}"
+    );
+    assert_eq!(
+        value(&body, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{gpu=\"3\""),
+        Some(5_000_003.0),
+        "mJ: {body}"
+    );
+
+    // A figure that changes is read again on the sampler's clock.
+    nvml.edit(|s| s["gpus"][0]["metrics"]["utilization"] = json!(95));
+    scrape_until(port, "GPU 0 at 95 %", |b| value(b, &util0) == Some(0.95)).await;
+
+    // The library hangs in one call: scrapes still answer, the figures stay as they were and
+    // their age grows; the health thread still takes an XID in.
+    nvml.edit(|s| s["hang"] = json!(["nvmlDeviceGetTemperature"]));
+    let stale = scrape_until(port, "the figures' age past 3 s", |b| {
+        value(b, "fumarole_device_metrics_age_seconds").is_some_and(|age| age > 3.0)
+    })
+    .await;
+    assert_eq!(value(&stale, &util0), Some(0.95), "{stale}");
+    let gpu3 = uuid(3);
+    nvml.event(json!({"gpu": 3, "xid": 79}));
+    eventually(
+        "GPU 3 unhealthy while the sampler hangs",
+        Duration::from_secs(30),
+        || {
+            let client = cluster.client();
+            let gpu3 = gpu3.clone();
+            async move {
+                let dt = device_topologies(client).get_opt(NODE).await?;
+                let dt = serde_json::to_value(dt)?;
+                Ok((dt["status"]["devices"][gpu3.as_str()]["health"] == "Unhealthy").then_some(()))
+            }
+        },
+    )
+    .await
+    .unwrap();
+    // Unhung: fresh figures again.
+    nvml.edit(|s| s["hang"] = json!([]));
+    scrape_until(port, "fresh figures again", |b| {
+        value(b, "fumarole_device_metrics_age_seconds").is_some_and(|age| age < 2.0)
+    })
+    .await;
+
+    // Every per-device metric the Grafana dashboard queries is one the agent exports here.
+    let dashboard: Value = serde_json::from_str(
+        &std::fs::read_to_string(fumarole_e2e::deploy::deploy_dir().join("grafana/fumarole.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    let exported: Vec<&str> = body
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE ")?.split(' ').next())
+        .collect();
+    let mut queried = 0;
+    for target in dashboard["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["targets"].as_array().into_iter().flatten())
+    {
+        let expr = target["expr"].as_str().unwrap();
+        for name in expr
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .filter(|w| w.starts_with("fumarole_device_"))
+        {
+            let family = name.strip_suffix("_total").unwrap_or(name);
+            assert!(
+                exported.contains(&family),
+                "{name} is not exported: {exported:?}"
+            );
+            queried += 1;
+        }
+    }
+    assert!(queried >= 8, "{queried}");
+
+    // The holders follow the kubelet: train-0 gone, GPU 0's figures carry no pod.
+    kdm.set_pod_resources(json!([])).await.unwrap();
+    let free0 = format!(
+        "fumarole_device_utilization_ratio{{device=\"nvidia-0\",uuid=\"{gpu0}\",model=\"NVIDIA H100 80GB HBM3\",node=\"{NODE}\",namespace=\"\",pod=\"\",container=\"\"}}"
+    );
+    let body = scrape_until(port, "GPU 0 without a holder", |b| b.contains(&free0)).await;
+    assert!(!body.contains("pod=\"train-0\""), "{body}");
+}
+
+fn g_remove(v: &mut Value, key: &str) {
+    if let Some(o) = v.as_object_mut() {
+        o.remove(key);
+    }
+}

@@ -1,0 +1,208 @@
+//! The NVML sampler: a thread of its own, with its own handle on the library (NVML counts its
+//! users), so the health thread's event wait and checks never queue behind a reading, and a
+//! reading that hangs stops only this thread.
+
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime};
+
+use nvml_wrapper::Nvml;
+use nvml_wrapper::enum_wrappers::device::{
+    Clock, EccCounter, MemoryError, PcieUtilCounter, RetirementCause, TemperatureSensor,
+};
+use nvml_wrapper::error::NvmlError;
+
+use super::{DeviceMetrics, Figure, GpuSample, Snapshot};
+use crate::device_health::LogOnce;
+use crate::device_health::nvml::remapped_rows;
+use crate::discover::nvml::{MIG_ENABLED, open_library};
+
+/// Starts reading every GPU's figures into `metrics` every `every`, from the library at
+/// `lib_path` (default `libnvidia-ml.so.1`). No thread when the library is not there.
+pub fn spawn(lib_path: Option<PathBuf>, every: Duration, metrics: DeviceMetrics) {
+    let spawned = std::thread::Builder::new()
+        .name("fumarole-nvml-metrics".into())
+        .spawn(move || {
+            let nvml = match open_library(lib_path.as_deref()) {
+                Ok(Some(nvml)) => nvml,
+                Ok(None) => return,
+                Err(e) => {
+                    tracing::warn!(error = %e, "NVML would not start: no per-device figures");
+                    return;
+                }
+            };
+            let mut logs = LogOnce::default();
+            loop {
+                metrics.store(sample(&nvml, &metrics, &mut logs));
+                std::thread::sleep(every);
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "cannot start the NVML metrics thread: no per-device figures");
+    }
+}
+
+/// One reading of every GPU; a figure the library does not give is left out and counted.
+pub fn sample(nvml: &Nvml, metrics: &DeviceMetrics, logs: &mut LogOnce) -> Snapshot {
+    let driver_version = nvml.sys_driver_version().unwrap_or_default();
+    let count = match nvml.device_count() {
+        Ok(n) => n,
+        Err(e) => {
+            if logs.first("nvmlDeviceGetCount") {
+                tracing::warn!(error = %e, "NVML cannot count the GPUs: no per-device figures");
+            }
+            0
+        }
+    };
+    let mut gpus = Vec::new();
+    for index in 0..count {
+        let Ok(device) = nvml.device_by_index(index) else {
+            continue;
+        };
+        let mut gpu = GpuSample {
+            index,
+            uuid: device.uuid().unwrap_or_default(),
+            model: device.name().unwrap_or_default(),
+            pci_bus_id: device.pci_info().map(|p| p.bus_id).unwrap_or_default(),
+            mig_uuids: mig_uuids(&device),
+            values: Default::default(),
+        };
+        // One call may answer several figures; when it fails, each of them is left out.
+        let mut read = |figures: &[Figure], values: Result<Vec<f64>, NvmlError>| match values {
+            Ok(values) => gpu.values.extend(figures.iter().copied().zip(values)),
+            Err(e) => {
+                for figure in figures {
+                    metrics.failed(*figure);
+                    if logs.first(&format!("{index}/{}", figure.label())) {
+                        tracing::info!(gpu = index, figure = figure.label(), error = %e,
+                            "NVML does not give this figure: left out");
+                    }
+                }
+            }
+        };
+        let one = |v: f64| vec![v];
+        read(
+            &[Figure::Utilization, Figure::MemoryUtilization],
+            device
+                .utilization_rates()
+                .map(|u| vec![f64::from(u.gpu) / 100.0, f64::from(u.memory) / 100.0]),
+        );
+        read(
+            &[Figure::MemoryUsed, Figure::MemoryFree, Figure::MemoryTotal],
+            device
+                .memory_info()
+                .map(|m| vec![m.used as f64, m.free as f64, m.total as f64]),
+        );
+        read(
+            &[Figure::Power],
+            device.power_usage().map(|mw| one(f64::from(mw) / 1e3)),
+        );
+        read(
+            &[Figure::Energy],
+            device
+                .total_energy_consumption()
+                .map(|mj| one(mj as f64 / 1e3)),
+        );
+        read(
+            &[Figure::Temperature],
+            device
+                .temperature(TemperatureSensor::Gpu)
+                .map(|c| one(f64::from(c))),
+        );
+        read(
+            &[Figure::SmClock],
+            device
+                .clock_info(Clock::SM)
+                .map(|mhz| one(f64::from(mhz) * 1e6)),
+        );
+        read(
+            &[Figure::MemoryClock],
+            device
+                .clock_info(Clock::Memory)
+                .map(|mhz| one(f64::from(mhz) * 1e6)),
+        );
+        read(
+            &[Figure::ThrottleReasons],
+            device
+                .current_throttle_reasons()
+                .map(|r| one(r.bits() as f64)),
+        );
+        for (figure, error) in [
+            (Figure::EccCorrected, MemoryError::Corrected),
+            (Figure::EccUncorrected, MemoryError::Uncorrected),
+        ] {
+            read(
+                &[figure],
+                device
+                    .total_ecc_errors(error, EccCounter::Volatile)
+                    .map(|n| one(n as f64)),
+            );
+        }
+        for (figure, cause) in [
+            (
+                Figure::RetiredPagesSingleBit,
+                RetirementCause::MultipleSingleBitEccErrors,
+            ),
+            (
+                Figure::RetiredPagesDoubleBit,
+                RetirementCause::DoubleBitEccError,
+            ),
+        ] {
+            read(
+                &[figure],
+                device.retired_pages(cause).map(|p| one(p.len() as f64)),
+            );
+        }
+        read(
+            &[Figure::RetiredPagesPending],
+            device
+                .are_pages_pending_retired()
+                .map(|p| one(f64::from(u8::from(p)))),
+        );
+        read(
+            &[
+                Figure::RemappedRowsCorrectable,
+                Figure::RemappedRowsUncorrectable,
+                Figure::RowRemapFailed,
+            ],
+            remapped_rows(nvml, &device).map(|r| {
+                vec![
+                    f64::from(r.correctable),
+                    f64::from(r.uncorrectable),
+                    f64::from(u8::from(r.failed)),
+                ]
+            }),
+        );
+        for (figure, counter) in [
+            (Figure::PcieTransmit, PcieUtilCounter::Send),
+            (Figure::PcieReceive, PcieUtilCounter::Receive),
+        ] {
+            read(
+                &[figure],
+                device
+                    .pcie_throughput(counter)
+                    .map(|kb| one(f64::from(kb) * 1024.0)),
+            );
+        }
+        read(
+            &[Figure::PcieReplays],
+            device.pcie_replay_counter().map(|n| one(f64::from(n))),
+        );
+        gpus.push(gpu);
+    }
+    Snapshot {
+        taken: SystemTime::now(),
+        driver_version,
+        gpus,
+    }
+}
+
+/// The uuids of a GPU's MIG devices (none when MIG is off or not supported).
+fn mig_uuids(device: &nvml_wrapper::Device<'_>) -> Vec<String> {
+    if device.mig_mode().ok().map(|m| m.current) != Some(MIG_ENABLED) {
+        return Vec::new();
+    }
+    let slots = device.mig_device_count().unwrap_or(0);
+    (0..slots)
+        .filter_map(|slot| device.mig_device_by_index(slot).ok()?.uuid().ok())
+        .collect()
+}

@@ -1,0 +1,277 @@
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::time::{Duration, SystemTime};
+
+use prometheus_client::encoding::text::{encode_eof, encode_registry};
+use prometheus_client::registry::Registry;
+
+use super::*;
+use crate::kubelet::{AllocationSource, Allocations, ContainerAllocation, PodAllocation};
+
+fn gpu(index: u32, uuid: &str, values: &[(Figure, f64)]) -> GpuSample {
+    GpuSample {
+        index,
+        uuid: uuid.into(),
+        model: "NVIDIA H100 80GB HBM3".into(),
+        pci_bus_id: format!("00000000:{:02X}:00.0", 0x1b + index),
+        mig_uuids: vec![],
+        values: values.iter().copied().collect(),
+    }
+}
+
+fn pod(name: &str, ids: &[&str]) -> PodAllocation {
+    PodAllocation {
+        uid: None,
+        name: name.into(),
+        namespace: "team".into(),
+        containers: vec![ContainerAllocation {
+            name: "main".into(),
+            devices: BTreeMap::from([(
+                "nvidia.com/gpu".to_string(),
+                ids.iter().map(|s| s.to_string()).collect(),
+            )]),
+            ..Default::default()
+        }],
+    }
+}
+
+/// The registries' text, as `/metrics` writes it.
+fn scrape(names: &[Names], setup: impl FnOnce(&DeviceMetrics)) -> String {
+    let mut registry = Registry::with_prefix("fumarole");
+    let mut unprefixed = Registry::default();
+    let metrics = DeviceMetrics::register(&mut registry, &mut unprefixed, "node-1", names);
+    setup(&metrics);
+    let mut out = String::new();
+    encode_registry(&mut out, &registry).unwrap();
+    encode_registry(&mut out, &unprefixed).unwrap();
+    encode_eof(&mut out).unwrap();
+    out
+}
+
+fn sample_of(out: &str, prefix: &str) -> Vec<String> {
+    out.lines()
+        .filter(|l| l.starts_with(prefix))
+        .map(str::to_string)
+        .collect()
+}
+
+fn two_gpus() -> Snapshot {
+    let mut held = gpu(
+        0,
+        "GPU-0",
+        &[
+            (Figure::Utilization, 0.73),
+            (Figure::MemoryUsed, 2.0 * MIB),
+            (Figure::Energy, 12.5),
+            (Figure::SmClock, 1.98e9),
+        ],
+    );
+    held.mig_uuids = vec!["MIG-a".into()];
+    Snapshot {
+        taken: SystemTime::now() - Duration::from_secs(3),
+        driver_version: "550.90.07".into(),
+        // GPU 1 gave no utilisation: its figure is left out, not 0.
+        gpus: vec![held, gpu(1, "GPU-1", &[(Figure::MemoryUsed, 0.0)])],
+    }
+}
+
+#[test]
+fn fumarole_names_carry_the_device_its_holders_and_the_age() {
+    let out = scrape(&[Names::Fumarole], |m| {
+        m.store(two_gpus());
+        m.set_allocations(&Allocations {
+            source: AllocationSource::PodResources,
+            pods: vec![
+                pod("whole", &["GPU-0"]),
+                pod("sliced", &["GPU-0::2"]),
+                pod("mig", &["MIG-a"]),
+                pod("other", &["GPU-9"]),
+            ],
+        });
+    });
+    let util = sample_of(&out, "fumarole_device_utilization_ratio{");
+    assert_eq!(util.len(), 3, "{out}");
+    for holder in ["whole", "sliced", "mig"] {
+        assert!(
+            util.contains(&format!(
+                "fumarole_device_utilization_ratio{{device=\"nvidia-0\",uuid=\"GPU-0\",model=\"NVIDIA H100 80GB HBM3\",node=\"node-1\",namespace=\"team\",pod=\"{holder}\",container=\"main\"}} 0.73"
+            )),
+            "{out}"
+        );
+    }
+    // GPU 1 is held by nobody: empty pod labels.
+    assert!(out.contains("fumarole_device_memory_used_bytes{device=\"nvidia-1\",uuid=\"GPU-1\",model=\"NVIDIA H100 80GB HBM3\",node=\"node-1\",namespace=\"\",pod=\"\",container=\"\"} 0.0"), "{out}");
+    assert!(
+        out.contains("# TYPE fumarole_device_energy_joules counter"),
+        "{out}"
+    );
+    assert!(
+        out.contains("fumarole_device_energy_joules_total{device=\"nvidia-0\""),
+        "{out}"
+    );
+    let age = sample_of(&out, "fumarole_device_metrics_age_seconds ");
+    let age: f64 = age[0].rsplit(' ').next().unwrap().parse().unwrap();
+    assert!((3.0..60.0).contains(&age), "{out}");
+    assert!(!out.contains("DCGM_"), "{out}");
+}
+
+#[test]
+fn dcgm_names_keep_dcgm_exporters_units_labels_and_counters_without_total() {
+    let out = scrape(&[Names::Dcgm], |m| {
+        m.store(two_gpus());
+        m.set_allocations(&Allocations {
+            source: AllocationSource::PodResources,
+            pods: vec![pod("whole", &["GPU-0"])],
+        });
+    });
+    assert!(out.contains("DCGM_FI_DEV_GPU_UTIL{gpu=\"0\",UUID=\"GPU-0\",pci_bus_id=\"00000000:1B:00.0\",device=\"nvidia0\",modelName=\"NVIDIA H100 80GB HBM3\",Hostname=\"node-1\",DCGM_FI_DRIVER_VERSION=\"550.90.07\",namespace=\"team\",pod=\"whole\",container=\"main\"} 73.0"), "{out}");
+    // MiB, MHz, mJ.
+    assert!(
+        out.contains("DCGM_FI_DEV_FB_USED{gpu=\"0\"") && out.contains("} 2.0\n"),
+        "{out}"
+    );
+    assert!(
+        sample_of(&out, "DCGM_FI_DEV_SM_CLOCK{")[0].ends_with(" 1980.0"),
+        "{out}"
+    );
+    assert!(
+        out.contains("# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION unknown"),
+        "{out}"
+    );
+    assert!(
+        sample_of(&out, "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{")[0].ends_with(" 12500.0"),
+        "{out}"
+    );
+    assert!(!out.contains("fumarole_device_utilization"), "{out}");
+    // The figures' age is written whatever names they are under.
+    assert!(
+        out.contains("fumarole_device_metrics_age_seconds "),
+        "{out}"
+    );
+}
+
+#[test]
+fn nothing_is_written_before_the_first_reading_and_failures_are_counted_by_figure() {
+    let out = scrape(&[Names::Fumarole, Names::Dcgm], |m| {
+        m.failed(Figure::Power);
+        m.failed(Figure::Power);
+    });
+    assert!(!out.contains("fumarole_device_utilization"), "{out}");
+    assert!(
+        !out.contains("fumarole_device_metrics_age_seconds"),
+        "{out}"
+    );
+    assert!(
+        out.contains("fumarole_device_metric_errors_total{figure=\"device_power_watts\"} 2"),
+        "{out}"
+    );
+}
+
+#[test]
+fn the_checkpoint_leaves_the_last_holders_in_place() {
+    let out = scrape(&[Names::Fumarole], |m| {
+        m.store(two_gpus());
+        m.set_allocations(&Allocations {
+            source: AllocationSource::PodResources,
+            pods: vec![pod("whole", &["GPU-0"])],
+        });
+        m.set_allocations(&Allocations {
+            source: AllocationSource::CpuManagerState,
+            pods: vec![],
+        });
+    });
+    assert!(out.contains("pod=\"whole\""), "{out}");
+}
+
+#[test]
+fn every_figure_has_one_spec_and_dcgm_names_are_distinct() {
+    let mut names = std::collections::BTreeSet::new();
+    for s in SPECS {
+        assert!(names.insert(s.name), "{}", s.name);
+        if let Some(dcgm) = &s.dcgm {
+            assert!(dcgm.name.starts_with("DCGM_FI_DEV_"), "{}", dcgm.name);
+            assert!(names.insert(dcgm.name), "{}", dcgm.name);
+        }
+    }
+    assert_eq!(SPECS.len(), 22);
+}
+
+/// `docs/reference/dcgm-exporter.md`, written from dcgm-exporter's public counter lists: name
+/// -> (type, unit).
+fn dcgm_reference() -> BTreeMap<String, (String, String)> {
+    let text = include_str!("../../../docs/reference/dcgm-exporter.md");
+    text.lines()
+        .filter_map(|l| {
+            let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+            let name = cells.get(1)?.strip_prefix("`DCGM_")?.strip_suffix('`')?;
+            Some((
+                format!("DCGM_{name}"),
+                (cells[2].to_string(), cells[3].to_string()),
+            ))
+        })
+        .collect()
+}
+
+#[test]
+fn dcgm_names_follow_the_reference() {
+    let reference = dcgm_reference();
+    assert!(reference.len() >= 25, "{reference:?}");
+    let per_unit = |unit: &str| match unit {
+        "MiB" => 1.0 / MIB,
+        "%" => 100.0,
+        "mJ" => 1000.0,
+        "MHz" => 1e-6,
+        "KB/s" => 1.0 / 1024.0,
+        _ => 1.0,
+    };
+    for spec in SPECS {
+        let Some(field) = &spec.dcgm else { continue };
+        let Some((kind, unit)) = reference.get(field.name) else {
+            panic!("{} is not in the reference", field.name)
+        };
+        assert_eq!(field.counter, kind == "counter", "{}", field.name);
+        assert_eq!(field.factor, per_unit(unit), "{} in {unit}", field.name);
+    }
+    // The reference's `in fumarole` column says yes exactly for the names written.
+    let written: Vec<&str> = SPECS
+        .iter()
+        .filter_map(|s| s.dcgm.as_ref().map(|d| d.name))
+        .collect();
+    let text = include_str!("../../../docs/reference/dcgm-exporter.md");
+    for line in text.lines().filter(|l| l.starts_with("| `DCGM_")) {
+        let name = line.split('`').nth(1).unwrap();
+        let yes = line
+            .trim_end_matches('|')
+            .trim()
+            .rsplit('|')
+            .next()
+            .unwrap()
+            .trim()
+            .starts_with("yes");
+        assert_eq!(yes, written.contains(&name), "{line}");
+    }
+    // The labels, in dcgm-exporter's order.
+    let out = scrape(&[Names::Dcgm], |m| m.store(two_gpus()));
+    let line = sample_of(&out, "DCGM_FI_DEV_GPU_UTIL{")[0].clone();
+    let keys: Vec<&str> = line
+        .split(['{', ','])
+        .skip(1)
+        .filter_map(|kv| kv.split_once('=').map(|(k, _)| k))
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            "gpu",
+            "UUID",
+            "pci_bus_id",
+            "device",
+            "modelName",
+            "Hostname",
+            "DCGM_FI_DRIVER_VERSION",
+            "namespace",
+            "pod",
+            "container"
+        ]
+    );
+}
