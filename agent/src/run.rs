@@ -161,7 +161,8 @@ async fn serve(args: RunArgs, node_name: String, mut prepared: Prepared) -> Resu
     }
     let publishing = publishing
         .with_dra(started.dra_slices(&node_name))
-        .with_sharing(started.sharing().clone());
+        .with_sharing(started.sharing().clone())
+        .with_device_usage(counters.devices.pods());
     tokio::select! {
         () = publishing.run(client, &node_name, prepared.options.clone(), prepared.nvml, metrics) => {}
         () = shutdown() => tracing::info!("shutting down"),
@@ -203,12 +204,7 @@ async fn serve_metrics(
                 ColocationMetrics::register(registry),
                 plugins::ChoiceMetrics::register(registry),
                 fault_events::DeviceFaultMetrics::register(registry),
-                DeviceMetrics::register(
-                    registry,
-                    unprefixed,
-                    node_name,
-                    &device_metrics.device_metric_names,
-                ),
+                DeviceMetrics::register(registry, unprefixed, node_name, device_metrics),
             )
         });
     let listener = tokio::net::TcpListener::bind(settings.metrics_addr)

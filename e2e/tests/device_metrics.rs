@@ -3,7 +3,8 @@
 //! attributed to pods by the kubelet's real PodResources server (`kubelet-dm`): fumarole's
 //! names and dcgm-exporter's, a figure the library does not give left out and counted, a
 //! library that hangs leaving the figures stale with their age on show while scrapes and the
-//! health thread go on.
+//! health thread go on, and each holding pod's use in `DeviceTopology` status (`pods`), idle
+//! since its devices' mean over the window fell under 5 %.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -106,6 +107,8 @@ async fn nvml_figures_reach_metrics_with_their_pods_under_both_names() {
         .pod_resources_socket(kdm.pod_resources_socket().unwrap())
         .flag("--device-metrics-interval", "300ms")
         .flag("--device-metric-names", "fumarole,dcgm")
+        .flag("--device-usage-window", "2s")
+        .flag("--recheck-interval", "1s")
         .flag("--health-poll-interval", "300ms")
         .flag("--health-quiet-period", "2s")
         .metrics_on_port(port)
@@ -264,6 +267,52 @@ async fn nvml_figures_reach_metrics_with_their_pods_under_both_names() {
         }
     }
     assert!(queried >= 8, "{queried}");
+
+    // Each holding pod's use in DeviceTopology: train-0 holds GPUs 0 (95 %) and 1 (11 %),
+    // infer-0 a share of GPU 2 (12 %); then train-0's GPUs go quiet and it is idle.
+    let pods_of = |client: kube::Client| async move {
+        let dt = device_topologies(client).get_opt(NODE).await?;
+        anyhow::Ok(serde_json::to_value(dt)?["status"]["pods"].clone())
+    };
+    let busy = eventually(
+        "train-0's use in DeviceTopology",
+        Duration::from_secs(60),
+        || async {
+            let pods = pods_of(cluster.client()).await?;
+            Ok(
+                (pods[0]["pod"] == "train-0" && pods[0]["utilizationPercent"] == 50)
+                    .then_some(pods),
+            )
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        busy,
+        json!([
+            {"namespace": "ml", "pod": "train-0", "devices": 2, "utilizationPercent": 50},
+            {"namespace": "web", "pod": "infer-0", "devices": 1, "utilizationPercent": 10}
+        ])
+    );
+    nvml.edit(|s| {
+        s["gpus"][0]["metrics"]["utilization"] = json!(0);
+        s["gpus"][1]["metrics"]["utilization"] = json!(0);
+    });
+    let idle = eventually(
+        "train-0 idle in DeviceTopology",
+        Duration::from_secs(60),
+        || async {
+            let pods = pods_of(cluster.client()).await?;
+            Ok(pods[0]["idleSince"].is_string().then_some(pods))
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(idle[0]["utilizationPercent"], 0, "{idle}");
+    assert!(
+        idle[1].get("idleSince").is_none(),
+        "infer-0 is busy: {idle}"
+    );
 
     // The holders follow the kubelet: train-0 gone, GPU 0's figures carry no pod.
     kdm.set_pod_resources(json!([])).await.unwrap();

@@ -319,23 +319,23 @@ async fn explain_node_and_top_against_the_real_api_server() {
     let text = ok(kc, &["top"]).await;
     assert_eq!(
         text,
-        "SUPER-NODE  NODES  DEVICES  FREE  IN-USE  SHARED  UNHEALTHY\n\
-         rack-a      1      8        6     2       0       0\n\
-         rack-b      1      4        4     0       0       0\n"
+        "SUPER-NODE  NODES  DEVICES  FREE  IN-USE  SHARED  UNHEALTHY  IDLE-PODS\n\
+         rack-a      1      8        6     2       0       0          0\n\
+         rack-b      1      4        4     0       0       0          0\n"
     );
     let wide = ok(kc, &["top", "-o", "wide"]).await;
     assert!(
         wide.ends_with(
-            "NODE    SUPER-NODE  DEVICES  FREE  IN-USE  SHARED  UNHEALTHY\n\
-             dgx-1   rack-a      8        6     2       0       0\n\
-             pcie-1  rack-b      4        4     0       0       0\n"
+            "NODE    SUPER-NODE  DEVICES  FREE  IN-USE  SHARED  UNHEALTHY  IDLE-PODS\n\
+             dgx-1   rack-a      8        6     2       0       0          0\n\
+             pcie-1  rack-b      4        4     0       0       0          0\n"
         ),
         "{wide}"
     );
     let v = ok_json(kc, &["top", "-o", "json"]).await;
     assert_eq!(
         v["superNodes"][0],
-        json!({"superNode": "rack-a", "nodes": 1, "devices": 8, "free": 6, "inUse": 2, "shared": 0, "unhealthy": 0})
+        json!({"superNode": "rack-a", "nodes": 1, "devices": 8, "free": 6, "inUse": 2, "shared": 0, "unhealthy": 0, "idlePods": 0})
     );
     let yaml: Value = serde_norway::from_str(&ok(kc, &["top", "-o", "yaml"]).await).unwrap();
     assert_eq!(yaml, v);

@@ -153,59 +153,54 @@ async fn plugin_writes_no_choice_for_a_gang_volcano_discards() {
         json!({"nvidia.com/gpu": "5"});
     jobs.create(&PostParams::default(), &job).await.unwrap();
 
-    // Until a pod's condition says Volcano allocated it (then discarded the gang's
-    // allocations), and 3 s more: every version of the job's pods.
-    let mut allocated_at = None;
+    // Every version of the job's pods until Volcano has allocated one and discarded the
+    // gang's allocations in 3 sessions (its log: "Revert assumed volumes for task ... on node
+    // dgx-b", the statement's undoing of an allocation), or 60 s.
+    let discards = || {
+        cluster
+            .log_tail("vc-scheduler", 100_000)
+            .unwrap_or_default()
+            .matches("Revert assumed volumes for task default/pair-worker-")
+            .count()
+    };
     let mut versions = 0;
-    let watched = tokio::time::timeout(Duration::from_secs(60), async {
-        while let Some(event) = events.try_next().await.unwrap() {
-            let (WatchEvent::Added(p) | WatchEvent::Modified(p)) = event else {
-                continue;
-            };
-            let name = p.metadata.name.clone().unwrap_or_default();
-            if !name.starts_with("pair-") {
-                continue;
-            }
-            versions += 1;
-            assert_eq!(
-                common::devices_of(&p),
-                None,
-                "{name} carried a choice while its gang could not start: {:?}",
-                p.metadata.annotations
-            );
-            let schedulable = p
-                .status
-                .and_then(|s| s.conditions)
-                .unwrap_or_default()
-                .iter()
-                .any(|c| {
-                    c.message
-                        .as_deref()
-                        .is_some_and(|m| m.contains("can possibly be assigned to dgx-b"))
-                });
-            if schedulable && allocated_at.is_none() {
-                allocated_at = Some(tokio::time::Instant::now());
-            }
-            if allocated_at.is_some_and(|t| t.elapsed() > Duration::from_secs(3)) {
-                return;
-            }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while discards() < 3 && tokio::time::Instant::now() < deadline {
+        let Ok(event) = tokio::time::timeout(Duration::from_millis(500), events.try_next()).await
+        else {
+            continue;
+        };
+        let Some(WatchEvent::Added(p) | WatchEvent::Modified(p)) = event.unwrap() else {
+            continue;
+        };
+        let name = p.metadata.name.clone().unwrap_or_default();
+        if !name.starts_with("pair-") {
+            continue;
         }
-    })
-    .await;
+        versions += 1;
+        assert_eq!(
+            common::devices_of(&p),
+            None,
+            "{name} carried a choice while its gang could not start: {:?}",
+            p.metadata.annotations
+        );
+    }
     assert!(
-        watched.is_ok() && allocated_at.is_some(),
-        "Volcano never allocated a pod of the gang ({versions} versions seen)\n{}",
+        discards() >= 3,
+        "Volcano did not allocate and discard the gang 3 times in 60 s ({versions} versions seen)\n{}",
         decider_logs(&cluster)
     );
 
-    // Room for both: dgx-a's GPUs all free.
-    let freed = common::dgx("dgx-a", 8, &[], None);
+    // Room for both: dgx-a's GPUs 0-3 let go (a merge patch removes a key set to null).
+    let released: serde_json::Map<String, serde_json::Value> = (0..4)
+        .map(|i| (format!("dgx-a-gpu{i}"), json!({"allocation": null})))
+        .collect();
     let topologies: Api<DeviceTopology> = Api::all(cluster.client());
     topologies
         .patch_status(
             "dgx-a",
             &PatchParams::default(),
-            &Patch::Merge(&json!({"status": freed.status})),
+            &Patch::Merge(&json!({"status": {"devices": released}})),
         )
         .await
         .unwrap();

@@ -221,6 +221,7 @@ fn topology(i: usize) -> DeviceTopology {
             })
             .collect(),
         colocation: None,
+        pods: Vec::new(),
     });
     t
 }

@@ -18,7 +18,7 @@ use fumarole_exporter::publish::metrics::Metrics;
 use fumarole_exporter::publish::{
     self, DraSlices, LatestAllocations, NodeCollector, PublishSettings, Publisher, Sources,
 };
-use fumarole_topology::crd::SharingInfo;
+use fumarole_topology::crd::{PodDeviceUsage, SharingInfo};
 use fumarole_topology::{NodeHealth, SuperNode, SuperNodeSource};
 use k8s_openapi::api::core::v1::Node;
 use tokio::sync::{Notify, watch};
@@ -80,6 +80,7 @@ pub struct Publishing {
     allocations: LatestAllocations,
     health: watch::Receiver<NodeHealth>,
     dcmi: DcmiAnswers,
+    device_usage: watch::Receiver<Vec<PodDeviceUsage>>,
 }
 
 impl Publishing {
@@ -106,6 +107,7 @@ impl Publishing {
             allocations,
             health: health.subscribe(),
             dcmi,
+            device_usage: watch::channel(Vec::new()).1,
         }
     }
 
@@ -117,6 +119,13 @@ impl Publishing {
     /// Also publishes the ResourceSlices of the devices the DRA plugin serves.
     pub fn with_dra(mut self, slices: Option<DraSlices>) -> Self {
         self.settings.options.dra = slices;
+        self
+    }
+
+    /// Publishes each holding pod's use of its devices (`DeviceTopology` status `pods`), as
+    /// the per-device figures give it, at each round.
+    pub fn with_device_usage(mut self, usage: watch::Receiver<Vec<PodDeviceUsage>>) -> Self {
+        self.device_usage = usage;
         self
     }
 
@@ -143,6 +152,7 @@ impl Publishing {
             allocations,
             health,
             dcmi,
+            device_usage,
         } = self;
         let publisher = Publisher::new(
             client,
@@ -159,6 +169,7 @@ impl Publishing {
             health,
             super_pod: dcmi.super_pod,
             chip_info: dcmi.chip_info,
+            device_usage,
         };
         let collector = NodeCollector::new(sources, settings.options, metrics);
         tracing::info!(node = %node_name, recheck = ?settings.recheck, "publishing node topology");

@@ -15,9 +15,10 @@
 //! `shared/reference/dcgm-exporter-fields.md`).
 
 pub mod nvml;
+pub mod usage;
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::{Duration, SystemTime};
 
 use prometheus_client::collector::Collector;
@@ -26,8 +27,12 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
+use tokio::sync::watch;
+
+use fumarole_topology::crd::PodDeviceUsage;
 
 use crate::kubelet::{AllocationSource, Allocations};
+use usage::UsageTracker;
 
 /// What the agent samples and under which names (flattened into `fumarole-agent run`).
 #[derive(clap::Args, Clone, Debug)]
@@ -45,6 +50,10 @@ pub struct DeviceMetricsArgs {
         default_value = "fumarole"
     )]
     pub device_metric_names: Vec<Names>,
+    /// The window a pod's use of its devices is averaged over (`DeviceTopology` status
+    /// `pods`: a pod under 5 % over it holds devices and uses little of them).
+    #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = humantime::parse_duration)]
+    pub device_usage_window: Duration,
 }
 
 /// A set of names the figures are written under.
@@ -345,23 +354,30 @@ struct Inner {
     /// each.
     held: RwLock<Vec<(String, Holder)>>,
     errors: Family<Vec<(String, String)>, Counter>,
+    usage: Mutex<UsageTracker>,
+    /// Each holding pod's use of its devices, after each reading.
+    pods: watch::Sender<Vec<PodDeviceUsage>>,
 }
 
 impl DeviceMetrics {
-    /// Registers the figures of `node` under `names`: fumarole's into `registry` (prefixed
-    /// `fumarole_`), dcgm-exporter's into `unprefixed`; the error counter always.
+    /// Registers the figures of `node` under the names `args` asks for: fumarole's into
+    /// `registry` (prefixed `fumarole_`), dcgm-exporter's into `unprefixed`; the error counter
+    /// and the figures' age always.
     pub fn register(
         registry: &mut Registry,
         unprefixed: &mut Registry,
         node: &str,
-        names: &[Names],
+        args: &DeviceMetricsArgs,
     ) -> Self {
+        let names = &args.device_metric_names;
         let metrics = DeviceMetrics {
             inner: Arc::new(Inner {
                 node: node.to_string(),
                 snapshot: RwLock::new(None),
                 held: RwLock::new(Vec::new()),
                 errors: Family::default(),
+                usage: Mutex::new(UsageTracker::new(args.device_usage_window)),
+                pods: watch::channel(Vec::new()).0,
             }),
         };
         registry.register(
@@ -387,8 +403,20 @@ impl DeviceMetrics {
         metrics
     }
 
-    /// The sampler's latest reading.
+    /// The sampler's latest reading; each holding pod's use follows from it.
     pub fn store(&self, snapshot: Snapshot) {
+        let holders: Vec<Vec<Holder>> = snapshot.gpus.iter().map(|g| self.holders(g)).collect();
+        let pods = self
+            .inner
+            .usage
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .update(&snapshot, &holders);
+        self.inner.pods.send_if_modified(|last| {
+            let changed = *last != pods;
+            *last = pods;
+            changed
+        });
         *self
             .inner
             .snapshot
@@ -431,6 +459,11 @@ impl DeviceMetrics {
             .held
             .write()
             .unwrap_or_else(PoisonError::into_inner) = held;
+    }
+
+    /// Each holding pod's use of its devices, as of the last reading (empty before one).
+    pub fn pods(&self) -> watch::Receiver<Vec<PodDeviceUsage>> {
+        self.inner.pods.subscribe()
     }
 
     fn snapshot(&self) -> Option<Arc<Snapshot>> {

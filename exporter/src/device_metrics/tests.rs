@@ -40,7 +40,12 @@ fn pod(name: &str, ids: &[&str]) -> PodAllocation {
 fn scrape(names: &[Names], setup: impl FnOnce(&DeviceMetrics)) -> String {
     let mut registry = Registry::with_prefix("fumarole");
     let mut unprefixed = Registry::default();
-    let metrics = DeviceMetrics::register(&mut registry, &mut unprefixed, "node-1", names);
+    let args = DeviceMetricsArgs {
+        device_metrics_interval: Duration::from_secs(10),
+        device_metric_names: names.to_vec(),
+        device_usage_window: Duration::from_secs(600),
+    };
+    let metrics = DeviceMetrics::register(&mut registry, &mut unprefixed, "node-1", &args);
     setup(&metrics);
     let mut out = String::new();
     encode_registry(&mut out, &registry).unwrap();

@@ -13,6 +13,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use fumarole_topology::NodeHealth;
+use fumarole_topology::crd::PodDeviceUsage;
 use tokio::sync::watch;
 
 use crate::device_health::dcmi::answers::{ChipInfo, SuperPod};
@@ -47,6 +48,9 @@ pub struct Sources {
     pub super_pod: watch::Receiver<Option<SuperPod>>,
     /// The DCMI source's chip info (sent before its super-pod answer), likewise.
     pub chip_info: watch::Receiver<Option<ChipInfo>>,
+    /// Each holding pod's use of its devices ([`crate::device_metrics`]); empty when no
+    /// vendor library is read.
+    pub device_usage: watch::Receiver<Vec<PodDeviceUsage>>,
 }
 
 /// Reads the node each round ([`Self::collect`]) and remembers what the keep-last-good rules
@@ -178,6 +182,7 @@ impl NodeCollector {
             allocations: allocations.ok(),
             device_allocations: self.last_allocations.clone(),
             numa_memory,
+            device_usage: self.sources.device_usage.borrow().clone(),
         })
     }
 

@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 
 use fumarole_topology::crd::{
     DeviceTopologySpec, DeviceTopologyStatus, NodeResourceTopology, NumatopologySpec,
+    PodDeviceUsage,
 };
 use fumarole_topology::{NodeHealth, NodeTopology};
 use k8s_openapi::api::resource::v1::ResourceSliceSpec;
@@ -62,6 +63,8 @@ pub struct NodeSnapshot {
     pub device_allocations: Option<Allocations>,
     /// Memory and huge pages per NUMA node from sysfs (empty: zones carry hwloc's sizes).
     pub numa_memory: objects::NumaMemory,
+    /// Each holding pod's use of its devices (`DeviceTopology` status `pods`).
+    pub device_usage: Vec<PodDeviceUsage>,
 }
 
 /// The node's objects from `snapshot` with `options` (see the module doc).
@@ -76,6 +79,7 @@ pub fn desired(snapshot: &NodeSnapshot, options: &PublishOptions) -> Desired {
         allocations,
         device_allocations,
         numa_memory,
+        device_usage,
     } = snapshot;
     let mut topology = topology.with_health(health);
     topology.super_node =
@@ -98,12 +102,14 @@ pub fn desired(snapshot: &NodeSnapshot, options: &PublishOptions) -> Desired {
         source: AllocationSource::None,
         pods: vec![],
     };
-    let device_topology = Some(objects::device_topology(
+    let (spec, mut status) = objects::device_topology(
         &topology,
         device_allocations.as_ref().unwrap_or(&none),
         health,
         &options.sharing,
-    ));
+    );
+    status.pods = device_usage.clone();
+    let device_topology = Some((spec, status));
     let mut labels = objects::labels(&topology);
     if options.compat_labels {
         labels.extend(compat::labels(&topology, nvml.as_ref(), super_pod.as_ref()));
@@ -336,6 +342,13 @@ mod tests {
                     hugepages: BTreeMap::from([(2 << 20, 16)]),
                 },
             )]),
+            device_usage: vec![PodDeviceUsage {
+                namespace: "ml".into(),
+                pod: "train-0".into(),
+                devices: 1,
+                utilization_percent: 0,
+                idle_since: Some("2026-11-29T20:00:00Z".into()),
+            }],
         }
     }
 

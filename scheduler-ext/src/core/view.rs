@@ -40,7 +40,7 @@ use fumarole_topology::annotation::{DEVICES_ANNOTATION, ascend};
 use fumarole_topology::crd::device_topology::{
     DeviceInfo, DeviceStatus, ShareAllocation, shares_in_use,
 };
-use fumarole_topology::crd::{DeviceTopology, Numatopology};
+use fumarole_topology::crd::{DeviceTopology, Numatopology, PodDeviceUsage};
 use fumarole_topology::share::mig_resource;
 use fumarole_topology::{SelectContext, SelectError, Selection};
 use k8s_openapi::api::core::v1::Pod;
@@ -166,6 +166,9 @@ pub struct NodeView {
     pub shared: Vec<(usize, String)>,
     /// What the node offers in shares, per device and resource; empty on most nodes.
     pub share_rooms: Vec<ShareRoom>,
+    /// How each pod holding devices here uses them, as the agent reports (for people:
+    /// `kubectl fumarole top`, `/ui`); empty where the agent reads no vendor library.
+    pub pod_usage: Vec<PodDeviceUsage>,
 }
 
 /// Replicas of one device, or its MIG devices of one profile, as a node offers them.
@@ -314,6 +317,7 @@ impl NodeView {
                 .map(|(ns, pod)| format!("{ns}/{pod}"))
                 .collect(),
             share_rooms: share_rooms(devices, &statuses),
+            pod_usage: status.map(|s| s.pods.clone()).unwrap_or_default(),
             shared: devices
                 .iter()
                 .zip(&statuses)
@@ -369,6 +373,7 @@ impl NodeView {
             reported: Vec::new(),
             shared: Vec::new(),
             share_rooms: Vec::new(),
+            pod_usage: Vec::new(),
         }
     }
 

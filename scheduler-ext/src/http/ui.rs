@@ -33,7 +33,7 @@ use crate::core::cluster::Cluster;
 use crate::core::defrag;
 use crate::core::explain::Row;
 use crate::core::request::{self, pod_key};
-use crate::core::view::NodeView;
+use crate::core::view::{ClusterView, NodeView};
 use crate::decision_log::Decision;
 use crate::protocol::scale;
 use crate::service::Service;
@@ -285,6 +285,7 @@ pub fn render(svc: &Service, now: SystemTime) -> String {
         o.push_str("</table>");
     }
 
+    idle_section(&view, &mut o);
     defrag_section(svc, &mut o);
 
     // The last scorings.
@@ -329,6 +330,42 @@ pub fn render(svc: &Service, now: SystemTime) -> String {
 /// live pod store: a line with the gain, then the moves. Computed only when the page is
 /// rendered, over a copy of the ledger, so the schedulers' requests never wait for it. Served
 /// over a snapshot (no pod store) it says that it needs the live cluster.
+/// Pods that hold devices and use little of them, as the agents report (`DeviceTopology`
+/// status `pods`: under 5 % over their window), longest idle first.
+fn idle_section(view: &ClusterView, o: &mut String) {
+    let mut idle: Vec<(&str, &fumarole_topology::crd::PodDeviceUsage)> = view
+        .nodes()
+        .flat_map(|nv| {
+            nv.pod_usage
+                .iter()
+                .filter(|p| p.idle_since.is_some())
+                .map(move |p| (nv.name.as_str(), p))
+        })
+        .collect();
+    idle.sort_by(|a, b| a.1.idle_since.cmp(&b.1.idle_since));
+    o.push_str("<h2>Held but idle</h2>");
+    if idle.is_empty() {
+        o.push_str("<p class=\"summary\" id=\"no-idle\">none (or no agent reads its devices' utilisation)</p>");
+        return;
+    }
+    o.push_str(
+        "<table id=\"idle\"><tr><th>pod</th><th>node</th><th>devices</th><th>utilisation</th><th>idle since</th></tr>",
+    );
+    for (node, p) in idle {
+        let _ = write!(
+            o,
+            "<tr class=\"idle\" data-pod=\"{ns}/{pod}\"><td>{ns}/{pod}</td><td>{node}</td><td>{}</td><td>{}%</td><td>{}</td></tr>",
+            p.devices,
+            p.utilization_percent,
+            esc(p.idle_since.as_deref().unwrap_or_default()),
+            ns = esc(&p.namespace),
+            pod = esc(&p.pod),
+            node = esc(node),
+        );
+    }
+    o.push_str("</table>");
+}
+
 fn defrag_section(svc: &Service, o: &mut String) {
     o.push_str("<h2 id=\"defragmentation\">Defragmentation</h2>");
     let Some(kube) = svc.effects() else {
@@ -499,6 +536,37 @@ mod tests {
             page.contains("2 free · 0 in use · 2 shared · 0 unhealthy"),
             "{page}"
         );
+    }
+
+    /// Pods the agent reports idle are listed with their node and since when; busy ones not.
+    #[test]
+    fn held_but_idle_pods_are_listed_longest_idle_first() {
+        use fumarole_topology::crd::PodDeviceUsage;
+        let mut t = fumarole_topology::crd::testing::nvlink_node("a", 4, 10, &[0, 1], |i| {
+            format!("GPU-{i}")
+        });
+        let usage = |pod: &str, since: Option<&str>| PodDeviceUsage {
+            namespace: "ml".into(),
+            pod: pod.into(),
+            devices: 1,
+            utilization_percent: if since.is_some() { 0 } else { 80 },
+            idle_since: since.map(String::from),
+        };
+        t.status.as_mut().unwrap().pods = vec![
+            usage("late", Some("2026-11-29T19:00:00Z")),
+            usage("busy", None),
+            usage("early", Some("2026-11-29T18:00:00Z")),
+        ];
+        let view = ClusterView::build(&[t], &[], &[], &[]).unwrap();
+        let page = render(&Service::new(view, Scoring::default()), SystemTime::now());
+        let rows: Vec<&str> = page
+            .split("<tr class=\"idle\" data-pod=\"")
+            .skip(1)
+            .collect();
+        assert_eq!(rows.len(), 2, "{page}");
+        assert!(rows[0].starts_with("ml/early\"><td>ml/early</td><td>a</td><td>1</td><td>0%</td><td>2026-11-29T18:00:00Z</td>"), "{}", rows[0]);
+        assert!(rows[1].starts_with("ml/late\""), "{}", rows[1]);
+        assert!(!page.contains("ml/busy"), "{page}");
     }
 
     /// The defragmentation section over the `defrag` snapshot's pods in the pod store: the

@@ -6,9 +6,15 @@
 //! ResourceClaim. "Shared" devices are in use as shares (time-sliced or MPS replicas) or
 //! partitions (MIG); "unhealthy" ones the node reports so; the rest are in use.
 //! Nodes without a `DeviceTopology` have no accelerators fumarole knows and are left out.
+//!
+//! "Idle pods" hold devices and use little of them: the agent reports each holding pod's mean
+//! utilisation over its window (`DeviceTopology` status `pods`) and since when it has been
+//! under 5 %; they are listed under the table, longest idle first.
 
 use anyhow::Result;
 use serde::Serialize;
+
+use fumarole_topology::crd::PodDeviceUsage;
 
 use super::config::Connection;
 use crate::core::view::{ClusterView, NodeView};
@@ -24,6 +30,8 @@ pub struct Counts {
     pub in_use: u32,
     pub shared: u32,
     pub unhealthy: u32,
+    /// Pods holding devices here that the agent reports idle (under 5 % over its window).
+    pub idle_pods: u32,
 }
 
 impl Counts {
@@ -33,6 +41,7 @@ impl Counts {
         self.in_use += o.in_use;
         self.shared += o.shared;
         self.unhealthy += o.unhealthy;
+        self.idle_pods += o.idle_pods;
     }
 }
 
@@ -43,6 +52,9 @@ pub struct NodeUsage {
     pub super_node: String,
     #[serde(flatten)]
     pub counts: Counts,
+    /// The idle pods themselves.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub idle: Vec<PodDeviceUsage>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -92,7 +104,13 @@ fn counts(view: &ClusterView, nv: &NodeView) -> Counts {
         in_use: (all & !free & !unhealthy & !shared).count_ones(),
         shared: shared.count_ones(),
         unhealthy: unhealthy.count_ones(),
+        idle_pods: u32::try_from(idle(nv).count()).unwrap_or(u32::MAX),
     }
+}
+
+/// The pods holding devices on `nv` that the agent reports idle.
+fn idle(nv: &NodeView) -> impl Iterator<Item = &PodDeviceUsage> {
+    nv.pod_usage.iter().filter(|p| p.idle_since.is_some())
 }
 
 impl Usage {
@@ -103,6 +121,7 @@ impl Usage {
                 node: nv.name.clone(),
                 super_node: nv.group().to_string(),
                 counts: counts(view, nv),
+                idle: idle(nv).cloned().collect(),
             });
         }
         for (id, members) in view.super_nodes() {
@@ -130,9 +149,16 @@ pub fn table(u: &Usage, wide: bool) -> String {
         return "No node publishes a DeviceTopology.\n".into();
     }
     let cells = |c: &Counts| {
-        [c.devices, c.free, c.in_use, c.shared, c.unhealthy]
-            .into_iter()
-            .map(|v| v.to_string())
+        [
+            c.devices,
+            c.free,
+            c.in_use,
+            c.shared,
+            c.unhealthy,
+            c.idle_pods,
+        ]
+        .into_iter()
+        .map(|v| v.to_string())
     };
     let mut rows = vec![
         [
@@ -143,6 +169,7 @@ pub fn table(u: &Usage, wide: bool) -> String {
             "IN-USE",
             "SHARED",
             "UNHEALTHY",
+            "IDLE-PODS",
         ]
         .map(String::from)
         .to_vec(),
@@ -166,6 +193,7 @@ pub fn table(u: &Usage, wide: bool) -> String {
                 "IN-USE",
                 "SHARED",
                 "UNHEALTHY",
+                "IDLE-PODS",
             ]
             .map(String::from)
             .to_vec(),
@@ -177,6 +205,31 @@ pub fn table(u: &Usage, wide: bool) -> String {
                     .chain(cells(&n.counts))
                     .collect(),
             );
+        }
+        out.push('\n');
+        out.push_str(&table::render(&rows));
+    }
+    // Longest idle first (RFC 3339 times sort as text).
+    let mut idle: Vec<(&str, &PodDeviceUsage)> = u
+        .nodes
+        .iter()
+        .flat_map(|n| n.idle.iter().map(move |p| (n.node.as_str(), p)))
+        .collect();
+    idle.sort_by(|a, b| a.1.idle_since.cmp(&b.1.idle_since));
+    if !idle.is_empty() {
+        let mut rows = vec![
+            ["IDLE POD", "NODE", "DEVICES", "UTILIZATION", "IDLE SINCE"]
+                .map(String::from)
+                .to_vec(),
+        ];
+        for (node, p) in idle {
+            rows.push(vec![
+                format!("{}/{}", p.namespace, p.pod),
+                node.to_string(),
+                p.devices.to_string(),
+                format!("{}%", p.utilization_percent),
+                p.idle_since.clone().unwrap_or_default(),
+            ]);
         }
         out.push('\n');
         out.push_str(&table::render(&rows));
@@ -210,6 +263,23 @@ mod tests {
             profile: "3g.40gb".into(),
         }];
         let mut a0 = node("a0", "rack-a", &[0, 1]);
+        // The agent reports the pod on a0's GPUs 0-1 idle, another busy.
+        a0.status.as_mut().unwrap().pods = vec![
+            PodDeviceUsage {
+                namespace: "ml".into(),
+                pod: "train-0".into(),
+                devices: 2,
+                utilization_percent: 0,
+                idle_since: Some("2026-11-29T18:00:00Z".into()),
+            },
+            PodDeviceUsage {
+                namespace: "ml".into(),
+                pod: "busy".into(),
+                devices: 1,
+                utilization_percent: 90,
+                idle_since: None,
+            },
+        ];
         let s = a0
             .status
             .as_mut()
@@ -245,19 +315,22 @@ mod tests {
         assert_eq!(
             table(&u, false),
             "\
-SUPER-NODE  NODES  DEVICES  FREE  IN-USE  SHARED  UNHEALTHY
-rack-a      2      16       11    4       0       1
-rack-b      1      8        7     0       1       0
+SUPER-NODE  NODES  DEVICES  FREE  IN-USE  SHARED  UNHEALTHY  IDLE-PODS
+rack-a      2      16       11    4       0       1          1
+rack-b      1      8        7     0       1       0          0
+
+IDLE POD    NODE  DEVICES  UTILIZATION  IDLE SINCE
+ml/train-0  a0    2        0%           2026-11-29T18:00:00Z
 "
         );
         let wide = table(&u, true);
         assert!(
-            wide.ends_with(
+            wide.contains(
                 "\
-NODE  SUPER-NODE  DEVICES  FREE  IN-USE  SHARED  UNHEALTHY
-a0    rack-a      8        5     2       0       1
-a1    rack-a      8        6     2       0       0
-b0    rack-b      8        7     0       1       0
+NODE  SUPER-NODE  DEVICES  FREE  IN-USE  SHARED  UNHEALTHY  IDLE-PODS
+a0    rack-a      8        5     2       0       1          1
+a1    rack-a      8        6     2       0       0          0
+b0    rack-b      8        7     0       1       0          0
 "
             ),
             "{wide}"
@@ -272,6 +345,13 @@ b0    rack-b      8        7     0       1       0
         assert_eq!(v["nodes"][2]["node"], "b0");
         assert_eq!(v["nodes"][2]["free"], 7);
         assert_eq!(v["nodes"][2]["shared"], 1);
+        assert_eq!(v["nodes"][0]["idlePods"], 1);
+        assert_eq!(v["nodes"][0]["idle"][0]["pod"], "train-0");
+        assert_eq!(
+            v["nodes"][0]["idle"][0]["idleSince"],
+            "2026-11-29T18:00:00Z"
+        );
+        assert!(v["nodes"][1].get("idle").is_none(), "{v}");
     }
 
     #[test]

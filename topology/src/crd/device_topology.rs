@@ -183,6 +183,29 @@ pub struct DeviceTopologyStatus {
     /// manager (`fumarole-agent-colocation`), beside the devices' state.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub colocation: Option<ColocationStatus>,
+    /// How each pod holding devices here uses them, from the agent's per-device figures;
+    /// absent where the agent reads none (no vendor library).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pods: Vec<PodDeviceUsage>,
+}
+
+/// A pod's use of the accelerators it holds on the node: the mean of their utilisation over
+/// the agent's `--device-usage-window`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodDeviceUsage {
+    pub namespace: String,
+    pub pod: String,
+    /// Devices it holds, whole or a share (replica, MIG device) of each.
+    pub devices: u32,
+    /// Mean utilisation of those devices over the window, in percent, to the nearest 10 (the
+    /// object is not rewritten for every small change; `/metrics` has the exact figures). A
+    /// shared device's is the whole device's: NVML does not split it by holder.
+    pub utilization_percent: u32,
+    /// Since when (RFC 3339) that mean has been under the idle threshold (5 %): the pod holds
+    /// devices and uses little of them. Absent while it uses them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_since: Option<String>,
 }
 
 /// What `fumarole-agent run --colocation` keeps on the node: QoS, CPU burst, batch resources,
@@ -412,6 +435,7 @@ impl DeviceTopologyStatus {
             healthy_count: u32::try_from(healthy).unwrap_or(u32::MAX),
             devices,
             colocation: None,
+            pods: Vec::new(),
         }
     }
 }

@@ -17,7 +17,7 @@ pub mod testing;
 
 pub use device_topology::{
     BatchResourcesStatus, ColocationStatus, DeviceAllocation, DeviceStatus, DeviceTopology,
-    DeviceTopologySpec, DeviceTopologyStatus, EvictionRecord, SharingInfo,
+    DeviceTopologySpec, DeviceTopologyStatus, EvictionRecord, PodDeviceUsage, SharingInfo,
 };
 pub use node_resource_topology::{Attribute, CostInfo, NodeResourceTopology, ResourceInfo, Zone};
 pub use numatopology::{

@@ -68,6 +68,7 @@ pub fn nvlink_node(
             })
             .collect(),
         colocation: None,
+        pods: Vec::new(),
     });
     t
 }
