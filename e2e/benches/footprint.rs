@@ -4,17 +4,24 @@
 //! its RSS (first, last, largest), open file descriptors (first, last) and CPU time over the
 //! window, in percent of one core. A measurement, not a test: nothing is asserted.
 //!
+//! With `--nvml`, the node's NVIDIA answers come from the NVML stand-in library instead of the
+//! fixture's recorded ones (the health thread and the per-device figures' sampler run, every
+//! 10 s, with the stand-in's figures set), and `/metrics` is also scraped every second: the
+//! scrape's wall time (median, largest) and size are printed. The stand-in re-reads its state
+//! file at each call, so its own cost is in the CPU figure too.
+//!
 //! ```sh
 //! cargo build --release -p fumarole-agent
 //! cargo bench -p fumarole-e2e --bench footprint            # 120 s window
 //! cargo bench -p fumarole-e2e --bench footprint -- 600     # another window, in seconds
+//! cargo bench -p fumarole-e2e --bench footprint -- --nvml  # with NVML and the figures
 //! ```
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::time::{Duration, Instant};
 
-use fumarole_e2e::cluster::free_port;
+use fumarole_e2e::cluster::{free_port, http_get};
 use fumarole_e2e::fumarole::agent_bin;
 use fumarole_e2e::process::Footprint;
 use fumarole_e2e::{AgentBuilder, KubeletDm, NodeSpec, TestCluster};
@@ -27,6 +34,7 @@ fn main() {
         .skip(1)
         .find_map(|a| a.parse::<u64>().ok())
         .map_or(Duration::from_secs(120), Duration::from_secs);
+    let nvml = std::env::args().any(|a| a == "--nvml");
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async move {
         let cluster = TestCluster::start().await.unwrap();
@@ -45,14 +53,38 @@ fn main() {
         std::fs::create_dir_all(&plugins).unwrap();
         let logs = cluster.root().join("logs");
         let _kdm = KubeletDm::start(&plugins, &logs).await.unwrap();
-        let agent = AgentBuilder::fixture("dgx-h100")
+        let port = free_port().unwrap();
+        let standin = nvml.then(|| {
+            let (root, lib, mut state) = fumarole_e2e::standin::nvidia_root(dir.path()).unwrap();
+            state.edit(|s| {
+                for (i, g) in s["gpus"].as_array_mut().unwrap().iter_mut().enumerate() {
+                    g["metrics"] = serde_json::json!({
+                        "utilization": 50 + i, "memoryUtilization": 20, "memoryUsedBytes": 1u64 << 34,
+                        "powerMilliwatts": 400_000, "energyMillijoules": 1u64 << 32, "temperature": 60,
+                        "smClockMhz": 1980, "memoryClockMhz": 2619, "throttleReasons": 0,
+                        "eccCorrected": 0, "eccUncorrected": 0, "retiredPagesSingleBit": 0,
+                        "retiredPagesDoubleBit": 0, "remappedRowsCorrectable": 0,
+                        "remappedRowsUncorrectable": 0, "pcieTxKilobytesPerSecond": 1000,
+                        "pcieRxKilobytesPerSecond": 1000, "pcieReplays": 0
+                    });
+                }
+            });
+            (root, lib, state)
+        });
+        let builder = match &standin {
+            Some((root, lib, state)) => AgentBuilder::root(root)
+                .nvml_standin(lib, &state.path)
+                .flag("--device-metric-names", "fumarole,dcgm"),
+            None => AgentBuilder::fixture("dgx-h100"),
+        };
+        let agent = builder
             .node("dgx-1")
             .flag("--recheck-interval", "10s")
             .device_plugin_dir(&plugins)
             .kubelet_config(&dir.path().join("config.yaml"))
             .cpu_manager_state(&dir.path().join("cpu_manager_state"))
             .pod_resources_socket(&dir.path().join("kubelet.sock"))
-            .metrics_on_port(free_port().unwrap())
+            .metrics_on_port(port)
             .arg("--colocation")
             .flag("--colocation-config-namespace", "default")
             .spawn_in(&cluster)
@@ -65,13 +97,26 @@ fn main() {
         let pid = agent.pid();
         let start = Instant::now();
         let first = Footprint::of(pid).unwrap();
-        let mut last = first;
         let mut max_rss = first.rss_kib;
+        let mut scrapes: Vec<Duration> = Vec::new();
+        let mut scraped = 0;
+        let mut next_sample = start + EVERY;
         while start.elapsed() < window {
-            tokio::time::sleep(EVERY).await;
-            last = Footprint::of(pid).unwrap();
-            max_rss = max_rss.max(last.rss_kib);
+            if nvml {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let t = Instant::now();
+                scraped = http_get(port, "/metrics").await.unwrap().len();
+                scrapes.push(t.elapsed());
+            } else {
+                tokio::time::sleep(EVERY).await;
+            }
+            if Instant::now() >= next_sample {
+                next_sample += EVERY;
+                max_rss = max_rss.max(Footprint::of(pid).unwrap().rss_kib);
+            }
         }
+        let last = Footprint::of(pid).unwrap();
+        max_rss = max_rss.max(last.rss_kib);
         let seconds = start.elapsed().as_secs_f64();
         let cpu =
             (last.cpu_ticks - first.cpu_ticks) as f64 / fumarole_e2e::process::clock_ticks_per_second().unwrap() / seconds * 100.0;
@@ -84,5 +129,15 @@ fn main() {
             first.fds,
             last.fds
         );
+        if !scrapes.is_empty() {
+            scrapes.sort();
+            println!(
+                "/metrics with the per-device figures of 8 GPUs (both names): {} scrapes, median {:.2} ms, largest {:.2} ms, {} bytes",
+                scrapes.len(),
+                scrapes[scrapes.len() / 2].as_secs_f64() * 1e3,
+                scrapes[scrapes.len() - 1].as_secs_f64() * 1e3,
+                scraped
+            );
+        }
     });
 }

@@ -12,7 +12,7 @@
 //! written under fumarole's names (`fumarole_device_*`), dcgm-exporter's (`DCGM_FI_DEV_*`
 //! with its labels, so the dashboards and alerts written for it work unchanged), or both
 //! ([`Names`]; the names and their units are in [`SPECS`], the reference in
-//! `shared/reference/dcgm-exporter-fields.md`).
+//! `docs/reference/dcgm-exporter.md`).
 
 pub mod nvml;
 pub mod usage;
@@ -63,7 +63,7 @@ pub enum Names {
     /// `container`.
     Fumarole,
     /// dcgm-exporter's: `DCGM_FI_DEV_*`, labels `gpu`, `UUID`, `pci_bus_id`, `device`,
-    /// `modelName`, `Hostname`, `DCGM_FI_DRIVER_VERSION`, `container`, `namespace`, `pod`.
+    /// `modelName`, `Hostname`, `DCGM_FI_DRIVER_VERSION`, `namespace`, `pod`, `container`.
     Dcgm,
 }
 

@@ -20,7 +20,14 @@ pub struct UsageTracker {
     readings: HashMap<String, VecDeque<(SystemTime, f64)>>,
     /// Per pod (namespace, name): since when it has been idle.
     idle_since: HashMap<(String, String), SystemTime>,
+    /// Per pod: the utilisation last reported, in steps of 10 %.
+    reported: HashMap<(String, String), u32>,
 }
+
+/// The reported utilisation moves to a new step of 10 % only once the mean is this far (in
+/// percent) from the one reported: a mean that wavers around a step's edge does not rewrite
+/// the object at every reading.
+const HYSTERESIS: f64 = 7.5;
 
 impl UsageTracker {
     pub fn new(window: Duration) -> Self {
@@ -28,6 +35,7 @@ impl UsageTracker {
             window,
             readings: HashMap::new(),
             idle_since: HashMap::new(),
+            reported: HashMap::new(),
         }
     }
 
@@ -64,6 +72,7 @@ impl UsageTracker {
             }
         }
         self.idle_since.retain(|pod, _| pods.contains_key(pod));
+        self.reported.retain(|pod, _| pods.contains_key(pod));
         pods.into_iter()
             .map(|(key, means)| {
                 let mean = means.iter().sum::<f64>() / means.len() as f64;
@@ -73,11 +82,17 @@ impl UsageTracker {
                     self.idle_since.remove(&key);
                     None
                 };
+                let percent = mean * 100.0;
+                let reported = match self.reported.get(&key) {
+                    Some(&last) if (percent - f64::from(last)).abs() < HYSTERESIS => last,
+                    _ => ((percent / 10.0).round() * 10.0).clamp(0.0, 100.0) as u32,
+                };
+                self.reported.insert(key.clone(), reported);
                 PodDeviceUsage {
                     namespace: key.0,
                     pod: key.1,
                     devices: u32::try_from(means.len()).unwrap_or(u32::MAX),
-                    utilization_percent: ((mean * 10.0).round() * 10.0).clamp(0.0, 100.0) as u32,
+                    utilization_percent: reported,
                     idle_since: idle_since.map(rfc3339),
                 }
             })
@@ -158,6 +173,18 @@ mod tests {
         // The readings older than 60 s are gone: at 70 s train's window holds only zeros.
         assert_eq!(at, 70);
         assert_eq!(idle_at.as_deref(), Some("2027-01-15T08:01:10Z"));
+        // A mean wavering around a step's edge keeps the step reported; a move past the
+        // hysteresis changes it.
+        let mut t = UsageTracker::new(Duration::from_secs(1));
+        let one = &holders[..1];
+        let steps: Vec<u32> = [0.44, 0.46, 0.44, 0.47, 0.53, 0.56, 0.41]
+            .iter()
+            .enumerate()
+            .map(|(i, u)| t.update(&reading(10 * i as u64, &[*u]), one)[0].utilization_percent)
+            .collect();
+        assert_eq!(steps, [40, 40, 40, 40, 50, 50, 40]);
+        let mut t = UsageTracker::new(Duration::from_secs(60));
+        t.update(&reading(0, &[0.5, 0.3, 0.02, 0.9]), &holders);
         // A pod gone is forgotten; back in use, it is not idle.
         let pods = t.update(&reading(80, &[0.9, 0.9, 0.0, 0.9]), &holders[..2]);
         assert_eq!(pods.len(), 1);

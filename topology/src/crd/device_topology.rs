@@ -198,8 +198,9 @@ pub struct PodDeviceUsage {
     pub pod: String,
     /// Devices it holds, whole or a share (replica, MIG device) of each.
     pub devices: u32,
-    /// Mean utilisation of those devices over the window, in percent, to the nearest 10 (the
-    /// object is not rewritten for every small change; `/metrics` has the exact figures). A
+    /// Mean utilisation of those devices over the window, in percent, to the nearest 10 and
+    /// moved to another step only once the mean is 7.5 points away (the object is not
+    /// rewritten for every small change; `/metrics` has the exact figures). A
     /// shared device's is the whole device's: NVML does not split it by holder.
     pub utilization_percent: u32,
     /// Since when (RFC 3339) that mean has been under the idle threshold (5 %): the pod holds
