@@ -370,7 +370,7 @@ async fn explain_node_and_top_against_the_real_api_server() {
     let v = ok_json(kc, &["top", "-o", "json"]).await;
     assert_eq!(
         v["superNodes"][0],
-        json!({"superNode": "rack-a", "nodes": 1, "devices": 8, "free": 5, "inUse": 2, "shared": 0, "unhealthy": 1})
+        json!({"superNode": "rack-a", "nodes": 1, "devices": 8, "free": 5, "inUse": 2, "shared": 0, "unhealthy": 1, "idlePods": 0})
     );
 
     // The kubeconfig from KUBECONFIG and from ~/.kube/config, the namespace from its context.

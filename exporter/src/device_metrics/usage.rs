@@ -83,8 +83,15 @@ impl UsageTracker {
                     None
                 };
                 let percent = mean * 100.0;
+                // An idle pod is at 0 % (its mean rounds to it); otherwise the step moves only
+                // past the hysteresis.
                 let reported = match self.reported.get(&key) {
-                    Some(&last) if (percent - f64::from(last)).abs() < HYSTERESIS => last,
+                    Some(&last)
+                        if idle_since.is_none()
+                            && (percent - f64::from(last)).abs() < HYSTERESIS =>
+                    {
+                        last
+                    }
                     _ => ((percent / 10.0).round() * 10.0).clamp(0.0, 100.0) as u32,
                 };
                 self.reported.insert(key.clone(), reported);
@@ -164,25 +171,33 @@ mod tests {
         // fell under 5 % at; infer stays idle since its first reading.
         let mut at = 0;
         let mut idle_at = None;
+        let mut percent = None;
         while idle_at.is_none() {
             at += 10;
             let pods = t.update(&reading(at, &[0.0, 0.0, 0.0, 0.9]), &holders);
             assert_eq!(pods[0].idle_since.as_deref(), Some("2027-01-15T08:00:00Z"));
             idle_at = pods[1].idle_since.clone();
+            percent = Some(pods[1].utilization_percent);
         }
-        // The readings older than 60 s are gone: at 70 s train's window holds only zeros.
+        // The readings older than 60 s are gone: at 70 s train's window holds only zeros, and
+        // an idle pod is reported at 0 % (whatever step it was at).
         assert_eq!(at, 70);
         assert_eq!(idle_at.as_deref(), Some("2027-01-15T08:01:10Z"));
+        assert_eq!(percent, Some(0));
         // A mean wavering around a step's edge keeps the step reported; a move past the
         // hysteresis changes it.
         let mut t = UsageTracker::new(Duration::from_secs(1));
         let one = &holders[..1];
-        let steps: Vec<u32> = [0.44, 0.46, 0.44, 0.47, 0.53, 0.56, 0.41]
+        let steps: Vec<u32> = [0.44, 0.46, 0.44, 0.47, 0.53, 0.56, 0.41, 0.12, 0.04]
             .iter()
             .enumerate()
             .map(|(i, u)| t.update(&reading(10 * i as u64, &[*u]), one)[0].utilization_percent)
             .collect();
-        assert_eq!(steps, [40, 40, 40, 40, 50, 50, 40]);
+        assert_eq!(
+            steps,
+            [40, 40, 40, 40, 50, 50, 40, 10, 0],
+            "an idle pod is at 0 %"
+        );
         let mut t = UsageTracker::new(Duration::from_secs(60));
         t.update(&reading(0, &[0.5, 0.3, 0.02, 0.9]), &holders);
         // A pod gone is forgotten; back in use, it is not idle.
