@@ -547,16 +547,20 @@ impl Collector for Figures {
         let Some(snapshot) = self.metrics.snapshot() else {
             return Ok(());
         };
-        let holders: Vec<Vec<Holder>> = snapshot
+        // Each GPU's label sets, one per holder (empty pod labels when none), built once for
+        // all its figures.
+        let series: Vec<Vec<Vec<(String, String)>>> = snapshot
             .gpus
             .iter()
             .map(|g| {
-                let h = self.metrics.holders(g);
-                if h.is_empty() {
-                    vec![Holder::default()]
-                } else {
-                    h
+                let mut holders = self.metrics.holders(g);
+                if holders.is_empty() {
+                    holders.push(Holder::default());
                 }
+                holders
+                    .iter()
+                    .map(|h| self.labels(&snapshot, g, h))
+                    .collect()
             })
             .collect();
         for spec in SPECS {
@@ -588,14 +592,13 @@ impl Collector for Figures {
                 continue;
             }
             let mut family = encoder.encode_descriptor(name, spec.help, None, kind)?;
-            for (gpu, holders) in snapshot.gpus.iter().zip(&holders) {
+            for (gpu, label_sets) in snapshot.gpus.iter().zip(&series) {
                 let Some(value) = gpu.values.get(&spec.figure) else {
                     continue;
                 };
                 let value = value * factor;
-                for holder in holders {
-                    let labels = self.labels(&snapshot, gpu, holder);
-                    let mut sample = family.encode_family(&labels)?;
+                for labels in label_sets {
+                    let mut sample = family.encode_family(labels)?;
                     if spec.counter && self.names == Names::Fumarole {
                         sample.encode_counter::<NoLabelSet, f64, f64>(&value, None)?;
                     } else {

@@ -31,8 +31,10 @@ pub fn spawn(lib_path: Option<PathBuf>, every: Duration, metrics: DeviceMetrics)
                 }
             };
             let mut logs = LogOnce::default();
+            // The driver does not change under a running agent.
+            let driver_version = nvml.sys_driver_version().unwrap_or_default();
             loop {
-                metrics.store(sample(&nvml, &metrics, &mut logs));
+                metrics.store(sample(&nvml, &driver_version, &metrics, &mut logs));
                 std::thread::sleep(every);
             }
         });
@@ -42,8 +44,12 @@ pub fn spawn(lib_path: Option<PathBuf>, every: Duration, metrics: DeviceMetrics)
 }
 
 /// One reading of every GPU; a figure the library does not give is left out and counted.
-pub fn sample(nvml: &Nvml, metrics: &DeviceMetrics, logs: &mut LogOnce) -> Snapshot {
-    let driver_version = nvml.sys_driver_version().unwrap_or_default();
+pub fn sample(
+    nvml: &Nvml,
+    driver_version: &str,
+    metrics: &DeviceMetrics,
+    logs: &mut LogOnce,
+) -> Snapshot {
     let count = match nvml.device_count() {
         Ok(n) => n,
         Err(e) => {
@@ -191,7 +197,7 @@ pub fn sample(nvml: &Nvml, metrics: &DeviceMetrics, logs: &mut LogOnce) -> Snaps
     }
     Snapshot {
         taken: SystemTime::now(),
-        driver_version,
+        driver_version: driver_version.to_string(),
         gpus,
     }
 }

@@ -377,6 +377,12 @@ impl NodeView {
         }
     }
 
+    /// The pods holding devices here that the agent reports idle (`idleSince` set: their
+    /// devices' mean utilisation under 5 % over its window).
+    pub fn idle_pods(&self) -> impl Iterator<Item = &PodDeviceUsage> {
+        self.pod_usage.iter().filter(|p| p.idle_since.is_some())
+    }
+
     /// True when the node offers `resource` in shares ([`ShareRoom`]s), not as whole devices.
     pub fn offers_shares(&self, resource: &str) -> bool {
         self.share_rooms.iter().any(|r| r.resource == resource)

@@ -335,12 +335,7 @@ pub fn render(svc: &Service, now: SystemTime) -> String {
 fn idle_section(view: &ClusterView, o: &mut String) {
     let mut idle: Vec<(&str, &fumarole_topology::crd::PodDeviceUsage)> = view
         .nodes()
-        .flat_map(|nv| {
-            nv.pod_usage
-                .iter()
-                .filter(|p| p.idle_since.is_some())
-                .map(move |p| (nv.name.as_str(), p))
-        })
+        .flat_map(|nv| nv.idle_pods().map(move |p| (nv.name.as_str(), p)))
         .collect();
     idle.sort_by(|a, b| a.1.idle_since.cmp(&b.1.idle_since));
     o.push_str("<h2>Held but idle</h2>");

@@ -104,13 +104,8 @@ fn counts(view: &ClusterView, nv: &NodeView) -> Counts {
         in_use: (all & !free & !unhealthy & !shared).count_ones(),
         shared: shared.count_ones(),
         unhealthy: unhealthy.count_ones(),
-        idle_pods: u32::try_from(idle(nv).count()).unwrap_or(u32::MAX),
+        idle_pods: u32::try_from(nv.idle_pods().count()).unwrap_or(u32::MAX),
     }
-}
-
-/// The pods holding devices on `nv` that the agent reports idle.
-fn idle(nv: &NodeView) -> impl Iterator<Item = &PodDeviceUsage> {
-    nv.pod_usage.iter().filter(|p| p.idle_since.is_some())
 }
 
 impl Usage {
@@ -121,7 +116,7 @@ impl Usage {
                 node: nv.name.clone(),
                 super_node: nv.group().to_string(),
                 counts: counts(view, nv),
-                idle: idle(nv).cloned().collect(),
+                idle: nv.idle_pods().cloned().collect(),
             });
         }
         for (id, members) in view.super_nodes() {
