@@ -334,20 +334,34 @@ impl Engine {
     /// choices are written when the pod is bound, [`Self::write_choices_at_prebind`]).
     /// `Ok(false)`: the pod asks for nothing of ours.
     pub fn allocate(&self, pod: Pod, node: &str) -> Result<bool> {
-        if self.at_prebind.load(Ordering::Relaxed) {
-            return Ok(self.commit_where_placed(&pod, node)?.is_some());
+        let Some(commit) = self.commit_where_placed(&pod, node)? else {
+            return Ok(false);
+        };
+        if !self.at_prebind.load(Ordering::Relaxed) {
+            self.write_in_background(pod, commit);
         }
-        self.write_choice(pod, node)
+        Ok(true)
     }
 
     /// The scheduler is binding `pod` to `node` and has no hook that waits for a write
     /// (Volcano v1.10, whose plugin calls this at the close of the session that bound the pod):
     /// its choice (the one allocated, or chosen now) is written in the background, after the
-    /// pod's earlier writes. `Ok(false)`: the pod asks for nothing of ours.
+    /// pod's earlier writes. `Ok(false)`: the pod asks for nothing of ours, or the view already
+    /// shows its choice for `node` (the bind may land before the session closes, and the
+    /// writer of bound pods' choices may have written the allocated one meanwhile: choosing
+    /// again would count the pod's devices twice).
     pub fn write_choice(&self, pod: Pod, node: &str) -> Result<bool> {
-        let Some(commit) = self.commit_where_placed(&pod, node)? else {
+        // The pod is bound to `node` whatever its unit's plan says: only its devices remain.
+        let commit = self.svc.decider().commit_bound(&pod, node);
+        let Some(commit) = commit.map_err(|e| anyhow!("{e}"))? else {
             return Ok(false);
         };
+        self.write_in_background(pod, commit);
+        Ok(true)
+    }
+
+    /// Writes `commit` on `pod` in the background, after the pod's earlier writes.
+    fn write_in_background(&self, pod: Pod, commit: Commit) {
         if let Some(runtime) = &self.runtime {
             let svc = Arc::clone(&self.svc);
             let key = pod_key(&pod);
@@ -358,7 +372,6 @@ impl Engine {
             };
             runtime.spawn(self.writes.ask(&key, write));
         }
-        Ok(true)
     }
 
     /// From now on the scheduler says when each pod is bound ([`Self::prebind`] or

@@ -305,8 +305,8 @@ pub unsafe extern "C" fn fumarole_task_give_up_plan(
 
 /// The scheduler is binding the pod (JSON) to `node` and has no hook that waits (Volcano v1.10,
 /// at the close of the session that bound it): writes its device choice in the background.
-/// [`FUMAROLE_OK`], [`FUMAROLE_NOT_OURS`], or [`FUMAROLE_ERROR`] with why the node cannot hold
-/// it. Call [`fumarole_engine_write_choices_at_prebind`] first, so allocations write nothing.
+/// [`FUMAROLE_OK`], [`FUMAROLE_NOT_OURS`] (nothing of ours, or its choice for `node` is
+/// already written), or [`FUMAROLE_ERROR`] with why the node cannot hold it. Call [`fumarole_engine_write_choices_at_prebind`] first, so allocations write nothing.
 ///
 /// # Safety
 /// As [`fumarole_task_allocate`].

@@ -379,6 +379,41 @@ fn write_choice_keeps_the_allocated_choice_and_commits_a_pod_not_allocated() {
     unsafe { fumarole_engine_free(e) };
 }
 
+/// Volcano may bind a pod, and the writer of bound pods' choices write its allocated one,
+/// before the session that bound it closes: the close's write then finds the choice in the
+/// view and chooses nothing more (choosing again would hold a second set of devices).
+#[test]
+fn write_choice_leaves_a_choice_the_view_shows() {
+    let e = engine();
+    let mut error = std::ptr::null_mut();
+    assert_eq!(
+        unsafe { fumarole_engine_write_choices_at_prebind(e, &mut error) },
+        FUMAROLE_OK
+    );
+    // two-dgx: serving/infer-0 is bound to dgx-b with its 1 GPU written; 6 of dgx-b's are free.
+    let infer = serde_json::to_vec(&json!({
+        "metadata": {"name": "infer-0", "namespace": "serving", "uid": "uid-infer-0"},
+        "spec": {"schedulerName": "volcano", "nodeName": "dgx-b", "containers": [{"name": "main",
+            "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
+    }))
+    .unwrap();
+    let (n, mut error) = (b"dgx-b", std::ptr::null_mut());
+    let code = unsafe {
+        fumarole_task_write_choice(
+            e,
+            infer.as_ptr(),
+            infer.len(),
+            n.as_ptr(),
+            n.len(),
+            &mut error,
+        )
+    };
+    assert_eq!((code, take(error)), (FUMAROLE_NOT_OURS, String::new()));
+    let (_, text) = evaluate(e, &pod("six", 6));
+    assert_eq!(lines(&text)["dgx-b"].0, 0, "{text}");
+    unsafe { fumarole_engine_free(e) };
+}
+
 /// An engine over the `two-dgx` snapshot with the JSON configuration `conf`, or its error.
 fn engine_with(conf: &[u8]) -> Result<*mut Engine, String> {
     let dir =

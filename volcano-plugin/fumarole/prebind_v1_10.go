@@ -35,7 +35,7 @@ func writeBoundChoices(ssn *framework.Session, p *plugin) {
 			return true
 		}
 		if err := p.engine.WriteChoice(a.pod, a.node); err != nil && err != abi.ErrNotOurs {
-			klog.Warningf("fumarole: writing the devices of %s/%s on %s: %v", task.Namespace, task.Name, a.node, err)
+			klog.Errorf("fumarole: writing the devices of %s/%s on %s: %v", task.Namespace, task.Name, a.node, err)
 		}
 		return true
 	})
