@@ -29,7 +29,7 @@ use fumarole_exporter::device_health::HealthStream;
 use fumarole_exporter::device_health::dcmi::ServerAnswers;
 use fumarole_exporter::device_health::nvml::NvmlSession;
 use fumarole_exporter::device_health::settings::HealthArgs;
-use fumarole_exporter::device_health::sources::start_sources;
+use fumarole_exporter::device_health::sources::{ascend_devices, dcmi_library, start_sources};
 use fumarole_exporter::device_metrics::{self, DeviceMetrics, DeviceMetricsArgs};
 use fumarole_exporter::discover;
 use fumarole_exporter::kubelet::KubeletArgs;
@@ -118,6 +118,7 @@ async fn serve(args: RunArgs, node_name: String, mut prepared: Prepared) -> Resu
         &mut prepared,
         &stream,
         answers,
+        (&args.device_metrics, &counters.devices),
     )?;
     let kubelet = args.kubelet.settings()?;
     let publishing = Publishing::start(publish, kubelet.clone(), &stream, dcmi);
@@ -222,22 +223,21 @@ async fn serve_metrics(
     ))
 }
 
-/// Starts sampling the per-device figures (when NVIDIA answers come from the library and
-/// `--device-metrics-interval` is not 0) and keeps their holders current from the kubelet's
-/// allocations.
+/// Unless `--device-metrics-interval` is 0: starts sampling the GPUs' figures (when NVIDIA
+/// answers come from the library; the NPUs' start with discovery, [`start_npu_metrics`]) and
+/// keeps the figures' holders current from the kubelet's allocations.
 fn start_device_metrics(
     args: &DeviceMetricsArgs,
     nvml: &NvmlSource,
     metrics: &DeviceMetrics,
     allocations: &fumarole_exporter::publish::LatestAllocations,
 ) {
-    let NvmlSource::Library(path) = nvml else {
-        return;
-    };
     if args.device_metrics_interval.is_zero() {
         return;
     }
-    device_metrics::nvml::spawn(path.clone(), args.device_metrics_interval, metrics.clone());
+    if let NvmlSource::Library(path) = nvml {
+        device_metrics::nvml::spawn(path.clone(), args.device_metrics_interval, metrics.clone());
+    }
     let mut allocations = allocations.clone();
     let metrics = metrics.clone();
     tokio::spawn(async move {
@@ -252,6 +252,25 @@ fn start_device_metrics(
     });
 }
 
+/// Starts sampling the Ascend NPUs' figures where the DCMI health source would watch them (the
+/// node has NPUs and a DCMI library) and `--device-metrics-interval` is not 0.
+fn start_npu_metrics(
+    health: &HealthArgs,
+    prepared: &Prepared,
+    topology: &NodeTopology,
+    args: &DeviceMetricsArgs,
+    metrics: &DeviceMetrics,
+) {
+    let npus = ascend_devices(topology);
+    let host = matches!(prepared.options.source, discover::Source::Host);
+    if let Some(library) = dcmi_library(health, host)
+        && !npus.is_empty()
+        && !args.device_metrics_interval.is_zero()
+    {
+        device_metrics::dcmi::spawn(library, npus, args.device_metrics_interval, metrics.clone());
+    }
+}
+
 /// Discovers the node and starts its health sources (the DCMI source answers on `answers`).
 /// When the node serves devices, also the resources it serves, with the node as discovered;
 /// `None` when it serves none, or discovery failed (logged: the publisher retries it).
@@ -261,10 +280,12 @@ fn discover_and_watch_health(
     prepared: &mut Prepared,
     stream: &HealthStream,
     answers: ServerAnswers,
+    (metrics_args, metrics): (&DeviceMetricsArgs, &DeviceMetrics),
 ) -> Result<Option<(Vec<Resource>, NodeTopology)>> {
     let serves_devices = plugins.serves_devices();
     match discover_node(health, prepared) {
         Ok((topology, session)) => {
+            start_npu_metrics(health, prepared, &topology, metrics_args, metrics);
             let resources = if serves_devices {
                 Some(devices::served(plugins, &topology, root_of(prepared))?)
             } else {

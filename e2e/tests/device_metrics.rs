@@ -4,15 +4,16 @@
 //! names and dcgm-exporter's, a figure the library does not give left out and counted, a
 //! library that hangs leaving the figures stale with their age on show while scrapes and the
 //! health thread go on, and each holding pod's use in `DeviceTopology` status (`pods`), idle
-//! since its devices' mean over the window fell under 5 %.
+//! since its devices' mean over the window fell under 5 %. The same for Ascend NPUs through
+//! the DCMI stand-in, under fumarole's names and npu-exporter's.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::time::Duration;
 
 use fumarole_e2e::cluster::{eventually, free_port, http_get, metric_sum};
-use fumarole_e2e::fumarole::device_topologies;
-use fumarole_e2e::standin::nvidia_root;
+use fumarole_e2e::fumarole::{device_topologies, fixture_root, standin_lib};
+use fumarole_e2e::standin::{StandIn, nvidia_root};
 use fumarole_e2e::{AgentBuilder, NodeSpec, TestCluster};
 use serde_json::{Value, json};
 
@@ -323,6 +324,192 @@ async fn nvml_figures_reach_metrics_with_their_pods_under_both_names() {
     );
     let body = scrape_until(port, "GPU 0 without a holder", |b| b.contains(&free0)).await;
     assert!(!body.contains("pod=\"train-0\""), "{body}");
+}
+
+/// NPU `i`'s figures as DCMI gives them: AI cores at 40 %, `i` GB of HBM used of 64, 180.5 W,
+/// ...
+fn npu_figures(i: u64) -> Value {
+    json!({
+        "aicore": 40, "temperature": 50 + i, "power": 1805, "aicoreFreq": 1800,
+        "hbmTotal": 65536, "hbmUsed": i * 1024
+    })
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn dcmi_figures_reach_metrics_with_their_pods_under_npu_exporter_names() {
+    const NODE: &str = "atlas-1";
+    const NPU: &str = "huawei.com/Ascend910";
+    let cluster = TestCluster::start().await.unwrap();
+    cluster.install_fumarole_crds().await.unwrap();
+    cluster
+        .create_node(
+            &NodeSpec::new(NODE)
+                .capacity("cpu", "192")
+                .capacity(NPU, "8"),
+        )
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let root = fixture_root("atlas-800-910", dir.path()).unwrap();
+    let lib = dir.path().join("libdcmi.so");
+    std::fs::copy(standin_lib("fumarole-standin-dcmi").unwrap(), &lib).unwrap();
+    // One chip per card, davinci N = card N = physical id N; chip 5 gives no power figure.
+    let chips: Vec<Value> = (0..8u64)
+        .map(|i| {
+            let mut figures = npu_figures(i);
+            if i == 5 {
+                g_remove(&mut figures, "power");
+            }
+            json!({"card": i, "device": 0, "logicId": i, "phyId": i, "health": 0,
+                   "errorCodes": [], "network": 0, "metrics": figures,
+                   "chipInfo": {"chipType": "Ascend", "chipName": "910B3", "chipVer": "V1", "aicoreCnt": 20}})
+        })
+        .collect();
+    let mut dcmi = StandIn::new(dir.path().join("dcmi-state.json"), json!({"chips": chips}));
+    let kdm = cluster
+        .start_kubelet_dm_with_pod_resources(
+            &dir.path().join("device-plugins"),
+            &dir.path().join("pod-resources/kubelet.sock"),
+        )
+        .await
+        .unwrap();
+    // train-0 holds NPUs 0 and 1.
+    kdm.set_pod_resources(json!([
+        {"name": "train-0", "namespace": "ml", "uid": "6f1c8e2a-0000-4000-8000-00000000b001",
+         "containers": [{"name": "main", "devices": [{"resource_name": NPU, "device_ids": ["Ascend910-0", "Ascend910-1"]}]}]}
+    ]))
+    .await
+    .unwrap();
+    let port = free_port().unwrap();
+    AgentBuilder::root(&root)
+        .node(NODE)
+        .dcmi_standin(&lib, &dcmi.path)
+        .kubelet_config(&dir.path().join("absent.yaml"))
+        .cpu_manager_state(&dir.path().join("absent_state"))
+        .pod_resources_socket(kdm.pod_resources_socket().unwrap())
+        .flag("--device-metrics-interval", "300ms")
+        .flag("--device-metric-names", "fumarole,npu-exporter")
+        .flag("--device-usage-window", "2s")
+        .flag("--recheck-interval", "1s")
+        .flag("--health-poll-interval", "300ms")
+        .metrics_on_port(port)
+        .start_in(&cluster)
+        .unwrap();
+
+    // npu-exporter's names, labels and units, NPU 0's with its holder.
+    let util0 = "npu_chip_info_utilization{id=\"0\",model_name=\"Ascend910B3\",namespace=\"ml\",pod_name=\"train-0\",container_name=\"main\"}";
+    let body = scrape_until(port, "NPU 0's utilisation with its pod", |b| {
+        b.contains(util0)
+    })
+    .await;
+    assert_eq!(value(&body, util0), Some(40.0), "{body}");
+    let free7 = "npu_chip_info_hbm_used_memory{id=\"7\",model_name=\"Ascend910B3\",namespace=\"\",pod_name=\"\",container_name=\"\"}";
+    assert_eq!(value(&body, free7), Some(7.0 * 1024.0), "MB: {body}");
+    for (prefix, expected) in [
+        ("npu_chip_info_hbm_total_memory{id=\"3\"", 65536.0),
+        ("npu_chip_info_power{id=\"3\"", 180.5),
+        ("npu_chip_info_temperature{id=\"3\"", 53.0),
+        ("npu_chip_info_aicore_current_freq{id=\"3\"", 1800.0),
+        ("npu_chip_info_health_status{id=\"3\"", 1.0),
+        // fumarole's names: base units.
+        (
+            "fumarole_device_memory_used_bytes{device=\"ascend-3\"",
+            (3u64 << 30) as f64,
+        ),
+        (
+            "fumarole_device_aicore_clock_hertz{device=\"ascend-3\"",
+            1.8e9,
+        ),
+        ("fumarole_device_utilization_ratio{device=\"ascend-3\"", 0.4),
+    ] {
+        assert_eq!(value(&body, prefix), Some(expected), "{prefix}: {body}");
+    }
+    // 7 power figures: NPU 5's is left out, and its failure counted.
+    assert_eq!(
+        body.lines()
+            .filter(|l| l.starts_with("npu_chip_info_power{"))
+            .count(),
+        7,
+        "{body}"
+    );
+    assert!(
+        metric_sum(
+            &body,
+            "fumarole_device_metric_errors_total{figure=\"device_power_watts\"}"
+        ) >= 1.0,
+        "{body}"
+    );
+    assert!(!body.contains("DCGM_"), "{body}");
+
+    // A figure that changes is read again on the sampler's clock.
+    dcmi.edit(|s| s["chips"][0]["metrics"]["aicore"] = json!(90));
+    scrape_until(port, "NPU 0 at 90 %", |b| value(b, util0) == Some(90.0)).await;
+
+    // The library hangs in one figure call: scrapes still answer, the figures stay, their age
+    // grows; the DCMI health thread (its own handle) still takes a critical alarm in.
+    dcmi.edit(|s| s["hang"] = json!(["dcmi_get_device_temperature"]));
+    let age = "fumarole_device_metrics_age_seconds{library=\"dcmi\"}";
+    let stale = scrape_until(port, "the figures' age past 3 s", |b| {
+        value(b, age).is_some_and(|a| a > 3.0)
+    })
+    .await;
+    assert_eq!(value(&stale, util0), Some(90.0), "{stale}");
+    dcmi.edit(|s| s["chips"][2]["health"] = json!(3));
+    eventually(
+        "Ascend910-2 unhealthy while the sampler hangs",
+        Duration::from_secs(30),
+        || async {
+            let dt = device_topologies(cluster.client()).get_opt(NODE).await?;
+            let dt = serde_json::to_value(dt)?;
+            Ok((dt["status"]["devices"]["Ascend910-2"]["health"] == "Unhealthy").then_some(()))
+        },
+    )
+    .await
+    .unwrap();
+    dcmi.edit(|s| s["hang"] = json!([]));
+    let body = scrape_until(port, "fresh figures again", |b| {
+        value(b, age).is_some_and(|a| a < 2.0)
+    })
+    .await;
+    assert_eq!(
+        value(&body, "npu_chip_info_health_status{id=\"2\""),
+        Some(0.0),
+        "{body}"
+    );
+
+    // train-0's use in DeviceTopology: NPUs 0 (90 %) and 1 (40 %); then quiet, idle.
+    let pods_of = |client: kube::Client| async move {
+        let dt = device_topologies(client).get_opt(NODE).await?;
+        anyhow::Ok(serde_json::to_value(dt)?["status"]["pods"].clone())
+    };
+    let busy = eventually(
+        "train-0's use in DeviceTopology",
+        Duration::from_secs(60),
+        || async {
+            let pods = pods_of(cluster.client()).await?;
+            Ok((pods[0]["utilizationPercent"] == 70).then_some(pods))
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        busy,
+        json!([{"namespace": "ml", "pod": "train-0", "devices": 2, "utilizationPercent": 70}])
+    );
+    dcmi.edit(|s| {
+        s["chips"][0]["metrics"]["aicore"] = json!(0);
+        s["chips"][1]["metrics"]["aicore"] = json!(0);
+    });
+    eventually(
+        "train-0 idle in DeviceTopology",
+        Duration::from_secs(60),
+        || async {
+            let pods = pods_of(cluster.client()).await?;
+            Ok(pods[0]["idleSince"].is_string().then_some(()))
+        },
+    )
+    .await
+    .unwrap();
 }
 
 fn g_remove(v: &mut Value, key: &str) {

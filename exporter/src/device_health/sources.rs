@@ -50,17 +50,8 @@ pub fn start_sources(
         });
     }
 
-    let ascend: Vec<(u32, String)> = topology
-        .devices
-        .iter()
-        .filter(|d| d.vendor == Vendor::Huawei && d.id.starts_with("Ascend"))
-        .map(|d| (d.index, d.id.clone()))
-        .collect();
-    let library = args
-        .dcmi_library
-        .clone()
-        .or_else(|| host.then(|| PathBuf::from("libdcmi.so")));
-    if let Some(library) = library
+    let ascend = ascend_devices(topology);
+    if let Some(library) = dcmi_library(args, host)
         && !ascend.is_empty()
     {
         let calls = dcmi::start(DcmiSetup {
@@ -74,6 +65,24 @@ pub fn start_sources(
         });
         watchdog::spawn("DCMI", calls, limit);
     }
+}
+
+/// The node's Ascend NPUs: (davinci index, device id).
+pub fn ascend_devices(topology: &NodeTopology) -> Vec<(u32, String)> {
+    topology
+        .devices
+        .iter()
+        .filter(|d| d.vendor == Vendor::Huawei && d.id.starts_with("Ascend"))
+        .map(|d| (d.index, d.id.clone()))
+        .collect()
+}
+
+/// The DCMI library to load: `--dcmi-library`, else `libdcmi.so` on a `host` node (one that
+/// reads the machine it runs on); `None`: no DCMI.
+pub fn dcmi_library(args: &HealthArgs, host: bool) -> Option<PathBuf> {
+    args.dcmi_library
+        .clone()
+        .or_else(|| host.then(|| PathBuf::from("libdcmi.so")))
 }
 
 /// The device pairs joined by HCCS.

@@ -1,7 +1,8 @@
 //! Per-device figures on the agent's `/metrics`: utilisation, memory, power and energy,
 //! temperature, clocks and throttling, ECC errors, retired pages and remapped rows, PCIe
-//! traffic. A sampler reads them from the vendor library on a clock of its own
-//! ([`nvml::spawn`]) into a cache that every scrape reads: a scrape never calls the library,
+//! traffic for NVIDIA GPUs; AI-core utilisation and clock, HBM, power, temperature and health
+//! for Ascend NPUs. A sampler per vendor library reads them on a clock of its own
+//! ([`nvml::spawn`], [`dcmi::spawn`]) into a cache that every scrape reads: a scrape never calls the library,
 //! and a library that hangs leaves the last figures in place with their age growing
 //! (`fumarole_device_metrics_age_seconds`), never a hung scrape. A call that fails or is not
 //! supported on a device leaves that one figure out for that device and counts the failure
@@ -9,11 +10,13 @@
 //!
 //! Every figure carries the pod holding the device (from PodResources: a whole device, one of
 //! its replicas, one of its MIG devices; one series per holder, as dcgm-exporter does), and is
-//! written under fumarole's names (`fumarole_device_*`), dcgm-exporter's (`DCGM_FI_DEV_*`
-//! with its labels, so the dashboards and alerts written for it work unchanged), or both
-//! ([`Names`]; the names and their units are in [`SPECS`], the reference in
-//! `docs/reference/dcgm-exporter.md`).
+//! written under fumarole's names (`fumarole_device_*`), dcgm-exporter's for GPUs
+//! (`DCGM_FI_DEV_*`) and npu-exporter's for NPUs (`npu_chip_info_*`), each with its labels so
+//! the dashboards and alerts written for them work unchanged, or several ([`Names`]; the names
+//! and their units are in [`SPECS`], the references in `docs/reference/dcgm-exporter.md` and
+//! `docs/reference/npu-exporter.md`).
 
+pub mod dcmi;
 pub mod nvml;
 pub mod usage;
 
@@ -42,7 +45,8 @@ pub struct DeviceMetricsArgs {
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
     pub device_metrics_interval: Duration,
     /// The names the per-device figures are written under, comma-separated: `fumarole`
-    /// (`fumarole_device_*`), `dcgm` (dcgm-exporter's `DCGM_FI_DEV_*` and labels).
+    /// (`fumarole_device_*`), `dcgm` (dcgm-exporter's `DCGM_FI_DEV_*` and labels, GPUs),
+    /// `npu-exporter` (Huawei npu-exporter's `npu_chip_info_*` and labels, NPUs).
     #[arg(
         long,
         value_name = "NAMES",
@@ -65,6 +69,36 @@ pub enum Names {
     /// dcgm-exporter's: `DCGM_FI_DEV_*`, labels `gpu`, `UUID`, `pci_bus_id`, `device`,
     /// `modelName`, `Hostname`, `DCGM_FI_DRIVER_VERSION`, `namespace`, `pod`, `container`.
     Dcgm,
+    /// Huawei npu-exporter's: `npu_chip_info_*`, labels `id`, `model_name`, `namespace`,
+    /// `pod_name`, `container_name`.
+    NpuExporter,
+}
+
+/// The vendor library a reading comes from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Library {
+    /// NVIDIA's NVML: GPUs.
+    #[default]
+    Nvml,
+    /// Huawei's DCMI: Ascend NPUs.
+    Dcmi,
+}
+
+impl Library {
+    pub fn label(self) -> &'static str {
+        match self {
+            Library::Nvml => "nvml",
+            Library::Dcmi => "dcmi",
+        }
+    }
+
+    /// How fumarole's `device` label names its devices (`nvidia-0`, `ascend-0`).
+    fn device_prefix(self) -> &'static str {
+        match self {
+            Library::Nvml => "nvidia",
+            Library::Dcmi => "ascend",
+        }
+    }
 }
 
 /// One figure of a device, in base units (ratios 0-1, bytes, watts, joules, hertz).
@@ -79,6 +113,7 @@ pub enum Figure {
     Energy,
     Temperature,
     SmClock,
+    AiCoreClock,
     MemoryClock,
     ThrottleReasons,
     EccCorrected,
@@ -92,6 +127,7 @@ pub enum Figure {
     PcieTransmit,
     PcieReceive,
     PcieReplays,
+    Healthy,
 }
 
 /// How a figure is written.
@@ -103,6 +139,15 @@ pub struct Spec {
     pub counter: bool,
     /// dcgm-exporter's field; `None` where it has none.
     pub dcgm: Option<DcgmField>,
+    /// npu-exporter's metric; `None` where it has none.
+    pub npu: Option<NpuField>,
+}
+
+/// An npu-exporter metric (`docs/reference/npu-exporter.md`): a gauge.
+pub struct NpuField {
+    pub name: &'static str,
+    /// From the base unit to the metric's (%, MB, MHz).
+    pub factor: f64,
 }
 
 /// A dcgm-exporter field (`docs/reference/dcgm-exporter.md`).
@@ -124,7 +169,8 @@ pub const SPECS: &[Spec] = &[
         "Share of the last sample period the device was running a kernel",
         false,
         Some(dcgm("DCGM_FI_DEV_GPU_UTIL", 100.0, false)),
-    ),
+    )
+    .npu("npu_chip_info_utilization", 100.0),
     spec(
         Figure::MemoryUtilization,
         "device_memory_utilization_ratio",
@@ -138,7 +184,8 @@ pub const SPECS: &[Spec] = &[
         "Device memory in use",
         false,
         Some(dcgm("DCGM_FI_DEV_FB_USED", 1.0 / MIB, false)),
-    ),
+    )
+    .npu("npu_chip_info_hbm_used_memory", 1.0 / MIB),
     spec(
         Figure::MemoryFree,
         "device_memory_free_bytes",
@@ -152,14 +199,16 @@ pub const SPECS: &[Spec] = &[
         "Device memory in all",
         false,
         Some(dcgm("DCGM_FI_DEV_FB_TOTAL", 1.0 / MIB, false)),
-    ),
+    )
+    .npu("npu_chip_info_hbm_total_memory", 1.0 / MIB),
     spec(
         Figure::Power,
         "device_power_watts",
         "Power draw",
         false,
         Some(dcgm("DCGM_FI_DEV_POWER_USAGE", 1.0, false)),
-    ),
+    )
+    .npu("npu_chip_info_power", 1.0),
     spec(
         Figure::Energy,
         "device_energy_joules",
@@ -173,7 +222,8 @@ pub const SPECS: &[Spec] = &[
         "Temperature of the device",
         false,
         Some(dcgm("DCGM_FI_DEV_GPU_TEMP", 1.0, false)),
-    ),
+    )
+    .npu("npu_chip_info_temperature", 1.0),
     spec(
         Figure::SmClock,
         "device_sm_clock_hertz",
@@ -181,6 +231,14 @@ pub const SPECS: &[Spec] = &[
         false,
         Some(dcgm("DCGM_FI_DEV_SM_CLOCK", 1e-6, false)),
     ),
+    spec(
+        Figure::AiCoreClock,
+        "device_aicore_clock_hertz",
+        "AI-core clock now",
+        false,
+        None,
+    )
+    .npu("npu_chip_info_aicore_current_freq", 1e-6),
     spec(
         Figure::MemoryClock,
         "device_memory_clock_hertz",
@@ -272,6 +330,14 @@ pub const SPECS: &[Spec] = &[
         true,
         Some(dcgm("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", 1.0, true)),
     ),
+    spec(
+        Figure::Healthy,
+        "device_healthy",
+        "1 when the vendor library calls the device healthy, 0 when it reports a fault",
+        false,
+        None,
+    )
+    .npu("npu_chip_info_health_status", 1.0),
 ];
 
 const fn dcgm(name: &'static str, factor: f64, counter: bool) -> DcgmField {
@@ -295,6 +361,17 @@ const fn spec(
         help,
         counter,
         dcgm,
+        npu: None,
+    }
+}
+
+impl Spec {
+    /// The figure under npu-exporter's `name` too, in base units times `factor`.
+    const fn npu(self, name: &'static str, factor: f64) -> Spec {
+        Spec {
+            npu: Some(NpuField { name, factor }),
+            ..self
+        }
     }
 }
 
@@ -308,14 +385,17 @@ impl Figure {
     }
 }
 
-/// One GPU's figures at one reading.
+/// One device's figures at one reading.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct GpuSample {
-    /// NVML's index.
+pub struct DeviceSample {
+    /// NVML's index; an NPU's physical id (the `N` of `/dev/davinciN`).
     pub index: u32,
+    /// The id the device plugin hands the kubelet: a GPU's uuid, `Ascend910-N`.
+    pub id: String,
+    /// A GPU's uuid; empty for an NPU.
     pub uuid: String,
     pub model: String,
-    /// NVML's form (`00000000:1B:00.0`).
+    /// NVML's form (`00000000:1B:00.0`); empty for an NPU.
     pub pci_bus_id: String,
     /// The uuids of its MIG devices: whoever holds one holds a part of this GPU.
     pub mig_uuids: Vec<String>,
@@ -323,13 +403,14 @@ pub struct GpuSample {
     pub values: BTreeMap<Figure, f64>,
 }
 
-/// One reading of every device of the node.
+/// One reading of every device of the node that one library answers for.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Snapshot {
+    pub library: Library,
     /// When the reading ended.
     pub taken: SystemTime,
     pub driver_version: String,
-    pub gpus: Vec<GpuSample>,
+    pub devices: Vec<DeviceSample>,
 }
 
 /// A container holding a device (or a share of it).
@@ -349,7 +430,8 @@ pub struct DeviceMetrics {
 #[derive(Debug)]
 struct Inner {
     node: String,
-    snapshot: RwLock<Option<Arc<Snapshot>>>,
+    /// Each library's latest reading.
+    snapshots: RwLock<BTreeMap<Library, Arc<Snapshot>>>,
     /// Device ids as the kubelet gave them (a uuid, `<uuid>::<n>`, a MIG uuid) and who has
     /// each.
     held: RwLock<Vec<(String, Holder)>>,
@@ -373,7 +455,7 @@ impl DeviceMetrics {
         let metrics = DeviceMetrics {
             inner: Arc::new(Inner {
                 node: node.to_string(),
-                snapshot: RwLock::new(None),
+                snapshots: RwLock::new(BTreeMap::new()),
                 held: RwLock::new(Vec::new()),
                 errors: Family::default(),
                 usage: Mutex::new(UsageTracker::new(args.device_usage_window)),
@@ -394,34 +476,46 @@ impl DeviceMetrics {
                 names: Names::Fumarole,
             }));
         }
-        if names.contains(&Names::Dcgm) {
-            unprefixed.register_collector(Box::new(Figures {
-                metrics: metrics.clone(),
-                names: Names::Dcgm,
-            }));
+        for unprefixed_names in [Names::Dcgm, Names::NpuExporter] {
+            if names.contains(&unprefixed_names) {
+                unprefixed.register_collector(Box::new(Figures {
+                    metrics: metrics.clone(),
+                    names: unprefixed_names,
+                }));
+            }
         }
         metrics
     }
 
-    /// The sampler's latest reading; each holding pod's use follows from it.
+    /// A sampler's latest reading; each holding pod's use follows from it and the other
+    /// libraries' latest.
     pub fn store(&self, snapshot: Snapshot) {
-        let holders: Vec<Vec<Holder>> = snapshot.gpus.iter().map(|g| self.holders(g)).collect();
+        let snapshot = Arc::new(snapshot);
+        let all = {
+            let mut snapshots = self
+                .inner
+                .snapshots
+                .write()
+                .unwrap_or_else(PoisonError::into_inner);
+            snapshots.insert(snapshot.library, Arc::clone(&snapshot));
+            snapshots.values().cloned().collect::<Vec<_>>()
+        };
+        let held: Vec<(&DeviceSample, Vec<Holder>)> = all
+            .iter()
+            .flat_map(|s| s.devices.iter())
+            .map(|d| (d, self.holders(d)))
+            .collect();
         let pods = self
             .inner
             .usage
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .update(&snapshot, &holders);
+            .update(&snapshot, &held);
         self.inner.pods.send_if_modified(|last| {
             let changed = *last != pods;
             *last = pods;
             changed
         });
-        *self
-            .inner
-            .snapshot
-            .write()
-            .unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(snapshot));
     }
 
     /// A figure the library could not give for one device.
@@ -466,16 +560,19 @@ impl DeviceMetrics {
         self.inner.pods.subscribe()
     }
 
-    fn snapshot(&self) -> Option<Arc<Snapshot>> {
+    /// Each library's latest reading.
+    fn snapshots(&self) -> Vec<Arc<Snapshot>> {
         self.inner
-            .snapshot
+            .snapshots
             .read()
             .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+            .values()
+            .cloned()
+            .collect()
     }
 
     /// Who holds `gpu` or a share of it, each once, in the kubelet's order.
-    fn holders(&self, gpu: &GpuSample) -> Vec<Holder> {
+    fn holders(&self, gpu: &DeviceSample) -> Vec<Holder> {
         let held = self
             .inner
             .held
@@ -483,18 +580,21 @@ impl DeviceMetrics {
             .unwrap_or_else(PoisonError::into_inner);
         let mut out: Vec<Holder> = Vec::new();
         for (id, holder) in held.iter() {
-            let ours = *id == gpu.uuid
+            let ours = *id == gpu.id
                 || id
-                    .strip_prefix(gpu.uuid.as_str())
+                    .strip_prefix(gpu.id.as_str())
                     .is_some_and(|rest| rest.starts_with("::"))
                 || gpu.mig_uuids.contains(id);
-            if ours && !gpu.uuid.is_empty() && !out.contains(holder) {
+            if ours && !gpu.id.is_empty() && !out.contains(holder) {
                 out.push(holder.clone());
             }
         }
         out
     }
 }
+
+/// One series' labels.
+type LabelSet = Vec<(String, String)>;
 
 /// The figures under one set of names, encoded at each scrape from the cache.
 #[derive(Debug)]
@@ -504,96 +604,120 @@ struct Figures {
 }
 
 impl Figures {
-    /// The labels of `gpu`'s series held by `holder` (empty pod labels when none holds it).
-    fn labels(
-        &self,
-        snapshot: &Snapshot,
-        gpu: &GpuSample,
-        holder: &Holder,
-    ) -> Vec<(String, String)> {
+    /// Whether these names cover the devices of `library` (dcgm-exporter's GPUs only,
+    /// npu-exporter's NPUs only).
+    fn cover(&self, library: Library) -> bool {
+        match self.names {
+            Names::Fumarole => true,
+            Names::Dcgm => library == Library::Nvml,
+            Names::NpuExporter => library == Library::Dcmi,
+        }
+    }
+
+    /// The labels of `device`'s series held by `holder` (empty pod labels when none holds it).
+    fn labels(&self, snapshot: &Snapshot, device: &DeviceSample, holder: &Holder) -> LabelSet {
         let node = &self.metrics.inner.node;
-        let holder_labels = [
-            ("namespace", &holder.namespace),
-            ("pod", &holder.pod),
-            ("container", &holder.container),
-        ];
-        let mut labels: Vec<(String, String)> = match self.names {
+        let mut labels: LabelSet = match self.names {
             Names::Fumarole => vec![
-                ("device".into(), format!("nvidia-{}", gpu.index)),
-                ("uuid".into(), gpu.uuid.clone()),
-                ("model".into(), gpu.model.clone()),
+                (
+                    "device".into(),
+                    format!("{}-{}", snapshot.library.device_prefix(), device.index),
+                ),
+                ("uuid".into(), device.uuid.clone()),
+                ("model".into(), device.model.clone()),
                 ("node".into(), node.clone()),
             ],
             Names::Dcgm => vec![
-                ("gpu".into(), gpu.index.to_string()),
-                ("UUID".into(), gpu.uuid.clone()),
-                ("pci_bus_id".into(), gpu.pci_bus_id.clone()),
-                ("device".into(), format!("nvidia{}", gpu.index)),
-                ("modelName".into(), gpu.model.clone()),
+                ("gpu".into(), device.index.to_string()),
+                ("UUID".into(), device.uuid.clone()),
+                ("pci_bus_id".into(), device.pci_bus_id.clone()),
+                ("device".into(), format!("nvidia{}", device.index)),
+                ("modelName".into(), device.model.clone()),
                 ("Hostname".into(), node.clone()),
                 (
                     "DCGM_FI_DRIVER_VERSION".into(),
                     snapshot.driver_version.clone(),
                 ),
             ],
+            Names::NpuExporter => vec![
+                ("id".into(), device.index.to_string()),
+                ("model_name".into(), device.model.clone()),
+            ],
         };
-        labels.extend(holder_labels.map(|(k, v)| (k.to_string(), v.clone())));
+        let holder_labels = match self.names {
+            Names::Fumarole | Names::Dcgm => ["namespace", "pod", "container"],
+            Names::NpuExporter => ["namespace", "pod_name", "container_name"],
+        };
+        let values = [&holder.namespace, &holder.pod, &holder.container];
+        labels.extend(
+            holder_labels
+                .iter()
+                .zip(values)
+                .map(|(k, v)| (k.to_string(), v.clone())),
+        );
         labels
+    }
+
+    /// How `spec` is written under these names: name, factor from the base unit, type.
+    /// `None`: these names have no such figure.
+    fn written(&self, spec: &Spec) -> Option<(&'static str, f64, MetricType)> {
+        match self.names {
+            Names::Fumarole => {
+                let kind = if spec.counter {
+                    MetricType::Counter
+                } else {
+                    MetricType::Gauge
+                };
+                Some((spec.name, 1.0, kind))
+            }
+            // dcgm-exporter's counters keep their names (no `_total`): written untyped.
+            Names::Dcgm => spec.dcgm.as_ref().map(|field| {
+                let kind = if field.counter {
+                    MetricType::Unknown
+                } else {
+                    MetricType::Gauge
+                };
+                (field.name, field.factor, kind)
+            }),
+            Names::NpuExporter => spec
+                .npu
+                .as_ref()
+                .map(|field| (field.name, field.factor, MetricType::Gauge)),
+        }
     }
 }
 
 impl Collector for Figures {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let Some(snapshot) = self.metrics.snapshot() else {
-            return Ok(());
-        };
-        // Each GPU's label sets, one per holder (empty pod labels when none), built once for
-        // all its figures.
-        let series: Vec<Vec<Vec<(String, String)>>> = snapshot
-            .gpus
+        let snapshots = self.metrics.snapshots();
+        // Each device's label sets, one per holder (empty pod labels when none), built once
+        // for all its figures.
+        let devices: Vec<(&DeviceSample, Vec<LabelSet>)> = snapshots
             .iter()
-            .map(|g| {
-                let mut holders = self.metrics.holders(g);
+            .filter(|s| self.cover(s.library))
+            .flat_map(|s| s.devices.iter().map(move |d| (s, d)))
+            .map(|(s, d)| {
+                let mut holders = self.metrics.holders(d);
                 if holders.is_empty() {
                     holders.push(Holder::default());
                 }
-                holders
-                    .iter()
-                    .map(|h| self.labels(&snapshot, g, h))
-                    .collect()
+                let label_sets = holders.iter().map(|h| self.labels(s, d, h)).collect();
+                (d, label_sets)
             })
             .collect();
         for spec in SPECS {
-            let (name, factor, kind) = match (self.names, &spec.dcgm) {
-                (Names::Fumarole, _) => {
-                    let kind = if spec.counter {
-                        MetricType::Counter
-                    } else {
-                        MetricType::Gauge
-                    };
-                    (spec.name, 1.0, kind)
-                }
-                // dcgm-exporter's counters keep their names (no `_total`): written untyped.
-                (Names::Dcgm, Some(field)) => {
-                    let kind = if field.counter {
-                        MetricType::Unknown
-                    } else {
-                        MetricType::Gauge
-                    };
-                    (field.name, field.factor, kind)
-                }
-                (Names::Dcgm, None) => continue,
+            let Some((name, factor, kind)) = self.written(spec) else {
+                continue;
             };
-            if !snapshot
-                .gpus
+            if !devices
                 .iter()
-                .any(|g| g.values.contains_key(&spec.figure))
+                .any(|(d, _)| d.values.contains_key(&spec.figure))
             {
                 continue;
             }
             let mut family = encoder.encode_descriptor(name, spec.help, None, kind)?;
-            for (gpu, label_sets) in snapshot.gpus.iter().zip(&series) {
-                let Some(value) = gpu.values.get(&spec.figure) else {
+            for (device, label_sets) in &devices {
+                let Some(value) = device.values.get(&spec.figure) else {
                     continue;
                 };
                 let value = value * factor;
@@ -611,7 +735,7 @@ impl Collector for Figures {
     }
 }
 
-/// How old the figures are, whatever names they are written under.
+/// How old each library's figures are, whatever names they are written under.
 #[derive(Debug)]
 struct Age {
     metrics: DeviceMetrics,
@@ -619,20 +743,25 @@ struct Age {
 
 impl Collector for Age {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let Some(snapshot) = self.metrics.snapshot() else {
+        let snapshots = self.metrics.snapshots();
+        if snapshots.is_empty() {
             return Ok(());
-        };
-        let age = SystemTime::now()
-            .duration_since(snapshot.taken)
-            .unwrap_or_default()
-            .as_secs_f64();
+        }
         let mut family = encoder.encode_descriptor(
             "device_metrics_age_seconds",
-            "Seconds since the per-device figures were last read (grows while the library does not answer)",
+            "Seconds since the per-device figures were last read, by library (grows while the library does not answer)",
             None,
             MetricType::Gauge,
         )?;
-        family.encode_gauge(&age)
+        for snapshot in snapshots {
+            let age = SystemTime::now()
+                .duration_since(snapshot.taken)
+                .unwrap_or_default()
+                .as_secs_f64();
+            let labels = [("library", snapshot.library.label())];
+            family.encode_family(&labels)?.encode_gauge(&age)?;
+        }
+        Ok(())
     }
 }
 

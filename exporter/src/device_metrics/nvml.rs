@@ -11,7 +11,7 @@ use nvml_wrapper::enum_wrappers::device::{
 };
 use nvml_wrapper::error::NvmlError;
 
-use super::{DeviceMetrics, Figure, GpuSample, Snapshot};
+use super::{DeviceMetrics, DeviceSample, Figure, Library, Snapshot};
 use crate::device_health::LogOnce;
 use crate::device_health::nvml::remapped_rows;
 use crate::discover::nvml::{MIG_ENABLED, open_library};
@@ -64,9 +64,11 @@ pub fn sample(
         let Ok(device) = nvml.device_by_index(index) else {
             continue;
         };
-        let mut gpu = GpuSample {
+        let uuid = device.uuid().unwrap_or_default();
+        let mut gpu = DeviceSample {
             index,
-            uuid: device.uuid().unwrap_or_default(),
+            id: uuid.clone(),
+            uuid,
             model: device.name().unwrap_or_default(),
             pci_bus_id: device.pci_info().map(|p| p.bus_id).unwrap_or_default(),
             mig_uuids: mig_uuids(&device),
@@ -196,9 +198,10 @@ pub fn sample(
         gpus.push(gpu);
     }
     Snapshot {
+        library: Library::Nvml,
         taken: SystemTime::now(),
         driver_version: driver_version.to_string(),
-        gpus,
+        devices: gpus,
     }
 }
 

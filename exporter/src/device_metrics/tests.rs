@@ -9,9 +9,10 @@ use prometheus_client::registry::Registry;
 use super::*;
 use crate::kubelet::{AllocationSource, Allocations, ContainerAllocation, PodAllocation};
 
-fn gpu(index: u32, uuid: &str, values: &[(Figure, f64)]) -> GpuSample {
-    GpuSample {
+fn gpu(index: u32, uuid: &str, values: &[(Figure, f64)]) -> DeviceSample {
+    DeviceSample {
         index,
+        id: uuid.into(),
         uuid: uuid.into(),
         model: "NVIDIA H100 80GB HBM3".into(),
         pci_bus_id: format!("00000000:{:02X}:00.0", 0x1b + index),
@@ -74,10 +75,11 @@ fn two_gpus() -> Snapshot {
     );
     held.mig_uuids = vec!["MIG-a".into()];
     Snapshot {
+        library: Library::Nvml,
         taken: SystemTime::now() - Duration::from_secs(3),
         driver_version: "550.90.07".into(),
         // GPU 1 gave no utilisation: its figure is left out, not 0.
-        gpus: vec![held, gpu(1, "GPU-1", &[(Figure::MemoryUsed, 0.0)])],
+        devices: vec![held, gpu(1, "GPU-1", &[(Figure::MemoryUsed, 0.0)])],
     }
 }
 
@@ -115,7 +117,10 @@ fn fumarole_names_carry_the_device_its_holders_and_the_age() {
         out.contains("fumarole_device_energy_joules_total{device=\"nvidia-0\""),
         "{out}"
     );
-    let age = sample_of(&out, "fumarole_device_metrics_age_seconds ");
+    let age = sample_of(
+        &out,
+        "fumarole_device_metrics_age_seconds{library=\"nvml\"} ",
+    );
     let age: f64 = age[0].rsplit(' ').next().unwrap().parse().unwrap();
     assert!((3.0..60.0).contains(&age), "{out}");
     assert!(!out.contains("DCGM_"), "{out}");
@@ -151,7 +156,7 @@ fn dcgm_names_keep_dcgm_exporters_units_labels_and_counters_without_total() {
     assert!(!out.contains("fumarole_device_utilization"), "{out}");
     // The figures' age is written whatever names they are under.
     assert!(
-        out.contains("fumarole_device_metrics_age_seconds "),
+        out.contains("fumarole_device_metrics_age_seconds{library=\"nvml\"} "),
         "{out}"
     );
 }
@@ -190,7 +195,7 @@ fn the_checkpoint_leaves_the_last_holders_in_place() {
 }
 
 #[test]
-fn every_figure_has_one_spec_and_dcgm_names_are_distinct() {
+fn every_figure_has_one_spec_and_exporter_names_are_distinct() {
     let mut names = std::collections::BTreeSet::new();
     for s in SPECS {
         assert!(names.insert(s.name), "{}", s.name);
@@ -198,8 +203,12 @@ fn every_figure_has_one_spec_and_dcgm_names_are_distinct() {
             assert!(dcgm.name.starts_with("DCGM_FI_DEV_"), "{}", dcgm.name);
             assert!(names.insert(dcgm.name), "{}", dcgm.name);
         }
+        if let Some(npu) = &s.npu {
+            assert!(npu.name.starts_with("npu_chip_info_"), "{}", npu.name);
+            assert!(names.insert(npu.name), "{}", npu.name);
+        }
     }
-    assert_eq!(SPECS.len(), 22);
+    assert_eq!(SPECS.len(), 24);
 }
 
 /// `docs/reference/dcgm-exporter.md`, written from dcgm-exporter's public counter lists: name
@@ -277,6 +286,197 @@ fn dcgm_names_follow_the_reference() {
             "namespace",
             "pod",
             "container"
+        ]
+    );
+}
+
+/// Two Ascend NPUs as the DCMI sampler reads them; NPU 1 gave no power.
+fn two_npus() -> Snapshot {
+    let npu = |index: u32, values: &[(Figure, f64)]| DeviceSample {
+        index,
+        id: format!("Ascend910-{index}"),
+        model: "Ascend910B3".into(),
+        values: values.iter().copied().collect(),
+        ..Default::default()
+    };
+    Snapshot {
+        library: Library::Dcmi,
+        taken: SystemTime::now() - Duration::from_secs(2),
+        driver_version: String::new(),
+        devices: vec![
+            npu(
+                0,
+                &[
+                    (Figure::Utilization, 0.4),
+                    (Figure::MemoryUsed, 1024.0 * MIB),
+                    (Figure::MemoryTotal, 65536.0 * MIB),
+                    (Figure::Power, 180.5),
+                    (Figure::Temperature, 55.0),
+                    (Figure::AiCoreClock, 1.8e9),
+                    (Figure::Healthy, 1.0),
+                ],
+            ),
+            npu(1, &[(Figure::Utilization, 0.0), (Figure::Healthy, 0.0)]),
+        ],
+    }
+}
+
+#[test]
+fn npu_exporter_names_keep_its_units_and_labels_and_cover_only_npus() {
+    let out = scrape(&[Names::NpuExporter], |m| {
+        m.store(two_gpus());
+        m.store(two_npus());
+        m.set_allocations(&Allocations {
+            source: AllocationSource::PodResources,
+            pods: vec![pod("train", &["Ascend910-0"])],
+        });
+    });
+    assert!(
+        out.contains("# TYPE npu_chip_info_utilization gauge"),
+        "{out}"
+    );
+    assert!(out.contains("npu_chip_info_utilization{id=\"0\",model_name=\"Ascend910B3\",namespace=\"team\",pod_name=\"train\",container_name=\"main\"} 40.0"), "{out}");
+    assert!(out.contains("npu_chip_info_utilization{id=\"1\",model_name=\"Ascend910B3\",namespace=\"\",pod_name=\"\",container_name=\"\"} 0.0"), "{out}");
+    // MB, W, C, MHz, 1/0.
+    for (name, value) in [
+        ("npu_chip_info_hbm_used_memory", "1024.0"),
+        ("npu_chip_info_hbm_total_memory", "65536.0"),
+        ("npu_chip_info_power", "180.5"),
+        ("npu_chip_info_temperature", "55.0"),
+        ("npu_chip_info_aicore_current_freq", "1800.0"),
+    ] {
+        let got = sample_of(&out, &format!("{name}{{id=\"0\""));
+        assert!(got[0].ends_with(&format!(" {value}")), "{name}: {out}");
+    }
+    // NPU 1 gave no power: left out, not 0.
+    assert_eq!(sample_of(&out, "npu_chip_info_power{").len(), 1, "{out}");
+    assert_eq!(
+        sample_of(&out, "npu_chip_info_health_status{id=\"1\"")[0]
+            .rsplit(' ')
+            .next(),
+        Some("0.0")
+    );
+    // The GPUs are not npu-exporter's; each library's figures have their age.
+    assert!(!out.contains("GPU-0") && !out.contains("DCGM_"), "{out}");
+    assert!(
+        out.contains("fumarole_device_metrics_age_seconds{library=\"dcmi\"} "),
+        "{out}"
+    );
+    assert!(
+        out.contains("fumarole_device_metrics_age_seconds{library=\"nvml\"} "),
+        "{out}"
+    );
+    // Under fumarole's names both vendors' devices, each named by its library.
+    let out = scrape(&[Names::Fumarole], |m| {
+        m.store(two_gpus());
+        m.store(two_npus());
+    });
+    assert!(
+        out.contains(
+            "fumarole_device_aicore_clock_hertz{device=\"ascend-0\",uuid=\"\",model=\"Ascend910B3\""
+        ),
+        "{out}"
+    );
+    assert_eq!(
+        sample_of(&out, "fumarole_device_utilization_ratio{").len(),
+        3,
+        "{out}"
+    );
+}
+
+#[test]
+fn each_librarys_reading_keeps_the_others_pods() {
+    let (registry, unprefixed) = (&mut Registry::default(), &mut Registry::default());
+    let args = DeviceMetricsArgs {
+        device_metrics_interval: Duration::from_secs(10),
+        device_metric_names: vec![Names::Fumarole],
+        device_usage_window: Duration::from_secs(600),
+    };
+    let m = DeviceMetrics::register(registry, unprefixed, "node-1", &args);
+    m.set_allocations(&Allocations {
+        source: AllocationSource::PodResources,
+        pods: vec![pod("infer", &["GPU-0"]), pod("train", &["Ascend910-0"])],
+    });
+    let pods = m.pods();
+    m.store(two_gpus());
+    m.store(two_npus());
+    // A second GPU reading does not drop the NPU's pod (nor its readings).
+    m.store(two_gpus());
+    let now = pods.borrow().clone();
+    let by_pod: BTreeMap<&str, u32> = now
+        .iter()
+        .map(|p| (p.pod.as_str(), p.utilization_percent))
+        .collect();
+    assert_eq!(
+        by_pod,
+        BTreeMap::from([("infer", 70), ("train", 40)]),
+        "{now:?}"
+    );
+}
+
+/// `docs/reference/npu-exporter.md`, written from npu-exporter's public source and docs: name
+/// -> unit.
+fn npu_reference() -> BTreeMap<String, String> {
+    let text = include_str!("../../../docs/reference/npu-exporter.md");
+    text.lines()
+        .filter_map(|l| {
+            let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+            let name = cells.get(1)?.strip_prefix('`')?.strip_suffix('`')?;
+            name.starts_with("npu_chip_info_")
+                .then(|| (name.to_string(), cells[3].to_string()))
+        })
+        .collect()
+}
+
+#[test]
+fn npu_exporter_names_follow_the_reference() {
+    let reference = npu_reference();
+    assert!(reference.len() >= 10, "{reference:?}");
+    let per_unit = |unit: &str| match unit {
+        "MB" => 1.0 / MIB,
+        "%" => 100.0,
+        "MHz" => 1e-6,
+        _ => 1.0,
+    };
+    for spec in SPECS {
+        let Some(field) = &spec.npu else { continue };
+        let Some(unit) = reference.get(field.name) else {
+            panic!("{} is not in the reference", field.name)
+        };
+        assert_eq!(field.factor, per_unit(unit), "{} in {unit}", field.name);
+    }
+    let written: Vec<&str> = SPECS
+        .iter()
+        .filter_map(|s| s.npu.as_ref().map(|d| d.name))
+        .collect();
+    let text = include_str!("../../../docs/reference/npu-exporter.md");
+    for line in text.lines().filter(|l| l.starts_with("| `npu_chip_info_")) {
+        let name = line.split('`').nth(1).unwrap();
+        let yes = line
+            .trim_end_matches('|')
+            .trim()
+            .rsplit('|')
+            .next()
+            .unwrap()
+            .trim()
+            .starts_with("yes");
+        assert_eq!(yes, written.contains(&name), "{line}");
+    }
+    let out = scrape(&[Names::NpuExporter], |m| m.store(two_npus()));
+    let line = sample_of(&out, "npu_chip_info_utilization{")[0].clone();
+    let keys: Vec<&str> = line
+        .split(['{', ','])
+        .skip(1)
+        .filter_map(|kv| kv.split_once('=').map(|(k, _)| k))
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            "id",
+            "model_name",
+            "namespace",
+            "pod_name",
+            "container_name"
         ]
     );
 }

@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use fumarole_topology::crd::PodDeviceUsage;
 
-use super::{Figure, Holder, Snapshot};
+use super::{DeviceSample, Figure, Holder, Snapshot};
 
 /// A pod whose devices' mean utilisation is under this is held but idle.
 pub const IDLE_BELOW: f64 = 0.05;
@@ -16,7 +16,7 @@ pub const IDLE_BELOW: f64 = 0.05;
 #[derive(Debug)]
 pub struct UsageTracker {
     window: Duration,
-    /// Per GPU uuid: its utilisation readings, oldest first, none older than the window.
+    /// Per device id: its utilisation readings, oldest first, none older than the window.
     readings: HashMap<String, VecDeque<(SystemTime, f64)>>,
     /// Per pod (namespace, name): since when it has been idle.
     idle_since: HashMap<(String, String), SystemTime>,
@@ -39,26 +39,30 @@ impl UsageTracker {
         }
     }
 
-    /// Takes in a reading and returns every holding pod's use; `holders` are each GPU's, in
-    /// the snapshot's order.
-    pub fn update(&mut self, snapshot: &Snapshot, holders: &[Vec<Holder>]) -> Vec<PodDeviceUsage> {
-        let now = snapshot.taken;
+    /// Takes in one library's reading and returns every holding pod's use; `held` is every
+    /// device of the node's latest readings (this one's included) with its holders.
+    pub fn update(
+        &mut self,
+        reading: &Snapshot,
+        held: &[(&DeviceSample, Vec<Holder>)],
+    ) -> Vec<PodDeviceUsage> {
+        let now = reading.taken;
         let horizon = now.checked_sub(self.window).unwrap_or(UNIX_EPOCH);
         self.readings
-            .retain(|uuid, _| snapshot.gpus.iter().any(|g| g.uuid == *uuid));
-        for gpu in &snapshot.gpus {
-            let readings = self.readings.entry(gpu.uuid.clone()).or_default();
-            if let Some(u) = gpu.values.get(&Figure::Utilization) {
+            .retain(|id, _| held.iter().any(|(d, _)| d.id == *id));
+        for device in &reading.devices {
+            let readings = self.readings.entry(device.id.clone()).or_default();
+            if let Some(u) = device.values.get(&Figure::Utilization) {
                 readings.push_back((now, *u));
             }
             while readings.front().is_some_and(|(t, _)| *t < horizon) {
                 readings.pop_front();
             }
         }
-        // Per pod: the window means of the GPUs it holds (each GPU once).
+        // Per pod: the window means of the devices it holds (each device once).
         let mut pods: BTreeMap<(String, String), Vec<f64>> = BTreeMap::new();
-        for (gpu, holders) in snapshot.gpus.iter().zip(holders) {
-            let Some(mean) = self.readings.get(&gpu.uuid).and_then(mean) else {
+        for (device, holders) in held {
+            let Some(mean) = self.readings.get(&device.id).and_then(mean) else {
                 continue;
             };
             let mut seen: Vec<(&str, &str)> = Vec::new();
@@ -124,23 +128,40 @@ fn rfc3339(t: SystemTime) -> String {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use crate::device_metrics::GpuSample;
+    use crate::device_metrics::{DeviceSample, Library};
 
     fn reading(at: u64, utils: &[f64]) -> Snapshot {
         Snapshot {
+            library: Library::Nvml,
             taken: UNIX_EPOCH + Duration::from_secs(1_800_000_000 + at),
             driver_version: String::new(),
-            gpus: utils
+            devices: utils
                 .iter()
                 .enumerate()
-                .map(|(i, u)| GpuSample {
+                .map(|(i, u)| DeviceSample {
                     index: i as u32,
+                    id: format!("GPU-{i}"),
                     uuid: format!("GPU-{i}"),
                     values: [(Figure::Utilization, *u)].into(),
                     ..Default::default()
                 })
                 .collect(),
         }
+    }
+
+    /// `reading` as the only library's, its devices held by `holders` in order.
+    fn feed(
+        t: &mut UsageTracker,
+        reading: &Snapshot,
+        holders: &[Vec<Holder>],
+    ) -> Vec<PodDeviceUsage> {
+        let held: Vec<_> = reading
+            .devices
+            .iter()
+            .zip(holders)
+            .map(|(d, h)| (d, h.clone()))
+            .collect();
+        t.update(reading, &held)
     }
 
     fn holder(pod: &str) -> Holder {
@@ -161,7 +182,7 @@ mod tests {
             vec![holder("infer")],
             vec![],
         ];
-        let pods = t.update(&reading(0, &[0.5, 0.3, 0.02, 0.9]), &holders);
+        let pods = feed(&mut t, &reading(0, &[0.5, 0.3, 0.02, 0.9]), &holders);
         assert_eq!(pods.len(), 2, "{pods:?}");
         assert_eq!(pods[1].pod, "train");
         assert_eq!((pods[1].devices, pods[1].utilization_percent), (2, 40));
@@ -174,7 +195,7 @@ mod tests {
         let mut percent = None;
         while idle_at.is_none() {
             at += 10;
-            let pods = t.update(&reading(at, &[0.0, 0.0, 0.0, 0.9]), &holders);
+            let pods = feed(&mut t, &reading(at, &[0.0, 0.0, 0.0, 0.9]), &holders);
             assert_eq!(pods[0].idle_since.as_deref(), Some("2027-01-15T08:00:00Z"));
             idle_at = pods[1].idle_since.clone();
             percent = Some(pods[1].utilization_percent);
@@ -191,7 +212,7 @@ mod tests {
         let steps: Vec<u32> = [0.44, 0.46, 0.44, 0.47, 0.53, 0.56, 0.41, 0.12, 0.04]
             .iter()
             .enumerate()
-            .map(|(i, u)| t.update(&reading(10 * i as u64, &[*u]), one)[0].utilization_percent)
+            .map(|(i, u)| feed(&mut t, &reading(10 * i as u64, &[*u]), one)[0].utilization_percent)
             .collect();
         assert_eq!(
             steps,
@@ -199,9 +220,9 @@ mod tests {
             "an idle pod is at 0 %"
         );
         let mut t = UsageTracker::new(Duration::from_secs(60));
-        t.update(&reading(0, &[0.5, 0.3, 0.02, 0.9]), &holders);
+        feed(&mut t, &reading(0, &[0.5, 0.3, 0.02, 0.9]), &holders);
         // A pod gone is forgotten; back in use, it is not idle.
-        let pods = t.update(&reading(80, &[0.9, 0.9, 0.0, 0.9]), &holders[..2]);
+        let pods = feed(&mut t, &reading(80, &[0.9, 0.9, 0.0, 0.9]), &holders[..2]);
         assert_eq!(pods.len(), 1);
         assert_eq!(pods[0].idle_since, None, "{pods:?}");
     }

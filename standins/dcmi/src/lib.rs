@@ -26,7 +26,12 @@
 //! chip's answer to `dcmi_get_device_chip_info` (`{"chipType": "Ascend", "chipName": "910B3",
 //! "chipVer": "V1", "aicoreCnt": 20}`, the fields of `struct dcmi_chip_info`; a string of 32
 //! bytes or more fills its array without a NUL, as a misbehaving library would); without it
-//! the chip answers `DCMI_ERR_CODE_NOT_SUPPORT`. `hang` blocks the named calls (`"*"`: all) until
+//! the chip answers `DCMI_ERR_CODE_NOT_SUPPORT`. `metrics`, when present, are the chip's
+//! figures (`{"aicore": 40, "temperature": 55, "power": 1805, "aicoreFreq": 1800, "hbmTotal":
+//! 65536, "hbmUsed": 1024}`: percent, C, tenths of a watt, MHz, MB, as DCMI gives them) for
+//! `dcmi_get_device_utilization_rate` (AI core), `_temperature`, `_power_info`, `_frequency`
+//! (AI core now) and `_hbm_info`; a figure absent answers `DCMI_ERR_CODE_NOT_SUPPORT`, as does
+//! another input type. `hang` blocks the named calls (`"*"`: all) until
 //! the file no longer names them; `fail` makes them return that code. Cards are the distinct
 //! `card` values, in order. Test code standing in for a C library: it keeps the parsed file
 //! process-wide, as the real one keeps its state.
@@ -80,7 +85,36 @@ struct Chip {
     super_pod: Option<SuperPod>,
     #[serde(default)]
     chip_info: Option<ChipInfo>,
+    #[serde(default)]
+    metrics: Metrics,
 }
+
+/// A chip's figures, in DCMI's units; `None`: not supported.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Metrics {
+    aicore: Option<c_uint>,
+    temperature: Option<c_int>,
+    power: Option<c_int>,
+    aicore_freq: Option<c_uint>,
+    hbm_total: Option<u64>,
+    hbm_used: Option<u64>,
+}
+
+/// `struct dcmi_hbm_info` as the header lays it out.
+#[repr(C)]
+pub struct DcmiHbmInfo {
+    memory_size: u64,
+    freq: c_uint,
+    memory_usage: u64,
+    temp: c_int,
+    bandwith_util_rate: c_uint,
+}
+
+/// `dcmi_get_device_utilization_rate`'s AI-core input type and `dcmi_get_device_frequency`'s
+/// AI-core-now type.
+const AI_CORE: c_int = 2;
+const AI_CORE_CURRENT_FREQ: c_int = 7;
 
 /// `struct dcmi_chip_info`'s fields, the strings as text.
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -455,4 +489,112 @@ pub unsafe extern "C" fn dcmi_get_device_chip_info(
             aicore_cnt: info.aicore_cnt,
         }
     )
+}
+
+/// The chip's figure `pick`, or the code to answer: no such chip, or not supported.
+fn figure<T>(card: c_int, device: c_int, pick: impl Fn(&Metrics) -> Option<T>) -> Result<T, c_int> {
+    let c = chip(card, device).ok_or(INVALID_DEVICE_ID)?;
+    pick(&c.metrics).ok_or(NOT_SUPPORT)
+}
+
+/// `dcmi_get_device_utilization_rate` (the AI cores only).
+///
+/// # Safety
+/// `rate` is a writable out-parameter.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dcmi_get_device_utilization_rate(
+    card_id: c_int,
+    device_id: c_int,
+    input_type: c_int,
+    rate: *mut c_uint,
+) -> c_int {
+    check!("dcmi_get_device_utilization_rate");
+    if input_type != AI_CORE {
+        return NOT_SUPPORT;
+    }
+    match figure(card_id, device_id, |m| m.aicore) {
+        Ok(v) => out!(rate, v),
+        Err(code) => code,
+    }
+}
+
+/// `dcmi_get_device_temperature`.
+///
+/// # Safety
+/// `temperature` is a writable out-parameter.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dcmi_get_device_temperature(
+    card_id: c_int,
+    device_id: c_int,
+    temperature: *mut c_int,
+) -> c_int {
+    check!("dcmi_get_device_temperature");
+    match figure(card_id, device_id, |m| m.temperature) {
+        Ok(v) => out!(temperature, v),
+        Err(code) => code,
+    }
+}
+
+/// `dcmi_get_device_power_info` (tenths of a watt).
+///
+/// # Safety
+/// `power` is a writable out-parameter.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dcmi_get_device_power_info(
+    card_id: c_int,
+    device_id: c_int,
+    power: *mut c_int,
+) -> c_int {
+    check!("dcmi_get_device_power_info");
+    match figure(card_id, device_id, |m| m.power) {
+        Ok(v) => out!(power, v),
+        Err(code) => code,
+    }
+}
+
+/// `dcmi_get_device_frequency` (the AI cores' clock now only).
+///
+/// # Safety
+/// `frequency` is a writable out-parameter.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dcmi_get_device_frequency(
+    card_id: c_int,
+    device_id: c_int,
+    input_type: c_int,
+    frequency: *mut c_uint,
+) -> c_int {
+    check!("dcmi_get_device_frequency");
+    if input_type != AI_CORE_CURRENT_FREQ {
+        return NOT_SUPPORT;
+    }
+    match figure(card_id, device_id, |m| m.aicore_freq) {
+        Ok(v) => out!(frequency, v),
+        Err(code) => code,
+    }
+}
+
+/// `dcmi_get_device_hbm_info`.
+///
+/// # Safety
+/// `hbm_info` is a writable `struct dcmi_hbm_info`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dcmi_get_device_hbm_info(
+    card_id: c_int,
+    device_id: c_int,
+    hbm_info: *mut DcmiHbmInfo,
+) -> c_int {
+    check!("dcmi_get_device_hbm_info");
+    match figure(card_id, device_id, |m| Some((m.hbm_total?, m.hbm_used?))) {
+        Ok((total, used)) => out!(
+            hbm_info,
+            DcmiHbmInfo {
+                memory_size: total,
+                freq: 0,
+                memory_usage: used,
+                temp: 0,
+                bandwith_util_rate: 0,
+            }
+        ),
+        Err(code) => code,
+    }
 }

@@ -20,6 +20,23 @@
 //! int dcmi_get_device_chip_info(int card_id, int device_id, struct dcmi_chip_info *chip_info);
 //! ```
 //!
+//! Per-chip figures (the agent's `/metrics`, `crate::device_metrics::dcmi`), all optional:
+//!
+//! ```c
+//! int dcmi_get_device_utilization_rate(int card_id, int device_id, int input_type,
+//!                                      unsigned int *utilization_rate);   // %, AI core: 2
+//! int dcmi_get_device_temperature(int card_id, int device_id, int *temperature);  // C
+//! int dcmi_get_device_power_info(int card_id, int device_id, int *power);         // 0.1 W
+//! int dcmi_get_device_frequency(int card_id, int device_id, enum dcmi_freq_type input_type,
+//!                               unsigned int *frequency);   // MHz, AI core current: 7
+//! int dcmi_get_device_hbm_info(int card_id, int device_id, struct dcmi_hbm_info *hbm_info);
+//! ```
+//!
+//! `struct dcmi_hbm_info { unsigned long long memory_size; unsigned int freq; unsigned long
+//! long memory_usage; int temp; unsigned int bandwith_util_rate; }` (sizes in MB; 32 bytes with
+//! its padding). The input types are those of Huawei's npu-exporter (`DeviceType` `AICore` 2,
+//! `AICoreCurrentFreq` 7), which reads the same calls.
+//!
 //! `struct dcmi_chip_info { unsigned char chip_type[32], chip_name[32], chip_ver[32];
 //! unsigned int aicore_cnt; }` (`MAX_CHIP_NAME_LEN` 32; 100 bytes). Sources: the DCMI header
 //! `dcmi_interface_api.h` as shipped in Huawei's `ascend-docker-runtime` and in MindCluster's
@@ -66,6 +83,9 @@ type HealthFn = unsafe extern "C" fn(c_int, c_int, *mut c_uint) -> c_int;
 type ErrorCodesFn = unsafe extern "C" fn(c_int, c_int, *mut c_int, *mut c_uint, c_uint) -> c_int;
 type NetworkHealthFn = unsafe extern "C" fn(c_int, c_int, *mut c_int) -> c_int;
 type ChipInfoFn = unsafe extern "C" fn(c_int, c_int, *mut RawChipInfo) -> c_int;
+type RateFn = unsafe extern "C" fn(c_int, c_int, c_int, *mut c_uint) -> c_int;
+type IntFn = unsafe extern "C" fn(c_int, c_int, *mut c_int) -> c_int;
+type HbmFn = unsafe extern "C" fn(c_int, c_int, *mut RawHbmInfo) -> c_int;
 /// `main_cmd` is a C enum: an int.
 type DeviceInfoFn =
     unsafe extern "C" fn(c_int, c_int, c_int, c_uint, *mut std::ffi::c_void, *mut c_uint) -> c_int;
@@ -79,6 +99,37 @@ pub struct SpodInfo {
     pub server_index: u32,
     pub chassis_id: u32,
     pub super_pod_type: u32,
+}
+
+/// `dcmi_get_device_utilization_rate`'s input type for the AI cores.
+pub const UTILIZATION_AI_CORE: c_int = 2;
+/// `DCMI_FREQ_AICORE_CURRENT_`: the AI cores' clock now.
+pub const FREQUENCY_AI_CORE_CURRENT: c_int = 7;
+
+/// `struct dcmi_hbm_info`, exactly as the library fills it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RawHbmInfo {
+    /// MB.
+    pub memory_size: u64,
+    /// MHz.
+    pub freq: c_uint,
+    /// MB.
+    pub memory_usage: u64,
+    /// C.
+    pub temp: c_int,
+    /// %.
+    pub bandwidth_util_rate: c_uint,
+}
+
+/// The per-chip figure calls (`None`: the library lacks the call).
+#[derive(Clone, Copy, Default)]
+struct FigureCalls {
+    utilization: Option<RateFn>,
+    temperature: Option<IntFn>,
+    power: Option<IntFn>,
+    frequency: Option<RateFn>,
+    hbm: Option<HbmFn>,
 }
 
 /// `MAX_CHIP_NAME_LEN`: the size of each string array of `struct dcmi_chip_info`.
@@ -129,6 +180,7 @@ pub struct Dcmi {
     network_health: Option<NetworkHealthFn>,
     device_info: Option<DeviceInfoFn>,
     chip_info: Option<ChipInfoFn>,
+    figures: FigureCalls,
     _lib: Library,
 }
 
@@ -185,6 +237,13 @@ impl Dcmi {
             network_health: sym(&lib, "dcmi_get_device_network_health"),
             device_info: sym(&lib, "dcmi_get_device_info"),
             chip_info: sym(&lib, "dcmi_get_device_chip_info"),
+            figures: FigureCalls {
+                utilization: sym(&lib, "dcmi_get_device_utilization_rate"),
+                temperature: sym(&lib, "dcmi_get_device_temperature"),
+                power: sym(&lib, "dcmi_get_device_power_info"),
+                frequency: sym(&lib, "dcmi_get_device_frequency"),
+                hbm: sym(&lib, "dcmi_get_device_hbm_info"),
+            },
             _lib: lib,
         })
     }
@@ -381,9 +440,78 @@ impl Dcmi {
     }
 }
 
+/// A figure call the library lacks: the same answer as a chip that does not support it.
+fn lacking(call: &'static str) -> CallError {
+    CallError {
+        call,
+        code: i64::from(NOT_SUPPORTED),
+    }
+}
+
+impl Dcmi {
+    /// `dcmi_get_device_utilization_rate` of `input_type`, in percent.
+    pub fn utilization(&self, card: i32, chip: i32, input_type: c_int) -> Result<u32, CallError> {
+        let call = "dcmi_get_device_utilization_rate";
+        let f = self.figures.utilization.ok_or(lacking(call))?;
+        let mut rate: c_uint = 0;
+        // SAFETY: `rate` is writable for the call.
+        check(call, unsafe { f(card, chip, input_type, &mut rate) })?;
+        Ok(rate)
+    }
+
+    /// `dcmi_get_device_temperature`, in degrees Celsius.
+    pub fn temperature(&self, card: i32, chip: i32) -> Result<i32, CallError> {
+        let call = "dcmi_get_device_temperature";
+        let f = self.figures.temperature.ok_or(lacking(call))?;
+        let mut t: c_int = 0;
+        // SAFETY: `t` is writable for the call.
+        check(call, unsafe { f(card, chip, &mut t) })?;
+        Ok(t)
+    }
+
+    /// `dcmi_get_device_power_info`, in tenths of a watt.
+    pub fn power(&self, card: i32, chip: i32) -> Result<i32, CallError> {
+        let call = "dcmi_get_device_power_info";
+        let f = self.figures.power.ok_or(lacking(call))?;
+        let mut p: c_int = 0;
+        // SAFETY: `p` is writable for the call.
+        check(call, unsafe { f(card, chip, &mut p) })?;
+        Ok(p)
+    }
+
+    /// `dcmi_get_device_frequency` of `input_type`, in MHz.
+    pub fn frequency(&self, card: i32, chip: i32, input_type: c_int) -> Result<u32, CallError> {
+        let call = "dcmi_get_device_frequency";
+        let f = self.figures.frequency.ok_or(lacking(call))?;
+        let mut mhz: c_uint = 0;
+        // SAFETY: `mhz` is writable for the call (a C enum is an int).
+        check(call, unsafe { f(card, chip, input_type, &mut mhz) })?;
+        Ok(mhz)
+    }
+
+    /// `dcmi_get_device_hbm_info`.
+    pub fn hbm(&self, card: i32, chip: i32) -> Result<RawHbmInfo, CallError> {
+        let call = "dcmi_get_device_hbm_info";
+        let f = self.figures.hbm.ok_or(lacking(call))?;
+        let mut info = RawHbmInfo::default();
+        // SAFETY: `info` is a writable `struct dcmi_hbm_info` (same layout, `repr(C)`).
+        check(call, unsafe { f(card, chip, &mut info) })?;
+        Ok(info)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hbm_info_has_the_c_layout() {
+        // u64, u32 (+4 padding), u64, i32, u32: 32 bytes, 8-aligned, usage at offset 16.
+        assert_eq!(std::mem::size_of::<RawHbmInfo>(), 32);
+        assert_eq!(std::mem::align_of::<RawHbmInfo>(), 8);
+        assert_eq!(std::mem::offset_of!(RawHbmInfo, memory_usage), 16);
+        assert_eq!(std::mem::offset_of!(RawHbmInfo, bandwidth_util_rate), 28);
+    }
 
     #[test]
     fn chip_info_has_the_c_layout() {

@@ -67,6 +67,8 @@ pub struct ServerAnswers {
 struct Chip {
     card: i32,
     chip: i32,
+    /// Its physical id (the `N` of `/dev/davinciN`).
+    phy: u32,
     id: String,
     fault: Option<Fault>,
     network: Option<Fault>,
@@ -143,6 +145,31 @@ fn run(setup: DcmiSetup, calls: &CallWatch) {
     }
 }
 
+/// A chip of the node: where DCMI finds it, and which of our devices it is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Located {
+    pub card: i32,
+    pub chip: i32,
+    /// Its physical id (the `N` of `/dev/davinciN`).
+    pub phy: u32,
+    /// Our device id (`Ascend910-N`).
+    pub id: String,
+}
+
+/// Every chip of every card that is one of `devices` (davinci index, device id); what cannot
+/// be listed or matched is logged and left out.
+pub fn locate(dcmi: &Dcmi, devices: &[(u32, String)]) -> Vec<Located> {
+    enumerate(dcmi, devices)
+        .into_iter()
+        .map(|c| Located {
+            card: c.card,
+            chip: c.chip,
+            phy: c.phy,
+            id: c.id,
+        })
+        .collect()
+}
+
 /// Every chip of every card, matched to our devices by physical id.
 fn enumerate(dcmi: &Dcmi, devices: &[(u32, String)]) -> Vec<Chip> {
     let by_index: BTreeMap<u32, &str> = devices.iter().map(|(i, id)| (*i, id.as_str())).collect();
@@ -177,6 +204,7 @@ fn enumerate(dcmi: &Dcmi, devices: &[(u32, String)]) -> Vec<Chip> {
                 Some(id) => out.push(Chip {
                     card,
                     chip,
+                    phy,
                     id: (*id).to_string(),
                     fault: None,
                     network: None,
