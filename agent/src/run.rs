@@ -28,6 +28,7 @@ use fumarole_device_plugin::settings::{DevicePluginArgs, DevicePluginSettings, D
 use fumarole_exporter::device_health::HealthStream;
 use fumarole_exporter::device_health::dcmi::ServerAnswers;
 use fumarole_exporter::device_health::nvml::NvmlSession;
+use fumarole_exporter::device_health::nvml::xid::LastXids;
 use fumarole_exporter::device_health::settings::HealthArgs;
 use fumarole_exporter::device_health::sources::{ascend_devices, dcmi_library, start_sources};
 use fumarole_exporter::device_metrics::{self, DeviceMetrics, DeviceMetricsArgs};
@@ -298,7 +299,7 @@ fn discover_and_watch_health(
                 resources.as_deref(),
                 session.as_ref(),
                 stream,
-                answers,
+                (answers, metrics.last_xids()),
             );
             Ok(resources.map(|r| (r, topology)))
         }
@@ -329,7 +330,7 @@ async fn standalone(args: RunArgs, mut prepared: Prepared) -> Result<()> {
         Some(&resources),
         session.as_ref(),
         &stream,
-        ServerAnswers::default(),
+        (ServerAnswers::default(), LastXids::default()),
     );
     fault_events::spawn_reports(stream.subscribe(), None, None);
     let (resources, dra) = split(resources);
@@ -380,7 +381,7 @@ fn start_health(
     resources: Option<&[Resource]>,
     session: Option<&NvmlSession>,
     stream: &HealthStream,
-    answers: ServerAnswers,
+    (answers, last_xids): (ServerAnswers, LastXids),
 ) {
     // The device plugins' device nodes when they are served, else what discovery found.
     let dev_nodes = match resources {
@@ -401,6 +402,7 @@ fn start_health(
         host,
         stream,
         answers,
+        last_xids,
     );
 }
 

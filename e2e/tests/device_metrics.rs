@@ -81,7 +81,14 @@ async fn nvml_figures_reach_metrics_with_their_pods_under_both_names() {
         }
         // GPU 5's library gives no power figure.
         g_remove(&mut s["gpus"][5]["metrics"], "powerMilliwatts");
+        // GPU 0's first NVLink link has carried 1 GiB out and 2 GiB in.
+        s["gpus"][0]["nvlinks"][0]["txKib"] = json!(1u64 << 20);
+        s["gpus"][0]["nvlinks"][0]["rxKib"] = json!(2u64 << 20);
     });
+    assert!(
+        nvml.state["gpus"][0]["nvlinks"][0]["up"] != json!(false),
+        "the fixture's GPU 0 has an active NVLink link 0"
+    );
     let kdm = cluster
         .start_kubelet_dm_with_pod_resources(
             &dir.path().join("device-plugins"),
@@ -158,6 +165,22 @@ async fn nvml_figures_reach_metrics_with_their_pods_under_both_names() {
         Some(2.0),
         "{body}"
     );
+    // NVLink data per link: link 0's counters (the other links give none).
+    let link0 = |dir: &str| {
+        format!(
+            "fumarole_device_nvlink_{dir}_bytes_total{{device=\"nvidia-0\",uuid=\"{gpu0}\",model=\"NVIDIA H100 80GB HBM3\",node=\"{NODE}\",link=\"0\",namespace=\"ml\",pod=\"train-0\",container=\"main\"}}"
+        )
+    };
+    assert_eq!(
+        value(&body, &link0("transmit")),
+        Some((1u64 << 30) as f64),
+        "{body}"
+    );
+    assert_eq!(
+        value(&body, &link0("receive")),
+        Some((2u64 << 30) as f64),
+        "{body}"
+    );
     // 7 power figures: GPU 5's is left out, and its failure counted.
     assert_eq!(
         body.lines()
@@ -230,12 +253,28 @@ async fn nvml_figures_reach_metrics_with_their_pods_under_both_names() {
     )
     .await
     .unwrap();
-    // Unhung: fresh figures again.
+    // Unhung: fresh figures again, with GPU 3's last XID (dcgm-exporter's gauge) and 0 for
+    // the GPUs that had none.
     nvml.edit(|s| s["hang"] = json!([]));
-    scrape_until(port, "fresh figures again", |b| {
+    let fresh = scrape_until(port, "fresh figures again with GPU 3's XID", |b| {
         value(b, "fumarole_device_metrics_age_seconds").is_some_and(|age| age < 2.0)
+            && value(b, "DCGM_FI_DEV_XID_ERRORS{gpu=\"3\"").is_some()
     })
     .await;
+    assert_eq!(
+        value(&fresh, "DCGM_FI_DEV_XID_ERRORS{gpu=\"3\""),
+        Some(79.0),
+        "{fresh}"
+    );
+    assert_eq!(
+        value(&fresh, "fumarole_device_last_xid{device=\"nvidia-3\""),
+        Some(79.0)
+    );
+    assert_eq!(
+        value(&fresh, "DCGM_FI_DEV_XID_ERRORS{gpu=\"4\""),
+        Some(0.0),
+        "{fresh}"
+    );
 
     // Every per-device metric the Grafana dashboard queries is one the agent exports here.
     let dashboard: Value = serde_json::from_str(

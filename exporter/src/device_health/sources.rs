@@ -8,7 +8,8 @@ use std::time::Duration;
 use fumarole_topology::{LinkClass, NodeTopology, Vendor};
 
 use super::dcmi::{self, DcmiSetup, ServerAnswers};
-use super::nvml::{HealthSetup, NvmlSession, xid};
+use super::nvml::xid::{self, LastXids};
+use super::nvml::{HealthSetup, NvmlSession};
 use super::settings::HealthArgs;
 use super::{HealthStream, dev_nodes, watchdog};
 
@@ -16,7 +17,7 @@ use super::{HealthStream, dev_nodes, watchdog};
 /// device id and the nodes it needs under `root`), NVML through `nvml` when the node uses the
 /// library, DCMI when the node has Ascend NPUs and a DCMI library (`host` nodes look for
 /// `libdcmi.so` by default). The DCMI source's answers about the server (super-pod, chip
-/// info) go to `answers`.
+/// info) go to `answers`; the NVML source's XIDs, each GPU's last, to `last_xids`.
 #[allow(clippy::too_many_arguments)]
 pub fn start_sources(
     args: &HealthArgs,
@@ -27,6 +28,7 @@ pub fn start_sources(
     host: bool,
     stream: &HealthStream,
     answers: ServerAnswers,
+    last_xids: LastXids,
 ) {
     dev_nodes::spawn(root, dev_node_list, stream.source("dev-nodes"));
     let limit = args.health_poll_interval + Duration::from_secs(5);
@@ -47,6 +49,7 @@ pub fn start_sources(
             quiet: args.health_quiet_period,
             poll: args.health_poll_interval,
             source: stream.source("nvml"),
+            last_xids,
         });
     }
 

@@ -34,6 +34,7 @@ use tokio::sync::watch;
 
 use fumarole_topology::crd::PodDeviceUsage;
 
+use crate::device_health::nvml::xid::LastXids;
 use crate::kubelet::{AllocationSource, Allocations};
 use usage::UsageTracker;
 
@@ -127,6 +128,9 @@ pub enum Figure {
     PcieTransmit,
     PcieReceive,
     PcieReplays,
+    NvlinkTransmit,
+    NvlinkReceive,
+    LastXid,
     Healthy,
 }
 
@@ -331,6 +335,27 @@ pub const SPECS: &[Spec] = &[
         Some(dcgm("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", 1.0, true)),
     ),
     spec(
+        Figure::NvlinkTransmit,
+        "device_nvlink_transmit_bytes",
+        "Data sent over the NVLink link since the driver loaded, per link",
+        true,
+        None,
+    ),
+    spec(
+        Figure::NvlinkReceive,
+        "device_nvlink_receive_bytes",
+        "Data received over the NVLink link since the driver loaded, per link",
+        true,
+        None,
+    ),
+    spec(
+        Figure::LastXid,
+        "device_last_xid",
+        "The last XID error the driver reported for the device (0: none since the agent started)",
+        false,
+        Some(dcgm("DCGM_FI_DEV_XID_ERRORS", 1.0, false)),
+    ),
+    spec(
         Figure::Healthy,
         "device_healthy",
         "1 when the vendor library calls the device healthy, 0 when it reports a fault",
@@ -401,6 +426,15 @@ pub struct DeviceSample {
     pub mig_uuids: Vec<String>,
     /// The figures read (a failed read leaves its figure out).
     pub values: BTreeMap<Figure, f64>,
+    /// Per-link figures (NVLink throughput), by link number.
+    pub links: BTreeMap<u32, BTreeMap<Figure, f64>>,
+}
+
+impl DeviceSample {
+    /// Whether any reading of `figure` is here, per device or per link.
+    fn has(&self, figure: Figure) -> bool {
+        self.values.contains_key(&figure) || self.links.values().any(|l| l.contains_key(&figure))
+    }
 }
 
 /// One reading of every device of the node that one library answers for.
@@ -436,6 +470,8 @@ struct Inner {
     /// each.
     held: RwLock<Vec<(String, Holder)>>,
     errors: Family<Vec<(String, String)>, Counter>,
+    /// Each GPU's last XID, from the NVML health thread's events.
+    last_xids: LastXids,
     usage: Mutex<UsageTracker>,
     /// Each holding pod's use of its devices, after each reading.
     pods: watch::Sender<Vec<PodDeviceUsage>>,
@@ -458,6 +494,7 @@ impl DeviceMetrics {
                 snapshots: RwLock::new(BTreeMap::new()),
                 held: RwLock::new(Vec::new()),
                 errors: Family::default(),
+                last_xids: LastXids::default(),
                 usage: Mutex::new(UsageTracker::new(args.device_usage_window)),
                 pods: watch::channel(Vec::new()).0,
             }),
@@ -553,6 +590,11 @@ impl DeviceMetrics {
             .held
             .write()
             .unwrap_or_else(PoisonError::into_inner) = held;
+    }
+
+    /// Where the NVML health thread records each GPU's last XID, for the figures.
+    pub fn last_xids(&self) -> LastXids {
+        self.inner.last_xids.clone()
     }
 
     /// Each holding pod's use of its devices, as of the last reading (empty before one).
@@ -709,29 +751,46 @@ impl Collector for Figures {
             let Some((name, factor, kind)) = self.written(spec) else {
                 continue;
             };
-            if !devices
-                .iter()
-                .any(|(d, _)| d.values.contains_key(&spec.figure))
-            {
+            if !devices.iter().any(|(d, _)| d.has(spec.figure)) {
                 continue;
             }
             let mut family = encoder.encode_descriptor(name, spec.help, None, kind)?;
+            let counter = spec.counter && self.names == Names::Fumarole;
             for (device, label_sets) in &devices {
-                let Some(value) = device.values.get(&spec.figure) else {
-                    continue;
-                };
-                let value = value * factor;
-                for labels in label_sets {
-                    let mut sample = family.encode_family(labels)?;
-                    if spec.counter && self.names == Names::Fumarole {
-                        sample.encode_counter::<NoLabelSet, f64, f64>(&value, None)?;
-                    } else {
-                        sample.encode_gauge(&value)?;
+                if let Some(value) = device.values.get(&spec.figure) {
+                    for labels in label_sets {
+                        encode_one(&mut family, labels, value * factor, counter)?;
+                    }
+                }
+                for (link, figures) in &device.links {
+                    let Some(value) = figures.get(&spec.figure) else {
+                        continue;
+                    };
+                    for labels in label_sets {
+                        // `link` before the holder's three labels.
+                        let mut labels = labels.clone();
+                        labels.insert(labels.len() - 3, ("link".into(), link.to_string()));
+                        encode_one(&mut family, &labels, value * factor, counter)?;
                     }
                 }
             }
         }
         Ok(())
+    }
+}
+
+/// One sample of a family: a counter (fumarole's names) or a gauge.
+fn encode_one(
+    family: &mut prometheus_client::encoding::MetricEncoder<'_>,
+    labels: &LabelSet,
+    value: f64,
+    counter: bool,
+) -> Result<(), std::fmt::Error> {
+    let mut sample = family.encode_family(labels)?;
+    if counter {
+        sample.encode_counter::<NoLabelSet, f64, f64>(&value, None)
+    } else {
+        sample.encode_gauge(&value)
     }
 }
 

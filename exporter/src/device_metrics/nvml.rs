@@ -2,6 +2,7 @@
 //! users), so the health thread's event wait and checks never queue behind a reading, and a
 //! reading that hangs stops only this thread.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
@@ -14,7 +15,7 @@ use nvml_wrapper::error::NvmlError;
 use super::{DeviceMetrics, DeviceSample, Figure, Library, Snapshot};
 use crate::device_health::LogOnce;
 use crate::device_health::nvml::remapped_rows;
-use crate::discover::nvml::{MIG_ENABLED, open_library};
+use crate::discover::nvml::{MIG_ENABLED, NVLINK_MAX_LANES, open_library};
 
 /// Starts reading every GPU's figures into `metrics` every `every`, from the library at
 /// `lib_path` (default `libnvidia-ml.so.1`). No thread when the library is not there.
@@ -73,6 +74,7 @@ pub fn sample(
             pci_bus_id: device.pci_info().map(|p| p.bus_id).unwrap_or_default(),
             mig_uuids: mig_uuids(&device),
             values: Default::default(),
+            links: Default::default(),
         };
         // One call may answer several figures; when it fails, each of them is left out.
         let mut read = |figures: &[Figure], values: Result<Vec<f64>, NvmlError>| match values {
@@ -195,6 +197,22 @@ pub fn sample(
             &[Figure::PcieReplays],
             device.pcie_replay_counter().map(|n| one(f64::from(n))),
         );
+        match nvlink_throughput(nvml, &device) {
+            Ok(links) => gpu.links = links,
+            Err(e) => {
+                for figure in [Figure::NvlinkTransmit, Figure::NvlinkReceive] {
+                    metrics.failed(figure);
+                    if logs.first(&format!("{index}/{}", figure.label())) {
+                        tracing::info!(gpu = index, figure = figure.label(), error = %e,
+                            "NVML does not give this figure: left out");
+                    }
+                }
+            }
+        }
+        // From the health thread's events (none while it does not watch them).
+        if let Some(xid) = metrics.last_xids().get(&gpu.id) {
+            gpu.values.insert(Figure::LastXid, xid as f64);
+        }
         gpus.push(gpu);
     }
     Snapshot {
@@ -203,6 +221,73 @@ pub fn sample(
         driver_version: driver_version.to_string(),
         devices: gpus,
     }
+}
+
+/// `NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX` / `_RX`: KiB of data over one link (`scopeId`) since
+/// the driver loaded.
+const FI_NVLINK_DATA_TX: u32 = 138;
+const FI_NVLINK_DATA_RX: u32 = 139;
+
+/// Bytes sent and received over each active NVLink link (`nvmlDeviceGetFieldValues` with the
+/// link as scope, which `nvml-wrapper` does not set). A GPU without NVLink has no active link:
+/// no figure and no call. A link whose fields NVML does not give is left out.
+fn nvlink_throughput(
+    nvml: &Nvml,
+    device: &nvml_wrapper::Device<'_>,
+) -> Result<BTreeMap<u32, BTreeMap<Figure, f64>>, NvmlError> {
+    use nvml_wrapper_sys::bindings::{
+        nvmlFieldValue_t, nvmlReturn_enum_NVML_SUCCESS,
+        nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_LONG_LONG,
+    };
+    let active: Vec<u32> = (0..NVLINK_MAX_LANES)
+        .filter(|l| device.link_wrapper_for(*l).is_active().unwrap_or(false))
+        .collect();
+    if active.is_empty() {
+        return Ok(BTreeMap::new());
+    }
+    let get = nvml
+        .lib()
+        .nvmlDeviceGetFieldValues
+        .as_ref()
+        .map_err(|e| NvmlError::FailedToLoadSymbol(e.to_string()))?;
+    let mut fields: Vec<nvmlFieldValue_t> = active
+        .iter()
+        .flat_map(|link| {
+            [FI_NVLINK_DATA_TX, FI_NVLINK_DATA_RX].map(|id| {
+                // SAFETY: a plain C struct, valid all zeros (as nvml-wrapper builds it).
+                let mut f: nvmlFieldValue_t = unsafe { std::mem::zeroed() };
+                f.fieldId = id;
+                f.scopeId = *link;
+                f
+            })
+        })
+        .collect();
+    let count = i32::try_from(fields.len()).unwrap_or(i32::MAX);
+    // SAFETY: live handle of this `nvml`; `fields` holds `count` writable entries.
+    let ret = unsafe { get(device.handle(), count, fields.as_mut_ptr()) };
+    if ret != nvmlReturn_enum_NVML_SUCCESS {
+        return Err(NvmlError::from(ret));
+    }
+    let mut links: BTreeMap<u32, BTreeMap<Figure, f64>> = BTreeMap::new();
+    for f in &fields {
+        if f.nvmlReturn != nvmlReturn_enum_NVML_SUCCESS
+            || f.valueType != nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+        {
+            continue;
+        }
+        let figure = if f.fieldId == FI_NVLINK_DATA_TX {
+            Figure::NvlinkTransmit
+        } else {
+            Figure::NvlinkReceive
+        };
+        // SAFETY: `valueType` says the union holds an unsigned long long.
+        let kib = unsafe { f.value.ullVal };
+        links
+            .entry(f.scopeId)
+            .or_default()
+            .insert(figure, kib as f64 * 1024.0);
+    }
+    Ok(links)
 }
 
 /// The uuids of a GPU's MIG devices (none when MIG is off or not supported).

@@ -18,6 +18,7 @@ fn gpu(index: u32, uuid: &str, values: &[(Figure, f64)]) -> DeviceSample {
         pci_bus_id: format!("00000000:{:02X}:00.0", 0x1b + index),
         mig_uuids: vec![],
         values: values.iter().copied().collect(),
+        links: BTreeMap::new(),
     }
 }
 
@@ -74,6 +75,16 @@ fn two_gpus() -> Snapshot {
         ],
     );
     held.mig_uuids = vec!["MIG-a".into()];
+    held.links = BTreeMap::from([
+        (
+            0,
+            BTreeMap::from([
+                (Figure::NvlinkTransmit, 1024.0),
+                (Figure::NvlinkReceive, 2048.0),
+            ]),
+        ),
+        (3, BTreeMap::from([(Figure::NvlinkTransmit, 4096.0)])),
+    ]);
     Snapshot {
         library: Library::Nvml,
         taken: SystemTime::now() - Duration::from_secs(3),
@@ -115,6 +126,13 @@ fn fumarole_names_carry_the_device_its_holders_and_the_age() {
     );
     assert!(
         out.contains("fumarole_device_energy_joules_total{device=\"nvidia-0\""),
+        "{out}"
+    );
+    // Per-link figures carry the link before the holder's labels; none under dcgm's names.
+    assert!(out.contains("fumarole_device_nvlink_transmit_bytes_total{device=\"nvidia-0\",uuid=\"GPU-0\",model=\"NVIDIA H100 80GB HBM3\",node=\"node-1\",link=\"3\",namespace=\"team\",pod=\"whole\",container=\"main\"} 4096.0"), "{out}");
+    assert_eq!(
+        sample_of(&out, "fumarole_device_nvlink_receive_bytes_total{").len(),
+        3,
         "{out}"
     );
     let age = sample_of(
@@ -208,7 +226,7 @@ fn every_figure_has_one_spec_and_exporter_names_are_distinct() {
             assert!(names.insert(npu.name), "{}", npu.name);
         }
     }
-    assert_eq!(SPECS.len(), 24);
+    assert_eq!(SPECS.len(), 27);
 }
 
 /// `docs/reference/dcgm-exporter.md`, written from dcgm-exporter's public counter lists: name

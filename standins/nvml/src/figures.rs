@@ -260,3 +260,51 @@ pub unsafe extern "C" fn nvmlDeviceGetPcieReplayCounter(
     check!("nvmlDeviceGetPcieReplayCounter");
     answer(device, value, |m| m.pcie_replays)
 }
+
+/// `NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX` / `_RX`.
+const FI_NVLINK_DATA_TX: c_uint = 138;
+const FI_NVLINK_DATA_RX: c_uint = 139;
+
+/// `nvmlDeviceGetFieldValues`: the NVLink data counters of the link each value's `scopeId`
+/// names (the lane's `txKib` / `rxKib`); any other field, or a figure absent, answers
+/// NotSupported in that value, as the real library does per field.
+///
+/// # Safety
+/// `values` holds `count` writable entries.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn nvmlDeviceGetFieldValues(
+    device: nvmlDevice_t,
+    count: std::ffi::c_int,
+    values: *mut nvmlFieldValue_t,
+) -> nvmlReturn_t {
+    check!("nvmlDeviceGetFieldValues");
+    if let Err(code) = gpu(device) {
+        return code;
+    }
+    let Ok(n) = usize::try_from(count) else {
+        return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
+    };
+    if values.is_null() {
+        return nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
+    }
+    // SAFETY: the caller passes `count` writable entries (checked non-null).
+    let values = unsafe { std::slice::from_raw_parts_mut(values, n) };
+    for v in values {
+        let kib = crate::lane(device, v.scopeId)
+            .ok()
+            .and_then(|l| match v.fieldId {
+                FI_NVLINK_DATA_TX => l.tx_kib,
+                FI_NVLINK_DATA_RX => l.rx_kib,
+                _ => None,
+            });
+        match kib {
+            Some(kib) => {
+                v.nvmlReturn = nvmlReturn_enum_NVML_SUCCESS;
+                v.valueType = nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
+                v.value.ullVal = kib;
+            }
+            None => v.nvmlReturn = nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED,
+        }
+    }
+    nvmlReturn_enum_NVML_SUCCESS
+}

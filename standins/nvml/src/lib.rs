@@ -13,7 +13,8 @@
 //!   "gpus": [{
 //!     "pciBusId": "00000000:1B:00.0", "index": 0, "uuid": "GPU-...", "name": "NVIDIA H100",
 //!     "serial": "1650000000000", "minor": 0,
-//!     "nvlinks": [{"remotePciBusId": "00000000:D2:00.0", "remote": "switch", "up": true}],
+//!     "nvlinks": [{"remotePciBusId": "00000000:D2:00.0", "remote": "switch", "up": true,
+//!                  "txKib": 1024, "rxKib": 2048}],
 //!     "lost": false, "retiredPagesPending": false,
 //!     "rowRemapPending": false, "rowRemapFailed": false,
 //!     "computeCapability": {"major": 9, "minor": 0}, "migCapable": true,
@@ -201,6 +202,12 @@ struct Lane {
     remote: String,
     #[serde(default = "yes")]
     up: bool,
+    /// KiB sent and received over the link since the driver loaded
+    /// (`NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX` / `_RX`); absent: NotSupported.
+    #[serde(default)]
+    tx_kib: Option<u64>,
+    #[serde(default)]
+    rx_kib: Option<u64>,
 }
 
 fn yes() -> bool {

@@ -52,6 +52,8 @@ pub struct HealthSetup {
     /// How often the periodic check runs.
     pub poll: Duration,
     pub source: SourceHandle,
+    /// Where each GPU's last XID goes.
+    pub last_xids: xid::LastXids,
 }
 
 enum Phase {
@@ -236,6 +238,7 @@ struct Monitor<'n> {
     gpus: Vec<Gpu<'n>>,
     events: Option<nvml_wrapper::EventSet<'n>>,
     ignored: BTreeSet<u64>,
+    last_xids: xid::LastXids,
     poll: Duration,
     recovery: Recovery,
     source: SourceHandle,
@@ -255,6 +258,7 @@ impl<'n> Monitor<'n> {
             gpus: Vec::new(),
             events: None,
             ignored: setup.ignored_xids,
+            last_xids: setup.last_xids,
             poll: setup.poll,
             recovery: Recovery::new(setup.quiet),
             source: setup.source,
@@ -263,6 +267,9 @@ impl<'n> Monitor<'n> {
         };
         m.find_gpus(&setup.devices);
         m.register_events();
+        if m.events.is_some() {
+            m.last_xids.watching();
+        }
         tracing::info!(gpus = m.gpus.len(), events = m.events.is_some(), poll = ?m.poll, "NVML health watching");
         m
     }
@@ -451,9 +458,13 @@ impl<'n> Monitor<'n> {
         data: Option<u64>,
     ) {
         let now = Instant::now();
+        let ids = self.ids_of(handle);
         let mut faults = Vec::new();
         if types.contains(EventTypes::CRITICAL_XID_ERROR) {
             let xid = data.unwrap_or(xid::UNKNOWN_XID);
+            for id in &ids {
+                self.last_xids.record(id, xid);
+            }
             match xid::classify(xid, &self.ignored) {
                 XidClass::Ignored => {
                     tracing::info!(xid, "XID is the application's fault: device stays in use");
@@ -470,6 +481,16 @@ impl<'n> Monitor<'n> {
         if faults.is_empty() {
             return;
         }
+        for id in ids {
+            for f in &faults {
+                self.recovery.event(&id, f.clone(), now);
+            }
+        }
+    }
+
+    /// The ids of the GPUs an event names by `handle`; every GPU when it names none we know
+    /// (NVIDIA's plugin does the same: an event naming no known GPU marks them all).
+    fn ids_of(&self, handle: nvml_wrapper_sys::bindings::nvmlDevice_t) -> Vec<String> {
         // SAFETY (for `handle()`): handles are only compared.
         let target: Vec<String> = self
             .gpus
@@ -477,18 +498,11 @@ impl<'n> Monitor<'n> {
             .filter(|g| unsafe { g.device.handle() } == handle)
             .map(|g| g.id.clone())
             .collect();
-        let target = if target.is_empty() {
-            // NVIDIA's plugin does the same: an event naming no known GPU marks them all.
-            tracing::warn!("NVML event names no known GPU: marking every GPU until it recovers");
-            self.gpus.iter().map(|g| g.id.clone()).collect()
-        } else {
-            target
-        };
-        for id in target {
-            for f in &faults {
-                self.recovery.event(&id, f.clone(), now);
-            }
+        if !target.is_empty() {
+            return target;
         }
+        tracing::warn!("NVML event names no known GPU: it counts for every GPU");
+        self.gpus.iter().map(|g| g.id.clone()).collect()
     }
 
     /// The periodic check of every GPU.

@@ -8,7 +8,44 @@
 //! (79: fallen off the bus; 48: double-bit ECC; 63/64: page retirement or row remapping
 //! recorded / failed; 94/95: contained / uncontained ECC error; 74: NVLink error; ...).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, PoisonError};
+
+/// The last XID each GPU reported (ignored ones too), by device id, for the per-device figures
+/// (`DCGM_FI_DEV_XID_ERRORS`). Nothing is known until the health thread watches XID events
+/// ([`Self::watching`]); from then on a GPU without one reads 0.
+#[derive(Clone, Debug, Default)]
+pub struct LastXids(Arc<Mutex<Option<HashMap<String, u64>>>>);
+
+impl LastXids {
+    /// The health thread now receives XID events.
+    pub fn watching(&self) {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get_or_insert_with(HashMap::new);
+    }
+
+    pub fn record(&self, device: &str, xid: u64) {
+        if let Some(last) = self
+            .0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_mut()
+        {
+            last.insert(device.to_string(), xid);
+        }
+    }
+
+    /// `device`'s last XID, 0 when none came; `None` while XIDs are not watched.
+    pub fn get(&self, device: &str) -> Option<u64> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .map(|last| last.get(device).copied().unwrap_or(0))
+    }
+}
 
 /// The XIDs NVIDIA's device plugin ignores because they are the application's fault:
 /// 13 (graphics engine exception), 31 (GPU memory page fault), 43 (GPU stopped processing),
