@@ -96,13 +96,17 @@ async fn nvml_figures_reach_metrics_with_their_pods_under_both_names() {
         )
         .await
         .unwrap();
-    // train-0 holds GPUs 0 and 1; infer-0 one replica of GPU 2.
+    // train-0 holds GPUs 0 and 1; infer-0 one replica of GPU 2; tune-0 GPU 6 through a DRA
+    // claim (fumarole's driver, the device by its name in the pool).
     let (gpu0, gpu1, gpu2) = (uuid(0), uuid(1), uuid(2));
     kdm.set_pod_resources(json!([
         {"name": "train-0", "namespace": "ml", "uid": "6f1c8e2a-0000-4000-8000-00000000a001",
          "containers": [{"name": "main", "devices": [{"resource_name": GPU, "device_ids": [gpu0, gpu1]}]}]},
         {"name": "infer-0", "namespace": "web", "uid": "6f1c8e2a-0000-4000-8000-00000000a002",
-         "containers": [{"name": "server", "devices": [{"resource_name": "nvidia.com/gpu.shared", "device_ids": [format!("{gpu2}::1")]}]}]}
+         "containers": [{"name": "server", "devices": [{"resource_name": "nvidia.com/gpu.shared", "device_ids": [format!("{gpu2}::1")]}]}]},
+        {"name": "tune-0", "namespace": "ml", "uid": "6f1c8e2a-0000-4000-8000-00000000a003",
+         "containers": [{"name": "main", "dynamic_resources": [{"claim_name": "gpu", "claim_namespace": "ml",
+            "claim_resources": [{"driver_name": "gpu.fumarole.dev", "pool_name": NODE, "device_name": "nvidia-6"}]}]}]}
     ]))
     .await
     .unwrap();
@@ -139,6 +143,15 @@ async fn nvml_figures_reach_metrics_with_their_pods_under_both_names() {
         value(&body, &util2),
         Some(0.12),
         "a replica's holder: {body}"
+    );
+    let dra6 = format!(
+        "fumarole_device_utilization_ratio{{device=\"nvidia-6\",uuid=\"{}\",model=\"NVIDIA H100 80GB HBM3\",node=\"{NODE}\",namespace=\"ml\",pod=\"tune-0\",container=\"main\"}}",
+        uuid(6)
+    );
+    assert_eq!(
+        value(&body, &dra6),
+        Some(0.16),
+        "a DRA claim's holder: {body}"
     );
     let free7 = format!(
         "fumarole_device_memory_used_bytes{{device=\"nvidia-7\",uuid=\"{}\",model=\"NVIDIA H100 80GB HBM3\",node=\"{NODE}\",namespace=\"\",pod=\"\",container=\"\"}}",
@@ -309,7 +322,8 @@ async fn nvml_figures_reach_metrics_with_their_pods_under_both_names() {
     assert!(queried >= 8, "{queried}");
 
     // Each holding pod's use in DeviceTopology: train-0 holds GPUs 0 (95 %) and 1 (11 %),
-    // infer-0 a share of GPU 2 (12 %); then train-0's GPUs go quiet and it is idle.
+    // infer-0 a share of GPU 2 (12 %), tune-0 GPU 6 by its claim (16 %); then train-0's GPUs go
+    // quiet and it is idle.
     let pods_of = |client: kube::Client| async move {
         let dt = device_topologies(client).get_opt(NODE).await?;
         anyhow::Ok(serde_json::to_value(dt)?["status"]["pods"].clone())
@@ -331,6 +345,7 @@ async fn nvml_figures_reach_metrics_with_their_pods_under_both_names() {
         busy,
         json!([
             {"namespace": "ml", "pod": "train-0", "devices": 2, "utilizationPercent": 50},
+            {"namespace": "ml", "pod": "tune-0", "devices": 1, "utilizationPercent": 20},
             {"namespace": "web", "pod": "infer-0", "devices": 1, "utilizationPercent": 10}
         ])
     );
@@ -352,7 +367,7 @@ async fn nvml_figures_reach_metrics_with_their_pods_under_both_names() {
     .await
     .unwrap();
     assert!(
-        idle[1].get("idleSince").is_none(),
+        idle[2].get("idleSince").is_none(),
         "infer-0 is busy: {idle}"
     );
 

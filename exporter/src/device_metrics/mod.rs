@@ -33,6 +33,7 @@ use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 
 use fumarole_topology::crd::PodDeviceUsage;
+use fumarole_topology::{Vendor, dra};
 
 use crate::device_health::nvml::xid::LastXids;
 use crate::kubelet::{AllocationSource, Allocations};
@@ -90,6 +91,14 @@ impl Library {
         match self {
             Library::Nvml => "nvml",
             Library::Dcmi => "dcmi",
+        }
+    }
+
+    /// The vendor of the devices it answers for.
+    fn vendor(self) -> Vendor {
+        match self {
+            Library::Nvml => Vendor::Nvidia,
+            Library::Dcmi => Vendor::Huawei,
         }
     }
 
@@ -455,6 +464,15 @@ pub struct Holder {
     pub container: String,
 }
 
+/// A device as the kubelet says a container holds it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Held {
+    /// Through a device plugin: the id it handed out.
+    Plugin(String),
+    /// Through a DRA claim: the driver and the device's name in its pool.
+    Claim { driver: String, device: String },
+}
+
 /// The cache between the sampler and the scrapes, and who holds what.
 #[derive(Clone, Debug)]
 pub struct DeviceMetrics {
@@ -468,7 +486,7 @@ struct Inner {
     snapshots: RwLock<BTreeMap<Library, Arc<Snapshot>>>,
     /// Device ids as the kubelet gave them (a uuid, `<uuid>::<n>`, a MIG uuid) and who has
     /// each.
-    held: RwLock<Vec<(String, Holder)>>,
+    held: RwLock<Vec<(Held, Holder)>>,
     errors: Family<Vec<(String, String)>, Counter>,
     /// Each GPU's last XID, from the NVML health thread's events.
     last_xids: LastXids,
@@ -539,8 +557,8 @@ impl DeviceMetrics {
         };
         let held: Vec<(&DeviceSample, Vec<Holder>)> = all
             .iter()
-            .flat_map(|s| s.devices.iter())
-            .map(|d| (d, self.holders(d)))
+            .flat_map(|s| s.devices.iter().map(|d| (s.library, d)))
+            .map(|(library, d)| (d, self.holders(library, d)))
             .collect();
         let pods = self
             .inner
@@ -563,28 +581,33 @@ impl DeviceMetrics {
             .inc();
     }
 
-    /// Who holds which device, from the kubelet's allocations (PodResources; the checkpoint
-    /// knows no devices, and leaves the last holders in place).
+    /// Who holds which device, from the kubelet's allocations (PodResources: device plugins'
+    /// and DRA claims'; the checkpoint knows no devices, and leaves the last holders in place).
     pub fn set_allocations(&self, alloc: &Allocations) {
         if alloc.source != AllocationSource::PodResources {
             return;
         }
-        let held = alloc
-            .pods
-            .iter()
-            .flat_map(|p| {
-                p.containers.iter().flat_map(move |c| {
-                    c.devices.values().flatten().map(move |id| {
-                        let holder = Holder {
-                            namespace: p.namespace.clone(),
-                            pod: p.name.clone(),
-                            container: c.name.clone(),
-                        };
-                        (id.clone(), holder)
-                    })
-                })
-            })
-            .collect();
+        let mut held = Vec::new();
+        for p in &alloc.pods {
+            for c in &p.containers {
+                let holder = Holder {
+                    namespace: p.namespace.clone(),
+                    pod: p.name.clone(),
+                    container: c.name.clone(),
+                };
+                let plugin = c.devices.values().flatten().cloned().map(Held::Plugin);
+                // Only fumarole's drivers name devices the way the figures do.
+                let claimed = c
+                    .claimed
+                    .iter()
+                    .filter(|d| dra::DRIVERS.contains(&d.driver.as_str()))
+                    .map(|d| Held::Claim {
+                        driver: d.driver.clone(),
+                        device: d.device.clone(),
+                    });
+                held.extend(plugin.chain(claimed).map(|h| (h, holder.clone())));
+            }
+        }
         *self
             .inner
             .held
@@ -613,21 +636,33 @@ impl DeviceMetrics {
             .collect()
     }
 
-    /// Who holds `gpu` or a share of it, each once, in the kubelet's order.
-    fn holders(&self, gpu: &DeviceSample) -> Vec<Holder> {
+    /// Who holds `device` (of `library`) or a share of it, each once, in the kubelet's order:
+    /// through a device plugin (its id, a replica `<id>::<n>`, a MIG device's uuid) or a DRA
+    /// claim (its name in fumarole's pool, or one of its partitions).
+    fn holders(&self, library: Library, device: &DeviceSample) -> Vec<Holder> {
         let held = self
             .inner
             .held
             .read()
             .unwrap_or_else(PoisonError::into_inner);
+        let vendor = library.vendor().as_str();
+        let dra_name = dra::name_of(vendor, device.index);
+        let dra_driver = dra::driver_of(vendor);
         let mut out: Vec<Holder> = Vec::new();
         for (id, holder) in held.iter() {
-            let ours = *id == gpu.id
-                || id
-                    .strip_prefix(gpu.id.as_str())
-                    .is_some_and(|rest| rest.starts_with("::"))
-                || gpu.mig_uuids.contains(id);
-            if ours && !gpu.id.is_empty() && !out.contains(holder) {
+            let ours = match id {
+                Held::Plugin(id) => {
+                    *id == device.id
+                        || id
+                            .strip_prefix(device.id.as_str())
+                            .is_some_and(|rest| rest.starts_with("::"))
+                        || device.mig_uuids.contains(id)
+                }
+                Held::Claim { driver, device } => {
+                    driver == dra_driver && dra::is_or_partitions(device, &dra_name)
+                }
+            };
+            if ours && !device.id.is_empty() && !out.contains(holder) {
                 out.push(holder.clone());
             }
         }
@@ -739,7 +774,7 @@ impl Collector for Figures {
             .filter(|s| self.cover(s.library))
             .flat_map(|s| s.devices.iter().map(move |d| (s, d)))
             .map(|(s, d)| {
-                let mut holders = self.metrics.holders(d);
+                let mut holders = self.metrics.holders(s.library, d);
                 if holders.is_empty() {
                     holders.push(Holder::default());
                 }

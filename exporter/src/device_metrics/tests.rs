@@ -498,3 +498,48 @@ fn npu_exporter_names_follow_the_reference() {
         ]
     );
 }
+
+#[test]
+fn dra_claims_hold_devices_by_their_pool_names() {
+    let claimed = |pod: &str, driver: &str, device: &str| PodAllocation {
+        uid: None,
+        name: pod.into(),
+        namespace: "team".into(),
+        containers: vec![ContainerAllocation {
+            name: "main".into(),
+            claimed: vec![crate::kubelet::ClaimedDevice {
+                driver: driver.into(),
+                pool: "node-1".into(),
+                device: device.into(),
+            }],
+            ..Default::default()
+        }],
+    };
+    let out = scrape(&[Names::Fumarole, Names::NpuExporter], |m| {
+        m.store(two_gpus());
+        m.store(two_npus());
+        m.set_allocations(&Allocations {
+            source: AllocationSource::PodResources,
+            pods: vec![
+                // A MIG partition of GPU 0, the whole of NPU 1; another driver's "nvidia-1"
+                // and a name that only starts like GPU 0's are not ours.
+                claimed("sliced", "gpu.fumarole.dev", "nvidia-0-3g-40gb-4"),
+                claimed("npu", "npu.fumarole.dev", "huawei-1"),
+                claimed("theirs", "gpu.nvidia.com", "nvidia-1"),
+                claimed("lookalike", "gpu.fumarole.dev", "nvidia-01"),
+            ],
+        });
+    });
+    assert!(
+        out.contains("fumarole_device_utilization_ratio{device=\"nvidia-0\",uuid=\"GPU-0\",model=\"NVIDIA H100 80GB HBM3\",node=\"node-1\",namespace=\"team\",pod=\"sliced\",container=\"main\"} 0.73"),
+        "{out}"
+    );
+    assert!(
+        out.contains("npu_chip_info_utilization{id=\"1\",model_name=\"Ascend910B3\",namespace=\"team\",pod_name=\"npu\",container_name=\"main\"} 0.0"),
+        "{out}"
+    );
+    assert!(
+        !out.contains("theirs") && !out.contains("lookalike"),
+        "{out}"
+    );
+}

@@ -90,6 +90,7 @@ impl CpuManagerState {
                         cpus: cpus.clone(),
                         devices: BTreeMap::new(),
                         memory: Vec::new(),
+                        claimed: Vec::new(),
                     })
                     .collect(),
             })

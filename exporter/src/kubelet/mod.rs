@@ -27,6 +27,17 @@ pub struct ContainerAllocation {
     pub devices: BTreeMap<String, Vec<String>>,
     /// Memory pinned to NUMA nodes by the kubelet's memory manager (PodResources only).
     pub memory: Vec<MemoryBlock>,
+    /// Devices of the container's DRA claims (PodResources only).
+    pub claimed: Vec<ClaimedDevice>,
+}
+
+/// A device a DRA driver allocated to one of the container's claims: `device` in the driver's
+/// pool (`nvidia-0`, a partition `nvidia-0-3g-40gb-4`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClaimedDevice {
+    pub driver: String,
+    pub pool: String,
+    pub device: String,
 }
 
 /// One PodResources `memory` block: `bytes` of `resource` (`memory`, `hugepages-2Mi`, ...)
@@ -224,7 +235,7 @@ mod tests {
                 name: "main".into(),
                 cpus: cpus.parse().unwrap(),
                 devices,
-                memory: vec![],
+                ..Default::default()
             }],
         }
     }

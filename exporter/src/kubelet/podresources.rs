@@ -9,7 +9,7 @@ use std::time::Duration;
 use fumarole_topology::CpuSet;
 use tonic::transport::Endpoint;
 
-use super::{ContainerAllocation, MemoryBlock, PodAllocation};
+use super::{ClaimedDevice, ContainerAllocation, MemoryBlock, PodAllocation};
 
 /// Generated from `proto/podresources_v1.proto`.
 pub mod v1 {
@@ -65,8 +65,19 @@ fn pod_allocation(p: v1::PodResources) -> PodAllocation {
                         .or_default()
                         .extend(d.device_ids);
                 }
+                let claimed = c
+                    .dynamic_resources
+                    .into_iter()
+                    .flat_map(|claim| claim.claim_resources)
+                    .map(|r| ClaimedDevice {
+                        driver: r.driver_name,
+                        pool: r.pool_name,
+                        device: r.device_name,
+                    })
+                    .collect();
                 ContainerAllocation {
                     name: c.name,
+                    claimed,
                     // Negative ids would be a kubelet bug; drop them rather than fail.
                     cpus: c
                         .cpu_ids
@@ -130,6 +141,17 @@ mod tests {
                                 nodes: vec![v1::NumaNode { id: 1 }],
                             }),
                         }],
+                        dynamic_resources: vec![v1::DynamicResource {
+                            claim_name: "gpus".into(),
+                            claim_namespace: "ml".into(),
+                            claim_resources: vec![v1::ClaimResource {
+                                cdi_devices: vec![],
+                                driver_name: "gpu.fumarole.dev".into(),
+                                pool_name: "dgx-1".into(),
+                                device_name: "nvidia-3".into(),
+                                share_id: None,
+                            }],
+                        }],
                     }],
                 }],
             }))
@@ -166,6 +188,14 @@ mod tests {
                 resource: "hugepages-1Gi".into(),
                 bytes: 2 << 30,
                 numa_nodes: vec![1],
+            }]
+        );
+        assert_eq!(
+            pods[0].containers[0].claimed,
+            vec![ClaimedDevice {
+                driver: "gpu.fumarole.dev".into(),
+                pool: "dgx-1".into(),
+                device: "nvidia-3".into(),
             }]
         );
 

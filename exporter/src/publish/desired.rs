@@ -230,7 +230,7 @@ mod tests {
                         "huawei.com/Ascend910".to_string(),
                         devices.iter().map(|d| d.to_string()).collect(),
                     )]),
-                    memory: vec![],
+                    ..Default::default()
                 }],
             }],
         }

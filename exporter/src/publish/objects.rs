@@ -480,8 +480,7 @@ mod tests {
                 containers: vec![Held {
                     name: "c".into(),
                     cpus: CpuSet::parse(cpus).unwrap(),
-                    devices: BTreeMap::new(),
-                    memory: vec![],
+                    ..Default::default()
                 }],
             }],
         }
@@ -639,6 +638,7 @@ mod tests {
                             block("memory", 10 * GI, &[0]),
                             block("hugepages-1Gi", 2 * GI, &[0]),
                         ],
+                        claimed: vec![],
                     }],
                 },
                 Pod {

@@ -35,6 +35,9 @@ type PodResourcesContainer struct {
 	CpuIds  []int64                             `json:"cpu_ids,omitempty"`
 	Devices []*podresourcesapi.ContainerDevices `json:"devices,omitempty"`
 	Memory  []*podresourcesapi.ContainerMemory  `json:"memory,omitempty"`
+	// DynamicResources are the container's DRA claims and the devices
+	// allocated to them, as the kubelet's DRA manager reports them.
+	DynamicResources []*podresourcesapi.DynamicResource `json:"dynamic_resources,omitempty"`
 	// RestartPolicy of an init container: "Always" makes it a sidecar, the
 	// only kind of init container the kubelet reports.
 	RestartPolicy string `json:"restart_policy,omitempty"`
@@ -174,9 +177,9 @@ func (p *podResourcesProviders) GetAllocatableMemory(klog.Logger) []*podresource
 	return p.allocatable.Memory
 }
 
-// DynamicResourcesProvider: kubelet-dm reports no DRA claims.
-func (p *podResourcesProviders) GetDynamicResources(klog.Logger, *v1.Pod, *v1.Container) []*podresourcesapi.DynamicResource {
-	return nil
+// DynamicResourcesProvider: the claims set for the container.
+func (p *podResourcesProviders) GetDynamicResources(_ klog.Logger, pod *v1.Pod, container *v1.Container) []*podresourcesapi.DynamicResource {
+	return p.container(string(pod.UID), container.Name).DynamicResources
 }
 
 // podResourcesServer serves the PodResources API on a unix socket, as the
