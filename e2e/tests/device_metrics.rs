@@ -414,6 +414,11 @@ async fn dcmi_figures_reach_metrics_with_their_pods_under_npu_exporter_names() {
             if i == 5 {
                 g_remove(&mut figures, "power");
             }
+            if i == 0 {
+                // HCCS rates per link, GB/s: link 1 carries 0.25 out, link 0 2 in.
+                figures["hccsTx"] = json!([1.5, 0.25]);
+                figures["hccsRx"] = json!([2.0]);
+            }
             json!({"card": i, "device": 0, "logicId": i, "phyId": i, "health": 0,
                    "errorCodes": [], "network": 0, "metrics": figures,
                    "chipInfo": {"chipType": "Ascend", "chipName": "910B3", "chipVer": "V1", "aicoreCnt": 20}})
@@ -478,6 +483,23 @@ async fn dcmi_figures_reach_metrics_with_their_pods_under_npu_exporter_names() {
     ] {
         assert_eq!(value(&body, prefix), Some(expected), "{prefix}: {body}");
     }
+    // HCCS rates per link (bytes/s), with the link before the holder's labels; NPU 0 answers
+    // all 16 links, the others no HCCS figure (not supported, counted).
+    let hccs = |dir: &str, link: u32| {
+        format!(
+            "fumarole_device_hccs_{dir}_bytes_per_second{{device=\"ascend-0\",uuid=\"\",model=\"Ascend910B3\",node=\"{NODE}\",link=\"{link}\",namespace=\"ml\",pod=\"train-0\",container=\"main\"}}"
+        )
+    };
+    assert_eq!(value(&body, &hccs("transmit", 1)), Some(0.25e9), "{body}");
+    assert_eq!(value(&body, &hccs("receive", 0)), Some(2e9), "{body}");
+    assert_eq!(value(&body, &hccs("receive", 15)), Some(0.0), "{body}");
+    assert_eq!(
+        body.lines()
+            .filter(|l| l.starts_with("fumarole_device_hccs_transmit_bytes_per_second{"))
+            .count(),
+        16,
+        "{body}"
+    );
     // 7 power figures: NPU 5's is left out, and its failure counted.
     assert_eq!(
         body.lines()

@@ -9,11 +9,15 @@ use super::{DeviceMetrics, DeviceSample, Figure, Library, Snapshot};
 use crate::device_health::LogOnce;
 use crate::device_health::dcmi::answers::chip_info;
 use crate::device_health::dcmi::ffi::{
-    CallError, Dcmi, FREQUENCY_AI_CORE_CURRENT, UTILIZATION_AI_CORE,
+    CallError, Dcmi, FREQUENCY_AI_CORE_CURRENT, HCCS_LINKS, UTILIZATION_AI_CORE,
 };
 use crate::device_health::dcmi::{Located, locate};
 
 const MIB: f64 = 1024.0 * 1024.0;
+/// DCMI's GB/s, taken as 10^9 bytes a second.
+const GB: f64 = 1e9;
+/// The window each chip's HCCS rates are measured over: the call takes this long.
+const HCCS_WINDOW_MS: i32 = 100;
 
 /// Starts reading every NPU's figures into `metrics` every `every`, from the library at
 /// `library`; `devices` are the node's Ascend NPUs (davinci index, device id). No thread's
@@ -84,18 +88,19 @@ pub fn sample(
             model: model.clone(),
             ..Default::default()
         };
+        let mut left_out = |figures: &[Figure], e: &CallError| {
+            for figure in figures {
+                metrics.failed(*figure);
+                if logs.first(&format!("{}/{}", c.id, figure.label())) {
+                    tracing::info!(npu = %c.id, figure = figure.label(), error = %e,
+                        "DCMI does not give this figure: left out");
+                }
+            }
+        };
         // One call may answer several figures; when it fails, each of them is left out.
         let mut read = |figures: &[Figure], values: Result<Vec<f64>, CallError>| match values {
             Ok(values) => npu.values.extend(figures.iter().copied().zip(values)),
-            Err(e) => {
-                for figure in figures {
-                    metrics.failed(*figure);
-                    if logs.first(&format!("{}/{}", c.id, figure.label())) {
-                        tracing::info!(npu = %c.id, figure = figure.label(), error = %e,
-                            "DCMI does not give this figure: left out");
-                    }
-                }
-            }
+            Err(e) => left_out(figures, &e),
         };
         let (card, chip) = (c.card, c.chip);
         read(
@@ -135,6 +140,17 @@ pub fn sample(
                 }),
             }),
         );
+        let hccs = [Figure::HccsTransmit, Figure::HccsReceive];
+        match dcmi.hccs_bandwidth(card, chip, HCCS_WINDOW_MS) {
+            Ok(bw) => {
+                for link in 0..HCCS_LINKS {
+                    let rates = [bw.tx[link], bw.rx[link]].map(|gbps| gbps * GB);
+                    npu.links
+                        .insert(link as u32, hccs.iter().copied().zip(rates).collect());
+                }
+            }
+            Err(e) => left_out(&hccs, &e),
+        }
         devices.push(npu);
     }
     Snapshot {

@@ -139,6 +139,8 @@ pub enum Figure {
     PcieReplays,
     NvlinkTransmit,
     NvlinkReceive,
+    HccsTransmit,
+    HccsReceive,
     LastXid,
     Healthy,
 }
@@ -358,6 +360,20 @@ pub const SPECS: &[Spec] = &[
         None,
     ),
     spec(
+        Figure::HccsTransmit,
+        "device_hccs_transmit_bytes_per_second",
+        "Data rate out over the HCCS link, per link, over DCMI's last 100 ms window",
+        false,
+        None,
+    ),
+    spec(
+        Figure::HccsReceive,
+        "device_hccs_receive_bytes_per_second",
+        "Data rate in over the HCCS link, per link, over DCMI's last 100 ms window",
+        false,
+        None,
+    ),
+    spec(
         Figure::LastXid,
         "device_last_xid",
         "The last XID error the driver reported for the device (0: none since the agent started)",
@@ -435,7 +451,7 @@ pub struct DeviceSample {
     pub mig_uuids: Vec<String>,
     /// The figures read (a failed read leaves its figure out).
     pub values: BTreeMap<Figure, f64>,
-    /// Per-link figures (NVLink throughput), by link number.
+    /// Per-link figures (NVLink data, HCCS rates), by link number.
     pub links: BTreeMap<u32, BTreeMap<Figure, f64>>,
 }
 

@@ -28,10 +28,12 @@
 //! bytes or more fills its array without a NUL, as a misbehaving library would); without it
 //! the chip answers `DCMI_ERR_CODE_NOT_SUPPORT`. `metrics`, when present, are the chip's
 //! figures (`{"aicore": 40, "temperature": 55, "power": 1805, "aicoreFreq": 1800, "hbmTotal":
-//! 65536, "hbmUsed": 1024}`: percent, C, tenths of a watt, MHz, MB, as DCMI gives them) for
+//! 65536, "hbmUsed": 1024, "hccsTx": [1.5, 0.0], "hccsRx": [2.0]}`: percent, C, tenths of a
+//! watt, MHz, MB, GB/s per HCCS link, as DCMI gives them) for
 //! `dcmi_get_device_utilization_rate` (AI core), `_temperature`, `_power_info`, `_frequency`
-//! (AI core now) and `_hbm_info`; a figure absent answers `DCMI_ERR_CODE_NOT_SUPPORT`, as does
-//! another input type. `hang` blocks the named calls (`"*"`: all) until
+//! (AI core now), `_hbm_info` and `dcmi_get_hccs_link_bandwidth_info` (which, as the real call,
+//! takes the `profiling_time` it is given; links past the lists read 0); a figure absent
+//! answers `DCMI_ERR_CODE_NOT_SUPPORT`, as does another input type. `hang` blocks the named calls (`"*"`: all) until
 //! the file no longer names them; `fail` makes them return that code. Cards are the distinct
 //! `card` values, in order. Test code standing in for a C library: it keeps the parsed file
 //! process-wide, as the real one keeps its state.
@@ -99,6 +101,21 @@ struct Metrics {
     aicore_freq: Option<c_uint>,
     hbm_total: Option<u64>,
     hbm_used: Option<u64>,
+    hccs_tx: Option<Vec<f64>>,
+    hccs_rx: Option<Vec<f64>>,
+}
+
+/// `DCMI_HCCS_MAX_PCS_NUM`.
+const HCCS_LINKS: usize = 16;
+
+/// `struct dcmi_hccs_bandwidth_info` as the API reference lays it out.
+#[repr(C)]
+pub struct DcmiHccsBandwidthInfo {
+    profiling_time: c_int,
+    total_txbw: f64,
+    total_rxbw: f64,
+    tx_bandwidth: [f64; HCCS_LINKS],
+    rx_bandwidth: [f64; HCCS_LINKS],
 }
 
 /// `struct dcmi_hbm_info` as the header lays it out.
@@ -597,4 +614,54 @@ pub unsafe extern "C" fn dcmi_get_device_hbm_info(
         ),
         Err(code) => code,
     }
+}
+
+/// `dcmi_get_hccs_link_bandwidth_info`: waits the `profiling_time` the caller set (1-1000 ms,
+/// else invalid), then answers the chip's rates.
+///
+/// # Safety
+/// `info` is a writable `struct dcmi_hccs_bandwidth_info` with `profiling_time` set.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dcmi_get_hccs_link_bandwidth_info(
+    card_id: c_int,
+    device_id: c_int,
+    info: *mut DcmiHccsBandwidthInfo,
+) -> c_int {
+    check!("dcmi_get_hccs_link_bandwidth_info");
+    if info.is_null() {
+        return INVALID_PARAMETER;
+    }
+    // SAFETY: the caller passes a writable struct (checked non-null) with the window set.
+    let window = unsafe { (*info).profiling_time };
+    let Ok(ms) = u64::try_from(window) else {
+        return INVALID_PARAMETER;
+    };
+    if !(1..=1000).contains(&ms) {
+        return INVALID_PARAMETER;
+    }
+    let (tx, rx) = match figure(card_id, device_id, |m| {
+        Some((m.hccs_tx.clone()?, m.hccs_rx.clone()?))
+    }) {
+        Ok(rates) => rates,
+        Err(code) => return code,
+    };
+    std::thread::sleep(Duration::from_millis(ms));
+    let per_link = |rates: &[f64]| {
+        let mut a = [0.0; HCCS_LINKS];
+        for (slot, r) in a.iter_mut().zip(rates) {
+            *slot = *r;
+        }
+        a
+    };
+    let (tx, rx) = (per_link(&tx), per_link(&rx));
+    out!(
+        info,
+        DcmiHccsBandwidthInfo {
+            profiling_time: window,
+            total_txbw: tx.iter().sum(),
+            total_rxbw: rx.iter().sum(),
+            tx_bandwidth: tx,
+            rx_bandwidth: rx,
+        }
+    )
 }

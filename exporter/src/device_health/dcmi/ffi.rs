@@ -30,7 +30,15 @@
 //! int dcmi_get_device_frequency(int card_id, int device_id, enum dcmi_freq_type input_type,
 //!                               unsigned int *frequency);   // MHz, AI core current: 7
 //! int dcmi_get_device_hbm_info(int card_id, int device_id, struct dcmi_hbm_info *hbm_info);
+//! int dcmi_get_hccs_link_bandwidth_info(int card_id, int device_id,
+//!                                       struct dcmi_hccs_bandwidth_info *hccs_bandwidth_info);
 //! ```
+//!
+//! `struct dcmi_hccs_bandwidth_info { int profiling_time; double total_txbw; double
+//! total_rxbw; double tx_bandwidth[16]; double rx_bandwidth[16]; }` (`DCMI_HCCS_MAX_PCS_NUM`
+//! 16; the caller sets `profiling_time`, the window in ms (1-1000) the library measures over
+//! before it answers; rates in GB/s, per link and in all), from Huawei's DCMI API reference
+//! page for the call (Atlas A2 and A3 training and inference servers).
 //!
 //! `struct dcmi_hbm_info { unsigned long long memory_size; unsigned int freq; unsigned long
 //! long memory_usage; int temp; unsigned int bandwith_util_rate; }` (sizes in MB; 32 bytes with
@@ -86,6 +94,7 @@ type ChipInfoFn = unsafe extern "C" fn(c_int, c_int, *mut RawChipInfo) -> c_int;
 type RateFn = unsafe extern "C" fn(c_int, c_int, c_int, *mut c_uint) -> c_int;
 type IntFn = unsafe extern "C" fn(c_int, c_int, *mut c_int) -> c_int;
 type HbmFn = unsafe extern "C" fn(c_int, c_int, *mut RawHbmInfo) -> c_int;
+type HccsFn = unsafe extern "C" fn(c_int, c_int, *mut RawHccsBandwidth) -> c_int;
 /// `main_cmd` is a C enum: an int.
 type DeviceInfoFn =
     unsafe extern "C" fn(c_int, c_int, c_int, c_uint, *mut std::ffi::c_void, *mut c_uint) -> c_int;
@@ -122,6 +131,22 @@ pub struct RawHbmInfo {
     pub bandwidth_util_rate: c_uint,
 }
 
+/// `DCMI_HCCS_MAX_PCS_NUM`: the HCCS links a chip reports.
+pub const HCCS_LINKS: usize = 16;
+
+/// `struct dcmi_hccs_bandwidth_info`, exactly as the library fills it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct RawHccsBandwidth {
+    /// In: the window measured over, ms (1-1000).
+    pub profiling_time: c_int,
+    /// GB/s.
+    pub total_tx: f64,
+    pub total_rx: f64,
+    pub tx: [f64; HCCS_LINKS],
+    pub rx: [f64; HCCS_LINKS],
+}
+
 /// The per-chip figure calls (`None`: the library lacks the call).
 #[derive(Clone, Copy, Default)]
 struct FigureCalls {
@@ -130,6 +155,7 @@ struct FigureCalls {
     power: Option<IntFn>,
     frequency: Option<RateFn>,
     hbm: Option<HbmFn>,
+    hccs: Option<HccsFn>,
 }
 
 /// `MAX_CHIP_NAME_LEN`: the size of each string array of `struct dcmi_chip_info`.
@@ -243,6 +269,7 @@ impl Dcmi {
                 power: sym(&lib, "dcmi_get_device_power_info"),
                 frequency: sym(&lib, "dcmi_get_device_frequency"),
                 hbm: sym(&lib, "dcmi_get_device_hbm_info"),
+                hccs: sym(&lib, "dcmi_get_hccs_link_bandwidth_info"),
             },
             _lib: lib,
         })
@@ -498,11 +525,39 @@ impl Dcmi {
         check(call, unsafe { f(card, chip, &mut info) })?;
         Ok(info)
     }
+
+    /// `dcmi_get_hccs_link_bandwidth_info`, measured over `window_ms` (1-1000): the call
+    /// takes that long.
+    pub fn hccs_bandwidth(
+        &self,
+        card: i32,
+        chip: i32,
+        window_ms: i32,
+    ) -> Result<RawHccsBandwidth, CallError> {
+        let call = "dcmi_get_hccs_link_bandwidth_info";
+        let f = self.figures.hccs.ok_or(lacking(call))?;
+        let mut info = RawHccsBandwidth {
+            profiling_time: window_ms.clamp(1, 1000),
+            ..Default::default()
+        };
+        // SAFETY: `info` is a writable `struct dcmi_hccs_bandwidth_info` (same layout, `repr(C)`).
+        check(call, unsafe { f(card, chip, &mut info) })?;
+        Ok(info)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hccs_bandwidth_info_has_the_c_layout() {
+        // int (+4 padding), two doubles, two arrays of 16 doubles: 280 bytes.
+        assert_eq!(std::mem::size_of::<RawHccsBandwidth>(), 280);
+        assert_eq!(std::mem::offset_of!(RawHccsBandwidth, total_tx), 8);
+        assert_eq!(std::mem::offset_of!(RawHccsBandwidth, tx), 24);
+        assert_eq!(std::mem::offset_of!(RawHccsBandwidth, rx), 152);
+    }
 
     #[test]
     fn hbm_info_has_the_c_layout() {
