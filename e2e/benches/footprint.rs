@@ -8,13 +8,16 @@
 //! fixture's recorded ones (the health thread and the per-device figures' sampler run, every
 //! 10 s, with the stand-in's figures set), and `/metrics` is also scraped every second: the
 //! scrape's wall time (median, largest) and size are printed. The stand-in re-reads its state
-//! file at each call, so its own cost is in the CPU figure too.
+//! file at each call, so its own cost is in the CPU figure too; the figures' sampler thread's
+//! own CPU time (the stand-in's work in its calls included) is printed apart. With `--dcmi`,
+//! the same on the atlas-800-910 fixture (8 NPUs) through the DCMI stand-in.
 //!
 //! ```sh
 //! cargo build --release -p fumarole-agent
 //! cargo bench -p fumarole-e2e --bench footprint            # 120 s window
 //! cargo bench -p fumarole-e2e --bench footprint -- 600     # another window, in seconds
 //! cargo bench -p fumarole-e2e --bench footprint -- --nvml  # with NVML and the figures
+//! cargo bench -p fumarole-e2e --bench footprint -- --dcmi  # with DCMI and the figures
 //! ```
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -22,8 +25,9 @@
 use std::time::{Duration, Instant};
 
 use fumarole_e2e::cluster::{free_port, http_get};
-use fumarole_e2e::fumarole::agent_bin;
-use fumarole_e2e::process::Footprint;
+use fumarole_e2e::fumarole::{agent_bin, fixture_root, standin_lib};
+use fumarole_e2e::process::{Footprint, thread_cpu_ticks};
+use fumarole_e2e::standin::StandIn;
 use fumarole_e2e::{AgentBuilder, KubeletDm, NodeSpec, TestCluster};
 
 const WARM_UP: Duration = Duration::from_secs(30);
@@ -35,6 +39,8 @@ fn main() {
         .find_map(|a| a.parse::<u64>().ok())
         .map_or(Duration::from_secs(120), Duration::from_secs);
     let nvml = std::env::args().any(|a| a == "--nvml");
+    let dcmi = std::env::args().any(|a| a == "--dcmi");
+    let figures = nvml || dcmi;
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async move {
         let cluster = TestCluster::start().await.unwrap();
@@ -71,11 +77,30 @@ fn main() {
             });
             (root, lib, state)
         });
-        let builder = match &standin {
-            Some((root, lib, state)) => AgentBuilder::root(root)
+        let npus = dcmi.then(|| {
+            let root = fixture_root("atlas-800-910", dir.path()).unwrap();
+            let lib = dir.path().join("libdcmi.so");
+            std::fs::copy(standin_lib("fumarole-standin-dcmi").unwrap(), &lib).unwrap();
+            let chips: Vec<serde_json::Value> = (0..8u64)
+                .map(|i| serde_json::json!({
+                    "card": i, "device": 0, "logicId": i, "phyId": i, "health": 0,
+                    "errorCodes": [], "network": 0,
+                    "chipInfo": {"chipType": "Ascend", "chipName": "910B3", "chipVer": "V1", "aicoreCnt": 20},
+                    "metrics": {"aicore": 50 + i, "temperature": 55, "power": 1805, "aicoreFreq": 1800,
+                                "hbmTotal": 65536, "hbmUsed": 8192, "hccsTx": vec![1.5; 7], "hccsRx": vec![1.5; 7]}
+                }))
+                .collect();
+            let state = StandIn::new(dir.path().join("dcmi-state.json"), serde_json::json!({"chips": chips}));
+            (root, lib, state)
+        });
+        let builder = match (&standin, &npus) {
+            (Some((root, lib, state)), _) => AgentBuilder::root(root)
                 .nvml_standin(lib, &state.path)
                 .flag("--device-metric-names", "fumarole,dcgm"),
-            None => AgentBuilder::fixture("dgx-h100"),
+            (None, Some((root, lib, state))) => AgentBuilder::root(root)
+                .dcmi_standin(lib, &state.path)
+                .flag("--device-metric-names", "fumarole,npu-exporter"),
+            (None, None) => AgentBuilder::fixture("dgx-h100"),
         };
         let agent = builder
             .node("dgx-1")
@@ -97,12 +122,15 @@ fn main() {
         let pid = agent.pid();
         let start = Instant::now();
         let first = Footprint::of(pid).unwrap();
+        // The figures' sampler threads: `fumarole-nvml-metrics`, `fumarole-dcmi-metrics`.
+        let sampler = if nvml { "fumarole-nvml-m" } else { "fumarole-dcmi-m" };
+        let sampler_first = thread_cpu_ticks(pid, sampler).unwrap();
         let mut max_rss = first.rss_kib;
         let mut scrapes: Vec<Duration> = Vec::new();
         let mut scraped = 0;
         let mut next_sample = start + EVERY;
         while start.elapsed() < window {
-            if nvml {
+            if figures {
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 let t = Instant::now();
                 scraped = http_get(port, "/metrics").await.unwrap().len();
@@ -118,8 +146,17 @@ fn main() {
         let last = Footprint::of(pid).unwrap();
         max_rss = max_rss.max(last.rss_kib);
         let seconds = start.elapsed().as_secs_f64();
-        let cpu =
-            (last.cpu_ticks - first.cpu_ticks) as f64 / fumarole_e2e::process::clock_ticks_per_second().unwrap() / seconds * 100.0;
+        let per_core = |ticks: u64| {
+            ticks as f64 / fumarole_e2e::process::clock_ticks_per_second().unwrap() / seconds * 100.0
+        };
+        let cpu = per_core(last.cpu_ticks - first.cpu_ticks);
+        if figures {
+            let ticks = thread_cpu_ticks(pid, sampler).unwrap() - sampler_first;
+            println!(
+                "the figures' sampler thread alone: CPU {:.2} % of one core",
+                per_core(ticks)
+            );
+        }
         println!(
             "agent steady state over {seconds:.0} s: RSS {:.1} MiB at start, {:.1} MiB at end, {:.1} MiB max; \
              fds {} -> {}; CPU {cpu:.2} % of one core",
@@ -132,7 +169,7 @@ fn main() {
         if !scrapes.is_empty() {
             scrapes.sort();
             println!(
-                "/metrics with the per-device figures of 8 GPUs (both names): {} scrapes, median {:.2} ms, largest {:.2} ms, {} bytes",
+                "/metrics with the per-device figures of 8 devices (both names): {} scrapes, median {:.2} ms, largest {:.2} ms, {} bytes",
                 scrapes.len(),
                 scrapes[scrapes.len() / 2].as_secs_f64() * 1e3,
                 scrapes[scrapes.len() - 1].as_secs_f64() * 1e3,

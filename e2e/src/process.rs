@@ -246,6 +246,36 @@ impl Footprint {
     }
 }
 
+/// User plus system CPU time, in clock ticks, of the threads of process `pid` whose name
+/// (`/proc/<pid>/task/<tid>/comm`, at most 15 bytes) starts with `prefix`; 0 when none.
+pub fn thread_cpu_ticks(pid: u32, prefix: &str) -> Result<u64> {
+    let mut total = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .with_context(|| format!("listing /proc/{pid}/task"))?
+    {
+        let dir = task?.path();
+        let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+        if !comm.trim_end().starts_with(prefix) {
+            continue;
+        }
+        let stat = std::fs::read_to_string(dir.join("stat")).unwrap_or_default();
+        let fields: Vec<u64> = stat
+            .rfind(')')
+            .and_then(|i| stat.get(i + 2..))
+            .map(|after| {
+                after
+                    .split_whitespace()
+                    .skip(11)
+                    .take(2)
+                    .filter_map(|f| f.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        total += fields.iter().sum::<u64>();
+    }
+    Ok(total)
+}
+
 /// Clock ticks per second (`getconf CLK_TCK`), the unit of [`Footprint::cpu_ticks`].
 pub fn clock_ticks_per_second() -> Result<f64> {
     let out = Command::new("getconf")
