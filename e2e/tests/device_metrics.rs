@@ -370,6 +370,12 @@ async fn nvml_figures_reach_metrics_with_their_pods_under_both_names() {
         idle[2].get("idleSince").is_none(),
         "infer-0 is busy: {idle}"
     );
+    // kubectl fumarole top shows the same: one idle pod on the node, train-0, since the
+    // moment DeviceTopology says.
+    let top = top_node(&cluster, NODE).await;
+    assert_eq!(top["idlePods"], 1, "{top}");
+    assert_eq!(top["idle"][0]["pod"], "train-0", "{top}");
+    assert_eq!(top["idle"][0]["idleSince"], idle[0]["idleSince"], "{top}");
 
     // The holders follow the kubelet: train-0 gone, GPU 0's figures carry no pod.
     kdm.set_pod_resources(json!([])).await.unwrap();
@@ -576,16 +582,46 @@ async fn dcmi_figures_reach_metrics_with_their_pods_under_npu_exporter_names() {
         s["chips"][0]["metrics"]["aicore"] = json!(0);
         s["chips"][1]["metrics"]["aicore"] = json!(0);
     });
-    eventually(
+    let idle = eventually(
         "train-0 idle in DeviceTopology",
         Duration::from_secs(60),
         || async {
             let pods = pods_of(cluster.client()).await?;
-            Ok(pods[0]["idleSince"].is_string().then_some(()))
+            Ok(pods[0]["idleSince"].is_string().then_some(pods))
         },
     )
     .await
     .unwrap();
+    let top = top_node(&cluster, NODE).await;
+    assert_eq!(top["idlePods"], 1, "{top}");
+    assert_eq!(top["idle"][0]["idleSince"], idle[0]["idleSince"], "{top}");
+}
+
+/// `kubectl fumarole top -o json` against the test's cluster: the node's entry.
+async fn top_node(cluster: &TestCluster, node: &str) -> Value {
+    let out = tokio::process::Command::new(fumarole_e2e::fumarole::kubectl_plugin_bin().unwrap())
+        .arg(format!(
+            "--kubeconfig={}",
+            cluster.admin_kubeconfig().display()
+        ))
+        .args(["top", "-o", "json"])
+        .env_remove("KUBECONFIG")
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    v["nodes"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|n| n["node"] == node)
+        .cloned()
+        .unwrap_or_else(|| panic!("{node} not in top: {v}"))
 }
 
 fn g_remove(v: &mut Value, key: &str) {

@@ -1,20 +1,21 @@
-//! Per-device figures on the agent's `/metrics`: utilisation, memory, power and energy,
-//! temperature, clocks and throttling, ECC errors, retired pages and remapped rows, PCIe
-//! traffic for NVIDIA GPUs; AI-core utilisation and clock, HBM, power, temperature and health
-//! for Ascend NPUs. A sampler per vendor library reads them on a clock of its own
-//! ([`nvml::spawn`], [`dcmi::spawn`]) into a cache that every scrape reads: a scrape never calls the library,
-//! and a library that hangs leaves the last figures in place with their age growing
-//! (`fumarole_device_metrics_age_seconds`), never a hung scrape. A call that fails or is not
-//! supported on a device leaves that one figure out for that device and counts the failure
+//! Per-device figures on the agent's `/metrics`: for NVIDIA GPUs utilisation, memory, power
+//! and energy, temperature, clocks and throttling, ECC errors, retired pages and remapped rows,
+//! PCIe traffic, NVLink data per link and the last XID; for Ascend NPUs AI-core utilisation and
+//! clock, HBM, power, temperature, health and HCCS rates per link. A sampler per vendor library
+//! reads them on a clock of its own ([`nvml::spawn`], [`dcmi::spawn`]) into a cache that every
+//! scrape reads: a scrape never calls a library, and a library that hangs leaves the last
+//! figures in place with their age growing (`fumarole_device_metrics_age_seconds{library}`),
+//! never a hung scrape. A call that fails or is not supported on a device leaves that one
+//! figure out for that device and counts the failure
 //! (`fumarole_device_metric_errors_total{figure}`).
 //!
 //! Every figure carries the pod holding the device (from PodResources: a whole device, one of
-//! its replicas, one of its MIG devices; one series per holder, as dcgm-exporter does), and is
-//! written under fumarole's names (`fumarole_device_*`), dcgm-exporter's for GPUs
-//! (`DCGM_FI_DEV_*`) and npu-exporter's for NPUs (`npu_chip_info_*`), each with its labels so
-//! the dashboards and alerts written for them work unchanged, or several ([`Names`]; the names
-//! and their units are in [`SPECS`], the references in `docs/reference/dcgm-exporter.md` and
-//! `docs/reference/npu-exporter.md`).
+//! its replicas, one of its MIG devices, a device of a DRA claim; one series per holder, as
+//! dcgm-exporter does), and is written under fumarole's names (`fumarole_device_*`),
+//! dcgm-exporter's for GPUs (`DCGM_FI_DEV_*`) and npu-exporter's for NPUs (`npu_chip_info_*`),
+//! each with its labels so the dashboards and alerts written for them work unchanged, or
+//! several ([`Names`]; the names and their units are in [`SPECS`], the references in
+//! `docs/reference/dcgm-exporter.md` and `docs/reference/npu-exporter.md`).
 
 pub mod dcmi;
 pub mod nvml;
@@ -500,8 +501,8 @@ struct Inner {
     node: String,
     /// Each library's latest reading.
     snapshots: RwLock<BTreeMap<Library, Arc<Snapshot>>>,
-    /// Device ids as the kubelet gave them (a uuid, `<uuid>::<n>`, a MIG uuid) and who has
-    /// each.
+    /// Devices as the kubelet says they are held (a plugin's id, `<id>::<n>`, a MIG uuid, a
+    /// claimed device's pool name) and who has each.
     held: RwLock<Vec<(Held, Holder)>>,
     errors: Family<Vec<(String, String)>, Counter>,
     /// Each GPU's last XID, from the NVML health thread's events.
@@ -674,9 +675,10 @@ impl DeviceMetrics {
                             .is_some_and(|rest| rest.starts_with("::"))
                         || device.mig_uuids.contains(id)
                 }
-                Held::Claim { driver, device } => {
-                    driver == dra_driver && dra::is_or_partitions(device, &dra_name)
-                }
+                Held::Claim {
+                    driver,
+                    device: name,
+                } => driver == dra_driver && dra::is_or_partitions(name, &dra_name),
             };
             if ours && !device.id.is_empty() && !out.contains(holder) {
                 out.push(holder.clone());
