@@ -226,7 +226,7 @@ fn every_figure_has_one_spec_and_exporter_names_are_distinct() {
             assert!(names.insert(npu.name), "{}", npu.name);
         }
     }
-    assert_eq!(SPECS.len(), 27);
+    assert_eq!(SPECS.len(), 29);
 }
 
 /// `docs/reference/dcgm-exporter.md`, written from dcgm-exporter's public counter lists: name
