@@ -99,10 +99,12 @@ pub fn run(args: RunArgs) -> Result<()> {
 async fn serve(args: RunArgs, node_name: String, mut prepared: Prepared) -> Result<()> {
     let client = api_client().await?;
     let publish = args.publish.settings();
+    let host = matches!(prepared.options.source, discover::Source::Host);
     let devices = DeviceSettings {
         plugins: args.device_plugins.settings(),
         dra: args.dra.dirs(),
         nvml: prepared.nvml_source.clone(),
+        dcmi: dcmi_library(&args.health, host),
     };
     if let Some(key) = &publish.super_node_label
         && prepared.options.super_node.is_none()

@@ -69,6 +69,32 @@ impl TestCluster {
         self.start_dra_agent_at(dir, root, vendor, node, kubelet, process, setting, None)
     }
 
+    /// [`Self::start_dra_agent_with`] for Ascend NPUs of `fixture`, the node's DCMI answers
+    /// from the DCMI stand-in `dcmi` (`(library, state file)`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn start_ascend_dra_agent(
+        &self,
+        fixture: &str,
+        dcmi: (&Path, &Path),
+        node: &str,
+        kubelet: Option<&DraKubelet>,
+        process: &str,
+        setting: &str,
+    ) -> Result<DraAgent> {
+        let dir = tempfile::tempdir()?;
+        let root = fixture_root(fixture, dir.path())?;
+        self.start_dra_agent_at(
+            dir,
+            root,
+            "huawei",
+            node,
+            kubelet,
+            process,
+            setting,
+            Some(Library::Dcmi(dcmi)),
+        )
+    }
+
     /// [`Self::start_dra_agent_with`] for NVIDIA GPUs on a root made in `dir` by
     /// [`crate::standin::nvidia_root`], NVIDIA answers from the NVML stand-in `nvml`
     /// (`(library, state file)`).
@@ -91,7 +117,7 @@ impl TestCluster {
             kubelet,
             process,
             setting,
-            Some(nvml),
+            Some(Library::Nvml(nvml)),
         )
     }
 
@@ -105,7 +131,7 @@ impl TestCluster {
         kubelet: Option<&DraKubelet>,
         process: &str,
         setting: &str,
-        nvml: Option<(&Path, &Path)>,
+        library: Option<Library<'_>>,
     ) -> Result<DraAgent> {
         let config = dir.path().join("device-plugin-config.yaml");
         let mut text = format!("resources:\n  - match: {{vendor: {vendor}}}\n    servedBy: dra\n");
@@ -122,8 +148,10 @@ impl TestCluster {
             None => (own("plugins_registry"), own("plugins"), own("cdi")),
         };
         let mut agent = AgentBuilder::root(&root);
-        if let Some((lib, state)) = nvml {
-            agent = agent.nvml_standin(lib, state);
+        match library {
+            Some(Library::Nvml((lib, state))) => agent = agent.nvml_standin(lib, state),
+            Some(Library::Dcmi((lib, state))) => agent = agent.dcmi_standin(lib, state),
+            None => {}
         }
         agent
             .process(&format!("{process}-{node}"))
@@ -154,4 +182,10 @@ impl TestCluster {
         }
         Ok(())
     }
+}
+
+/// A vendor library stand-in an agent loads: `(library, state file)`.
+enum Library<'a> {
+    Nvml((&'a Path, &'a Path)),
+    Dcmi((&'a Path, &'a Path)),
 }

@@ -1080,3 +1080,122 @@ async fn the_kubelets_dra_manager_gets_a_mig_instance_made_for_a_claim() {
     assert_eq!(left.len(), 1, "{left:?}");
     assert_eq!(left[0]["placement"], json!([4, 4]));
 }
+
+/// An Ascend vNPU made for a claim: the real kube-scheduler allocates a `vir04` partition of
+/// NPU 2 (atlas-800-910, `draPartitions`), the kubelet's own DRA manager prepares it, the
+/// agent makes the vNPU through the DCMI stand-in (the library it loads as the real one) and
+/// the claim's CDI spec gives the container host `/dev/vdavinci<id>` as `/dev/davinci<id>`
+/// with the id visible; the pod's end destroys the vNPU.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_kubelets_dra_manager_gets_a_vnpu_made_for_a_claim() {
+    let cluster = TestCluster::start().await.unwrap();
+    install_device_classes(&cluster).await;
+    cluster.start_kube_scheduler("").await.unwrap();
+    let name = "atlas-vnpu-hs";
+    cluster
+        .create_node(&NodeSpec::new(name).capacity("cpu", "192"))
+        .await
+        .unwrap();
+    let (harness, cdi_dir, dirs) = harness_node(&cluster, name).await;
+    let dir = tempfile::tempdir().unwrap();
+    let lib = dir.path().join("libdcmi.so");
+    std::fs::copy(
+        fumarole_e2e::fumarole::standin_lib("fumarole-standin-dcmi").unwrap(),
+        &lib,
+    )
+    .unwrap();
+    // One chip per card, davinci N = card N = physical id N; the 910's templates.
+    let chips: Vec<Value> = (0..8)
+        .map(|i| {
+            json!({"card": i, "device": 0, "logicId": i, "phyId": i, "health": 0,
+                        "vnpuTemplates": ["vir02", "vir04", "vir08", "vir16"]})
+        })
+        .collect();
+    let dcmi = fumarole_e2e::standin::StandIn::new(
+        dir.path().join("dcmi-state.json"),
+        json!({"chips": chips}),
+    );
+    let _agent = cluster
+        .start_ascend_dra_agent(
+            "atlas-800-910",
+            (&lib, &dcmi.path),
+            name,
+            Some(&dirs),
+            "agent",
+            "draPartitions: true",
+        )
+        .unwrap();
+    harness
+        .wait_dra_plugin(DRIVER, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let vdevices = || -> Vec<Value> {
+        let s: Value = serde_json::from_str(&std::fs::read_to_string(&dcmi.path).unwrap()).unwrap();
+        s["vdevices"].as_array().cloned().unwrap_or_default()
+    };
+
+    let (claim, bound) = claim_and_pod(
+        &cluster,
+        "vnpu-a",
+        json!({
+            "devices": {"requests": [{"name": "npu", "exactly": {
+                "deviceClassName": "npu-partition.fumarole.dev",
+                "selectors": [{"cel": {"expression": "device.attributes[\"fumarole.dev\"].index == 2 && device.attributes[\"fumarole.dev\"].profile == \"vir04\""}}],
+            }}]}
+        }),
+    )
+    .await;
+    assert_eq!(bound, name);
+    assert_eq!(
+        allocated_of(&claim, DRIVER),
+        [("npu".to_string(), "huawei-2-vir04-0".to_string())]
+    );
+    let uid = claim["metadata"]["uid"].as_str().unwrap().to_string();
+    let pods: Api<Pod> = Api::namespaced(cluster.client(), "default");
+    let pod = pods.get("vnpu-a").await.unwrap();
+    let record = harness
+        .wait_record(&pod, Duration::from_secs(60), |r| r.state == "admitted")
+        .await
+        .unwrap();
+    assert!(record.dra.as_ref().unwrap().prepared, "{record:?}");
+    assert_eq!(
+        record.container("main").unwrap().cdi_devices,
+        [format!("{DRIVER}/claim={uid}-huawei-2-vir04-0")]
+    );
+    // DCMI now holds one vNPU, vir04 on card 2, numbered from 100.
+    assert_eq!(
+        vdevices(),
+        [json!({"card": 2, "device": 0, "vdevId": 100, "template": "vir04"})]
+    );
+    let spec_file = cdi_dir.path().join(format!("{DRIVER}-claim_{uid}.json"));
+    let spec: Value = serde_json::from_str(&std::fs::read_to_string(&spec_file).unwrap()).unwrap();
+    let env = &spec["containerEdits"]["env"];
+    assert!(
+        env.as_array()
+            .unwrap()
+            .contains(&json!("ASCEND_VISIBLE_DEVICES=100")),
+        "{spec}"
+    );
+    assert!(
+        env.as_array()
+            .unwrap()
+            .contains(&json!("ASCEND_RUNTIME_OPTIONS=VIRTUAL")),
+        "{spec}"
+    );
+    assert_eq!(
+        spec["devices"][0]["containerEdits"]["deviceNodes"],
+        json!([{"path": "/dev/davinci100", "hostPath": "/dev/vdavinci100", "permissions": "rw"}]),
+        "{spec}"
+    );
+
+    // The pod ends: its claim is unprepared and the vNPU destroyed.
+    pods.delete("vnpu-a", &Default::default()).await.unwrap();
+    harness
+        .wait_record(&pod, Duration::from_secs(60), |r| {
+            r.dra.as_ref().is_some_and(|d| d.unprepared)
+        })
+        .await
+        .unwrap();
+    assert!(!spec_file.exists());
+    assert_eq!(vdevices(), Vec::<Value>::new());
+}

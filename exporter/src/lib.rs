@@ -16,3 +16,4 @@ pub mod fixtures;
 pub mod kubelet;
 pub mod mig;
 pub mod publish;
+pub mod vnpu;

@@ -158,7 +158,7 @@ pub fn create(
     let code = unsafe { sym!(nvml, nvmlGpuInstanceCreateComputeInstance)(gi, ci_info.id, &mut ci) };
     checked("nvmlGpuInstanceCreateComputeInstance", code).map_err(undo_gi)?;
     match find_mig(nvml, gpu_uuid, gi_info.id) {
-        Ok((uuid, compute_instance)) => Ok(MadePartition {
+        Ok((uuid, compute_instance)) => Ok(MadePartition::Mig {
             uuid,
             gpu_instance: gi_info.id,
             compute_instance,
@@ -202,19 +202,25 @@ fn find_mig(nvml: &Nvml, gpu_uuid: &str, gi: u32) -> Result<(String, u32), Strin
 /// Destroys what [`create`] made (compute instance, then GPU instance). Instances already gone
 /// are not an error, so an unprepare repeated after a restart succeeds.
 pub fn destroy(nvml: &Nvml, gpu_uuid: &str, made: &MadePartition) -> Result<(), String> {
+    let &MadePartition::Mig {
+        gpu_instance,
+        compute_instance,
+        ..
+    } = made
+    else {
+        return Err(format!("{made:?} is not a MIG device"));
+    };
     let device = gpu_handle(nvml, gpu_uuid)?;
     let mut gi: nvmlGpuInstance_t = std::ptr::null_mut();
     // SAFETY (every call below): as in `create`.
-    let code =
-        unsafe { sym!(nvml, nvmlDeviceGetGpuInstanceById)(device, made.gpu_instance, &mut gi) };
+    let code = unsafe { sym!(nvml, nvmlDeviceGetGpuInstanceById)(device, gpu_instance, &mut gi) };
     if code == nvmlReturn_enum_NVML_ERROR_NOT_FOUND {
         return Ok(());
     }
     checked("nvmlDeviceGetGpuInstanceById", code)?;
     let mut ci: nvmlComputeInstance_t = std::ptr::null_mut();
-    let code = unsafe {
-        sym!(nvml, nvmlGpuInstanceGetComputeInstanceById)(gi, made.compute_instance, &mut ci)
-    };
+    let code =
+        unsafe { sym!(nvml, nvmlGpuInstanceGetComputeInstanceById)(gi, compute_instance, &mut ci) };
     if code != nvmlReturn_enum_NVML_ERROR_NOT_FOUND {
         checked("nvmlGpuInstanceGetComputeInstanceById", code)?;
         let code = unsafe { sym!(nvml, nvmlComputeInstanceDestroy)(ci) };

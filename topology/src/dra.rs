@@ -134,14 +134,31 @@ pub struct Partition {
     pub consumes: BTreeMap<String, u64>,
 }
 
-/// A partition made on the hardware for a claim (a MIG device): what the container is given
-/// and the ids that find its instances again.
+/// A partition made on the hardware for a claim: what the container is given and the ids
+/// that find it again.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct MadePartition {
-    /// `MIG-...`.
-    pub uuid: String,
-    pub gpu_instance: u32,
-    pub compute_instance: u32,
+pub enum MadePartition {
+    /// A MIG device: its uuid (`MIG-...`, what the container is given) and the GPU and compute
+    /// instances behind it.
+    Mig {
+        uuid: String,
+        gpu_instance: u32,
+        compute_instance: u32,
+    },
+    /// An Ascend vNPU: the container is given host `/dev/vdavinci<vdev_id>` as
+    /// `/dev/davinci<vdev_id>` (Huawei's container runtime's convention for virtual devices).
+    Vnpu { vdev_id: u32 },
+}
+
+impl MadePartition {
+    /// The id the container is given (its visible-devices value): the MIG device's uuid, the
+    /// vNPU's vdev id.
+    pub fn visible_id(&self) -> String {
+        match self {
+            MadePartition::Mig { uuid, .. } => uuid.clone(),
+            MadePartition::Vnpu { vdev_id } => vdev_id.to_string(),
+        }
+    }
 }
 
 /// A partitionable device: its counter set (named [`device_name`]) and its partitions. The

@@ -4,7 +4,7 @@
 //! its settings ([`DeviceSettings`]). [`crate::plugins`] does the serving.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,12 +17,14 @@ use fumarole_device_plugin::plugin::Pods;
 use fumarole_device_plugin::resources::{Resource, split};
 use fumarole_device_plugin::settings::DevicePluginSettings;
 use fumarole_exporter::device_health::HealthStream;
+use fumarole_exporter::device_health::sources::ascend_devices;
 use fumarole_exporter::mig::MigLibrary;
 use fumarole_exporter::publish::{DraSlices, LatestAllocations};
+use fumarole_exporter::vnpu::VnpuLibrary;
 use fumarole_topology::NodeTopology;
 use fumarole_topology::crd::SharingInfo;
 
-use super::partitions::NvmlPartitions;
+use super::partitions::LibraryPartitions;
 use crate::node::NvmlSource;
 use crate::{plugins, pods};
 
@@ -34,6 +36,9 @@ pub struct DeviceSettings {
     /// Where NVIDIA answers come from: with the library, DRA claims on MIG partitions are
     /// prepared by making the instances through it.
     pub nvml: NvmlSource,
+    /// The DCMI library (as the health source loads it), through which DRA claims on vNPU
+    /// partitions are prepared; `None`: none on this node.
+    pub dcmi: Option<PathBuf>,
 }
 
 /// The resources the node serves (device plugins and DRA together) under the device-plugin
@@ -128,12 +133,17 @@ pub fn start(
         .collect();
     let dra_partitioned = partitioned(&dra, &topology);
     let mut sharing = BTreeMap::new();
-    let partitioner = match &settings.nvml {
-        NvmlSource::Library(path) if !dra_partitioned.is_empty() => {
-            Some(Arc::new(NvmlPartitions(MigLibrary::new(path.clone()))) as Arc<dyn Partitioner>)
-        }
-        _ => None,
-    };
+    let partitioner = (!dra_partitioned.is_empty()).then(|| {
+        let mig = match &settings.nvml {
+            NvmlSource::Library(path) => Some(MigLibrary::new(path.clone())),
+            NvmlSource::Recorded => None,
+        };
+        let vnpu = settings
+            .dcmi
+            .clone()
+            .map(|path| VnpuLibrary::new(path, ascend_devices(&topology)));
+        Arc::new(LibraryPartitions { mig, vnpu }) as Arc<dyn Partitioner>
+    });
     let server = plugins::start_dra(
         node_name,
         &topology,

@@ -17,13 +17,16 @@ pub struct DraNode {
     topology: NodeTopology,
     /// The resources' DRA-served devices, with their resource's env vars and shared nodes.
     resources: Vec<Resource>,
-    /// Makes the partitions claims hold (MIG instances through NVML), when the node can.
+    /// Makes the partitions claims hold (MIG instances through NVML, vNPUs through DCMI), when
+    /// the node can.
     partitioner: Option<Arc<dyn Partitioner>>,
 }
 
 /// Makes and removes the hardware partitions DRA claims hold. Calls may block (a vendor
 /// library): the plugin makes them off its async threads.
 pub trait Partitioner: Send + Sync {
+    /// Whether it can make the partitions of `vendor`'s devices on this node.
+    fn makes(&self, vendor: fumarole_topology::Vendor) -> bool;
     /// Makes `partition` of device `parent`.
     fn create(&self, parent: &Device, partition: &Partition) -> Result<MadePartition, String>;
     /// Removes what [`Partitioner::create`] made on the device of uuid `parent_uuid`; what is
@@ -63,10 +66,9 @@ pub enum LookupError {
         id: String,
         node: String,
     },
-    /// A partition (`draPartitions`) this node cannot make: no NVML (or a vNPU, which the
-    /// plugin does not make).
+    /// A partition (`draPartitions`) this node cannot make: no vendor library to make it.
     #[error(
-        "device {device:?} is a {profile} partition of {id} on node {node}: this DRA plugin cannot make it here (MIG instances need the NVML library; Ascend vNPUs are not made yet), so it cannot prepare the claim"
+        "device {device:?} is a {profile} partition of {id} on node {node}: this DRA plugin cannot make it here (MIG instances need the NVML library, vNPUs the DCMI library), so it cannot prepare the claim"
     )]
     PartitionNotCreated {
         device: String,
@@ -113,8 +115,8 @@ impl DraNode {
             id: d.id.clone(),
             node: self.node_name.clone(),
         };
-        // MIG instances only, made through the partitioner.
-        if self.partitioner.is_none() || d.vendor != fumarole_topology::Vendor::Nvidia {
+        // Made through the partitioner, which says which vendors it can make.
+        if !self.partitioner.as_ref().is_some_and(|p| p.makes(d.vendor)) {
             return Some(Err(not_here()));
         }
         Some(match self.served().find(|s| s.device.id == d.id) {

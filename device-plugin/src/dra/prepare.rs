@@ -3,8 +3,9 @@
 //! Prepare: a claim whose spec file exists is answered from the file (the kubelet asks again
 //! after it restarts, and the answer must not change); otherwise the claim is read, checked
 //! ([`allocation::our_devices`]), its devices looked up ([`DraNode::lookup`]), the partitions
-//! among them made ([`DraNode::partition`]: a MIG instance, whose uuid the container gets) and
-//! its spec written ([`cdi`]), the partitions' instance ids in it. Unprepare: the partitions
+//! among them made ([`DraNode::partition`]: a MIG instance, whose uuid the container gets, or
+//! an Ascend vNPU, whose `/dev/vdavinci<id>` it gets as `/dev/davinci<id>`) and its spec
+//! written ([`cdi`]), the partitions' ids in it. Unprepare: the partitions
 //! are removed, then the file. Nothing but the files is kept, so any process over the same CDI
 //! directory can unprepare what another prepared.
 
@@ -21,12 +22,17 @@ use crate::dra::node::{DraNode, Served};
 use crate::resources::{PluginDevice, Resource};
 use fumarole_topology::dra::MadePartition;
 
-/// CDI device annotations of a partition made for the claim: the uuid of the device it was
-/// cut from, and its GPU and compute instance ids.
+/// CDI device annotations of a partition made for the claim: the uuid (or id) of the device
+/// it was cut from, and a MIG device's uuid, GPU and compute instance ids, or a vNPU's vdev id.
 pub const PARTITION_OF_ANNOTATION: &str = "fumarole.dev/partition-of";
 pub const PARTITION_UUID_ANNOTATION: &str = "fumarole.dev/partition-uuid";
 pub const GPU_INSTANCE_ANNOTATION: &str = "fumarole.dev/gpu-instance";
 pub const COMPUTE_INSTANCE_ANNOTATION: &str = "fumarole.dev/compute-instance";
+pub const VNPU_ANNOTATION: &str = "fumarole.dev/vnpu-id";
+
+/// Huawei's container runtime's option for virtual devices: the visible ids are vNPUs, whose
+/// nodes are `/dev/vdavinci<id>` on the host.
+const ASCEND_VIRTUAL: &str = "ASCEND_RUNTIME_OPTIONS=VIRTUAL";
 
 /// One allocated device, ready for the spec: served whole, or a partition made for the claim.
 enum Ready<'a> {
@@ -141,18 +147,38 @@ impl DriverPlugin {
             } = r
             {
                 debug_assert_eq!(d.annotations[cdi::DEVICE_ANNOTATION], a.device);
-                d.annotations.extend([
-                    (PARTITION_OF_ANNOTATION.to_string(), parent_uuid.clone()),
-                    (PARTITION_UUID_ANNOTATION.to_string(), made.uuid.clone()),
-                    (
-                        GPU_INSTANCE_ANNOTATION.to_string(),
-                        made.gpu_instance.to_string(),
-                    ),
-                    (
-                        COMPUTE_INSTANCE_ANNOTATION.to_string(),
-                        made.compute_instance.to_string(),
-                    ),
-                ]);
+                d.annotations
+                    .insert(PARTITION_OF_ANNOTATION.to_string(), parent_uuid.clone());
+                match made {
+                    MadePartition::Mig {
+                        uuid,
+                        gpu_instance,
+                        compute_instance,
+                    } => d.annotations.extend([
+                        (PARTITION_UUID_ANNOTATION.to_string(), uuid.clone()),
+                        (
+                            GPU_INSTANCE_ANNOTATION.to_string(),
+                            gpu_instance.to_string(),
+                        ),
+                        (
+                            COMPUTE_INSTANCE_ANNOTATION.to_string(),
+                            compute_instance.to_string(),
+                        ),
+                    ]),
+                    MadePartition::Vnpu { vdev_id } => {
+                        d.annotations
+                            .insert(VNPU_ANNOTATION.to_string(), vdev_id.to_string());
+                        // The vNPU's node, under the name the chip's would have.
+                        d.container_edits.device_nodes.push(cdi::DeviceNode {
+                            path: format!("/dev/davinci{vdev_id}"),
+                            host_path: Some(format!("/dev/vdavinci{vdev_id}")),
+                            permissions: Some("rw".into()),
+                        });
+                        if !spec.container_edits.env.iter().any(|e| e == ASCEND_VIRTUAL) {
+                            spec.container_edits.env.push(ASCEND_VIRTUAL.into());
+                        }
+                    }
+                }
             }
         }
         let _files = self.files.lock().await;
@@ -203,20 +229,31 @@ impl DriverPlugin {
                 device: name.to_string(),
                 reason,
             })?;
-        tracing::info!(driver = self.driver, %claim, device = name, uuid = %made.uuid, "partition made");
+        tracing::info!(driver = self.driver, %claim, device = name, made = ?made, "partition made");
         let parent_uuid = parent
             .device
             .uuid
             .clone()
             .unwrap_or_else(|| parent.device.id.clone());
-        Ok(Ready::Made {
-            resource: parent.resource,
-            device: Box::new(PluginDevice {
-                id: made.uuid.clone(),
-                uuid: Some(made.uuid.clone()),
+        let device = match &made {
+            MadePartition::Mig { uuid, .. } => PluginDevice {
+                id: uuid.clone(),
+                uuid: Some(uuid.clone()),
                 parent: Some(parent.device.id.clone()),
                 ..parent.device.clone()
-            }),
+            },
+            // Visible by its vdev id; its one node (`/dev/vdavinci<id>`) is added to the spec.
+            MadePartition::Vnpu { vdev_id } => PluginDevice {
+                id: made.visible_id(),
+                index: *vdev_id,
+                dev_nodes: Vec::new(),
+                parent: Some(parent.device.id.clone()),
+                ..parent.device.clone()
+            },
+        };
+        Ok(Ready::Made {
+            resource: parent.resource,
+            device: Box::new(device),
             parent_uuid,
             made,
         })
@@ -225,9 +262,9 @@ impl DriverPlugin {
     /// Removes partitions made by a prepare that then failed: (parent uuid, partition).
     async fn remove_made(&self, made: Vec<(String, MadePartition)>) {
         for (parent_uuid, made) in made {
-            let uuid = made.uuid.clone();
+            let id = made.visible_id();
             if let Err(e) = self.destroy(parent_uuid, made).await {
-                tracing::warn!(driver = self.driver, %uuid, error = %e, "removing a partition of a failed prepare");
+                tracing::warn!(driver = self.driver, %id, error = %e, "removing a partition of a failed prepare");
             }
         }
     }
@@ -262,10 +299,10 @@ impl DriverPlugin {
                             .get(cdi::DEVICE_ANNOTATION)
                             .cloned()
                             .unwrap_or_default(),
-                        reason: format!("removing MIG device {}: {reason}", made.uuid),
+                        reason: format!("removing partition {}: {reason}", made.visible_id()),
                     }
                 })?;
-                tracing::info!(driver = self.driver, %claim, uuid = %made.uuid, "partition removed");
+                tracing::info!(driver = self.driver, %claim, id = %made.visible_id(), "partition removed");
             }
         }
         cdi::remove(&self.cdi_dir, &file).map_err(|e| PrepareError::Spec {
@@ -294,7 +331,12 @@ fn made_of(ready: &[(Allocated, Ready)]) -> Vec<(String, MadePartition)> {
 /// The partition a CDI device's annotations record, if it is one.
 fn made_partition(a: &std::collections::BTreeMap<String, String>) -> Option<MadePartition> {
     a.get(PARTITION_OF_ANNOTATION)?;
-    Some(MadePartition {
+    if let Some(vdev_id) = a.get(VNPU_ANNOTATION) {
+        return Some(MadePartition::Vnpu {
+            vdev_id: vdev_id.parse().ok()?,
+        });
+    }
+    Some(MadePartition::Mig {
         uuid: a
             .get(PARTITION_UUID_ANNOTATION)
             .cloned()

@@ -70,7 +70,10 @@ fn node() -> (NodeTopology, tempfile::TempDir) {
             ..device(Vendor::Nvidia, 0x10de, 1, "GPU-uuid-1", &["/dev/nvidia1"])
         },
         device(Vendor::Huawei, 0x19e5, 0, "Ascend910-0", &["/dev/davinci0"]),
-        device(Vendor::Huawei, 0x19e5, 1, "Ascend910-1", &["/dev/davinci1"]),
+        Device {
+            model: "Ascend910".into(),
+            ..device(Vendor::Huawei, 0x19e5, 1, "Ascend910-1", &["/dev/davinci1"])
+        },
         device(
             Vendor::Metax,
             0x9999,
@@ -684,16 +687,21 @@ async fn without_a_partitioner_a_partition_is_not_prepared_and_says_why() {
     );
 }
 
-/// Makes partitions in memory: uuids `MIG-<n>`, GPU instance `n`; fails for the profiles in
-/// `refuse`.
+/// Makes partitions in memory: on a GPU uuids `MIG-<n>`, GPU instance `n`; on an NPU vNPU
+/// `100 + n`; fails for the profiles in `refuse`.
 #[derive(Default)]
 struct FakePartitioner {
     made: Mutex<Vec<(String, fumarole_topology::dra::MadePartition)>>,
+    /// GPU instances, or vNPU ids, destroyed.
     destroyed: Mutex<Vec<u32>>,
     refuse: Vec<&'static str>,
 }
 
 impl crate::dra::node::Partitioner for FakePartitioner {
+    fn makes(&self, _: Vendor) -> bool {
+        true
+    }
+
     fn create(
         &self,
         parent: &Device,
@@ -704,10 +712,14 @@ impl crate::dra::node::Partitioner for FakePartitioner {
         }
         let mut made = self.made.lock().unwrap();
         let n = u32::try_from(made.len()).unwrap() + 1;
-        let m = fumarole_topology::dra::MadePartition {
-            uuid: format!("MIG-{n}"),
-            gpu_instance: n,
-            compute_instance: 0,
+        let m = if parent.vendor == Vendor::Huawei {
+            fumarole_topology::dra::MadePartition::Vnpu { vdev_id: 100 + n }
+        } else {
+            fumarole_topology::dra::MadePartition::Mig {
+                uuid: format!("MIG-{n}"),
+                gpu_instance: n,
+                compute_instance: 0,
+            }
         };
         made.push((parent.id.clone(), m.clone()));
         Ok(m)
@@ -718,8 +730,16 @@ impl crate::dra::node::Partitioner for FakePartitioner {
         parent_uuid: &str,
         made: &fumarole_topology::dra::MadePartition,
     ) -> Result<(), String> {
-        assert_eq!(parent_uuid, "GPU-uuid-1");
-        self.destroyed.lock().unwrap().push(made.gpu_instance);
+        match *made {
+            fumarole_topology::dra::MadePartition::Mig { gpu_instance, .. } => {
+                assert_eq!(parent_uuid, "GPU-uuid-1");
+                self.destroyed.lock().unwrap().push(gpu_instance);
+            }
+            fumarole_topology::dra::MadePartition::Vnpu { vdev_id } => {
+                assert_eq!(parent_uuid, "Ascend910-1");
+                self.destroyed.lock().unwrap().push(vdev_id);
+            }
+        }
         Ok(())
     }
 }
@@ -806,4 +826,57 @@ async fn a_partition_is_made_on_prepare_and_removed_on_unprepare() {
     );
     p.unprepare(&reference("mig", "uid-mig")).await.unwrap();
     assert_eq!(fake.destroyed.lock().unwrap().len(), 3);
+}
+
+/// An Ascend vNPU partition: made on prepare, the container given host `/dev/vdavinci<id>` as
+/// `/dev/davinci<id>` with the id visible and the runtime told it is virtual; removed on
+/// unprepare, from the spec file alone.
+#[tokio::test]
+async fn a_vnpu_is_made_on_prepare_and_removed_on_unprepare() {
+    let (node, _, _root) = dra_node(ALL_DRA);
+    let fake = Arc::new(FakePartitioner::default());
+    let node = node.with_partitioner(fake.clone());
+    let cdi_dir = tempfile::tempdir().unwrap();
+    let claims = FakeClaims::with(&[claim(
+        "vnpu",
+        "uid-vnpu",
+        Some(&[(NPU_DRIVER, NODE, "huawei-1-vir04-0", "a")]),
+    )]);
+    let p = plugin(NPU_DRIVER, &node, cdi_dir.path(), claims);
+    let answer = p.prepare(&reference("vnpu", "uid-vnpu")).await.unwrap();
+    assert_eq!(answer.len(), 1);
+    let spec = spec_of(cdi_dir.path(), NPU_DRIVER, "uid-vnpu");
+    let env = &spec.container_edits.env;
+    assert!(
+        env.contains(&"ASCEND_VISIBLE_DEVICES=101".to_string()),
+        "{env:?}"
+    );
+    assert!(
+        env.contains(&"ASCEND_RUNTIME_OPTIONS=VIRTUAL".to_string()),
+        "{env:?}"
+    );
+    assert_eq!(
+        spec.devices[0].container_edits.device_nodes,
+        [cdi::DeviceNode {
+            path: "/dev/davinci101".into(),
+            host_path: Some("/dev/vdavinci101".into()),
+            permissions: Some("rw".into()),
+        }]
+    );
+    assert_eq!(spec.devices[0].annotations["fumarole.dev/vnpu-id"], "101");
+    assert_eq!(
+        fake.made.lock().unwrap()[0],
+        (
+            "Ascend910-1".to_string(),
+            fumarole_topology::dra::MadePartition::Vnpu { vdev_id: 101 }
+        )
+    );
+    p.unprepare(&reference("vnpu", "uid-vnpu")).await.unwrap();
+    assert_eq!(*fake.destroyed.lock().unwrap(), [101]);
+    assert!(
+        !cdi_dir
+            .path()
+            .join(cdi::file_name(NPU_DRIVER, "uid-vnpu"))
+            .exists()
+    );
 }

@@ -33,7 +33,14 @@
 //! `dcmi_get_device_utilization_rate` (AI core), `_temperature`, `_power_info`, `_frequency`
 //! (AI core now), `_hbm_info` and `dcmi_get_hccs_link_bandwidth_info` (which, as the real call,
 //! takes the `profiling_time` it is given; links past the lists read 0); a figure absent
-//! answers `DCMI_ERR_CODE_NOT_SUPPORT`, as does another input type. `hang` blocks the named calls (`"*"`: all) until
+//! answers `DCMI_ERR_CODE_NOT_SUPPORT`, as does another input type.
+//!
+//! vNPUs: `dcmi_create_vdevice` adds `{"card", "device", "vdevId", "template"}` to the file's
+//! `vdevices` (the file is the driver's memory: written back whole, renamed into place), the
+//! vdev id the next free from 100 (Huawei numbers vNPUs from 100) unless the caller names one;
+//! a chip whose entry lists `vnpuTemplates` refuses other templates (`DCMI_ERR_CODE_INVALID_
+//! PARAMETER`); `dcmi_set_destroy_vdevice` removes the entry (an id the chip does not have:
+//! `DCMI_ERR_CODE_INVALID_DEVICE_ID`). `hang` blocks the named calls (`"*"`: all) until
 //! the file no longer names them; `fail` makes them return that code. Cards are the distinct
 //! `card` values, in order. Test code standing in for a C library: it keeps the parsed file
 //! process-wide, as the real one keeps its state.
@@ -67,6 +74,17 @@ struct State {
     hang: Vec<String>,
     #[serde(default)]
     fail: std::collections::BTreeMap<String, c_int>,
+    #[serde(default)]
+    vdevices: Vec<Vdevice>,
+}
+
+/// A vNPU made through the library.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Vdevice {
+    card: c_int,
+    device: c_int,
+    vdev_id: c_uint,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -89,6 +107,9 @@ struct Chip {
     chip_info: Option<ChipInfo>,
     #[serde(default)]
     metrics: Metrics,
+    /// The vNPU templates the chip accepts; absent: any.
+    #[serde(default)]
+    vnpu_templates: Option<Vec<String>>,
 }
 
 /// A chip's figures, in DCMI's units; `None`: not supported.
@@ -664,4 +685,129 @@ pub unsafe extern "C" fn dcmi_get_hccs_link_bandwidth_info(
             rx_bandwidth: rx,
         }
     )
+}
+
+/// `struct dcmi_create_vdev_res_stru`.
+#[repr(C)]
+pub struct DcmiCreateVdevIn {
+    vdev_id: c_uint,
+    vfg_id: c_uint,
+    template_name: [u8; CHIP_NAME_LEN],
+    reserved: [u8; 64],
+}
+
+/// `struct dcmi_create_vdev_out`.
+#[repr(C)]
+pub struct DcmiCreateVdevOut {
+    vdev_id: c_uint,
+    pcie_bus: c_uint,
+    pcie_device: c_uint,
+    pcie_func: c_uint,
+    vfg_id: c_uint,
+    reserved: [u8; 32],
+}
+
+/// "The library picks".
+const ANY_ID: c_uint = 0xFFFF_FFFF;
+/// Huawei's first vNPU id.
+const FIRST_VDEV_ID: c_uint = 100;
+
+/// Rewrites the state file's `vdevices` with `edit` applied (whole file, renamed into place).
+fn edit_vdevices(edit: impl FnOnce(&mut Vec<serde_json::Value>)) -> Result<(), c_int> {
+    let path = std::env::var_os(STATE_ENV).ok_or(INVALID_PARAMETER)?;
+    let text = std::fs::read_to_string(&path).map_err(|_| INVALID_PARAMETER)?;
+    let mut state: serde_json::Value =
+        serde_json::from_str(&text).map_err(|_| INVALID_PARAMETER)?;
+    let mut list: Vec<serde_json::Value> =
+        state["vdevices"].as_array().cloned().unwrap_or_default();
+    edit(&mut list);
+    state["vdevices"] = serde_json::Value::Array(list);
+    let tmp = std::path::PathBuf::from(&path).with_extension("vdev.tmp");
+    std::fs::write(&tmp, state.to_string()).map_err(|_| INVALID_PARAMETER)?;
+    std::fs::rename(&tmp, &path).map_err(|_| INVALID_PARAMETER)
+}
+
+/// `dcmi_create_vdevice`.
+///
+/// # Safety
+/// `vdev` is a readable `struct dcmi_create_vdev_res_stru`, `out` a writable
+/// `struct dcmi_create_vdev_out`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn dcmi_create_vdevice(
+    card_id: c_int,
+    device_id: c_int,
+    vdev: *const DcmiCreateVdevIn,
+    out: *mut DcmiCreateVdevOut,
+) -> c_int {
+    check!("dcmi_create_vdevice");
+    if vdev.is_null() {
+        return INVALID_PARAMETER;
+    }
+    // SAFETY: the caller passes a readable struct (checked non-null).
+    let input = unsafe { &*vdev };
+    let Some(nul) = input.template_name.iter().position(|b| *b == 0) else {
+        return INVALID_PARAMETER;
+    };
+    let Ok(template) = std::str::from_utf8(&input.template_name[..nul]) else {
+        return INVALID_PARAMETER;
+    };
+    let Some(c) = chip(card_id, device_id) else {
+        return INVALID_DEVICE_ID;
+    };
+    if template.is_empty()
+        || c.vnpu_templates
+            .as_ref()
+            .is_some_and(|t| !t.iter().any(|t| t == template))
+    {
+        return INVALID_PARAMETER;
+    }
+    let taken: Vec<c_uint> = state().vdevices.iter().map(|v| v.vdev_id).collect();
+    let vdev_id = if input.vdev_id == ANY_ID {
+        (FIRST_VDEV_ID..)
+            .find(|id| !taken.contains(id))
+            .unwrap_or(ANY_ID)
+    } else if taken.contains(&input.vdev_id) {
+        return INVALID_PARAMETER;
+    } else {
+        input.vdev_id
+    };
+    let entry = serde_json::json!({"card": card_id, "device": device_id, "vdevId": vdev_id, "template": template});
+    if let Err(code) = edit_vdevices(|list| list.push(entry)) {
+        return code;
+    }
+    out!(
+        out,
+        DcmiCreateVdevOut {
+            vdev_id,
+            pcie_bus: 0,
+            pcie_device: 0,
+            pcie_func: 0,
+            vfg_id: 0,
+            reserved: [0; 32],
+        }
+    )
+}
+
+/// `dcmi_set_destroy_vdevice`.
+#[unsafe(no_mangle)]
+pub extern "C" fn dcmi_set_destroy_vdevice(
+    card_id: c_int,
+    device_id: c_int,
+    vdev_id: c_uint,
+) -> c_int {
+    check!("dcmi_set_destroy_vdevice");
+    let held = state()
+        .vdevices
+        .iter()
+        .any(|v| v.card == card_id && v.device == device_id && v.vdev_id == vdev_id);
+    if !held {
+        return INVALID_DEVICE_ID;
+    }
+    let gone = |v: &serde_json::Value| {
+        v["card"] == card_id && v["device"] == device_id && v["vdevId"] == vdev_id
+    };
+    match edit_vdevices(|list| list.retain(|v| !gone(v))) {
+        Ok(()) => OK,
+        Err(code) => code,
+    }
 }

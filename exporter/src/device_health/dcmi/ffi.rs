@@ -40,6 +40,21 @@
 //! before it answers; rates in GB/s, per link and in all), from Huawei's DCMI API reference
 //! page for the call (Atlas A2 and A3 training and inference servers).
 //!
+//! vNPUs (`crate::vnpu`, for DRA claims on vNPU partitions), from Huawei's DCMI API reference
+//! pages for the calls:
+//!
+//! ```c
+//! int dcmi_create_vdevice(int card_id, int device_id, struct dcmi_create_vdev_res_stru *vdev,
+//!                         struct dcmi_create_vdev_out *out);
+//! int dcmi_set_destroy_vdevice(int card_id, int device_id, unsigned int vdev_id);
+//! ```
+//!
+//! `struct dcmi_create_vdev_res_stru { unsigned int vdev_id; unsigned int vfg_id; char
+//! template_name[32]; unsigned char reserved[64]; }` (`vdev_id` and `vfg_id` 0xFFFFFFFF: the
+//! library picks; the template as `npu-smi info -t template-info` names it, `vir02`) and
+//! `struct dcmi_create_vdev_out { unsigned int vdev_id, pcie_bus, pcie_device, pcie_func,
+//! vfg_id; unsigned char reserved[32]; }` (only `vdev_id` is filled).
+//!
 //! `struct dcmi_hbm_info { unsigned long long memory_size; unsigned int freq; unsigned long
 //! long memory_usage; int temp; unsigned int bandwith_util_rate; }` (sizes in MB; 32 bytes with
 //! its padding). The input types are those of Huawei's npu-exporter (`DeviceType` `AICore` 2,
@@ -95,6 +110,36 @@ type RateFn = unsafe extern "C" fn(c_int, c_int, c_int, *mut c_uint) -> c_int;
 type IntFn = unsafe extern "C" fn(c_int, c_int, *mut c_int) -> c_int;
 type HbmFn = unsafe extern "C" fn(c_int, c_int, *mut RawHbmInfo) -> c_int;
 type HccsFn = unsafe extern "C" fn(c_int, c_int, *mut RawHccsBandwidth) -> c_int;
+type CreateVdevFn =
+    unsafe extern "C" fn(c_int, c_int, *mut RawCreateVdevIn, *mut RawCreateVdevOut) -> c_int;
+type DestroyVdevFn = unsafe extern "C" fn(c_int, c_int, c_uint) -> c_int;
+
+/// `TEMPLATE_NAME_LEN`.
+pub const TEMPLATE_NAME_LEN: usize = 32;
+/// "The library picks" for a vdev or group id.
+pub const ANY_ID: c_uint = 0xFFFF_FFFF;
+
+/// `struct dcmi_create_vdev_res_stru`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct RawCreateVdevIn {
+    pub vdev_id: c_uint,
+    pub vfg_id: c_uint,
+    pub template_name: [u8; TEMPLATE_NAME_LEN],
+    pub reserved: [u8; 64],
+}
+
+/// `struct dcmi_create_vdev_out`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RawCreateVdevOut {
+    pub vdev_id: c_uint,
+    pub pcie_bus: c_uint,
+    pub pcie_device: c_uint,
+    pub pcie_func: c_uint,
+    pub vfg_id: c_uint,
+    pub reserved: [u8; 32],
+}
 /// `main_cmd` is a C enum: an int.
 type DeviceInfoFn =
     unsafe extern "C" fn(c_int, c_int, c_int, c_uint, *mut std::ffi::c_void, *mut c_uint) -> c_int;
@@ -147,15 +192,17 @@ pub struct RawHccsBandwidth {
     pub rx: [f64; HCCS_LINKS],
 }
 
-/// The per-chip figure calls (`None`: the library lacks the call).
+/// The optional per-chip calls: figures and vNPUs (`None`: the library lacks the call).
 #[derive(Clone, Copy, Default)]
-struct FigureCalls {
+struct ChipCalls {
     utilization: Option<RateFn>,
     temperature: Option<IntFn>,
     power: Option<IntFn>,
     frequency: Option<RateFn>,
     hbm: Option<HbmFn>,
     hccs: Option<HccsFn>,
+    create_vdev: Option<CreateVdevFn>,
+    destroy_vdev: Option<DestroyVdevFn>,
 }
 
 /// `MAX_CHIP_NAME_LEN`: the size of each string array of `struct dcmi_chip_info`.
@@ -206,7 +253,7 @@ pub struct Dcmi {
     network_health: Option<NetworkHealthFn>,
     device_info: Option<DeviceInfoFn>,
     chip_info: Option<ChipInfoFn>,
-    figures: FigureCalls,
+    chip_calls: ChipCalls,
     _lib: Library,
 }
 
@@ -263,13 +310,15 @@ impl Dcmi {
             network_health: sym(&lib, "dcmi_get_device_network_health"),
             device_info: sym(&lib, "dcmi_get_device_info"),
             chip_info: sym(&lib, "dcmi_get_device_chip_info"),
-            figures: FigureCalls {
+            chip_calls: ChipCalls {
                 utilization: sym(&lib, "dcmi_get_device_utilization_rate"),
                 temperature: sym(&lib, "dcmi_get_device_temperature"),
                 power: sym(&lib, "dcmi_get_device_power_info"),
                 frequency: sym(&lib, "dcmi_get_device_frequency"),
                 hbm: sym(&lib, "dcmi_get_device_hbm_info"),
                 hccs: sym(&lib, "dcmi_get_hccs_link_bandwidth_info"),
+                create_vdev: sym(&lib, "dcmi_create_vdevice"),
+                destroy_vdev: sym(&lib, "dcmi_set_destroy_vdevice"),
             },
             _lib: lib,
         })
@@ -479,7 +528,7 @@ impl Dcmi {
     /// `dcmi_get_device_utilization_rate` of `input_type`, in percent.
     pub fn utilization(&self, card: i32, chip: i32, input_type: c_int) -> Result<u32, CallError> {
         let call = "dcmi_get_device_utilization_rate";
-        let f = self.figures.utilization.ok_or(lacking(call))?;
+        let f = self.chip_calls.utilization.ok_or(lacking(call))?;
         let mut rate: c_uint = 0;
         // SAFETY: `rate` is writable for the call.
         check(call, unsafe { f(card, chip, input_type, &mut rate) })?;
@@ -489,7 +538,7 @@ impl Dcmi {
     /// `dcmi_get_device_temperature`, in degrees Celsius.
     pub fn temperature(&self, card: i32, chip: i32) -> Result<i32, CallError> {
         let call = "dcmi_get_device_temperature";
-        let f = self.figures.temperature.ok_or(lacking(call))?;
+        let f = self.chip_calls.temperature.ok_or(lacking(call))?;
         let mut t: c_int = 0;
         // SAFETY: `t` is writable for the call.
         check(call, unsafe { f(card, chip, &mut t) })?;
@@ -499,7 +548,7 @@ impl Dcmi {
     /// `dcmi_get_device_power_info`, in tenths of a watt.
     pub fn power(&self, card: i32, chip: i32) -> Result<i32, CallError> {
         let call = "dcmi_get_device_power_info";
-        let f = self.figures.power.ok_or(lacking(call))?;
+        let f = self.chip_calls.power.ok_or(lacking(call))?;
         let mut p: c_int = 0;
         // SAFETY: `p` is writable for the call.
         check(call, unsafe { f(card, chip, &mut p) })?;
@@ -509,7 +558,7 @@ impl Dcmi {
     /// `dcmi_get_device_frequency` of `input_type`, in MHz.
     pub fn frequency(&self, card: i32, chip: i32, input_type: c_int) -> Result<u32, CallError> {
         let call = "dcmi_get_device_frequency";
-        let f = self.figures.frequency.ok_or(lacking(call))?;
+        let f = self.chip_calls.frequency.ok_or(lacking(call))?;
         let mut mhz: c_uint = 0;
         // SAFETY: `mhz` is writable for the call (a C enum is an int).
         check(call, unsafe { f(card, chip, input_type, &mut mhz) })?;
@@ -519,7 +568,7 @@ impl Dcmi {
     /// `dcmi_get_device_hbm_info`.
     pub fn hbm(&self, card: i32, chip: i32) -> Result<RawHbmInfo, CallError> {
         let call = "dcmi_get_device_hbm_info";
-        let f = self.figures.hbm.ok_or(lacking(call))?;
+        let f = self.chip_calls.hbm.ok_or(lacking(call))?;
         let mut info = RawHbmInfo::default();
         // SAFETY: `info` is a writable `struct dcmi_hbm_info` (same layout, `repr(C)`).
         check(call, unsafe { f(card, chip, &mut info) })?;
@@ -535,7 +584,7 @@ impl Dcmi {
         window_ms: i32,
     ) -> Result<RawHccsBandwidth, CallError> {
         let call = "dcmi_get_hccs_link_bandwidth_info";
-        let f = self.figures.hccs.ok_or(lacking(call))?;
+        let f = self.chip_calls.hccs.ok_or(lacking(call))?;
         let mut info = RawHccsBandwidth {
             profiling_time: window_ms.clamp(1, 1000),
             ..Default::default()
@@ -546,9 +595,51 @@ impl Dcmi {
     }
 }
 
+impl Dcmi {
+    /// `dcmi_create_vdevice` of `template` (`vir02`) on the chip, the vdev id picked by the
+    /// library: the new vNPU's vdev id.
+    pub fn create_vdevice(&self, card: i32, chip: i32, template: &str) -> Result<u32, CallError> {
+        let call = "dcmi_create_vdevice";
+        let f = self.chip_calls.create_vdev.ok_or(lacking(call))?;
+        // The name and its NUL must fit the array.
+        if template.len() >= TEMPLATE_NAME_LEN || template.contains('\0') {
+            return Err(CallError {
+                call,
+                code: i64::try_from(template.len()).unwrap_or(i64::MAX),
+            });
+        }
+        let mut input = RawCreateVdevIn {
+            vdev_id: ANY_ID,
+            vfg_id: ANY_ID,
+            template_name: [0; TEMPLATE_NAME_LEN],
+            reserved: [0; 64],
+        };
+        input.template_name[..template.len()].copy_from_slice(template.as_bytes());
+        let mut out = RawCreateVdevOut::default();
+        // SAFETY: both structs are writable and laid out as the header's (`repr(C)`).
+        check(call, unsafe { f(card, chip, &mut input, &mut out) })?;
+        Ok(out.vdev_id)
+    }
+
+    /// `dcmi_set_destroy_vdevice`.
+    pub fn destroy_vdevice(&self, card: i32, chip: i32, vdev_id: u32) -> Result<(), CallError> {
+        let call = "dcmi_set_destroy_vdevice";
+        let f = self.chip_calls.destroy_vdev.ok_or(lacking(call))?;
+        // SAFETY: plain values.
+        check(call, unsafe { f(card, chip, vdev_id) })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn vdevice_structs_have_the_c_layout() {
+        assert_eq!(std::mem::size_of::<RawCreateVdevIn>(), 104);
+        assert_eq!(std::mem::offset_of!(RawCreateVdevIn, template_name), 8);
+        assert_eq!(std::mem::size_of::<RawCreateVdevOut>(), 52);
+    }
 
     #[test]
     fn hccs_bandwidth_info_has_the_c_layout() {
