@@ -521,10 +521,11 @@ fn dra_claims_hold_devices_by_their_pool_names() {
         m.set_allocations(&Allocations {
             source: AllocationSource::PodResources,
             pods: vec![
-                // A MIG partition of GPU 0, the whole of NPU 1; another driver's "nvidia-1"
-                // and a name that only starts like GPU 0's are not ours.
+                // A MIG partition of GPU 0, the whole of NPU 1, a vNPU of NPU 0; another
+                // driver's "nvidia-1" and a name that only starts like GPU 0's are not ours.
                 claimed("sliced", "gpu.fumarole.dev", "nvidia-0-3g-40gb-4"),
                 claimed("npu", "npu.fumarole.dev", "huawei-1"),
+                claimed("vnpu", "npu.fumarole.dev", "huawei-0-vir04-1"),
                 claimed("theirs", "gpu.nvidia.com", "nvidia-1"),
                 claimed("lookalike", "gpu.fumarole.dev", "nvidia-01"),
             ],
@@ -536,6 +537,10 @@ fn dra_claims_hold_devices_by_their_pool_names() {
     );
     assert!(
         out.contains("npu_chip_info_utilization{id=\"1\",model_name=\"Ascend910B3\",namespace=\"team\",pod_name=\"npu\",container_name=\"main\"} 0.0"),
+        "{out}"
+    );
+    assert!(
+        out.contains("npu_chip_info_utilization{id=\"0\",model_name=\"Ascend910B3\",namespace=\"team\",pod_name=\"vnpu\",container_name=\"main\"} 40.0"),
         "{out}"
     );
     assert!(
