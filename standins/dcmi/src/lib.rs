@@ -38,9 +38,9 @@
 //! vNPUs: `dcmi_create_vdevice` adds `{"card", "device", "vdevId", "template"}` to the file's
 //! `vdevices` (the file is the driver's memory: written back whole, renamed into place), the
 //! vdev id the next free from 100 (Huawei numbers vNPUs from 100) unless the caller names one;
-//! a chip whose entry lists `vnpuTemplates` refuses other templates (`DCMI_ERR_CODE_INVALID_
-//! PARAMETER`); `dcmi_set_destroy_vdevice` removes the entry (an id the chip does not have:
-//! `DCMI_ERR_CODE_INVALID_DEVICE_ID`). `hang` blocks the named calls (`"*"`: all) until
+//! a chip whose entry lists `vnpuTemplates` refuses other templates
+//! (`DCMI_ERR_CODE_INVALID_PARAMETER`); `dcmi_set_destroy_vdevice` removes the entry (an id the
+//! chip does not have: `DCMI_ERR_CODE_INVALID_DEVICE_ID`). `hang` blocks the named calls (`"*"`: all) until
 //! the file no longer names them; `fail` makes them return that code. Cards are the distinct
 //! `card` values, in order. Test code standing in for a C library: it keeps the parsed file
 //! process-wide, as the real one keeps its state.
