@@ -40,10 +40,10 @@
 //! vdev id the next free from 100 (Huawei numbers vNPUs from 100) unless the caller names one;
 //! a chip whose entry lists `vnpuTemplates` refuses other templates
 //! (`DCMI_ERR_CODE_INVALID_PARAMETER`); `dcmi_set_destroy_vdevice` removes the entry (an id the
-//! chip does not have: `DCMI_ERR_CODE_INVALID_DEVICE_ID`). `hang` blocks the named calls (`"*"`: all) until
-//! the file no longer names them; `fail` makes them return that code. Cards are the distinct
-//! `card` values, in order. Test code standing in for a C library: it keeps the parsed file
-//! process-wide, as the real one keeps its state.
+//! chip does not have: `DCMI_ERR_CODE_INVALID_DEVICE_ID`). `hang` blocks the named calls
+//! (`"*"`: all) until the file no longer names them; `fail` makes them return that code. Cards
+//! are the distinct `card` values, in order. Test code standing in for a C library: it keeps
+//! the parsed file process-wide, as the real one keeps its state.
 
 use std::ffi::{c_int, c_uint};
 use std::sync::{Mutex, PoisonError};
@@ -771,7 +771,9 @@ pub unsafe extern "C" fn dcmi_create_vdevice(
     } else {
         input.vdev_id
     };
-    let entry = serde_json::json!({"card": card_id, "device": device_id, "vdevId": vdev_id, "template": template});
+    let entry = serde_json::json!(
+        {"card": card_id, "device": device_id, "vdevId": vdev_id, "template": template}
+    );
     if let Err(code) = edit_vdevices(|list| list.push(entry)) {
         return code;
     }
