@@ -121,7 +121,11 @@ async fn serve(args: RunArgs, node_name: String, mut prepared: Prepared) -> Resu
         &mut prepared,
         &stream,
         answers,
-        (&args.device_metrics, &counters.devices),
+        (
+            &args.device_metrics,
+            &counters.devices,
+            devices.dcmi.as_deref(),
+        ),
     )?;
     let kubelet = args.kubelet.settings()?;
     let publishing = Publishing::start(publish, kubelet.clone(), &stream, dcmi);
@@ -256,21 +260,20 @@ fn start_device_metrics(
 }
 
 /// Starts sampling the Ascend NPUs' figures where the DCMI health source would watch them (the
-/// node has NPUs and a DCMI library) and `--device-metrics-interval` is not 0.
+/// node has NPUs and the DCMI library `dcmi`) and `--device-metrics-interval` is not 0.
 fn start_npu_metrics(
-    health: &HealthArgs,
-    prepared: &Prepared,
     topology: &NodeTopology,
     args: &DeviceMetricsArgs,
     metrics: &DeviceMetrics,
+    dcmi: Option<&Path>,
 ) {
     let npus = ascend_devices(topology);
-    let host = matches!(prepared.options.source, discover::Source::Host);
-    if let Some(library) = dcmi_library(health, host)
+    if let Some(library) = dcmi
         && !npus.is_empty()
         && !args.device_metrics_interval.is_zero()
     {
-        device_metrics::dcmi::spawn(library, npus, args.device_metrics_interval, metrics.clone());
+        let every = args.device_metrics_interval;
+        device_metrics::dcmi::spawn(library.to_path_buf(), npus, every, metrics.clone());
     }
 }
 
@@ -283,12 +286,12 @@ fn discover_and_watch_health(
     prepared: &mut Prepared,
     stream: &HealthStream,
     answers: ServerAnswers,
-    (metrics_args, metrics): (&DeviceMetricsArgs, &DeviceMetrics),
+    (metrics_args, metrics, dcmi): (&DeviceMetricsArgs, &DeviceMetrics, Option<&Path>),
 ) -> Result<Option<(Vec<Resource>, NodeTopology)>> {
     let serves_devices = plugins.serves_devices();
     match discover_node(health, prepared) {
         Ok((topology, session)) => {
-            start_npu_metrics(health, prepared, &topology, metrics_args, metrics);
+            start_npu_metrics(&topology, metrics_args, metrics, dcmi);
             let resources = if serves_devices {
                 Some(devices::served(plugins, &topology, root_of(prepared))?)
             } else {

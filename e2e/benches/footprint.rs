@@ -25,9 +25,9 @@
 use std::time::{Duration, Instant};
 
 use fumarole_e2e::cluster::{free_port, http_get};
-use fumarole_e2e::fumarole::{agent_bin, fixture_root, standin_lib};
+use fumarole_e2e::fumarole::{agent_bin, fixture_root};
 use fumarole_e2e::process::{Footprint, thread_cpu_ticks};
-use fumarole_e2e::standin::StandIn;
+use fumarole_e2e::standin::{ascend_chips, dcmi_standin};
 use fumarole_e2e::{AgentBuilder, KubeletDm, NodeSpec, TestCluster};
 
 const WARM_UP: Duration = Duration::from_secs(30);
@@ -79,18 +79,13 @@ fn main() {
         });
         let npus = dcmi.then(|| {
             let root = fixture_root("atlas-800-910", dir.path()).unwrap();
-            let lib = dir.path().join("libdcmi.so");
-            std::fs::copy(standin_lib("fumarole-standin-dcmi").unwrap(), &lib).unwrap();
-            let chips: Vec<serde_json::Value> = (0..8u64)
-                .map(|i| serde_json::json!({
-                    "card": i, "device": 0, "logicId": i, "phyId": i, "health": 0,
-                    "errorCodes": [], "network": 0,
-                    "chipInfo": {"chipType": "Ascend", "chipName": "910B3", "chipVer": "V1", "aicoreCnt": 20},
-                    "metrics": {"aicore": 50 + i, "temperature": 55, "power": 1805, "aicoreFreq": 1800,
-                                "hbmTotal": 65536, "hbmUsed": 8192, "hccsTx": vec![1.5; 7], "hccsRx": vec![1.5; 7]}
-                }))
-                .collect();
-            let state = StandIn::new(dir.path().join("dcmi-state.json"), serde_json::json!({"chips": chips}));
+            let chips = ascend_chips(8, |i| serde_json::json!({
+                "chipInfo": {"chipType": "Ascend", "chipName": "910B3", "chipVer": "V1", "aicoreCnt": 20},
+                "metrics": {"aicore": 50 + i, "temperature": 55, "power": 1805, "aicoreFreq": 1800,
+                            "hbmTotal": 65536, "hbmUsed": 8192, "hccsTx": vec![1.5; 7], "hccsRx": vec![1.5; 7]}
+            }));
+            let (lib, state) =
+                dcmi_standin(dir.path(), serde_json::json!({"chips": chips})).unwrap();
             (root, lib, state)
         });
         let builder = match (&standin, &npus) {

@@ -64,9 +64,7 @@ impl TestCluster {
         process: &str,
         setting: &str,
     ) -> Result<DraAgent> {
-        let dir = tempfile::tempdir()?;
-        let root = fixture_root(fixture, dir.path())?;
-        self.start_dra_agent_at(dir, root, vendor, node, kubelet, process, setting, None)
+        self.start_fixture_dra_agent(fixture, vendor, node, kubelet, process, setting, None)
     }
 
     /// [`Self::start_dra_agent_with`] for Ascend NPUs of `fixture`, the node's DCMI answers
@@ -81,18 +79,25 @@ impl TestCluster {
         process: &str,
         setting: &str,
     ) -> Result<DraAgent> {
+        let dcmi = Some(Library::Dcmi(dcmi));
+        self.start_fixture_dra_agent(fixture, "huawei", node, kubelet, process, setting, dcmi)
+    }
+
+    /// [`Self::start_dra_agent_at`] on a fresh root of fixture `fixture`.
+    #[allow(clippy::too_many_arguments)]
+    fn start_fixture_dra_agent(
+        &self,
+        fixture: &str,
+        vendor: &str,
+        node: &str,
+        kubelet: Option<&DraKubelet>,
+        process: &str,
+        setting: &str,
+        library: Option<Library<'_>>,
+    ) -> Result<DraAgent> {
         let dir = tempfile::tempdir()?;
         let root = fixture_root(fixture, dir.path())?;
-        self.start_dra_agent_at(
-            dir,
-            root,
-            "huawei",
-            node,
-            kubelet,
-            process,
-            setting,
-            Some(Library::Dcmi(dcmi)),
-        )
+        self.start_dra_agent_at(dir, root, vendor, node, kubelet, process, setting, library)
     }
 
     /// [`Self::start_dra_agent_with`] for NVIDIA GPUs on a root made in `dir` by

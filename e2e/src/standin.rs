@@ -68,3 +68,26 @@ pub fn nvidia_root(dir: &Path) -> Result<(PathBuf, PathBuf, StandIn)> {
     std::fs::copy(standin_lib("fumarole-standin-nvml")?, &lib)?;
     Ok((root, lib, StandIn::new(dir.join("nvml-state.json"), state)))
 }
+
+/// The DCMI stand-in copied into `dir` as `libdcmi.so`, answering from `state` written to a
+/// file there: (library, state).
+pub fn dcmi_standin(dir: &Path, state: Value) -> Result<(PathBuf, StandIn)> {
+    let lib = dir.join("libdcmi.so");
+    std::fs::copy(standin_lib("fumarole-standin-dcmi")?, &lib)?;
+    Ok((lib, StandIn::new(dir.join("dcmi-state.json"), state)))
+}
+
+/// The DCMI stand-in's chips for `n` healthy NPUs, one per card (davinci N = card N = logic id
+/// N = physical id N), each with the fields `more(N)` adds (an object).
+pub fn ascend_chips(n: u64, more: impl Fn(u64) -> Value) -> Vec<Value> {
+    (0..n)
+        .map(|i| {
+            let mut chip = json!({"card": i, "device": 0, "logicId": i, "phyId": i,
+                                  "health": 0, "errorCodes": [], "network": 0});
+            if let (Some(chip), Value::Object(extra)) = (chip.as_object_mut(), more(i)) {
+                chip.extend(extra);
+            }
+            chip
+        })
+        .collect()
+}

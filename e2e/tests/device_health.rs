@@ -24,8 +24,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use fumarole_e2e::cluster::{free_port, http_get, http_post_json, metric_sum};
-use fumarole_e2e::fumarole::{device_topologies, fixture_root, standin_lib};
-use fumarole_e2e::standin::{StandIn, nvidia_root};
+use fumarole_e2e::fumarole::{device_topologies, fixture_root};
+use fumarole_e2e::standin::{StandIn, ascend_chips, dcmi_standin, nvidia_root};
 use fumarole_e2e::{AgentBuilder, KubeletDm, NodeSpec, TestCluster};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
@@ -593,13 +593,8 @@ async fn ascend_chip_network_and_hccs_faults_through_dcmi() {
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let root = fixture_root("atlas-800-910", dir.path()).unwrap();
-    let lib = dir.path().join("libdcmi.so");
-    std::fs::copy(standin_lib("fumarole-standin-dcmi").unwrap(), &lib).unwrap();
-    // One chip per card, davinci N = card N = logic id N = physical id N.
-    let chips: Vec<Value> = (0..8)
-        .map(|i| json!({"card": i, "device": 0, "logicId": i, "phyId": i, "health": 0, "errorCodes": [], "network": 0}))
-        .collect();
-    let mut dcmi = StandIn::new(dir.path().join("dcmi-state.json"), json!({"chips": chips}));
+    let chips = ascend_chips(8, |_| json!({}));
+    let (lib, mut dcmi) = dcmi_standin(dir.path(), json!({"chips": chips})).unwrap();
     let plugins = dir.path().join("device-plugins");
     std::fs::create_dir_all(&plugins).unwrap();
     let kdm = KubeletDm::start(&plugins, &dir.path().join("logs"))
@@ -873,13 +868,11 @@ async fn ascend_setup(
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let root = fixture_root(fixture, dir.path()).unwrap();
-    let lib = dir.path().join("libdcmi.so");
-    std::fs::copy(standin_lib("fumarole-standin-dcmi").unwrap(), &lib).unwrap();
     let recorded: Value = serde_json::from_str(
         &std::fs::read_to_string(root.join("fumarole/dcmi-standin.json")).unwrap(),
     )
     .unwrap();
-    let dcmi = StandIn::new(dir.path().join("dcmi-state.json"), recorded);
+    let (lib, dcmi) = dcmi_standin(dir.path(), recorded).unwrap();
     (cluster, dir, root, lib, dcmi)
 }
 

@@ -12,8 +12,8 @@
 use std::time::Duration;
 
 use fumarole_e2e::cluster::{eventually, free_port, http_get, metric_sum};
-use fumarole_e2e::fumarole::{device_topologies, fixture_root, standin_lib};
-use fumarole_e2e::standin::{StandIn, nvidia_root};
+use fumarole_e2e::fumarole::{device_topologies, fixture_root};
+use fumarole_e2e::standin::{ascend_chips, dcmi_standin, nvidia_root};
 use fumarole_e2e::{AgentBuilder, NodeSpec, TestCluster};
 use serde_json::{Value, json};
 
@@ -411,26 +411,21 @@ async fn dcmi_figures_reach_metrics_with_their_pods_under_npu_exporter_names() {
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let root = fixture_root("atlas-800-910", dir.path()).unwrap();
-    let lib = dir.path().join("libdcmi.so");
-    std::fs::copy(standin_lib("fumarole-standin-dcmi").unwrap(), &lib).unwrap();
-    // One chip per card, davinci N = card N = physical id N; chip 5 gives no power figure.
-    let chips: Vec<Value> = (0..8u64)
-        .map(|i| {
-            let mut figures = npu_figures(i);
-            if i == 5 {
-                g_remove(&mut figures, "power");
-            }
-            if i == 0 {
-                // HCCS rates per link, GB/s: link 1 carries 0.25 out, link 0 2 in.
-                figures["hccsTx"] = json!([1.5, 0.25]);
-                figures["hccsRx"] = json!([2.0]);
-            }
-            json!({"card": i, "device": 0, "logicId": i, "phyId": i, "health": 0,
-                   "errorCodes": [], "network": 0, "metrics": figures,
-                   "chipInfo": {"chipType": "Ascend", "chipName": "910B3", "chipVer": "V1", "aicoreCnt": 20}})
-        })
-        .collect();
-    let mut dcmi = StandIn::new(dir.path().join("dcmi-state.json"), json!({"chips": chips}));
+    // Chip 5 gives no power figure.
+    let chips = ascend_chips(8, |i| {
+        let mut figures = npu_figures(i);
+        if i == 5 {
+            g_remove(&mut figures, "power");
+        }
+        if i == 0 {
+            // HCCS rates per link, GB/s: link 1 carries 0.25 out, link 0 2 in.
+            figures["hccsTx"] = json!([1.5, 0.25]);
+            figures["hccsRx"] = json!([2.0]);
+        }
+        json!({"metrics": figures,
+               "chipInfo": {"chipType": "Ascend", "chipName": "910B3", "chipVer": "V1", "aicoreCnt": 20}})
+    });
+    let (lib, mut dcmi) = dcmi_standin(dir.path(), json!({"chips": chips})).unwrap();
     let kdm = cluster
         .start_kubelet_dm_with_pod_resources(
             &dir.path().join("device-plugins"),

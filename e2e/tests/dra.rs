@@ -22,7 +22,7 @@ use std::time::Duration;
 use fumarole_e2e::cluster::eventually;
 use fumarole_e2e::dra::{DraAgent, DraKubelet};
 use fumarole_e2e::harness_node::HarnessNode;
-use fumarole_e2e::standin::nvidia_root;
+use fumarole_e2e::standin::{ascend_chips, dcmi_standin, nvidia_root};
 use fumarole_e2e::{NodeSpec, TestCluster};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
@@ -1098,23 +1098,12 @@ async fn the_kubelets_dra_manager_gets_a_vnpu_made_for_a_claim() {
         .unwrap();
     let (harness, cdi_dir, dirs) = harness_node(&cluster, name).await;
     let dir = tempfile::tempdir().unwrap();
-    let lib = dir.path().join("libdcmi.so");
-    std::fs::copy(
-        fumarole_e2e::fumarole::standin_lib("fumarole-standin-dcmi").unwrap(),
-        &lib,
-    )
-    .unwrap();
-    // One chip per card, davinci N = card N = physical id N; the 910's templates.
-    let chips: Vec<Value> = (0..8)
-        .map(|i| {
-            json!({"card": i, "device": 0, "logicId": i, "phyId": i, "health": 0,
-                        "vnpuTemplates": ["vir02", "vir04", "vir08", "vir16"]})
-        })
-        .collect();
-    let dcmi = fumarole_e2e::standin::StandIn::new(
-        dir.path().join("dcmi-state.json"),
-        json!({"chips": chips}),
+    // The 910's templates.
+    let chips = ascend_chips(
+        8,
+        |_| json!({"vnpuTemplates": ["vir02", "vir04", "vir08", "vir16"]}),
     );
+    let (lib, dcmi) = dcmi_standin(dir.path(), json!({"chips": chips})).unwrap();
     let _agent = cluster
         .start_ascend_dra_agent(
             "atlas-800-910",

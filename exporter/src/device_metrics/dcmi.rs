@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
-use super::{DeviceMetrics, DeviceSample, Figure, Library, Snapshot};
+use super::{DeviceMetrics, DeviceSample, Figure, Library, MIB, Snapshot};
 use crate::device_health::LogOnce;
 use crate::device_health::dcmi::answers::chip_info;
 use crate::device_health::dcmi::ffi::{
@@ -13,7 +13,6 @@ use crate::device_health::dcmi::ffi::{
 };
 use crate::device_health::dcmi::{Located, locate};
 
-const MIB: f64 = 1024.0 * 1024.0;
 /// DCMI's GB/s, taken as 10^9 bytes a second.
 const GB: f64 = 1e9;
 /// The window each chip's HCCS rates are measured over: the call takes this long.

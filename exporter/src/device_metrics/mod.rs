@@ -78,10 +78,9 @@ pub enum Names {
 }
 
 /// The vendor library a reading comes from.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Library {
     /// NVIDIA's NVML: GPUs.
-    #[default]
     Nvml,
     /// Huawei's DCMI: Ascend NPUs.
     Dcmi,

@@ -60,6 +60,7 @@ pub fn sample(
             0
         }
     };
+    let last_xids = metrics.last_xids();
     let mut gpus = Vec::new();
     for index in 0..count {
         let Ok(device) = nvml.device_by_index(index) else {
@@ -210,7 +211,7 @@ pub fn sample(
             }
         }
         // From the health thread's events (none while it does not watch them).
-        if let Some(xid) = metrics.last_xids().get(&gpu.id) {
+        if let Some(xid) = last_xids.get(&gpu.id) {
             gpu.values.insert(Figure::LastXid, xid as f64);
         }
         gpus.push(gpu);

@@ -265,34 +265,16 @@ fn dcgm_names_follow_the_reference() {
         assert_eq!(field.counter, kind == "counter", "{}", field.name);
         assert_eq!(field.factor, per_unit(unit), "{} in {unit}", field.name);
     }
-    // The reference's `in fumarole` column says yes exactly for the names written.
     let written: Vec<&str> = SPECS
         .iter()
         .filter_map(|s| s.dcgm.as_ref().map(|d| d.name))
         .collect();
     let text = include_str!("../../../docs/reference/dcgm-exporter.md");
-    for line in text.lines().filter(|l| l.starts_with("| `DCGM_")) {
-        let name = line.split('`').nth(1).unwrap();
-        let yes = line
-            .trim_end_matches('|')
-            .trim()
-            .rsplit('|')
-            .next()
-            .unwrap()
-            .trim()
-            .starts_with("yes");
-        assert_eq!(yes, written.contains(&name), "{line}");
-    }
+    in_fumarole_column_says_written(text, "| `DCGM_", &written);
     // The labels, in dcgm-exporter's order.
     let out = scrape(&[Names::Dcgm], |m| m.store(two_gpus()));
-    let line = sample_of(&out, "DCGM_FI_DEV_GPU_UTIL{")[0].clone();
-    let keys: Vec<&str> = line
-        .split(['{', ','])
-        .skip(1)
-        .filter_map(|kv| kv.split_once('=').map(|(k, _)| k))
-        .collect();
     assert_eq!(
-        keys,
+        label_keys(&sample_of(&out, "DCGM_FI_DEV_GPU_UTIL{")[0]),
         [
             "gpu",
             "UUID",
@@ -306,6 +288,31 @@ fn dcgm_names_follow_the_reference() {
             "container"
         ]
     );
+}
+
+/// A reference's table rows (those starting with `row`): the last column, `in fumarole`, says
+/// yes exactly for the names `written`.
+fn in_fumarole_column_says_written(text: &str, row: &str, written: &[&str]) {
+    for line in text.lines().filter(|l| l.starts_with(row)) {
+        let name = line.split('`').nth(1).unwrap();
+        let yes = line
+            .trim_end_matches('|')
+            .trim()
+            .rsplit('|')
+            .next()
+            .unwrap()
+            .trim()
+            .starts_with("yes");
+        assert_eq!(yes, written.contains(&name), "{line}");
+    }
+}
+
+/// The label names of one sample line, in order.
+fn label_keys(line: &str) -> Vec<&str> {
+    line.split(['{', ','])
+        .skip(1)
+        .filter_map(|kv| kv.split_once('=').map(|(k, _)| k))
+        .collect()
 }
 
 /// Two Ascend NPUs as the DCMI sampler reads them; NPU 1 gave no power.
@@ -468,27 +475,10 @@ fn npu_exporter_names_follow_the_reference() {
         .filter_map(|s| s.npu.as_ref().map(|d| d.name))
         .collect();
     let text = include_str!("../../../docs/reference/npu-exporter.md");
-    for line in text.lines().filter(|l| l.starts_with("| `npu_chip_info_")) {
-        let name = line.split('`').nth(1).unwrap();
-        let yes = line
-            .trim_end_matches('|')
-            .trim()
-            .rsplit('|')
-            .next()
-            .unwrap()
-            .trim()
-            .starts_with("yes");
-        assert_eq!(yes, written.contains(&name), "{line}");
-    }
+    in_fumarole_column_says_written(text, "| `npu_chip_info_", &written);
     let out = scrape(&[Names::NpuExporter], |m| m.store(two_npus()));
-    let line = sample_of(&out, "npu_chip_info_utilization{")[0].clone();
-    let keys: Vec<&str> = line
-        .split(['{', ','])
-        .skip(1)
-        .filter_map(|kv| kv.split_once('=').map(|(k, _)| k))
-        .collect();
     assert_eq!(
-        keys,
+        label_keys(&sample_of(&out, "npu_chip_info_utilization{")[0]),
         [
             "id",
             "model_name",

@@ -67,13 +67,26 @@ pub struct ServerAnswers {
 struct Chip {
     card: i32,
     chip: i32,
-    /// Its physical id (the `N` of `/dev/davinciN`).
-    phy: u32,
     id: String,
     fault: Option<Fault>,
     network: Option<Fault>,
     hccs: Option<Fault>,
     network_supported: bool,
+}
+
+impl Chip {
+    /// The chip at `l`, nothing said yet.
+    fn at(l: Located) -> Chip {
+        Chip {
+            card: l.card,
+            chip: l.chip,
+            id: l.id,
+            fault: None,
+            network: None,
+            hccs: None,
+            network_supported: true,
+        }
+    }
 }
 
 /// Starts the DCMI thread; returns what it is calling, for the watchdog.
@@ -119,10 +132,11 @@ fn run(setup: DcmiSetup, calls: &CallWatch) {
         tracing::warn!(error = %e, "DCMI failed to initialise: Ascend health from device nodes only");
         return;
     }
-    let mut chips = {
+    let located = {
         let _call = calls.enter("enumerate");
-        enumerate(&dcmi, &setup.devices)
+        locate(&dcmi, &setup.devices)
     };
+    let mut chips: Vec<Chip> = located.into_iter().map(Chip::at).collect();
     tracing::info!(chips = chips.len(), poll = ?setup.poll, "DCMI health watching");
     let mut logs = LogOnce::default();
     let mut super_pod_asked = setup.answers.super_pod.is_none();
@@ -159,24 +173,11 @@ pub struct Located {
 /// Every chip of every card that is one of `devices` (davinci index, device id); what cannot
 /// be listed or matched is logged and left out.
 pub fn locate(dcmi: &Dcmi, devices: &[(u32, String)]) -> Vec<Located> {
-    enumerate(dcmi, devices)
-        .into_iter()
-        .map(|c| Located {
-            card: c.card,
-            chip: c.chip,
-            phy: c.phy,
-            id: c.id,
-        })
-        .collect()
-}
-
-/// Every chip of every card, matched to our devices by physical id.
-fn enumerate(dcmi: &Dcmi, devices: &[(u32, String)]) -> Vec<Chip> {
     let by_index: BTreeMap<u32, &str> = devices.iter().map(|(i, id)| (*i, id.as_str())).collect();
     let cards = match dcmi.cards() {
         Ok(c) => c,
         Err(e) => {
-            tracing::warn!(error = %e, "DCMI cannot list cards: no DCMI health");
+            tracing::warn!(error = %e, "DCMI cannot list cards: no chip found");
             return Vec::new();
         }
     };
@@ -201,15 +202,11 @@ fn enumerate(dcmi: &Dcmi, devices: &[(u32, String)]) -> Vec<Chip> {
                 }
             };
             match by_index.get(&phy) {
-                Some(id) => out.push(Chip {
+                Some(id) => out.push(Located {
                     card,
                     chip,
                     phy,
                     id: (*id).to_string(),
-                    fault: None,
-                    network: None,
-                    hccs: None,
-                    network_supported: true,
                 }),
                 None => {
                     tracing::warn!(
